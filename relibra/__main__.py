@@ -1,0 +1,3 @@
+from relibra.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,177 @@
+"""Model shapes and cluster topologies, kept as data (presets) plus validated constructors.
+
+Units are in the field names: bytes, GB/s (1e9 bytes per second, one direction), TFLOP/s.
+Model shapes come from the public configs of each model; hardware figures from datasheets and
+DeepEP's published measurements (see docs/cost-model.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from relibra.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Shape of an MoE transformer, enough to size its routing and cost its compute.
+
+    num_layers counts MoE layers only; num_dense_layers are extra leading layers with a dense FFN.
+    """
+
+    name: str
+    num_layers: int
+    num_experts: int
+    top_k: int
+    hidden: int
+    moe_ffn: int
+    num_shared_experts: int = 0
+    num_dense_layers: int = 0
+    dense_ffn: int = 0
+    num_attention_heads: int = 16
+    num_kv_heads: int = 4
+    head_dim: int = 128
+    vocab_size: int = 151936
+    bytes_per_param: int = 2  # bf16 weights and activations
+    optimizer_bytes_per_param: int = 12  # fp32 master copy + Adam m and v
+
+    def __post_init__(self):
+        for field in ("num_layers", "num_experts", "top_k", "hidden", "moe_ffn"):
+            if getattr(self, field) <= 0:
+                raise ConfigError(f"model {self.name!r}: {field} must be positive, got {getattr(self, field)}")
+        if self.top_k > self.num_experts:
+            raise ConfigError(f"model {self.name!r}: top_k={self.top_k} exceeds num_experts={self.num_experts}")
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one SwiGLU routed expert (gate, up and down projections)."""
+        return 3 * self.hidden * self.moe_ffn
+
+    @property
+    def expert_bytes(self) -> int:
+        """Weight bytes of one routed expert."""
+        return self.expert_params * self.bytes_per_param
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one token's hidden state as sent by dispatch or combine."""
+        return self.hidden * self.bytes_per_param
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelShape":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ConfigError(f"model shape: unknown fields {sorted(unknown)}")
+        return cls(**d)
+
+
+MODEL_PRESETS: dict[str, ModelShape] = {
+    m.name: m
+    for m in [
+        ModelShape("qwen3-30b-a3b", num_layers=48, num_experts=128, top_k=8, hidden=2048, moe_ffn=768,
+                   num_attention_heads=32, num_kv_heads=4, head_dim=128, vocab_size=151936),
+        ModelShape("glm-4.5-air", num_layers=45, num_experts=128, top_k=8, hidden=4096, moe_ffn=1408,
+                   num_shared_experts=1, num_dense_layers=1, dense_ffn=10944,
+                   num_attention_heads=96, num_kv_heads=8, head_dim=128, vocab_size=151552),
+        ModelShape("qwen3-235b-a22b", num_layers=94, num_experts=128, top_k=8, hidden=4096, moe_ffn=1536,
+                   num_attention_heads=64, num_kv_heads=4, head_dim=128, vocab_size=151936),
+        # Small shapes for tests, tutorials and the CPU runtime.
+        ModelShape("tiny", num_layers=4, num_experts=16, top_k=2, hidden=64, moe_ffn=128,
+                   num_attention_heads=4, num_kv_heads=4, head_dim=16, vocab_size=512, bytes_per_param=4),
+        ModelShape("small", num_layers=8, num_experts=32, top_k=4, hidden=128, moe_ffn=256,
+                   num_attention_heads=4, num_kv_heads=4, head_dim=32, vocab_size=1024, bytes_per_param=4),
+    ]
+}
+
+
+def get_model(name: str) -> ModelShape:
+    """The preset called `name`; a ConfigError lists the known ones otherwise."""
+    try:
+        return MODEL_PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown model preset {name!r}; known: {', '.join(MODEL_PRESETS)}") from None
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A cluster of identical nodes. Bandwidths are per GPU and per direction.
+
+    matmul_tflops is the large-GEMM rate of one GPU; small GEMMs reach a fraction of it given by
+    `gemm_efficiency(tokens)` in relibra.sim, whose half-saturation point is gemm_half_tokens.
+    """
+
+    name: str
+    num_nodes: int
+    gpus_per_node: int
+    nvlink_gbps: float  # GB/s one direction per GPU, inside a node
+    rdma_gbps: float  # GB/s one direction per GPU, across nodes
+    matmul_tflops: float  # dense bf16 rate on large products, per GPU
+    gemm_half_tokens: float = 512.0  # tokens per expert GEMM at which efficiency reaches one half
+    memory_gbps: float = 4000.0  # HBM bandwidth, GB/s
+    collective_latency_s: float = 20e-6  # fixed cost of one all-to-all launch
+    hbm_bytes: float = 141e9
+
+    def __post_init__(self):
+        for field in ("num_nodes", "gpus_per_node"):
+            if getattr(self, field) <= 0:
+                raise ConfigError(f"topology {self.name!r}: {field} must be a positive integer, got {getattr(self, field)}")
+        for field in ("nvlink_gbps", "rdma_gbps", "matmul_tflops", "gemm_half_tokens", "memory_gbps"):
+            value = getattr(self, field)
+            if not value > 0:
+                raise ConfigError(f"topology {self.name!r}: {field} must be positive, got {value}")
+        if self.collective_latency_s < 0:
+            raise ConfigError(f"topology {self.name!r}: collective_latency_s must be >= 0")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def ep_layout(self, ep: int) -> tuple[int, int]:
+        """(nodes, gpus per node) spanned by one EP group of `ep` GPUs, packed node by node."""
+        if ep <= 0:
+            raise ConfigError(f"EP size must be positive, got {ep}")
+        if ep > self.num_gpus:
+            raise ConfigError(f"EP size {ep} exceeds the {self.num_gpus} GPUs of topology {self.name!r}")
+        if ep <= self.gpus_per_node:
+            if self.gpus_per_node % ep:
+                raise ConfigError(f"EP size {ep} does not divide {self.gpus_per_node} GPUs per node of {self.name!r}")
+            return 1, ep
+        if ep % self.gpus_per_node:
+            raise ConfigError(f"{self.gpus_per_node} GPUs per node of {self.name!r} do not divide EP size {ep}")
+        return ep // self.gpus_per_node, self.gpus_per_node
+
+    def with_changes(self, **changes) -> "Topology":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+TOPOLOGY_PRESETS: dict[str, Topology] = {
+    t.name: t
+    for t in [
+        # The paper's cluster: 20 x 8 Hopper; NVLink 900 GB/s both ways = 450 each way; 8 x 400 Gb/s NICs.
+        Topology("paper", num_nodes=20, gpus_per_node=8, nvlink_gbps=450.0, rdma_gbps=50.0, matmul_tflops=790.0),
+        # DeepEP's measured effective all-to-all bandwidths on H800 (intranode ~155, internode ~50 GB/s).
+        Topology("h800", num_nodes=20, gpus_per_node=8, nvlink_gbps=155.0, rdma_gbps=50.0, matmul_tflops=790.0),
+        # One NVLink domain of 72 GPUs (GB200 NVL72 class), 900 GB/s each way per GPU.
+        Topology("nvl72", num_nodes=1, gpus_per_node=72, nvlink_gbps=900.0, rdma_gbps=50.0, matmul_tflops=2250.0,
+                 memory_gbps=8000.0),
+        # This machine running the gloo runtime: measured, see data/cpu_gloo_calibration.json.
+        Topology("cpu-gloo", num_nodes=2, gpus_per_node=2, nvlink_gbps=1.0, rdma_gbps=1.0, matmul_tflops=0.02,
+                 gemm_half_tokens=32.0, memory_gbps=10.0, collective_latency_s=2e-4, hbm_bytes=24e9),
+    ]
+}
+
+
+def get_topology(name: str) -> Topology:
+    """The preset called `name`; a ConfigError lists the known ones otherwise."""
+    try:
+        return TOPOLOGY_PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown cluster preset {name!r}; known: {', '.join(TOPOLOGY_PRESETS)}") from None

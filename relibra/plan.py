@@ -1,0 +1,279 @@
+"""StepPlan: what a balancing policy decides for one training step, consumed by the simulator and
+the real runtime alike.
+
+Vocabulary: an *expert* is logical; a *slot* is a place for one expert's weights on one GPU; an
+expert's *home* is the slot that owns its weights and optimizer state; a *replica* is a temporary
+copy in a spare slot, used for one (micro_batch, layer) and holding no optimizer state.
+
+Token flow. For every (micro_batch, layer) the plan names each GPU's replicas
+(`replica_expert[m, l, gpu, r]`, -1 when slot r is empty) and how many tokens of each source rank
+go to each replica (`replica_flow[m, l, src, gpu, r]`). Tokens of (src, expert) not sent to a
+replica go to the expert's home. So token conservation reduces to: no replica receives more of a
+(src, expert) pair's tokens than exist (`home_flow >= 0`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from relibra.errors import PlanError
+
+REPLICA_SCOPES = ("none", "node", "any")
+
+
+@dataclass
+class StepPlan:
+    """One training step's placement, replicas and token flow.
+
+    policy: name of the policy that made it.
+    loads: int32 [micro_batches, layers, ep, experts] tokens routed (src rank, expert); the step's
+        trace loads, except for the `balanced` ideal whose routing is forced uniform.
+    home: int64 [layers, experts] home GPU (EP rank) of each expert for this step.
+    replica_expert: int32 [micro_batches, layers, ep, replica_slots] expert held by each spare slot, -1 empty.
+    replica_flow: int32 [micro_batches, layers, ep_src, ep, replica_slots] tokens sent from src to that replica.
+    gpus_per_node: EP ranks per node (node of rank g is g // gpus_per_node).
+    slots_per_gpu: the most expert weights (homes + replicas) one GPU holds in one layer.
+    replica_scope: "none" (no replicas), "node" (replicas only in the home's node), "any".
+    equal_homes: every GPU homes exactly experts / ep experts.
+    transfers_on_critical_path: replica weights move on the critical path (LLEP) instead of being
+        overlapped with attention compute (ReLibra, and the replication baselines given its buffer).
+    uniform_routing: routing was forced uniform (the `balanced` ideal); loads differ from the trace.
+    info: free-form planner figures (e.g. {"plan_seconds": ...}).
+    """
+
+    policy: str
+    loads: np.ndarray
+    home: np.ndarray
+    replica_expert: np.ndarray
+    replica_flow: np.ndarray
+    gpus_per_node: int
+    slots_per_gpu: int
+    replica_scope: str = "none"
+    equal_homes: bool = True
+    transfers_on_critical_path: bool = False
+    uniform_routing: bool = False
+    info: dict = field(default_factory=dict)
+
+    # ---- shape -------------------------------------------------------------------------------
+    @property
+    def num_microbatches(self) -> int:
+        return self.loads.shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        return self.loads.shape[1]
+
+    @property
+    def ep(self) -> int:
+        return self.loads.shape[2]
+
+    @property
+    def num_experts(self) -> int:
+        return self.loads.shape[3]
+
+    @property
+    def replica_slots(self) -> int:
+        return self.replica_expert.shape[3]
+
+    @property
+    def num_nodes(self) -> int:
+        return self.ep // self.gpus_per_node
+
+    # ---- derived -----------------------------------------------------------------------------
+    def replica_expert_tokens(self) -> np.ndarray:
+        """Tokens each replica receives from each src, credited to its expert: int64 [M, L, ep_src, E]."""
+        m, l, ep, e = self.loads.shape
+        r = self.replica_slots
+        out = np.zeros((m, l, ep, e), dtype=np.int64)
+        if r == 0:
+            return out
+        # flat index of (m, l, src, expert) for every (m, l, src, gpu, slot)
+        expert = self.replica_expert  # [M, L, ep, R]
+        occupied = expert >= 0
+        flow = self.replica_flow.astype(np.int64) * occupied[:, :, None, :, :]
+        ex = np.where(occupied, expert, 0)[:, :, None, :, :]  # broadcast over src
+        base = (np.arange(m)[:, None, None, None, None] * l + np.arange(l)[None, :, None, None, None]) * ep
+        idx = ((base + np.arange(ep)[None, None, :, None, None]) * e + ex)
+        np.add.at(out.reshape(-1), np.broadcast_to(idx, flow.shape).ravel(), flow.ravel())
+        return out
+
+    def home_flow(self) -> np.ndarray:
+        """Tokens of each (src, expert) left for the expert's home: int64 [M, L, ep_src, E]."""
+        return self.loads.astype(np.int64) - self.replica_expert_tokens()
+
+    def gpu_tokens(self) -> np.ndarray:
+        """Tokens each GPU computes (expert GEMM rows): int64 [micro_batches, layers, ep]."""
+        home_tokens = self.home_flow().sum(axis=2)  # [M, L, E]
+        m, l, e = home_tokens.shape
+        onehot = _home_onehot(self.home, self.ep)  # [L, E, ep]
+        at_home = np.einsum("mle,leg->mlg", home_tokens.astype(np.float64), onehot)
+        at_replicas = self.replica_flow.sum(axis=(2, 4), dtype=np.int64)  # [M, L, ep]
+        return np.rint(at_home).astype(np.int64) + at_replicas
+
+    def skewness(self) -> np.ndarray:
+        """max / mean tokens per GPU: float64 [micro_batches, layers]."""
+        from relibra.trace import skewness
+
+        return skewness(self.gpu_tokens())
+
+    def token_matrix(self) -> np.ndarray:
+        """Tokens dispatched from each src to each GPU (combine sends them back): float64 [M, L, ep_src, ep_dst]."""
+        onehot = _home_onehot(self.home, self.ep)
+        to_home = np.einsum("mlse,leg->mlsg", self.home_flow().astype(np.float32), onehot.astype(np.float32))
+        return to_home.astype(np.float64) + self.replica_flow.sum(axis=4, dtype=np.int64)
+
+    def num_replicas(self) -> np.ndarray:
+        """Occupied replica slots per GPU: int64 [micro_batches, layers, ep]."""
+        return (self.replica_expert >= 0).sum(axis=3)
+
+    def replica_transfers(self) -> np.ndarray:
+        """Replica weight copies from home GPU to replica GPU: int64 [M, L, ep_src_home, ep_dst].
+
+        The same matrix, transposed, counts gradient pulls back to the home after backward.
+        """
+        m, l, ep, r = self.replica_expert.shape
+        out = np.zeros((m, l, ep, ep), dtype=np.int64)
+        occ = self.replica_expert >= 0
+        if not occ.any():
+            return out
+        mi, li, gi, ri = np.nonzero(occ)
+        src = self.home[li, self.replica_expert[mi, li, gi, ri]]
+        np.add.at(out, (mi, li, src, gi), 1)
+        return out
+
+    def validate(self, trace_loads: np.ndarray | None = None) -> None:
+        """Check every invariant; raise PlanError naming the first violation.
+
+        trace_loads: optional int [micro_batches, layers, ep, experts], the trace's loads for the
+        step; the plan's loads must equal them (or, under uniform routing, match their per-src totals).
+        """
+        validate_plan(self, trace_loads)
+
+
+def _home_onehot(home: np.ndarray, ep: int) -> np.ndarray:
+    """[L, E] home ranks -> float64 one-hot [L, E, ep]."""
+    return (home[:, :, None] == np.arange(ep)[None, None, :]).astype(np.float64)
+
+
+def _first(mask: np.ndarray) -> tuple[int, ...]:
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def validate_plan(plan: StepPlan, trace_loads: np.ndarray | None = None) -> None:
+    """See StepPlan.validate."""
+    name = f"plan of policy {plan.policy!r}"
+    loads = plan.loads
+    if loads.ndim != 4:
+        raise PlanError(f"{name}: loads must be [micro_batches, layers, ep, experts], got shape {loads.shape}")
+    m, l, ep, e = loads.shape
+    if (loads < 0).any():
+        raise PlanError(f"{name}: negative load at [micro_batch, layer, src, expert]={_first(loads < 0)}")
+    if plan.replica_scope not in REPLICA_SCOPES:
+        raise PlanError(f"{name}: replica_scope must be one of {REPLICA_SCOPES}, got {plan.replica_scope!r}")
+    if plan.gpus_per_node <= 0 or ep % plan.gpus_per_node:
+        raise PlanError(f"{name}: gpus_per_node={plan.gpus_per_node} does not divide ep={ep}")
+    if plan.home.shape != (l, e):
+        raise PlanError(f"{name}: home must have shape [layers, experts]=({l}, {e}), got {plan.home.shape}")
+    if ((plan.home < 0) | (plan.home >= ep)).any():
+        bad = _first((plan.home < 0) | (plan.home >= ep))
+        raise PlanError(f"{name}: home of [layer, expert]={bad} is GPU {int(plan.home[bad])}, outside [0, {ep})")
+    homes_per_gpu = np.stack([np.bincount(plan.home[i], minlength=ep) for i in range(l)])  # [L, ep]
+    if plan.equal_homes and (homes_per_gpu != e // ep).any():
+        li, g = _first(homes_per_gpu != e // ep)
+        raise PlanError(f"{name}: layer {li} GPU {g} homes {int(homes_per_gpu[li, g])} experts; "
+                        f"each GPU must home {e // ep}")
+    rexp, rflow = plan.replica_expert, plan.replica_flow
+    r = rexp.shape[3] if rexp.ndim == 4 else -1
+    if rexp.shape != (m, l, ep, r):
+        raise PlanError(f"{name}: replica_expert must have shape [{m}, {l}, {ep}, slots], got {rexp.shape}")
+    if rflow.shape != (m, l, ep, ep, r):
+        raise PlanError(f"{name}: replica_flow must have shape [{m}, {l}, {ep}, {ep}, {r}], got {rflow.shape}")
+    if ((rexp < -1) | (rexp >= e)).any():
+        bad = _first((rexp < -1) | (rexp >= e))
+        raise PlanError(f"{name}: replica slot [micro_batch, layer, gpu, slot]={bad} holds expert "
+                        f"{int(rexp[bad])}, outside [-1, {e})")
+    occupied = rexp >= 0
+    if plan.replica_scope == "none" and occupied.any():
+        raise PlanError(f"{name}: replicas are not allowed, but slot {_first(occupied)} holds one")
+    used = homes_per_gpu[None] + occupied.sum(axis=3)  # [M, L, ep]
+    if (used > plan.slots_per_gpu).any():
+        bad = _first(used > plan.slots_per_gpu)
+        raise PlanError(f"{name}: [micro_batch, layer, gpu]={bad} holds {int(used[bad])} experts, over the "
+                        f"limit of {plan.slots_per_gpu} slots per GPU")
+    if occupied.any():
+        mi, li, gi, ri = np.nonzero(occupied)
+        ex = rexp[mi, li, gi, ri]
+        home_gpu = plan.home[li, ex]
+        on_home = home_gpu == gi
+        if on_home.any():
+            i = int(np.argmax(on_home))
+            raise PlanError(f"{name}: [micro_batch, layer, gpu, slot]=({mi[i]}, {li[i]}, {gi[i]}, {ri[i]}) "
+                            f"replicates expert {ex[i]} on its own home GPU")
+        if plan.replica_scope == "node":
+            off = home_gpu // plan.gpus_per_node != gi // plan.gpus_per_node
+            if off.any():
+                i = int(np.argmax(off))
+                raise PlanError(f"{name}: replica of expert {ex[i]} at [micro_batch, layer, gpu]=({mi[i]}, {li[i]}, "
+                                f"{gi[i]}) is outside its home's node {home_gpu[i] // plan.gpus_per_node}; "
+                                f"this policy replicates only inside a node")
+        key = (((mi * l + li) * ep + gi) * e + ex)
+        uniq, counts = np.unique(key, return_counts=True)
+        if (counts > 1).any():
+            k = int(uniq[np.argmax(counts > 1)])
+            raise PlanError(f"{name}: expert {k % e} has two replicas on GPU {(k // e) % ep} at "
+                            f"[micro_batch, layer]=({k // e // ep // l}, {(k // e // ep) % l})")
+    if (rflow < 0).any():
+        raise PlanError(f"{name}: negative token flow at [micro_batch, layer, src, gpu, slot]={_first(rflow < 0)}")
+    to_empty = (rflow > 0) & ~occupied[:, :, None, :, :]
+    if to_empty.any():
+        raise PlanError(f"{name}: tokens sent to an empty replica slot at [micro_batch, layer, src, gpu, slot]="
+                        f"{_first(to_empty)}")
+    remainder = plan.home_flow()
+    if (remainder < 0).any():
+        bad = _first(remainder < 0)
+        raise PlanError(f"{name}: replicas receive more tokens of [micro_batch, layer, src, expert]={bad} than "
+                        f"were routed ({int(loads[bad])}); tokens are not conserved")
+    if trace_loads is not None:
+        trace_loads = np.asarray(trace_loads)
+        if trace_loads.shape != loads.shape:
+            raise PlanError(f"{name}: plan loads have shape {loads.shape}, the trace step {trace_loads.shape}")
+        if plan.uniform_routing:
+            a, b = loads.sum(axis=3, dtype=np.int64), trace_loads.sum(axis=3, dtype=np.int64)
+            if (a != b).any():
+                raise PlanError(f"{name}: uniform routing changed the token count at [micro_batch, layer, src]={_first(a != b)}")
+        elif (loads != trace_loads).any():
+            raise PlanError(f"{name}: plan loads differ from the trace at [micro_batch, layer, src, expert]="
+                            f"{_first(loads != trace_loads)}")
+
+
+def migration_experts(prev_home: np.ndarray | None, home: np.ndarray) -> np.ndarray:
+    """Boolean [layers, experts]: which experts change home between two consecutive placements."""
+    if prev_home is None:
+        return np.zeros(home.shape, dtype=bool)
+    if prev_home.shape != home.shape:
+        raise PlanError(f"placements differ in shape: {prev_home.shape} vs {home.shape}")
+    return prev_home != home
+
+
+def migration_bytes(prev_home: np.ndarray | None, home: np.ndarray, expert_state_bytes: int,
+                    gpus_per_node: int) -> dict:
+    """Bytes moved by a re-placement: {"intra_node": ..., "inter_node": ..., "experts_moved": ...}.
+
+    expert_state_bytes: weights plus optimizer state of one expert.
+    """
+    moved = migration_experts(prev_home, home)
+    if not moved.any():
+        return {"intra_node": 0, "inter_node": 0, "experts_moved": 0}
+    cross = (prev_home // gpus_per_node != home // gpus_per_node) & moved
+    n_cross = int(cross.sum())
+    n_moved = int(moved.sum())
+    return {"intra_node": (n_moved - n_cross) * expert_state_bytes,
+            "inter_node": n_cross * expert_state_bytes, "experts_moved": n_moved}
+
+
+def empty_replicas(num_microbatches: int, num_layers: int, ep: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """(replica_expert filled with -1, replica_flow of zeros) for a plan with `slots` spare slots per GPU."""
+    return (np.full((num_microbatches, num_layers, ep, slots), -1, dtype=np.int32),
+            np.zeros((num_microbatches, num_layers, ep, ep, slots), dtype=np.int32))

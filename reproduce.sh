@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# ./reproduce.sh [--profile laptop|paper|gpu] [NOTEBOOK...]   run every (or the named) notebook, write results/
+# ./reproduce.sh test [PYTEST ARGS...]                        run the test suite
+# Both first make sure .venv holds the pinned environment; a second run skips the install.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.relibra-installed
+
+fingerprint() { cat pyproject.toml | sha256sum | cut -d' ' -f1; }
+
+setup() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        echo "[setup] creating $VENV"
+        "$PY" -m venv "$VENV"
+    fi
+    if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$(fingerprint)" ]; then
+        echo "[setup] installing pinned dependencies into $VENV (first run takes a few minutes)"
+        # torch first and exactly pinned, so nothing can pull a CUDA build in its place.
+        "$VENV/bin/python" -m pip install --quiet torch==2.13.0
+        "$VENV/bin/python" -m pip install --quiet -e .
+        "$VENV/bin/python" -m ipykernel install --quiet --sys-prefix --name python3 >/dev/null
+        fingerprint > "$STAMP"
+    fi
+}
+
+setup
+export PYTHONHASHSEED=0 MPLBACKEND=Agg
+if [ "${1:-}" = "test" ]; then
+    shift
+    exec "$VENV/bin/python" -m pytest "$@"
+fi
+exec "$VENV/bin/python" -m relibra reproduce "$@"
