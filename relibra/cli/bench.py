@@ -1,0 +1,69 @@
+"""`relibra bench {workload,planner,sim}`: benchmarks that print their figures (speed targets are
+measured here, never in timed unit tests)."""
+
+from __future__ import annotations
+
+import json
+
+
+def _print(rows: list[dict], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"results": rows}, indent=2, default=float))
+        return
+    import pandas as pd
+
+    print(pd.DataFrame(rows).to_string(index=False))
+
+
+def _workload(args) -> int:
+    from relibra.workloads import benchmark_generate
+
+    _print([benchmark_generate(model=args.model, workload=args.workload, ep=args.ep, steps=args.steps,
+                               seed=args.seed)], args.json)
+    return 0
+
+
+def _planner(args) -> int:
+    from relibra.policies import benchmark_planner
+
+    policies = tuple(p for p in args.policies.split(",") if p)
+    _print(benchmark_planner(args.model, args.ep, seed=args.seed, policies=policies,
+                             gpus_per_node=args.gpus_per_node), args.json)
+    return 0
+
+
+def _sim(args) -> int:
+    from relibra.sim import benchmark_sim
+
+    _print([benchmark_sim(model=args.model, ep=args.ep, policy=args.policy, cluster=args.cluster,
+                          seed=args.seed)], args.json)
+    return 0
+
+
+def register(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks that print their figures")
+    bsub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
+
+    def common(p, model="qwen3-235b-a22b", ep=32):
+        p.add_argument("--model", default=model, help=f"model preset (default {model})")
+        p.add_argument("--ep", type=int, default=ep, help=f"expert-parallel size (default {ep})")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--json", action="store_true", help="print one JSON object {\"results\": [...]}")
+
+    p = bsub.add_parser("workload", help="seconds to generate synthetic routing traces")
+    common(p)
+    p.add_argument("--workload", default="mixed")
+    p.add_argument("--steps", type=int, default=1)
+    p.set_defaults(func=_workload)
+
+    p = bsub.add_parser("planner", help="planner seconds per step and per (micro-batch, layer)")
+    common(p)
+    p.add_argument("--policies", default="relibra,eplb", help="comma-separated policy names")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.set_defaults(func=_planner)
+
+    p = bsub.add_parser("sim", help="seconds to simulate one step for one policy (planning excluded)")
+    common(p)
+    p.add_argument("--policy", default="relibra")
+    p.add_argument("--cluster", default="paper")
+    p.set_defaults(func=_sim)
