@@ -8,6 +8,7 @@ DeepEP's published measurements (see docs/cost-model.md).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from relibra.errors import ConfigError
@@ -85,6 +86,10 @@ MODEL_PRESETS: dict[str, ModelShape] = {
                    num_attention_heads=4, num_kv_heads=4, head_dim=16, vocab_size=512, bytes_per_param=4),
         ModelShape("small", num_layers=8, num_experts=32, top_k=4, hidden=128, moe_ffn=256,
                    num_attention_heads=4, num_kv_heads=4, head_dim=32, vocab_size=1024, bytes_per_param=4),
+        # The policy of the real RL workload (relibra.rl, docs/rl.md), fp32 with Adam m and v.
+        ModelShape("rl-tiny", num_layers=4, num_experts=32, top_k=4, hidden=64, moe_ffn=128,
+                   num_attention_heads=4, num_kv_heads=4, head_dim=16, vocab_size=68, bytes_per_param=4,
+                   optimizer_bytes_per_param=8),
     ]
 }
 
@@ -95,6 +100,9 @@ def get_model(name: str) -> ModelShape:
         return MODEL_PRESETS[name]
     except KeyError:
         raise ConfigError(f"unknown model preset {name!r}; known: {', '.join(MODEL_PRESETS)}") from None
+
+
+DISPATCHERS = ("deepep", "alltoall")
 
 
 @dataclass(frozen=True)
@@ -115,17 +123,37 @@ class Topology:
     memory_gbps: float = 4000.0  # HBM bandwidth, GB/s
     collective_latency_s: float = 20e-6  # fixed cost of one all-to-all launch
     hbm_bytes: float = 141e9
+    attention_efficiency: float = 0.7  # share of matmul_tflops the attention core (flash attention) reaches
+    dispatcher: str = "deepep"  # token exchange: "deepep" (rail route, one copy per token and node / GPU) or
+    #                             "alltoall" (direct NIC to NIC, one row per token-expert pair); see relibra.costs
+    shared_link: bool = False  # one link for all traffic (a single machine's loopback), at nvlink_gbps
 
     def __post_init__(self):
         for field in ("num_nodes", "gpus_per_node"):
             if getattr(self, field) <= 0:
                 raise ConfigError(f"topology {self.name!r}: {field} must be a positive integer, got {getattr(self, field)}")
-        for field in ("nvlink_gbps", "rdma_gbps", "matmul_tflops", "gemm_half_tokens", "memory_gbps"):
+        for field in ("nvlink_gbps", "rdma_gbps", "matmul_tflops", "gemm_half_tokens", "memory_gbps", "hbm_bytes"):
             value = getattr(self, field)
-            if not value > 0:
-                raise ConfigError(f"topology {self.name!r}: {field} must be positive, got {value}")
-        if self.collective_latency_s < 0:
-            raise ConfigError(f"topology {self.name!r}: collective_latency_s must be >= 0")
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"topology {self.name!r}: {field} must be positive and finite, got {value}")
+        if self.dispatcher not in DISPATCHERS:
+            raise ConfigError(f"topology {self.name!r}: dispatcher must be one of {DISPATCHERS}, got {self.dispatcher!r}")
+        if not 0 < self.attention_efficiency <= 1:
+            raise ConfigError(f"topology {self.name!r}: attention_efficiency must be in (0, 1], "
+                              f"got {self.attention_efficiency}")
+        if not (self.collective_latency_s >= 0 and math.isfinite(self.collective_latency_s)):
+            raise ConfigError(f"topology {self.name!r}: collective_latency_s must be >= 0 and finite, "
+                              f"got {self.collective_latency_s}")
+
+    @property
+    def route(self) -> str:
+        """How bytes cross nodes by default: "rail" under DeepEP, "direct" under a plain all-to-all."""
+        return "rail" if self.dispatcher == "deepep" else "direct"
+
+    @property
+    def dedup(self) -> bool:
+        """Whether the dispatcher sends a token once per destination node / GPU (DeepEP) by default."""
+        return self.dispatcher == "deepep"
 
     @property
     def num_gpus(self) -> int:
@@ -162,9 +190,12 @@ TOPOLOGY_PRESETS: dict[str, Topology] = {
         # One NVLink domain of 72 GPUs (GB200 NVL72 class), 900 GB/s each way per GPU.
         Topology("nvl72", num_nodes=1, gpus_per_node=72, nvlink_gbps=900.0, rdma_gbps=50.0, matmul_tflops=2250.0,
                  memory_gbps=8000.0),
-        # This machine running the gloo runtime: measured, see data/cpu_gloo_calibration.json.
-        Topology("cpu-gloo", num_nodes=2, gpus_per_node=2, nvlink_gbps=1.0, rdma_gbps=1.0, matmul_tflops=0.02,
-                 gemm_half_tokens=32.0, memory_gbps=10.0, collective_latency_s=2e-4, hbm_bytes=24e9),
+        # This machine running the gloo runtime (2 simulated nodes x 2 ranks, one thread per rank), measured
+        # by relibra.runtime.calibrate into data/cpu_gloo_calibration.json: the `tiny` expert's forward +
+        # backward fit, and gloo's all-to-all over loopback (one shared link, no relay).
+        Topology("cpu-gloo", num_nodes=2, gpus_per_node=2, nvlink_gbps=0.417, rdma_gbps=0.417, matmul_tflops=0.0538,
+                 gemm_half_tokens=21.8, memory_gbps=10.0, collective_latency_s=6.8e-4, hbm_bytes=24e9,
+                 dispatcher="alltoall", shared_link=True),
     ]
 }
 
@@ -175,3 +206,70 @@ def get_topology(name: str) -> Topology:
         return TOPOLOGY_PRESETS[name]
     except KeyError:
         raise ConfigError(f"unknown cluster preset {name!r}; known: {', '.join(TOPOLOGY_PRESETS)}") from None
+
+
+# Short names accepted by parse_topology for the Topology fields.
+_TOPOLOGY_ALIASES = {"nodes": "num_nodes", "gpus": "gpus_per_node", "nvlink": "nvlink_gbps", "rdma": "rdma_gbps",
+                     "tflops": "matmul_tflops", "half_tokens": "gemm_half_tokens", "latency_s": "collective_latency_s"}
+_TOPOLOGY_REQUIRED = ("num_nodes", "gpus_per_node", "nvlink_gbps", "rdma_gbps", "matmul_tflops")
+
+
+def parse_topology(spec: str) -> Topology:
+    """A topology from a preset name, a preset with changes, or a full custom description.
+
+    spec: comma-separated items. An item without '=' names a preset to start from (at most one, first);
+    the others are field=value (Topology field names, or the short aliases nodes, gpus, nvlink, rdma,
+    tflops, half_tokens, latency_s). Examples: "paper"; "paper,rdma_gbps=25";
+    "nodes=4,gpus_per_node=8,nvlink_gbps=450,rdma_gbps=50,matmul_tflops=790". Without a preset the
+    fields num_nodes, gpus_per_node, nvlink_gbps, rdma_gbps and matmul_tflops are required. The name
+    is the spec itself unless name=... is given. Every problem is a ConfigError naming the item.
+    """
+    spec = (spec or "").strip()
+    if not spec:
+        raise ConfigError("empty cluster description; give a preset name "
+                          f"({', '.join(TOPOLOGY_PRESETS)}) or field=value items")
+    items = [item.strip() for item in spec.split(",")]
+    base: Topology | None = None
+    changes: dict = {}
+    fields = {f.name: f for f in dataclasses.fields(Topology)}
+    for i, item in enumerate(items):
+        if not item:
+            raise ConfigError(f"cluster {spec!r}: empty item at position {i}")
+        if "=" not in item:
+            if i != 0:
+                raise ConfigError(f"cluster {spec!r}: preset name {item!r} must come first")
+            base = get_topology(item)
+            continue
+        key, _, raw = (part.strip() for part in item.partition("="))
+        key = _TOPOLOGY_ALIASES.get(key, key)
+        if key not in fields:
+            known = sorted(set(fields) | set(_TOPOLOGY_ALIASES))
+            raise ConfigError(f"cluster {spec!r}: unknown field {key!r}; known: {', '.join(known)}")
+        if key in changes:
+            raise ConfigError(f"cluster {spec!r}: field {key!r} given twice")
+        if key == "name":
+            changes[key] = raw
+            continue
+        if key == "dispatcher":
+            changes[key] = raw
+            continue
+        if key == "shared_link":
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ConfigError(f"cluster {spec!r}: field 'shared_link' must be true or false, got {raw!r}")
+            changes[key] = raw.lower() in ("true", "1")
+            continue
+        kind = int if key in ("num_nodes", "gpus_per_node") else float
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise ConfigError(f"cluster {spec!r}: field {key!r} must be {'an integer' if kind is int else 'a number'}, "
+                              f"got {raw!r}") from None
+        changes[key] = value
+    name = changes.pop("name", spec if (base is None or changes) else base.name)
+    if base is not None:
+        return base.with_changes(name=name, **changes)
+    missing = [f for f in _TOPOLOGY_REQUIRED if f not in changes]
+    if missing:
+        raise ConfigError(f"cluster {spec!r}: a custom cluster needs {', '.join(missing)} "
+                          f"(or start from a preset, e.g. 'paper,{missing[0]}=...')")
+    return Topology(name=name, **changes)

@@ -276,12 +276,14 @@ def rank_load(expert_load: np.ndarray, placement: np.ndarray, ep: int) -> np.nda
     """
     lead = expert_load.shape[:-2]
     layers, experts = expert_load.shape[-2:]
-    flat = expert_load.reshape(-1, layers, experts).astype(np.int64)
-    idx = (np.arange(layers)[:, None] * ep + placement).ravel()  # [L*E] -> layer*ep + rank
-    out = np.zeros((flat.shape[0], layers * ep), dtype=np.int64)
-    for i in range(flat.shape[0]):
-        out[i] = np.bincount(idx, weights=flat[i].ravel(), minlength=layers * ep)
-    return out.reshape(*lead, layers, ep)
+    flat = expert_load.reshape(-1, layers * experts)
+    rows = flat.shape[0]
+    idx = (np.arange(layers)[:, None] * ep + np.asarray(placement, dtype=np.int64)).ravel()  # layer*ep + rank
+    # One bincount over every row at once: bin = row * L*ep + layer*ep + rank. Counts are integers
+    # far below 2**53, so the float64 weights bincount uses are exact.
+    bins = (np.arange(rows, dtype=np.int64)[:, None] * (layers * ep) + idx[None]).ravel()
+    out = np.bincount(bins, weights=flat.ravel(), minlength=rows * layers * ep)
+    return np.rint(out).astype(np.int64).reshape(*lead, layers, ep)
 
 
 def skewness(per_rank: np.ndarray) -> np.ndarray:

@@ -1,0 +1,113 @@
+"""`relibra simulate`: plan and cost a routing trace for several policies on a named cluster."""
+
+from __future__ import annotations
+
+import json
+import math
+
+
+def _simulate(args) -> int:
+    from relibra.cluster import get_model, parse_topology
+    from relibra.costs import CostParams
+    from relibra.errors import ConfigError
+    from relibra.sim import simulate
+    from relibra.trace import RoutingTrace
+
+    topology = parse_topology(args.cluster)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        raise ConfigError("--policies names no policy")
+    if args.steps <= 0:
+        raise ConfigError(f"--steps must be positive, got {args.steps}")
+    if args.warmup_steps < 0:
+        raise ConfigError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    if args.trace:
+        trace = RoutingTrace.load(args.trace)
+        if args.model and trace.model.name != args.model:
+            raise ConfigError(f"{args.trace}: the trace is of model {trace.model.name!r}, not --model {args.model!r}")
+        if args.ep and trace.ep != args.ep:
+            raise ConfigError(f"{args.trace}: the trace has EP {trace.ep}, not --ep {args.ep}")
+        steps = min(args.steps, trace.num_steps)
+        workload = args.workload or str(trace.provenance.get("workload", ""))
+    else:
+        from relibra.workloads import generate_trace
+
+        if not args.model or not args.workload or not args.ep:
+            raise ConfigError("without --trace, give --model, --workload and --ep to generate a synthetic trace")
+        get_model(args.model)  # a clear error for an unknown preset before any work
+        topology.ep_layout(args.ep)
+        if args.micro_batches <= 0:
+            raise ConfigError(f"--micro-batches must be positive, got {args.micro_batches}")
+        trace = generate_trace(args.model, args.workload, args.ep, steps=args.warmup_steps + args.steps,
+                               seed=args.seed, micro_batches=args.micro_batches,
+                               tokens_per_rank=args.tokens_per_rank, progress=not args.json)
+        steps = args.steps
+        workload = args.workload
+    topology.ep_layout(trace.ep)  # a clear error for a bad (cluster, EP) combination
+    params = CostParams(seq_len=args.seq_len, replica_buffer=args.replica_buffer, route=args.route,
+                        dedup=None if args.dedup is None else args.dedup == "on")
+    result = simulate(trace, topology, policies, steps=steps, params=params, workload=workload,
+                      progress=not args.json)
+    rows = result.summary.to_dict(orient="records")
+    if args.json:
+        clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()} for row in rows]
+        print(json.dumps({"config": {k: v for k, v in result.config.items() if k != "topology"},
+                          "results": clean}, indent=2, default=_plain))
+        return 0
+    cfg = result.config
+    print(f"model {cfg['model']}, workload {cfg['workload'] or '-'}, EP {cfg['ep']}, cluster {cfg['cluster']} "
+          f"({topology.num_nodes} x {topology.gpus_per_node} GPUs), steps {cfg['steps']}, "
+          f"{cfg['micro_batches']} micro-batches of {cfg['tokens_per_microbatch']} tokens; simulated")
+    table = result.summary[["policy", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced", "skewness",
+                            "step_s", "a2a_share", "migration_share", "exposed_transfer_share",
+                            "replica_memory_share", "plan_s", "gap_to_bound"]].copy()
+    for col in ("a2a_share", "migration_share", "exposed_transfer_share", "replica_memory_share"):
+        table[col] = (100 * table[col]).map(lambda v: f"{v:.2f}%")
+    table["tokens_per_s"] = table["tokens_per_s"].map(lambda v: f"{v:,.0f}")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    return 0
+
+
+def _plain(value):
+    """JSON fallback for numpy scalars."""
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate policies on a cluster from a routing trace",
+                       description="Plan every simulated step of a routing trace with each policy and cost the "
+                                   "plans on a cluster (relibra.sim). Without --trace, a synthetic trace of "
+                                   "--workload is generated from --seed (--warmup-steps extra steps come first, "
+                                   "so history-based policies have a history).")
+    p.add_argument("--model", help="model preset (required without --trace)")
+    p.add_argument("--workload", help="math, science, instruct, code or mixed (required without --trace)")
+    p.add_argument("--ep", type=int, help="expert-parallel size (required without --trace)")
+    p.add_argument("--cluster", default="paper",
+                   help="cluster preset (paper, h800, nvl72, cpu-gloo), a preset with changes such as "
+                        "'paper,rdma_gbps=25', or a custom 'nodes=4,gpus_per_node=8,nvlink_gbps=450,rdma_gbps=50,"
+                        "matmul_tflops=790' (default paper)")
+    p.add_argument("--policies", default="megatron,eplb,eplb+,lplb+,llep,relibra,balanced",
+                   help="comma-separated policy names (megatron and balanced are always added as references)")
+    p.add_argument("--steps", type=int, default=2, help="steps to simulate (the last ones of --trace) (default 2)")
+    p.add_argument("--warmup-steps", type=int, default=4,
+                   help="generated steps before the simulated ones, history for eplb (default 4)")
+    p.add_argument("--trace", help="a trace file (.npz) instead of a synthetic one")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--micro-batches", type=int, default=32, help="micro-batches per step (default 32)")
+    p.add_argument("--tokens-per-rank", type=int, default=None,
+                   help="tokens per micro-batch and EP rank of the synthetic trace (default: the generator's)")
+    p.add_argument("--seq-len", type=int, default=4096, help="sequence length for attention's cost (default 4096)")
+    p.add_argument("--replica-buffer", default="layer-shared", choices=["layer-shared", "per-layer"],
+                   help="replica buffer of the overlapped policies (default layer-shared)")
+    p.add_argument("--route", default=None, choices=["rail", "direct"],
+                   help="how bytes cross nodes: rail (DeepEP: sender's NIC to the same-index GPU of the "
+                        "destination node, then NVLink) or direct (NIC to NIC) (default: the cluster's, "
+                        "rail for the GPU presets, direct for cpu-gloo)")
+    p.add_argument("--dedup", default=None, choices=["on", "off"],
+                   help="on: send a token once per destination node and GPU (DeepEP), distinct tokens estimated "
+                        "from counts; off: one row per token-expert pair (default: the cluster's dispatcher, "
+                        "on for the GPU presets, off for cpu-gloo)")
+    p.add_argument("--json", action="store_true", help="print one JSON object {\"config\": ..., \"results\": [...]}")
+    p.set_defaults(func=_simulate)

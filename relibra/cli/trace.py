@@ -1,0 +1,185 @@
+"""`relibra trace ...`: generate synthetic routing traces, import real ones, print their statistics."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from relibra.errors import ConfigError
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("trace", help="routing traces: generate, import, stats, calibrate",
+                                   description="Routing traces: loads[step, micro_batch, layer, src_rank, expert].")
+    sub = parser.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+
+    gen = sub.add_parser("generate", help="write a synthetic RL routing trace",
+                         description="Generate a synthetic RL routing trace (relibra.workloads) and save it as .npz.")
+    gen.add_argument("--model", required=True, help="model preset (qwen3-30b-a3b, glm-4.5-air, qwen3-235b-a22b, tiny, small)")
+    gen.add_argument("--workload", required=True, help="math, science, instruct, code or mixed")
+    gen.add_argument("--ep", type=int, required=True, help="expert-parallel size (divides the expert count)")
+    gen.add_argument("--steps", type=int, required=True, help="training steps")
+    gen.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same trace")
+    gen.add_argument("--micro-batches", type=int, default=32, help="micro-batches per step (default 32)")
+    gen.add_argument("--tokens-per-rank", type=int, default=None,
+                     help="tokens per micro-batch and EP rank (default 8192)")
+    gen.add_argument("--length-scale", type=float, default=1.0,
+                     help="multiply sequence lengths (default 1; e.g. 1/32 with --tokens-per-rank 256)")
+    gen.add_argument("--token-level", action="store_true",
+                     help="also keep per-token top-k ids (small configs only, e.g. the runtime's)")
+    gen.add_argument("--out", required=True, help="output .npz file")
+    gen.set_defaults(func=_generate)
+
+    st = sub.add_parser("stats", help="print a trace's statistics",
+                        description="Static-placement rank skewness and hot-expert shift statistics of a trace.")
+    st.add_argument("file", help="trace .npz")
+    st.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    st.set_defaults(func=_stats)
+
+    imp = sub.add_parser("import", help="convert routing data from megatron-core, verl or SGLang into a trace",
+                         description="Convert what megatron-core (RouterReplay recordings or routing-trace JSONL), verl "
+                                     "or SGLang write into one trace file. See docs/traces.md for each format's axes.")
+    imp.add_argument("--format", required=True, choices=("megatron-replay", "megatron-jsonl", "verl", "sglang"))
+    imp.add_argument("sources", nargs="+", metavar="SOURCE", help="input files or directories")
+    imp.add_argument("--out", required=True, help="output .npz file")
+    imp.add_argument("--model", help="model preset; or give --layers, --experts and --top-k")
+    imp.add_argument("--layers", type=int, help="MoE layers (explicit model shape)")
+    imp.add_argument("--experts", type=int, help="routed experts per layer (explicit model shape)")
+    imp.add_argument("--top-k", type=int, help="experts per token (explicit model shape)")
+    imp.add_argument("--hidden", type=int, default=2048, help="hidden size of an explicit shape (cost model only; 2048)")
+    imp.add_argument("--moe-ffn", type=int, default=768, help="expert ffn size of an explicit shape (cost model only; 768)")
+    imp.add_argument("--ep", type=int, required=True, help="expert-parallel size")
+    imp.add_argument("--micro-batches", type=int, default=1,
+                     help="verl/sglang: micro-batches each rank cuts its sequences into (default 1)")
+    imp.add_argument("--order", choices=("rank-major", "microbatch-major"), default="rank-major",
+                     help="verl/sglang: how sequences are dealt to (rank, micro-batch) slots (default rank-major)")
+    imp.add_argument("--loads-only", action="store_true", help="drop the token-level ids, keep only the counts")
+    imp.set_defaults(func=_import)
+
+    cal = sub.add_parser("calibrate", help="skewness and shift statistics of generated traces per model and EP",
+                         description="Generate traces for each (model, workload, EP) and print static-placement "
+                                     "skewness and shift statistics (the figures in docs/traces.md).")
+    cal.add_argument("--models", default="qwen3-30b-a3b,glm-4.5-air,qwen3-235b-a22b", help="comma-separated presets")
+    cal.add_argument("--workloads", default="mixed", help="comma-separated workloads (default mixed)")
+    cal.add_argument("--eps", default="8,16,32,64", help="comma-separated EP sizes (default 8,16,32,64)")
+    cal.add_argument("--steps", type=int, default=4, help="steps per trace (default 4)")
+    cal.add_argument("--micro-batches", type=int, default=32, help="micro-batches per step (default 32)")
+    cal.add_argument("--tokens-per-rank", type=int, default=None, help="tokens per micro-batch and rank (default 8192)")
+    cal.add_argument("--seed", type=int, default=0)
+    cal.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    cal.set_defaults(func=_calibrate)
+
+
+def _generate(args) -> int:
+    from relibra.workloads import WorkloadConfig, generate_trace
+
+    config = WorkloadConfig(length_scale=args.length_scale)
+    trace = generate_trace(args.model, args.workload, args.ep, args.steps, seed=args.seed,
+                           micro_batches=args.micro_batches, tokens_per_rank=args.tokens_per_rank,
+                           progress=sys.stderr.isatty(), config=config, token_level=args.token_level)
+    trace.save(args.out)
+    print(f"wrote {args.out}: {trace.num_steps} steps x {trace.num_microbatches} micro-batches x "
+          f"{trace.num_layers} layers x EP{trace.ep} x {trace.num_experts} experts; "
+          f"static skewness {trace.static_skewness():.3f}")
+    return 0
+
+
+def _json_safe(obj):
+    """NaN and infinities -> None, so the output is strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+# Rows of the readable table: (key, label).
+_STAT_ROWS = [
+    ("model", "model"), ("ep", "EP size"), ("steps", "steps"), ("micro_batches", "micro-batches per step"),
+    ("layers", "MoE layers"), ("experts", "experts"), ("top_k", "top-k"),
+    ("tokens_per_microbatch", "tokens per micro-batch"), ("total_tokens", "tokens in trace"),
+    ("static_skewness", "static skewness (mean max/mean per rank)"), ("static_skewness_p95", "static skewness p95"),
+    ("mb_hot_overlap", "hot-expert overlap, consecutive micro-batches"),
+    ("mb_corr", "load correlation, consecutive micro-batches"),
+    ("mb_vs_step_hot_overlap", "hot-expert overlap, micro-batch vs its step"),
+    ("mb_vs_step_corr", "load correlation, micro-batch vs its step"),
+    ("step_hot_overlap", "hot-expert overlap, consecutive steps"),
+    ("step_corr", "load correlation, consecutive steps"),
+    ("history_hot_overlap", "hot-expert overlap, step vs history average"),
+    ("history_corr", "load correlation, step vs history average"),
+    ("history_mb_hot_overlap", "hot-expert overlap, micro-batch vs history average"),
+]
+
+
+def _stats(args) -> int:
+    from relibra.trace import RoutingTrace
+
+    stats = RoutingTrace.load(args.file).stats()
+    if args.json:
+        print(json.dumps(_json_safe(stats), sort_keys=True))
+        return 0
+    width = max(len(label) for _, label in _STAT_ROWS)
+    print(f"{args.file}  (hot experts = hottest {stats['hot_frac']:.0%}; history = last "
+          f"{stats['history_window']} steps)")
+    for key, label in _STAT_ROWS:
+        value = stats.get(key)
+        if isinstance(value, float):
+            text = "n/a (trace too short)" if math.isnan(value) else f"{value:.3f}"
+        else:
+            text = str(value)
+        print(f"  {label:<{width}}  {text}")
+    print(f"  {'provenance':<{width}}  {json.dumps(stats['provenance'], sort_keys=True)[:200]}")
+    return 0
+
+
+def _import(args) -> int:
+    from relibra.importers import import_trace, resolve_model
+
+    model = resolve_model(args.model, args.layers, args.experts, args.top_k, args.hidden, args.moe_ffn)
+    opts = {"model": model, "ep": args.ep, "keep_tokens": not args.loads_only}
+    if args.format in ("verl", "sglang"):
+        opts.update(micro_batches=args.micro_batches, order=args.order)
+    elif args.micro_batches != 1 or args.order != "rank-major":
+        raise ConfigError(f"--micro-batches and --order apply to verl and sglang; {args.format} files carry "
+                          f"their own micro-batches")
+    trace = import_trace(args.format, args.sources, **opts)
+    trace.save(args.out)
+    tokens = "with token-level ids" if trace.token_experts is not None else "counts only"
+    print(f"wrote {args.out}: {trace.num_steps} steps x {trace.num_microbatches} micro-batches x "
+          f"{trace.num_layers} layers x EP{trace.ep} x {trace.num_experts} experts ({tokens}); "
+          f"static skewness {trace.static_skewness():.3f}")
+    return 0
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated integers, got {text!r}") from None
+
+
+def _calibrate(args) -> int:
+    from relibra.workloads import SHIFT_KEYS, calibration_table
+
+    rows = calibration_table(tuple(m for m in args.models.split(",") if m),
+                             tuple(w for w in args.workloads.split(",") if w), _ints(args.eps, "--eps"),
+                             steps=args.steps, micro_batches=args.micro_batches, seed=args.seed,
+                             tokens_per_rank=args.tokens_per_rank, progress=sys.stderr.isatty())
+    if args.json:
+        print(json.dumps(_json_safe(rows)))
+        return 0
+    cols = ["model", "workload", "ep", "static_skewness", "static_skewness_p95", *SHIFT_KEYS, "seconds"]
+    short = {"static_skewness": "skew", "static_skewness_p95": "skew_p95", "mb_hot_overlap": "mb_hot",
+             "mb_corr": "mb_corr", "mb_vs_step_hot_overlap": "mb_vs_step_hot", "step_hot_overlap": "step_hot",
+             "step_corr": "step_corr", "history_hot_overlap": "hist_hot", "history_mb_hot_overlap": "hist_mb_hot"}
+    head = [short.get(c, c) for c in cols]
+    body = [[f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths)))
+    for b in body:
+        print("  ".join(x.rjust(w) for x, w in zip(b, widths)))
+    return 0
+

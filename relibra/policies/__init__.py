@@ -1,0 +1,36 @@
+"""Every balancing policy behind one interface, registered by name.
+
+    from relibra.policies import get_policy, POLICY_NAMES
+    plan = get_policy("relibra").plan(trace, step=0, gpus_per_node=8)
+
+One module per family: megatron, eplb (eplb, eplb+), lplb (lplb+), llep, relibra (relibra and its
+ablations; its two mechanisms in reorder and replicate), balanced. Shared: base (interface,
+registry), split (token flow between copies). Bounds live in relibra.bounds; the planner benchmark
+in .benchmark.
+"""
+
+from __future__ import annotations
+
+from relibra.policies.balanced import BalancedPolicy
+from relibra.policies.base import Policy, get_policy, register, registered_names
+from relibra.policies.eplb import EplbOraclePolicy, EplbPolicy, rebalance_experts
+from relibra.policies.llep import LlepPolicy
+from relibra.policies.lplb import LplbOraclePolicy
+from relibra.policies.megatron import MegatronPolicy
+from relibra.policies.relibra import VARIANTS, ReLibraPolicy, _variant
+
+register("megatron", MegatronPolicy)
+register("eplb", EplbPolicy)
+register("eplb+", EplbOraclePolicy)
+register("lplb+", LplbOraclePolicy)
+register("llep", LlepPolicy)
+for _name, _fixed in VARIANTS.items():
+    register(_name, _variant(_name, **_fixed))
+register("balanced", BalancedPolicy)
+
+POLICY_NAMES: list[str] = registered_names()
+
+from relibra.policies.benchmark import benchmark_planner  # noqa: E402  (needs the registry)
+
+__all__ = ["POLICY_NAMES", "Policy", "get_policy", "benchmark_planner", "rebalance_experts", "MegatronPolicy",
+           "EplbPolicy", "EplbOraclePolicy", "LplbOraclePolicy", "LlepPolicy", "ReLibraPolicy", "BalancedPolicy"]

@@ -1,0 +1,153 @@
+"""The Policy interface, the registry by name, and checks every policy shares.
+
+A policy turns one training step of a RoutingTrace into a StepPlan:
+
+    plan = get_policy("relibra", spare_slots_per_gpu=2).plan(trace, step, gpus_per_node=8)
+    plan.validate(trace.loads[step])
+
+History-based policies (eplb) read only trace.loads[:step]; oracle policies (eplb+, lplb+, llep,
+relibra and its ablations) read trace.loads[step], which routing replay makes known before the
+step runs. Every plan records its planner wall time in plan.info["plan_seconds"] (process CPU time
+in "plan_cpu_seconds") and, computed after the clock stops, the mean relative gap of its max GPU
+tokens to its lower bound (relibra.bounds.gap_to_bound) in "mean_gap_to_bound".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import numpy as np
+
+from relibra.errors import ConfigError, PlanError
+from relibra.plan import StepPlan
+from relibra.trace import RoutingTrace
+
+
+@dataclass
+class Policy:
+    """Base of every policy. Subclasses are dataclasses whose fields are the policy's parameters."""
+
+    name: ClassVar[str] = "policy"
+
+    def plan(self, trace: RoutingTrace, step: int, gpus_per_node: int,
+             prev_home: np.ndarray | None = None) -> StepPlan:
+        """The StepPlan for `step` of `trace` on EP ranks packed `gpus_per_node` to a node.
+
+        prev_home: int [layers, experts] the previous step's placement, for policies that weigh
+        migration (relibra); others ignore it.
+        """
+        check_step(trace, step)
+        check_topology(trace.ep, trace.num_experts, gpus_per_node)
+        if prev_home is not None:
+            prev_home = np.asarray(prev_home)
+            if prev_home.shape != (trace.num_layers, trace.num_experts):
+                raise PlanError(f"{self.name}: prev_home must have shape [layers, experts]="
+                                f"({trace.num_layers}, {trace.num_experts}), got {prev_home.shape}")
+        start, start_cpu = time.perf_counter(), time.process_time()
+        plan = self._plan(trace, step, gpus_per_node, prev_home)
+        plan.info["plan_seconds"] = time.perf_counter() - start
+        plan.info["plan_cpu_seconds"] = time.process_time() - start_cpu
+        plan.info.setdefault("params", self.params())
+        # the gap to the plan's lower bound (relibra.bounds), outside the planner's clock
+        from relibra.bounds import gap_to_bound
+
+        plan.info["mean_gap_to_bound"] = float(gap_to_bound(plan).mean())
+        return plan
+
+    def _plan(self, trace: RoutingTrace, step: int, gpus_per_node: int,
+              prev_home: np.ndarray | None) -> StepPlan:
+        raise NotImplementedError
+
+    def params(self) -> dict:
+        """The policy's parameters as a plain dict."""
+        return dataclasses.asdict(self)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{self.name}({args})"
+
+
+# ---- registry ------------------------------------------------------------------------------------
+_REGISTRY: dict[str, Callable[..., Policy]] = {}
+
+
+def register(name: str, factory: Callable[..., Policy]) -> None:
+    """Make `factory(**params)` reachable as get_policy(name, **params)."""
+    _REGISTRY[name] = factory
+
+
+def registered_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get_policy(name: str, **params) -> Policy:
+    """The policy called `name` built with `params`; ConfigError lists the known names or the
+    policy's known parameters when either is wrong."""
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(_REGISTRY)}") from None
+    try:
+        policy = factory(**params)
+    except TypeError as exc:
+        fields = _factory_fields(factory)
+        raise ConfigError(f"policy {name!r}: bad parameters {sorted(params)} ({exc}); "
+                          f"known parameters: {', '.join(fields) or 'none'}") from None
+    return policy
+
+
+def _factory_fields(factory) -> list[str]:
+    cls = getattr(factory, "policy_class", factory)
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+    return []
+
+
+# ---- shared checks -------------------------------------------------------------------------------
+def check_step(trace: RoutingTrace, step: int) -> None:
+    if not 0 <= step < trace.num_steps:
+        raise PlanError(f"step {step} is outside the trace's {trace.num_steps} steps")
+
+
+def check_topology(ep: int, num_experts: int, gpus_per_node: int) -> None:
+    """EP must divide the experts, and gpus_per_node must divide EP."""
+    if num_experts % ep:
+        raise ConfigError(f"ep={ep} does not divide num_experts={num_experts}")
+    if gpus_per_node <= 0 or ep % gpus_per_node:
+        raise ConfigError(f"gpus_per_node={gpus_per_node} does not divide ep={ep}")
+
+
+def check_nonnegative_int(policy: str, **values) -> None:
+    for key, value in values.items():
+        if value is None:
+            continue
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"policy {policy!r}: {key} must be a non-negative integer, got {value!r}")
+
+
+def check_positive(policy: str, **values) -> None:
+    for key, value in values.items():
+        if not isinstance(value, (int, float, np.integer, np.floating)) or not value > 0:
+            raise ConfigError(f"policy {policy!r}: {key} must be positive, got {value!r}")
+
+
+def node_of(gpu: np.ndarray | int, gpus_per_node: int):
+    return np.asarray(gpu) // gpus_per_node
+
+
+def experts_by_gpu(home: np.ndarray, ep: int) -> np.ndarray:
+    """Experts homed on each GPU, in expert order: int64 [layers, ep, experts / ep].
+
+    home: int [layers, experts] with every GPU homing experts / ep experts.
+    """
+    layers, experts = home.shape
+    order = np.argsort(home, axis=1, kind="stable")  # experts sorted by GPU, then by id
+    return order.reshape(layers, ep, experts // ep)
+
+
+def step_loads(trace: RoutingTrace, step: int) -> np.ndarray:
+    """int32 [micro_batches, layers, ep_src, experts] tokens of the step."""
+    return trace.loads[step]

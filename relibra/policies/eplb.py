@@ -1,0 +1,296 @@
+"""`eplb` and `eplb+`: DeepSeek's Expert Parallelism Load Balancer, and the policies built on it.
+
+`rebalance_experts` keeps EPLB's public contract (torch tensors in and out):
+
+    phy2log, log2phy, logcnt = rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)
+
+weight: [layers, experts] predicted load per logical expert. num_replicas: physical slots over all
+GPUs (experts + redundant ones), a multiple of num_gpus. Output is GPU-major: physical slot p lives
+on GPU p // (num_replicas / num_gpus).
+  phy2log: int64 [layers, num_replicas] logical expert held by each physical slot.
+  log2phy: int64 [layers, experts, num_replicas - experts + 1] physical slots of each expert, -1 padded.
+  logcnt:  int64 [layers, experts] copies of each expert.
+
+Hierarchical policy (num_groups % num_nodes == 0): (1) groups of experts/num_groups consecutive
+experts are packed onto nodes by summed load; (2) inside each node, every redundant slot goes to
+the expert with the largest load per copy; (3) the node's copies (load = expert load / copies)
+are packed onto its GPUs. Otherwise the global policy: the same with one group and one node.
+Packing is "balanced packing": items in decreasing load, each into the lightest pack that still has
+room, every pack taking the same number of items; ties go to the lowest index everywhere.
+
+Written from that description (see docs/policies.md); it reproduces the README example of EPLB.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from relibra.errors import ConfigError
+from relibra.plan import StepPlan
+from relibra.policies.base import Policy, check_nonnegative_int
+from relibra.policies.split import pack_replicas, replica_flow_from_tokens
+from relibra.trace import RoutingTrace
+
+
+# ---- EPLB's algorithm ------------------------------------------------------------------------------
+def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pack items into equal-count packs, heaviest item first into the lightest pack with room.
+
+    weight: float [rows, items] with items a multiple of num_packs.
+    Returns (pack int64 [rows, items], rank_in_pack int64 [rows, items]).
+    """
+    rows, items = weight.shape
+    per_pack = items // num_packs
+    pack = np.zeros((rows, items), dtype=np.int64)
+    rank = np.zeros((rows, items), dtype=np.int64)
+    if per_pack == 1:
+        order = np.argsort(-weight, axis=1, kind="stable")
+        np.put_along_axis(pack, order, np.arange(items)[None].repeat(rows, 0), axis=1)
+        return pack, rank
+    order = np.argsort(-weight, axis=1, kind="stable")  # stable: equal loads keep index order
+    pack_load = np.zeros((rows, num_packs))
+    pack_items = np.zeros((rows, num_packs), dtype=np.int64)
+    row = np.arange(rows)
+    for i in range(items):
+        item = order[:, i]
+        open_load = np.where(pack_items < per_pack, pack_load, np.inf)
+        chosen = np.argmin(open_load, axis=1)  # first minimum: ties to the lowest pack
+        pack[row, item] = chosen
+        rank[row, item] = pack_items[row, chosen]
+        pack_load[row, chosen] += weight[row, item]
+        pack_items[row, chosen] += 1
+    return pack, rank
+
+
+def replicate_experts(weight: np.ndarray, num_physical: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Give each extra physical slot to the expert with the largest load per copy.
+
+    weight: float [rows, experts]. Returns (phy2log int64 [rows, num_physical], copy rank of each
+    slot int64 [rows, num_physical], copies int64 [rows, experts]). Slots 0..experts-1 hold every
+    expert once, in order; ties go to the lowest expert index.
+    """
+    rows, experts = weight.shape
+    phy2log = np.zeros((rows, num_physical), dtype=np.int64)
+    phy2log[:, :experts] = np.arange(experts)
+    copy_rank = np.zeros((rows, num_physical), dtype=np.int64)
+    copies = np.ones((rows, experts), dtype=np.int64)
+    row = np.arange(rows)
+    for p in range(experts, num_physical):
+        hottest = np.argmax(weight / copies, axis=1)
+        phy2log[:, p] = hottest
+        copy_rank[:, p] = copies[row, hottest]
+        copies[row, hottest] += 1
+    return phy2log, copy_rank, copies
+
+
+def _rebalance_hierarchical(weight: np.ndarray, num_physical: int, num_groups: int, num_nodes: int,
+                            num_gpus: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """weight float [L, E] -> (phy2log [L, P], phy copy rank [L, P], logcnt [L, E]), GPU-major slots."""
+    layers, experts = weight.shape
+    group_size = experts // num_groups
+    groups_per_node = num_groups // num_nodes
+    experts_per_node = experts // num_nodes
+    phys_per_node = num_physical // num_nodes
+    gpus_per_node = num_gpus // num_nodes
+    phys_per_gpu = num_physical // num_gpus
+
+    # (1) groups onto nodes; relabel experts node-major ("node order": node 0's experts first).
+    group_load = weight.reshape(layers, num_groups, group_size).sum(axis=2)
+    group_node, group_rank = balanced_packing(group_load, num_nodes)
+    group_pos = group_node * groups_per_node + group_rank  # [L, groups] position in node order
+    node_order_of = (group_pos[:, :, None] * group_size + np.arange(group_size)).reshape(layers, experts)
+    expert_at = np.argsort(node_order_of, axis=1)  # [L, E] expert at each node-order position
+
+    # (2) replicate inside each node.
+    node_weight = np.take_along_axis(weight, expert_at, axis=1).reshape(layers * num_nodes, experts_per_node)
+    phy_local, phy_rank, local_copies = replicate_experts(node_weight, phys_per_node)
+
+    # (3) copies onto the node's GPUs.
+    copy_load = np.take_along_axis(node_weight / local_copies, phy_local, axis=1)
+    gpu_in_node, rank_on_gpu = balanced_packing(copy_load, gpus_per_node)
+    slot_in_node = gpu_in_node * phys_per_gpu + rank_on_gpu  # [L*nodes, phys_per_node]
+    local_at_slot = np.empty_like(phy_local)
+    np.put_along_axis(local_at_slot, slot_in_node, phy_local, axis=1)
+    rank_at_slot = np.empty_like(phy_rank)
+    np.put_along_axis(rank_at_slot, slot_in_node, phy_rank, axis=1)
+
+    node_base = (np.arange(num_nodes) * experts_per_node)[None, :, None]
+    node_pos = (local_at_slot.reshape(layers, num_nodes, phys_per_node) + node_base).reshape(layers, num_physical)
+    phy2log = np.take_along_axis(expert_at, node_pos, axis=1)
+    logcnt = np.take_along_axis(local_copies.reshape(layers, experts), node_order_of, axis=1)
+    return phy2log, rank_at_slot.reshape(layers, num_physical), logcnt
+
+
+def rebalance_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
+                      num_gpus: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """EPLB's entry point; see the module docstring for shapes. Raises ConfigError on sizes that
+    cannot be packed."""
+    w = torch.as_tensor(weight).detach().to("cpu", torch.float64).numpy()
+    if w.ndim != 2:
+        raise ConfigError(f"weight must be [layers, experts], got shape {tuple(w.shape)}")
+    layers, experts = w.shape
+    if num_gpus <= 0 or num_nodes <= 0 or num_groups <= 0:
+        raise ConfigError("num_groups, num_nodes and num_gpus must be positive")
+    if num_replicas < experts:
+        raise ConfigError(f"num_replicas={num_replicas} is fewer than the {experts} experts")
+    if num_replicas % num_gpus:
+        raise ConfigError(f"num_gpus={num_gpus} does not divide num_replicas={num_replicas}")
+    if num_gpus % num_nodes:
+        raise ConfigError(f"num_nodes={num_nodes} does not divide num_gpus={num_gpus}")
+    if experts % num_groups:
+        raise ConfigError(f"num_groups={num_groups} does not divide the {experts} experts")
+    if num_groups % num_nodes == 0:
+        if experts % num_nodes or num_replicas % num_nodes:
+            raise ConfigError(f"num_nodes={num_nodes} must divide experts and num_replicas")
+        phy2log, rank, logcnt = _rebalance_hierarchical(w, num_replicas, num_groups, num_nodes, num_gpus)
+    else:  # global policy: one group, one node
+        phy2log, rank, logcnt = _rebalance_hierarchical(w, num_replicas, 1, 1, num_gpus)
+    max_copies = num_replicas - experts + 1
+    log2phy = np.full((layers, experts, max_copies), -1, dtype=np.int64)
+    layer = np.broadcast_to(np.arange(layers)[:, None], phy2log.shape)
+    log2phy[layer, phy2log, rank] = np.arange(num_replicas)[None, :]
+    return torch.from_numpy(phy2log), torch.from_numpy(log2phy), torch.from_numpy(logcnt)
+
+
+# ---- from EPLB's slots to a StepPlan ---------------------------------------------------------------
+def copies_from_phy2log(phy2log: np.ndarray, ep: int, num_experts: int) -> np.ndarray:
+    """Which GPUs hold a copy of each expert: bool [layers, experts, ep] (duplicates on one GPU merge)."""
+    layers, slots = phy2log.shape
+    gpu = np.arange(slots) // (slots // ep)
+    held = np.zeros((layers, num_experts, ep), dtype=bool)
+    held[np.arange(layers)[:, None], phy2log, gpu[None, :]] = True
+    return held
+
+
+def choose_homes(held: np.ndarray) -> np.ndarray:
+    """One home per expert among its copies: int64 [layers, experts].
+
+    Experts with one copy are homed there; then, in expert order, each replicated expert is homed
+    on the copy GPU that homes the fewest experts so far (lowest GPU on ties), which keeps the
+    optimizer state as evenly spread as the copies allow.
+    """
+    layers, experts, ep = held.shape
+    ncopies = held.sum(axis=2)
+    home = np.argmax(held, axis=2)  # single-copy experts: their only GPU
+    single = ncopies == 1
+    homes_on = np.zeros((layers, ep), dtype=np.int64)
+    lay = np.broadcast_to(np.arange(layers)[:, None], home.shape)
+    np.add.at(homes_on, (lay[single], home[single]), 1)
+    row = np.arange(layers)
+    for e in range(experts):
+        multi = ~single[:, e]
+        if not multi.any():
+            continue
+        count = np.where(held[:, e, :], homes_on, np.iinfo(np.int64).max)
+        chosen = np.argmin(count, axis=1)
+        home[multi, e] = chosen[multi]
+        homes_on[row[multi], chosen[multi]] += 1
+    return home
+
+
+def plan_from_copies(policy: str, loads: np.ndarray, held: np.ndarray, home: np.ndarray, gpus_per_node: int,
+                     slots_per_gpu: int, replica_scope: str, replica_tokens_fn=None) -> StepPlan:
+    """A StepPlan whose copies are fixed for the whole step.
+
+    loads: int [M, L, ep, E]; held: bool [L, E, ep] copies (home included); home: [L, E].
+    replica_tokens_fn(copy list) -> int [M, n] tokens per replica; default: an even split, the
+    remainder tokens to the lowest-GPU copies (the home counts as a copy).
+    """
+    m, l, ep, e = loads.shape
+    is_replica = held.copy()
+    is_replica[np.arange(l)[:, None], np.arange(e)[None, :], home] = False
+    li, ei, gi = np.nonzero(is_replica)  # fixed for every micro-batch
+    expert_tokens = loads.sum(axis=2, dtype=np.int64)  # [M, L, E]
+    if replica_tokens_fn is None:
+        copies = held.sum(axis=2)  # [L, E]
+        rank = np.cumsum(held, axis=2)[li, ei, gi] - 1  # copy number in GPU order, home included
+        x = expert_tokens[:, li, ei]  # [M, n]
+        c = copies[li, ei][None, :]
+        tokens = x // c + (rank[None, :] < x % c)
+    else:
+        tokens = replica_tokens_fn(li, ei, gi)
+    n = len(li)
+    mi = np.repeat(np.arange(m), n)
+    rexp, rtok = pack_replicas((m, l, ep), mi, np.tile(li, m), np.tile(gi, m), np.tile(ei, m),
+                               np.asarray(tokens).reshape(-1))
+    rflow = replica_flow_from_tokens(loads, home, rexp, rtok)
+    return StepPlan(policy=policy, loads=loads, home=home, replica_expert=rexp, replica_flow=rflow,
+                    gpus_per_node=gpus_per_node, slots_per_gpu=slots_per_gpu, replica_scope=replica_scope,
+                    equal_homes=False)
+
+
+def eplb_copies(weight: np.ndarray, ep: int, gpus_per_node: int, redundant_slots_per_gpu: int,
+                num_groups: int | None) -> tuple[np.ndarray, np.ndarray, str, int]:
+    """Run EPLB on weight [L, E]; return (held [L, E, ep], home [L, E], replica_scope, slots_per_gpu)."""
+    layers, experts = weight.shape
+    num_nodes = ep // gpus_per_node
+    groups = experts if num_groups is None else num_groups
+    num_replicas = experts + ep * redundant_slots_per_gpu
+    phy2log, _, _ = rebalance_experts(torch.from_numpy(np.asarray(weight, dtype=np.float64)), num_replicas,
+                                      groups, num_nodes, ep)
+    held = copies_from_phy2log(phy2log.numpy(), ep, experts)
+    home = choose_homes(held)
+    hierarchical = groups % num_nodes == 0
+    return held, home, ("node" if hierarchical else "any"), num_replicas // ep
+
+
+@dataclass
+class EplbPolicy(Policy):
+    """EPLB fed a moving average of the previous `window` steps' loads (history-based).
+
+    redundant_slots_per_gpu: extra physical slots per GPU (EPLB's num_replicas = experts + ep * this);
+        default 2, the same replica buffer ReLibra gets.
+    num_groups: expert groups for the hierarchical policy; None = one group per expert (the models
+        here route without groups), which makes the hierarchical policy apply and keeps every copy
+        of an expert inside one node. A count not divisible by the node count selects EPLB's global
+        policy (copies anywhere).
+    At step 0 there is no history: the prediction is uniform, so EPLB packs by index.
+    """
+
+    name: ClassVar[str] = "eplb"
+    window: int = 4
+    redundant_slots_per_gpu: int = 2
+    num_groups: int | None = None
+
+    def __post_init__(self):
+        check_nonnegative_int(self.name, window=self.window, redundant_slots_per_gpu=self.redundant_slots_per_gpu,
+                              num_groups=self.num_groups)
+        if self.window < 1:
+            raise ConfigError(f"policy {self.name!r}: window must be at least 1 step, got {self.window}")
+        if self.num_groups is not None and self.num_groups < 1:
+            raise ConfigError(f"policy {self.name!r}: num_groups must be positive, got {self.num_groups}")
+
+    def predicted_load(self, trace: RoutingTrace, step: int) -> np.ndarray:
+        """float64 [layers, experts] tokens per expert EPLB is fed for `step`."""
+        lo = max(0, step - self.window)
+        if step == lo:
+            return np.ones((trace.num_layers, trace.num_experts))
+        return trace.loads[lo:step].sum(axis=(0, 1, 3), dtype=np.float64) / (step - lo)
+
+    def _plan(self, trace: RoutingTrace, step: int, gpus_per_node: int, prev_home: np.ndarray | None) -> StepPlan:
+        if self.num_groups is not None and trace.num_experts % self.num_groups:
+            raise ConfigError(f"policy {self.name!r}: num_groups={self.num_groups} does not divide the "
+                              f"{trace.num_experts} experts")
+        start, start_cpu = time.perf_counter(), time.process_time()
+        held, home, scope, slots = eplb_copies(self.predicted_load(trace, step), trace.ep, gpus_per_node,
+                                               self.redundant_slots_per_gpu, self.num_groups)
+        rebalance_s, rebalance_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
+        plan = plan_from_copies(self.name, trace.loads[step], held, home, gpus_per_node, slots, scope)
+        plan.info.update({"rebalance_seconds": rebalance_s, "rebalance_cpu_seconds": rebalance_cpu_s,
+                          "copies_per_expert_max": int(held.sum(axis=2).max())})
+        return plan
+
+
+@dataclass
+class EplbOraclePolicy(EplbPolicy):
+    """`eplb+`: EPLB fed the current step's exact loads (an oracle the replayed routing provides)."""
+
+    name: ClassVar[str] = "eplb+"
+
+    def predicted_load(self, trace: RoutingTrace, step: int) -> np.ndarray:
+        return trace.loads[step].sum(axis=(0, 2), dtype=np.float64)

@@ -1,0 +1,238 @@
+"""The trace-driven cluster simulator: every policy plans every simulated step of a routing trace, the
+cost model (relibra.costs) turns each plan into seconds, and the results come back as one tidy frame
+(relibra.metrics.METRIC_COLUMNS, source="simulated") plus one summary row per policy.
+
+The simulated EP group is one pipeline stage holding every MoE layer (no tensor or pipeline
+parallelism; docs/cost-model.md explains why the policies' throughput ratios carry over to PP).
+Tokens per second count the tokens of that EP group.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from relibra.cluster import Topology, parse_topology
+from relibra.costs import CostParams, PlanCost, cost_plan
+from relibra.errors import ConfigError
+from relibra.metrics import METRIC_COLUMNS
+from relibra.trace import RoutingTrace, static_placement
+
+REFERENCE_POLICIES = ("megatron", "balanced")
+SUMMARY_COLUMNS = [
+    "policy", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced", "skewness", "step_s",
+    "a2a_share", "expert_share", "exposed_transfer_share", "migration_share", "migration_s",
+    "replica_memory_share", "replica_buffer_bytes", "plan_s", "planner_on_critical_path", "gap_to_bound",
+    "steps", "tokens_per_step",
+]
+
+
+@dataclass
+class SimResult:
+    """frame: tidy METRIC_COLUMNS rows; summary: one row per policy (SUMMARY_COLUMNS);
+    per_step: one row per (policy, step) with the figures the summary averages; config: the inputs."""
+
+    frame: pd.DataFrame
+    summary: pd.DataFrame
+    per_step: pd.DataFrame
+    config: dict = field(default_factory=dict)
+    costs: dict = field(default_factory=dict)  # {policy: [PlanCost per step]} when keep_costs=True
+
+
+def resolve_topology(topology: Topology | str) -> Topology:
+    """A Topology as given, or parsed from a preset name / spec string (relibra.cluster.parse_topology)."""
+    return topology if isinstance(topology, Topology) else parse_topology(topology)
+
+
+def _select_steps(trace: RoutingTrace, steps) -> list[int]:
+    """None: every step; an int n: the last n steps; an iterable: those step indices."""
+    if steps is None:
+        return list(range(trace.num_steps))
+    if isinstance(steps, (int, np.integer)):
+        if not 0 < steps <= trace.num_steps:
+            raise ConfigError(f"steps={steps}: the trace holds {trace.num_steps} step(s)")
+        return list(range(trace.num_steps - steps, trace.num_steps))
+    chosen = [int(s) for s in steps]
+    if not chosen:
+        raise ConfigError("no steps to simulate")
+    bad = [s for s in chosen if not 0 <= s < trace.num_steps]
+    if bad:
+        raise ConfigError(f"step {bad[0]} is outside the trace's {trace.num_steps} step(s)")
+    return chosen
+
+
+def _gap_to_bound(plan, trace: RoutingTrace) -> float:
+    """Mean over (micro_batch, layer) of the plan's max tokens per GPU over its lower bound, minus 1,
+    as the policy reports it (relibra.bounds, reference "policy"); NaN where it reports none."""
+    for key in ("gap_to_bound", "mean_gap_to_bound"):
+        if key in plan.info:
+            return float(np.mean(plan.info[key]))
+    return float("nan")
+
+
+def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str], steps=None,
+             policy_params: dict | None = None, progress: bool = True, params: CostParams | None = None,
+             workload: str | None = None, references: bool = True, validate: bool = True,
+             warmup: bool = True, keep_costs: bool = False) -> SimResult:
+    """Plan and cost `steps` of `trace` for every policy on `topology`.
+
+    policies: names for relibra.policies.get_policy; with references=True `megatron` and `balanced`
+        are added when missing, so speedup_vs_megatron and frac_of_balanced are always defined.
+    steps: None (all), an int n (the last n steps, so history-based policies see history), or indices.
+    policy_params: {policy name: {param: value}} passed to get_policy.
+    params: cost-model knobs (CostParams). workload: label for the frame (default: the trace's provenance).
+    warmup: when the first simulated step s > 0, plan step s - 1 first (not costed) so that the
+        first step's migration starts from the placement the policy would have had, not from the
+        static one; at s = 0 training starts from the static (Megatron) placement.
+    validate: check every plan with StepPlan.validate against the trace.
+    """
+    try:
+        from relibra.policies import get_policy
+    except ImportError as exc:  # the policies package is another part of the kit
+        raise ConfigError(f"the policies package is not available ({exc})") from None
+    topo = resolve_topology(topology)
+    params = params or CostParams()
+    nodes, gpn = topo.ep_layout(trace.ep)
+    names = [p for p in dict.fromkeys(policies)]
+    if not names:
+        raise ConfigError("no policies to simulate")
+    if references:
+        names += [p for p in REFERENCE_POLICIES if p not in names]
+    chosen = _select_steps(trace, steps)
+    policy_params = policy_params or {}
+    unknown = set(policy_params) - set(names)
+    if unknown:
+        raise ConfigError(f"policy_params names policies that are not simulated: {sorted(unknown)}")
+    workload = workload if workload is not None else str(trace.provenance.get("workload", ""))
+    model = trace.model
+    static = static_placement(model.num_layers, model.num_experts, trace.ep)
+
+    from tqdm.auto import tqdm
+
+    columns: list[dict] = []
+    step_rows: list[dict] = []
+    kept: dict[str, list[PlanCost]] = {}
+    bar = tqdm(total=len(names) * len(chosen), desc="simulate", unit="plan", disable=not progress)
+    for name in names:
+        policy = get_policy(name, **policy_params.get(name, {}))
+        prev_home = static
+        if warmup and chosen[0] > 0:
+            prev_home = np.asarray(policy.plan(trace, chosen[0] - 1, gpn, static).home)
+        for step in chosen:
+            bar.set_postfix_str(f"{name} step {step}")
+            t0 = time.perf_counter()
+            plan = policy.plan(trace, step, gpn, prev_home)
+            # the policy's own planner clock where it keeps one (it excludes the interface's checks)
+            plan_s = float(plan.info.get("plan_seconds", time.perf_counter() - t0))
+            if validate:
+                plan.validate(trace.loads[step])
+            cost = cost_plan(plan, model, topo, params, prev_home=prev_home, planner_s=plan_s,
+                             critical_planner_s=plan.info.get("plan_cpu_seconds"))
+            columns.append(cost.rows(source="simulated", hardware=topo.name, policy=name, model=model.name,
+                                     workload=workload, ep=trace.ep, step=step))
+            step_rows.append(_step_summary(name, step, cost, plan, trace))
+            if keep_costs:
+                kept.setdefault(name, []).append(cost)
+            prev_home = plan.home
+            bar.update(1)
+    bar.close()
+    frame = pd.DataFrame({c: np.concatenate([col[c] for col in columns]) for c in METRIC_COLUMNS})
+    per_step = pd.DataFrame(step_rows)
+    config = {"model": model.name, "workload": workload, "ep": trace.ep, "cluster": topo.name,
+              "topology": topo.to_dict(), "steps": chosen, "micro_batches": trace.num_microbatches,
+              "tokens_per_microbatch": trace.tokens_per_microbatch, "cost_params": params.__dict__.copy(),
+              "policies": names}
+    return SimResult(frame=frame, summary=summarize(per_step, order=names), per_step=per_step, config=config,
+                     costs=kept)
+
+
+def _step_summary(name: str, step: int, cost: PlanCost, plan, trace: RoutingTrace) -> dict:
+    totals = cost.totals()
+    return {
+        "policy": name, "step": step, "step_s": cost.step_seconds, "tokens": cost.tokens,
+        "a2a_s": totals["dispatch"] + totals["combine"], "expert_s": totals["expert_compute"],
+        "dense_s": totals["dense_compute"], "exposed_transfer_s": totals["replica_push"] + totals["replica_grad"],
+        "planner_exposed_s": totals["planner"], "migration_s": cost.migration_s, "optimizer_s": cost.optimizer_s,
+        "skewness": float(cost.skewness().mean()), "replica_memory_share": cost.memory["replica_memory_share"],
+        "replica_buffer_bytes": cost.memory["replica_buffer_bytes"], "plan_s": cost.planner_s,
+        "planner_on_critical_path": bool(plan.transfers_on_critical_path),
+        "gap_to_bound": _gap_to_bound(plan, trace), "experts_moved": cost.migration_bytes["experts_moved"],
+    }
+
+
+def summarize(per_step: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
+    """One row per policy (SUMMARY_COLUMNS) from the per-(policy, step) figures of `simulate`.
+
+    tokens_per_s = all tokens / all seconds; shares are of the summed step time; speedup_vs_megatron
+    and frac_of_balanced divide tokens_per_s by that of `megatron` / `balanced` (NaN when absent).
+    """
+    g = per_step.groupby("policy", sort=False)
+    total = g["step_s"].sum()
+    out = pd.DataFrame({
+        "tokens_per_s": g["tokens"].sum() / total,
+        "skewness": g["skewness"].mean(),
+        "step_s": g["step_s"].mean(),
+        "a2a_share": g["a2a_s"].sum() / total,
+        "expert_share": g["expert_s"].sum() / total,
+        "exposed_transfer_share": g["exposed_transfer_s"].sum() / total,
+        "migration_share": g["migration_s"].sum() / total,
+        "migration_s": g["migration_s"].mean(),
+        "replica_memory_share": g["replica_memory_share"].max(),
+        "replica_buffer_bytes": g["replica_buffer_bytes"].max(),
+        "plan_s": g["plan_s"].mean(),
+        "planner_on_critical_path": g["planner_on_critical_path"].any(),
+        "gap_to_bound": g["gap_to_bound"].mean(),
+        "steps": g["step"].count(),
+        "tokens_per_step": g["tokens"].mean(),
+    })
+    nan = float("nan")
+    out["speedup_vs_megatron"] = out["tokens_per_s"] / out["tokens_per_s"].get("megatron", nan)
+    out["frac_of_balanced"] = out["tokens_per_s"] / out["tokens_per_s"].get("balanced", nan)
+    out = out.reset_index()
+    if order:
+        out = out.set_index("policy").loc[[p for p in order if p in set(out["policy"])]].reset_index()
+    return out[SUMMARY_COLUMNS]
+
+
+def benchmark_sim(model: str = "qwen3-235b-a22b", ep: int = 32, policy: str = "relibra", cluster: str = "paper",
+                  seed: int = 0, workload: str = "mixed", micro_batches: int = 32, repeats: int = 3) -> dict:
+    """Seconds to simulate (cost, with the tidy rows) one step of `model` at EP `ep` for one policy.
+
+    Generates a one-step synthetic trace, plans it once (timed apart: planning is excluded from the
+    target), then times cost_plan + rows `repeats` times: sim_s is the median wall time, sim_cpu_s
+    the median CPU time of this process (what an unloaded machine shows). Target: under 1 s here.
+    """
+    from relibra.policies import get_policy
+    from relibra.workloads import generate_trace
+
+    topo = resolve_topology(cluster)
+    _, gpn = topo.ep_layout(ep)
+    t0 = time.perf_counter()
+    trace = generate_trace(model, workload, ep, steps=1, seed=seed, micro_batches=micro_batches)
+    trace_s = time.perf_counter() - t0
+    static = static_placement(trace.model.num_layers, trace.model.num_experts, ep)
+    t0 = time.perf_counter()
+    plan = get_policy(policy).plan(trace, 0, gpn, static)
+    plan_s = float(plan.info.get("plan_seconds", time.perf_counter() - t0))
+    t0 = time.perf_counter()
+    plan.validate(trace.loads[0])
+    validate_s = time.perf_counter() - t0
+    times, cpu_times = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        cost = cost_plan(plan, trace.model, topo, prev_home=static, planner_s=plan_s,
+                         critical_planner_s=plan.info.get("plan_cpu_seconds"))
+        rows = cost.rows(source="simulated", hardware=topo.name, policy=policy, model=trace.model.name,
+                  workload=workload, ep=ep, step=0)
+        times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
+    return {"model": trace.model.name, "ep": ep, "policy": policy, "cluster": topo.name,
+            "micro_batches": trace.num_microbatches, "layers": trace.num_layers,
+            "sim_s": float(np.median(times)), "sim_s_min": float(np.min(times)),
+            "sim_cpu_s": float(np.median(cpu_times)), "target_s": 1.0,
+            "validate_s": validate_s, "plan_s": plan_s, "trace_s": trace_s,
+            "simulated_step_s": cost.step_seconds, "tokens_per_s": cost.tokens / cost.step_seconds,
+            "frame_rows": int(len(rows["seconds"]))}
