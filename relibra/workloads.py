@@ -355,9 +355,11 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
             continue
         slot_mix = np.zeros((num_slots, len(used)))
         np.add.at(slot_mix, slot, piece_topics * (piece_tokens / tokens)[:, None])
-        for m in range(micro_batches):  # one micro-batch at a time keeps memory at [ep, L, E]
-            p = (slot_mix[m * ep:(m + 1) * ep] @ topic_flat).reshape(ep * l, e)
-            counts = sample_topk_counts(rng, p, tokens, k).reshape(ep, l, e)
+        # One matrix product for the whole step: many small ones wake BLAS threads over and over,
+        # which costs more than the product itself on a shared machine.
+        slot_p = (slot_mix @ topic_flat).reshape(micro_batches, ep * l, e)  # float64 [M, ep*L, E]
+        for m in range(micro_batches):
+            counts = sample_topk_counts(rng, slot_p[m], tokens, k).reshape(ep, l, e)
             loads[s, m] = counts.transpose(1, 0, 2)
     if token_level:
         loads = loads_from_tokens(token_experts, token_src, ep, e)

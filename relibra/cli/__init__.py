@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         print(f"error: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away; exit quietly like other Unix tools.
+        sys.stderr.close()
+        return 141
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
