@@ -20,7 +20,7 @@ setup() {
         # torch first and exactly pinned, so nothing can pull a CUDA build in its place.
         "$VENV/bin/python" -m pip install --quiet torch==2.13.0
         "$VENV/bin/python" -m pip install --quiet -e .
-        "$VENV/bin/python" -m ipykernel install --quiet --sys-prefix --name python3 >/dev/null
+        "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
         fingerprint > "$STAMP"
     fi
 }
