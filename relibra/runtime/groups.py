@@ -1,0 +1,73 @@
+"""Process groups for the runtime: one expert-parallel group over every rank, simulated nodes, and
+the ProcessGroupCollection megatron-core's MoELayer takes instead of its global parallel_state.
+
+EP spans the whole world (no data parallelism over experts, no tensor parallelism), so the tensor-,
+context- and expert-tensor-parallel groups megatron asks for are single-rank groups.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from relibra.runtime.config import NodeLayout
+
+
+@dataclass
+class RuntimeGroups:
+    """Every group one rank needs; built identically (same call order) on every rank."""
+
+    rank: int
+    layout: NodeLayout
+    ep: dist.ProcessGroup  # all ranks, in rank order
+    node: dist.ProcessGroup  # the ranks of this rank's node
+    solo: dist.ProcessGroup  # this rank alone (tp, cp, expt_tp, expt_dp)
+    solo_groups: list  # every rank's solo group, indexed by rank
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    def same_node(self, a: int, b: int) -> bool:
+        return self.layout.node_of(a) == self.layout.node_of(b)
+
+    def collection(self, ep_group: dist.ProcessGroup | None = None):
+        """megatron-core ProcessGroupCollection with `ep_group` (default: all ranks) as EP."""
+        from megatron.core.process_groups_config import ProcessGroupCollection
+
+        ep_group = ep_group or self.ep
+        pgc = ProcessGroupCollection()
+        for name in ("tp", "cp", "tp_cp", "expt_tp", "expt_dp"):
+            setattr(pgc, name, self.solo)
+        pgc.ep = ep_group
+        pgc.tp_ep = ep_group
+        pgc.tp_dp_cp = ep_group
+        return pgc
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> tuple[int, int]:
+    """Join the job described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    if not dist.is_initialized():
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    return rank, world
+
+
+def build_groups(layout: NodeLayout) -> RuntimeGroups:
+    """Create the EP, node and single-rank groups. Collective: every rank must call it."""
+    rank = dist.get_rank()
+    ep = dist.new_group(list(range(layout.world_size)))
+    node_group = None
+    for n in range(layout.num_nodes):
+        g = dist.new_group(layout.node_ranks(n))
+        if layout.node_of(rank) == n:
+            node_group = g
+    solos = [dist.new_group([r]) for r in range(layout.world_size)]
+    return RuntimeGroups(rank, layout, ep, node_group, solos[rank], solos)

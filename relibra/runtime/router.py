@@ -1,0 +1,111 @@
+"""A megatron-core TopKRouter that routes over logical experts and emits a routing map over the
+plan's PHYSICAL slots (homes and replicas), following the plan's token split for this rank.
+
+The router scores the E logical experts (its weight is [E, hidden]); top-k ids come from its own
+scores or, under routing replay, from megatron's RouterReplay (REPLAY_FORWARD: the given ids, with
+probabilities recomputed from the router's scores so router gradients still flow). Each (token,
+expert) pair then goes to exactly one physical slot: of this rank's tokens routed to expert e, the
+first n_1 (in token order) go to the first replica that the plan gives this rank for e, the next n_2
+to the second, ..., the rest to e's home slot. Probabilities follow the pair to its slot, so the
+combined output is the same whatever the placement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from megatron.core.transformer.moe.router import TopKRouter
+from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+from relibra.errors import PlanError
+
+
+@dataclass
+class LayerRoute:
+    """What one layer's router needs for one micro-batch on this rank.
+
+    slot_expert: int64 [P] logical expert of each physical slot (-1 empty replica slot).
+    home_slot: int64 [E] physical slot of each expert's home.
+    replica_routes: (expert, slot, tokens) from this rank to replicas, in (rank, slot) order.
+    replay_ids: int64 [tokens, top_k] replayed expert ids, or None to route by the router's scores.
+    """
+
+    slot_expert: torch.Tensor
+    home_slot: torch.Tensor
+    replica_routes: list
+    replay_ids: torch.Tensor | None = None
+
+
+@dataclass
+class RoutingState:
+    """Per-layer routes for the current micro-batch, shared by the routers of one model."""
+
+    layers: dict = field(default_factory=dict)  # layer index -> LayerRoute
+    last_logical_map: dict = field(default_factory=dict)  # layer index -> bool [T, E] (for checks)
+
+
+def physical_routing_map(routing_map: torch.Tensor, route: LayerRoute, num_slots: int) -> torch.Tensor:
+    """bool [T, E] logical routing -> bool [T, P] physical routing, one slot per (token, expert) pair."""
+    tokens = routing_map.shape[0]
+    order = torch.cumsum(routing_map.to(torch.int64), dim=0) - 1  # rank of each token among e's tokens
+    taken = torch.zeros_like(routing_map)
+    to_replica = torch.zeros(tokens, num_slots, dtype=torch.bool, device=routing_map.device)
+    offset: dict[int, int] = {}
+    for expert, slot, count in route.replica_routes:
+        start = offset.get(expert, 0)
+        available = int(routing_map[:, expert].sum())
+        if start + count > available:
+            raise PlanError(f"the plan sends {start + count} tokens of expert {expert} from this rank to replicas "
+                            f"but only {available} are routed to it; plan and routing disagree")
+        col = order[:, expert]
+        pick = routing_map[:, expert] & (col >= start) & (col < start + count)
+        to_replica[:, slot] = pick
+        taken[:, expert] |= pick
+        offset[expert] = start + count
+    at_home = routing_map & ~taken
+    to_home = torch.zeros(tokens, num_slots, dtype=torch.bool, device=routing_map.device)
+    to_home.index_copy_(1, route.home_slot, at_home)
+    return to_home | to_replica
+
+
+class PlacementRouter(TopKRouter):
+    """TopKRouter over E logical experts whose routing() answers over P physical slots.
+
+    Built by MoELayer with the layer's physical config; `logical_config` (num_moe_experts = E) sizes
+    the router itself. `state` is the model's RoutingState; `layer` indexes it.
+    """
+
+    def __init__(self, config, pg_collection=None, *, logical_config, state: RoutingState, layer: int):
+        super().__init__(config=logical_config, pg_collection=pg_collection)
+        self.num_slots = config.num_moe_experts
+        self.state = state
+        self.layer = layer
+
+    def routing(self, logits: torch.Tensor, padding_mask: torch.Tensor | None = None):
+        route: LayerRoute = self.state.layers[self.layer]
+        if self.router_replay is not None:
+            self.router_replay.clear_indices()
+            if route.replay_ids is not None:
+                self.router_replay.set_target_indices(route.replay_ids)
+                self.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+            else:
+                self.router_replay.clear_router_replay_action()
+        probs, routing_map = super().routing(logits, padding_mask=padding_mask)  # [T, E] each
+        self.state.last_logical_map[self.layer] = routing_map.detach()
+        physical_map = physical_routing_map(routing_map, route, self.num_slots)
+        # Every slot reads its logical expert's probability; the map keeps one slot per pair.
+        expert_of_slot = route.slot_expert.clamp(min=0)
+        physical_probs = probs.index_select(1, expert_of_slot) * physical_map
+        return physical_probs, physical_map
+
+
+def make_layer_route(slot_expert: np.ndarray, home_slot: np.ndarray, replica_routes: list,
+                     replay_ids: np.ndarray | None, device: str | torch.device = "cpu") -> LayerRoute:
+    def as_tensor(a):
+        return torch.as_tensor(a, dtype=torch.int64, device=device)
+
+    return LayerRoute(as_tensor(slot_expert), as_tensor(home_slot), replica_routes,
+                      None if replay_ids is None else as_tensor(replay_ids))

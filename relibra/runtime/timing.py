@@ -1,0 +1,71 @@
+"""Wall-clock accounting per (phase, component), forward and backward.
+
+Forward regions are timed directly. A backward region is bracketed by two identity autograd
+functions: one on the region's output (its backward runs when the output's gradient arrives: start)
+and one on its input (its backward runs when the input's gradient is ready: end). On CPU autograd
+runs nodes one at a time, so the bracket measures the region's backward, give or take independent
+nodes the engine interleaves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+
+class Timer:
+    """Seconds and token counts accumulated per (phase, component) since the last reset()."""
+
+    def __init__(self):
+        self.seconds: dict[tuple[str, str], float] = defaultdict(float)
+        self.tokens: dict[tuple[str, str], int] = defaultdict(int)
+        self._open: dict[str, list[float]] = defaultdict(list)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.tokens.clear()
+        self._open.clear()
+
+    def add(self, phase: str, component: str, seconds: float, tokens: int = 0) -> None:
+        self.seconds[(phase, component)] += seconds
+        self.tokens[(phase, component)] += tokens
+
+    def start_backward(self, component: str) -> None:
+        self._open[component].append(time.perf_counter())
+
+    def end_backward(self, component: str) -> None:
+        if self._open[component]:
+            self.add("backward", component, time.perf_counter() - self._open[component].pop())
+
+
+class _Mark(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, callback):
+        ctx.callback = callback
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.callback()
+        return grad, None
+
+
+def timed_region(fn, timer: Timer, component: str, count_tokens: bool = False):
+    """Wrap fn(tensor, *rest) -> tensor or tuple; time its forward and (bracketed) backward."""
+
+    def wrapped(x, *rest):
+        if x.requires_grad:
+            x = _Mark.apply(x, lambda: timer.end_backward(component))
+        t0 = time.perf_counter()
+        out = fn(x, *rest)
+        tokens = int(x.shape[0]) if count_tokens else 0
+        timer.add("forward", component, time.perf_counter() - t0, tokens)
+        first = out[0] if isinstance(out, tuple) else out
+        if first is not None and first.requires_grad:
+            first = _Mark.apply(first, lambda: timer.start_backward(component))
+            out = (first, *out[1:]) if isinstance(out, tuple) else first
+        return out
+
+    return wrapped

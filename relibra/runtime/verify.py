@@ -1,0 +1,227 @@
+"""Numerical checks of the runtime, run inside a multi-rank launch (see launch.py).
+
+`equivalence_worker` trains the same data three ways from the same seed:
+  static   - EP over all ranks, megatron's static placement, no replica slots;
+  balanced - EP over all ranks: hand-built in-node replicas at step 0, a hand-built reordering of
+             every expert plus replicas at step 1, then the kit's `relibra` policy (which migrates
+             from the step-1 placement and replicates inside nodes);
+  reference- one process (rank 0, a single-rank EP group) running every rank's tokens in turn.
+For the first two steps it compares forward logits, the gradient at the embedding output (the input
+gradient of the transformer stack) and every expert's and every dense parameter's gradient; after
+the last step, every parameter. It also checks the injected migration failure and the refusal of a
+plan that breaks the node rule. Rank 0 returns {name: max abs diff} and {name: bool}.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from relibra.errors import PlanError
+from relibra.runtime.config import ModelConfig, NodeLayout, TrainConfig
+from relibra.runtime.data import TraceData
+from relibra.runtime.engine import Engine
+from relibra.runtime.groups import build_groups
+from relibra.runtime.migration import InjectedFailure, MigrationError, migrate_homes
+from relibra.runtime.plans import cross_node_replica_plan, in_node_replica_plan, reordered_home, static_plan
+from relibra.trace import static_placement
+
+
+def gather_experts(local: dict) -> dict:
+    """Merge every rank's {(layer, expert): array} on rank 0 (others get {})."""
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(local, parts, dst=0)
+    merged = {}
+    if dist.get_rank() == 0:
+        for p in parts:
+            merged.update(p)
+    return merged
+
+
+def gather_list(local) -> list | None:
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(local, parts, dst=0)
+    return parts
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys(), (sorted(a)[:4], sorted(b)[:4])
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+def _snapshot(engine: Engine, sources: list[int]) -> dict:
+    """What one rank computed in the last step: {(micro_batch, src, "logits" | "embed_grad"): array}."""
+    out = {}
+    for i, c in enumerate(engine.model.capture):
+        m, src = i // len(sources), sources[i % len(sources)]
+        out[(m, src, "logits")] = c["logits"].detach().double().numpy()
+        out[(m, src, "embed_grad")] = c["embed"].grad.double().numpy()
+    engine.model.capture = []
+    return out
+
+
+def _make_trace(model: str, ep: int, steps: int, micro_batches: int, tokens_per_rank: int, seed: int):
+    from relibra.workloads import generate_trace
+
+    return generate_trace(model, "math", ep=ep, steps=steps, seed=seed, micro_batches=micro_batches,
+                          tokens_per_rank=tokens_per_rank, token_level=True)
+
+
+def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", steps: int = 3,
+                       micro_batches: int = 2, tokens_per_rank: int = 24, replica_slots: int = 2,
+                       seed: int = 0, dtype: str = "float64") -> dict:
+    torch.use_deterministic_algorithms(False)
+    layout = NodeLayout(world, nodes)
+    groups = build_groups(layout)
+    trace = _make_trace(model, world, steps, micro_batches, tokens_per_rank, seed)
+    cfg = ModelConfig.from_preset(model, replica_slots=replica_slots, seed=seed, dtype=dtype)
+    data = TraceData(trace, cfg.shape.vocab_size, seed)
+    train = TrainConfig(steps=steps, lr=1e-2)
+    L, E = cfg.num_layers, cfg.num_experts
+    home0 = static_placement(L, E, world)
+
+    from relibra.policies import get_policy
+
+    relibra_policy = get_policy("relibra", spare_slots_per_gpu=replica_slots, min_replica_tokens=1,
+                                iterations=50, seed=seed)
+    used = {"replica_tokens": 0, "policy_replicas": 0}
+
+    def plans_for(kind: str, step: int, prev_home):
+        loads = trace.loads[step]
+        if kind == "static":
+            return static_plan(loads, layout.ranks_per_node)
+        if step == 0:  # hand-built: in-node replicas on the static placement
+            return in_node_replica_plan(loads, layout.ranks_per_node, replica_slots, home=home0)
+        if step == 1:  # hand-built: every expert moves, plus replicas
+            return in_node_replica_plan(loads, layout.ranks_per_node, replica_slots,
+                                        home=reordered_home(L, E, world, shift=1))
+        plan = relibra_policy.plan(trace, step, layout.ranks_per_node, prev_home)  # the kit's relibra policy
+        used["policy_replicas"] += int((plan.replica_expert >= 0).sum())
+        return plan
+
+    def batches(step: int, sources: list[int]):
+        return ([[data.batch(step, m, s, L) for s in sources] for m in range(micro_batches)],
+                [data.tokens(step, m) for m in range(micro_batches)])
+
+    results = {}
+    records = {}
+    for kind in ("static", "balanced"):
+        engine = Engine(ModelConfig(cfg.shape, L, 0 if kind == "static" else replica_slots, seed, dtype), train,
+                        groups.collection(), layout.ranks_per_node, home0)
+        engine.model.capture = []
+        rec = []
+        for step in range(steps):
+            b, ntok = batches(step, [rank])
+            plan = plans_for(kind, step, engine.model.home)
+            if kind == "balanced":
+                used["replica_tokens"] += int(plan.replica_flow.sum())
+            out = engine.step(plan, b, ntok, [rank], optimizer_step=False)
+            used.setdefault(kind, 0)
+            used[kind] += out["experts_moved"]
+            snap = gather_list(_snapshot(engine, [rank])) if step < 2 else None
+            grads = gather_experts(engine.logical_expert_state("grad")) if step < 2 else None
+            dense_grad = engine.dense_state("grad") if step < 2 else None
+            engine.optimizer.step()
+            rec.append({"snap": snap, "grads": grads, "dense_grad": dense_grad,
+                        "loss": sum(gather_list(out["loss"]) or [0.0])})
+        params = gather_experts(engine.logical_expert_state("param"))
+        records[kind] = {"steps": rec, "params": params, "dense": engine.dense_state("param")}
+        if kind == "balanced":
+            balanced_engine = engine
+    # single-process reference on rank 0
+    ref = None
+    if rank == 0:
+        pgc = groups.collection(ep_group=groups.solo)
+        engine = Engine(ModelConfig(cfg.shape, L, 0, seed, dtype), train, pgc, 1, np.zeros((L, E), dtype=np.int64))
+        engine.model.capture = []
+        rec = []
+        sources = list(range(world))
+        for step in range(steps):
+            b, ntok = batches(step, sources)
+            loads = trace.loads[step].sum(axis=2, keepdims=True)
+            plan = static_plan(loads, 1)
+            out = engine.step(plan, b, ntok, sources, optimizer_step=False)
+            snap = _snapshot(engine, sources) if step < 2 else None
+            grads = engine.logical_expert_state("grad") if step < 2 else None
+            dense_grad = engine.dense_state("grad") if step < 2 else None
+            engine.optimizer.step()
+            rec.append({"snap": snap, "grads": grads, "dense_grad": dense_grad, "loss": out["loss"]})
+        ref = {"steps": rec, "params": engine.logical_expert_state("param"), "dense": engine.dense_state("param")}
+    dist.barrier()
+
+    # injected migration failure: balanced engine, move every expert again, fail one transfer
+    before = gather_experts(balanced_engine.logical_expert_state("param"))
+    moments_before = gather_experts(balanced_engine.logical_expert_state("exp_avg_sq"))
+    home_before = balanced_engine.model.home.copy()
+    failed_everywhere = 0
+    try:
+        migrate_homes(balanced_engine.model, balanced_engine.optimizer, reordered_home(L, E, world, shift=5),
+                      failure=InjectedFailure(rank=world - 1, transfer=1))
+    except MigrationError:
+        failed_everywhere = 1
+    flag = torch.tensor([failed_everywhere])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    after = gather_experts(balanced_engine.logical_expert_state("param"))
+    moments_after = gather_experts(balanced_engine.logical_expert_state("exp_avg_sq"))
+    homes = gather_list(balanced_engine.model.home)
+    # then the same migration without failure succeeds and keeps every expert's values
+    migrate_homes(balanced_engine.model, balanced_engine.optimizer, reordered_home(L, E, world, shift=5))
+    moved = gather_experts(balanced_engine.logical_expert_state("param"))
+    moved_moments = gather_experts(balanced_engine.logical_expert_state("exp_avg_sq"))
+
+    # node rule: refused before any transfer
+    bad = cross_node_replica_plan(trace.loads[0], layout.ranks_per_node, replica_slots) if nodes > 1 else None
+    refused = 1
+    pushed_before = balanced_engine.model.replicas.bytes_pushed
+    if bad is not None:
+        bad.home = balanced_engine.model.home.copy()
+        bad.replica_expert[0, 0, layout.ranks_per_node, 0] = int(np.flatnonzero(bad.home[0] == 0)[0])
+        b, ntok = batches(0, [rank])
+        try:
+            balanced_engine.step(bad, b, ntok, [rank])
+            refused = 0
+        except PlanError as exc:
+            refused = int("node" in str(exc))
+    untouched = gather_experts(balanced_engine.logical_expert_state("param"))
+    no_push = int(balanced_engine.model.replicas.bytes_pushed == pushed_before)
+    flags = torch.tensor([refused, no_push])
+    dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+
+    if rank != 0:
+        return {}
+    st, ba = records["static"], records["balanced"]
+    diffs = {}
+    for step in range(2):
+        s_snap = {k: v for part in st["steps"][step]["snap"] for k, v in part.items()}
+        b_snap = {k: v for part in ba["steps"][step]["snap"] for k, v in part.items()}
+        r_snap = ref["steps"][step]["snap"]
+        for what in ("logits", "embed_grad"):
+            pick = lambda d: {k: v for k, v in d.items() if k[2] == what}  # noqa: E731
+            diffs[f"step{step}_{what}_balanced_vs_static"] = max_diff(pick(b_snap), pick(s_snap))
+            diffs[f"step{step}_{what}_static_vs_reference"] = max_diff(pick(s_snap), pick(r_snap))
+            diffs[f"step{step}_{what}_balanced_vs_reference"] = max_diff(pick(b_snap), pick(r_snap))
+        diffs[f"step{step}_expert_grad_balanced_vs_static"] = max_diff(ba["steps"][step]["grads"], st["steps"][step]["grads"])
+        diffs[f"step{step}_expert_grad_balanced_vs_reference"] = max_diff(ba["steps"][step]["grads"], ref["steps"][step]["grads"])
+        diffs[f"step{step}_dense_grad_balanced_vs_reference"] = float(np.abs(ba["steps"][step]["dense_grad"] - ref["steps"][step]["dense_grad"]).max())
+    diffs["adamw_params_balanced_vs_static"] = max_diff(ba["params"], st["params"])
+    diffs["adamw_params_balanced_vs_reference"] = max_diff(ba["params"], ref["params"])
+    diffs["adamw_dense_balanced_vs_reference"] = float(np.abs(ba["dense"] - ref["dense"]).max())
+    for i, (a, b) in enumerate(zip(ba["steps"], ref["steps"])):
+        diffs[f"loss_step{i}_balanced_vs_reference"] = abs(a["loss"] - b["loss"])
+    for i, (a, b) in enumerate(zip(st["steps"], ref["steps"])):
+        diffs[f"loss_step{i}_static_vs_reference"] = abs(a["loss"] - b["loss"])
+    diffs["migration_roundtrip_params"] = max_diff(moved, before)
+    diffs["migration_roundtrip_moments"] = max_diff(moved_moments, moments_before)
+    checks = {
+        "failure_raised_on_every_rank": bool(flag.item()),
+        "failure_left_params": max_diff(after, before) == 0.0,
+        "failure_left_moments": max_diff(moments_after, moments_before) == 0.0,
+        "failure_left_placement": all(np.array_equal(h, home_before) for h in homes),
+        "node_rule_refused": bool(flags[0].item()),
+        "node_rule_no_transfer": bool(flags[1].item()) and max_diff(untouched, moved) == 0.0,
+        "replicas_carried_tokens": used["replica_tokens"] > 0,
+        "reordering_moved_experts": used["balanced"] > 0 and used["static"] == 0,
+        "relibra_policy_made_replicas": used["policy_replicas"] > 0,
+    }
+    return {"diffs": diffs, "checks": checks}
