@@ -214,6 +214,11 @@ _TOPOLOGY_ALIASES = {"nodes": "num_nodes", "gpus": "gpus_per_node", "nvlink": "n
 _TOPOLOGY_REQUIRED = ("num_nodes", "gpus_per_node", "nvlink_gbps", "rdma_gbps", "matmul_tflops")
 
 
+def resolve_topology(topology: "Topology | str") -> Topology:
+    """A Topology as given, or parsed from a preset name / spec string (see parse_topology)."""
+    return topology if isinstance(topology, Topology) else parse_topology(topology)
+
+
 def parse_topology(spec: str) -> Topology:
     """A topology from a preset name, a preset with changes, or a full custom description.
 

@@ -10,15 +10,17 @@ Tokens per second count the tokens of that EP group.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from relibra.cluster import Topology, parse_topology
+from relibra.cluster import Topology, resolve_topology
 from relibra.costs import CostParams, PlanCost, cost_plan
 from relibra.errors import ConfigError
 from relibra.metrics import METRIC_COLUMNS
+from relibra.plan import StepPlan
 from relibra.trace import RoutingTrace, static_placement
 
 REFERENCE_POLICIES = ("megatron", "balanced")
@@ -40,11 +42,6 @@ class SimResult:
     per_step: pd.DataFrame
     config: dict = field(default_factory=dict)
     costs: dict = field(default_factory=dict)  # {policy: [PlanCost per step]} when keep_costs=True
-
-
-def resolve_topology(topology: Topology | str) -> Topology:
-    """A Topology as given, or parsed from a preset name / spec string (relibra.cluster.parse_topology)."""
-    return topology if isinstance(topology, Topology) else parse_topology(topology)
 
 
 def _select_steps(trace: RoutingTrace, steps) -> list[int]:
@@ -76,7 +73,8 @@ def _gap_to_bound(plan, trace: RoutingTrace) -> float:
 def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str], steps=None,
              policy_params: dict | None = None, progress: bool = True, params: CostParams | None = None,
              workload: str | None = None, references: bool = True, validate: bool = True,
-             warmup: bool = True, keep_costs: bool = False) -> SimResult:
+             warmup: bool = True, keep_costs: bool = False,
+             step_extras: Callable[[StepPlan, PlanCost], dict] | None = None) -> SimResult:
     """Plan and cost `steps` of `trace` for every policy on `topology`.
 
     policies: names for relibra.policies.get_policy; with references=True `megatron` and `balanced`
@@ -88,9 +86,12 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
         first step's migration starts from the placement the policy would have had, not from the
         static one; at s = 0 training starts from the static (Megatron) placement.
     validate: check every plan with StepPlan.validate against the trace.
+    step_extras: optional f(plan, cost) -> dict of extra columns for that (policy, step) row of per_step.
+    Policies with a `cluster` parameter (ReLibra and its ablations) score placements with `topology`'s
+    rates unless policy_params say otherwise.
     """
     try:
-        from relibra.policies import get_policy
+        from relibra.policies import get_policy_for_cluster
     except ImportError as exc:  # the policies package is another part of the kit
         raise ConfigError(f"the policies package is not available ({exc})") from None
     topo = resolve_topology(topology)
@@ -117,7 +118,7 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     kept: dict[str, list[PlanCost]] = {}
     bar = tqdm(total=len(names) * len(chosen), desc="simulate", unit="plan", disable=not progress)
     for name in names:
-        policy = get_policy(name, **policy_params.get(name, {}))
+        policy = get_policy_for_cluster(name, topo, **policy_params.get(name, {}))
         prev_home = static
         if warmup and chosen[0] > 0:
             prev_home = np.asarray(policy.plan(trace, chosen[0] - 1, gpn, static).home)
@@ -134,6 +135,8 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
             columns.append(cost.rows(source="simulated", hardware=topo.name, policy=name, model=model.name,
                                      workload=workload, ep=trace.ep, step=step))
             step_rows.append(_step_summary(name, step, cost, plan, trace))
+            if step_extras is not None:
+                step_rows[-1].update(step_extras(plan, cost))
             if keep_costs:
                 kept.setdefault(name, []).append(cost)
             prev_home = plan.home

@@ -12,7 +12,7 @@ in .benchmark.
 from __future__ import annotations
 
 from relibra.policies.balanced import BalancedPolicy
-from relibra.policies.base import Policy, get_policy, register, registered_names
+from relibra.policies.base import Policy, get_policy, get_policy_for_cluster, register, registered_names
 from relibra.policies.eplb import EplbOraclePolicy, EplbPolicy, rebalance_experts
 from relibra.policies.llep import LlepPolicy
 from relibra.policies.lplb import LplbOraclePolicy
@@ -32,5 +32,5 @@ POLICY_NAMES: list[str] = registered_names()
 
 from relibra.policies.benchmark import benchmark_planner  # noqa: E402  (needs the registry)
 
-__all__ = ["POLICY_NAMES", "Policy", "get_policy", "benchmark_planner", "rebalance_experts", "MegatronPolicy",
+__all__ = ["POLICY_NAMES", "Policy", "get_policy", "get_policy_for_cluster", "benchmark_planner", "rebalance_experts", "MegatronPolicy",
            "EplbPolicy", "EplbOraclePolicy", "LplbOraclePolicy", "LlepPolicy", "ReLibraPolicy", "BalancedPolicy"]

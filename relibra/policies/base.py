@@ -14,6 +14,8 @@ tokens to its lower bound (relibra.bounds.gap_to_bound) in "mean_gap_to_bound".
 
 from __future__ import annotations
 
+import abc
+
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from relibra.trace import RoutingTrace
 
 
 @dataclass
-class Policy:
+class Policy(abc.ABC):
     """Base of every policy. Subclasses are dataclasses whose fields are the policy's parameters."""
 
     name: ClassVar[str] = "policy"
@@ -57,9 +59,10 @@ class Policy:
         plan.info["mean_gap_to_bound"] = float(gap_to_bound(plan).mean())
         return plan
 
+    @abc.abstractmethod
     def _plan(self, trace: RoutingTrace, step: int, gpus_per_node: int,
               prev_home: np.ndarray | None) -> StepPlan:
-        raise NotImplementedError
+        """Each policy's planner: the StepPlan for one step (arguments already checked)."""
 
     def params(self) -> dict:
         """The policy's parameters as a plain dict."""
@@ -97,6 +100,18 @@ def get_policy(name: str, **params) -> Policy:
         raise ConfigError(f"policy {name!r}: bad parameters {sorted(params)} ({exc}); "
                           f"known parameters: {', '.join(fields) or 'none'}") from None
     return policy
+
+
+def get_policy_for_cluster(name: str, topology, **params) -> Policy:
+    """get_policy(name, **params) for a run on `topology` (a Topology or preset/spec string).
+
+    Policies whose placement score converts bytes to time (a `cluster` parameter: ReLibra and its
+    ablations) are given the cluster they will be simulated or run on, unless params name one.
+    """
+    factory = _REGISTRY.get(name)
+    if factory is not None and "cluster" in _factory_fields(factory) and "cluster" not in params:
+        params = {**params, "cluster": topology}
+    return get_policy(name, **params)
 
 
 def _factory_fields(factory) -> list[str]:

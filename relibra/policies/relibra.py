@@ -49,7 +49,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from relibra.cluster import get_topology
+from relibra.cluster import Topology, resolve_topology
 from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, check_positive
@@ -89,7 +89,7 @@ class ReLibraPolicy(Policy):
     min_replica_tokens: int = 128
     min_replica_fraction: float = 0.01
     seed: int = 0
-    cluster: str = "paper"
+    cluster: Topology | str = "paper"
     iterations: int = 1000
     polish_iterations: int = 300
     candidates: int = 8
@@ -120,7 +120,7 @@ class ReLibraPolicy(Policy):
         if self.replicate != "none" and self.spare_slots_per_gpu == 0:
             raise ConfigError(f"policy {self.name!r}: replication needs spare slots, but spare_slots_per_gpu=0; "
                               f"use replicate='none' (relibra-reorder) for no replicas")
-        get_topology(self.cluster)
+        resolve_topology(self.cluster)
 
     def anneal_config(self) -> AnnealConfig:
         return AnnealConfig(iterations=self.iterations, polish_iterations=self.polish_iterations,

@@ -44,10 +44,14 @@ def load_or_make_trace(opts: RunOptions, ep: int) -> RoutingTrace:
 
 
 def make_plans(trace: RoutingTrace, policy: str, params: dict, gpus_per_node: int, steps: int) -> list:
-    """One StepPlan per step, each seeing the previous step's placement."""
-    from relibra.policies import get_policy
+    """One StepPlan per step, each seeing the previous step's placement.
 
-    pol = get_policy(policy, **params)
+    Placement scores that weigh bytes against compute use this machine's rates: the measured
+    cpu-gloo preset on CPU, the paper's Hopper cluster on GPUs (unless params name a cluster).
+    """
+    from relibra.policies import get_policy_for_cluster
+
+    pol = get_policy_for_cluster(policy, "paper" if torch.cuda.is_available() else "cpu-gloo", **params)
     plans, prev = [], None
     for s in range(steps):
         plan = pol.plan(trace, s, gpus_per_node, prev)

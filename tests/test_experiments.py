@@ -1,0 +1,295 @@
+"""Unit tests of relibra.experiments (what the notebooks compute), relibra.plots, relibra.report and
+the `relibra reproduce` notebook selection. Everything runs at the `tiny` profile."""
+
+from __future__ import annotations
+
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relibra import experiments as ex
+from relibra import plots
+from relibra.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def tiny_cfg(tmp_path_factory):
+    return ex.resolve("02_throughput", profile="tiny", out_dir=tmp_path_factory.mktemp("exp"))
+
+
+# ---- configuration ---------------------------------------------------------------------------------
+def test_resolve_fills_from_profile_and_parses_lists(tmp_path):
+    cfg = ex.resolve("02_throughput", profile="tiny", out_dir=tmp_path)
+    tiny = ex.PROFILES["tiny"]
+    assert cfg.models == tiny.models and cfg.workloads == tiny.workloads and cfg.ep == tiny.ep
+    assert cfg.policies == ex.NOTEBOOK_POLICIES["02_throughput"]
+    cfg = ex.resolve("02_throughput", profile="laptop", model="qwen3-30b-a3b,glm-4.5-air", workload=["code"],
+                     policies="megatron, relibra", ep="16", steps="3", out_dir=tmp_path)
+    assert cfg.models == ("qwen3-30b-a3b", "glm-4.5-air") and cfg.model == "qwen3-30b-a3b"
+    assert cfg.workloads == ("code",) and cfg.workload == "code"
+    assert cfg.policies == ("megatron", "relibra") and cfg.ep == 16 and cfg.steps == 3
+
+
+def test_relative_out_dir_is_under_the_project_root():
+    cfg = ex.resolve("06_skewness", profile="tiny", out_dir="results/x")
+    assert cfg.out_dir == ex.project_root() / "results" / "x"
+    assert ex.resolve("06_skewness", profile="tiny").out_dir == ex.project_root() / "results" / "06_skewness"
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"notebook": "99_nope"}, "notebook"),
+    ({"notebook": "02_throughput", "profile": "huge"}, "profile"),
+    ({"notebook": "02_throughput", "workload": "poetry"}, "workload"),
+    ({"notebook": "02_throughput", "model": "gpt-5"}, "model"),
+    ({"notebook": "02_throughput", "cluster": "moon"}, "cluster"),
+    ({"notebook": "02_throughput", "steps": 0}, "steps"),
+])
+def test_resolve_rejects_bad_parameters(kwargs, word):
+    with pytest.raises(ConfigError, match=word):
+        ex.resolve(**kwargs)
+
+
+def test_scaled_model_keeps_the_shape_but_cuts_layers():
+    full = ex.scaled_model("qwen3-235b-a22b", None)
+    cut = ex.scaled_model("qwen3-235b-a22b", 4)
+    assert full.num_layers == 94 and cut.num_layers == 4
+    assert (cut.num_experts, cut.top_k, cut.hidden, cut.moe_ffn) == (full.num_experts, full.top_k, full.hidden, full.moe_ffn)
+    assert ex.scaled_model("tiny", 100).num_layers == 4
+
+
+def test_every_profile_is_consistent():
+    from relibra.cluster import get_topology
+
+    for p in ex.PROFILES.values():
+        topo = get_topology(p.cluster)
+        for ep in (p.ep,) + p.ep_sizes:
+            topo.ep_layout(ep)  # raises when the EP size does not fit the cluster
+        assert p.model in p.models or p.model == "tiny"
+
+
+# ---- 01 routing dynamics -----------------------------------------------------------------------------
+def test_distribution_distance_bounds():
+    a = np.array([[1.0, 2.0, 3.0, 0.0]])
+    assert ex.distribution_distance(a, 10 * a)[0] == pytest.approx(0.0)
+    assert ex.distribution_distance(np.array([1.0, 0.0]), np.array([0.0, 5.0])) == pytest.approx(1.0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=4, max_size=4), st.lists(st.integers(0, 50), min_size=4, max_size=4))
+def test_distribution_distance_is_a_symmetric_share(a, b):
+    a, b = np.array(a, float) + 1, np.array(b, float) + 1
+    d = ex.distribution_distance(a, b)
+    assert 0.0 <= d <= 1.0
+    assert d == pytest.approx(ex.distribution_distance(b, a))
+
+
+def test_routing_tables_on_a_tiny_trace(tiny_cfg):
+    traces = ex.workload_traces(tiny_cfg)
+    trace = traces[tiny_cfg.workload]
+    loads = ex.expert_load_table(trace, step=1, layer=2)
+    mb = loads[loads.scope == "micro-batch"]
+    assert len(mb) == trace.num_microbatches * trace.num_experts
+    assert np.allclose(mb.groupby("micro_batch")["share"].sum(), 1.0)
+    assert mb["tokens"].sum() == trace.expert_load()[1, :, 2].sum()
+    shift = ex.shift_table(traces)
+    assert set(shift["trace"]) == set(traces)
+    assert shift["value"].dropna().between(-1, 1).all()
+    err = ex.prediction_error_table(traces)
+    assert set(err["predictor"]) == {"history", "this step (oracle)"}
+    assert err["error"].between(0, 1).all() and (err["step"] >= 1).all()
+    skew = ex.static_skewness_table(traces)
+    assert (skew["skewness"] >= 1.0 - 1e-12).all()
+
+
+def test_traces_are_deterministic_by_seed(tiny_cfg):
+    a = ex.make_trace(tiny_cfg, seed=3)
+    ex._TRACE_CACHE.clear()
+    b = ex.make_trace(tiny_cfg, seed=3)
+    assert a is not b and np.array_equal(a.loads, b.loads)
+    assert not np.array_equal(a.loads, ex.make_trace(tiny_cfg, seed=4).loads)
+
+
+# ---- 00 tutorial -------------------------------------------------------------------------------------
+def test_tutorial_trace_is_exact_and_seeded():
+    t = ex.tutorial_trace(skew=1.5, shift=0.0, seed=1)
+    assert t.loads.shape == (1, 4, 1, 4, 16)
+    assert (t.loads.sum(axis=-1) == 4096 * 2).all()  # every rank's tokens x top-2
+    assert np.array_equal(t.loads, ex.tutorial_trace(skew=1.5, shift=0.0, seed=1).loads)
+    # shift=0: the same expert is hottest in every micro-batch
+    hottest = t.expert_load()[0, :, 0].argmax(axis=-1)
+    assert (hottest == hottest[0]).all()
+    with pytest.raises(ConfigError):
+        ex.tutorial_trace(shift=1.5)
+
+
+def test_tutorial_policy_mapping():
+    assert ex.tutorial_policy("static", 0) == ("megatron", {})
+    assert ex.tutorial_policy("search", 0) == ("relibra-reorder", {})
+    assert ex.tutorial_policy("search", 2) == ("relibra", {"spare_slots_per_gpu": 2})
+    assert ex.tutorial_policy("static", 1) == ("relibra-replicate", {"spare_slots_per_gpu": 1})
+    assert ex.tutorial_policy("lpt", 0)[1]["replicate"] == "none"
+    with pytest.raises(ConfigError):
+        ex.tutorial_policy("random", 0)
+
+
+def test_tutorial_replicas_never_slow_the_slowest_gpu():
+    static = ex.tutorial_case("static", 0, skew=1.5, shift=0.5)
+    both = ex.tutorial_case("search", 2, skew=1.5, shift=0.5)
+    g = both["gpu_table"]
+    assert (g["home_tokens"] + g["replica_tokens"] == g["tokens"]).all()
+    assert g.groupby("micro_batch")["tokens"].sum().equals(static["gpu_table"].groupby("micro_batch")["tokens"].sum())
+    assert both["summary"]["skewness"].mean() <= static["summary"]["skewness"].mean() + 1e-9
+    assert (static["gpu_table"]["replica_tokens"] == 0).all()
+
+
+# ---- simulation experiments -------------------------------------------------------------------------
+def test_throughput_grid_same_seed_same_numbers(tiny_cfg):
+    cfg = ex.resolve("02_throughput", profile="tiny", workload="math", policies="megatron,eplb+,relibra",
+                     out_dir=tiny_cfg.out_dir)
+    a = ex.throughput_grid(cfg, progress=False)
+    ex._TRACE_CACHE.clear()
+    b = ex.throughput_grid(cfg, progress=False)
+    cols = ["model", "workload", "policy", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced", "skewness"]
+    pd.testing.assert_frame_equal(a[cols], b[cols])
+    assert set(a["policy"]) == {"megatron", "eplb+", "relibra", "balanced"}
+    mega = a.set_index("policy").loc["megatron"]
+    assert mega["speedup_vs_megatron"] == pytest.approx(1.0)
+
+
+def test_headline_ratios_from_a_known_table():
+    rows = []
+    for model, mult in (("a", 1.0), ("b", 2.0)):
+        for policy, tps in (("megatron", 100), ("eplb+", 125), ("relibra", 150), ("balanced", 160)):
+            rows.append({"model": model, "workload": "math", "policy": policy, "tokens_per_s": tps * mult})
+    rows.append({"model": "c", "workload": "math", "policy": "megatron", "tokens_per_s": 100})
+    rows.append({"model": "c", "workload": "math", "policy": "relibra", "tokens_per_s": 110})
+    h = ex.headline_ratios(pd.DataFrame(rows)).set_index("claim")
+    assert h.loc["ReLibra / Megatron", "kit"] == "up to 1.50x"
+    assert h.loc["ReLibra / Megatron", "cases"] == 3
+    assert h.loc["ReLibra / Megatron", "range"] == "1.10x - 1.50x"
+    assert h.loc["ReLibra / EPLB+ (oracle)", "kit"] == "up to 1.20x"
+    gap = h.loc["gap to Balanced (1 - ReLibra / Balanced)"]
+    assert gap["kit"] == "within 6.2-6.2%" and gap["cases"] == 2
+    assert h.loc["ReLibra / Megatron", "paper"] == "up to 1.6x"
+
+
+def test_plan_level_tables(tiny_cfg):
+    cfg = ex.resolve("04_reordering", profile="tiny", workload="math", out_dir=tiny_cfg.out_dir)
+    table = ex.reorder_table(cfg, progress=False)
+    assert set(cfg.policies) <= set(table["policy"])
+    assert table["cross_node_share"].between(0, 1).all() and (table["node_skewness"] >= 1 - 1e-12).all()
+    static = table[table.policy == "relibra-replicate"]
+    assert (static["migration_gb"] == 0).all()  # static homes never migrate
+    mega = table[table.policy == "megatron"]
+    assert np.allclose(mega["speedup_vs_megatron"], 1.0)
+
+
+def test_skewness_sweep_balanced_is_flat(tiny_cfg):
+    cfg = ex.resolve("06_skewness", profile="tiny", policies="megatron,balanced", out_dir=tiny_cfg.out_dir)
+    table = ex.skewness_sweep(cfg, progress=False)
+    assert set(table["sweep"]) == {"ep", "workload"}
+    assert set(table[table.sweep == "ep"]["ep"]) == set(cfg.ep_sizes)
+    bal = table[table.policy == "balanced"]
+    assert np.allclose(bal["skewness"], 1.0, atol=0.05)
+    mega = table[table.policy == "megatron"]
+    assert (mega["skewness"].to_numpy() > bal["skewness"].to_numpy()).all()
+
+
+def test_overhead_table(tiny_cfg):
+    cfg = ex.resolve("07_overheads", profile="tiny", policies="eplb+,relibra", out_dir=tiny_cfg.out_dir)
+    t = ex.overhead_table(cfg).set_index("policy")
+    assert (t.loc[["eplb+", "relibra"], "plan_s"] > 0).all()
+    assert (t["forward_s"] > 0).all() and (t["forward_s"] < t["step_s"]).all()
+    assert t.loc["megatron", "transfer_s"] == 0 and np.isnan(t.loc["megatron", "transfer_overlap"])
+    ok = t["transfer_overlap"].dropna()
+    assert ok.between(0, 1 + 1e-9).all()
+
+
+# ---- run bookkeeping, plots, report ---------------------------------------------------------------
+def test_run_saves_figures_tables_and_manifest(tmp_path):
+    run = ex.start("06_skewness", profile="tiny", out_dir=tmp_path)
+    table = pd.DataFrame({"sweep": ["ep", "ep", "workload"], "model": "tiny", "workload": ["mixed", "mixed", "math"],
+                          "ep": [2, 4, 4], "policy": "megatron", "skewness": [1.5, 2.0, 1.7],
+                          "skewness_p95": [2.0, 2.5, 2.1]})
+    run.save_csv(table, "skewness")
+    fig = plots.skewness_plot(table, run.config.trace_label())
+    run.save_figure(fig, "skewness", "a caption", source="simulated", hardware="policy plans")
+    with pytest.raises(ConfigError):
+        run.save_figure(fig, "x", "c", source="imagined")
+    run.finish()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["figures"][0]["png"] == "skewness.png" and manifest["figures"][0]["source"] == "simulated"
+    for name in ("skewness.png", "skewness.svg", "skewness.csv"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert "simulated" in fig._suptitle.get_text()
+
+
+def test_svg_is_reproducible(tmp_path):
+    import matplotlib.pyplot as plt
+
+    plots.set_style()
+    paths = []
+    for i in range(2):
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [1, 2], label="x")
+        ax.legend()
+        paths.append(plots.save_figure(fig, tmp_path / f"f{i}"))
+        plt.close(fig)
+    assert paths[0][1].read_bytes() == paths[1][1].read_bytes()
+
+
+def test_report_lists_figures_headline_and_environment(tmp_path):
+    from relibra.report import write_report
+
+    nb = tmp_path / "02_throughput"
+    nb.mkdir()
+    pd.DataFrame([{"model": "m", "workload": "w", "policy": p, "tokens_per_s": v}
+                  for p, v in (("megatron", 1.0), ("eplb+", 1.2), ("relibra", 1.5), ("balanced", 1.6))]
+                 ).to_csv(nb / "throughput.csv", index=False)
+    manifest = {"notebook": "02_throughput", "config": {"profile": "tiny", "cluster": "paper", "ep": 32},
+                "scale_note": "tiny", "figures": [{"name": "tp", "png": "tp.png", "svg": "tp.svg", "caption": "cap",
+                                                   "source": "simulated", "hardware": "paper"}],
+                "tables": [{"file": "throughput.csv", "rows": 4, "description": ""}],
+                "sources": [{"source": "simulated", "hardware": "paper"}], "facts": {}, "wall_seconds": 1.0}
+    (nb / "manifest.json").write_text(json.dumps(manifest))
+    text = write_report(tmp_path, "tiny", {"02_throughput": {"status": "ok", "wall_seconds": 1.0},
+                                           "03_ablation": {"status": "failed", "error": "boom"}},
+                        total_seconds=61.0).read_text()
+    assert "![tp](02_throughput/tp.png)" in text and "up to 1.50x" in text and "up to 1.6x" in text
+    assert "megatron-core" in text and "cpu_count" in text and "simulated (paper)" in text
+    assert "03_ablation (boom)" in text
+
+
+def test_select_notebooks():
+    from relibra.cli.reproduce import select_notebooks
+
+    assert select_notebooks(None) == list(ex.NOTEBOOKS)
+    assert select_notebooks(["02", "throughput", "notebooks/06_skewness.ipynb"]) == ["02_throughput", "06_skewness"]
+    with pytest.raises(ConfigError):
+        select_notebooks(["42"])
+
+
+def test_gpu_profile_reads_measured_runs(tmp_path):
+    from relibra.metrics import frame
+
+    rows = [{"source": "measured", "hardware": "NVIDIA H200 x4 (nccl)", "policy": p, "model": "small",
+             "workload": "math", "ep": 4, "step": 0, "micro_batch": -1, "layer": -1, "rank": r, "phase": "forward",
+             "component": "expert_compute", "seconds": 0.01 * (r + 1), "tokens": 100}
+            for p in ("megatron", "relibra") for r in range(4)]
+    for p in ("megatron", "relibra"):
+        (tmp_path / p).mkdir()
+        frame([x for x in rows if x["policy"] == p]).to_csv(tmp_path / p / "metrics.csv", index=False)
+    cfg = ex.resolve("08_runtime", profile="gpu", measured_dir=tmp_path, out_dir=tmp_path / "out")
+    metrics, hardware = ex.measured_runtime(cfg)
+    assert len(metrics) == 8 and hardware == "NVIDIA H200 x4 (nccl)" and set(metrics["repeat"]) == {0, 1}
+    cfg = ex.resolve("08_runtime", profile="gpu", measured_dir=tmp_path / "missing", out_dir=tmp_path / "out")
+    with pytest.raises(ConfigError, match="measured"):
+        ex.measured_runtime(cfg)
