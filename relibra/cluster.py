@@ -192,8 +192,11 @@ TOPOLOGY_PRESETS: dict[str, Topology] = {
                  memory_gbps=8000.0),
         # This machine running the gloo runtime (2 simulated nodes x 2 ranks, one thread per rank), measured
         # by relibra.runtime.calibrate into data/cpu_gloo_calibration.json: the `tiny` expert's forward +
-        # backward fit, and gloo's all-to-all over loopback (one shared link, no relay).
-        Topology("cpu-gloo", num_nodes=2, gpus_per_node=2, nvlink_gbps=0.417, rdma_gbps=0.417, matmul_tflops=0.0538,
+        # backward fit, and gloo's all-to-all over loopback (one shared link, no relay). The expert fit was
+        # taken by one rank alone; the runtime runs 4 ranks on this machine's 2 cores, so each rank gets
+        # half a core: the preset's rate is the single-rank fit x 2 cores / 4 ranks.
+        Topology("cpu-gloo", num_nodes=2, gpus_per_node=2, nvlink_gbps=0.417, rdma_gbps=0.417,
+                 matmul_tflops=0.0538 * 2 / 4,
                  gemm_half_tokens=21.8, memory_gbps=10.0, collective_latency_s=6.8e-4, hbm_bytes=24e9,
                  dispatcher="alltoall", shared_link=True),
     ]
