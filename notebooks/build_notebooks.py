@@ -1,4 +1,4 @@
-"""Write notebooks/00_tutorial.ipynb ... 09_rl_workload.ipynb from the specs below, without outputs.
+"""Write notebooks/00_tutorial.ipynb ... 09_rl_workload.ipynb from the specs in notebook_specs.py, without outputs.
 
     python notebooks/build_notebooks.py          # rewrite all ten
     python notebooks/build_notebooks.py --check  # exit 1 if a committed notebook differs from its spec
@@ -15,9 +15,11 @@ import sys
 from pathlib import Path
 
 import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_notebook
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from notebook_specs import SPECS, code, md  # noqa: E402  (kept in its own file: the narrative is long)
 
 COMMON_PARAMETERS = '''\
 # Parameters: papermill overrides any of these, e.g. `-p profile paper -p seed 1`.
@@ -32,14 +34,6 @@ steps = None          # training steps per routing trace
 seed = 0              # same seed, same numbers
 out_dir = None        # default: results/<notebook>
 measured_dir = None   # gpu profile: folder holding measured results of real runs'''
-
-
-def md(text: str):
-    return new_markdown_cell(text.strip("\n"))
-
-
-def code(text: str):
-    return new_code_cell(text.strip("\n"))
 
 
 def setup_cell(name: str, extra: tuple[str, ...] = ()) -> str:
@@ -64,11 +58,6 @@ def build(name: str, title: str, intro: str, body: list, extra_params: str = "",
     for i, cell in enumerate(nb.cells):
         cell["id"] = f"{name[:2]}-{i:02d}"
     return nb
-
-
-# ---- the notebooks --------------------------------------------------------------------------
-sys.path.insert(0, str(HERE))
-from notebook_specs import SPECS  # noqa: E402  (kept in its own file: the narrative is long)
 
 
 def render(name: str) -> str:

@@ -277,6 +277,20 @@ def _policy_hue(policies):
     return order, policy_palette(order)
 
 
+def _policy_rows(table: pd.DataFrame, drop=()) -> tuple[pd.DataFrame, dict]:
+    """`table`'s rows (one per policy) in POLICY_ORDER, those of `drop` left out, and the policy palette."""
+    order, palette = _policy_hue(table["policy"].unique())
+    order = [p for p in order if p not in drop]
+    return table.set_index("policy").loc[order].reset_index(), palette
+
+
+def _figure_policy_legend(fig, ax) -> None:
+    """One legend for the whole figure, right of the panels, from `ax`'s policy handles."""
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, [POLICY_LABELS.get(l, l) for l in labels], title="policy", loc="center left",
+               bbox_to_anchor=(1.0, 0.5), fontsize=8)
+
+
 def _relabel_legend(ax, title: str = "policy", **kw) -> None:
     handles, labels = ax.get_legend_handles_labels()
     if handles:
@@ -296,9 +310,7 @@ def throughput_bars(table: pd.DataFrame, subtitle: str):
         ax.set_xlabel("workload")
         ax.set_ylabel("throughput / Megatron's (tokens/s ratio)")
         ax.get_legend().remove()
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, [POLICY_LABELS.get(l, l) for l in labels], title="policy", loc="center left",
-               bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    _figure_policy_legend(fig, axes[0][0])
     titled(fig, "Training throughput normalized to Megatron (higher is better)", subtitle)
     fig.tight_layout()
     return fig
@@ -353,17 +365,13 @@ def ablation_plot(table: pd.DataFrame, subtitle: str):
 
 
 # ---- 04 reordering / 05 replication ---------------------------------------------------------------
-def reorder_plot(table: pd.DataFrame, subtitle: str):
-    """Four panels per policy: speedup over Megatron, node skewness, cross-node token share, migration GB."""
+def _workload_panels(fig, axes, table: pd.DataFrame, panels) -> None:
+    """Bars per workload (x) and policy (hue; Balanced left out), one panel per (column, y label, title)
+    of `panels`; a line at 1.0 on the first panel (Megatron's throughput) and a dashed one on the second
+    (perfect balance); one policy legend for the figure."""
     order, palette = _policy_hue(table["policy"].unique())
     order = [p for p in order if p != "balanced"]
     d = table[table["policy"].isin(order)]
-    panels = [("speedup_vs_megatron", "throughput / Megatron's", "throughput (tokens/s ratio)"),
-              ("node_skewness", "node skewness (max / mean)", "balance across nodes: max / mean tokens per node"),
-              ("cross_node_share", "share crossing nodes", "inter-node traffic: share of token-expert pairs"),
-              ("migration_gb", "migration per step (GB)", "migration: expert weights + optimizer state moved")]
-    fig, grid = plt.subplots(2, 2, figsize=(13, 7.5))
-    axes = grid.ravel()
     for ax, (col, ylabel, title) in zip(axes, panels):
         sns.barplot(d, x="workload", y=col, hue="policy", hue_order=order, palette=palette, ax=ax)
         ax.set_ylabel(ylabel)
@@ -373,9 +381,17 @@ def reorder_plot(table: pd.DataFrame, subtitle: str):
         ax.get_legend().remove()
     axes[0].axhline(1.0, color="0.2", lw=1)
     axes[1].axhline(1.0, color="0.2", ls="--", lw=1)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, [POLICY_LABELS.get(l, l) for l in labels], title="policy", loc="center left",
-               bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    _figure_policy_legend(fig, axes[0])
+
+
+def reorder_plot(table: pd.DataFrame, subtitle: str):
+    """Four panels per policy: speedup over Megatron, node skewness, cross-node token share, migration GB."""
+    panels = [("speedup_vs_megatron", "throughput / Megatron's", "throughput (tokens/s ratio)"),
+              ("node_skewness", "node skewness (max / mean)", "balance across nodes: max / mean tokens per node"),
+              ("cross_node_share", "share crossing nodes", "inter-node traffic: share of token-expert pairs"),
+              ("migration_gb", "migration per step (GB)", "migration: expert weights + optimizer state moved")]
+    fig, grid = plt.subplots(2, 2, figsize=(13, 7.5))
+    _workload_panels(fig, grid.ravel(), table, panels)
     titled(fig, "Reordering: annealing search vs greedy LPT vs static homes (all with intra-node replication; "
            "bars: mean over steps)", subtitle)
     fig.tight_layout()
@@ -384,25 +400,11 @@ def reorder_plot(table: pd.DataFrame, subtitle: str):
 
 def replication_plot(table: pd.DataFrame, subtitle: str):
     """Speedup over Megatron, GPU skewness and replicas used per GPU, per workload and policy."""
-    order, palette = _policy_hue(table["policy"].unique())
-    order = [p for p in order if p != "balanced"]
-    d = table[table["policy"].isin(order)]
     panels = [("speedup_vs_megatron", "throughput / Megatron's", "throughput (tokens/s ratio)"),
               ("gpu_skewness", "rank skewness (max / mean)", "balance: max / mean tokens per GPU"),
               ("replicas_per_gpu", "replicas per GPU", "replicas held per GPU, per micro-batch x layer")]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, (col, ylabel, title) in zip(axes, panels):
-        sns.barplot(d, x="workload", y=col, hue="policy", hue_order=order, palette=palette, ax=ax)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.set_xlabel("workload")
-        ax.tick_params(axis="x", rotation=30)
-        ax.get_legend().remove()
-    axes[0].axhline(1.0, color="0.2", lw=1)
-    axes[1].axhline(1.0, color="0.2", ls="--", lw=1)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, [POLICY_LABELS.get(l, l) for l in labels], title="policy", loc="center left",
-               bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    _workload_panels(fig, axes, table, panels)
     titled(fig, "Replication: joint placement + split vs placement only vs splitting only", subtitle)
     fig.tight_layout()
     return fig
@@ -450,9 +452,7 @@ def skewness_plot(table: pd.DataFrame, subtitle: str):
         ax.axhline(1.0, color="0.2", ls="--", lw=1)
         ax.set_ylabel("rank skewness (max / mean tokens per GPU)")
         ax.get_legend().remove()
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, [POLICY_LABELS.get(l, l) for l in labels], title="policy", loc="center left",
-               bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    _figure_policy_legend(fig, axes[0])
     titled(fig, "Rank skewness per policy (mean over micro-batches and layers; 1.0 = perfectly balanced)", subtitle)
     fig.tight_layout()
     return fig
@@ -461,9 +461,7 @@ def skewness_plot(table: pd.DataFrame, subtitle: str):
 # ---- 07 overheads ------------------------------------------------------------------------------
 def planner_time_plot(table: pd.DataFrame, subtitle: str):
     """Planner wall seconds per step (measured) next to the simulated forward window, log scale."""
-    order, palette = _policy_hue(table["policy"].unique())
-    order = [p for p in order if p not in ("megatron", "balanced")]
-    d = table.set_index("policy").loc[order].reset_index()
+    d, palette = _policy_rows(table, drop=("megatron", "balanced"))
     fig, ax = plt.subplots(figsize=(9, 4.4))
     x = np.arange(len(d))
     w = 0.38
@@ -490,9 +488,7 @@ def planner_time_plot(table: pd.DataFrame, subtitle: str):
 
 def overhead_bars(table: pd.DataFrame, subtitle: str):
     """Migration share of step time, replica memory share, transfer overlap per policy (percent)."""
-    order, palette = _policy_hue(table["policy"].unique())
-    order = [p for p in order if p not in ("megatron", "balanced")]
-    d = table.set_index("policy").loc[order].reset_index()
+    d, palette = _policy_rows(table, drop=("megatron", "balanced"))
     panels = [("migration_share", "migration / step time (%)", "migration share (paper: 1.4-2.1%)"),
               ("replica_memory_share_full_model", "replica buffer / parameter memory (%)",
                "replica memory, whole model (paper: 0.13-1.62%)"),
@@ -513,8 +509,7 @@ def overhead_bars(table: pd.DataFrame, subtitle: str):
 
 def policy_summary_plot(summary: pd.DataFrame, subtitle: str, title: str = "Balancing one trace"):
     """Speedup over Megatron and rank skewness per policy for one trace."""
-    order, palette = _policy_hue(summary["policy"].unique())
-    d = summary.set_index("policy").loc[order].reset_index()
+    d, palette = _policy_rows(summary)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for ax, col, ylabel in ((axes[0], "speedup_vs_megatron", "throughput / Megatron's (tokens/s)"),
                             (axes[1], "skewness", "rank skewness (max / mean tokens)")):

@@ -1,0 +1,121 @@
+"""What the notebooks call: every experiment of the kit as a function that returns a tidy DataFrame.
+
+A notebook holds parameters, narrative and calls; the computation lives here (tested) and every
+figure in relibra.plots. Each notebook starts with
+
+    run = start("02_throughput", profile=profile, out_dir=out_dir, model=model, ...)
+
+which resolves the notebook's parameters against a *profile* (sizes that fit a machine), makes
+`results/<notebook>/`, and returns a `Run` that saves figures (PNG + SVG) and CSVs there and, at
+`run.finish()`, a `manifest.json` that relibra.report turns into results/REPORT.md.
+
+Profiles (PROFILES):
+- tiny:   seconds per notebook; the tests run every notebook with it.
+- laptop: the default; all ten notebooks within 20 minutes on 2 CPU cores. Paper-shaped models
+          (128 experts, top-8, paper EP sizes and cluster) cut to their first few MoE layers and a
+          few micro-batches per step, so the per-layer balance problem is the paper's.
+- paper:  the paper's scale: every layer, 32 micro-batches per step, EP 32.
+- gpu:    the paper's scale for simulations; measured results (runtime metrics written by
+          `relibra run` under torchrun/NCCL on GPU nodes) are read from `measured_dir`.
+
+Same seed, same numbers: every trace comes from the seed; wall-clock figures (planner seconds, the
+runtime's measured times) are measurements and vary run to run.
+
+One module per concept; this package re-exports every public name, so callers use
+`relibra.experiments.<name>`:
+- profiles:    Scale, Profile, PROFILES, get_profile
+- config:      NOTEBOOKS, the policies each notebook compares, Config, resolve, scaled_model, project_root
+- run:         Run (figures, tables, manifest of one notebook run), start
+- machine:     environment (versions, hardware), this_machine ('measured (...)' labels)
+- headline:    PAPER_CLAIMS, headline_ratios
+- traces:      make_trace (cached synthetic traces), workload_traces, plan_steps
+- simulation:  simulate_trace, throughput_grid, plan_metrics, simulate_with_plans, simulate_workloads
+- tutorial (00), dynamics (01), reordering (04), replication (05), skewness (06), overheads (07),
+  runtime (08), rl (09): what each notebook computes beyond the shared pieces above.
+"""
+
+from __future__ import annotations
+
+from relibra.experiments.config import (
+    ABLATION_POLICIES,
+    MAIN_POLICIES,
+    NOTEBOOK_POLICIES,
+    NOTEBOOKS,
+    OVERHEAD_POLICIES,
+    REORDER_POLICIES,
+    REPLICATION_POLICIES,
+    SKEW_POLICIES,
+    Config,
+    jsonable,
+    project_root,
+    resolve,
+    scaled_model,
+)
+from relibra.experiments.dynamics import (
+    SHIFT_COMPARISONS,
+    distribution_distance,
+    expert_load_table,
+    prediction_error_table,
+    shift_table,
+    static_skewness_table,
+)
+from relibra.experiments.headline import PAPER_CLAIMS, headline_ratios
+from relibra.experiments.machine import environment, this_machine
+from relibra.experiments.overheads import full_model_memory_share, overhead_table, planner_seconds
+from relibra.experiments.profiles import PROFILES, Profile, Scale, get_profile
+from relibra.experiments.reordering import reorder_table
+from relibra.experiments.replication import default_spare_slots, replication_table, spare_slot_sweep
+from relibra.experiments.rl import RL_OVERRIDES, RL_TORCH_THREADS, rl_workload
+from relibra.experiments.run import Run, start
+from relibra.experiments.runtime import (
+    RUNTIME_COMPONENTS,
+    measured_runtime,
+    runtime_comparison,
+    runtime_options,
+    runtime_worker,
+)
+from relibra.experiments.simulation import (
+    history_steps,
+    make_policy,
+    plan_metrics,
+    replica_transfer_seconds,
+    simulate_trace,
+    simulate_with_plans,
+    simulate_workloads,
+    throughput_grid,
+)
+from relibra.experiments.skewness import plan_skewness, skewness_sweep
+from relibra.experiments.traces import _TRACE_CACHE, make_trace, plan_steps, workload_traces
+from relibra.experiments.tutorial import (
+    TUTORIAL_MODEL,
+    TUTORIAL_PLACEMENTS,
+    tutorial_case,
+    tutorial_grid,
+    tutorial_policy,
+    tutorial_topology,
+    tutorial_trace,
+)
+
+__all__ = [
+    # profiles and configuration
+    "Scale", "Profile", "PROFILES", "get_profile", "NOTEBOOKS", "MAIN_POLICIES", "ABLATION_POLICIES",
+    "REORDER_POLICIES", "REPLICATION_POLICIES", "SKEW_POLICIES", "OVERHEAD_POLICIES", "NOTEBOOK_POLICIES",
+    "Config", "resolve", "scaled_model", "project_root", "jsonable",
+    # one notebook run, the machine, the headline
+    "Run", "start", "environment", "this_machine", "PAPER_CLAIMS", "headline_ratios",
+    # traces, plans, simulation
+    "make_trace", "workload_traces", "plan_steps", "history_steps", "make_policy", "simulate_trace",
+    "throughput_grid", "plan_metrics", "replica_transfer_seconds", "simulate_with_plans", "simulate_workloads",
+    # 00 tutorial
+    "TUTORIAL_MODEL", "TUTORIAL_PLACEMENTS", "tutorial_topology", "tutorial_trace", "tutorial_policy",
+    "tutorial_case", "tutorial_grid",
+    # 01 routing dynamics
+    "expert_load_table", "SHIFT_COMPARISONS", "shift_table", "distribution_distance", "prediction_error_table",
+    "static_skewness_table",
+    # 04 reordering, 05 replication, 06 skewness, 07 overheads
+    "reorder_table", "replication_table", "default_spare_slots", "spare_slot_sweep", "plan_skewness",
+    "skewness_sweep", "planner_seconds", "full_model_memory_share", "overhead_table",
+    # 08 runtime, 09 RL workload
+    "RUNTIME_COMPONENTS", "runtime_options", "runtime_worker", "measured_runtime", "runtime_comparison",
+    "RL_OVERRIDES", "RL_TORCH_THREADS", "rl_workload",
+]

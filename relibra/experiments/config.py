@@ -1,0 +1,209 @@
+"""Configuration of one notebook run: the notebooks, the policies each compares by default, and
+`resolve`, which fills a notebook's parameters from its profile into a `Config`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from relibra.cluster import ModelShape, Topology, get_model, get_topology
+from relibra.errors import ConfigError
+from relibra.experiments.profiles import Profile, Scale, get_profile
+
+NOTEBOOKS = (
+    "00_tutorial",
+    "01_routing_dynamics",
+    "02_throughput",
+    "03_ablation",
+    "04_reordering",
+    "05_replication",
+    "06_skewness",
+    "07_overheads",
+    "08_runtime",
+    "09_rl_workload",
+)
+
+MAIN_POLICIES = ("megatron", "eplb", "eplb+", "lplb+", "llep", "relibra", "balanced")
+ABLATION_POLICIES = ("megatron", "relibra-reorder", "relibra-replicate", "relibra", "balanced")
+REORDER_POLICIES = ("relibra-replicate", "relibra-lpt", "relibra")
+REPLICATION_POLICIES = ("relibra-reorder", "relibra-split", "relibra")
+SKEW_POLICIES = ("megatron", "eplb", "eplb+", "lplb+", "llep", "relibra")
+OVERHEAD_POLICIES = ("eplb", "eplb+", "lplb+", "llep", "relibra")
+
+# Policies each notebook compares by default (its `policies` parameter overrides).
+NOTEBOOK_POLICIES: dict[str, tuple[str, ...]] = {
+    "00_tutorial": ("megatron", "relibra-reorder", "relibra-replicate", "relibra"),
+    "01_routing_dynamics": ("megatron",),
+    "02_throughput": MAIN_POLICIES,
+    "03_ablation": ABLATION_POLICIES,
+    "04_reordering": REORDER_POLICIES + ("megatron",),
+    "05_replication": REPLICATION_POLICIES + ("megatron",),
+    "06_skewness": SKEW_POLICIES,
+    "07_overheads": OVERHEAD_POLICIES,
+    "08_runtime": ("megatron", "relibra"),
+    "09_rl_workload": ("megatron", "eplb", "eplb+", "relibra", "balanced"),
+}
+
+
+@dataclass(frozen=True)
+class Config(Scale):
+    """A notebook's parameters resolved against its profile (every field filled): the Scale fields
+    (keyword-only) and the ones below."""
+
+    notebook: str
+    profile: str
+    policies: tuple[str, ...]
+    seed: int
+    out_dir: Path
+    measured_dir: Path | None
+    sizes: Profile
+    extra: dict = field(default_factory=dict)
+
+    def topology(self) -> Topology:
+        return get_topology(self.cluster)
+
+    def model_shape(self, name: str | None = None) -> ModelShape:
+        """The preset `name` (default: self.model), cut to the profile's first `layers` MoE layers."""
+        return scaled_model(name or self.model, self.layers)
+
+    def scale_note(self) -> str:
+        """One line on how far this run is from the paper's scale, for captions."""
+        layers = "all MoE layers" if self.layers is None else f"first {self.layers} MoE layers"
+        return f"{self.profile} profile: {layers}, {self.micro_batches} micro-batches x {self.steps} steps, seed {self.seed}"
+
+    def simulated_label(self) -> str:
+        """'simulated (<cluster preset>: nodes x GPUs)' for titles."""
+        topo = self.topology()
+        return f"simulated ({topo.name} cluster preset, {topo.num_nodes} x {topo.gpus_per_node} GPUs)"
+
+    def trace_label(self, model: str | None = None, ep: int | None = None) -> str:
+        """Provenance of routing statistics that need no cluster: the synthetic trace generator."""
+        return (f"simulated routing: synthetic RL traces of {model or self.model}, EP {ep or self.ep} "
+                f"(no cluster involved) | {self.scale_note()}")
+
+    def plan_label(self, ep: str | int | None = None) -> str:
+        """Provenance of plan statistics (no cost model): policies' plans on synthetic traces."""
+        topo = self.topology()
+        return (f"simulated: policies' plans on synthetic RL traces of {self.model}, EP {ep or self.ep}, nodes of "
+                f"{topo.gpus_per_node} GPUs ({topo.name} cluster preset; no cost model) | {self.scale_note()}")
+
+    def sim_subtitle(self) -> str:
+        return f"{self.simulated_label()} | {self.scale_note()}"
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sizes"}
+        d["out_dir"] = str(self.out_dir)
+        d["measured_dir"] = None if self.measured_dir is None else str(self.measured_dir)
+        return jsonable(d)
+
+
+def scaled_model(name: str, layers: int | None) -> ModelShape:
+    """Model preset `name`, keeping only its first `layers` MoE layers (all when None or larger).
+
+    The per-layer balance problem (experts, top-k, hidden sizes) is the preset's; only the number of
+    layers summed per step shrinks, which leaves throughput *ratios* between policies comparable.
+    """
+    shape = get_model(name)
+    if layers is None or layers >= shape.num_layers:
+        return shape
+    if layers <= 0:
+        raise ConfigError(f"layers must be positive, got {layers}")
+    return dataclasses.replace(shape, num_layers=int(layers))
+
+
+def project_root() -> Path:
+    """The repository root (holding pyproject.toml) when running from a checkout, else the cwd."""
+    here = Path(__file__).resolve().parents[2]  # relibra/experiments/config.py
+    return here if (here / "pyproject.toml").exists() else Path.cwd()
+
+
+def _resolve_dir(path: str | os.PathLike) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else project_root() / p
+
+
+def _as_tuple(value, cast=str) -> tuple | None:
+    """None -> None; 'a,b' or ['a', 'b'] -> ('a', 'b'); a scalar -> (scalar,)."""
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",") if v.strip()]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        items = [value]
+    try:
+        return tuple(cast(v) for v in items)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"cannot read {value!r}: {exc}") from None
+
+
+def resolve(notebook: str, profile: str = "laptop", out_dir: str | os.PathLike | None = None,
+            model=None, workload=None, ep=None, cluster=None, policies=None, steps=None, seed: int = 0,
+            micro_batches=None, layers=None, ep_sizes=None, measured_dir=None, **extra) -> Config:
+    """Fill a notebook's parameters from its profile; None means 'the profile's default'.
+
+    model / workload / policies / ep_sizes take one value, a list, or a comma-separated string
+    (papermill -p passes strings). A list of models or workloads sets the grid of notebooks 02-05;
+    its first element is the single case of the others.
+    """
+    if notebook not in NOTEBOOKS:
+        raise ConfigError(f"unknown notebook {notebook!r}; known: {', '.join(NOTEBOOKS)}")
+    sizes = get_profile(profile)
+    models = _as_tuple(model) or sizes.models
+    workloads = _as_tuple(workload) or sizes.workloads
+    for m in models:
+        get_model(m)
+    cfg = Config(
+        notebook=notebook,
+        profile=profile,
+        models=models,
+        workloads=workloads,
+        model=models[0] if model not in (None, "") else sizes.model,
+        workload=workloads[0] if workload not in (None, "") else sizes.workload,
+        ep=int(ep) if ep not in (None, "") else sizes.ep,
+        ep_sizes=_as_tuple(ep_sizes, int) or sizes.ep_sizes,
+        cluster=cluster or sizes.cluster,
+        policies=_as_tuple(policies) or NOTEBOOK_POLICIES[notebook],
+        steps=int(steps) if steps not in (None, "") else sizes.steps,
+        micro_batches=int(micro_batches) if micro_batches not in (None, "") else sizes.micro_batches,
+        layers=(None if layers in ("all", 0) else int(layers)) if layers not in (None, "") else sizes.layers,
+        tokens_per_rank=sizes.tokens_per_rank,
+        seed=int(seed),
+        out_dir=_resolve_dir(out_dir if out_dir not in (None, "") else Path("results") / notebook),
+        measured_dir=_resolve_dir(measured_dir or sizes.measured_dir) if (measured_dir or sizes.measured_dir) else None,
+        sizes=sizes,
+        extra={k: v for k, v in extra.items() if v is not None},
+    )
+    from relibra.workloads import WORKLOADS
+
+    for w in cfg.workloads + (cfg.workload,):
+        if w not in WORKLOADS:
+            raise ConfigError(f"unknown workload {w!r}; known: {', '.join(WORKLOADS)}")
+    get_topology(cfg.cluster)
+    if cfg.steps < 1 or cfg.micro_batches < 1:
+        raise ConfigError(f"steps and micro_batches must be >= 1, got {cfg.steps} and {cfg.micro_batches}")
+    return cfg
+
+
+
+def jsonable(obj):
+    """`obj` with dict keys as strings, tuples as lists, paths as strings and numpy scalars and arrays
+    as Python numbers and lists, for json.dumps."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (np.floating,)):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return obj

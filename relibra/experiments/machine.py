@@ -1,0 +1,75 @@
+"""The machine a run used: software versions and hardware for REPORT.md, and a short label for
+'measured (...)' figures."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+from relibra.experiments.config import project_root
+
+
+def environment() -> dict:
+    """The software and hardware a run used: versions, CPU count, GPU if any."""
+    from importlib import metadata
+
+    def version(pkg: str) -> str:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    try:
+        usable_cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable_cpus = os.cpu_count()
+    env = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": usable_cpus,
+        "relibra": version("relibra"),
+        "torch": version("torch"),
+        "megatron-core": version("megatron-core"),
+        "numpy": version("numpy"),
+        "pandas": version("pandas"),
+        "scipy": version("scipy"),
+        "seaborn": version("seaborn"),
+        "papermill": version("papermill"),
+        "executable": sys.executable,
+        "load_average_1min": round(os.getloadavg()[0], 2),  # other work inflates every measured time
+    }
+    try:  # the kit's revision, when run from a git checkout (read-only)
+        import subprocess
+
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=project_root(), capture_output=True,
+                             text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=project_root(), capture_output=True, text=True,
+                               timeout=5)
+        if rev.returncode == 0:
+            env["git_commit"] = rev.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        import torch
+
+        env["cuda_available"] = bool(torch.cuda.is_available())
+        env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+        env["torch_threads"] = torch.get_num_threads()
+    except Exception:  # torch missing or broken: report, do not fail the report
+        env["cuda_available"] = False
+        env["gpu"] = "unknown"
+    return env
+
+
+def this_machine() -> str:
+    """A short description of the CPU this code runs on, for 'measured (...)' labels."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count()
+    proc = platform.processor() or platform.machine()
+    # Wall-clock figures on a shared machine depend on what else runs: give the load with them.
+    return f"this machine: {cpus} CPU cores ({proc}), 1 planner thread, load average {os.getloadavg()[0]:.1f}"

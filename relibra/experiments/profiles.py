@@ -1,0 +1,92 @@
+"""Profiles: the sizes of every experiment for one kind of machine (tiny, laptop, paper, gpu)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relibra.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scale:
+    """The sizes every experiment reads; a Profile holds their defaults, a Config the resolved values.
+
+    models / workloads: the grid of notebooks 02, 03 and 05; model / workload: the single case of
+    notebooks 01, 04 and 07. layers: keep only the first `layers` MoE layers of each model (None:
+    all). micro_batches and steps: per trace. ep_sizes: the EP sweep of notebook 06.
+    tokens_per_rank: tokens per (micro-batch, rank) of each trace (None: the generator's default).
+    """
+
+    models: tuple[str, ...]
+    workloads: tuple[str, ...]
+    model: str
+    workload: str
+    ep: int
+    ep_sizes: tuple[int, ...]
+    cluster: str
+    steps: int
+    micro_batches: int
+    layers: int | None
+    tokens_per_rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Profile(Scale):
+    """Sizes of every experiment for one kind of machine: the Scale fields (keyword-only) and
+
+    planner_repeats: best-of repeats of notebook 07's planner timing.
+    runtime_*: the gloo run of notebook 08 (world size, simulated nodes, steps, model, tokens).
+    rl_steps: GRPO steps of notebook 09. measured_dir: folder of measured results (gpu profile).
+    """
+
+    name: str
+    description: str
+    planner_repeats: int = 1
+    runtime_nproc: int = 4
+    runtime_nodes: int = 2
+    runtime_steps: int = 3
+    runtime_model: str = "small"
+    runtime_workload: str = "math"
+    runtime_tokens_per_rank: int = 256
+    runtime_micro_batches: int = 2
+    runtime_repeats: int = 2
+    rl_steps: int = 20
+    measured_dir: str | None = None
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in [
+        Profile("tiny", "seconds per notebook, for the tests: the `tiny` model (4 layers, 16 experts, top-2) "
+                "on the cpu-gloo cluster preset", models=("tiny",), workloads=("math",), model="tiny",
+                workload="mixed", ep=4, ep_sizes=(2, 4), cluster="cpu-gloo", steps=3, micro_batches=4,
+                layers=None, tokens_per_rank=64, runtime_nproc=2, runtime_nodes=1, runtime_steps=1,
+                runtime_model="tiny", runtime_tokens_per_rank=32, runtime_micro_batches=1,
+                runtime_repeats=1, rl_steps=2),
+        Profile("laptop", "minutes on 2 CPU cores: the paper's models, EP and cluster, cut to 4 MoE layers, "
+                "8 micro-batches per step and 4 steps", models=("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b"),
+                workloads=("math", "science", "instruct", "code", "mixed"), model="qwen3-235b-a22b",
+                workload="mixed", ep=32, ep_sizes=(8, 16, 32, 64), cluster="paper", steps=4, micro_batches=8,
+                layers=4, runtime_steps=3, rl_steps=20),
+        Profile("paper", "the paper's scale: every MoE layer, 32 micro-batches per step, EP 32 on the paper's "
+                "cluster (20 nodes x 8 Hopper GPUs); hours on a CPU", models=("qwen3-30b-a3b", "glm-4.5-air",
+                "qwen3-235b-a22b"), workloads=("math", "science", "instruct", "code", "mixed"),
+                model="qwen3-235b-a22b", workload="mixed", ep=32, ep_sizes=(8, 16, 32, 64), cluster="paper",
+                steps=6, micro_batches=32, layers=None, planner_repeats=3, runtime_steps=5, runtime_repeats=3,
+                rl_steps=60),
+        Profile("gpu", "the paper's scale for the simulations; measured results of real runs on GPU nodes are "
+                "read from `measured_dir` (default results/gpu_runs)", models=("qwen3-30b-a3b", "glm-4.5-air",
+                "qwen3-235b-a22b"), workloads=("math", "science", "instruct", "code", "mixed"),
+                model="qwen3-235b-a22b", workload="mixed", ep=32, ep_sizes=(8, 16, 32, 64), cluster="paper",
+                steps=6, micro_batches=32, layers=None, planner_repeats=3, rl_steps=60,
+                measured_dir="results/gpu_runs"),
+    ]
+}
+
+
+def get_profile(name: str) -> Profile:
+    """The profile called `name`; a ConfigError lists the known ones otherwise."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ConfigError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}") from None

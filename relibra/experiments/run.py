@@ -1,0 +1,81 @@
+"""One notebook run: where its figures and tables go, and the manifest that relibra.report reads."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from relibra.errors import ConfigError
+from relibra.experiments.config import Config, jsonable, resolve
+
+
+class Run:
+    """Saves a notebook's figures and tables under `config.out_dir` and records them in a manifest.
+
+    Each saved figure carries its caption and whether it shows simulated or measured numbers (and on
+    what hardware); relibra.report reads `manifest.json` to write results/REPORT.md.
+    """
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.started = time.perf_counter()
+        self.figures: list[dict] = []
+        self.tables: list[dict] = []
+        self.sources: dict[str, dict] = {}
+        self.facts: dict = {}
+        config.out_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def out_dir(self) -> Path:
+        return self.config.out_dir
+
+    def save_csv(self, table: pd.DataFrame, name: str, description: str = "") -> Path:
+        """Write `table` as results/<notebook>/<name>.csv (tidy: one row per observation)."""
+        path = self.out_dir / f"{name}.csv"
+        table.to_csv(path, index=False, float_format="%.6g")
+        self.tables.append({"file": path.name, "rows": int(len(table)), "description": description})
+        return path
+
+    def save_figure(self, fig, name: str, caption: str, source: str = "simulated", hardware: str | None = None) -> list[Path]:
+        """Write `fig` as <name>.png and <name>.svg; source is 'simulated' or 'measured'."""
+        from relibra.plots import save_figure
+
+        if source not in ("simulated", "measured", "synthetic", "real"):
+            raise ConfigError(f"figure source must be simulated, measured, synthetic or real, got {source!r}")
+        hardware = hardware or (self.config.cluster if source == "simulated" else "this machine")
+        paths = save_figure(fig, self.out_dir / name)
+        self.figures.append({"name": name, "png": paths[0].name, "svg": paths[1].name, "caption": caption,
+                             "source": source, "hardware": hardware})
+        self.sources.setdefault(f"{source}|{hardware}", {"source": source, "hardware": hardware})
+        return paths
+
+    def note(self, **facts) -> None:
+        """Record headline numbers (JSON-serializable) for REPORT.md."""
+        self.facts.update(jsonable(facts))
+
+    def finish(self) -> Path:
+        """Write manifest.json (parameters, figures, tables, sources, facts, wall seconds)."""
+        manifest = {
+            "notebook": self.config.notebook,
+            "config": self.config.to_dict(),
+            "scale_note": self.config.scale_note(),
+            "figures": self.figures,
+            "tables": self.tables,
+            "sources": list(self.sources.values()),
+            "facts": self.facts,
+            "wall_seconds": round(time.perf_counter() - self.started, 2),
+        }
+        path = self.out_dir / "manifest.json"
+        path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        return path
+
+
+def start(notebook: str, **params) -> Run:
+    """Resolve a notebook's parameters (see `resolve`), set plot style, and open its Run."""
+    from relibra.plots import set_style
+
+    set_style()
+    return Run(resolve(notebook, **params))
