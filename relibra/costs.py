@@ -51,9 +51,12 @@ class CostParams:
         holds them), so they push once per (micro-batch, layer) and never again for backward.
     grad_bytes_per_param: bytes of one replica gradient element pulled back to the home (bf16).
     include_lm_head: charge the embedding / LM-head GEMM (once per micro-batch, outside the layers).
-    runtime_plan_s: planning seconds charged per (micro-batch, layer) on the critical path of plans
-        that plan at run time (`transfers_on_critical_path`); None = the measured planner seconds of
-        the step divided by micro-batches x layers, plus an all-gather of the expert counts.
+    runtime_plan_s: planner seconds charged per (micro-batch, layer) on the critical path of plans
+        that plan at run time (`transfers_on_critical_path`), on top of an all-gather of the expert
+        counts. Default 30 us: LLEP's planner as measured here on one core (`relibra bench planner
+        --policies llep`: ~0.09 s per Qwen3-235B EP32 step of 32 x 94 (micro-batch, layer)); fixed so
+        that the same seed gives the same simulated numbers. None = charge the step's measured
+        planner CPU seconds divided by micro-batches x layers instead.
     route: how bytes cross nodes in every exchange (see link_seconds): "rail" (DeepEP, the paper's
         dispatcher) or "direct"; None (default) = the topology's own `route`.
     dedup: send a token once per destination node (RDMA) and GPU (NVLink) as DeepEP does, with the
@@ -65,7 +68,7 @@ class CostParams:
     replica_buffer: str = "layer-shared"
     grad_bytes_per_param: int = 2
     include_lm_head: bool = True
-    runtime_plan_s: float | None = None
+    runtime_plan_s: float | None = 30e-6
     route: str | None = None
     dedup: bool | None = None
 
@@ -609,11 +612,11 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     # -- planning on the critical path (run-time planners) -----------------------------------------------
     planner_fwd = zeros.copy()
     if plan.transfers_on_critical_path:
+        counts = np.full((ep, ep), 4.0 * e)  # every rank all-gathers every rank's int32 expert counts
+        gather = float(collective_seconds(counts, gpn, topology, route))
         if params.runtime_plan_s is not None:
-            per_layer = params.runtime_plan_s
+            per_layer = gather + params.runtime_plan_s
         else:
-            counts = np.full((ep, ep), 4.0 * e)  # every rank all-gathers every rank's int32 expert counts
-            gather = float(collective_seconds(counts, gpn, topology, route))
             charged = planner_s if critical_planner_s is None else critical_planner_s
             per_layer = gather + charged / (m * l)
         planner_fwd = np.full((m, l), per_layer)
