@@ -393,38 +393,6 @@ class PlanCost:
         return pd.DataFrame(cols)[METRIC_COLUMNS]
 
 
-def _token_matrix(plan: StepPlan, home_onehot: np.ndarray) -> tuple[np.ndarray, dict]:
-    """Tokens from each src to each GPU and the per-copy bookkeeping, without np.add.at.
-
-    Returns (matrix float64 [M, L, ep_src, ep_dst], parts) where parts holds
-    home_tokens [M, L, E] (tokens each expert's home computes) and replica_tokens [M, L, ep, R].
-    """
-    m, l, ep, e = plan.loads.shape
-    # float32 is exact here: every count and sum stays far below 2**24
-    matrix = np.matmul(plan.loads.astype(np.float32), home_onehot.astype(np.float32))  # [M, L, ep, ep]
-    home_tokens = plan.loads.sum(axis=2, dtype=np.int64)  # [M, L, E]
-    occupied = plan.replica_expert >= 0
-    r = plan.replica_slots
-    replica_tokens = np.zeros((m, l, ep, r), dtype=np.int64)
-    if r and occupied.any():
-        flow = plan.replica_flow.astype(np.float32)
-        flow *= occupied[:, :, None]  # [M, L, src, gpu, R]; nothing flows to an empty slot
-        replica_tokens = np.rint(flow.sum(axis=2)).astype(np.int64)  # [M, L, gpu, R]
-        # tokens a replica takes leave the expert's home: subtract them from the home's column
-        rep_expert = np.where(occupied, plan.replica_expert, 0)
-        rep_home = plan.home[np.arange(l)[None, :, None, None], rep_expert]  # [M, L, ep, R]
-        back_onehot = ((rep_home[..., None] == np.arange(ep)) & occupied[..., None]).astype(np.float32)
-        back = np.matmul(flow.reshape(m, l, ep, ep * r), back_onehot.reshape(m, l, ep * r, ep))  # [M, L, src, home]
-        for slot in range(r):  # a loop over the few slots beats a reduction over a short last axis
-            matrix += flow[..., slot]
-        matrix -= back
-        idx = ((np.arange(m)[:, None, None, None] * l + np.arange(l)[None, :, None, None]) * e + rep_expert)
-        taken = np.bincount(idx[occupied], weights=replica_tokens[occupied], minlength=m * l * e)
-        home_tokens = home_tokens - np.rint(taken).astype(np.int64).reshape(m, l, e)
-    matrix = matrix.astype(np.float64)
-    return matrix, {"home_tokens": home_tokens, "replica_tokens": replica_tokens}
-
-
 def distinct_tokens(plan: StepPlan, home_onehot: np.ndarray, src_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Estimated distinct tokens each source sends each GPU and each node (a token routed to several
     expert copies there travels once, as DeepEP sends it).
@@ -439,14 +407,11 @@ def distinct_tokens(plan: StepPlan, home_onehot: np.ndarray, src_tokens: np.ndar
     m, l, ep, e = plan.loads.shape
     tokens = np.asarray(src_tokens, dtype=np.float64)
     inv = np.where(tokens > 0, 1.0 / np.where(tokens > 0, tokens, 1.0), 0.0).astype(np.float32)  # [M, ep]
-    home_flow = plan.loads.astype(np.float32)  # float32 is exact for these counts
-    occupied = plan.replica_expert >= 0
-    mi, li, gi, ri = np.nonzero(occupied)
+    home_flow = plan.home_flow().astype(np.float32)  # float32 is exact for these counts
+    mi, li, gi, ri = np.nonzero(plan.replica_expert >= 0)
     if len(mi):
-        ex = plan.replica_expert[mi, li, gi, ri].astype(np.int64)
         flows = plan.replica_flow[mi, li, :, gi, ri].astype(np.float32)  # [n, src]
         src = np.arange(ep)[None, :]
-        np.add.at(home_flow, (mi[:, None], li[:, None], src, ex[:, None]), -flows)
     one = np.float32(1.0 - 1e-6)
     share = home_flow * inv[:, None, :, None]
     np.minimum(share, one, out=share)
@@ -562,7 +527,7 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     home_onehot = (plan.home[:, :, None] == np.arange(ep)).astype(np.float64)  # [L, E, ep]
 
     # -- token flow: dispatch and combine -----------------------------------------------------------
-    matrix, parts = _token_matrix(plan, home_onehot)
+    matrix, home_tokens, replica_tokens = plan.flows()
     gpu_tokens = np.rint(matrix.sum(axis=2)).astype(np.int64)  # [M, L, ep]
     src_tokens = plan.loads[:, 0].sum(axis=2, dtype=np.int64) / model.top_k  # [M, ep] tokens before top-k
     route = topology.route if params.route is None else params.route
@@ -574,9 +539,9 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
         a2a_s = collective_seconds(matrix * model.token_bytes, gpn, topology, route)  # [M, L]
 
     # -- routed experts: one GEMM per active copy (home or replica) ----------------------------------
-    active_homes = np.matmul((parts["home_tokens"] > 0).astype(np.float32)[:, :, None, :],
+    active_homes = np.matmul((home_tokens > 0).astype(np.float32)[:, :, None, :],
                              home_onehot.astype(np.float32))[:, :, 0, :]  # [M, L, ep]
-    active_copies = active_homes + (parts["replica_tokens"] > 0).sum(axis=3)
+    active_copies = active_homes + (replica_tokens > 0).sum(axis=3)
     expert_fpt = expert_flops_per_token(model)
     expert_gpu_s = np.where(gpu_tokens > 0, expert_fpt * (gpu_tokens + topology.gemm_half_tokens * active_copies)
                             / rate, 0.0)  # [M, L, ep]

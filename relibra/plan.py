@@ -82,26 +82,20 @@ class StepPlan:
         return self.ep // self.gpus_per_node
 
     # ---- derived -----------------------------------------------------------------------------
-    def replica_expert_tokens(self) -> np.ndarray:
-        """Tokens each replica receives from each src, credited to its expert: int64 [M, L, ep_src, E]."""
-        m, l, ep, e = self.loads.shape
-        r = self.replica_slots
-        out = np.zeros((m, l, ep, e), dtype=np.int64)
-        if r == 0:
-            return out
-        # flat index of (m, l, src, expert) for every (m, l, src, gpu, slot)
-        expert = self.replica_expert  # [M, L, ep, R]
-        occupied = expert >= 0
-        flow = self.replica_flow.astype(np.int64) * occupied[:, :, None, :, :]
-        ex = np.where(occupied, expert, 0)[:, :, None, :, :]  # broadcast over src
-        base = (np.arange(m)[:, None, None, None, None] * l + np.arange(l)[None, :, None, None, None]) * ep
-        idx = ((base + np.arange(ep)[None, None, :, None, None]) * e + ex)
-        np.add.at(out.reshape(-1), np.broadcast_to(idx, flow.shape).ravel(), flow.ravel())
-        return out
-
     def home_flow(self) -> np.ndarray:
-        """Tokens of each (src, expert) left for the expert's home: int64 [M, L, ep_src, E]."""
-        return self.loads.astype(np.int64) - self.replica_expert_tokens()
+        """Tokens of each (src, expert) left for the expert's home: int64 [M, L, ep_src, E].
+
+        The loads minus what the occupied replica slots take (flows into empty slots are not
+        subtracted; the validator rejects them).
+        """
+        ep = self.ep
+        out = self.loads.astype(np.int64)
+        mi, li, gi, ri = np.nonzero(self.replica_expert >= 0)  # only occupied slots: few of all slots
+        if len(mi):
+            expert = self.replica_expert[mi, li, gi, ri].astype(np.int64)
+            flows = self.replica_flow[mi, li, :, gi, ri].astype(np.int64)  # [n, src]
+            np.subtract.at(out, (mi[:, None], li[:, None], np.arange(ep)[None, :], expert[:, None]), flows)
+        return out
 
     def gpu_tokens(self) -> np.ndarray:
         """Tokens each GPU computes (expert GEMM rows): int64 [micro_batches, layers, ep]."""
@@ -120,9 +114,38 @@ class StepPlan:
 
     def token_matrix(self) -> np.ndarray:
         """Tokens dispatched from each src to each GPU (combine sends them back): float64 [M, L, ep_src, ep_dst]."""
-        onehot = _home_onehot(self.home, self.ep)
-        to_home = np.einsum("mlse,leg->mlsg", self.home_flow().astype(np.float32), onehot.astype(np.float32))
-        return to_home.astype(np.float64) + self.replica_flow.sum(axis=4, dtype=np.int64)
+        return self.flows()[0]
+
+    def flows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The token flow in one pass, without np.add.at (the simulator's hot path).
+
+        Returns (token_matrix float64 [M, L, ep_src, ep_dst], home_tokens int64 [M, L, E] tokens each
+        expert's home computes, replica_tokens int64 [M, L, ep, replica_slots] tokens each replica computes).
+        """
+        m, l, ep, e = self.loads.shape
+        home_onehot = _home_onehot(self.home, ep).astype(np.float32)
+        # float32 is exact here: every count and sum stays far below 2**24
+        matrix = np.matmul(self.loads.astype(np.float32), home_onehot)  # [M, L, ep, ep]
+        home_tokens = self.loads.sum(axis=2, dtype=np.int64)  # [M, L, E]
+        occupied = self.replica_expert >= 0
+        r = self.replica_slots
+        replica_tokens = np.zeros((m, l, ep, r), dtype=np.int64)
+        if r and occupied.any():
+            flow = self.replica_flow.astype(np.float32)
+            flow *= occupied[:, :, None]  # [M, L, src, gpu, R]; nothing flows to an empty slot
+            replica_tokens = np.rint(flow.sum(axis=2)).astype(np.int64)  # [M, L, gpu, R]
+            # tokens a replica takes leave the expert's home: subtract them from the home's column
+            rep_expert = np.where(occupied, self.replica_expert, 0)
+            rep_home = self.home[np.arange(l)[None, :, None, None], rep_expert]  # [M, L, ep, R]
+            back_onehot = ((rep_home[..., None] == np.arange(ep)) & occupied[..., None]).astype(np.float32)
+            back = np.matmul(flow.reshape(m, l, ep, ep * r), back_onehot.reshape(m, l, ep * r, ep))  # [M, L, src, home]
+            for slot in range(r):  # a loop over the few slots beats a reduction over a short last axis
+                matrix += flow[..., slot]
+            matrix -= back
+            idx = ((np.arange(m)[:, None, None, None] * l + np.arange(l)[None, :, None, None]) * e + rep_expert)
+            taken = np.bincount(idx[occupied], weights=replica_tokens[occupied], minlength=m * l * e)
+            home_tokens = home_tokens - np.rint(taken).astype(np.int64).reshape(m, l, e)
+        return matrix.astype(np.float64), home_tokens, replica_tokens
 
     def num_replicas(self) -> np.ndarray:
         """Occupied replica slots per GPU: int64 [micro_batches, layers, ep]."""

@@ -239,14 +239,14 @@ def test_time_is_linear_in_micro_batches_at_fixed_load():
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 10_000), scope=st.sampled_from(["node", "any"]))
 def test_token_accounting_matches_the_plan(seed, scope):
-    from relibra.costs import _token_matrix
-
     rng = np.random.default_rng(seed)
     loads = _loads(rng, 2, 8, 64)
     plan = _replicated_plan(loads, 4, rng, scope=scope)
     onehot = (plan.home[:, :, None] == np.arange(8)).astype(np.float64)
-    matrix, _ = _token_matrix(plan, onehot)
-    assert np.array_equal(matrix, plan.token_matrix())
+    # the one-pass flow against the plain definition: remainders go home, replica flows as given
+    reference = np.einsum("mlse,leg->mlsg", plan.home_flow().astype(np.float64), onehot)
+    reference += plan.replica_flow.sum(axis=4)
+    assert np.array_equal(plan.token_matrix(), reference)
     cost = cost_plan(plan, MODEL, TOPO)
     assert np.array_equal(cost.gpu_tokens, plan.gpu_tokens())
     assert np.allclose(cost.skewness(), plan.skewness())
