@@ -21,6 +21,7 @@ from relibra.costs import CostParams, PlanCost, cost_plan
 from relibra.errors import ConfigError
 from relibra.metrics import METRIC_COLUMNS
 from relibra.plan import StepPlan
+from relibra.policies import get_policy_for_cluster
 from relibra.trace import RoutingTrace, static_placement
 
 REFERENCE_POLICIES = ("megatron", "balanced")
@@ -90,10 +91,6 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     Policies with a `cluster` parameter (ReLibra and its ablations) score placements with `topology`'s
     rates unless policy_params say otherwise.
     """
-    try:
-        from relibra.policies import get_policy_for_cluster
-    except ImportError as exc:  # the policies package is another part of the kit
-        raise ConfigError(f"the policies package is not available ({exc})") from None
     topo = resolve_topology(topology)
     params = params or CostParams()
     nodes, gpn = topo.ep_layout(trace.ep)

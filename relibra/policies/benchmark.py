@@ -1,5 +1,5 @@
-"""The planner benchmark behind `relibra bench planner`, and a stand-in skewed trace for when the
-synthetic workloads are not available.
+"""The planner benchmark behind `relibra bench planner`, and a cheap random skewed trace for
+property tests of the policies.
 
 Figures are wall seconds and process CPU seconds (what one core spent, whatever else the machine
 runs); no timed unit test asserts them.
@@ -40,11 +40,9 @@ def random_skewed_trace(model: str | ModelShape, ep: int, steps: int = 1, micro_
 
 
 def benchmark_trace(model: str, ep: int, seed: int = 0, steps: int = 2) -> RoutingTrace:
-    """The paper-scale synthetic trace when relibra.workloads exists, else the stand-in."""
-    try:
-        from relibra.workloads import generate_trace
-    except ImportError:
-        return random_skewed_trace(model, ep, steps=steps, micro_batches=32, tokens_per_rank=4096, seed=seed)
+    """The paper-scale synthetic trace (relibra.workloads, `mixed` workload) the benchmark plans."""
+    from relibra.workloads import generate_trace
+
     return generate_trace(model, "mixed", ep, steps, seed=seed)
 
 
