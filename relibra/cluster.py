@@ -116,23 +116,23 @@ class Topology:
     name: str
     num_nodes: int
     gpus_per_node: int
-    nvlink_gbps: float  # GB/s one direction per GPU, inside a node
-    rdma_gbps: float  # GB/s one direction per GPU, across nodes
+    nvlink_GBps: float  # GB/s one direction per GPU, inside a node
+    rdma_GBps: float  # GB/s one direction per GPU, across nodes
     matmul_tflops: float  # dense bf16 rate on large products, per GPU
     gemm_half_tokens: float = 512.0  # tokens per expert GEMM at which efficiency reaches one half
-    memory_gbps: float = 4000.0  # HBM bandwidth, GB/s
+    memory_GBps: float = 4000.0  # HBM bandwidth, GB/s
     collective_latency_s: float = 20e-6  # fixed cost of one all-to-all launch
     hbm_bytes: float = 141e9
     attention_efficiency: float = 0.7  # share of matmul_tflops the attention core (flash attention) reaches
     dispatcher: str = "deepep"  # token exchange: "deepep" (rail route, one copy per token and node / GPU) or
     #                             "alltoall" (direct NIC to NIC, one row per token-expert pair); see relibra.costs
-    shared_link: bool = False  # one link for all traffic (a single machine's loopback), at nvlink_gbps
+    shared_link: bool = False  # one link for all traffic (a single machine's loopback), at nvlink_GBps
 
     def __post_init__(self):
         for field in ("num_nodes", "gpus_per_node"):
             if getattr(self, field) <= 0:
                 raise ConfigError(f"topology {self.name!r}: {field} must be a positive integer, got {getattr(self, field)}")
-        for field in ("nvlink_gbps", "rdma_gbps", "matmul_tflops", "gemm_half_tokens", "memory_gbps", "hbm_bytes"):
+        for field in ("nvlink_GBps", "rdma_GBps", "matmul_tflops", "gemm_half_tokens", "memory_GBps", "hbm_bytes"):
             value = getattr(self, field)
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"topology {self.name!r}: {field} must be positive and finite, got {value}")
@@ -184,20 +184,20 @@ TOPOLOGY_PRESETS: dict[str, Topology] = {
     t.name: t
     for t in [
         # The paper's cluster: 20 x 8 Hopper; NVLink 900 GB/s both ways = 450 each way; 8 x 400 Gb/s NICs.
-        Topology("paper", num_nodes=20, gpus_per_node=8, nvlink_gbps=450.0, rdma_gbps=50.0, matmul_tflops=790.0),
+        Topology("paper", num_nodes=20, gpus_per_node=8, nvlink_GBps=450.0, rdma_GBps=50.0, matmul_tflops=790.0),
         # DeepEP's measured effective all-to-all bandwidths on H800 (intranode ~155, internode ~50 GB/s).
-        Topology("h800", num_nodes=20, gpus_per_node=8, nvlink_gbps=155.0, rdma_gbps=50.0, matmul_tflops=790.0),
+        Topology("h800", num_nodes=20, gpus_per_node=8, nvlink_GBps=155.0, rdma_GBps=50.0, matmul_tflops=790.0),
         # One NVLink domain of 72 GPUs (GB200 NVL72 class), 900 GB/s each way per GPU.
-        Topology("nvl72", num_nodes=1, gpus_per_node=72, nvlink_gbps=900.0, rdma_gbps=50.0, matmul_tflops=2250.0,
-                 memory_gbps=8000.0),
+        Topology("nvl72", num_nodes=1, gpus_per_node=72, nvlink_GBps=900.0, rdma_GBps=50.0, matmul_tflops=2250.0,
+                 memory_GBps=8000.0),
         # This machine running the gloo runtime (2 simulated nodes x 2 ranks, one thread per rank), measured
         # by relibra.runtime.calibrate into data/cpu_gloo_calibration.json: the `tiny` expert's forward +
         # backward fit, and gloo's all-to-all over loopback (one shared link, no relay). The expert fit was
         # taken by one rank alone; the runtime runs 4 ranks on this machine's 2 cores, so each rank gets
         # half a core: the preset's rate is the single-rank fit x 2 cores / 4 ranks.
-        Topology("cpu-gloo", num_nodes=2, gpus_per_node=2, nvlink_gbps=0.417, rdma_gbps=0.417,
+        Topology("cpu-gloo", num_nodes=2, gpus_per_node=2, nvlink_GBps=0.417, rdma_GBps=0.417,
                  matmul_tflops=0.0538 * 2 / 4,
-                 gemm_half_tokens=21.8, memory_gbps=10.0, collective_latency_s=6.8e-4, hbm_bytes=24e9,
+                 gemm_half_tokens=21.8, memory_GBps=10.0, collective_latency_s=6.8e-4, hbm_bytes=24e9,
                  dispatcher="alltoall", shared_link=True),
     ]
 }
@@ -212,9 +212,9 @@ def get_topology(name: str) -> Topology:
 
 
 # Short names accepted by parse_topology for the Topology fields.
-_TOPOLOGY_ALIASES = {"nodes": "num_nodes", "gpus": "gpus_per_node", "nvlink": "nvlink_gbps", "rdma": "rdma_gbps",
+_TOPOLOGY_ALIASES = {"nodes": "num_nodes", "gpus": "gpus_per_node", "nvlink": "nvlink_GBps", "rdma": "rdma_GBps",
                      "tflops": "matmul_tflops", "half_tokens": "gemm_half_tokens", "latency_s": "collective_latency_s"}
-_TOPOLOGY_REQUIRED = ("num_nodes", "gpus_per_node", "nvlink_gbps", "rdma_gbps", "matmul_tflops")
+_TOPOLOGY_REQUIRED = ("num_nodes", "gpus_per_node", "nvlink_GBps", "rdma_GBps", "matmul_tflops")
 
 
 def resolve_topology(topology: "Topology | str") -> Topology:
@@ -227,9 +227,9 @@ def parse_topology(spec: str) -> Topology:
 
     spec: comma-separated items. An item without '=' names a preset to start from (at most one, first);
     the others are field=value (Topology field names, or the short aliases nodes, gpus, nvlink, rdma,
-    tflops, half_tokens, latency_s). Examples: "paper"; "paper,rdma_gbps=25";
-    "nodes=4,gpus_per_node=8,nvlink_gbps=450,rdma_gbps=50,matmul_tflops=790". Without a preset the
-    fields num_nodes, gpus_per_node, nvlink_gbps, rdma_gbps and matmul_tflops are required. The name
+    tflops, half_tokens, latency_s). Examples: "paper"; "paper,rdma_GBps=25";
+    "nodes=4,gpus_per_node=8,nvlink_GBps=450,rdma_GBps=50,matmul_tflops=790". Without a preset the
+    fields num_nodes, gpus_per_node, nvlink_GBps, rdma_GBps and matmul_tflops are required. The name
     is the spec itself unless name=... is given. Every problem is a ConfigError naming the item.
     """
     spec = (spec or "").strip()

@@ -189,12 +189,12 @@ def link_seconds(bytes_matrix: np.ndarray, gpus_per_node: int, topology: Topolog
         weight) takes the same links backwards, so it costs the same.
       "direct": from the sender's NIC straight to the destination's NIC.
       None: the topology's `route`. A topology with `shared_link` (one machine's loopback) has a single
-        link per GPU at nvlink_gbps: its time is max(all bytes sent, all bytes received) / nvlink_gbps.
+        link per GPU at nvlink_GBps: its time is max(all bytes sent, all bytes received) / nvlink_GBps.
     node_bytes: optional float [..., ep_src, nodes] bytes each GPU sends over RDMA into each node on
         the rail route, when fewer than the per-GPU bytes (a token sent once per node, see
         distinct_tokens); default: bytes_matrix summed over each node's GPUs.
-    Returns float64 [..., ep]: per GPU, the larger of max(send, recv) NVLink bytes / nvlink_gbps and
-    max(send, recv) RDMA bytes / rdma_gbps.
+    Returns float64 [..., ep]: per GPU, the larger of max(send, recv) NVLink bytes / nvlink_GBps and
+    max(send, recv) RDMA bytes / rdma_GBps.
     """
     route = topology.route if route is None else route
     if route not in ROUTES:
@@ -235,9 +235,9 @@ def link_seconds(bytes_matrix: np.ndarray, gpus_per_node: int, topology: Topolog
         nvl_send, nvl_recv = intra_send + relay_out, intra_recv + relayed
     if topology.shared_link:
         both = np.maximum(nvl_send + rdma_send, nvl_recv + rdma_recv)
-        return (np.maximum(both, 0.0) / (topology.nvlink_gbps * GB)).reshape(*lead, ep)
-    nvl = np.maximum(np.maximum(nvl_send, nvl_recv), 0.0) / (topology.nvlink_gbps * GB)
-    rdma = np.maximum(np.maximum(rdma_send, rdma_recv), 0.0) / (topology.rdma_gbps * GB)
+        return (np.maximum(both, 0.0) / (topology.nvlink_GBps * GB)).reshape(*lead, ep)
+    nvl = np.maximum(np.maximum(nvl_send, nvl_recv), 0.0) / (topology.nvlink_GBps * GB)
+    rdma = np.maximum(np.maximum(rdma_send, rdma_recv), 0.0) / (topology.rdma_GBps * GB)
     return np.maximum(nvl, rdma).reshape(*lead, ep)
 
 
@@ -623,7 +623,7 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     params_per_gpu = homes_per_gpu * l * model.expert_params + dense_params_per_gpu(model)
     # Adam: read and write fp32 master, m and v; read the gradient; write the bf16 weight.
     optimizer_bytes = params_per_gpu * (2 * model.optimizer_bytes_per_param + 2 * model.bytes_per_param)
-    optimizer_s = optimizer_bytes / (topology.memory_gbps * GB)
+    optimizer_s = optimizer_bytes / (topology.memory_GBps * GB)
 
     slots_per_layer = (plan.replica_expert >= 0).sum(axis=3).max(axis=(0, 2)) if plan.replica_slots else np.zeros(l)
     buffer = "autograd" if plan.transfers_on_critical_path else params.replica_buffer

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from relibra.bounds import gap_to_bound
 from relibra.cluster import Topology, resolve_topology
 from relibra.costs import CostParams, PlanCost, cost_plan
 from relibra.errors import ConfigError
 from relibra.metrics import METRIC_COLUMNS
 from relibra.plan import StepPlan
-from relibra.policies import get_policy_for_cluster
+from relibra.policies import get_policy
 from relibra.trace import RoutingTrace, static_placement
 
 REFERENCE_POLICIES = ("megatron", "balanced")
@@ -62,13 +63,10 @@ def _select_steps(trace: RoutingTrace, steps) -> list[int]:
     return chosen
 
 
-def _gap_to_bound(plan, trace: RoutingTrace) -> float:
-    """Mean over (micro_batch, layer) of the plan's max tokens per GPU over its lower bound, minus 1,
-    as the policy reports it (relibra.bounds, reference "policy"); NaN where it reports none."""
-    for key in ("gap_to_bound", "mean_gap_to_bound"):
-        if key in plan.info:
-            return float(np.mean(plan.info[key]))
-    return float("nan")
+def _gap_to_bound(plan) -> float:
+    """Mean over (micro_batch, layer) of the plan's max tokens per GPU over its lower bound, minus 1
+    (relibra.bounds, reference "policy"), computed here, outside the planner's clock."""
+    return float(gap_to_bound(plan).mean())
 
 
 def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str], steps=None,
@@ -88,12 +86,11 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
         static one; at s = 0 training starts from the static (Megatron) placement.
     validate: check every plan with StepPlan.validate against the trace.
     step_extras: optional f(plan, cost) -> dict of extra columns for that (policy, step) row of per_step.
-    Policies with a `cluster` parameter (ReLibra and its ablations) score placements with `topology`'s
-    rates unless policy_params say otherwise.
+    Every plan is made for `topology` (policies that weigh bytes against compute use its rates).
     """
     topo = resolve_topology(topology)
     params = params or CostParams()
-    nodes, gpn = topo.ep_layout(trace.ep)
+    topo.ep_layout(trace.ep)  # an EP size the cluster cannot hold fails here, before any planning
     names = [p for p in dict.fromkeys(policies)]
     if not names:
         raise ConfigError("no policies to simulate")
@@ -115,14 +112,14 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     kept: dict[str, list[PlanCost]] = {}
     bar = tqdm(total=len(names) * len(chosen), desc="simulate", unit="plan", disable=not progress)
     for name in names:
-        policy = get_policy_for_cluster(name, topo, **policy_params.get(name, {}))
+        policy = get_policy(name, **policy_params.get(name, {}))
         prev_home = static
         if warmup and chosen[0] > 0:
-            prev_home = np.asarray(policy.plan(trace, chosen[0] - 1, gpn, static).home)
+            prev_home = np.asarray(policy.plan(trace, chosen[0] - 1, topo, static).home)
         for step in chosen:
             bar.set_postfix_str(f"{name} step {step}")
             t0 = time.perf_counter()
-            plan = policy.plan(trace, step, gpn, prev_home)
+            plan = policy.plan(trace, step, topo, prev_home)
             # the policy's own planner clock where it keeps one (it excludes the interface's checks)
             plan_s = float(plan.info.get("plan_seconds", time.perf_counter() - t0))
             if validate:
@@ -159,7 +156,7 @@ def _step_summary(name: str, step: int, cost: PlanCost, plan, trace: RoutingTrac
         "skewness": float(cost.skewness().mean()), "replica_memory_share": cost.memory["replica_memory_share"],
         "replica_buffer_bytes": cost.memory["replica_buffer_bytes"], "plan_s": cost.planner_s,
         "planner_on_critical_path": bool(plan.transfers_on_critical_path),
-        "gap_to_bound": _gap_to_bound(plan, trace), "experts_moved": cost.migration_bytes["experts_moved"],
+        "gap_to_bound": _gap_to_bound(plan), "experts_moved": cost.migration_bytes["experts_moved"],
     }
 
 
@@ -209,13 +206,13 @@ def benchmark_sim(model: str = "qwen3-235b-a22b", ep: int = 32, policy: str = "r
     from relibra.workloads import generate_trace
 
     topo = resolve_topology(cluster)
-    _, gpn = topo.ep_layout(ep)
+    topo.ep_layout(ep)
     t0 = time.perf_counter()
     trace = generate_trace(model, workload, ep, steps=1, seed=seed, micro_batches=micro_batches)
     trace_s = time.perf_counter() - t0
     static = static_placement(trace.model.num_layers, trace.model.num_experts, ep)
     t0 = time.perf_counter()
-    plan = get_policy(policy).plan(trace, 0, gpn, static)
+    plan = get_policy(policy).plan(trace, 0, topo, static)
     plan_s = float(plan.info.get("plan_seconds", time.perf_counter() - t0))
     t0 = time.perf_counter()
     plan.validate(trace.loads[0])

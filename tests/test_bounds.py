@@ -6,11 +6,17 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relibra.cluster import get_topology
 from relibra.bounds import (fixed_home_bound, free_placement_bound, gap_to_bound, ideal_bound, plan_lower_bound,
                             shedding_bound)
 from relibra.policies import POLICY_NAMES, get_policy
 from relibra.trace import static_placement
 from test_policies import FAST, make_trace  # tests/ is on sys.path under pytest
+
+
+def nodes_of(gpus_per_node: int):
+    """The paper cluster's rates on nodes of `gpus_per_node` GPUs (the EP ranks pack into them)."""
+    return get_topology("paper").with_changes(gpus_per_node=gpus_per_node)
 
 
 @settings(max_examples=8, deadline=None)
@@ -19,7 +25,7 @@ def test_bounds_never_exceed_any_plan(topo, seed):
     ep, gpn, experts = topo
     trace = make_trace(seed, ep, experts, tokens=25)
     for name in POLICY_NAMES:
-        plan = get_policy(name, **FAST.get(name, {})).plan(trace, 1, gpn)
+        plan = get_policy(name, **FAST.get(name, {})).plan(trace, 1, nodes_of(gpn))
         actual = plan.gpu_tokens().max(axis=2)
         for reference in ("policy", "free", "ideal"):
             if reference == "free" and name in ("eplb", "eplb+", "lplb+"):
@@ -50,8 +56,8 @@ def test_hand_example_node_and_shedding():
 
 def test_balanced_and_megatron_sit_on_their_bound():
     trace = make_trace(1, ep=8, experts=16, tokens=40)
-    assert np.allclose(gap_to_bound(get_policy("megatron").plan(trace, 0, 4)), 0)
-    balanced = get_policy("balanced").plan(trace, 0, 4)
+    assert np.allclose(gap_to_bound(get_policy("megatron").plan(trace, 0, nodes_of(4))), 0)
+    balanced = get_policy("balanced").plan(trace, 0, nodes_of(4))
     assert np.allclose(gap_to_bound(balanced, "ideal"), 0, atol=0.05)
 
 
@@ -59,5 +65,5 @@ def test_relibra_replication_close_to_its_bound():
     from relibra.policies.benchmark import random_skewed_trace
 
     trace = random_skewed_trace("small", ep=8, micro_batches=4, tokens_per_rank=512, seed=2)
-    plan = get_policy("relibra-replicate", min_replica_tokens=1).plan(trace, 0, 4)
+    plan = get_policy("relibra-replicate", min_replica_tokens=1).plan(trace, 0, nodes_of(4))
     assert gap_to_bound(plan).mean() < 0.03

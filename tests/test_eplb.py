@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from relibra.cluster import get_topology
 from relibra.errors import ConfigError
 from relibra.policies import get_policy
 from relibra.policies.eplb import balanced_packing, copies_from_phy2log, rebalance_experts, replicate_experts
@@ -15,6 +16,11 @@ README_WEIGHT = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
                  [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27]]
 README_PHY2LOG = [[5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
                   [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1]]
+
+
+def nodes_of(gpus_per_node: int):
+    """The paper cluster's rates on nodes of `gpus_per_node` GPUs (the EP ranks pack into them)."""
+    return get_topology("paper").with_changes(gpus_per_node=gpus_per_node)
 
 
 def test_readme_example_exactly():
@@ -73,7 +79,7 @@ def test_plan_maps_slots_to_homes_and_replicas():
     from test_policies import make_trace  # tests/ is on sys.path under pytest
 
     trace = make_trace(3, ep=8, experts=16, micro_batches=4, tokens=80)
-    plan = get_policy("eplb+", redundant_slots_per_gpu=1).plan(trace, 1, 4)
+    plan = get_policy("eplb+", redundant_slots_per_gpu=1).plan(trace, 1, nodes_of(4))
     plan.validate(trace.loads[1])
     assert plan.replica_scope == "node" and plan.slots_per_gpu == 16 // 8 + 1
     assert not plan.equal_homes
@@ -90,6 +96,6 @@ def test_plan_maps_slots_to_homes_and_replicas():
             per_copy = per_copy.reshape(4, -1)
             assert per_copy.shape[1] == copies[layer, expert] - 1
             assert (np.abs(per_copy - x[:, None] / copies[layer, expert]) <= 1).all()
-    global_plan = get_policy("eplb+", num_groups=1).plan(trace, 1, 4)
+    global_plan = get_policy("eplb+", num_groups=1).plan(trace, 1, nodes_of(4))
     assert global_plan.replica_scope == "any"
     global_plan.validate(trace.loads[1])

@@ -139,5 +139,5 @@ def test_presets_and_topology_errors():
     assert paper.ep_layout(32) == (4, 8) and paper.ep_layout(8) == (1, 8)
     with pytest.raises(ConfigError, match="do not divide"):
         paper.ep_layout(12)
-    with pytest.raises(ConfigError, match="nvlink_gbps must be positive"):
-        paper.with_changes(nvlink_gbps=0)
+    with pytest.raises(ConfigError, match="nvlink_GBps must be positive"):
+        paper.with_changes(nvlink_GBps=0)

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from relibra.cluster import get_topology
 from relibra.cluster import ModelShape
 from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan
@@ -26,6 +27,11 @@ for _name in ("relibra-reorder", "relibra-replicate", "relibra-lpt", "relibra-sp
     FAST[_name] = {"iterations": 60, "min_replica_tokens": 1}
 
 
+def nodes_of(gpus_per_node: int):
+    """The paper cluster's rates on nodes of `gpus_per_node` GPUs (the EP ranks pack into them)."""
+    return get_topology("paper").with_changes(gpus_per_node=gpus_per_node)
+
+
 def make_trace(seed: int, ep: int, experts: int, layers: int = 2, micro_batches: int = 3, steps: int = 2,
                top_k: int = 2, tokens: int = 40, skew: float = 1.2) -> RoutingTrace:
     """Random skewed loads: a Zipf popularity over a shuffled expert order, per micro-batch noise."""
@@ -40,7 +46,7 @@ def make_trace(seed: int, ep: int, experts: int, layers: int = 2, micro_batches:
 
 
 def plan_of(name: str, trace: RoutingTrace, step: int, gpus_per_node: int, prev_home=None) -> StepPlan:
-    return get_policy(name, **FAST.get(name, {})).plan(trace, step, gpus_per_node, prev_home)
+    return get_policy(name, **FAST.get(name, {})).plan(trace, step, nodes_of(gpus_per_node), prev_home)
 
 
 topologies = st.sampled_from([(1, 1, 4), (2, 1, 4), (2, 2, 6), (4, 2, 8), (4, 4, 8), (4, 2, 12), (8, 4, 16),
@@ -77,7 +83,7 @@ def test_relibra_never_worse_than_megatron(topo, seed):
 
 def test_relibra_balances_a_skewed_trace():
     trace = random_skewed_trace("small", ep=8, micro_batches=4, tokens_per_rank=512, seed=3)
-    skew = {name: get_policy(name, **FAST.get(name, {})).plan(trace, 0, 4).skewness().mean()
+    skew = {name: get_policy(name, **FAST.get(name, {})).plan(trace, 0, nodes_of(4)).skewness().mean()
             for name in ("megatron", "relibra", "relibra-replicate", "relibra-reorder", "balanced")}
     assert skew["balanced"] == pytest.approx(1.0, abs=0.01)
     assert skew["relibra"] < skew["relibra-replicate"] < skew["megatron"]
@@ -87,12 +93,12 @@ def test_relibra_balances_a_skewed_trace():
 
 def test_same_seed_same_plan_and_seed_matters():
     trace = make_trace(5, ep=8, experts=16, layers=3, micro_batches=4, tokens=50)
-    a = get_policy("relibra", iterations=80, seed=1).plan(trace, 1, 4)
-    b = get_policy("relibra", iterations=80, seed=1).plan(trace, 1, 4)
+    a = get_policy("relibra", iterations=80, seed=1).plan(trace, 1, nodes_of(4))
+    b = get_policy("relibra", iterations=80, seed=1).plan(trace, 1, nodes_of(4))
     assert np.array_equal(a.home, b.home)
     assert np.array_equal(a.replica_expert, b.replica_expert)
     assert np.array_equal(a.replica_flow, b.replica_flow)
-    homes = {get_policy("relibra", iterations=80, seed=s, initial_temperature=1.0).plan(trace, 1, 4).home.tobytes()
+    homes = {get_policy("relibra", iterations=80, seed=s, initial_temperature=1.0).plan(trace, 1, nodes_of(4)).home.tobytes()
              for s in range(4)}
     assert len(homes) > 1  # the annealer does draw from its seed
     for name in ("eplb", "eplb+", "lplb+", "llep", "balanced"):
@@ -106,12 +112,12 @@ def test_policy_names_and_interface():
     for name in POLICY_NAMES:
         assert get_policy(name).name == name
     trace = make_trace(0, ep=4, experts=8)
-    plan = get_policy("relibra", iterations=10).plan(trace, 0, 2)
+    plan = get_policy("relibra", iterations=10).plan(trace, 0, nodes_of(2))
     for key in ("plan_seconds", "reorder_seconds", "replication_seconds", "replication_us_per_microbatch_layer"):
         assert plan.info[key] >= 0
     assert plan.replica_scope == "node" and plan.slots_per_gpu == 2 + 2
-    assert get_policy("llep").plan(trace, 0, 2).transfers_on_critical_path
-    assert get_policy("balanced").plan(trace, 0, 2).uniform_routing
+    assert get_policy("llep").plan(trace, 0, nodes_of(2)).transfers_on_critical_path
+    assert get_policy("balanced").plan(trace, 0, nodes_of(2)).uniform_routing
 
 
 def test_impossible_requests_raise_clear_errors():
@@ -127,14 +133,14 @@ def test_impossible_requests_raise_clear_errors():
     get_policy("relibra-reorder", spare_slots_per_gpu=0)  # no replication asked: fine
     with pytest.raises(ConfigError, match="fixes"):
         get_policy("relibra-reorder", replicate="micro_batch")
-    with pytest.raises(ConfigError, match="does not divide ep=4"):
-        get_policy("megatron").plan(trace, 0, 3)
+    with pytest.raises(ConfigError, match="do not divide EP size 4"):
+        get_policy("megatron").plan(trace, 0, nodes_of(3))
     with pytest.raises(PlanError, match="step 5 is outside"):
-        get_policy("megatron").plan(trace, 5, 2)
+        get_policy("megatron").plan(trace, 5, nodes_of(2))
     with pytest.raises(ConfigError, match="window"):
         get_policy("eplb", window=0)
     with pytest.raises(ConfigError, match="num_groups=3 does not divide"):
-        get_policy("eplb", num_groups=3).plan(trace, 1, 2)
+        get_policy("eplb", num_groups=3).plan(trace, 1, nodes_of(2))
     with pytest.raises(ConfigError, match="capacity_factor"):
         get_policy("llep", capacity_factor=0)
     with pytest.raises(ConfigError, match="reorder must be one of"):
@@ -143,7 +149,7 @@ def test_impossible_requests_raise_clear_errors():
     with pytest.raises(PlanError, match="needs 2 replica slots but only 1"):
         pack_replicas((1, 1, 2), np.array([0, 0]), np.array([0, 0]), np.array([1, 1]), np.array([0, 1]),
                       np.array([3, 3]), slots=1)
-    plan = get_policy("relibra", iterations=5, min_replica_tokens=1).plan(trace, 0, 2)
+    plan = get_policy("relibra", iterations=5, min_replica_tokens=1).plan(trace, 0, nodes_of(2))
     plan.slots_per_gpu = 2  # homes fill both slots: any replica is now one too many
     if (plan.replica_expert >= 0).any():
         with pytest.raises(PlanError, match="over the limit"):
@@ -213,14 +219,14 @@ def test_eplb_uses_history_and_oracle_uses_the_step():
 def test_migration_weight_keeps_experts_home():
     trace = make_trace(7, ep=8, experts=16, micro_batches=4, tokens=60)
     static = static_placement(2, 16, 8)
-    free = get_policy("relibra", iterations=200).plan(trace, 1, 4, static)
-    sticky = get_policy("relibra", iterations=200, migration_weight=1e6).plan(trace, 1, 4, static)
+    free = get_policy("relibra", iterations=200).plan(trace, 1, nodes_of(4), static)
+    sticky = get_policy("relibra", iterations=200, migration_weight=1e6).plan(trace, 1, nodes_of(4), static)
     assert (sticky.home != static).sum() <= (free.home != static).sum()
 
 
 def test_benchmark_planner_rows():
     trace = random_skewed_trace("small", ep=8, steps=2, micro_batches=2, tokens_per_rank=64, seed=0)
-    rows = benchmark_planner("small", 8, policies=("relibra", "eplb"), gpus_per_node=4, trace=trace)
+    rows = benchmark_planner("small", 8, policies=("relibra", "eplb"), cluster="paper,gpus_per_node=4", trace=trace)
     assert [r["policy"] for r in rows] == ["relibra", "eplb"]
     for row in rows:
         assert row["step_plan_s"] > 0 and row["replication_us_per_microbatch_layer"] >= 0

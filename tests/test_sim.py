@@ -20,8 +20,13 @@ from relibra.trace import RoutingTrace, static_placement
 
 MODEL = ModelShape("sim-test", num_layers=3, num_experts=16, top_k=2, hidden=256, moe_ffn=512,
                    num_attention_heads=4, num_kv_heads=2, head_dim=64, vocab_size=1000)
-TOPO = Topology("test", num_nodes=2, gpus_per_node=4, nvlink_gbps=100.0, rdma_gbps=10.0, matmul_tflops=50.0,
+TOPO = Topology("test", num_nodes=2, gpus_per_node=4, nvlink_GBps=100.0, rdma_GBps=10.0, matmul_tflops=50.0,
                 gemm_half_tokens=64.0)
+
+
+def nodes_of(gpus_per_node: int):
+    """The paper cluster's rates on nodes of `gpus_per_node` GPUs (the EP ranks pack into them)."""
+    return get_topology("paper").with_changes(gpus_per_node=gpus_per_node)
 
 
 def _loads(rng, m, ep, tokens_per_rank, alpha=0.3, model=MODEL):
@@ -73,19 +78,19 @@ def _uniform_loads(m, ep, tokens_per_rank, model=MODEL):
 
 # ---- balance --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("route", ["rail", "direct"])
-@pytest.mark.parametrize("nvlink_gbps", [100.0, 1.0])
-def test_zero_imbalance_matches_closed_form(route, nvlink_gbps):
+@pytest.mark.parametrize("nvlink_GBps", [100.0, 1.0])
+def test_zero_imbalance_matches_closed_form(route, nvlink_GBps):
     """Uniform routing on static homes: every GPU sends and receives the same bytes; the closed form."""
     ep, gpn, tokens = 8, 4, 512
-    topo = TOPO.with_changes(nvlink_gbps=nvlink_gbps)
+    topo = TOPO.with_changes(nvlink_GBps=nvlink_GBps)
     loads = _uniform_loads(2, ep, tokens)
     cost = cost_plan(_static_plan(loads, gpn), MODEL, topo, CostParams(route=route, dedup=False))
     pair_bytes = tokens * MODEL.top_k / ep * MODEL.token_bytes  # each src to each GPU
     nodes = ep // gpn
     # rail: NVLink carries the node's own traffic plus what the rail GPU relays from the other nodes
     nvl_streams = (gpn - 1) * (nodes if route == "rail" else 1)
-    nvl = nvl_streams * pair_bytes / (nvlink_gbps * 1e9)
-    rdma = (ep - gpn) * pair_bytes / (TOPO.rdma_gbps * 1e9)
+    nvl = nvl_streams * pair_bytes / (nvlink_GBps * 1e9)
+    rdma = (ep - gpn) * pair_bytes / (TOPO.rdma_GBps * 1e9)
     assert np.allclose(cost.forward["dispatch"], max(nvl, rdma) + TOPO.collective_latency_s)
     assert np.allclose(cost.forward["combine"], cost.forward["dispatch"])
     rows_per_gpu = tokens * MODEL.top_k
@@ -105,7 +110,7 @@ def test_zero_imbalance_gives_the_balanced_time():
     rng = np.random.default_rng(1)
     skewed = RoutingTrace(_loads(rng, 3, ep, tokens)[None], MODEL, ep, ep * tokens)
     uniform = _uniform_loads(3, ep, tokens)
-    balanced = get_policy("balanced").plan(skewed, 0, gpn)
+    balanced = get_policy("balanced").plan(skewed, 0, nodes_of(gpn))
     assert np.array_equal(balanced.loads, uniform)
     a = cost_plan(balanced, MODEL, TOPO).step_seconds
     b = cost_plan(_static_plan(uniform, gpn), MODEL, TOPO).step_seconds
@@ -148,8 +153,8 @@ def test_more_bandwidth_is_never_slower(seed, nvl, rdma, flops, critical, buffer
     prev = static_placement(MODEL.num_layers, MODEL.num_experts, ep)
     params = CostParams(replica_buffer=buffer, seq_len=512, route=route, dedup=dedup)
     # a short attention window so that replica transfers are partly exposed
-    slow = TOPO.with_changes(nvlink_gbps=5.0, rdma_gbps=1.0)
-    wider = slow.with_changes(nvlink_gbps=5.0 * nvl, rdma_gbps=1.0 * rdma)
+    slow = TOPO.with_changes(nvlink_GBps=5.0, rdma_GBps=1.0)
+    wider = slow.with_changes(nvlink_GBps=5.0 * nvl, rdma_GBps=1.0 * rdma)
     faster = wider.with_changes(matmul_tflops=50.0 * flops)
     a, b, c = (cost_plan(plan, MODEL, t, params, prev_home=prev, planner_s=0.01) for t in (slow, wider, faster))
     assert b.step_seconds <= a.step_seconds * (1 + 1e-12)
@@ -173,7 +178,7 @@ def test_overlap_hides_transfers_up_to_attention_and_critical_path_does_not():
     exposed = cost_plan(critical, MODEL, TOPO, long_attention, planner_s=0.0)
     assert exposed.totals()["replica_push"] > 0 and exposed.totals()["replica_grad"] > 0
     assert exposed.totals()["planner"] > 0  # the run-time planner's count all-gather
-    short = cost_plan(overlapped, MODEL, TOPO.with_changes(nvlink_gbps=0.01), CostParams(seq_len=1))
+    short = cost_plan(overlapped, MODEL, TOPO.with_changes(nvlink_GBps=0.01), CostParams(seq_len=1))
     assert short.totals()["replica_push"] > 0
 
 
@@ -186,8 +191,8 @@ def test_replica_buffers_memory_and_pushes():
     plan.replica_expert[1:] = plan.replica_expert[0]
     plan.replica_flow[:] = 0
     plan.validate(loads)
-    shared = cost_plan(plan, MODEL, TOPO.with_changes(nvlink_gbps=0.01), CostParams(seq_len=1))
-    per_layer = cost_plan(plan, MODEL, TOPO.with_changes(nvlink_gbps=0.01), CostParams(seq_len=1,
+    shared = cost_plan(plan, MODEL, TOPO.with_changes(nvlink_GBps=0.01), CostParams(seq_len=1))
+    per_layer = cost_plan(plan, MODEL, TOPO.with_changes(nvlink_GBps=0.01), CostParams(seq_len=1,
                                                                                        replica_buffer="per-layer"))
     assert per_layer.forward["replica_push"][1:].sum() == 0 and per_layer.forward["replica_push"][0].min() > 0
     assert (shared.forward["replica_push"] > 0).all() and (shared.backward["replica_push"] > 0).all()
@@ -213,7 +218,7 @@ def test_a_plan_that_moves_nothing_costs_no_migration():
     cost = cost_plan(plan, MODEL, TOPO, prev_home=prev)
     state = MODEL.expert_params * (MODEL.bytes_per_param + MODEL.optimizer_bytes_per_param)
     assert cost.migration_bytes == {"intra_node": 0, "inter_node": 2 * state, "experts_moved": 2}
-    assert cost.migration_s == pytest.approx(state / (TOPO.rdma_gbps * 1e9) + TOPO.collective_latency_s)
+    assert cost.migration_s == pytest.approx(state / (TOPO.rdma_GBps * 1e9) + TOPO.collective_latency_s)
 
 
 # ---- linearity ----------------------------------------------------------------------------------------
@@ -275,7 +280,7 @@ def test_distinct_token_estimate_against_token_level_routing():
 
     trace = generate_trace("small", "mixed", 8, steps=1, seed=0, micro_batches=2, tokens_per_rank=256,
                            token_level=True)
-    plan = get_policy("megatron").plan(trace, 0, 4)
+    plan = get_policy("megatron").plan(trace, 0, nodes_of(4))
     onehot = (plan.home[:, :, None] == np.arange(8)).astype(np.float64)
     src_tokens = plan.loads[:, 0].sum(axis=2) / trace.model.top_k
     per_gpu, per_node = distinct_tokens(plan, onehot, src_tokens)
@@ -314,7 +319,7 @@ def test_fit_recovers_the_efficiency_curve():
 
 
 # ---- errors ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("spec", ["", "paper,rdma_gbps=0", "paper,nvlink_gbps=-1", "paper,num_nodes=0",
+@pytest.mark.parametrize("spec", ["", "paper,rdma_GBps=0", "paper,nvlink_GBps=-1", "paper,num_nodes=0",
                                   "paper,gpus_per_node=2.5", "paper,bogus=1", "nodes=2,gpus_per_node=4",
                                   "nowhere", "paper,matmul_tflops=inf", "paper,attention_efficiency=1.5",
                                   "paper,dispatcher=sideways", "paper,shared_link=maybe"])
@@ -363,7 +368,7 @@ def _link_reference(x, gpn, route):
 
 @pytest.mark.parametrize("route", ["rail", "direct"])
 def test_link_model_matches_a_walk_over_every_byte(route):
-    topo = Topology("unit", num_nodes=3, gpus_per_node=4, nvlink_gbps=1.0, rdma_gbps=1.0, matmul_tflops=1.0)
+    topo = Topology("unit", num_nodes=3, gpus_per_node=4, nvlink_GBps=1.0, rdma_GBps=1.0, matmul_tflops=1.0)
     rng = np.random.default_rng(0)
     for gpn in (1, 2, 4, 12):
         x = rng.random((2, 12, 12)) * 1e6
@@ -377,9 +382,9 @@ def test_shared_link_charges_all_bytes_on_one_link():
     assert topo.route == "direct" and not topo.dedup and topo.shared_link
     x = np.full((4, 4), 1e6)
     np.fill_diagonal(x, 0.0)
-    assert np.allclose(link_seconds(x, 2, topo), 3e6 / (topo.nvlink_gbps * 1e9))
+    assert np.allclose(link_seconds(x, 2, topo), 3e6 / (topo.nvlink_GBps * 1e9))
     split = parse_topology("cpu-gloo,shared_link=false")
-    assert np.allclose(link_seconds(x, 2, split), 2e6 / (topo.rdma_gbps * 1e9))
+    assert np.allclose(link_seconds(x, 2, split), 2e6 / (topo.rdma_GBps * 1e9))
     assert parse_topology("paper,dispatcher=alltoall").route == "direct"
     assert get_topology("paper").route == "rail" and get_topology("paper").dedup
 
@@ -419,8 +424,8 @@ def test_cli_table_and_errors(capsys):
     assert rc == 0 and "megatron" in out and "balanced" in out and "simulated" in out
     assert main(["simulate", "--model", "tiny", "--workload", "math", "--ep", "8", "--cluster", "cpu-gloo"]) == 2
     assert "exceeds" in capsys.readouterr().err
-    assert main(["simulate", "--model", "tiny", "--workload", "math", "--ep", "4", "--cluster", "paper,rdma_gbps=0"]) == 2
-    assert "rdma_gbps" in capsys.readouterr().err
+    assert main(["simulate", "--model", "tiny", "--workload", "math", "--ep", "4", "--cluster", "paper,rdma_GBps=0"]) == 2
+    assert "rdma_GBps" in capsys.readouterr().err
     assert main(["simulate", "--model", "tiny", "--workload", "math", "--ep", "4", "--policies", "nope",
                  "--cluster", "cpu-gloo", "--steps", "1", "--warmup-steps", "0", "--micro-batches", "1",
                  "--tokens-per-rank", "16"]) == 2

@@ -28,7 +28,7 @@ def _planner(args) -> int:
 
     policies = tuple(p for p in args.policies.split(",") if p)
     _print(benchmark_planner(args.model, args.ep, seed=args.seed, policies=policies,
-                             gpus_per_node=args.gpus_per_node), args.json)
+                             cluster=args.cluster), args.json)
     return 0
 
 
@@ -59,7 +59,7 @@ def register(sub) -> None:
     p = bsub.add_parser("planner", help="planner seconds per step and per (micro-batch, layer)")
     common(p)
     p.add_argument("--policies", default="relibra,eplb", help="comma-separated policy names")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--cluster", default="paper", help="cluster preset or spec the plans are made for")
     p.set_defaults(func=_planner)
 
     p = bsub.add_parser("sim", help="seconds to simulate one step for one policy (planning excluded)")

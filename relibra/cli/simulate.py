@@ -86,7 +86,7 @@ def register(sub) -> None:
     p.add_argument("--ep", type=int, help="expert-parallel size (required without --trace)")
     p.add_argument("--cluster", default="paper",
                    help="cluster preset (paper, h800, nvl72, cpu-gloo), a preset with changes such as "
-                        "'paper,rdma_gbps=25', or a custom 'nodes=4,gpus_per_node=8,nvlink_gbps=450,rdma_gbps=50,"
+                        "'paper,rdma_GBps=25', or a custom 'nodes=4,gpus_per_node=8,nvlink_GBps=450,rdma_GBps=50,"
                         "matmul_tflops=790' (default paper)")
     p.add_argument("--policies", default="megatron,eplb,eplb+,lplb+,llep,relibra,balanced",
                    help="comma-separated policy names (megatron and balanced are always added as references)")

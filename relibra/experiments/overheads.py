@@ -14,17 +14,16 @@ from relibra.experiments.simulation import make_policy, simulate_with_plans
 from relibra.experiments.traces import make_trace
 
 
-def planner_seconds(trace, policy: str, gpus_per_node: int, step: int, repeats: int = 1,
-                    cluster: str = "paper") -> float:
-    """Best-of-`repeats` wall seconds of one step's plan (one thread, this machine)."""
+def planner_seconds(trace, policy: str, step: int, repeats: int = 1, cluster: str = "paper") -> float:
+    """Best-of-`repeats` wall seconds of one step's plan on `cluster` (one thread, this machine)."""
     from relibra.trace import static_placement
 
-    pol = make_policy(policy, cluster)
+    pol = make_policy(policy)
     prev = static_placement(trace.num_layers, trace.num_experts, trace.ep)
     best = float("inf")
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
-        pol.plan(trace, step, gpus_per_node, prev)
+        pol.plan(trace, step, cluster, prev)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -64,7 +63,7 @@ def overhead_table(cfg: Config) -> pd.DataFrame:
     torch.set_num_threads(1)
     try:
         last = trace.num_steps - 1
-        plan_s = {p: planner_seconds(trace, p, gpn, last, cfg.sizes.planner_repeats, cfg.cluster)
+        plan_s = {p: planner_seconds(trace, p, last, cfg.sizes.planner_repeats, cfg.cluster)
                   for p in summary["policy"]}
     finally:
         torch.set_num_threads(threads)

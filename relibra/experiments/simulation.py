@@ -16,11 +16,11 @@ def history_steps(cfg: Config) -> int:
     return max(1, cfg.steps - 1)
 
 
-def make_policy(name: str, cluster: str, **params):
-    """get_policy(name, **params) configured for a run on `cluster` (relibra.policies.get_policy_for_cluster)."""
-    from relibra.policies import get_policy_for_cluster
+def make_policy(name: str, **params):
+    """get_policy(name, **params); its plans take the cluster as an argument."""
+    from relibra.policies import get_policy
 
-    return get_policy_for_cluster(name, cluster, **params)
+    return get_policy(name, **params)
 
 
 def simulate_trace(cfg: Config, trace, policies=None, cluster: str | None = None, workload: str | None = None,

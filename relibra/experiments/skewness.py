@@ -10,20 +10,20 @@ from relibra.experiments.simulation import history_steps, make_policy
 from relibra.experiments.traces import make_trace
 
 
-def plan_skewness(trace, policy: str, gpus_per_node: int, steps: list[int], cluster: str = "paper") -> np.ndarray:
+def plan_skewness(trace, policy: str, steps: list[int], cluster: str = "paper") -> np.ndarray:
     """Rank skewness of every (step, micro_batch, layer) of `policy`'s plans: float64 [steps, M, L].
 
     Placements chain from the static one through the steps before steps[0] (as the simulator's warm-up).
     """
     from relibra.trace import static_placement
 
-    pol = make_policy(policy, cluster)
+    pol = make_policy(policy)
     prev = static_placement(trace.num_layers, trace.num_experts, trace.ep)
     if steps[0] > 0:
-        prev = np.asarray(pol.plan(trace, steps[0] - 1, gpus_per_node, prev).home)
+        prev = np.asarray(pol.plan(trace, steps[0] - 1, cluster, prev).home)
     out = []
     for step in steps:
-        plan = pol.plan(trace, step, gpus_per_node, prev)
+        plan = pol.plan(trace, step, cluster, prev)
         out.append(plan.skewness())
         prev = plan.home
     return np.stack(out)
@@ -45,7 +45,7 @@ def skewness_sweep(cfg: Config, progress: bool = True) -> pd.DataFrame:
         _, gpn = topo.ep_layout(ep)
         steps = list(range(trace.num_steps - min(history_steps(cfg), trace.num_steps), trace.num_steps))
         for policy in cfg.policies:
-            sk = plan_skewness(trace, policy, gpn, steps, cfg.cluster)
+            sk = plan_skewness(trace, policy, steps, cfg.cluster)
             rows.append({"sweep": sweep, "model": trace.model.name, "workload": workload, "ep": ep, "policy": policy,
                          "skewness": float(sk.mean()), "skewness_p95": float(np.percentile(sk, 95))})
     return pd.DataFrame(rows)

@@ -34,8 +34,9 @@ def workload_traces(cfg: Config, model: str | None = None, ep: int | None = None
 
 
 
-def plan_steps(trace, policy: str, gpus_per_node: int, steps: list[int] | None = None, **params) -> list:
-    """StepPlans of `policy` for the given steps (default all), each placement feeding the next.
+def plan_steps(trace, policy: str, cluster, steps: list[int] | None = None, **params) -> list:
+    """StepPlans of `policy` on `cluster` (Topology or preset/spec) for the given steps (default all),
+    each placement feeding the next.
 
     Returns a list of (step, plan, plan_seconds) with plan_seconds the measured wall time of planning.
     """
@@ -46,7 +47,7 @@ def plan_steps(trace, policy: str, gpus_per_node: int, steps: list[int] | None =
     prev_home = None
     for step in (range(trace.num_steps) if steps is None else steps):
         t0 = time.perf_counter()
-        plan = pol.plan(trace, step, gpus_per_node, prev_home=prev_home)
+        plan = pol.plan(trace, step, cluster, prev_home=prev_home)
         seconds = time.perf_counter() - t0
         out.append((step, plan, seconds))
         prev_home = plan.home

@@ -1,5 +1,5 @@
-"""Notebook 00, the tutorial: a toy one-layer MoE (16 experts on 2 nodes x 2 GPUs), planned and priced
-for every placement x spare-slots choice."""
+"""Notebook 00, the tutorial: a toy one-layer MoE (16 experts, top-2) over EP GPUs in 2 nodes, planned
+and priced for every placement x spare-slots choice."""
 
 from __future__ import annotations
 
@@ -8,16 +8,22 @@ import pandas as pd
 
 from relibra.cluster import ModelShape, Topology, get_topology
 from relibra.errors import ConfigError
-from relibra.experiments.traces import plan_steps
 
 TUTORIAL_MODEL = ModelShape("tutorial", num_layers=1, num_experts=16, top_k=2, hidden=2048, moe_ffn=768,
                             num_attention_heads=32, num_kv_heads=4, head_dim=128)
 TUTORIAL_PLACEMENTS = ("static", "search", "lpt")
+# The notebook's parameter defaults (its parameters cell holds the same values).
+TUTORIAL_DEFAULTS = {"ep": 4, "placement": "static", "spare_slots": 0, "skew": 1.2, "shift": 0.5,
+                     "tokens_per_gpu": 4096, "micro_batches": 4, "micro_batch": 0, "interactive": True}
+# Phases of one micro-batch and layer in the cost model (relibra.costs PlanCost.forward), in order.
+TUTORIAL_PHASES = ("dense_compute", "dispatch", "expert_compute", "combine", "replica_push", "replica_grad")
 
 
-def tutorial_topology() -> Topology:
-    """The paper's GPUs and links, cut to 2 nodes x 2 GPUs so the toy layer spans two nodes."""
-    return get_topology("paper").with_changes(name="paper-2x2", num_nodes=2, gpus_per_node=2)
+def tutorial_topology(ep: int = 4) -> Topology:
+    """The paper's GPUs and links, cut to 2 nodes x ep/2 GPUs so the toy layer spans two nodes."""
+    if ep < 2 or ep % 2:
+        raise ConfigError(f"tutorial: ep must be even (2 nodes), got {ep}")
+    return get_topology("paper").with_changes(name=f"paper-2x{ep // 2}", num_nodes=2, gpus_per_node=ep // 2)
 
 
 def tutorial_trace(skew: float = 1.2, shift: float = 0.5, seed: int = 0, micro_batches: int = 4,
@@ -27,7 +33,7 @@ def tutorial_trace(skew: float = 1.2, shift: float = 0.5, seed: int = 0, micro_b
     Expert popularity is Zipf: share of the expert ranked r is proportional to (r + 1) ** -skew. The
     ranking starts as a random permutation; before each further micro-batch a share `shift` of the
     ranking positions is reshuffled among themselves (0: hot experts never move; 1: new ranking).
-    Every src rank's tokens pick top-k distinct experts from that micro-batch's shares.
+    Every src rank's `tokens_per_rank` tokens pick top-k distinct experts from that micro-batch's shares.
     Returns a RoutingTrace with loads int32 [1, micro_batches, 1, ep, 16].
     """
     from relibra.trace import RoutingTrace
@@ -36,6 +42,8 @@ def tutorial_trace(skew: float = 1.2, shift: float = 0.5, seed: int = 0, micro_b
     if skew < 0 or not 0 <= shift <= 1:
         raise ConfigError(f"tutorial: skew must be >= 0 and shift in [0, 1], got skew={skew}, shift={shift}")
     e, k = TUTORIAL_MODEL.num_experts, TUTORIAL_MODEL.top_k
+    if ep <= 0 or e % ep:
+        raise ConfigError(f"tutorial: ep must divide the {e} experts, got {ep}")
     rng = np.random.default_rng(seed)
     zipf = (np.arange(e) + 1.0) ** -float(skew)
     zipf /= zipf.sum()
@@ -67,60 +75,88 @@ def tutorial_policy(placement: str, spare_slots: int) -> tuple[str, dict]:
     return name, {"spare_slots_per_gpu": spare_slots}
 
 
+def replica_table(plan, micro_batch: int | None = None) -> pd.DataFrame:
+    """One row per occupied replica slot of a one-layer plan: micro_batch, gpu, slot, expert, home_gpu,
+    replica_tokens (tokens the copy computes), home_tokens (tokens left at the expert's home),
+    expert_tokens (all its tokens in that micro-batch)."""
+    home_tokens = plan.home_flow().sum(axis=2)[:, 0]  # [M, E]
+    expert_tokens = plan.loads.sum(axis=2)[:, 0]  # [M, E]
+    mi, gi, ri = np.nonzero(plan.replica_expert[:, 0] >= 0)
+    expert = plan.replica_expert[mi, 0, gi, ri]
+    rows = pd.DataFrame({"micro_batch": mi, "gpu": gi, "slot": ri, "expert": expert,
+                         "home_gpu": plan.home[0, expert],
+                         "replica_tokens": plan.replica_flow[mi, 0, :, gi, ri].sum(axis=1),
+                         "home_tokens": home_tokens[mi, expert], "expert_tokens": expert_tokens[mi, expert]})
+    return rows if micro_batch is None else rows[rows["micro_batch"] == micro_batch].reset_index(drop=True)
+
+
 def tutorial_case(placement: str = "static", spare_slots: int = 0, skew: float = 1.2, shift: float = 0.5,
-                  micro_batch: int = 0, seed: int = 0, **_ignored) -> dict:
+                  micro_batch: int = 0, seed: int = 0, ep: int = 4, tokens_per_gpu: int = 4096,
+                  micro_batches: int = 4, **_ignored) -> dict:
     """Plan and price the toy layer for one placement x spare-slots choice.
 
-    Returns {"expert_tokens": tokens per (micro_batch, expert), "gpu_table": per (micro_batch, gpu):
-    node, home_tokens, replica_tokens, tokens, expert_seconds (simulated forward GEMM seconds),
-    "summary": one row per micro-batch (skewness, slowest and balanced seconds), "policy", "hardware"}.
+    Returns {"expert_tokens": tokens per (micro_batch, expert) and its home GPU, "gpu_table": per
+    (micro_batch, gpu): node, home_tokens, replica_tokens, tokens, replicas_held, expert_seconds
+    (simulated forward GEMM seconds), "replicas": `replica_table`, "phases": per (micro_batch,
+    direction, phase) the slowest GPU's simulated seconds, "summary": one row per micro-batch
+    (skewness, slowest and balanced ms), "plan" (the StepPlan), "policy", "hardware", "ep", ...}.
     """
-    from relibra.costs import cost_plan
+    from relibra.costs import cost_plan, expert_flops_per_token, gemm_seconds
+    from relibra.policies import get_policy
     from relibra.trace import skewness
 
-    trace = tutorial_trace(skew, shift, seed)
-    topo = tutorial_topology()
+    trace = tutorial_trace(skew, shift, seed, micro_batches=micro_batches, tokens_per_rank=tokens_per_gpu, ep=ep)
+    topo = tutorial_topology(ep)
     name, params = tutorial_policy(placement, spare_slots)
     _, gpn = topo.ep_layout(trace.ep)
-    (_, plan, plan_s), = plan_steps(trace, name, gpn, **params)
-    cost = cost_plan(plan, TUTORIAL_MODEL, topo, planner_s=plan_s)
+    plan = get_policy(name, **params).plan(trace, 0, topo, prev_home=None)
+    cost = cost_plan(plan, TUTORIAL_MODEL, topo)
     m, e = trace.num_microbatches, trace.num_experts
     el = trace.expert_load()[0, :, 0]  # [M, E]
     expert_tokens = pd.DataFrame({"micro_batch": np.repeat(np.arange(m), e), "expert": np.tile(np.arange(e), m),
-                                  "tokens": el.ravel(),
-                                  "home_gpu": np.tile(plan.home[0], m)})
+                                  "tokens": el.ravel(), "home_gpu": np.tile(plan.home[0], m)})
     total = plan.gpu_tokens()[:, 0]  # [M, ep]
     replica = plan.replica_flow[:, 0].sum(axis=(1, 3), dtype=np.int64)  # [M, ep]
     seconds = cost.expert_seconds_per_gpu[:, 0]  # [M, ep]
-    ep = trace.ep
     gpu_table = pd.DataFrame({
         "policy": name, "placement": placement, "spare_slots": int(spare_slots),
         "micro_batch": np.repeat(np.arange(m), ep), "gpu": np.tile(np.arange(ep), m),
         "node": np.tile(np.arange(ep) // gpn, m), "tokens": total.ravel(), "replica_tokens": replica.ravel(),
         "home_tokens": (total - replica).ravel(), "replicas_held": plan.num_replicas()[:, 0].ravel(),
         "expert_seconds": seconds.ravel()})
-    from relibra.costs import gemm_seconds, expert_flops_per_token
-
+    phases = pd.DataFrame([
+        {"micro_batch": mb, "direction": direction, "phase": phase, "seconds": float(parts[phase][mb, 0])}
+        for direction, parts in (("forward", cost.forward), ("backward", cost.backward))
+        for phase in TUTORIAL_PHASES for mb in range(m)])
     # Balanced: every GPU computes the mean tokens, spread over its own experts (one GEMM each).
     mean_tokens = total.mean(axis=1)
     experts_per_gpu = e // ep
-    balanced_s = experts_per_gpu * gemm_seconds(mean_tokens / experts_per_gpu, expert_flops_per_token(TUTORIAL_MODEL), topo)
+    balanced_s = experts_per_gpu * gemm_seconds(mean_tokens / experts_per_gpu, expert_flops_per_token(TUTORIAL_MODEL),
+                                                topo)
     summary = pd.DataFrame({"micro_batch": np.arange(m), "policy": name, "skewness": skewness(total),
-                            "slowest_gpu_ms": 1e3 * seconds.max(axis=1), "balanced_ms": 1e3 * balanced_s,
-                            "experts_moved_from_static": int((plan.home[0] != np.arange(e) // (e // ep)).sum())})
-    return {"expert_tokens": expert_tokens, "gpu_table": gpu_table, "summary": summary, "policy": name,
-            "micro_batch": int(micro_batch), "hardware": f"{topo.name}: the paper's GPUs and links, 2 nodes x 2 GPUs",
-            "plan": plan}
+                            "slowest_gpu": total.argmax(axis=1), "slowest_gpu_ms": 1e3 * seconds.max(axis=1),
+                            "balanced_ms": 1e3 * balanced_s,
+                            "replicas_used": plan.num_replicas()[:, 0].sum(axis=1),
+                            "experts_moved_from_static": int((plan.home[0] != np.arange(e) // experts_per_gpu).sum())})
+    return {"expert_tokens": expert_tokens, "gpu_table": gpu_table, "summary": summary, "phases": phases,
+            "replicas": replica_table(plan), "policy": name, "placement": placement, "spare_slots": int(spare_slots),
+            "micro_batch": int(micro_batch), "ep": ep, "gpus_per_node": gpn, "tokens_per_gpu": tokens_per_gpu,
+            "hardware": f"{topo.name}: the paper's GPUs and links, 2 nodes x {gpn} GPUs", "plan": plan}
 
 
-def tutorial_grid(skew: float = 1.2, shift: float = 0.5, seed: int = 0, spare_slots=(0, 1, 2)) -> pd.DataFrame:
-    """Every placement x spare-slots choice on the same toy trace: mean skewness and slowest-GPU ms."""
+def tutorial_grid(skew: float = 1.2, shift: float = 0.5, seed: int = 0, spare_slots=(0, 1, 2), ep: int = 4,
+                  tokens_per_gpu: int = 4096, micro_batches: int = 4) -> pd.DataFrame:
+    """Every placement x spare-slots choice on the same toy trace: mean skewness, slowest-GPU ms, and the
+    replica slots the planner actually filled (max_replicas_per_gpu: the most any GPU held)."""
     rows = []
     for placement in TUTORIAL_PLACEMENTS:
         for slots in spare_slots:
-            case = tutorial_case(placement, slots, skew, shift, seed=seed)
-            s = case["summary"]
+            case = tutorial_case(placement, slots, skew, shift, seed=seed, ep=ep, tokens_per_gpu=tokens_per_gpu,
+                                 micro_batches=micro_batches)
+            s, g = case["summary"], case["gpu_table"]
             rows.append({"placement": placement, "spare_slots": int(slots), "policy": case["policy"],
                          "skewness": float(s["skewness"].mean()), "slowest_gpu_ms": float(s["slowest_gpu_ms"].mean()),
-                         "balanced_ms": float(s["balanced_ms"].mean()), "hardware": case["hardware"]})
+                         "balanced_ms": float(s["balanced_ms"].mean()),
+                         "replicas_used": float(s["replicas_used"].mean()),
+                         "max_replicas_per_gpu": int(g["replicas_held"].max()), "hardware": case["hardware"]})
     return pd.DataFrame(rows)

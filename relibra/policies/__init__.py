@@ -1,7 +1,7 @@
 """Every balancing policy behind one interface, registered by name.
 
     from relibra.policies import get_policy, POLICY_NAMES
-    plan = get_policy("relibra").plan(trace, step=0, gpus_per_node=8)
+    plan = get_policy("relibra").plan(trace, step=0, topology=get_topology("paper"))
 
 One module per family: megatron, eplb (eplb, eplb+), lplb (lplb+), llep, relibra (relibra and its
 ablations; its two mechanisms in reorder and replicate), balanced. Shared: base (interface,
@@ -12,7 +12,7 @@ in .benchmark.
 from __future__ import annotations
 
 from relibra.policies.balanced import BalancedPolicy
-from relibra.policies.base import Policy, get_policy, get_policy_for_cluster, register, registered_names
+from relibra.policies.base import Policy, get_policy, register, registered_names
 from relibra.policies.eplb import EplbOraclePolicy, EplbPolicy, rebalance_experts
 from relibra.policies.llep import LlepPolicy
 from relibra.policies.lplb import LplbOraclePolicy
@@ -32,5 +32,5 @@ POLICY_NAMES: list[str] = registered_names()
 
 from relibra.policies.benchmark import benchmark_planner  # noqa: E402  (needs the registry)
 
-__all__ = ["POLICY_NAMES", "Policy", "get_policy", "get_policy_for_cluster", "benchmark_planner", "rebalance_experts", "MegatronPolicy",
+__all__ = ["POLICY_NAMES", "Policy", "get_policy", "benchmark_planner", "rebalance_experts", "MegatronPolicy",
            "EplbPolicy", "EplbOraclePolicy", "LplbOraclePolicy", "LlepPolicy", "ReLibraPolicy", "BalancedPolicy"]

@@ -2,14 +2,19 @@
 
 A policy turns one training step of a RoutingTrace into a StepPlan:
 
-    plan = get_policy("relibra", spare_slots_per_gpu=2).plan(trace, step, gpus_per_node=8)
+    plan = get_policy("relibra", spare_slots_per_gpu=2).plan(trace, step, get_topology("paper"))
     plan.validate(trace.loads[step])
+
+The topology (relibra.cluster.Topology, or a preset/spec string) is an argument of every plan, so a
+plan is always made for the cluster it is simulated or run on: it fixes how the trace's EP ranks
+pack into nodes (Topology.ep_layout) and, for policies whose score weighs communication or
+migration against compute (relibra), the link and matmul rates.
 
 History-based policies (eplb) read only trace.loads[:step]; oracle policies (eplb+, lplb+, llep,
 relibra and its ablations) read trace.loads[step], which routing replay makes known before the
 step runs. Every plan records its planner wall time in plan.info["plan_seconds"] (process CPU time
-in "plan_cpu_seconds") and, computed after the clock stops, the mean relative gap of its max GPU
-tokens to its lower bound (relibra.bounds.gap_to_bound) in "mean_gap_to_bound".
+in "plan_cpu_seconds"). Metrics of the plan (skewness, gap to its lower bound) are computed by the
+caller (relibra.bounds, relibra.sim), never inside the planner.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
+from relibra.cluster import Topology, resolve_topology
 from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan
 from relibra.trace import RoutingTrace
@@ -34,14 +40,16 @@ class Policy(abc.ABC):
 
     name: ClassVar[str] = "policy"
 
-    def plan(self, trace: RoutingTrace, step: int, gpus_per_node: int,
+    def plan(self, trace: RoutingTrace, step: int, topology: Topology | str,
              prev_home: np.ndarray | None = None) -> StepPlan:
-        """The StepPlan for `step` of `trace` on EP ranks packed `gpus_per_node` to a node.
+        """The StepPlan for `step` of `trace` on `topology` (the trace's EP ranks packed node by node).
 
         prev_home: int [layers, experts] the previous step's placement, for policies that weigh
         migration (relibra); others ignore it.
         """
         check_step(trace, step)
+        topology = resolve_topology(topology)
+        _, gpus_per_node = topology.ep_layout(trace.ep)
         check_topology(trace.ep, trace.num_experts, gpus_per_node)
         if prev_home is not None:
             prev_home = np.asarray(prev_home)
@@ -49,20 +57,17 @@ class Policy(abc.ABC):
                 raise PlanError(f"{self.name}: prev_home must have shape [layers, experts]="
                                 f"({trace.num_layers}, {trace.num_experts}), got {prev_home.shape}")
         start, start_cpu = time.perf_counter(), time.process_time()
-        plan = self._plan(trace, step, gpus_per_node, prev_home)
+        plan = self._plan(trace, step, topology, gpus_per_node, prev_home)
         plan.info["plan_seconds"] = time.perf_counter() - start
         plan.info["plan_cpu_seconds"] = time.process_time() - start_cpu
         plan.info.setdefault("params", self.params())
-        # the gap to the plan's lower bound (relibra.bounds), outside the planner's clock
-        from relibra.bounds import gap_to_bound
-
-        plan.info["mean_gap_to_bound"] = float(gap_to_bound(plan).mean())
         return plan
 
     @abc.abstractmethod
-    def _plan(self, trace: RoutingTrace, step: int, gpus_per_node: int,
+    def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
               prev_home: np.ndarray | None) -> StepPlan:
-        """Each policy's planner: the StepPlan for one step (arguments already checked)."""
+        """Each policy's planner: the StepPlan for one step (arguments already checked;
+        gpus_per_node = topology.ep_layout(trace.ep)[1])."""
 
     def params(self) -> dict:
         """The policy's parameters as a plain dict."""
@@ -102,18 +107,6 @@ def get_policy(name: str, **params) -> Policy:
     return policy
 
 
-def get_policy_for_cluster(name: str, topology, **params) -> Policy:
-    """get_policy(name, **params) for a run on `topology` (a Topology or preset/spec string).
-
-    Policies whose placement score converts bytes to time (a `cluster` parameter: ReLibra and its
-    ablations) are given the cluster they will be simulated or run on, unless params name one.
-    """
-    factory = _REGISTRY.get(name)
-    if factory is not None and "cluster" in _factory_fields(factory) and "cluster" not in params:
-        params = {**params, "cluster": topology}
-    return get_policy(name, **params)
-
-
 def _factory_fields(factory) -> list[str]:
     cls = getattr(factory, "policy_class", factory)
     if dataclasses.is_dataclass(cls):
@@ -149,10 +142,6 @@ def check_positive(policy: str, **values) -> None:
             raise ConfigError(f"policy {policy!r}: {key} must be positive, got {value!r}")
 
 
-def node_of(gpu: np.ndarray | int, gpus_per_node: int):
-    return np.asarray(gpu) // gpus_per_node
-
-
 def experts_by_gpu(home: np.ndarray, ep: int) -> np.ndarray:
     """Experts homed on each GPU, in expert order: int64 [layers, ep, experts / ep].
 
@@ -161,8 +150,3 @@ def experts_by_gpu(home: np.ndarray, ep: int) -> np.ndarray:
     layers, experts = home.shape
     order = np.argsort(home, axis=1, kind="stable")  # experts sorted by GPU, then by id
     return order.reshape(layers, ep, experts // ep)
-
-
-def step_loads(trace: RoutingTrace, step: int) -> np.ndarray:
-    """int32 [micro_batches, layers, ep_src, experts] tokens of the step."""
-    return trace.loads[step]

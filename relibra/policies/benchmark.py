@@ -46,28 +46,31 @@ def benchmark_trace(model: str, ep: int, seed: int = 0, steps: int = 2) -> Routi
     return generate_trace(model, "mixed", ep, steps, seed=seed)
 
 
-def benchmark_planner(model: str, ep: int, seed: int = 0, policies=("relibra", "eplb"), gpus_per_node: int = 8,
+def benchmark_planner(model: str, ep: int, seed: int = 0, policies=("relibra", "eplb"), cluster: str = "paper",
                       trace: RoutingTrace | None = None) -> list[dict]:
-    """Plan the last step of a trace with each policy; one row per policy.
+    """Plan the last step of a trace with each policy on `cluster` (preset or spec); one row per policy.
 
     Rows: policy, model, ep, micro_batches, layers, experts, step_plan_s (whole step, wall seconds)
     and step_plan_cpu_s (process CPU seconds: what one core spent, whatever else the machine runs),
     replication_us_per_microbatch_layer and replication_cpu_us_per_microbatch_layer (relibra: the
     replication part; eplb and kin: the EPLB rebalance; else the whole plan; amortized over the
     step's micro_batches x layers cells), reorder_s / reorder_cpu_s, mean_skewness,
-    mean_gap_to_bound (relibra.bounds, reference "policy"), trace (where the loads came from).
+    mean_gap_to_bound (relibra.bounds, reference "policy"; computed after the planner's clock stops),
+    trace (where the loads came from).
     """
+    from relibra.bounds import gap_to_bound
+    from relibra.cluster import resolve_topology
     from relibra.policies import get_policy
 
     if trace is None:
         trace = benchmark_trace(model, ep, seed)
     step = trace.num_steps - 1
-    gpn = min(gpus_per_node, trace.ep)
+    topology = resolve_topology(cluster)
     cells = trace.num_microbatches * trace.num_layers
     rows = []
     for name in policies:
         policy = get_policy(name)
-        plan = policy.plan(trace, step, gpn)
+        plan = policy.plan(trace, step, topology)
         info = plan.info
         wall, cpu = info["plan_seconds"], info["plan_cpu_seconds"]
         if "replication_seconds" in info:
@@ -90,7 +93,7 @@ def benchmark_planner(model: str, ep: int, seed: int = 0, policies=("relibra", "
             "reorder_s": info.get("reorder_seconds", 0.0),
             "reorder_cpu_s": info.get("reorder_cpu_seconds", 0.0),
             "mean_skewness": float(plan.skewness().mean()),
-            "mean_gap_to_bound": info["mean_gap_to_bound"],
+            "mean_gap_to_bound": float(gap_to_bound(plan).mean()),
             "trace": trace.provenance.get("generator", "unknown"),
         })
     return rows

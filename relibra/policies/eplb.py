@@ -30,6 +30,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from relibra.cluster import Topology
 from relibra.errors import ConfigError
 from relibra.plan import StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int
@@ -272,7 +273,8 @@ class EplbPolicy(Policy):
             return np.ones((trace.num_layers, trace.num_experts))
         return trace.loads[lo:step].sum(axis=(0, 1, 3), dtype=np.float64) / (step - lo)
 
-    def _plan(self, trace: RoutingTrace, step: int, gpus_per_node: int, prev_home: np.ndarray | None) -> StepPlan:
+    def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
+              prev_home: np.ndarray | None) -> StepPlan:
         if self.num_groups is not None and trace.num_experts % self.num_groups:
             raise ConfigError(f"policy {self.name!r}: num_groups={self.num_groups} does not divide the "
                               f"{trace.num_experts} experts")

@@ -18,6 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from relibra.cluster import Topology
 from relibra.plan import StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, check_positive
 from relibra.policies.split import pack_replicas, replica_flow_from_tokens
@@ -104,7 +105,8 @@ class LlepPolicy(Policy):
         check_positive(self.name, capacity_factor=self.capacity_factor, trigger_imbalance=self.trigger_imbalance)
         check_nonnegative_int(self.name, min_tokens_per_gemm=self.min_tokens_per_gemm)
 
-    def _plan(self, trace: RoutingTrace, step: int, gpus_per_node: int, prev_home: np.ndarray | None) -> StepPlan:
+    def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
+              prev_home: np.ndarray | None) -> StepPlan:
         loads = trace.loads[step]
         m, l, ep, e = loads.shape
         home = static_placement(l, e, ep)

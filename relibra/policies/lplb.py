@@ -25,6 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
+from relibra.cluster import Topology
 from relibra.errors import PlanError
 from relibra.plan import StepPlan
 from relibra.policies.eplb import EplbOraclePolicy, eplb_copies, plan_from_copies
@@ -80,7 +81,8 @@ class LplbOraclePolicy(EplbOraclePolicy):
 
     name: ClassVar[str] = "lplb+"
 
-    def _plan(self, trace: RoutingTrace, step: int, gpus_per_node: int, prev_home: np.ndarray | None) -> StepPlan:
+    def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
+              prev_home: np.ndarray | None) -> StepPlan:
         loads = trace.loads[step]
         start, start_cpu = time.perf_counter(), time.process_time()
         held, home, scope, slots = eplb_copies(self.predicted_load(trace, step), trace.ep, gpus_per_node,

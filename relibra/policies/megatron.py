@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from relibra.cluster import Topology
 from relibra.plan import StepPlan, empty_replicas
 from relibra.policies.base import Policy
 from relibra.trace import RoutingTrace, static_placement
@@ -22,7 +23,8 @@ class MegatronPolicy(Policy):
 
     name: ClassVar[str] = "megatron"
 
-    def _plan(self, trace: RoutingTrace, step: int, gpus_per_node: int, prev_home: np.ndarray | None) -> StepPlan:
+    def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
+              prev_home: np.ndarray | None) -> StepPlan:
         loads = trace.loads[step]
         m, l, ep, e = loads.shape
         rexp, rflow = empty_replicas(m, l, ep, 0)

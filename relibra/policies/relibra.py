@@ -49,7 +49,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from relibra.cluster import Topology, resolve_topology
+from relibra.cluster import Topology
 from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, check_positive
@@ -76,8 +76,6 @@ class ReLibraPolicy(Policy):
         min(min_replica_tokens, min_replica_fraction x the node's mean GPU tokens) tokens
         (defaults 128 and 0.01: 128 at the paper scale, a few tokens for the tiny test models).
     seed: annealing seed (the step index is mixed in, so every step draws differently).
-    cluster: preset whose RDMA/NVLink/matmul rates convert communication and migration into
-        compute tokens for the score.
     iterations, polish_iterations, candidates, initial_temperature, final_temperature, node_power, gpu_weight,
     comm_weight, migration_weight: see AnnealConfig.
     """
@@ -89,7 +87,6 @@ class ReLibraPolicy(Policy):
     min_replica_tokens: int = 128
     min_replica_fraction: float = 0.01
     seed: int = 0
-    cluster: Topology | str = "paper"
     iterations: int = 1000
     polish_iterations: int = 300
     candidates: int = 8
@@ -120,7 +117,6 @@ class ReLibraPolicy(Policy):
         if self.replicate != "none" and self.spare_slots_per_gpu == 0:
             raise ConfigError(f"policy {self.name!r}: replication needs spare slots, but spare_slots_per_gpu=0; "
                               f"use replicate='none' (relibra-reorder) for no replicas")
-        resolve_topology(self.cluster)
 
     def anneal_config(self) -> AnnealConfig:
         return AnnealConfig(iterations=self.iterations, polish_iterations=self.polish_iterations,
@@ -129,9 +125,10 @@ class ReLibraPolicy(Policy):
                             node_power=self.node_power, gpu_weight=self.gpu_weight, comm_weight=self.comm_weight,
                             migration_weight=self.migration_weight)
 
-    def place(self, trace: RoutingTrace, step: int, gpus_per_node: int,
+    def place(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
               prev_home: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
-        """The step's homes int64 [L, E] and planner figures."""
+        """The step's homes int64 [L, E] and planner figures; `topology`'s link and matmul rates
+        convert communication and migration into compute tokens for the score."""
         loads = trace.loads[step]
         m, l, ep, e = loads.shape
         if self.reorder == "static":
@@ -142,7 +139,7 @@ class ReLibraPolicy(Policy):
             return home, {}
         nodes = ep // gpus_per_node
         src_node = loads.reshape(m, l, nodes, gpus_per_node, e).sum(axis=3, dtype=np.int64).transpose(0, 1, 3, 2)
-        comm, mig = cost_ratios(trace, self.cluster)
+        comm, mig = cost_ratios(trace.model, topology, ep)
         if prev_home is not None:
             prev_home = np.asarray(prev_home, dtype=np.int64)
             if ((prev_home < 0) | (prev_home >= ep)).any():
@@ -180,11 +177,12 @@ class ReLibraPolicy(Policy):
             return rexp, rtok
         return np.full((m, l, ep, 0), -1, dtype=np.int32), np.zeros((m, l, ep, 0), dtype=np.int64)
 
-    def _plan(self, trace: RoutingTrace, step: int, gpus_per_node: int, prev_home: np.ndarray | None) -> StepPlan:
+    def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
+              prev_home: np.ndarray | None) -> StepPlan:
         loads = trace.loads[step]
         m, l, ep, e = loads.shape
         clock = _Clock()
-        home, info = self.place(trace, step, gpus_per_node, prev_home)
+        home, info = self.place(trace, step, topology, gpus_per_node, prev_home)
         reorder = clock.lap()
         expert_tokens = loads.sum(axis=2, dtype=np.int64)
         rexp, rtok = self._replicas(loads, expert_tokens, home, gpus_per_node)

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from relibra.cluster import Topology, resolve_topology
-from relibra.trace import RoutingTrace
+from relibra.cluster import ModelShape, Topology
 
 
 def lpt_homes(step_tokens: np.ndarray, ep: int) -> np.ndarray:
@@ -255,7 +254,7 @@ def equal_homes(home: np.ndarray, ep: int) -> bool:
     return all((np.bincount(h, minlength=ep) == per_gpu).all() for h in home)
 
 
-def cost_ratios(trace: RoutingTrace, cluster: Topology | str) -> tuple[float, np.ndarray]:
+def cost_ratios(shape: ModelShape, topology: Topology, ep: int) -> tuple[float, np.ndarray]:
     """(r_comm, r_mig [intra-node, inter-node]) in GPU compute tokens, from model shape and cluster.
 
     A token costs 18 * hidden * moe_ffn FLOPs of expert compute (6 forward, 12 backward). A
@@ -263,10 +262,9 @@ def cost_ratios(trace: RoutingTrace, cluster: Topology | str) -> tuple[float, np
     Moving an expert's weights and optimizer state costs its bytes over RDMA (across nodes) or
     NVLink (inside a node), spread over the ep GPUs that migrate in parallel.
     """
-    topo = resolve_topology(cluster)
-    shape = trace.model
+    topo = topology
     token_seconds = 18.0 * shape.hidden * shape.moe_ffn / (topo.matmul_tflops * 1e12)
-    comm = 4.0 * shape.token_bytes / (topo.rdma_gbps * 1e9) / token_seconds
+    comm = 4.0 * shape.token_bytes / (topo.rdma_GBps * 1e9) / token_seconds
     state_bytes = shape.expert_params * (shape.bytes_per_param + shape.optimizer_bytes_per_param)
-    mig = np.array([state_bytes / (topo.nvlink_gbps * 1e9), state_bytes / (topo.rdma_gbps * 1e9)])
-    return comm, mig / token_seconds / trace.ep
+    mig = np.array([state_bytes / (topo.nvlink_GBps * 1e9), state_bytes / (topo.rdma_GBps * 1e9)])
+    return comm, mig / token_seconds / ep

@@ -109,7 +109,7 @@ def fit_latency_bandwidth(bytes_: list[float], seconds: list[float]) -> dict:
     w = 1.0 / s
     (inv_bw, lat), _ = nnls(np.stack([b * w, w], axis=1), s * w)
     pred = lat + inv_bw * b
-    return {"latency_s": float(lat), "gbps": float(1.0 / inv_bw / GB) if inv_bw > 0 else float("inf"),
+    return {"latency_s": float(lat), "GBps": float(1.0 / inv_bw / GB) if inv_bw > 0 else float("inf"),
             "max_rel_err": float(np.max(np.abs(pred - s) / s))}
 
 
@@ -141,10 +141,10 @@ def calibrate(world: int = 4, repeats: int = 7, quick: bool = False) -> dict:
     tiny_fit = curves["tiny"]["fit_forward_backward"]
     out["cpu_gloo_preset"] = {
         "matmul_tflops": tiny_fit["matmul_tflops"], "gemm_half_tokens": tiny_fit["gemm_half_tokens"],
-        "nvlink_gbps": out["gloo_all_to_all"]["fit"]["gbps"], "rdma_gbps": out["gloo_all_to_all"]["fit"]["gbps"],
+        "nvlink_GBps": out["gloo_all_to_all"]["fit"]["GBps"], "rdma_GBps": out["gloo_all_to_all"]["fit"]["GBps"],
         "collective_latency_s": out["gloo_all_to_all"]["fit"]["latency_s"],
         "note": "expert fit of the `tiny` shape (the runtime's default); loopback makes intra- and inter-node "
-                "links the same, so nvlink_gbps = rdma_gbps = the all-to-all fit",
+                "links the same, so nvlink_GBps = rdma_GBps = the all-to-all fit",
     }
     return out
 

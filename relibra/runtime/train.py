@@ -47,14 +47,17 @@ def make_plans(trace: RoutingTrace, policy: str, params: dict, gpus_per_node: in
     """One StepPlan per step, each seeing the previous step's placement.
 
     Placement scores that weigh bytes against compute use this machine's rates: the measured
-    cpu-gloo preset on CPU, the paper's Hopper cluster on GPUs (unless params name a cluster).
+    cpu-gloo preset on CPU, the paper's Hopper cluster on GPUs, cut to the run's nodes x ranks.
     """
-    from relibra.policies import get_policy_for_cluster
+    from relibra.cluster import get_topology
+    from relibra.policies import get_policy
 
-    pol = get_policy_for_cluster(policy, "paper" if torch.cuda.is_available() else "cpu-gloo", **params)
+    preset = get_topology("paper" if torch.cuda.is_available() else "cpu-gloo")
+    topology = preset.with_changes(num_nodes=trace.ep // gpus_per_node, gpus_per_node=gpus_per_node)
+    pol = get_policy(policy, **params)
     plans, prev = [], None
     for s in range(steps):
-        plan = pol.plan(trace, s, gpus_per_node, prev)
+        plan = pol.plan(trace, s, topology, prev)
         plans.append(plan)
         prev = plan.home
     return plans

@@ -81,10 +81,12 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
     L, E = cfg.num_layers, cfg.num_experts
     home0 = static_placement(L, E, world)
 
+    from relibra.cluster import get_topology
     from relibra.policies import get_policy
 
     relibra_policy = get_policy("relibra", spare_slots_per_gpu=replica_slots, min_replica_tokens=1,
                                 iterations=50, seed=seed)
+    topology = get_topology("cpu-gloo").with_changes(num_nodes=nodes, gpus_per_node=layout.ranks_per_node)
     used = {"replica_tokens": 0, "policy_replicas": 0}
 
     def plans_for(kind: str, step: int, prev_home):
@@ -96,7 +98,7 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
         if step == 1:  # hand-built: every expert moves, plus replicas
             return in_node_replica_plan(loads, layout.ranks_per_node, replica_slots,
                                         home=reordered_home(L, E, world, shift=1))
-        plan = relibra_policy.plan(trace, step, layout.ranks_per_node, prev_home)  # the kit's relibra policy
+        plan = relibra_policy.plan(trace, step, topology, prev_home)  # the kit's relibra policy
         used["policy_replicas"] += int((plan.replica_expert >= 0).sum())
         return plan
 
