@@ -26,12 +26,12 @@ import seaborn as sns
 
 # One color per policy, the same in every figure.
 POLICY_ORDER = ("megatron", "eplb", "eplb+", "lplb+", "llep", "relibra-reorder", "relibra-replicate",
-                "relibra-lpt", "relibra-split", "relibra", "balanced")
+                "relibra-lpt", "relibra-split", "relibra", "balanced", "balanced-compute")
 _TAB = sns.color_palette("tab10", 10)
 POLICY_COLORS = {
     "megatron": _TAB[0], "eplb": _TAB[1], "eplb+": _TAB[2], "lplb+": _TAB[4], "llep": _TAB[5],
     "relibra-reorder": _TAB[6], "relibra-replicate": _TAB[8], "relibra-lpt": _TAB[9], "relibra-split": (0.6, 0.45, 0.8),
-    "relibra": _TAB[3], "balanced": (0.35, 0.35, 0.35),
+    "relibra": _TAB[3], "balanced": (0.35, 0.35, 0.35), "balanced-compute": (0.35, 0.35, 0.35),
 }
 POLICY_LABELS = {
     "megatron": "Megatron (static)",
@@ -45,7 +45,19 @@ POLICY_LABELS = {
     "relibra-lpt": "ReLibra, LPT placement",
     "relibra-split": "ReLibra split only",
     "balanced": "Balanced (ideal)",
+    "balanced-compute": "Balanced compute (ideal)",
 }
+
+
+def model_label(name: str) -> str:
+    """'<preset> (E experts, top-k, L MoE layers, hidden H)': how model presets differ, for per-model figures."""
+    try:
+        from relibra.cluster import get_model
+
+        m = get_model(name)
+    except Exception:  # a label only: an unknown name stays as it is
+        return name
+    return f"{name} ({m.num_experts} experts, top-{m.top_k}, {m.num_layers} MoE layers, hidden {m.hidden})"
 
 
 def set_style() -> None:
@@ -88,7 +100,24 @@ def save_figure(fig, stem: str | Path) -> tuple[Path, Path]:
     png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
     fig.savefig(png, metadata={"Software": None})
     fig.savefig(svg, metadata={"Date": None, "Creator": None})
+    show_inline(fig, png)
     return png, svg
+
+
+def show_inline(fig, png: Path) -> None:
+    """In a notebook kernel, display the saved PNG once as the cell's figure and close `fig` (so the
+    inline backend does not draw it a second time); elsewhere do nothing. Works whatever the
+    matplotlib backend, so executed notebooks hold every figure even under MPLBACKEND=Agg."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Image, display
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "kernel"):
+        return
+    display(Image(filename=str(png)))
+    plt.close(fig)
 
 
 # ---- 01 routing dynamics -------------------------------------------------------------------------
@@ -177,67 +206,258 @@ def static_skewness_plot(table: pd.DataFrame, subtitle: str):
 
 
 # ---- 00 tutorial -------------------------------------------------------------------------------
+# One meaning per colour in the tutorial: blue = tokens at an expert's home, orange = tokens a replica
+# takes; the slowest GPU is marked by a black outline and a label, never by a colour.
+HOME_COLOR = _TAB[0]
+REPLICA_COLOR = _TAB[1]
+PHASE_COLORS = {"dense_compute": (0.65, 0.65, 0.65), "dispatch": _TAB[2], "expert_compute": _TAB[4],
+                "combine": _TAB[9], "replica_push": _TAB[5], "replica_grad": _TAB[7]}
+PHASE_LABELS = {"dense_compute": "attention (dense)", "dispatch": "dispatch all-to-all",
+                "expert_compute": "expert compute (slowest GPU)", "combine": "combine all-to-all",
+                "replica_push": "replica weight push (exposed)", "replica_grad": "replica gradient pull (exposed)"}
+
+
+def _tutorial_title(case: dict) -> str:
+    policy = case["policy"]
+    return (f"policy `{policy}` ({POLICY_LABELS.get(policy, policy)}): placement {case['placement']}, "
+            f"{case['spare_slots']} spare slot(s) per GPU")
+
+
+def _tutorial_subtitle(case: dict) -> str:
+    return (f"simulated ({case['hardware']}); synthetic Zipf routing, {case['tokens_per_gpu']} tokens per GPU, "
+            f"top-2 of 16 experts")
+
+
+def _gpu_labels(g: pd.DataFrame) -> list[str]:
+    return [f"GPU {gpu}\n(node {node})" for gpu, node in zip(g["gpu"], g["node"])]
+
+
+def _mark_slowest(ax, x, heights, label: str = "slowest") -> None:
+    """Black outline and a label on the tallest bar (the GPU everyone waits for)."""
+    i = int(np.argmax(heights))
+    ax.bar([x[i]], [heights[i]], fill=False, edgecolor="black", lw=2.2, zorder=3)
+    ax.text(x[i], heights[i], label, ha="center", va="bottom", fontsize=8, fontweight="bold")
+
+
 def tutorial_figure(case: dict, micro_batch: int = 0):
-    """Left: tokens per GPU (home vs replica) for one micro-batch; right: simulated expert ms per GPU."""
+    """Left: tokens per GPU (home blue, replica orange) for one micro-batch; right: simulated forward
+    expert ms per GPU. The slowest GPU carries a black outline in both panels."""
     g = case["gpu_table"]
     g = g[g["micro_batch"] == micro_batch]
     s = case["summary"].set_index("micro_batch").loc[micro_batch]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     x = g["gpu"].to_numpy()
-    labels = [f"GPU {gpu}\n(node {node})" for gpu, node in zip(g["gpu"], g["node"])]
     ax = axes[0]
-    ax.bar(x, g["home_tokens"], color=POLICY_COLORS["megatron"], label="tokens of its home experts")
-    ax.bar(x, g["replica_tokens"], bottom=g["home_tokens"], color=POLICY_COLORS["relibra"],
-           label="tokens it takes as a replica")
+    ax.bar(x, g["home_tokens"], color=HOME_COLOR, label="tokens of its home experts")
+    ax.bar(x, g["replica_tokens"], bottom=g["home_tokens"], color=REPLICA_COLOR, label="tokens it takes as a replica")
     ax.axhline(g["tokens"].mean(), color="0.2", ls="--", lw=1, label="balanced (mean)")
-    ax.set_xticks(x, labels)
+    _mark_slowest(ax, x, g["tokens"].to_numpy(dtype=float), "busiest")
+    ax.set_xticks(x, _gpu_labels(g))
     ax.set_ylabel("token-expert pairs computed")
-    ax.set_ylim(0, 1.35 * float(g["tokens"].max()))  # room for the legend
+    ax.set_ylim(0, 1.4 * float(g["tokens"].max()))  # room for the legend
     ax.set_title(f"tokens per GPU, micro-batch {micro_batch} (skewness {s['skewness']:.2f})")
     ax.legend(fontsize=7, loc="upper right")
     ax = axes[1]
     ms = 1e3 * g["expert_seconds"].to_numpy()
-    colors = [POLICY_COLORS["relibra"] if v == ms.max() else (0.6, 0.6, 0.6) for v in ms]
-    ax.bar(x, ms, color=colors)
+    ax.bar(x, ms, color="0.6")
+    _mark_slowest(ax, x, ms)
     ax.axhline(s["balanced_ms"], color="0.2", ls="--", lw=1, label="balanced")
-    ax.set_xticks(x, labels)
+    ax.set_xticks(x, _gpu_labels(g))
     ax.set_ylabel("expert compute, forward (ms)")
-    ax.set_title(f"simulated time per GPU: slowest {s['slowest_gpu_ms']:.3f} ms (red)")
-    ax.legend(fontsize=7)
-    policy = case["policy"]
-    titled(fig, f"Toy MoE layer, 16 experts on 4 GPUs, policy `{policy}` ({POLICY_LABELS.get(policy, policy)})",
-           f"simulated ({case['hardware']}); synthetic Zipf routing")
+    ax.set_ylim(0, 1.25 * float(ms.max()))
+    ax.set_title(f"simulated expert time per GPU: slowest {s['slowest_gpu_ms']:.3f} ms (outlined)")
+    ax.legend(fontsize=7, loc="upper right")
+    titled(fig, f"Toy MoE layer, 16 experts on {case['ep']} GPUs, {_tutorial_title(case)}", _tutorial_subtitle(case))
+    fig.tight_layout()
+    return fig
+
+
+def plan_figure(case: dict, micro_batch: int = 0):
+    """The StepPlan of one micro-batch drawn two ways.
+
+    Left, the expert-home map: one box per GPU (grouped by node) holding its home experts (blue, with
+    the tokens they compute there) and its spare replica slots (orange when filled: which expert it
+    copies and how many tokens the copy takes; dashed when empty). Right, the token split as a flow
+    diagram: every expert (left column, height ~ its tokens) sends its tokens to its home GPU (blue
+    band) and, if replicated, part of them to the replica's GPU (orange band, labelled).
+    """
+    from matplotlib.patches import FancyBboxPatch, PathPatch, Rectangle
+    from matplotlib.path import Path as MPath
+
+    plan, ep, gpn = case["plan"], case["ep"], case["gpus_per_node"]
+    et = case["expert_tokens"]
+    et = et[et["micro_batch"] == micro_batch].set_index("expert")["tokens"]
+    reps = case["replicas"]
+    reps = reps[reps["micro_batch"] == micro_batch]
+    home = plan.home[0]
+    home_tokens = plan.home_flow().sum(axis=2)[micro_batch, 0]  # [E] tokens computed at home
+    e = len(home)
+    slots = plan.replica_slots
+    fig, (ax, fx) = plt.subplots(1, 2, figsize=(14, 5.6), gridspec_kw={"width_ratios": [1.1, 1]})
+
+    # -- left: expert-home map -------------------------------------------------------------------
+    per_gpu = e // ep
+    cols = per_gpu + max(slots, 0)
+    cell, pad = 1.0, 0.15
+    box_w, box_h = cols * cell + 2 * pad, cell + 0.9
+    vmax = float(et.max()) or 1.0
+    cmap = sns.light_palette(HOME_COLOR, as_cmap=True)
+    for g in range(ep):
+        node, local = divmod(g, gpn)
+        x0 = local * (box_w + 0.4) + node * 0.0
+        y0 = (1 - node) * (box_h + 1.2)
+        ax.add_patch(FancyBboxPatch((x0, y0), box_w, box_h, boxstyle="round,pad=0.05", fc="white", ec="0.3"))
+        ax.text(x0 + box_w / 2, y0 + box_h - 0.3, f"GPU {g}", ha="center", va="center", fontsize=9, fontweight="bold")
+        for j, ex in enumerate(np.nonzero(home == g)[0]):
+            cx = x0 + pad + j * cell
+            ax.add_patch(Rectangle((cx, y0 + 0.1), cell * 0.92, cell * 0.92, fc=cmap(home_tokens[ex] / vmax), ec="0.3"))
+            ax.text(cx + 0.46, y0 + 0.56, f"e{ex}\n{home_tokens[ex]}", ha="center", va="center", fontsize=6.5)
+        held = reps[reps["gpu"] == g].set_index("slot")
+        for r in range(slots):
+            cx = x0 + pad + (per_gpu + r) * cell
+            if r in held.index:
+                row = held.loc[r]
+                ax.add_patch(Rectangle((cx, y0 + 0.1), cell * 0.92, cell * 0.92, fc=REPLICA_COLOR, ec="0.3", alpha=0.85))
+                ax.text(cx + 0.46, y0 + 0.56, f"copy\ne{int(row['expert'])}\n{int(row['replica_tokens'])}",
+                        ha="center", va="center", fontsize=6)
+            else:
+                ax.add_patch(Rectangle((cx, y0 + 0.1), cell * 0.92, cell * 0.92, fill=False, ec="0.5", ls="--"))
+                ax.text(cx + 0.46, y0 + 0.56, "empty\nslot", ha="center", va="center", fontsize=6, color="0.4")
+    width = gpn * (box_w + 0.4)
+    for node in range(ep // gpn):
+        y0 = (1 - node) * (box_h + 1.2)
+        ax.text(-0.3, y0 + box_h / 2, f"node {node}", rotation=90, ha="right", va="center", fontsize=9)
+    ax.set_xlim(-0.8, width)
+    ax.set_ylim(-0.3, 2 * box_h + 1.4)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title("expert-home map: home experts (blue: tokens computed there) and replica slots (orange)")
+
+    # -- right: flow diagram experts -> GPUs -------------------------------------------------------
+    total = float(et.sum())
+    gap = 0.004 * total
+    ey, y = {}, 0.0
+    for ex in range(e):  # left column: experts stacked, height = tokens
+        ey[ex] = y
+        y += et.get(ex, 0) + gap
+    gpu_tok = case["gpu_table"]
+    gpu_tok = gpu_tok[gpu_tok["micro_batch"] == micro_batch].set_index("gpu")["tokens"]
+    gy, yy = {}, 0.0
+    ggap = (y - float(gpu_tok.sum())) / max(ep - 1, 1)
+    for g in range(ep):
+        gy[g] = yy
+        yy += gpu_tok[g] + ggap
+    gfill = dict.fromkeys(range(ep), 0.0)
+    efill = dict.fromkeys(range(e), 0.0)
+
+    def band(ex, g, tokens, color, label=None):
+        y0a = ey[ex] + efill[ex]
+        y0b = gy[g] + gfill[g]
+        efill[ex] += tokens
+        gfill[g] += tokens
+        xa, xb = 0.12, 0.88
+        verts = [(xa, y0a), (0.5, y0a), (0.5, y0b), (xb, y0b), (xb, y0b + tokens), (0.5, y0b + tokens),
+                 (0.5, y0a + tokens), (xa, y0a + tokens), (xa, y0a)]
+        codes = [MPath.MOVETO, MPath.CURVE4, MPath.CURVE4, MPath.CURVE4, MPath.LINETO, MPath.CURVE4, MPath.CURVE4,
+                 MPath.CURVE4, MPath.CLOSEPOLY]
+        fx.add_patch(PathPatch(MPath(verts, codes), fc=color, ec="none", alpha=0.55))
+        if label:
+            fx.text(0.8, y0b + tokens / 2, label, ha="right", va="center", fontsize=7, color="0.1")
+
+    for ex in range(e):
+        band(ex, int(home[ex]), float(home_tokens[ex]), HOME_COLOR)
+    for _, row in reps.iterrows():
+        band(int(row["expert"]), int(row["gpu"]), float(row["replica_tokens"]), REPLICA_COLOR,
+             f"e{int(row['expert'])}: {int(row['replica_tokens'])} of {int(row['expert_tokens'])} to its copy")
+    for ex in range(e):
+        fx.add_patch(Rectangle((0.08, ey[ex]), 0.04, et.get(ex, 0), fc="0.35"))
+        if et.get(ex, 0) > 0.025 * total:
+            fx.text(0.07, ey[ex] + et.get(ex, 0) / 2, f"e{ex} ({int(et.get(ex, 0))})", ha="right", va="center",
+                    fontsize=6.5)
+    busiest = int(gpu_tok.idxmax())
+    for g in range(ep):
+        fx.add_patch(Rectangle((0.88, gy[g]), 0.04, gpu_tok[g], fc="0.35",
+                               ec="black" if g == busiest else "none", lw=2))
+        fx.text(0.93, gy[g] + gpu_tok[g] / 2, f"GPU {g}: {int(gpu_tok[g])}" + (" (busiest)" if g == busiest else ""),
+                ha="left", va="center", fontsize=8, fontweight="bold" if g == busiest else "normal")
+    fx.set_xlim(-0.12, 1.2)
+    fx.set_ylim(max(y, yy), 0)
+    fx.axis("off")
+    fx.set_title("token split: expert (left, height = tokens) -> GPU that computes them (right)")
+    from matplotlib.patches import Patch
+
+    fx.legend([Patch(color=HOME_COLOR, alpha=0.55), Patch(color=REPLICA_COLOR, alpha=0.55)],
+              ["computed at the expert's home", "sent to a replica (copy) in the same node"], fontsize=7,
+              loc="lower center", bbox_to_anchor=(0.5, -0.1), ncol=2)
+    titled(fig, f"The StepPlan of micro-batch {micro_batch}: {_tutorial_title(case)}", _tutorial_subtitle(case))
+    fig.tight_layout()
+    return fig
+
+
+def phase_figure(case: dict, micro_batch: int = 0):
+    """The simulator's time per phase of the layer for one micro-batch, forward and backward, as
+    stacked horizontal bars (each phase: the slowest GPU's seconds; transfers only where exposed)."""
+    d = case["phases"]
+    d = d[d["micro_batch"] == micro_batch]
+    fig, ax = plt.subplots(figsize=(11, 2.9))
+    for yi, direction in enumerate(("forward", "backward")):
+        left = 0.0
+        for phase in PHASE_COLORS:
+            sel = d[(d["direction"] == direction) & (d["phase"] == phase)]
+            ms = 1e3 * float(sel["seconds"].sum()) if len(sel) else 0.0
+            if ms <= 0:
+                continue
+            ax.barh(yi, ms, left=left, color=PHASE_COLORS[phase], edgecolor="white",
+                    label=PHASE_LABELS[phase] if yi == 0 or direction == "backward" else None)
+            if ms > 0.04 * float(1e3 * d.groupby("direction")["seconds"].sum().max()):
+                ax.text(left + ms / 2, yi, f"{ms:.3f}", ha="center", va="center", fontsize=7)
+            left += ms
+        ax.text(left, yi, f"  {left:.3f} ms", ha="left", va="center", fontsize=8)
+    ax.set_yticks([0, 1], ["forward", "backward"])
+    ax.invert_yaxis()
+    ax.set_xlabel("simulated ms of this layer and micro-batch (phases run one after another)")
+    handles, labels = ax.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles))
+    ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.12)
+    titled(fig, f"Where the time goes, micro-batch {micro_batch}: {_tutorial_title(case)}", _tutorial_subtitle(case))
     fig.tight_layout()
     return fig
 
 
 def tutorial_grid_figure(grid: pd.DataFrame):
-    """Rank skewness and slowest-GPU ms for each placement (x) and number of spare slots (hue)."""
+    """Rank skewness and slowest-GPU ms for each placement (x) and number of spare slots (hue); each
+    bar is labelled with the replica slots the planner filled per GPU at most."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     d = grid.copy()
     d["spare slots per GPU"] = d["spare_slots"].astype(str)
-    sns.barplot(d, x="placement", y="skewness", hue="spare slots per GPU", ax=axes[0], palette="crest")
-    axes[0].axhline(1.0, color="0.2", ls="--", lw=1, label="balanced")
-    axes[0].set_ylabel("rank skewness (max / mean tokens)")
-    axes[0].set_title("rank skewness, mean over micro-batches")
-    sns.barplot(d, x="placement", y="slowest_gpu_ms", hue="spare slots per GPU", ax=axes[1], palette="crest")
-    axes[1].axhline(float(d["balanced_ms"].mean()), color="0.2", ls="--", lw=1, label="balanced")
-    axes[1].set_ylabel("slowest GPU, expert compute (ms)")
-    axes[1].set_title("slowest GPU's forward expert time, mean over micro-batches")
-    for ax in axes:
+    for ax, col, ylabel, title in (
+            (axes[0], "skewness", "rank skewness (max / mean tokens)", "rank skewness, mean over micro-batches"),
+            (axes[1], "slowest_gpu_ms", "slowest GPU, expert compute (ms)",
+             "slowest GPU's forward expert time, mean over micro-batches")):
+        sns.barplot(d, x="placement", y=col, hue="spare slots per GPU", ax=ax, palette="crest")
+        for container, (_, sub) in zip(ax.containers, d.groupby("spare_slots", sort=True)):
+            ax.bar_label(container, labels=[f"used {u}" for u in sub["max_replicas_per_gpu"]], fontsize=6.5,
+                         padding=1)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
         ax.set_xlabel("expert placement: static (Megatron), search (ReLibra), lpt (greedy)")
+        ax.set_ylim(0, 1.2 * float(d[col].max()))
         ax.legend(title="spare slots per GPU", fontsize=7, title_fontsize=8, loc="lower right")
-    titled(fig, "Toy layer: every placement x number of spare replica slots",
-           f"simulated ({d['hardware'].iloc[0]}); synthetic Zipf routing")
+    axes[0].axhline(1.0, color="0.2", ls="--", lw=1)
+    axes[1].axhline(float(d["balanced_ms"].mean()), color="0.2", ls="--", lw=1)
+    titled(fig, "Toy layer: every placement x number of spare replica slots (bar label: most slots any GPU "
+           "actually filled; dashed: balanced)", f"simulated ({d['hardware'].iloc[0]}); synthetic Zipf routing")
     fig.tight_layout()
     return fig
 
 
 def tutorial_interactive(compute, enabled: bool = True, **params):
-    """ipywidgets sliders over tutorial_case's parameters, redrawing `tutorial_figure`.
+    """ipywidgets controls for EP, spare slots, skew (and placement, shift, micro-batch) that recompute
+    the plan with `compute` (tutorial_case) and redraw the tokens-per-GPU and plan figures.
 
-    Does nothing (returns None) when disabled, when ipywidgets is missing, or when no IPython kernel
-    runs this code (plain Python, headless tests).
+    Displays the controls once and returns None (so a notebook cell shows them once). Does nothing
+    when disabled, when ipywidgets is missing, or when no IPython kernel runs this code.
     """
     if not enabled:
         return None
@@ -250,25 +470,32 @@ def tutorial_interactive(compute, enabled: bool = True, **params):
     shell = get_ipython()
     if shell is None or not hasattr(shell, "kernel"):
         return None
+    from relibra.experiments.parameters import TUTORIAL_EP_SIZES, TUTORIAL_MAX_SPARE_SLOTS
 
-    def redraw(placement, spare_slots, skew, shift, micro_batch):
-        case = compute(placement=placement, spare_slots=spare_slots, skew=skew, shift=shift,
-                       micro_batch=micro_batch, seed=params.get("seed", 0))
-        fig = tutorial_figure(case, micro_batch)
+    controls = {
+        "ep": widgets.Dropdown(options=list(TUTORIAL_EP_SIZES), value=int(params.get("ep", 4)), description="EP"),
+        "spare_slots": widgets.IntSlider(value=int(params.get("spare_slots", 0)), min=0,
+                                         max=TUTORIAL_MAX_SPARE_SLOTS, description="spare slots"),
+        "skew": widgets.FloatSlider(value=float(params.get("skew", 1.2)), min=0.0, max=3.0, step=0.1,
+                                    description="skew"),
+        "placement": widgets.Dropdown(options=["static", "search", "lpt"], value=params.get("placement", "static"),
+                                      description="placement"),
+        "shift": widgets.FloatSlider(value=float(params.get("shift", 0.5)), min=0.0, max=1.0, step=0.1,
+                                     description="shift"),
+        "micro_batch": widgets.IntSlider(value=int(params.get("micro_batch", 0)), min=0,
+                                         max=int(params.get("micro_batches", 4)) - 1, description="micro-batch"),
+    }
+    fixed = {k: params[k] for k in ("seed", "tokens_per_gpu", "micro_batches") if k in params}
+
+    def redraw(**values):
+        case = compute(**values, **fixed)
+        tutorial_figure(case, values["micro_batch"])
+        plan_figure(case, values["micro_batch"])
         plt.show()
-        return fig
 
-    ui = widgets.interactive(
-        redraw,
-        placement=widgets.Dropdown(options=["static", "search", "lpt"], value=params.get("placement", "static"),
-                                   description="placement"),
-        spare_slots=widgets.IntSlider(value=int(params.get("spare_slots", 0)), min=0, max=3, description="spare slots"),
-        skew=widgets.FloatSlider(value=float(params.get("skew", 1.2)), min=0.0, max=2.5, step=0.1, description="skew"),
-        shift=widgets.FloatSlider(value=float(params.get("shift", 0.5)), min=0.0, max=1.0, step=0.1, description="shift"),
-        micro_batch=widgets.IntSlider(value=int(params.get("micro_batch", 0)), min=0, max=3, description="micro-batch"),
-    )
-    display(ui)
-    return ui
+    out = widgets.interactive_output(redraw, controls)
+    display(widgets.VBox([widgets.HBox(list(controls.values())[:3]), widgets.HBox(list(controls.values())[3:]), out]))
+    return None
 
 
 # ---- 02 throughput / 03 ablation ------------------------------------------------------------------
@@ -306,7 +533,7 @@ def throughput_bars(table: pd.DataFrame, subtitle: str):
         d = table[table["model"] == model]
         sns.barplot(d, x="workload", y="speedup_vs_megatron", hue="policy", hue_order=order, palette=palette, ax=ax)
         ax.axhline(1.0, color="0.2", lw=1)
-        ax.set_title(model)
+        ax.set_title(model_label(model).replace(" (", "\n(", 1), fontsize=9)
         ax.set_xlabel("workload")
         ax.set_ylabel("throughput / Megatron's (tokens/s ratio)")
         ax.get_legend().remove()
@@ -318,12 +545,16 @@ def throughput_bars(table: pd.DataFrame, subtitle: str):
 
 def fraction_of_balanced(table: pd.DataFrame, subtitle: str):
     """Box per policy of tokens/s as a fraction of the balanced ideal, over models and workloads."""
-    d = table[table["policy"] != "balanced"]
+    d = table[~table["policy"].isin(("balanced", "balanced-compute"))]
     order, palette = _policy_hue(d["policy"].unique())
     fig, ax = plt.subplots(figsize=(10, 4.4))
     sns.boxplot(d, x="policy", y="frac_of_balanced", order=order, hue="policy", hue_order=order, palette=palette,
                 ax=ax, legend=False)
-    sns.stripplot(d, x="policy", y="frac_of_balanced", order=order, color="0.2", size=3, ax=ax)
+    dots = d.assign(model=d["model"].map(model_label)) if "model" in d else d
+    sns.stripplot(dots, x="policy", y="frac_of_balanced", order=order, hue="model" if "model" in d else None,
+                  palette="dark:0.2" if "model" not in d else "crest", size=3.5, ax=ax, dodge=False)
+    if "model" in d:
+        ax.legend(title="model (dots)", fontsize=7, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.axhline(1.0, color="0.2", ls="--", lw=1)
     ax.text(len(order) - 0.5, 1.0, "balanced ideal", ha="right", va="bottom", fontsize=8)
     ax.set_xticks(range(len(order)), [POLICY_LABELS.get(p, p) for p in order], rotation=20, ha="right")
@@ -357,7 +588,10 @@ def ablation_plot(table: pd.DataFrame, subtitle: str):
     axes[1].set_title("rank skewness")
     for ax in axes:
         ax.set_xlabel("")
-        ax.legend(title="model", fontsize=7, title_fontsize=8)
+        ax.get_legend().remove()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, [model_label(m) for m in labels], title="model", fontsize=8, title_fontsize=8,
+               loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=min(3, len(labels)))
     titled(fig, "Ablation: what reordering and replication each add (bars: mean over workloads; whiskers: range)",
            subtitle)
     fig.tight_layout()
@@ -370,7 +604,7 @@ def _workload_panels(fig, axes, table: pd.DataFrame, panels) -> None:
     of `panels`; a line at 1.0 on the first panel (Megatron's throughput) and a dashed one on the second
     (perfect balance); one policy legend for the figure."""
     order, palette = _policy_hue(table["policy"].unique())
-    order = [p for p in order if p != "balanced"]
+    order = [p for p in order if p not in ("balanced", "balanced-compute")]
     d = table[table["policy"].isin(order)]
     for ax, (col, ylabel, title) in zip(axes, panels):
         sns.barplot(d, x="workload", y=col, hue="policy", hue_order=order, palette=palette, ax=ax)
@@ -424,10 +658,17 @@ def spare_slot_plot(sweep: pd.DataFrame, subtitle: str):
         if len(dflt):
             ax.scatter(dflt["spare_slots_per_gpu"], dflt[col] * (100 if pct else 1), s=120,
                        facecolors="none", edgecolors="0.1", zorder=3, label="kit default")
+        for xi, yi in zip(x, y):
+            ax.annotate(f"{yi:.3f}", (xi, yi), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)
+        # Ratios start at 1.0 (Megatron / perfect balance) and memory at 0, so that a spread of a
+        # few thousandths looks like what it is instead of filling the axis.
+        floor = 0.0 if pct else 1.0
+        top = float(max(y.max(), floor))
+        ax.set_ylim(min(floor, float(y.min())), top + 0.15 * max(top - floor, 0.05 * max(top, 1e-9)))
         ax.set_xlabel("spare replica slots per GPU")
         ax.set_ylabel(ylabel)
         ax.set_xticks(list(x))
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="lower right")
     titled(fig, "ReLibra vs the number of spare replica slots per GPU", subtitle)
     fig.tight_layout()
     return fig
@@ -461,7 +702,7 @@ def skewness_plot(table: pd.DataFrame, subtitle: str):
 # ---- 07 overheads ------------------------------------------------------------------------------
 def planner_time_plot(table: pd.DataFrame, subtitle: str):
     """Planner wall seconds per step (measured) next to the simulated forward window, log scale."""
-    d, palette = _policy_rows(table, drop=("megatron", "balanced"))
+    d, palette = _policy_rows(table, drop=("megatron", "balanced", "balanced-compute"))
     fig, ax = plt.subplots(figsize=(9, 4.4))
     x = np.arange(len(d))
     w = 0.38
@@ -488,7 +729,7 @@ def planner_time_plot(table: pd.DataFrame, subtitle: str):
 
 def overhead_bars(table: pd.DataFrame, subtitle: str):
     """Migration share of step time, replica memory share, transfer overlap per policy (percent)."""
-    d, palette = _policy_rows(table, drop=("megatron", "balanced"))
+    d, palette = _policy_rows(table, drop=("megatron", "balanced", "balanced-compute"))
     panels = [("migration_share", "migration / step time (%)", "migration share (paper: 1.4-2.1%)"),
               ("replica_memory_share_full_model", "replica buffer / parameter memory (%)",
                "replica memory, whole model (paper: 0.13-1.62%)"),
@@ -507,10 +748,28 @@ def overhead_bars(table: pd.DataFrame, subtitle: str):
     return fig
 
 
-def policy_summary_plot(summary: pd.DataFrame, subtitle: str, title: str = "Balancing one trace"):
-    """Speedup over Megatron and rank skewness per policy for one trace."""
+def policy_summary_plot(summary: pd.DataFrame, subtitle: str, title: str = "Balancing one trace",
+                        components: pd.DataFrame | None = None):
+    """Speedup over Megatron and rank skewness per policy for one trace; with `components` (seconds
+    per step by part and policy, relibra.experiments.narrative.step_components) a third panel stacks
+    each policy's simulated step time by part, which shows why lower skewness can still run slower."""
     d, palette = _policy_rows(summary)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    ncols = 3 if components is not None else 2
+    fig, axes = plt.subplots(1, ncols, figsize=(6 * ncols, 4.2))
+    if components is not None:
+        ax = axes[2]
+        comp = components.drop(columns=["step"]).reindex(d["policy"])
+        bottom = np.zeros(len(comp))
+        part_colors = sns.color_palette("Set2", len(comp.columns))
+        for color, col in zip(part_colors, comp.columns):
+            vals = 1e3 * comp[col].to_numpy(dtype=float)
+            ax.bar(np.arange(len(comp)), vals, bottom=bottom, color=color, label=col)
+            bottom += vals
+        ax.set_xticks(np.arange(len(comp)), [POLICY_LABELS.get(p, p) for p in comp.index], rotation=25, ha="right")
+        ax.set_ylabel("simulated ms per training step")
+        ax.set_title("step time by part")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        axes = axes[:2]
     for ax, col, ylabel in ((axes[0], "speedup_vs_megatron", "throughput / Megatron's (tokens/s)"),
                             (axes[1], "skewness", "rank skewness (max / mean tokens)")):
         ax.bar(np.arange(len(d)), d[col], color=[palette[p] for p in d["policy"]])
@@ -583,17 +842,51 @@ def runtime_vs_sim_plot(comparison: pd.DataFrame, subtitle: str):
     return fig
 
 
-def runtime_rank_plot(measured: pd.DataFrame, subtitle: str):
-    """Measured expert-compute seconds per rank and policy (forward + backward, mean over steps)."""
+def runtime_rank_plot(measured: pd.DataFrame, subtitle: str, simulated: pd.DataFrame | None = None):
+    """Expert-compute seconds per rank and policy (forward + backward, mean over steps): measured bars,
+    and the simulator's figures from `simulated` (relibra metric rows): hatched bars where it holds
+    per-rank rows (rank >= 0), else one dashed line per policy at the simulated slowest GPU (rank -1,
+    summed over micro-batches and layers)."""
     d = measured[measured["component"] == "expert_compute"]
     d = d.groupby(["policy", "repeat", "step", "rank"], as_index=False)["seconds"].sum()
     d["ms"] = 1e3 * d["seconds"]
+    d["source"] = "measured"
     order, palette = _policy_hue(d["policy"].unique())
-    fig, ax = plt.subplots(figsize=(8, 4))
-    sns.barplot(d, x="rank", y="ms", hue="policy", hue_order=order, palette=palette, ax=ax, errorbar=("pi", 100))
+    sim_lines = {}
+    if simulated is not None and len(simulated):
+        s = simulated[(simulated["component"] == "expert_compute") & simulated["policy"].isin(order)]
+        per_rank = s[s["rank"] >= 0]
+        if len(per_rank):
+            g = per_rank.groupby(["policy", "step", "rank"], as_index=False)["seconds"].sum()
+            g["ms"], g["source"], g["repeat"] = 1e3 * g["seconds"], "simulated", -1
+            d = pd.concat([d, g], ignore_index=True)
+        else:
+            slow = s[s["rank"] == -1].groupby(["policy", "step"])["seconds"].sum().groupby("policy").mean()
+            sim_lines = {p: 1e3 * v for p, v in slow.items()}
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    if (d["source"] == "simulated").any():
+        d["policy, source"] = d["policy"].map(lambda p: POLICY_LABELS.get(p, p)) + ", " + d["source"]
+        hue_order = [f"{POLICY_LABELS.get(p, p)}, {src}" for p in order for src in ("measured", "simulated")]
+        pal = {f"{POLICY_LABELS.get(p, p)}, {src}": palette[p] for p in order for src in ("measured", "simulated")}
+        sns.barplot(d, x="rank", y="ms", hue="policy, source", hue_order=hue_order, palette=pal, ax=ax,
+                    errorbar=("pi", 100))
+        for container, name in zip(ax.containers, hue_order):
+            if name.endswith("simulated"):
+                for bar in container:
+                    bar.set_hatch("//")
+                    bar.set_alpha(0.6)
+        ax.legend(fontsize=7, title="policy, source")
+    else:
+        sns.barplot(d, x="rank", y="ms", hue="policy", hue_order=order, palette=palette, ax=ax, errorbar=("pi", 100))
+        handles, labels = ax.get_legend_handles_labels()
+        labels = [f"{POLICY_LABELS.get(p, p)}, measured" for p in labels]
+        for p, ms in sim_lines.items():
+            handles.append(ax.axhline(ms, color=palette[p], ls="--", lw=1.5))
+            labels.append(f"{POLICY_LABELS.get(p, p)}, simulated slowest GPU")
+        ax.legend(handles, labels, fontsize=7, loc="lower right")
     ax.set_xlabel("EP rank")
-    ax.set_ylabel("expert compute per step (ms, forward + backward)")
-    _relabel_legend(ax)
-    titled(fig, "Measured expert-compute time per rank (whiskers: min-max over repeats and steps)", subtitle)
+    ax.set_ylabel("expert compute (ms per step)")
+    what = "measured vs simulated" if sim_lines or (d["source"] == "simulated").any() else "measured"
+    titled(fig, f"Expert-compute time per rank, {what} (whiskers: min-max over repeats and steps)", subtitle)
     fig.tight_layout()
     return fig

@@ -2,7 +2,9 @@
 claims, which results are simulated and which measured (and on what hardware), and the environment.
 
 It reads what the notebooks left behind: `<out>/<notebook>/manifest.json` (written by
-relibra.experiments.Run.finish) and `<out>/02_throughput/throughput.csv` for the headline table.
+relibra.experiments.Run.finish) and `<out>/02_throughput/throughput.csv` for the headline table. It is
+rebuilt from every result present, so running one notebook refreshes the report without dropping the
+others; each notebook's row says which profile made it and when.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def read_manifests(out_dir: str | Path) -> dict[str, dict]:
         path = out_dir / name / "manifest.json"
         if path.exists():
             found[name] = json.loads(path.read_text())
+            found[name]["written"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
     return found
 
 
@@ -72,7 +75,8 @@ def sources_section(manifests: dict[str, dict], statuses: dict[str, dict]) -> st
             "tables": len((man or {}).get("tables", [])),
             "results are": kinds,
             "wall s": st.get("wall_seconds", (man or {}).get("wall_seconds", float("nan"))),
-            "status": st.get("status", "ok (earlier run)" if man else "missing"),
+            "written": (man or {}).get("written", "-"),
+            "status": (st.get("status", "") + " (this run)") if st else ("ok (earlier run)" if man else "missing"),
         })
     if not rows:
         return "## What ran\n\nNo notebook has run yet.\n"
@@ -100,7 +104,7 @@ def figures_section(manifests: dict[str, dict]) -> str:
         if tables:
             parts.append(f"Tables: {tables}\n")
         executed = f"{name}/{name}.ipynb"
-        parts.append(f"Executed notebook: [{executed}]({executed})\n")
+        parts.append(f"Executed notebook: [{executed}]({executed}) ([HTML]({name}/{name}.html))\n")
     return "\n".join(parts)
 
 
@@ -117,9 +121,12 @@ def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | 
     except Exception:
         description = ""
     failed = [n for n, s in statuses.items() if s.get("status") not in (None, "ok")]
+    profiles = sorted({m.get("config", {}).get("profile", "?") for m in manifests.values()} - {"none"})
+    mixed = (f" Results present come from the profile(s) {', '.join(profiles)}: each notebook's row below "
+             "names its own." if profiles and profiles != [profile] else "")
     head = [
         "# ReLibra kit: reproduction report\n",
-        f"Profile **{profile}**: {description}.",
+        f"Last run: profile **{profile}**: {description}.{mixed}",
         f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
         + (f" Wall time of this run: {total_seconds / 60:.1f} min ({total_seconds:.0f} s) for "
            f"{len(statuses)} notebook(s)." if total_seconds is not None else ""),

@@ -7,12 +7,18 @@ token-level ids: `token_experts[step, micro_batch, token, layer, k]` with `token
 micro_batch, token]`, padded with -1 where a micro-batch holds fewer tokens.
 
 On disk a trace is one `.npz` (loaded with allow_pickle=False) holding `format_version`, `loads`,
-`meta_json` and, when present, the token-level arrays.
+`meta_json` and, when present, the token-level arrays. The loader trusts no size it reads: every
+array's declared shape and dtype come from its .npy header and are bounded (`max_bytes`, default
+DEFAULT_MAX_TRACE_BYTES, raised with the environment variable RELIBRA_MAX_TRACE_BYTES) before
+anything is allocated; see docs/traces.md, "What the loader refuses".
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
+import math
 import os
 import zipfile
 from dataclasses import dataclass, field
@@ -20,9 +26,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from relibra.cluster import ModelShape
-from relibra.errors import TraceError
+from relibra.errors import ConfigError, TraceError
 
 FORMAT_VERSION = 1
+TRACE_FIELDS = ("format_version", "loads", "meta_json", "token_experts", "token_src_rank", "seq_lens")
+META_KEYS = ("model", "ep", "tokens_per_microbatch", "provenance")
+DEFAULT_MAX_TRACE_BYTES = 8 * 2**30  # decoded bytes of all arrays of one file
+MAX_TRACE_BYTES_ENV = "RELIBRA_MAX_TRACE_BYTES"
+_INT32_MAX = int(np.iinfo(np.int32).max)
+_ID_DTYPE_HINT = "ids must have an integer dtype (bool, float and bfloat16 are refused: bfloat16 rounds ids above 256)"
 
 
 @dataclass
@@ -37,6 +49,9 @@ class RoutingTrace:
         {"importer": "verl", "source": "rollout.pt"}; JSON-serializable.
     token_experts: optional int16/int32 [steps, micro_batches, tokens, layers, top_k], -1 padded.
     token_src_rank: optional int16/int32 [steps, micro_batches, tokens], -1 where padded.
+    seq_lens: optional int32 [steps, micro_batches, ep, max_seqs]: lengths in tokens of the sequences
+        (or pieces of sequences) each src rank holds in each micro-batch, 0-padded; a slot's lengths
+        sum to its token count (layer-0 loads / top_k). For attention costs.
     """
 
     loads: np.ndarray
@@ -46,6 +61,7 @@ class RoutingTrace:
     provenance: dict = field(default_factory=dict)
     token_experts: np.ndarray | None = None
     token_src_rank: np.ndarray | None = None
+    seq_lens: np.ndarray | None = None
 
     def __post_init__(self):
         self.validate()
@@ -73,22 +89,29 @@ class RoutingTrace:
         if not isinstance(loads, np.ndarray) or loads.ndim != 5:
             raise TraceError(f"{where}: field 'loads' must be a 5-d array [step, micro_batch, layer, src_rank, expert], "
                              f"got shape {getattr(loads, 'shape', None)}")
-        if not np.issubdtype(loads.dtype, np.integer):
-            if np.issubdtype(loads.dtype, np.floating) and np.all(np.isfinite(loads)) and np.all(loads == np.round(loads)):
-                self.loads = loads = loads.astype(np.int32)
-            else:
-                bad = np.argwhere(~np.isfinite(loads) | (loads != np.round(loads)))
-                first = tuple(int(i) for i in bad[0]) if len(bad) else ()
-                raise TraceError(f"{where}: field 'loads' holds a non-integer count at index {first}")
-        if loads.dtype != np.int32:
-            if loads.size and (loads.max(initial=0) > np.iinfo(np.int32).max):
-                raise TraceError(f"{where}: field 'loads' has counts beyond int32")
-            self.loads = loads = loads.astype(np.int32)
+        if loads.dtype.kind not in "iuf":  # bool, strings, objects, complex
+            raise TraceError(f"{where}: field 'loads' has dtype {loads.dtype}; counts must be integers")
         if min(loads.shape) == 0:
             raise TraceError(f"{where}: field 'loads' is empty (shape {loads.shape})")
+        if loads.dtype.kind == "f":
+            bad = ~np.isfinite(loads) | (loads != np.round(loads))
+            if bad.any():
+                first = _first(bad)
+                raise TraceError(f"{where}: field 'loads' holds a non-integer count {loads[first].item()!r} at index {first}")
+        # Range checks on the stored dtype, before any cast (a cast to int32 would wrap -4294967295 to 1).
         if (loads < 0).any():
-            first = tuple(int(i) for i in np.argwhere(loads < 0)[0])
-            raise TraceError(f"{where}: field 'loads' has a negative count at index {first}")
+            first = _first(loads < 0)
+            raise TraceError(f"{where}: field 'loads' has a negative count at index {first}: {_num(loads[first])}")
+        if loads.dtype != np.int32 and (loads > _INT32_MAX).any():
+            first = _first(loads > _INT32_MAX)
+            raise TraceError(f"{where}: field 'loads' holds {_num(loads[first])} at index {first}, beyond int32 "
+                             f"({_INT32_MAX}); counts must fit int32")
+        if loads.dtype != np.int32:
+            self.loads = loads = loads.astype(np.int32)
+        _check_int(self.ep, where, "ep", 1)
+        _check_int(self.tokens_per_microbatch, where, "tokens_per_microbatch", 1)
+        if not isinstance(self.model, ModelShape):
+            raise TraceError(f"{where}: field 'model' must be a ModelShape, got {type(self.model).__name__}")
         if loads.shape[2] != self.model.num_layers:
             raise TraceError(f"{where}: field 'loads' has {loads.shape[2]} layers but model {self.model.name!r} "
                              f"has {self.model.num_layers}")
@@ -99,8 +122,6 @@ class RoutingTrace:
             raise TraceError(f"{where}: field 'loads' has {loads.shape[3]} src ranks but ep={self.ep}")
         if self.model.num_experts % self.ep:
             raise TraceError(f"{where}: ep={self.ep} does not divide num_experts={self.model.num_experts}")
-        if self.tokens_per_microbatch <= 0:
-            raise TraceError(f"{where}: field 'tokens_per_microbatch' must be positive")
         # Every layer of a (step, micro_batch, src) sees the same tokens, so tokens x top_k per layer agree.
         per_layer = loads.sum(axis=4, dtype=np.int64)  # [S, M, L, ep]
         if (per_layer % self.model.top_k).any():
@@ -113,23 +134,68 @@ class RoutingTrace:
             raise TraceError(f"{where}: field 'loads' layer {l} of [step={s}, micro_batch={m}, src_rank={r}] "
                              f"routes {int(per_layer[s, m, l, r])} token-slots but layer 0 routes "
                              f"{int(per_layer[s, m, 0, r])}; layers must see the same tokens")
+        # tokens_per_microbatch is nominal (the largest, or the mean, micro-batch), so it must lie
+        # within the micro-batch sizes the loads hold (1 allowed when every micro-batch is empty).
+        mb_tokens = per_layer[:, :, 0, :].sum(axis=2) // self.model.top_k  # [S, M]
+        lo, hi = int(mb_tokens.min()), int(mb_tokens.max())
+        if not lo <= self.tokens_per_microbatch <= max(hi, 1):
+            raise TraceError(f"{where}: field 'tokens_per_microbatch' is {self.tokens_per_microbatch}, but the "
+                             f"micro-batches in 'loads' hold {lo} to {hi} tokens (layer-0 counts / top_k); it must "
+                             f"lie in that range")
         if (self.token_experts is None) != (self.token_src_rank is None):
             raise TraceError(f"{where}: 'token_experts' and 'token_src_rank' must be given together")
         if self.token_experts is not None:
             self._validate_tokens(where)
+        if self.seq_lens is not None:
+            self._validate_seq_lens(where, per_layer[:, :, 0, :] // self.model.top_k)
+
+    def _validate_seq_lens(self, where: str, slot_tokens: np.ndarray) -> None:
+        """seq_lens: integers >= 0, shape [steps, micro_batches, ep, n], each slot summing to its tokens."""
+        sl = self.seq_lens
+        s, m = self.loads.shape[:2]
+        if not isinstance(sl, np.ndarray) or sl.ndim != 4 or sl.shape[:3] != (s, m, self.ep):
+            raise TraceError(f"{where}: field 'seq_lens' must have shape [{s}, {m}, {self.ep}, max_seqs], "
+                             f"got {getattr(sl, 'shape', None)}")
+        if sl.dtype.kind not in "iu":
+            raise TraceError(f"{where}: field 'seq_lens' has dtype {sl.dtype}; lengths must be integers")
+        if (sl < 0).any():
+            first = _first(sl < 0)
+            raise TraceError(f"{where}: field 'seq_lens' at [step, micro_batch, src_rank, seq]={first} is "
+                             f"{_num(sl[first])}; lengths must be >= 0")
+        if (sl > _INT32_MAX).any():
+            first = _first(sl > _INT32_MAX)
+            raise TraceError(f"{where}: field 'seq_lens' at {first} holds {_num(sl[first])}, beyond int32")
+        total = sl.sum(axis=3, dtype=np.int64)
+        bad = total != slot_tokens
+        if bad.any():
+            first = _first(bad)
+            raise TraceError(f"{where}: field 'seq_lens' at [step, micro_batch, src_rank]={first} sums to "
+                             f"{int(total[first])} tokens but that slot holds {int(slot_tokens[first])} "
+                             f"(layer-0 loads / top_k)")
+        if sl.dtype != np.int32:
+            self.seq_lens = sl.astype(np.int32)
 
     def _validate_tokens(self, where: str) -> None:
         te, tsr = self.token_experts, self.token_src_rank
         s, m, l, _, e = self.loads.shape
         k = self.model.top_k
+        check_id_dtype(te, where, "token_experts")
+        check_id_dtype(tsr, where, "token_src_rank")
         if te.ndim != 5 or te.shape[:2] != (s, m) or te.shape[3:] != (l, k):
             raise TraceError(f"{where}: field 'token_experts' must have shape [{s}, {m}, tokens, {l}, {k}], got {te.shape}")
         if tsr.shape != te.shape[:3]:
             raise TraceError(f"{where}: field 'token_src_rank' must have shape {te.shape[:3]}, got {tsr.shape}")
         valid = tsr >= 0
-        if (tsr >= self.ep).any():
-            first = tuple(int(i) for i in np.argwhere(tsr >= self.ep)[0])
-            raise TraceError(f"{where}: field 'token_src_rank' at {first} is >= ep={self.ep}")
+        bad_src = (tsr >= self.ep) | (tsr < -1)
+        if bad_src.any():
+            first = _first(bad_src)
+            raise TraceError(f"{where}: field 'token_src_rank' at {first} holds {_num(tsr[first])}, outside "
+                             f"[0, ep={self.ep}) and not the padding -1")
+        pad = (te != -1) & ~valid[..., None, None]
+        if pad.any():
+            first = _first(pad)
+            raise TraceError(f"{where}: field 'token_experts' at {first} holds {_num(te[first])} for a padded token "
+                             f"(token_src_rank -1); padding must be -1")
         ids = te[valid]  # [n, L, K]
         if ((ids < 0) | (ids >= e)).any():
             bad = np.argwhere(((te < 0) | (te >= e)) & valid[..., None, None])[0]
@@ -206,59 +272,299 @@ class RoutingTrace:
         if self.token_experts is not None:
             arrays["token_experts"] = self.token_experts
             arrays["token_src_rank"] = self.token_src_rank
+        if self.seq_lens is not None:
+            arrays["seq_lens"] = self.seq_lens
         path = os.fspath(path)
         if not path.endswith(".npz"):
             raise TraceError(f"{path}: a trace file must end in .npz")
+        from relibra.paths import check_output_path
+
+        check_output_path(path, kind="file", flag="trace file")
         np.savez_compressed(path, **arrays)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "RoutingTrace":
-        """Read a trace written by `save`; every problem is a TraceError naming the file."""
+    def load(cls, path: str | os.PathLike, max_bytes: int | None = None) -> "RoutingTrace":
+        """Read a trace written by `save`; every problem is a TraceError naming the file and field.
+
+        max_bytes: the most decoded bytes all arrays of the file may declare (default: the
+        environment variable RELIBRA_MAX_TRACE_BYTES, else DEFAULT_MAX_TRACE_BYTES = 8 GiB).
+        """
         path = os.fspath(path)
-        if not os.path.exists(path):
-            raise TraceError(f"{path}: no such file")
-        if os.path.getsize(path) == 0:
-            raise TraceError(f"{path}: the file is empty")
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                names = set(z.files)
-                for need in ("format_version", "loads", "meta_json"):
-                    if need not in names:
-                        raise TraceError(f"{path}: field {need!r} is missing; not a relibra trace")
-                version = int(z["format_version"])
-                if version != FORMAT_VERSION:
-                    raise TraceError(f"{path}: field 'format_version' is {version}; this kit reads version "
-                                     f"{FORMAT_VERSION}")
-                loads = z["loads"]
-                meta = json.loads(str(z["meta_json"]))
-                te = z["token_experts"] if "token_experts" in names else None
-                tsr = z["token_src_rank"] if "token_src_rank" in names else None
-        except TraceError:
-            raise
-        except ValueError as exc:
-            if "pickle" in str(exc).lower():
-                raise TraceError(f"{path}: holds object arrays that need pickle, which this kit refuses to load") from None
-            raise TraceError(f"{path}: unreadable ({exc})") from None
-        except (zipfile.BadZipFile, OSError, EOFError, KeyError, json.JSONDecodeError) as exc:
-            raise TraceError(f"{path}: truncated or corrupted ({type(exc).__name__}: {exc})") from None
-        try:
-            model = ModelShape.from_dict(meta["model"])
-            return cls(loads=loads, model=model, ep=int(meta["ep"]),
-                       tokens_per_microbatch=int(meta["tokens_per_microbatch"]),
-                       provenance=meta.get("provenance", {}), token_experts=te, token_src_rank=tsr)
-        except TraceError as exc:
-            raise TraceError(f"{path}: {exc}") from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TraceError(f"{path}: field 'meta_json' is malformed ({exc})") from None
-        except Exception as exc:  # ConfigError from a bad model shape
-            raise TraceError(f"{path}: field 'meta_json' is malformed ({exc})") from None
+        arrays = read_npz(path, max_bytes=max_bytes, fields=TRACE_FIELDS)
+        for need in ("format_version", "loads", "meta_json"):
+            if need not in arrays:
+                raise TraceError(f"{path}: field {need!r} is missing; not a relibra trace")
+        _check_format_version(arrays["format_version"], path)
+        if arrays["loads"].dtype.kind not in "iu":  # a float count may already have been rounded
+            raise TraceError(f"{path}: field 'loads' has dtype {arrays['loads'].dtype}; a trace file stores integer "
+                             f"counts (int32)")
+        model, ep, tpm, provenance = _parse_meta(arrays["meta_json"], path)
+        for name in ("token_experts", "token_src_rank"):
+            if name in arrays:
+                check_id_dtype(arrays[name], path, name)
+        obj = cls.__new__(cls)  # validate with the file's name in every message
+        obj.loads, obj.model, obj.ep, obj.tokens_per_microbatch = arrays["loads"], model, ep, tpm
+        obj.provenance = provenance
+        obj.token_experts, obj.token_src_rank = arrays.get("token_experts"), arrays.get("token_src_rank")
+        obj.seq_lens = arrays.get("seq_lens")
+        obj.validate(path)
+        return obj
 
     def select_steps(self, steps: slice | list[int]) -> "RoutingTrace":
-        """A trace holding only the given steps."""
+        """A trace holding only the given steps.
+
+        tokens_per_microbatch is kept, or, where it lies outside the kept micro-batches' token
+        counts (an imported trace's largest micro-batch was in a dropped step), set to the nearest
+        of them, so that the sub-trace validates.
+        """
         te = self.token_experts[steps] if self.token_experts is not None else None
         tsr = self.token_src_rank[steps] if self.token_src_rank is not None else None
-        return RoutingTrace(self.loads[steps], self.model, self.ep, self.tokens_per_microbatch,
-                            dict(self.provenance), te, tsr)
+        loads = self.loads[steps]
+        tpm = self.tokens_per_microbatch
+        if loads.size:
+            mb_tokens = loads[:, :, 0].sum(axis=(2, 3), dtype=np.int64) // self.model.top_k
+            tpm = min(max(tpm, int(mb_tokens.min())), max(int(mb_tokens.max()), 1))
+        sl = self.seq_lens[steps] if self.seq_lens is not None else None
+        return RoutingTrace(loads, self.model, self.ep, tpm, dict(self.provenance), te, tsr, sl)
+
+
+# ---- checks shared with the importers -------------------------------------------------------------
+def _first(mask: np.ndarray) -> tuple[int, ...]:
+    """Index of the first True of a boolean array."""
+    return tuple(int(i) for i in np.argwhere(mask)[0])
+
+
+def _num(value):
+    """A numpy scalar as a plain int (or float) for messages."""
+    value = value.item() if hasattr(value, "item") else value
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _check_int(value, where: str, name: str, low: int = 0, high: int = 2**62, what: str = "field") -> int:
+    """A plain integer (Python or numpy; not bool, not float, not 2.0) in [low, high]."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TraceError(f"{where}: {what} {name!r} is {value!r} ({type(value).__name__}), not an integer")
+    if not low <= int(value) <= high:
+        raise TraceError(f"{where}: {what} {name!r} is {int(value)}, outside [{low}, {high}]")
+    return int(value)
+
+
+def check_id_dtype(ids, where: str, name: str) -> None:
+    """Refuse an id array (expert ids, source ranks) whose dtype is not an integer.
+
+    ids: numpy array or torch tensor. bool, float and bfloat16 are refused, even when every value is
+    integral: bfloat16 holds only 256 consecutive integers, so ids above 256 come back rounded.
+    """
+    dtype = getattr(ids, "dtype", None)
+    if dtype is None:
+        raise TraceError(f"{where}: field {name!r} is a {type(ids).__name__}, not an array of integer ids")
+    if not isinstance(dtype, np.dtype) or dtype.kind not in "iu":  # torch dtypes are not np.dtype
+        kind = str(dtype).replace("torch.", "")
+        raise TraceError(f"{where}: field {name!r} holds {kind} values; {_ID_DTYPE_HINT}")
+
+
+def check_expert_ids(ids, num_experts: int, where: str, name: str, valid: np.ndarray | None = None) -> np.ndarray:
+    """Validate an array of expert ids: integer dtype only, every id in [0, num_experts).
+
+    ids: int array [..., top_k] (or a torch tensor: a bfloat16 one is refused before conversion).
+    valid: optional bool mask over the leading axes of ids; masked-out positions (padding) are not
+    checked. Returns ids as a numpy array, unchanged. Raises TraceError naming the field, the first
+    bad index and its value. Importers call this on every array of expert ids they read.
+    """
+    check_id_dtype(ids, where, name)
+    ids = np.asarray(ids)
+    mask = (ids < 0) | (ids >= num_experts)
+    if valid is not None:
+        valid = np.asarray(valid, dtype=bool)
+        mask &= valid.reshape(valid.shape + (1,) * (ids.ndim - valid.ndim))
+    if mask.any():
+        first = _first(mask)
+        raise TraceError(f"{where}: field {name!r} at {first} holds expert id {_num(ids[first])}, outside "
+                         f"[0, {num_experts})")
+    return ids
+
+
+def expert_ids_from_json(rows, width: int, where: str, name: str = "top_indices") -> np.ndarray:
+    """A JSON list of lists of expert ids -> int64 [rows, width], refusing anything but JSON integers.
+
+    numpy would turn `true` into 1 and 3.0 into 3; here a bool, float, string or null at any place
+    is an error naming [token, k]. Range is not checked (use check_expert_ids).
+    """
+    if not isinstance(rows, list):
+        raise TraceError(f"{where}: field {name!r} must be a list of lists, got {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, list):
+            raise TraceError(f"{where}: field {name!r} at [token={i}] is {type(row).__name__}, not a list")
+    widths = set(map(len, rows))
+    if widths - {width}:
+        i = next(i for i, row in enumerate(rows) if len(row) != width)
+        raise TraceError(f"{where}: field {name!r} at [token={i}] has top-k width {len(rows[i])}, expected {width}")
+    if set(map(type, itertools.chain.from_iterable(rows))) - {int}:  # one C-speed pass over all ids
+        for i, row in enumerate(rows):
+            for j, v in enumerate(row):
+                if type(v) is not int:
+                    raise TraceError(f"{where}: field {name!r} at [token={i}, k={j}] holds {json.dumps(v)}, "
+                                     f"not an integer expert id")
+    if not rows:
+        return np.zeros((0, width), dtype=np.int64)
+    try:
+        return np.array(rows, dtype=np.int64)
+    except OverflowError:
+        i, j = next((i, j) for i, row in enumerate(rows) for j, v in enumerate(row) if not -2**63 <= v < 2**63)
+        raise TraceError(f"{where}: field {name!r} at [token={i}, k={j}] holds {rows[i][j]}, far outside any "
+                         f"expert id") from None
+
+
+# ---- reading .npz without trusting it --------------------------------------------------------------
+def max_trace_bytes(max_bytes: int | None = None) -> int:
+    """The loader's size limit: max_bytes if given, else $RELIBRA_MAX_TRACE_BYTES, else 8 GiB."""
+    if max_bytes is None:
+        env = os.environ.get(MAX_TRACE_BYTES_ENV, "").strip()
+        if not env:
+            return DEFAULT_MAX_TRACE_BYTES
+        try:
+            max_bytes = int(float(env)) if "e" in env.lower() else int(env)
+        except ValueError:
+            raise ConfigError(f"{MAX_TRACE_BYTES_ENV}={env!r}: give a number of bytes, e.g. 17179869184") from None
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes <= 0:
+        raise ConfigError(f"max_bytes must be a positive integer, got {max_bytes!r}")
+    return int(max_bytes)
+
+
+def _npy_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, name: str):
+    """(shape, dtype, header bytes) of one .npy member, from its header only."""
+    with zf.open(info) as fp:
+        version = np.lib.format.read_magic(fp)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
+        else:
+            raise TraceError(f"{path}: field {name!r} is a .npy of format version {version}; this kit reads 1.0 and 2.0")
+        return shape, dtype, fp.tell()
+
+
+def read_npz(path: str | os.PathLike, max_bytes: int | None = None, fields=None) -> dict[str, np.ndarray]:
+    """Read every array of an .npz (no pickle), checking each .npy header before allocating.
+
+    fields: the allowed array names (None: any). Refused, as a TraceError naming the file and
+    field: a file that is not a zip archive (a lone .npy or a text file named .npz), a member that
+    is not .npy, an unknown or repeated field, object arrays (they need pickle), structured dtypes,
+    arrays whose declared sizes add up to more than `max_bytes` (see max_trace_bytes), a member
+    shorter than its header declares, and any other damage (truncation, bad CRC, zlib errors).
+    """
+    path = os.fspath(path)
+    limit = max_trace_bytes(max_bytes)
+    if not os.path.exists(path):
+        raise TraceError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise TraceError(f"{path}: is a folder, not an .npz file")
+    if os.path.getsize(path) == 0:
+        raise TraceError(f"{path}: the file is empty")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+        if not zipfile.is_zipfile(path):
+            if head.startswith(b"\x93NUMPY"):
+                raise TraceError(f"{path}: is a single .npy array, not an .npz archive")
+            if head.startswith(b"PK"):
+                raise TraceError(f"{path}: truncated or corrupted (a zip archive without its central directory)")
+            raise TraceError(f"{path}: is not an .npz archive (no zip directory; it starts with {head!r})")
+        with zipfile.ZipFile(path) as zf:
+            headers = {}
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise TraceError(f"{path}: archive member {info.filename!r} is not a .npy array")
+                name = info.filename[:-4]
+                if fields is not None and name not in fields:
+                    raise TraceError(f"{path}: field {name!r} is not one of {', '.join(fields)}")
+                if name in headers:
+                    raise TraceError(f"{path}: field {name!r} appears twice")
+                shape, dtype, header = _npy_header(zf, info, path, name)
+                if dtype.hasobject:
+                    raise TraceError(f"{path}: field {name!r} holds object arrays that need pickle, which this kit "
+                                     f"refuses to load")
+                if dtype.names is not None or dtype.subdtype is not None:
+                    raise TraceError(f"{path}: field {name!r} has a structured dtype {dtype}, not a plain array")
+                nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+                total = nbytes + sum(h[3] for h in headers.values())
+                if total > limit:
+                    raise TraceError(f"{path}: field {name!r} declares shape {shape} of {dtype} ({nbytes} bytes; "
+                                     f"{total} bytes with the fields before it), over the loader's limit of {limit} "
+                                     f"bytes; raise it with {MAX_TRACE_BYTES_ENV} or max_bytes= if the file is trusted")
+                if nbytes > info.file_size - header:
+                    raise TraceError(f"{path}: field {name!r} declares shape {shape} of {dtype} ({nbytes} bytes) but "
+                                     f"its member holds {max(info.file_size - header, 0)} bytes; truncated or corrupted")
+                headers[name] = (info, shape, dtype, nbytes)
+            out = {}
+            for name, (info, _, _, _) in headers.items():
+                with zf.open(info) as fp:
+                    out[name] = np.lib.format.read_array(fp, allow_pickle=False)
+                    if fp.read(1) != b"":  # reading to the end also checks the member's CRC
+                        raise TraceError(f"{path}: field {name!r} has bytes after its array data; corrupted")
+            return out
+    except (TraceError, ConfigError):
+        raise
+    except PermissionError as exc:
+        raise TraceError(f"{path}: cannot be read ({exc.strerror})") from None
+    except Exception as exc:  # BadZipFile, zlib.error, EOFError, ValueError from a damaged header, ...
+        raise TraceError(f"{path}: truncated or corrupted ({type(exc).__name__}: {exc})") from None
+
+
+def _check_format_version(arr: np.ndarray, path: str) -> None:
+    where = f"{path}: field 'format_version'"
+    if arr.shape != ():
+        raise TraceError(f"{where} must be one integer, got an array of shape {arr.shape}")
+    value = arr.item()
+    if arr.dtype.kind not in "iu":
+        raise TraceError(f"{where} is {value!r} ({arr.dtype}); it must be the integer {FORMAT_VERSION}")
+    if value != FORMAT_VERSION:
+        raise TraceError(f"{where} is {value}; this kit reads version {FORMAT_VERSION}")
+
+
+def _parse_meta(arr: np.ndarray, path: str) -> tuple[ModelShape, int, int, dict]:
+    """meta_json (a 0-d string array) -> (model, ep, tokens_per_microbatch, provenance), types checked."""
+    where = f"{path}: field 'meta_json'"
+    if arr.shape != () or arr.dtype.kind != "U":
+        raise TraceError(f"{where} must be one string, got {arr.dtype} of shape {arr.shape}")
+    try:
+        meta = json.loads(str(arr.item()))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise TraceError(f"{where} is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise TraceError(f"{where} must be a JSON object, got {type(meta).__name__}")
+    unknown = sorted(set(meta) - set(META_KEYS))
+    if unknown:
+        raise TraceError(f"{where} has unknown key {unknown[0]!r} (keys: {', '.join(META_KEYS)})")
+    for key in ("model", "ep", "tokens_per_microbatch"):
+        if key not in meta:
+            raise TraceError(f"{where}: key {key!r} is missing")
+    ep = _check_int(meta["ep"], where, "ep", 1, 2**20, what="key")
+    tpm = _check_int(meta["tokens_per_microbatch"], where, "tokens_per_microbatch", 1, what="key")
+    provenance = meta.get("provenance", {})
+    if not isinstance(provenance, dict):
+        raise TraceError(f"{where}: key 'provenance' must be a JSON object, got {type(provenance).__name__}")
+    d = meta["model"]
+    if not isinstance(d, dict):
+        raise TraceError(f"{where}: key 'model' must be a JSON object, got {type(d).__name__}")
+    known = {f.name for f in dataclasses.fields(ModelShape)}
+    required = [f.name for f in dataclasses.fields(ModelShape) if f.default is dataclasses.MISSING]
+    for key in required:
+        if key not in d:
+            raise TraceError(f"{where}: model field {key!r} is missing")
+    for key, value in d.items():
+        if key not in known:
+            raise TraceError(f"{where}: model field {key!r} is unknown")
+        if key == "name":
+            if not isinstance(value, str):
+                raise TraceError(f"{where}: model field 'name' is {value!r}, not a string")
+        else:
+            _check_int(value, where, f"model.{key}", 0, 2**40, what="key")
+    try:
+        model = ModelShape.from_dict(d)
+    except (ConfigError, TypeError) as exc:
+        raise TraceError(f"{where}: model is malformed ({exc})") from None
+    return model, ep, tpm, provenance
 
 
 # ---- free functions on arrays --------------------------------------------------------------------

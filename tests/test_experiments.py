@@ -220,7 +220,7 @@ def test_run_saves_figures_tables_and_manifest(tmp_path):
                           "ep": [2, 4, 4], "policy": "megatron", "skewness": [1.5, 2.0, 1.7],
                           "skewness_p95": [2.0, 2.5, 2.1]})
     run.save_csv(table, "skewness")
-    fig = plots.skewness_plot(table, run.config.trace_label())
+    fig = plots.skewness_plot(table, run.config.plan_label())
     run.save_figure(fig, "skewness", "a caption", source="simulated", hardware="policy plans")
     with pytest.raises(ConfigError):
         run.save_figure(fig, "x", "c", source="imagined")

@@ -1,5 +1,6 @@
 """Importers, each fed files shaped exactly like its source system writes them, plus every bad input."""
 
+import base64
 import json
 import pickle
 
@@ -10,7 +11,7 @@ import torch
 from relibra.cluster import get_model
 from relibra.errors import ConfigError, TraceError
 from relibra.importers import (deal_sequences, import_megatron_jsonl, import_megatron_replay, import_sglang,
-                               import_trace, import_verl, resolve_model)
+                               import_slime, import_trace, import_verl, import_vllm, resolve_model)
 from relibra.trace import RoutingTrace
 
 TINY = get_model("tiny")  # 4 MoE layers, 16 experts, top-2
@@ -97,7 +98,7 @@ def test_megatron_replay_bad_inputs(tmp_path):
         import_megatron_replay(save("short.pt", good[:3]), "tiny", ep=2)
     with pytest.raises(TraceError, match=r"ragged\.pt: field 'layer 3' has 5 tokens but layer 0 has 6"):
         import_megatron_replay(save("ragged.pt", good[:3] + [good[3][:5]]), "tiny", ep=2)
-    with pytest.raises(TraceError, match=r"frac\.pt: field 'layer 0' at \[token=0, k=0\] holds 0\.5"):
+    with pytest.raises(TraceError, match=r"frac\.pt: field 'layer 0' (at \[token=0, k=0\] holds 0\.5|holds float64 values)"):
         import_megatron_replay(save("frac.pt", [np.full((6, 2), 0.5)] + good[1:]), "tiny", ep=2)
     np.savez(tmp_path / "negstep.npz", step=np.array(-3), **{f"layer_{i}": x for i, x in enumerate(good)})
     with pytest.raises(TraceError, match=r"negstep\.npz: field 'step' is -3, a negative count"):
@@ -148,20 +149,32 @@ def test_unreadable_files(tmp_path):
         import_sglang(tmp_path / "x.bin", "tiny", ep=1)
 
 
-# ---- megatron-core routing-trace JSONL -----------------------------------------------------------
-def jsonl_records(rng, steps=2, mbs=3, ep=2):
-    """One record per (step, layer, rank) and micro-batch, in the order a training loop writes them."""
-    truth, by_rank = {}, {r: [] for r in range(ep)}
-    for s in range(steps):
-        for m in range(mbs):
-            for r in range(ep):
-                n = int(rng.integers(0, 9))
-                ids = topk_ids(rng, n, L)
-                truth[(s, m, r)] = ids
-                for layer in range(L):
-                    by_rank[r].append({"step": 100 + s, "layer": layer, "rank": r, "num_tokens": n, "topk": K,
-                                       "top_indices": ids[:, layer].tolist()})
-    return truth, by_rank
+# ---- megatron-core router-trace JSONL (0.19) ----------------------------------------------------
+# Records laid out as megatron/core/transformer/moe/router_trace.py (RouterTracer, training mode)
+# writes them: one line per router call, json.dumps of {"step", "stage", "block", "layer", "rank",
+# "num_tokens", "topk", "top_indices"} (+ "mtp_idx" on MTP records), one file per rank. A
+# first-dense model (GLM-4.5-Air style): decoder.layers.0 is dense, its MoE routers are layers 1, 2;
+# one MTP head with one MoE layer. 4 experts, top-2.
+def rec(step, layer, rows, rank=0, block="decoder", **extra):
+    out = {"step": step, "stage": "pre_dispatch", "block": block, "layer": layer, "rank": rank,
+           "num_tokens": len(rows), "topk": 2, "top_indices": rows}
+    if block == "mtp":
+        out["mtp_idx"] = 0
+    out.update(extra)
+    return out
+
+
+MB0 = {1: [[0, 1], [2, 3], [0, 2]], 2: [[1, 2], [1, 3], [0, 1]], "mtp": [[3, 2], [3, 1], [3, 0]]}
+MB1 = {1: [[3, 0]], 2: [[2, 1]], "mtp": [[0, 1]]}
+
+
+def glm_like_records(recompute=True, step=0, rank=0):
+    """mb0 forward, then (full recompute, uniform) layers re-fired in reverse during backward, then mb1."""
+    out = [rec(step, 1, MB0[1], rank), rec(step, 2, MB0[2], rank), rec(step, 0, MB0["mtp"], rank, "mtp")]
+    if recompute:
+        out += [rec(step, 2, MB0[2], rank), rec(step, 1, MB0[1], rank)]
+    out += [rec(step, 1, MB1[1], rank), rec(step, 2, MB1[2], rank), rec(step, 0, MB1["mtp"], rank, "mtp")]
+    return out
 
 
 def write_jsonl(path, records):
@@ -169,72 +182,99 @@ def write_jsonl(path, records):
     return path
 
 
-def test_megatron_jsonl_axes(tmp_path):
-    rng = np.random.default_rng(4)
-    truth, by_rank = jsonl_records(rng)
-    files = [write_jsonl(tmp_path / f"routing_rank{r}.jsonl", recs) for r, recs in by_rank.items()]
-    t = import_megatron_jsonl(files, "tiny", ep=2)
-    assert t.loads.shape == (2, 3, L, 2, E) and t.provenance["steps"] == [100, 101]
-    for (s, m, r), ids in truth.items():
-        assert np.array_equal(t.loads[s, m, :, r], counts(ids))
-    t2 = import_trace("megatron-jsonl", tmp_path, model="tiny", ep=2)  # a directory works too
-    assert np.array_equal(t.loads, t2.loads)
+def save_router_state(directory, rank=0, experts=4):
+    """What RouterTracer.flush() dumps with --moe-routing-trace-dump-weights."""
+    state = {layer: {"weight": torch.zeros(experts, 8), "expert_bias": None, "score_function": "sigmoid", "topk": 2}
+             for layer in (1, 2)}
+    torch.save(state, directory / f"router_state_rank{rank}.pt")
+
+
+def test_megatron_jsonl_first_dense_mtp_and_recompute(tmp_path):
+    path = write_jsonl(tmp_path / "router_trace_rank0.jsonl", glm_like_records())
+    save_router_state(tmp_path)
+    t = import_megatron_jsonl(path, recompute="drop")  # layers, top-k, experts and ep all from the files
+    assert (t.num_layers, t.num_experts, t.model.top_k, t.ep, t.num_microbatches) == (2, 4, 2, 1, 2)
+    # counted by hand: mb0 decoder.layers.1 ids 0,1,2,3,0,2 ; decoder.layers.2 ids 1,2,1,3,0,1
+    assert t.loads[0, 0, :, 0].tolist() == [[2, 1, 2, 1], [1, 3, 1, 1]]
+    assert t.loads[0, 1, :, 0].tolist() == [[1, 0, 0, 1], [0, 1, 1, 0]]
+    p = t.provenance
+    assert p["layers"] == ["decoder.layers.1", "decoder.layers.2"] and p["mtp_records_dropped"] == 2
+    assert p["repeats_dropped"] == 2 and p["experts_from"] == "router_state_rank0.pt"
+    t = import_megatron_jsonl(path, recompute="drop", mtp="layers")
+    assert t.num_layers == 3 and t.loads[0, 0, 2, 0].tolist() == [1, 1, 1, 3]  # MTP ids 3,2,3,1,3,0
+    with pytest.raises(TraceError, match=r"line 4: repeats .*line 2 \(step 0, decoder\.layers\.2, rank 0, identical"):
+        import_megatron_jsonl(path)
+    with pytest.raises(TraceError, match=r"router_state_rank0\.pt: router weights have 4 experts, but model preset says 16"):
+        import_megatron_jsonl(path, model="tiny", ep=1, recompute="drop")
+    (tmp_path / "elsewhere").mkdir()
+    other = write_jsonl(tmp_path / "elsewhere" / "router_trace_rank0.jsonl", glm_like_records())
+    with pytest.raises(TraceError, match=r"holds 2 MoE routers \(decoder\.layers\.1, decoder\.layers\.2\), but model 'tiny'"):
+        import_megatron_jsonl(other, model="tiny", ep=1, recompute="drop")
+
+
+def test_megatron_jsonl_ranks_steps_and_expert_count(tmp_path):
+    for r in range(2):
+        write_jsonl(tmp_path / f"router_trace_rank{r}.jsonl",
+                    glm_like_records(False, 0, r) + glm_like_records(False, 1, r))
+    with pytest.raises(ConfigError, match="expert count is not in router-trace JSONL"):
+        import_megatron_jsonl(tmp_path)
+    t = import_megatron_jsonl(tmp_path, experts=8, keep_tokens=False)
+    assert t.loads.shape == (2, 2, 2, 2, 8) and t.token_experts is None
+    assert t.loads[1, 0, 0, 1].tolist() == [2, 1, 2, 1, 0, 0, 0, 0]
+    with pytest.raises(TraceError, match=r"field 'rank' is 1, outside the EP group \[0, 1\)"):
+        import_megatron_jsonl(tmp_path, experts=8, ep=1)
+    save_router_state(tmp_path, experts=16)
+    with pytest.raises(TraceError, match="router weights have 16 experts, but --experts says 8"):
+        import_megatron_jsonl(tmp_path, experts=8)
 
 
 def test_megatron_jsonl_bad_inputs(tmp_path):
-    rng = np.random.default_rng(5)
-    _, by_rank = jsonl_records(rng, steps=1, mbs=1, ep=1)
-    recs = by_rank[0]
+    base = glm_like_records(False)
 
-    def run(name, mutate):
-        rows = json.loads(json.dumps(recs))
+    def run(name, mutate, **kw):
+        rows = json.loads(json.dumps(base))
         mutate(rows)
-        return import_megatron_jsonl(write_jsonl(tmp_path / name, rows), "tiny", ep=1)
+        return import_megatron_jsonl(write_jsonl(tmp_path / name, rows), experts=4, **kw)
 
-    def set_first(field, value):
-        def f(rows):
-            rows[1][field] = value
-        return f
+    def poke(line, value):
+        return lambda rows: rows[line]["top_indices"][0].__setitem__(1, value)
 
-    def poke(i, j, value):
-        def f(rows):
-            rows[2]["top_indices"][i][j] = value
-        return f
-
-    with pytest.raises(TraceError, match=r"a\.jsonl: line 3: field 'top_indices' at \[token=0, k=1\] holds an expert id 99"):
-        run("a.jsonl", poke(0, 1, 99))
-    with pytest.raises(TraceError, match=r"b\.jsonl: line 3: .*holds a negative expert id -2"):
-        run("b.jsonl", poke(0, 0, -2))
-    with pytest.raises(TraceError, match=r"c\.jsonl: line 3: field 'top_indices' at \[token=0\] repeats expert"):
-        run("c.jsonl", lambda rows: rows[2]["top_indices"].__setitem__(0, [3, 3]))
-    with pytest.raises(TraceError, match=r"d\.jsonl: line 2: field 'topk' is 3"):
-        run("d.jsonl", set_first("topk", 3))
-    with pytest.raises(TraceError, match=r"e\.jsonl: line 1: field 'top_indices' at \[token=0\] has top-k width 3"):
-        run("e.jsonl", lambda rows: rows[0]["top_indices"].__setitem__(0, [1, 2, 3]))
+    with pytest.raises(TraceError, match=r"a\.jsonl: line 2: field 'top_indices' at \[token=0, k=1\] holds an expert id 9"):
+        run("a.jsonl", poke(1, 9))
+    with pytest.raises(TraceError, match=r"b\.jsonl: line 2: .*holds a negative expert id -2"):
+        run("b.jsonl", poke(1, -2))
+    with pytest.raises(TraceError, match=r"c\.jsonl: line 1: field 'top_indices' at \[token=0\] repeats expert 3"):
+        run("c.jsonl", lambda rows: rows[0]["top_indices"].__setitem__(0, [3, 3]))
+    with pytest.raises(TraceError, match=r"d\.jsonl: line 2: field 'topk' is 3, but earlier records have 2"):
+        run("d.jsonl", lambda rows: rows[1].__setitem__("topk", 3))
+    with pytest.raises(TraceError, match=r"e\.jsonl: line 1: field 'top_indices' at \[token=1\] has top-k width 3"):
+        run("e.jsonl", lambda rows: rows[0]["top_indices"].__setitem__(1, [1, 2, 3]))
     with pytest.raises(TraceError, match=r"f\.jsonl: line 2: field 'num_tokens' is -1, a negative count"):
-        run("f.jsonl", set_first("num_tokens", -1))
-    with pytest.raises(TraceError, match=r"g\.jsonl: line 2: field 'num_tokens' is 2\.5, not an integer"):
-        run("g.jsonl", set_first("num_tokens", 2.5))
-    with pytest.raises(TraceError, match=r"h\.jsonl: line 2: field 'layer' is 7.*4 MoE layers"):
-        run("h.jsonl", set_first("layer", 7))
-    with pytest.raises(TraceError, match=r"layer 3 is missing"):
-        run("i.jsonl", lambda rows: rows.pop())
-    with pytest.raises(TraceError, match=r"j\.jsonl: line 3: field 'top_indices' at \[token=0, k=0\] holds 1\.5"):
-        run("j.jsonl", poke(0, 0, 1.5))
-    with pytest.raises(TraceError, match=r"k\.jsonl: line 2: field 'num_tokens' is \d+ but 'top_indices' has"):
-        run("k.jsonl", lambda rows: rows[1].__setitem__("num_tokens", rows[1]["num_tokens"] + 1))
-    with pytest.raises(TraceError, match=r"l\.jsonl: line 1: field 'rank' is missing"):
-        run("l.jsonl", lambda rows: rows[0].pop("rank"))
-    text = write_jsonl(tmp_path / "ok.jsonl", recs).read_text()
+        run("f.jsonl", lambda rows: rows[1].__setitem__("num_tokens", -1))
+    with pytest.raises(TraceError, match=r"g\.jsonl: line 2: field 'num_tokens' is 4 but 'top_indices' has 3 rows"):
+        run("g.jsonl", lambda rows: rows[1].__setitem__("num_tokens", 4))
+    with pytest.raises(TraceError, match=r"h\.jsonl: line 1: field 'rank' is missing"):
+        run("h.jsonl", lambda rows: rows[0].pop("rank"))
+    with pytest.raises(TraceError, match=r"i\.jsonl: line 1: field 'block' is 'encoder'"):
+        run("i.jsonl", lambda rows: rows[0].__setitem__("block", "encoder"))
+    with pytest.raises(TraceError, match=r"j\.jsonl: line 2: field 'stage' is 'post_dispatch'"):
+        run("j.jsonl", lambda rows: rows[1].__setitem__("stage", "post_dispatch"))
+    # a record lost: micro-batch 1 of decoder.layers.2 has no record
+    with pytest.raises(TraceError, match=r"micro-batch 1, rank 0 has routing for 1 of 2 MoE layers; layer decoder\.layers\.2"):
+        run("k.jsonl", lambda rows: rows.pop(4))
+    # a record written twice with different content (not a recompute repeat) shows as unequal layers
+    with pytest.raises(TraceError, match=r"micro-batch 1, rank 0: layer decoder\.layers\.2 routes 1 tokens but layer decoder\.layers\.1 routes 3"):
+        run("l.jsonl", lambda rows: rows.insert(1, rec(0, 1, [[1, 0], [2, 0], [3, 0]])))
+    text = write_jsonl(tmp_path / "ok.jsonl", base).read_text()
     (tmp_path / "trunc.jsonl").write_text(text[: len(text) - 25])
-    with pytest.raises(TraceError, match=r"trunc\.jsonl: line 4: not valid JSON"):
-        import_megatron_jsonl(tmp_path / "trunc.jsonl", "tiny", ep=1)
+    with pytest.raises(TraceError, match=r"trunc\.jsonl: line 6: not valid JSON"):
+        import_megatron_jsonl(tmp_path / "trunc.jsonl", experts=4)
     (tmp_path / "blank.jsonl").write_text("\n\n")
     with pytest.raises(TraceError, match=r"blank\.jsonl: the file holds no records"):
-        import_megatron_jsonl(tmp_path / "blank.jsonl", "tiny", ep=1)
+        import_megatron_jsonl(tmp_path / "blank.jsonl", experts=4)
     (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(TraceError, match=r"bin\.jsonl: not UTF-8"):
-        import_megatron_jsonl(tmp_path / "bin.jsonl", "tiny", ep=1)
+    with pytest.raises(TraceError, match=r"bin\.jsonl: line 1: not UTF-8"):
+        import_megatron_jsonl(tmp_path / "bin.jsonl", experts=4)
 
 
 # ---- verl ----------------------------------------------------------------------------------------
@@ -376,3 +416,132 @@ def test_model_shape_options_and_round_trip(tmp_path):
     t.save(tmp_path / "t.npz")
     u = RoutingTrace.load(tmp_path / "t.npz")
     assert np.array_equal(u.token_experts, t.token_experts) and u.model == shape
+
+
+# ---- real layouts of the RL systems, counted by hand (2 MoE layers, 4 experts, top-2) -----------
+SMALL = resolve_model(layers=2, experts=4, top_k=2)
+A = [[[0, 1], [2, 3]], [[1, 2], [0, 3]], [[3, 0], [1, 2]]]  # 3 rows [layer, k]
+B = [[[2, 3], [0, 1]], [[2, 1], [3, 0]]]  # 2 rows
+AB_LAYER0, AB_LAYER1 = [2, 3, 3, 2], [3, 2, 2, 3]  # A+B ids: layer 0 = 0,1,1,2,3,0,2,3,2,1 ; layer 1 = 2,3,0,3,1,2,0,1,3,0
+
+
+def generate_response(routes, prompt, completion, dtype=None):
+    """A /generate response as SGLang's HTTP server returns it (tokenizer_manager meta_info, base64 routes)."""
+    meta = {"id": "x", "prompt_tokens": prompt, "completion_tokens": completion, "finish_reason": {"type": "stop"},
+            "routed_experts": base64.b64encode(np.asarray(routes, dtype=dtype or np.int32).tobytes()).decode()}
+    if dtype is not None:
+        meta["routed_experts_dtype"] = np.dtype(dtype).name
+    return {"text": "...", "meta_info": meta}
+
+
+@pytest.mark.parametrize("form", ["jsonl", "json"])
+def test_sglang_generate_responses(tmp_path, form):
+    responses = [generate_response(A, 2, 2), generate_response(B, 1, 2, np.uint8)]  # rows = P + C - 1
+    path = tmp_path / f"step0.{form}"
+    if form == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in responses))
+    else:
+        path.write_text(json.dumps(responses))  # a batched /generate returns a list
+    t = import_sglang(path, SMALL, ep=1)
+    assert t.loads[0, 0, :, 0].tolist() == [AB_LAYER0, AB_LAYER1]
+    assert np.array_equal(t.token_experts[0, 0, :3], np.asarray(A))
+
+
+def test_sglang_start_len_and_misalignment(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps(generate_response(B, 2, 2)) + "\n")  # 2 rows for 4 tokens: start_len 1
+    with pytest.raises(TraceError, match=r"s\.jsonl: line 1: .*has 2 rows; prompt_tokens \+ completion_tokens - 1 - "
+                                         r"start_len = 3 expected \(start_len 0\): routes and tokens are misaligned"):
+        import_sglang(path, SMALL, ep=1)
+    t = import_sglang(path, SMALL, ep=1, start_len=1)
+    assert t.loads[0, 0, 0, 0].tolist() == [0, 1, 2, 1]  # ids 2,3,2,1
+    bad = generate_response(B, 1, 2)
+    bad["meta_info"]["routed_experts_dtype"] = "float16"
+    path.write_text(json.dumps(bad) + "\n")
+    with pytest.raises(TraceError, match=r"routed_experts_dtype' is 'float16'"):
+        import_sglang(path, SMALL, ep=1)
+    bad["meta_info"]["routed_experts_dtype"] = "int32"
+    bad["meta_info"]["routed_experts"] = "not base64!"
+    path.write_text(json.dumps(bad) + "\n")
+    with pytest.raises(TraceError, match=r"line 1: field 'meta_info\.routed_experts' is not valid base64"):
+        import_sglang(path, SMALL, ep=1)
+
+
+def verl_agent_loop_batch(dtype=torch.int16):
+    """verl agent-loop output (DataProto.batch) saved with torch.save: prompt_len 2, response_len 3.
+
+    Sample 0: one prompt token (left-padded), two response tokens; the engine's last (placeholder)
+    row sits at its final response position 3. Sample 1: truncated multi-turn, every position real.
+    """
+    re = torch.zeros(2, 5, 2, 2, dtype=dtype)
+    re[0, 1], re[0, 2] = torch.tensor([[0, 1], [2, 3]]), torch.tensor([[1, 2], [0, 1]])  # re[0, 3] placeholder
+    re[1] = torch.tensor([[[3, 2], [1, 0]], [[0, 3], [2, 1]], [[1, 0], [3, 2]], [[2, 1], [0, 3]], [[3, 1], [1, 2]]])
+    mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    return {"prompts": torch.tensor([[0, 11], [12, 13]]), "responses": torch.tensor([[21, 22, 0], [23, 24, 25]]),
+            "response_mask": mask[:, 2:].clone(), "attention_mask": mask, "routed_experts": re}
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.uint8])
+def test_verl_agent_loop_placeholder(tmp_path, dtype):
+    torch.save(verl_agent_loop_batch(dtype), tmp_path / "step0.pt")
+    t = import_verl(tmp_path / "step0.pt", SMALL, ep=2)
+    assert t.loads[0, 0, :, 0].tolist() == [[1, 2, 1, 0], [1, 1, 1, 1]]  # sample 0: ids 0,1,1,2 | 2,3,0,1
+    assert t.loads[0, 0, :, 1].tolist() == [[2, 3, 2, 3], [2, 3, 3, 2]]  # sample 1, all 5 positions
+    assert t.provenance["placeholders_dropped"] == 1 and t.provenance["samples_without_placeholder"] == 1
+    batch = verl_agent_loop_batch(dtype)
+    batch["routed_experts"][1, 2] = 0
+    torch.save(batch, tmp_path / "bad.pt")
+    with pytest.raises(TraceError, match=r"bad\.pt: field 'routed_experts' at \[sample=1, position=2\] is an all-zero row"):
+        import_verl(tmp_path / "bad.pt", SMALL, ep=2)
+
+
+def test_vllm_and_slime_exports(tmp_path):
+    a, b = np.asarray(A, np.int32), np.asarray(B, np.int32)
+    np.savez(tmp_path / "vllm.npz", routed_experts_0=a, routed_experts_1=b, num_tokens_0=np.array(4),
+             num_tokens_1=np.array(3))
+    t = import_vllm(tmp_path / "vllm.npz", SMALL, ep=1)
+    assert t.loads[0, 0, :, 0].tolist() == [AB_LAYER0, AB_LAYER1]
+    np.savez(tmp_path / "slime.npz", rollout_routed_experts_0=a, rollout_routed_experts_1=b,
+             tokens_0=np.arange(4), tokens_1=np.arange(3))
+    t = import_trace("slime", tmp_path / "slime.npz", model=SMALL, ep=1)
+    assert t.loads[0, 0, :, 0].tolist() == [AB_LAYER0, AB_LAYER1]
+    np.savez(tmp_path / "off.npz", rollout_routed_experts_0=a, rollout_routed_experts_1=b,
+             tokens_0=np.arange(4), tokens_1=np.arange(5))
+    with pytest.raises(TraceError, match=r"off\.npz: sample 1 has 2 route rows for 5 tokens"):
+        import_slime(tmp_path / "off.npz", SMALL, ep=1)
+    np.savez(tmp_path / "nolen.npz", routed_experts_0=a)
+    with pytest.raises(TraceError, match=r"nolen\.npz: array num_tokens_0 is missing"):
+        import_vllm(tmp_path / "nolen.npz", SMALL, ep=1)
+
+
+def test_loads_only_holds_one_file_of_ids(tmp_path, monkeypatch):
+    import weakref
+
+    import relibra.importers.verl as verl_mod
+
+    for s in range(3):
+        torch.save(verl_agent_loop_batch(), tmp_path / f"step{s}.pt")
+    live, real = [], verl_mod.load_container
+
+    def tracked(path):
+        assert all(ref() is None for ref in live), "the previous file's ids are still held"
+        obj = real(path)
+        live.append(weakref.ref(obj["routed_experts"]))
+        return obj
+
+    monkeypatch.setattr(verl_mod, "load_container", tracked)
+    t = import_verl(tmp_path, SMALL, ep=2, keep_tokens=False)
+    assert t.num_steps == 3 and len(live) == 3 and t.loads[2, 0, 0, 0].tolist() == [1, 2, 1, 0]
+
+
+def test_cli_imports_router_trace_jsonl(tmp_path, capsys):
+    from relibra.cli import main
+
+    write_jsonl(tmp_path / "router_trace_rank0.jsonl", glm_like_records())
+    out = tmp_path / "t.npz"
+    assert main(["trace", "import", "--format", "megatron-jsonl", str(tmp_path), "--out", str(out),
+                 "--experts", "4", "--recompute", "drop"]) == 0
+    assert RoutingTrace.load(out).loads[0, 0, :, 0].tolist() == [[2, 1, 2, 1], [1, 3, 1, 1]]
+    assert main(["trace", "import", "--format", "megatron-jsonl", str(tmp_path), "--out", str(out),
+                 "--experts", "4"]) == 2
+    assert "activation recompute" in capsys.readouterr().err

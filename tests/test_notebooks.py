@@ -1,20 +1,24 @@
-"""Every notebook runs headless through papermill with the `tiny` profile (via the same runner as
-`relibra reproduce`) and writes its figures (PNG + SVG), CSVs, manifest and executed copy; the
-committed .ipynb files match their builder and carry no outputs."""
+"""The notebooks: their Jupytext sources are the only source, every parameters cell declares exactly what
+the notebook reads, bad parameters fail before any work, and every notebook runs headless in the
+`tiny` profile (through the same runner as `relibra reproduce`) with its figures inline in the
+executed copy, saved as PNG + SVG, and exported to HTML."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import nbformat
 import pytest
 
-from relibra.experiments import NOTEBOOKS, project_root
+from relibra.errors import ConfigError
+from relibra.experiments import NOTEBOOK_PARAMETERS, NOTEBOOKS, declared_parameters, project_root
 
 NB_DIR = project_root() / "notebooks"
-REQUIRED_PARAMETERS = ("model", "workload", "ep", "cluster", "policies", "steps", "seed", "out_dir", "profile")
+
+
+def image_outputs(nb) -> int:
+    return sum("image/png" in out.get("data", {}) for cell in nb.cells if cell.cell_type == "code"
+               for out in cell.get("outputs", []))
 
 
 @pytest.fixture(scope="module")
@@ -30,46 +34,134 @@ def executed(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_and_writes_results(executed, name):
+def test_notebook_runs_with_its_figures_inline(executed, name):
     out, statuses = executed
     assert statuses[name]["status"] == "ok", statuses[name].get("error")
     folder = out / name
-    assert (folder / f"{name}.ipynb").exists()
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["figures"] and manifest["tables"]
     for fig in manifest["figures"]:
         for key in ("png", "svg"):
             assert (folder / fig[key]).stat().st_size > 1000
-        assert fig["source"] in ("simulated", "measured", "synthetic", "real") and fig["hardware"]
-        assert fig["caption"]
-    for table in manifest["tables"]:
-        assert (folder / table["file"]).stat().st_size > 0
+        assert fig["source"] in ("simulated", "measured", "synthetic", "real") and fig["hardware"] and fig["caption"]
     assert len(list(folder.glob("*.csv"))) == len(manifest["tables"])
-    assert manifest["config"]["profile"] == "tiny"
+    nb = nbformat.read(folder / f"{name}.ipynb", as_version=4)
+    # every saved figure is shown exactly once in the executed notebook
+    assert image_outputs(nb) == len(manifest["figures"])
+    html = (folder / f"{name}.html").read_text()
+    assert html.count("data:image/png;base64") >= len(manifest["figures"])
+    # the notebook interprets its results in text after them (a markdown display output)
+    assert any("text/markdown" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
 
 
 def test_report_names_every_notebook(executed):
-    out, statuses = executed
+    out, _ = executed
     text = (out / "REPORT.md").read_text()
     for name in NOTEBOOKS:
-        assert f"### {name}" in text
+        assert f"### {name}" in text and f"{name}/{name}.html" in text
     assert "Headline ratios next to the paper's claims" in text and "## Environment" in text
 
 
+def test_one_notebook_rebuilds_the_report_from_every_result(executed, tmp_path):
+    """Running one notebook keeps the others' results in REPORT.md, and shows the new output."""
+    import shutil
+
+    from relibra.cli.reproduce import run_notebooks
+    from relibra.report import write_report
+
+    out, _ = executed
+    copy = tmp_path / "results"
+    shutil.copytree(out, copy)
+    before = (copy / "00_tutorial" / "gpu_load.csv").read_text()
+    statuses = run_notebooks(["00_tutorial"], "tiny", copy, progress=False, html=False,
+                             extra_parameters={"placement": "search", "spare_slots": 2})
+    assert statuses["00_tutorial"]["status"] == "ok", statuses["00_tutorial"].get("error")
+    # changing a parameter changes the output
+    assert (copy / "00_tutorial" / "gpu_load.csv").read_text() != before
+    text = write_report(copy, "tiny", statuses).read_text()
+    for name in NOTEBOOKS:
+        assert f"### {name}" in text
+    assert "ok (this run)" in text and "ok (earlier run)" in text
+
+
+def test_unknown_parameter_fails_before_any_work(tmp_path):
+    from relibra.cli.reproduce import run_notebooks
+
+    statuses = run_notebooks(["02_throughput"], "tiny", tmp_path, progress=False, html=False,
+                             extra_parameters={"seeed": 3})
+    status = statuses["02_throughput"]
+    assert status["status"] == "failed"
+    assert "unknown parameter 'seeed'" in status["error"] and "seed" in status["error"].split("takes:")[1]
+    assert not list((tmp_path / "02_throughput").glob("*.csv"))  # it stopped before any experiment
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_committed_notebook_has_parameters_and_no_outputs(name):
-    nb = nbformat.read(NB_DIR / f"{name}.ipynb", as_version=4)
+def test_source_is_jupytext_percent_declaring_what_it_reads(name):
+    import jupytext
+
+    nb = jupytext.read(NB_DIR / f"{name}.py")
+    assert nb.metadata["jupytext"]["formats"] == "ipynb,py:percent"
+    assert nb.metadata["kernelspec"]["name"] == "python3"
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1
-    for param in REQUIRED_PARAMETERS:
-        assert f"\n{param} = " in "\n" + tagged[0].source
-    assert 'profile = "laptop"' in tagged[0].source
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            assert not cell.outputs and cell.execution_count is None
-    assert nb.metadata["kernelspec"]["name"] == "python3"
+    assert declared_parameters(name) == list(dict.fromkeys(declared_parameters(name)))  # each once
+    assert set(declared_parameters(name)) == set(NOTEBOOK_PARAMETERS[name])
+    # the first code cell after the parameters checks them before anything else runs
+    after = nb.cells[nb.cells.index(tagged[0]) + 1]
+    assert f'ex.start("{name}", globals())' in after.source
 
 
-def test_notebooks_match_their_builder():
-    proc = subprocess.run([sys.executable, str(NB_DIR / "build_notebooks.py"), "--check"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_notebooks_folder_holds_sources_only():
+    """No generator: the .py files are the notebooks (JupyterLab's paired .ipynb stays untracked)."""
+    names = sorted(p.stem for p in NB_DIR.glob("*.py"))
+    assert names == sorted(NOTEBOOKS)
+    assert "*.ipynb" in (NB_DIR / ".gitignore").read_text()
+
+
+@pytest.mark.parametrize("notebook, params, message", [
+    ("02_throughput", {"seeed": 3}, "unknown parameter 'seeed'"),
+    ("00_tutorial", {"model": "qwen3-235b-a22b"}, "unknown parameter 'model'"),
+    ("00_tutorial", {"spare_slots": 9}, "spare_slots must be 0..4"),
+    ("00_tutorial", {"ep": 6}, "ep must be one of"),
+    ("00_tutorial", {"skew": -1}, "skew must be in"),
+    ("02_throughput", {"model": "qwen3-999b"}, "unknown model"),
+    ("02_throughput", {"profile": "huge"}, "unknown profile"),
+    ("02_throughput", {"policies": "relibra,eplbb"}, "unknown policy 'eplbb'"),
+    ("02_throughput", {"ep": 7}, "ep=7"),
+    ("04_reordering", {"model": "qwen3-30b-a3b,glm-4.5-air"}, "studies one model"),
+    ("08_runtime", {"nproc": 4, "nodes": 3}, "must divide"),
+    ("09_rl_workload", {"rl_steps": 0}, "rl_steps must be >= 1"),
+    ("01_routing_dynamics", {"cluster": "paper"}, "unknown parameter 'cluster'"),
+])
+def test_bad_parameters_are_errors(notebook, params, message, tmp_path):
+    from relibra.experiments import start
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        start(notebook, out_dir=tmp_path, **params)
+
+
+def test_injected_names_come_from_papermills_cell():
+    from relibra.experiments import injected_names
+
+    history = ["", 'profile = "laptop"\nseed = 0', '# Parameters\nseeed = 3\nprofile = "tiny"\n', "run = ..."]
+    assert injected_names({"In": history}) == ["seeed", "profile"]
+    assert injected_names({"In": history[:2] + ["run = ..."]}) == []  # no papermill cell: nothing injected
+
+
+# Every declared parameter (but where results go and whether widgets show) changes the resolved run.
+_CHANGED = {"model": "qwen3-30b-a3b", "workload": "code", "ep": 8, "steps": 2, "seed": 1, "cluster": "h800",
+            "policies": "megatron,eplb+", "spare_slot_counts": "1,2", "ep_sizes": "4,8", "nproc": 4, "nodes": 2,
+            "rl_steps": 3, "measured_dir": "elsewhere", "placement": "search", "spare_slots": 2, "skew": 0.5,
+            "shift": 0.1, "tokens_per_gpu": 512, "micro_batches": 2, "micro_batch": 1, "profile": "tiny"}
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_declared_parameter_changes_the_config(name, tmp_path):
+    from relibra.experiments import start
+
+    base = start(name, out_dir=tmp_path).config.to_dict()
+    for param in NOTEBOOK_PARAMETERS[name]:
+        if param in ("out_dir", "interactive"):
+            continue
+        changed = start(name, out_dir=tmp_path, **{param: _CHANGED[param]}).config.to_dict()
+        assert changed != base, f"{name}: parameter {param} changes nothing"

@@ -21,21 +21,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Arguments that name something the command will write. Each is checked before the command runs
+# (relibra.paths.check_output_path), so a bad path fails at once, not after the work is done.
+OUTPUT_ARGS = ("out",)
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    from relibra.paths import check_output_path
+
+    for name in OUTPUT_ARGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            check_output_path(value, flag="--" + name.replace("_", "-"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_outputs(args)
         return int(args.func(args) or 0)
     except RelibraError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
-        print(f"error: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # The reader (e.g. `| head`) went away; exit quietly like other Unix tools.
         sys.stderr.close()
         return 141
+    except OSError as exc:  # FileNotFoundError, NotADirectoryError, a full disk, ...
+        if exc.filename is not None and exc.strerror:
+            print(f"error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        else:
+            print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except MemoryError as exc:
+        print(f"error: out of memory ({exc or 'MemoryError'})", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

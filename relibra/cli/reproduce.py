@@ -1,6 +1,7 @@
-"""`relibra reproduce [--profile laptop|paper|gpu|tiny] [--out results] [NOTEBOOK...]`: run the notebooks
-through papermill, keep each executed notebook beside its results (results/<nb>/<nb>.ipynb), and
-write results/REPORT.md. ./reproduce.sh calls it."""
+"""`relibra reproduce [--profile laptop|paper|gpu|tiny] [--out results] [-p NAME VALUE]... [NOTEBOOK...]`:
+run the notebooks (their Jupytext sources notebooks/NN_name.py) through papermill, keep each executed
+notebook beside its results (results/<nb>/<nb>.ipynb) with an HTML export (<nb>.html), and rebuild
+results/REPORT.md from every result present under the output folder. ./reproduce.sh calls it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,29 @@ def notebook_dir() -> Path:
     from relibra.experiments import project_root
 
     return project_root() / "notebooks"
+
+
+def load_notebook(name: str):
+    """notebooks/<name>.py (Jupytext py:percent, the source) as an nbformat notebook without outputs."""
+    import jupytext
+
+    path = notebook_dir() / f"{name}.py"
+    if not path.exists():
+        raise ConfigError(f"notebook source {path} is missing")
+    nb = jupytext.read(path)
+    nb.metadata.pop("jupytext", None)  # the executed copy is a plain notebook, not paired
+    return nb
+
+
+def export_html(executed: Path) -> Path:
+    """<executed>.html beside the executed notebook (nbconvert's HTML exporter, figures embedded)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
+    html = executed.with_suffix(".html")
+    html.write_text(body)
+    return html
 
 
 def select_notebooks(names: list[str] | None) -> list[str]:
@@ -36,53 +60,77 @@ def select_notebooks(names: list[str] | None) -> list[str]:
 
 def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, seed: int = 0,
                   measured_dir: str | None = None, extra_parameters: dict | None = None,
-                  progress: bool = True, kernel_name: str = "python3") -> dict[str, dict]:
+                  progress: bool = True, kernel_name: str = "python3", html: bool = True) -> dict[str, dict]:
     """Execute each notebook with papermill; returns {notebook: {status, wall_seconds, error}}.
 
-    A failing notebook is recorded and the others still run. Executed copies are written to
-    <out_dir>/<nb>/<nb>.ipynb (with the error cell, when one failed).
+    Each notebook gets profile, seed and measured_dir only where its parameters cell declares them
+    (the tutorial reads no profile), plus out_dir and `extra_parameters` (passed to every notebook:
+    one it does not declare makes it fail with a message naming it). A failing notebook is recorded
+    and the others still run. Executed copies go to <out_dir>/<nb>/<nb>.ipynb (with the error cell,
+    when one failed) and, with html, an HTML export beside them.
     """
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
     from tqdm.auto import tqdm
 
-    from relibra.experiments import get_profile, project_root
+    from relibra.experiments import NOTEBOOK_PARAMETERS, get_profile, project_root
 
     get_profile(profile)
     out_dir = Path(out_dir).resolve()
-    src_dir = notebook_dir()
-    # The kernel inherits these: deterministic hashing, no GUI backend.
+    # The kernel inherits the environment: deterministic hashing, and matplotlib's inline backend
+    # (ipykernel's default, which MPLBACKEND=Agg from ./reproduce.sh would override) so that live
+    # figures, e.g. the tutorial's widgets, draw in the notebook.
     os.environ.setdefault("PYTHONHASHSEED", "0")
-    os.environ["MPLBACKEND"] = "Agg"
+    saved_backend = os.environ.pop("MPLBACKEND", None)
     statuses: dict[str, dict] = {}
     bar = tqdm(names, desc=f"notebooks ({profile})", unit="nb", disable=not progress)
-    for name in bar:
-        bar.set_postfix_str(name)
-        nb_out = out_dir / name
-        nb_out.mkdir(parents=True, exist_ok=True)
-        params = {"profile": profile, "out_dir": str(nb_out), "seed": int(seed)}
-        if measured_dir:
-            params["measured_dir"] = str(measured_dir)
-        if name == "00_tutorial":
-            params["interactive"] = False  # headless: no widgets, the static figures only
-        params.update(extra_parameters or {})
-        started = time.perf_counter()
-        status = {"status": "ok", "profile": profile}
-        try:
-            pm.execute_notebook(str(src_dir / f"{name}.ipynb"), str(nb_out / f"{name}.ipynb"), parameters=params,
-                                kernel_name=kernel_name, progress_bar=False, cwd=str(project_root()))
-        except PapermillExecutionError as exc:
-            status = {"status": "failed", "profile": profile, "error": f"{exc.ename}: {str(exc.evalue)[:300]}"}
-        except Exception as exc:  # the kernel died, the notebook file is missing...
-            status = {"status": "failed", "profile": profile, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-        status["wall_seconds"] = round(time.perf_counter() - started, 1)
-        statuses[name] = status
-        msg = f"{name}: {status['status']} in {status['wall_seconds']:.1f} s"
-        if status["status"] != "ok":
-            msg += f"  ({status['error']})"
-        if progress:
-            bar.write(msg)
+    try:
+        for name in bar:
+            bar.set_postfix_str(name)
+            nb_out = out_dir / name
+            nb_out.mkdir(parents=True, exist_ok=True)
+            declared = NOTEBOOK_PARAMETERS[name]
+            params = {"out_dir": str(nb_out)}
+            for key, value in (("profile", profile), ("seed", int(seed)), ("measured_dir", measured_dir)):
+                if key in declared and value is not None:
+                    params[key] = value
+            if "interactive" in declared:
+                params["interactive"] = False  # headless: no widgets, the static figures only
+            params.update(extra_parameters or {})
+            started = time.perf_counter()
+            status = {"status": "ok", "profile": profile if "profile" in declared else "none"}
+            executed = nb_out / f"{name}.ipynb"
+            try:
+                pm.execute_notebook(load_notebook(name), str(executed), parameters=params,
+                                    kernel_name=kernel_name, progress_bar=False, cwd=str(project_root()))
+            except PapermillExecutionError as exc:
+                status.update(status="failed", error=f"{exc.ename}: {str(exc.evalue)[:300]}")
+            except Exception as exc:  # the kernel died, the notebook file is missing...
+                status.update(status="failed", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            if html and executed.exists():
+                export_html(executed)
+            status["wall_seconds"] = round(time.perf_counter() - started, 1)
+            statuses[name] = status
+            msg = f"{name}: {status['status']} in {status['wall_seconds']:.1f} s"
+            if status["status"] != "ok":
+                msg += f"  ({status['error']})"
+            if progress:
+                bar.write(msg)
+    finally:
+        if saved_backend is not None:
+            os.environ["MPLBACKEND"] = saved_backend
     return statuses
+
+
+def parse_parameters(pairs: list[list[str]] | None) -> dict:
+    """-p NAME VALUE pairs as papermill's CLI reads them (numbers, True/False/None, else strings)."""
+    import yaml
+
+    out = {}
+    for name, value in pairs or []:
+        parsed = yaml.safe_load(value) if value.strip() else value
+        out[name] = parsed if isinstance(parsed, (int, float, bool, type(None))) else value
+    return out
 
 
 def _reproduce(args) -> int:
@@ -91,7 +139,7 @@ def _reproduce(args) -> int:
     names = select_notebooks(args.notebooks)
     started = time.perf_counter()
     statuses = run_notebooks(names, args.profile, args.out, seed=args.seed, measured_dir=args.measured_dir,
-                             progress=not args.quiet)
+                             extra_parameters=parse_parameters(args.parameter), progress=not args.quiet)
     total = time.perf_counter() - started
     report = write_report(args.out, args.profile, statuses, total_seconds=total)
     failed = [n for n, s in statuses.items() if s["status"] != "ok"]
@@ -105,9 +153,10 @@ def _reproduce(args) -> int:
 def register(sub) -> None:
     from relibra.experiments import NOTEBOOKS, PROFILES
 
-    p = sub.add_parser("reproduce", help="run the notebooks through papermill and write results/REPORT.md",
+    p = sub.add_parser("reproduce", help="run the notebooks through papermill and rebuild results/REPORT.md",
                        description="Run every notebook (or the named ones) through papermill with one profile; "
-                       "executed notebooks, figures and CSVs go to OUT/<notebook>/, the report to OUT/REPORT.md. "
+                       "executed notebooks (.ipynb and .html), figures and CSVs go to OUT/<notebook>/; OUT/REPORT.md is "
+                       "rebuilt from every notebook's results found under OUT, not only those just run. "
                        f"Notebooks: {', '.join(NOTEBOOKS)}.")
     p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
                    help="notebook names or numbers (e.g. 02 or 02_throughput); default: all")
@@ -117,5 +166,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of every trace (default 0)")
     p.add_argument("--measured-dir", default=None,
                    help="folder of measured results from GPU nodes (gpu profile; default results/gpu_runs)")
+    p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="set a notebook parameter, as papermill's -p (e.g. -p ep 16); a name the notebook "
+                   "does not declare fails it with the list of those it does")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_reproduce)

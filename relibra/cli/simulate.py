@@ -5,19 +5,19 @@ from __future__ import annotations
 import json
 import math
 
+DEFAULT_STEPS = 2
+
 
 def _simulate(args) -> int:
     from relibra.cluster import get_model, parse_topology
-    from relibra.costs import CostParams
     from relibra.errors import ConfigError
-    from relibra.sim import simulate
     from relibra.trace import RoutingTrace
 
     topology = parse_topology(args.cluster)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise ConfigError("--policies names no policy")
-    if args.steps <= 0:
+    if args.steps is not None and args.steps <= 0:
         raise ConfigError(f"--steps must be positive, got {args.steps}")
     if args.warmup_steps < 0:
         raise ConfigError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
@@ -27,7 +27,13 @@ def _simulate(args) -> int:
             raise ConfigError(f"{args.trace}: the trace is of model {trace.model.name!r}, not --model {args.model!r}")
         if args.ep and trace.ep != args.ep:
             raise ConfigError(f"{args.trace}: the trace has EP {trace.ep}, not --ep {args.ep}")
-        steps = min(args.steps, trace.num_steps)
+        if args.steps is None:
+            steps = min(DEFAULT_STEPS, trace.num_steps)
+        elif args.steps > trace.num_steps:
+            raise ConfigError(f"--steps {args.steps}: {args.trace} holds only {trace.num_steps} step(s); give "
+                              f"--steps {trace.num_steps} or fewer")
+        else:
+            steps = args.steps
         workload = args.workload or str(trace.provenance.get("workload", ""))
     else:
         from relibra.workloads import generate_trace
@@ -38,12 +44,15 @@ def _simulate(args) -> int:
         topology.ep_layout(args.ep)
         if args.micro_batches <= 0:
             raise ConfigError(f"--micro-batches must be positive, got {args.micro_batches}")
-        trace = generate_trace(args.model, args.workload, args.ep, steps=args.warmup_steps + args.steps,
+        steps = DEFAULT_STEPS if args.steps is None else args.steps
+        trace = generate_trace(args.model, args.workload, args.ep, steps=args.warmup_steps + steps,
                                seed=args.seed, micro_batches=args.micro_batches,
                                tokens_per_rank=args.tokens_per_rank, progress=not args.json)
-        steps = args.steps
         workload = args.workload
     topology.ep_layout(trace.ep)  # a clear error for a bad (cluster, EP) combination
+    from relibra.costs import CostParams  # imported after the input checks: bad input fails fast
+    from relibra.sim import simulate
+
     params = CostParams(seq_len=args.seq_len, replica_buffer=args.replica_buffer, route=args.route,
                         dedup=None if args.dedup is None else args.dedup == "on")
     result = simulate(trace, topology, policies, steps=steps, params=params, workload=workload,
@@ -90,7 +99,9 @@ def register(sub) -> None:
                         "matmul_tflops=790' (default paper)")
     p.add_argument("--policies", default="megatron,eplb,eplb+,lplb+,llep,relibra,balanced",
                    help="comma-separated policy names (megatron and balanced are always added as references)")
-    p.add_argument("--steps", type=int, default=2, help="steps to simulate (the last ones of --trace) (default 2)")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"steps to simulate, the last ones of --trace; more than the trace holds is an error "
+                        f"(default {DEFAULT_STEPS}, or every step of a shorter --trace)")
     p.add_argument("--warmup-steps", type=int, default=4,
                    help="generated steps before the simulated ones, history for eplb (default 4)")
     p.add_argument("--trace", help="a trace file (.npz) instead of a synthetic one")

@@ -37,24 +37,36 @@ def register(subparsers) -> None:
     st.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     st.set_defaults(func=_stats)
 
-    imp = sub.add_parser("import", help="convert routing data from megatron-core, verl or SGLang into a trace",
-                         description="Convert what megatron-core (RouterReplay recordings or routing-trace JSONL), verl "
-                                     "or SGLang write into one trace file. See docs/traces.md for each format's axes.")
-    imp.add_argument("--format", required=True, choices=("megatron-replay", "megatron-jsonl", "verl", "sglang"))
+    imp = sub.add_parser("import", help="convert routing data from megatron-core, verl, SGLang, vLLM or slime into a trace",
+                         description="Convert what megatron-core (RouterReplay recordings or router-trace JSONL), verl, "
+                                     "SGLang, vLLM or slime write into one trace file, reading the sources file by file. "
+                                     "See docs/traces.md for each format's axes and the flags it needs.")
+    imp.add_argument("--format", required=True, choices=("megatron-replay", "megatron-jsonl", "verl", "sglang", "vllm",
+                                                         "slime"))
     imp.add_argument("sources", nargs="+", metavar="SOURCE", help="input files or directories")
     imp.add_argument("--out", required=True, help="output .npz file")
-    imp.add_argument("--model", help="model preset; or give --layers, --experts and --top-k")
+    imp.add_argument("--model", help="model preset; or give --layers, --experts and --top-k (megatron-jsonl: "
+                                     "--experts alone, or nothing when router_state_rank*.pt lies beside the trace)")
     imp.add_argument("--layers", type=int, help="MoE layers (explicit model shape)")
     imp.add_argument("--experts", type=int, help="routed experts per layer (explicit model shape)")
     imp.add_argument("--top-k", type=int, help="experts per token (explicit model shape)")
     imp.add_argument("--hidden", type=int, default=2048, help="hidden size of an explicit shape (cost model only; 2048)")
     imp.add_argument("--moe-ffn", type=int, default=768, help="expert ffn size of an explicit shape (cost model only; 768)")
-    imp.add_argument("--ep", type=int, required=True, help="expert-parallel size")
+    imp.add_argument("--ep", type=int, help="expert-parallel size (required; megatron-jsonl: default highest rank + 1)")
     imp.add_argument("--micro-batches", type=int, default=1,
-                     help="verl/sglang: micro-batches each rank cuts its sequences into (default 1)")
+                     help="verl/sglang/vllm/slime: micro-batches each rank cuts its sequences into (default 1)")
     imp.add_argument("--order", choices=("rank-major", "microbatch-major"), default="rank-major",
-                     help="verl/sglang: how sequences are dealt to (rank, micro-batch) slots (default rank-major)")
-    imp.add_argument("--loads-only", action="store_true", help="drop the token-level ids, keep only the counts")
+                     help="verl/sglang/vllm/slime: how sequences are dealt to (rank, micro-batch) slots (default rank-major)")
+    imp.add_argument("--mtp", choices=("drop", "layers"), default="drop",
+                     help="megatron-jsonl: drop MTP-block records (default; counted in provenance) or keep them as "
+                          "extra layers after the decoder's")
+    imp.add_argument("--recompute", choices=("error", "drop"), default="error",
+                     help="megatron-jsonl: a record repeating an earlier one of the same (step, layer, rank) is an "
+                          "error (default), or an activation-recompute repeat to drop")
+    imp.add_argument("--start-len", type=int, default=0,
+                     help="sglang JSON: the request's routed_experts_start_len, which SGLang does not echo (default 0)")
+    imp.add_argument("--loads-only", action="store_true",
+                     help="drop the token-level ids, keep only the counts (holds one file's ids at a time)")
     imp.set_defaults(func=_import)
 
     cal = sub.add_parser("calibrate", help="skewness and shift statistics of generated traces per model and EP",
@@ -138,13 +150,31 @@ def _stats(args) -> int:
 def _import(args) -> int:
     from relibra.importers import import_trace, resolve_model
 
-    model = resolve_model(args.model, args.layers, args.experts, args.top_k, args.hidden, args.moe_ffn)
-    opts = {"model": model, "ep": args.ep, "keep_tokens": not args.loads_only}
-    if args.format in ("verl", "sglang"):
-        opts.update(micro_batches=args.micro_batches, order=args.order)
-    elif args.micro_batches != 1 or args.order != "rank-major":
-        raise ConfigError(f"--micro-batches and --order apply to verl and sglang; {args.format} files carry "
+    sequences = ("verl", "sglang", "vllm", "slime")
+    if args.format not in sequences and (args.micro_batches != 1 or args.order != "rank-major"):
+        raise ConfigError(f"--micro-batches and --order apply to {', '.join(sequences)}; {args.format} files carry "
                           f"their own micro-batches")
+    if args.format != "megatron-jsonl" and (args.mtp != "drop" or args.recompute != "error"):
+        raise ConfigError("--mtp and --recompute apply to megatron-jsonl")
+    if args.format != "sglang" and args.start_len:
+        raise ConfigError("--start-len applies to sglang")
+    opts = {"keep_tokens": not args.loads_only}
+    if args.format == "megatron-jsonl":
+        if args.layers is not None or args.top_k is not None:
+            raise ConfigError("megatron-jsonl reads layers and top-k from the file; give --model or --experts only")
+        if args.model is not None and args.experts is not None:
+            raise ConfigError("give either a model preset or --experts, not both")
+        opts.update(model=args.model, ep=args.ep, experts=args.experts, mtp=args.mtp, recompute=args.recompute,
+                    hidden=args.hidden, moe_ffn=args.moe_ffn)
+    else:
+        if args.ep is None:
+            raise ConfigError(f"--ep is required for {args.format}")
+        opts.update(model=resolve_model(args.model, args.layers, args.experts, args.top_k, args.hidden, args.moe_ffn),
+                    ep=args.ep)
+        if args.format in sequences:
+            opts.update(micro_batches=args.micro_batches, order=args.order)
+        if args.format == "sglang":
+            opts.update(start_len=args.start_len)
     trace = import_trace(args.format, args.sources, **opts)
     trace.save(args.out)
     tokens = "with token-level ids" if trace.token_experts is not None else "counts only"

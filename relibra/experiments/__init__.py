@@ -3,9 +3,10 @@
 A notebook holds parameters, narrative and calls; the computation lives here (tested) and every
 figure in relibra.plots. Each notebook starts with
 
-    run = start("02_throughput", profile=profile, out_dir=out_dir, model=model, ...)
+    run = start("02_throughput", globals())
 
-which resolves the notebook's parameters against a *profile* (sizes that fit a machine), makes
+which checks the parameters papermill injected against the notebook's parameters cell and every
+value's range (parameters.py), resolves them against a *profile* (sizes that fit a machine), makes
 `results/<notebook>/`, and returns a `Run` that saves figures (PNG + SVG) and CSVs there and, at
 `run.finish()`, a `manifest.json` that relibra.report turns into results/REPORT.md.
 
@@ -25,7 +26,9 @@ One module per concept; this package re-exports every public name, so callers us
 `relibra.experiments.<name>`:
 - profiles:    Scale, Profile, PROFILES, get_profile
 - config:      NOTEBOOKS, the policies each notebook compares, Config, resolve, scaled_model, project_root
-- run:         Run (figures, tables, manifest of one notebook run), start
+- parameters:  NOTEBOOK_PARAMETERS (what each notebook's parameters cell declares), start (checks them)
+- run:         Run (figures, tables, manifest of one notebook run)
+- narrative:   the text each notebook prints after its results, computed from them (import the module)
 - machine:     environment (versions, hardware), this_machine ('measured (...)' labels)
 - headline:    PAPER_CLAIMS, headline_ratios
 - traces:      make_trace (cached synthetic traces), workload_traces, plan_steps
@@ -66,7 +69,16 @@ from relibra.experiments.profiles import PROFILES, Profile, Scale, get_profile
 from relibra.experiments.reordering import reorder_table
 from relibra.experiments.replication import default_spare_slots, replication_table, spare_slot_sweep
 from relibra.experiments.rl import RL_OVERRIDES, RL_TORCH_THREADS, rl_workload
-from relibra.experiments.run import Run, start
+from relibra.experiments.parameters import (
+    NOTEBOOK_PARAMETERS,
+    check_names,
+    check_values,
+    declared_parameters,
+    injected_names,
+    notebook_source,
+    start,
+)
+from relibra.experiments.run import Run
 from relibra.experiments.runtime import (
     RUNTIME_COMPONENTS,
     measured_runtime,
@@ -87,8 +99,12 @@ from relibra.experiments.simulation import (
 from relibra.experiments.skewness import plan_skewness, skewness_sweep
 from relibra.experiments.traces import _TRACE_CACHE, make_trace, plan_steps, workload_traces
 from relibra.experiments.tutorial import (
+    TUTORIAL_DEFAULTS,
     TUTORIAL_MODEL,
+    TUTORIAL_PHASES,
     TUTORIAL_PLACEMENTS,
+    replica_table,
+    tutorial_args,
     tutorial_case,
     tutorial_grid,
     tutorial_policy,
@@ -102,13 +118,14 @@ __all__ = [
     "REORDER_POLICIES", "REPLICATION_POLICIES", "SKEW_POLICIES", "OVERHEAD_POLICIES", "NOTEBOOK_POLICIES",
     "Config", "resolve", "scaled_model", "project_root", "jsonable",
     # one notebook run, the machine, the headline
-    "Run", "start", "environment", "this_machine", "PAPER_CLAIMS", "headline_ratios",
+    "Run", "start", "NOTEBOOK_PARAMETERS", "declared_parameters", "injected_names", "check_names", "check_values",
+    "notebook_source", "environment", "this_machine", "PAPER_CLAIMS", "headline_ratios",
     # traces, plans, simulation
     "make_trace", "workload_traces", "plan_steps", "history_steps", "make_policy", "simulate_trace",
     "throughput_grid", "plan_metrics", "replica_transfer_seconds", "simulate_with_plans", "simulate_workloads",
     # 00 tutorial
-    "TUTORIAL_MODEL", "TUTORIAL_PLACEMENTS", "tutorial_topology", "tutorial_trace", "tutorial_policy",
-    "tutorial_case", "tutorial_grid",
+    "TUTORIAL_MODEL", "TUTORIAL_PLACEMENTS", "TUTORIAL_DEFAULTS", "TUTORIAL_PHASES", "tutorial_topology",
+    "tutorial_trace", "tutorial_policy", "tutorial_case", "tutorial_args", "tutorial_grid", "replica_table",
     # 01 routing dynamics
     "expert_load_table", "SHIFT_COMPARISONS", "shift_table", "distribution_distance", "prediction_error_table",
     "static_skewness_table",

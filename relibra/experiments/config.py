@@ -72,6 +72,10 @@ class Config(Scale):
 
     def scale_note(self) -> str:
         """One line on how far this run is from the paper's scale, for captions."""
+        if self.notebook == "00_tutorial":
+            x = self.extra
+            return (f"toy layer: 16 experts, top-2, EP {self.ep} as 2 nodes x {self.ep // 2} GPUs, "
+                    f"{x.get('tokens_per_gpu')} tokens per GPU, {self.micro_batches} micro-batches, seed {self.seed}")
         layers = "all MoE layers" if self.layers is None else f"first {self.layers} MoE layers"
         return f"{self.profile} profile: {layers}, {self.micro_batches} micro-batches x {self.steps} steps, seed {self.seed}"
 
@@ -82,7 +86,7 @@ class Config(Scale):
 
     def trace_label(self, model: str | None = None, ep: int | None = None) -> str:
         """Provenance of routing statistics that need no cluster: the synthetic trace generator."""
-        return (f"simulated routing: synthetic RL traces of {model or self.model}, EP {ep or self.ep} "
+        return (f"synthetic routing: the kit's RL trace generator, {model or self.model}, EP {ep or self.ep} "
                 f"(no cluster involved) | {self.scale_note()}")
 
     def plan_label(self, ep: str | int | None = None) -> str:
@@ -91,8 +95,9 @@ class Config(Scale):
         return (f"simulated: policies' plans on synthetic RL traces of {self.model}, EP {ep or self.ep}, nodes of "
                 f"{topo.gpus_per_node} GPUs ({topo.name} cluster preset; no cost model) | {self.scale_note()}")
 
-    def sim_subtitle(self) -> str:
-        return f"{self.simulated_label()} | {self.scale_note()}"
+    def sim_subtitle(self, ep: str | int | None = None) -> str:
+        """'simulated (<cluster>), EP <ep> | <scale note>' for figures of the simulator."""
+        return f"{self.simulated_label()}, EP {ep or self.ep} | {self.scale_note()}"
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sizes"}
@@ -153,14 +158,14 @@ def resolve(notebook: str, profile: str = "laptop", out_dir: str | os.PathLike |
     """
     if notebook not in NOTEBOOKS:
         raise ConfigError(f"unknown notebook {notebook!r}; known: {', '.join(NOTEBOOKS)}")
-    sizes = get_profile(profile)
+    sizes = get_profile(profile or "tiny")  # profile None: the tutorial's toy layer, which reads no profile
     models = _as_tuple(model) or sizes.models
     workloads = _as_tuple(workload) or sizes.workloads
     for m in models:
         get_model(m)
     cfg = Config(
         notebook=notebook,
-        profile=profile,
+        profile=profile or "none",
         models=models,
         workloads=workloads,
         model=models[0] if model not in (None, "") else sizes.model,
@@ -184,9 +189,19 @@ def resolve(notebook: str, profile: str = "laptop", out_dir: str | os.PathLike |
     for w in cfg.workloads + (cfg.workload,):
         if w not in WORKLOADS:
             raise ConfigError(f"unknown workload {w!r}; known: {', '.join(WORKLOADS)}")
-    get_topology(cfg.cluster)
+    topo = get_topology(cfg.cluster)
     if cfg.steps < 1 or cfg.micro_batches < 1:
         raise ConfigError(f"steps and micro_batches must be >= 1, got {cfg.steps} and {cfg.micro_batches}")
+    if profile is not None:  # EP sizes the cluster and every model can hold
+        for ep_size in dict.fromkeys((cfg.ep,) + tuple(cfg.ep_sizes)):
+            try:
+                topo.ep_layout(ep_size)
+            except ConfigError as exc:
+                raise ConfigError(f"{notebook}: ep={ep_size} on cluster {cfg.cluster!r}: {exc}") from None
+            for m in cfg.models + (cfg.model,):
+                experts = get_model(m).num_experts
+                if experts % ep_size:
+                    raise ConfigError(f"{notebook}: ep={ep_size} does not divide the {experts} experts of {m!r}")
     return cfg
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from relibra.errors import ConfigError
-from relibra.experiments.config import Config, jsonable, resolve
+from relibra.experiments.config import Config, jsonable
 
 
 class Run:
@@ -71,11 +71,3 @@ class Run:
         path = self.out_dir / "manifest.json"
         path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
         return path
-
-
-def start(notebook: str, **params) -> Run:
-    """Resolve a notebook's parameters (see `resolve`), set plot style, and open its Run."""
-    from relibra.plots import set_style
-
-    set_style()
-    return Run(resolve(notebook, **params))

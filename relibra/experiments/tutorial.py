@@ -14,7 +14,8 @@ TUTORIAL_MODEL = ModelShape("tutorial", num_layers=1, num_experts=16, top_k=2, h
 TUTORIAL_PLACEMENTS = ("static", "search", "lpt")
 # The notebook's parameter defaults (its parameters cell holds the same values).
 TUTORIAL_DEFAULTS = {"ep": 4, "placement": "static", "spare_slots": 0, "skew": 1.2, "shift": 0.5,
-                     "tokens_per_gpu": 4096, "micro_batches": 4, "micro_batch": 0, "interactive": True}
+                     "tokens_per_gpu": 4096, "micro_batches": 4, "micro_batch": 0, "interactive": True, "seed": 0,
+                     "out_dir": None}
 # Phases of one micro-batch and layer in the cost model (relibra.costs PlanCost.forward), in order.
 TUTORIAL_PHASES = ("dense_compute", "dispatch", "expert_compute", "combine", "replica_push", "replica_grad")
 
@@ -92,7 +93,7 @@ def replica_table(plan, micro_batch: int | None = None) -> pd.DataFrame:
 
 def tutorial_case(placement: str = "static", spare_slots: int = 0, skew: float = 1.2, shift: float = 0.5,
                   micro_batch: int = 0, seed: int = 0, ep: int = 4, tokens_per_gpu: int = 4096,
-                  micro_batches: int = 4, **_ignored) -> dict:
+                  micro_batches: int = 4) -> dict:
     """Plan and price the toy layer for one placement x spare-slots choice.
 
     Returns {"expert_tokens": tokens per (micro_batch, expert) and its home GPU, "gpu_table": per
@@ -142,6 +143,13 @@ def tutorial_case(placement: str = "static", spare_slots: int = 0, skew: float =
             "replicas": replica_table(plan), "policy": name, "placement": placement, "spare_slots": int(spare_slots),
             "micro_batch": int(micro_batch), "ep": ep, "gpus_per_node": gpn, "tokens_per_gpu": tokens_per_gpu,
             "hardware": f"{topo.name}: the paper's GPUs and links, 2 nodes x {gpn} GPUs", "plan": plan}
+
+
+def tutorial_args(cfg) -> dict:
+    """The keyword arguments of `tutorial_case` from notebook 00's resolved Config (cfg.extra holds its
+    checked parameters; ep, seed and micro_batches are Config fields)."""
+    keys = ("placement", "spare_slots", "skew", "shift", "micro_batch", "tokens_per_gpu")
+    return {"ep": cfg.ep, "seed": cfg.seed, "micro_batches": cfg.micro_batches, **{k: cfg.extra[k] for k in keys}}
 
 
 def tutorial_grid(skew: float = 1.2, shift: float = 0.5, seed: int = 0, spare_slots=(0, 1, 2), ep: int = 4,

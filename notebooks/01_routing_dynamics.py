@@ -1,0 +1,116 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 - Routing dynamics: why history-based balancing misses in RL
+#
+# Load balancers such as EPLB place experts (and replicas) from a **prediction** of expert load, usually
+# a moving average of past steps. That works when load is steady. In RL post-training each micro-batch
+# holds different prompts and responses, so **hot experts shift from one micro-batch to the next**,
+# while the whole-step total, summed over many sequences, moves slowly.
+#
+# ReLibra builds on a fact of RL: *routing replay* records, during rollout, which experts every token
+# chose, and replays them in training, so the exact load of every micro-batch is known **before** the
+# training step. This notebook measures what that knowledge is worth on the kit's synthetic RL traces.
+# No simulator is involved: every figure is a statistic of the routing traces themselves.
+
+# %% tags=["parameters"]
+profile = "laptop"  # tiny | laptop (default) | paper | gpu: sizes of the traces (see relibra.experiments.PROFILES)
+model = None        # one model preset (None: the profile's)
+workload = None     # math | science | instruct | code | mixed, or several: "math,code" (None: the profile's)
+ep = None           # expert-parallel size: ranks the trace routes from (None: the profile's)
+steps = None        # training steps per trace (None: the profile's)
+seed = 0            # same seed, same traces
+out_dir = None      # default: results/01_routing_dynamics
+
+# %%
+from relibra import experiments as ex, plots
+from relibra.experiments import narrative as nr
+
+run = ex.start("01_routing_dynamics", globals())  # unknown or out-of-range parameters fail here
+cfg = run.config
+print(cfg.scale_note())
+print("results go to", cfg.out_dir)
+
+# %%
+traces = ex.workload_traces(cfg)
+trace = traces[cfg.workload]
+trace.stats()
+
+# %% [markdown]
+# ## 1. Expert load, micro-batch by micro-batch
+#
+# Left: the share of token-slots each expert of one MoE layer receives in every micro-batch of step 0.
+# Right: the same layer summed over each whole step.
+
+# %%
+loads = ex.expert_load_table(trace, step=0, layer=0)
+run.save_csv(loads, "expert_load", "tokens per expert: micro-batches of step 0 and whole steps, layer 0")
+fig = plots.expert_load_heatmaps(loads, cfg.trace_label())
+run.save_figure(fig, "expert_load_heatmaps", "Share of token-slots per expert, per micro-batch (left) and per "
+                "whole step (right), MoE layer 0", source="synthetic", hardware="the kit's RL trace generator")
+
+# %% [markdown]
+# ## 2. How far hot experts shift
+#
+# *Hot-expert overlap*: the share of one load vector's hottest 10% of experts that are also among the
+# other's hottest 10% (1 = the same hot set). *Load correlation*: Pearson correlation of the two load
+# vectors. The history prediction is the moving average of up to 4 previous whole steps.
+
+# %%
+shift = ex.shift_table(traces)
+run.save_csv(shift, "shift_stats", "hot-expert overlap and load correlation per comparison and workload")
+fig = plots.shift_bars(shift, cfg.trace_label())
+run.save_figure(fig, "shift", "Hot-expert overlap and load correlation between micro-batches, steps and a "
+                "history prediction, per workload", source="synthetic", hardware="the kit's RL trace generator")
+shift.pivot_table(index="comparison", columns=["metric", "trace"], values="value").round(3)
+
+# %% [markdown]
+# ## 3. How wrong a prediction is
+#
+# The error is the share of token-slots a prediction puts on the wrong experts (total-variation distance
+# between load shares). EPLB sees the history; EPLB+ is given the exact whole-step load; only replay
+# knows each micro-batch.
+
+# %%
+errors = ex.prediction_error_table(traces)
+run.save_csv(errors, "prediction_error", "prediction error per predictor, target, step, micro-batch and layer")
+fig = plots.prediction_error_plot(errors, cfg.trace_label())
+run.save_figure(fig, "prediction_error", "Share of token-slots predicted on the wrong experts: history vs oracle "
+                "step load, against whole steps and single micro-batches", source="synthetic",
+                hardware="the kit's RL trace generator")
+errors.groupby(["predictor", "target"])["error"].describe().round(3)
+
+# %% [markdown]
+# ## 4. What static placement makes of it
+#
+# Rank skewness under Megatron's static contiguous placement, for every micro-batch and layer, and for
+# the whole step (counted from the trace's tokens per EP rank; no cost model).
+
+# %%
+skew = ex.static_skewness_table(traces)
+run.save_csv(skew, "static_skewness", "rank skewness under static placement per micro-batch / whole step")
+fig = plots.static_skewness_plot(skew, cfg.trace_label())
+run.save_figure(fig, "static_skewness", "Rank skewness (max / mean tokens per GPU) under static placement",
+                source="synthetic", hardware="the kit's RL trace generator")
+run.note(static_skewness=skew[skew.scope == "micro-batch"].groupby("trace")["skewness"].mean().round(3).to_dict())
+
+# %% [markdown]
+# ## What the numbers say
+
+# %%
+nr.show(nr.dynamics_story(shift, errors, skew))
+run.finish()
+print("figures:", [f["name"] for f in run.figures])

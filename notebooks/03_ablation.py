@@ -1,0 +1,66 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 - Ablation: what reordering and replication each contribute
+#
+# ReLibra has two mechanisms. Starting from Megatron's static placement:
+#
+# * **+ reordering** (`relibra-reorder`): once per step, move expert homes across nodes so the step's
+#   load is balanced across nodes and GPUs. Cheap (once per step) but blind to each micro-batch.
+# * **+ replication** (`relibra-replicate`, on static homes): per micro-batch, copy hot experts into
+#   spare slots of other GPUs of the same node and split their tokens. Follows each micro-batch, but
+#   cannot move load between nodes.
+# * **both** (`relibra`): reordering balances the nodes, replication the GPUs inside them.
+#
+# Balanced is the ideal. Numbers are **simulated** on the named cluster preset.
+
+# %% tags=["parameters"]
+profile = "laptop"  # tiny | laptop (default) | paper | gpu (see relibra.experiments.PROFILES)
+model = None        # model preset, or several: "qwen3-30b-a3b,qwen3-235b-a22b"
+workload = None     # math | science | instruct | code | mixed, or several
+ep = None           # expert-parallel size
+cluster = None      # cluster preset: paper | h800 | nvl72 | cpu-gloo
+policies = None     # default: megatron, relibra-reorder, relibra-replicate, relibra, balanced
+steps = None        # training steps per routing trace
+seed = 0            # same seed, same numbers
+out_dir = None      # default: results/03_ablation
+
+# %%
+from relibra import experiments as ex, plots
+from relibra.experiments import narrative as nr
+
+run = ex.start("03_ablation", globals())  # unknown or out-of-range parameters fail here
+cfg = run.config
+print(cfg.scale_note())
+print("models:", nr.model_differences(cfg.models))
+
+# %%
+table = ex.throughput_grid(cfg)
+run.save_csv(table, "ablation", "simulated tokens/s and skewness per model, workload and ablation stage")
+table.pivot_table(index="policy", columns="model", values="speedup_vs_megatron").round(3)
+
+# %%
+fig = plots.ablation_plot(table, cfg.sim_subtitle())
+run.save_figure(fig, "ablation", "Simulated throughput (normalized to Megatron) and rank skewness as the "
+                "mechanisms are added; bars average over workloads, whiskers span them")
+
+# %% [markdown]
+# ## What the numbers say
+
+# %%
+nr.show(nr.ablation_story(table))
+run.finish()
+print("figures:", [f["name"] for f in run.figures])

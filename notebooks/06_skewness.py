@@ -1,0 +1,62 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 - Rank skewness per policy, across EP sizes and task domains
+#
+# Rank skewness = max tokens per GPU / mean tokens per GPU, averaged over micro-batches and layers: how
+# far each micro-batch's busiest GPU is above the average. The paper reports Megatron above 2.0,
+# growing with EP. More GPUs per EP group means fewer experts per GPU, so one hot expert weighs more.
+#
+# Left: the EP sizes of `ep_sizes` on one workload. Right: each task domain at `ep`. Computed from each
+# policy's plans (tokens per GPU), so no cost model is involved; the traces are synthetic.
+
+# %% tags=["parameters"]
+profile = "laptop"  # tiny | laptop (default) | paper | gpu (see relibra.experiments.PROFILES)
+model = None        # one model preset (None: the profile's)
+workload = None     # math | science | instruct | code | mixed, or several: "math,code"
+ep = None           # expert-parallel size
+cluster = None      # cluster preset: paper | h800 | nvl72 | cpu-gloo
+policies = None     # comma-separated policy names (None: this notebook's set)
+steps = None        # training steps per routing trace
+seed = 0            # same seed, same numbers
+out_dir = None      # default: results/06_skewness
+ep_sizes = None     # EP sizes of the sweep, e.g. "8,16,32,64" (None: the profile's)
+
+# %%
+from relibra import experiments as ex, plots
+from relibra.experiments import narrative as nr
+
+run = ex.start("06_skewness", globals())  # unknown or out-of-range parameters fail here
+cfg = run.config
+print(cfg.scale_note())
+
+# %%
+table = ex.skewness_sweep(cfg)
+run.save_csv(table, "skewness", "mean and p95 rank skewness per policy, EP size and workload")
+table.pivot_table(index=["sweep", "ep", "workload"], columns="policy", values="skewness").round(3)
+
+# %%
+fig = plots.skewness_plot(table, cfg.plan_label(ep=",".join(str(e) for e in cfg.ep_sizes)))
+run.save_figure(fig, "skewness", "Mean rank skewness per policy across EP sizes and task domains",
+                source="simulated", hardware="policy plans on synthetic traces")
+
+# %% [markdown]
+# ## What the numbers say
+
+# %%
+nr.show(nr.skewness_story(table))
+run.finish()
+print("figures:", [f["name"] for f in run.figures])

@@ -1,0 +1,324 @@
+"""The text a notebook prints after its results, computed from those results (never hard-coded).
+
+Every function takes the tidy tables the experiments return and gives markdown: which policy wins,
+by how much, and the figure in the same table that explains why. `show(text)` displays it in a
+notebook (markdown) or prints it elsewhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from relibra.cluster import get_model
+
+_LABELS = {"megatron": "Megatron", "eplb": "EPLB", "eplb+": "EPLB+", "lplb+": "LPLB+", "llep": "LLEP",
+           "relibra": "ReLibra", "relibra-reorder": "reordering only", "relibra-replicate": "replication only",
+           "relibra-lpt": "ReLibra with LPT placement", "relibra-split": "splitting only", "balanced": "Balanced",
+           "balanced-compute": "Balanced"}
+IDEALS = ("balanced", "balanced-compute")  # the ideal, not a system: left out of "best other policy"
+
+
+def label(policy: str) -> str:
+    return _LABELS.get(policy, policy)
+
+
+def show(text: str) -> None:
+    """Display markdown in a notebook; print it elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+
+        if get_ipython() is not None:
+            display(Markdown(text))
+            return
+    except ImportError:
+        pass
+    print(text)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def model_differences(models) -> str:
+    """One line per model preset: experts, top-k, MoE layers, hidden and expert sizes (how they differ)."""
+    parts = []
+    for m in dict.fromkeys(models):
+        s = get_model(m)
+        parts.append(f"{m}: {s.num_experts} experts, top-{s.top_k}, {s.num_layers} MoE layers, hidden {s.hidden}, "
+                     f"expert FFN {s.moe_ffn}")
+    return "; ".join(parts)
+
+
+def step_components(summary: pd.DataFrame) -> pd.DataFrame:
+    """Seconds per step of each policy split into all-to-all, expert compute, exposed replica transfers,
+    migration and the rest (dense layers, optimizer, exposed planner), from a simulator summary."""
+    s = summary.set_index("policy")
+    out = pd.DataFrame({
+        "all-to-all": s["a2a_share"] * s["step_s"],
+        "expert compute": s["expert_share"] * s["step_s"],
+        "exposed replica transfers": s["exposed_transfer_share"] * s["step_s"],
+        "migration": s["migration_s"],
+    })
+    out["the rest"] = s["step_s"] - out.sum(axis=1)
+    out["step"] = s["step_s"]
+    return out
+
+
+def explain_gap(summary: pd.DataFrame, slower: str, faster: str) -> str:
+    """Why `slower` takes longer per step than `faster`: the components that differ most, in ms."""
+    c = step_components(summary)
+    if slower not in c.index or faster not in c.index:
+        return ""
+    diff = (c.loc[slower] - c.loc[faster]).drop("step")
+    worse = diff[diff > 0].sort_values(ascending=False)
+    better = diff[diff < 0].sort_values()
+    parts = [f"{k} +{1e3 * v:.2f} ms" for k, v in worse.head(2).items()]
+    gains = [f"{k} {1e3 * v:.2f} ms" for k, v in better.head(1).items()]
+    return (f"per step, {label(slower)} spends " + ", ".join(parts) + " more than " + label(faster)
+            + (f" (and gains {', '.join(gains)})" if gains else ""))
+
+
+# ---- 00 tutorial ------------------------------------------------------------------------------------
+def tutorial_load_story(case: dict, micro_batch: int = 0) -> str:
+    g = case["gpu_table"]
+    g = g[g["micro_batch"] == micro_batch]
+    et = case["expert_tokens"]
+    et = et[et["micro_batch"] == micro_batch]
+    busiest = g.loc[g["tokens"].idxmax()]
+    hot = et.loc[et["tokens"].idxmax()]
+    mean = float(g["tokens"].mean())
+    text = (f"In micro-batch {micro_batch}, GPU {int(busiest['gpu'])} computes {int(busiest['tokens'])} "
+            f"token-expert pairs, {busiest['tokens'] / mean:.2f}x the mean of {mean:.0f}; every other GPU waits "
+            f"for it. The hottest expert, e{int(hot['expert'])} (home: GPU {int(hot['home_gpu'])}), alone receives "
+            f"{int(hot['tokens'])} pairs, {_pct(hot['tokens'] / et['tokens'].sum())} of the layer's.")
+    reps = case["replicas"]
+    reps = reps[reps["micro_batch"] == micro_batch]
+    if len(reps):
+        moved = int(reps["replica_tokens"].sum())
+        text += (f" The plan fills {len(reps)} replica slot(s) and moves {moved} pairs "
+                 f"({_pct(moved / mean / len(g))} of the layer) onto copies.")
+    elif case["spare_slots"] == 0:
+        text += " With 0 spare slots there are no replicas: only the placement decides the balance."
+    else:
+        text += " The planner left every spare slot empty: no copy would carry enough tokens to pay for itself."
+    return text
+
+
+def tutorial_plan_story(case: dict, micro_batch: int = 0) -> str:
+    reps = case["replicas"]
+    reps = reps[reps["micro_batch"] == micro_batch]
+    gpn = case["gpus_per_node"]
+    lines = []
+    for _, r in reps.iterrows():
+        lines.append(f"- e{int(r['expert'])} (home GPU {int(r['home_gpu'])}, node {int(r['home_gpu']) // gpn}): "
+                     f"{int(r['replica_tokens'])} of its {int(r['expert_tokens'])} tokens go to its copy on GPU "
+                     f"{int(r['gpu'])} (node {int(r['gpu']) // gpn}); {int(r['home_tokens'])} stay home.")
+    moved = case["summary"]["experts_moved_from_static"].iloc[0]
+    head = (f"The plan moves {moved} of 16 expert homes away from the static layout"
+            + (" (search/LPT placement)" if moved else "") + ". ")
+    if not lines:
+        return head + "It holds no replica in this micro-batch."
+    return head + "Its replicas, each inside its home's node:\n\n" + "\n".join(lines)
+
+
+def tutorial_phase_story(case: dict, micro_batch: int = 0) -> str:
+    p = case["phases"]
+    p = p[p["micro_batch"] == micro_batch]
+    fwd = p[p["direction"] == "forward"].set_index("phase")["seconds"]
+    total = float(fwd.sum())
+    a2a = float(fwd.get("dispatch", 0) + fwd.get("combine", 0))
+    return (f"Forward, this layer takes {1e3 * total:.3f} ms for micro-batch {micro_batch}: all-to-all "
+            f"{_pct(a2a / total)}, expert compute {_pct(fwd.get('expert_compute', 0) / total)} (the slowest GPU's), "
+            f"attention {_pct(fwd.get('dense_compute', 0) / total)}. Balancing shortens only the expert-compute "
+            f"part (and the all-to-all's wait on the busiest receiver); backward repeats it at twice the FLOPs.")
+
+
+def tutorial_grid_story(grid: pd.DataFrame) -> str:
+    g = grid.set_index(["placement", "spare_slots"])
+    base = g.loc[("static", 0)]
+    best = grid.loc[grid["slowest_gpu_ms"].idxmin()]
+    text = [f"Static placement without replicas: skewness {base['skewness']:.2f}, slowest GPU "
+            f"{base['slowest_gpu_ms']:.3f} ms. The best choice here, {best['placement']} with {int(best['spare_slots'])} "
+            f"spare slot(s), reaches skewness {best['skewness']:.2f} and {best['slowest_gpu_ms']:.3f} ms "
+            f"(balanced: {best['balanced_ms']:.3f} ms)."]
+    slots = sorted(grid["spare_slots"].unique())
+    same = {}
+    for placement in grid["placement"].unique():
+        for a, b in zip(slots[1:], slots[2:]):
+            ra, rb = g.loc[(placement, a)], g.loc[(placement, b)]
+            if np.isclose(ra["slowest_gpu_ms"], rb["slowest_gpu_ms"]) and rb["max_replicas_per_gpu"] <= a:
+                same.setdefault((a, b, int(rb["max_replicas_per_gpu"])), []).append(placement)
+    for (a, b, used), placements in same.items():
+        text.append(f"With {' and '.join(placements)} placement, {a} and {b} spare slots give the same bars because "
+                    f"the planner filled at most {used} slot(s) per GPU even when given {b}, so the plans are "
+                    f"identical: its water-filling stops once the GPUs of each node are level with the node's mean, "
+                    f"and {used} copy per GPU got there.")
+    return " ".join(text)
+
+
+# ---- 01 routing dynamics ----------------------------------------------------------------------------
+def dynamics_story(shift: pd.DataFrame, errors: pd.DataFrame, skew: pd.DataFrame) -> str:
+    v = shift.groupby(["comparison", "metric"])["value"].mean()
+    mb = v.get(("consecutive micro-batches", "hot-expert overlap"), np.nan)
+    st = v.get(("consecutive steps", "hot-expert overlap"), np.nan)
+    e = errors.groupby(["predictor", "target"])["error"].mean()
+    s = skew.groupby("scope")["skewness"].mean()
+    out = [f"Consecutive micro-batches share {_pct(mb)} of their hottest 10% of experts; consecutive whole steps "
+           f"share {_pct(st)}."]
+    if ("history", "micro-batch") in e:
+        out.append(f"A history prediction (EPLB's input) puts {_pct(e[('history', 'micro-batch')])} of a micro-batch's "
+                   f"token-slots on the wrong experts ({_pct(e.get(('history', 'whole step'), np.nan))} of a whole "
+                   f"step's); even the exact step total (EPLB+'s input) misplaces "
+                   f"{_pct(e.get(('this step (oracle)', 'micro-batch'), np.nan))} of a micro-batch's.")
+    mb_s, st_s = s.get("micro-batch", np.nan), s.get("whole step", np.nan)
+    if mb_s > st_s + 0.02:
+        out.append(f"Under static placement, the mean skewness is {mb_s:.2f} per micro-batch but {st_s:.2f} for the "
+                   f"summed step: balancing the step's total hides imbalance that every micro-batch pays for.")
+    else:
+        out.append(f"Under static placement, the mean skewness is {mb_s:.2f} per micro-batch and {st_s:.2f} for the "
+                   f"summed step: here the hot experts stay hot across the step's micro-batches, so a step-level "
+                   f"placement would see the same imbalance.")
+    return " ".join(out)
+
+
+# ---- 02 throughput / 03 ablation ----------------------------------------------------------------------
+def throughput_story(table: pd.DataFrame) -> str:
+    """Per model: ReLibra's speedup and share of balanced, the best other policy, and why (skewness)."""
+    out = []
+    for model, d in table.groupby("model", sort=False):
+        s = d.groupby("policy")[["speedup_vs_megatron", "frac_of_balanced", "skewness"]].mean()
+        if "relibra" not in s.index:
+            continue
+        r = s.loc["relibra"]
+        others = s.drop(index=[p for p in ("relibra",) + IDEALS if p in s.index])
+        line = (f"- **{model}**: ReLibra runs {r['speedup_vs_megatron']:.2f}x Megatron's throughput and reaches "
+                f"{_pct(r['frac_of_balanced'])} of balanced, because its mean rank skewness is {r['skewness']:.2f}")
+        if "megatron" in s.index:
+            line += f" against Megatron's {s.loc['megatron', 'skewness']:.2f}"
+        if len(others):
+            best = others["speedup_vs_megatron"].idxmax()
+            line += (f". Best other policy: {label(best)} at {others.loc[best, 'speedup_vs_megatron']:.2f}x "
+                     f"(skewness {others.loc[best, 'skewness']:.2f})")
+        out.append(line + ".")
+    return "Averaged over workloads:\n\n" + "\n".join(out) if out else "ReLibra was not simulated."
+
+
+def ablation_story(table: pd.DataFrame) -> str:
+    s = table.groupby("policy")[["speedup_vs_megatron", "skewness"]].mean()
+    parts = []
+    for p in ("relibra-reorder", "relibra-replicate", "relibra"):
+        if p in s.index:
+            parts.append(f"{label(p)} {s.loc[p, 'speedup_vs_megatron']:.2f}x (skewness {s.loc[p, 'skewness']:.2f})")
+    text = "Averaged over models and workloads, relative to Megatron: " + "; ".join(parts) + "."
+    if {"relibra-reorder", "relibra-replicate", "relibra"} <= set(s.index):
+        ro, rp, both = (s.loc[p, "speedup_vs_megatron"] - 1 for p in ("relibra-reorder", "relibra-replicate", "relibra"))
+        kind = "more than" if both > ro + rp + 1e-9 else "less than" if both < ro + rp - 1e-9 else "exactly"
+        text += (f" Together the two mechanisms gain {_pct(both)}, {kind} the sum of their separate gains "
+                 f"({_pct(ro)} + {_pct(rp)}): reordering balances nodes, which is what lets in-node replication "
+                 f"finish the job." if kind == "more than" else
+                 f" Together the two mechanisms gain {_pct(both)}, {kind} the sum of their separate gains "
+                 f"({_pct(ro)} + {_pct(rp)}): they partly fix the same imbalance.")
+    return text
+
+
+# ---- 04 reordering / 05 replication -------------------------------------------------------------------
+def reorder_story(table: pd.DataFrame) -> str:
+    s = table.groupby("policy")[["speedup_vs_megatron", "node_skewness", "cross_node_share", "migration_gb"]].mean()
+    lines = [f"- {label(p)}: {r['speedup_vs_megatron']:.2f}x Megatron, node skewness {r['node_skewness']:.2f}, "
+             f"{_pct(r['cross_node_share'])} of token-expert pairs cross nodes, {r['migration_gb']:.2f} GB migrated "
+             f"per step" for p, r in s.iterrows() if p not in IDEALS]
+    text = "Mean over workloads and steps:\n\n" + "\n".join(lines)
+    if {"relibra", "relibra-lpt"} <= set(s.index):
+        a, b = s.loc["relibra"], s.loc["relibra-lpt"]
+        better = "faster" if a["speedup_vs_megatron"] >= b["speedup_vs_megatron"] else "slower"
+        text += (f"\n\nThe annealing search is {better} than greedy LPT here ({a['speedup_vs_megatron']:.2f}x vs "
+                 f"{b['speedup_vs_megatron']:.2f}x): its node skewness is {a['node_skewness']:.2f} vs "
+                 f"{b['node_skewness']:.2f} and it sends {_pct(a['cross_node_share'])} vs {_pct(b['cross_node_share'])} "
+                 f"of pairs across nodes.")
+    return text
+
+
+def replication_story(table: pd.DataFrame, sweep: pd.DataFrame) -> str:
+    s = table.groupby("policy")[["speedup_vs_megatron", "gpu_skewness", "replicas_per_gpu"]].mean()
+    lines = [f"- {label(p)}: {r['speedup_vs_megatron']:.2f}x Megatron, GPU skewness {r['gpu_skewness']:.2f}, "
+             f"{r['replicas_per_gpu']:.2f} replicas per GPU" for p, r in s.iterrows() if p not in IDEALS]
+    sp = sweep.sort_values("spare_slots_per_gpu")
+    lo, hi = sp.iloc[0], sp.iloc[-1]
+    span = float(sp["speedup_vs_megatron"].max() - sp["speedup_vs_megatron"].min())
+    text = "Mean over workloads:\n\n" + "\n".join(lines)
+    text += (f"\n\nFrom {int(lo['spare_slots_per_gpu'])} to {int(hi['spare_slots_per_gpu'])} spare slots per GPU, "
+             f"ReLibra's throughput moves from {lo['speedup_vs_megatron']:.3f}x to {hi['speedup_vs_megatron']:.3f}x "
+             f"(spread {_pct(span / lo['speedup_vs_megatron'])}) and its skewness from {lo['skewness']:.3f} to "
+             f"{hi['skewness']:.3f}, while the replica buffer grows from {_pct(lo['replica_memory_share_full_model'])} "
+             f"to {_pct(hi['replica_memory_share_full_model'])} of the parameter memory.")
+    if span / lo["speedup_vs_megatron"] < 0.01:
+        text += " Extra slots barely matter here: the planner does not fill them (few experts are hot enough)."
+    return text
+
+
+# ---- 06 skewness / 07 overheads -----------------------------------------------------------------------
+def skewness_story(table: pd.DataFrame) -> str:
+    ep = table[table["sweep"] == "ep"].pivot_table(index="ep", columns="policy", values="skewness")
+    out = []
+    if len(ep) and "megatron" in ep:
+        lo, hi = ep.index.min(), ep.index.max()
+        out.append(f"Megatron's skewness grows from {ep.loc[lo, 'megatron']:.2f} at EP {lo} to "
+                   f"{ep.loc[hi, 'megatron']:.2f} at EP {hi}: fewer experts per GPU let one hot expert weigh more.")
+        if "relibra" in ep:
+            out.append(f"ReLibra stays at {ep['relibra'].min():.2f}-{ep['relibra'].max():.2f} over the same range.")
+    dom = table[table["sweep"] == "workload"].pivot_table(index="workload", columns="policy", values="skewness")
+    if len(dom) and "megatron" in dom:
+        w = dom["megatron"].idxmax()
+        out.append(f"Across domains, {w} is the most skewed under Megatron ({dom.loc[w, 'megatron']:.2f}).")
+    return " ".join(out)
+
+
+def overheads_story(table: pd.DataFrame) -> str:
+    out = []
+    for _, r in table.iterrows():
+        p = r["policy"]
+        hidden = "on the critical path" if r["planner_on_critical_path"] else (
+            "hidden behind one forward pass" if r["plan_s"] <= r["forward_s"] else "longer than one forward pass")
+        out.append(f"- {label(p)}: plans a step in {1e3 * r['plan_s']:.1f} ms ({hidden}, forward "
+                   f"{1e3 * r['forward_s']:.1f} ms); migration {_pct(r['migration_share'])} of the step; replica "
+                   f"memory {_pct(r['replica_memory_share_full_model'])}"
+                   + ("" if pd.isna(r["transfer_overlap"]) else f"; {_pct(r['transfer_overlap'])} of replica "
+                      "transfers hidden") + ".")
+    return "\n".join(out)
+
+
+# ---- 08 runtime / 09 RL -------------------------------------------------------------------------------
+def runtime_story(comparison: pd.DataFrame) -> str:
+    d = comparison.pivot_table(index=["policy", "component"], columns="source", values="seconds")
+    out = []
+    for (policy, comp), r in d.iterrows():
+        if {"measured", "simulated"} <= set(r.index) and not (pd.isna(r["measured"]) or pd.isna(r["simulated"])):
+            out.append(f"- {label(policy)}, {comp}: measured {1e3 * r['measured']:.1f} ms, simulated "
+                       f"{1e3 * r['simulated']:.1f} ms (simulated / measured {r['simulated'] / r['measured']:.2f})")
+    m = d["measured"].unstack("policy") if "measured" in d else None
+    text = "Per training step:\n\n" + "\n".join(out)
+    if m is not None and {"megatron", "relibra"} <= set(m.columns) and "expert compute" in m.index:
+        ratio = m.loc["expert compute", "megatron"] / m.loc["expert compute", "relibra"]
+        text += (f"\n\nMeasured, ReLibra's slowest rank computes experts {ratio:.2f}x "
+                 + ("faster" if ratio >= 1 else "slower") + " than Megatron's.")
+    return text
+
+
+def rl_story(rewards: pd.DataFrame, sim: pd.DataFrame) -> str:
+    first, last = rewards["reward"].iloc[0], rewards["reward"].iloc[-1]
+    s = sim.set_index("policy")
+    text = [f"Mean reward went from {first:.3f} at step {int(rewards['step'].iloc[0])} to {last:.3f} at step "
+            f"{int(rewards['step'].iloc[-1])}."]
+    if "relibra" in s.index and "megatron" in s.index:
+        text.append(f"On the recorded routing, ReLibra runs {s.loc['relibra', 'speedup_vs_megatron']:.2f}x Megatron "
+                    f"(skewness {s.loc['relibra', 'skewness']:.2f} vs {s.loc['megatron', 'skewness']:.2f}).")
+    for p in s.index:
+        if p == "megatron" or p in IDEALS:
+            continue
+        r = s.loc[p]
+        if r["skewness"] < s.loc["megatron", "skewness"] and r["speedup_vs_megatron"] < 1.0:
+            text.append(f"{label(p)} is slower than Megatron ({r['speedup_vs_megatron']:.2f}x) although its skewness is "
+                        f"lower ({r['skewness']:.2f}): {explain_gap(sim, p, 'megatron')}.")
+    return " ".join(text)
