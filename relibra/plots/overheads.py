@@ -1,0 +1,91 @@
+"""Figures of notebook 07: planner time, memory and the other overheads."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from relibra.plots.style import POLICY_LABELS, policy_rows, titled
+
+# ---- 07 overheads ------------------------------------------------------------------------------
+def planner_time_plot(table: pd.DataFrame, subtitle: str):
+    """Planner wall seconds per step (measured) next to the simulated forward window, log scale."""
+    d, palette = policy_rows(table, drop=("megatron", "balanced", "balanced-compute"))
+    fig, ax = plt.subplots(figsize=(9, 4.4))
+    x = np.arange(len(d))
+    w = 0.38
+    ax.bar(x - w / 2, d["plan_s"], w, color=[palette[p] for p in d["policy"]])
+    ax.bar(x + w / 2, d["forward_s"], w, color="0.75")
+    for xi, (p, crit) in enumerate(zip(d["plan_s"], d["planner_on_critical_path"])):
+        if crit:
+            ax.text(xi - w / 2, p, "on critical\npath", ha="center", va="bottom", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xticks(x, [POLICY_LABELS.get(p, p) for p in d["policy"]], rotation=15, ha="right")
+    ax.set_ylabel("seconds per training step (log)")
+    from matplotlib.patches import Patch
+
+    ax.legend([Patch(color="0.35"), Patch(color="0.75")],
+              ["left bar: planner, measured (wall s per step, policy colour)",
+               "right bar: one forward pass, simulated (s): the window"],
+              fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
+    hardware = str(d["planner_hardware"].iloc[0]) if "planner_hardware" in d else "this machine"
+    titled(fig, "Planner time per step vs the forward pass it hides behind",
+           f"planner: measured ({hardware}) | window: {subtitle}")
+    fig.tight_layout()
+    return fig
+
+
+def overhead_bars(table: pd.DataFrame, subtitle: str):
+    """Migration share of step time, replica memory share, transfer overlap per policy (percent)."""
+    d, palette = policy_rows(table, drop=("megatron", "balanced", "balanced-compute"))
+    panels = [("migration_share", "migration / step time (%)", "migration share (paper: 1.4-2.1%)"),
+              ("replica_memory_share_full_model", "replica buffer / parameter memory (%)",
+               "replica memory, whole model (paper: 0.13-1.62%)"),
+              ("transfer_overlap", "replica transfers hidden (%)", "transfer overlap")]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (col, ylabel, title) in zip(axes, panels):
+        vals = 100 * d[col].astype(float).fillna(0.0)
+        ax.bar(np.arange(len(d)), vals, color=[palette[p] for p in d["policy"]])
+        for xi, (v, raw) in enumerate(zip(vals, d[col])):
+            ax.text(xi, v, "n/a" if pd.isna(raw) else f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(np.arange(len(d)), [POLICY_LABELS.get(p, p) for p in d["policy"]], rotation=25, ha="right")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+    titled(fig, "Overheads per policy (n/a: the policy moves no replicas)", subtitle)
+    fig.tight_layout()
+    return fig
+
+
+def policy_summary_plot(summary: pd.DataFrame, subtitle: str, title: str = "Balancing one trace",
+                        components: pd.DataFrame | None = None):
+    """Speedup over Megatron and rank skewness per policy for one trace; with `components` (seconds
+    per step by part and policy, relibra.experiments.narrative.step_components) a third panel stacks
+    each policy's simulated step time by part, which shows why lower skewness can still run slower."""
+    d, palette = policy_rows(summary)
+    ncols = 3 if components is not None else 2
+    fig, axes = plt.subplots(1, ncols, figsize=(6 * ncols, 4.2))
+    if components is not None:
+        ax = axes[2]
+        comp = components.drop(columns=["step"]).reindex(d["policy"])
+        bottom = np.zeros(len(comp))
+        part_colors = sns.color_palette("Set2", len(comp.columns))
+        for color, col in zip(part_colors, comp.columns):
+            vals = 1e3 * comp[col].to_numpy(dtype=float)
+            ax.bar(np.arange(len(comp)), vals, bottom=bottom, color=color, label=col)
+            bottom += vals
+        ax.set_xticks(np.arange(len(comp)), [POLICY_LABELS.get(p, p) for p in comp.index], rotation=25, ha="right")
+        ax.set_ylabel("simulated ms per training step")
+        ax.set_title("step time by part")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        axes = axes[:2]
+    for ax, col, ylabel in ((axes[0], "speedup_vs_megatron", "throughput / Megatron's (tokens/s)"),
+                            (axes[1], "skewness", "rank skewness (max / mean tokens)")):
+        ax.bar(np.arange(len(d)), d[col], color=[palette[p] for p in d["policy"]])
+        ax.axhline(1.0, color="0.2", ls="--", lw=1)
+        ax.set_xticks(np.arange(len(d)), [POLICY_LABELS.get(p, p) for p in d["policy"]], rotation=25, ha="right")
+        ax.set_ylabel(ylabel)
+    titled(fig, f"{title}: throughput and rank skewness per policy", subtitle)
+    fig.tight_layout()
+    return fig

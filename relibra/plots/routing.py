@@ -1,0 +1,93 @@
+"""Figures of notebook 01: how routing moves between micro-batches and steps (synthetic traces)."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+from relibra.plots.style import titled
+
+# ---- 01 routing dynamics -------------------------------------------------------------------------
+def expert_load_heatmaps(table: pd.DataFrame, subtitle: str, max_experts: int = 128):
+    """Heatmaps of expert load share: micro-batches of one step (left) versus whole steps (right).
+
+    table: relibra.experiments.expert_load_table output.
+    """
+    mb = table[table["scope"] == "micro-batch"]
+    st = table[table["scope"] == "step"]
+    step, layer = int(mb["step"].iloc[0]), int(mb["layer"].iloc[0])
+    grid_mb = mb.pivot(index="micro_batch", columns="expert", values="share") * 100
+    grid_st = st.pivot(index="step", columns="expert", values="share") * 100
+    grid_mb, grid_st = grid_mb.iloc[:, :max_experts], grid_st.iloc[:, :max_experts]
+    vmax = float(max(grid_mb.values.max(), grid_st.values.max()))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1, 1]})
+    for ax, grid, ylabel, title in (
+        (axes[0], grid_mb, "micro-batch (within step %d)" % step, f"each micro-batch of step {step}"),
+        (axes[1], grid_st, "training step", "each whole step (sum of its micro-batches)"),
+    ):
+        sns.heatmap(grid, ax=ax, cmap="rocket_r", vmin=0, vmax=vmax, cbar_kws={"label": "share of token-slots (%)"},
+                    xticklabels=max(1, grid.shape[1] // 16), yticklabels=max(1, grid.shape[0] // 16))
+        ax.set_xlabel("expert id")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+    titled(fig, f"Expert load of MoE layer {layer}: per micro-batch (left) vs per whole step (right)", subtitle)
+    fig.tight_layout()
+    return fig
+
+
+def shift_bars(table: pd.DataFrame, subtitle: str):
+    """Bars of hot-expert overlap and load correlation per comparison, one colour per trace."""
+    order = ["consecutive micro-batches", "micro-batch vs its own step", "micro-batch vs history prediction",
+             "consecutive steps", "step vs history prediction"]
+    metrics = [("hot-expert overlap", "hot-expert overlap (share of top 10%)"),
+               ("load correlation", "load correlation (Pearson)")]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+    for ax, (metric, ylabel) in zip(axes, metrics):
+        d = table[(table["metric"] == metric) & table["value"].notna()].copy()
+        present = [o for o in order if o in set(d["comparison"])]
+        d["comparison"] = d["comparison"].str.replace(" vs ", "\nvs ", regex=False)
+        sns.barplot(d, x="comparison", y="value", hue="trace", order=[o.replace(" vs ", "\nvs ") for o in present],
+                    ax=ax)
+        ax.set_ylim(0, 1.05)
+        ax.set_xlabel("")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{metric} (1 = identical)")
+        ax.tick_params(axis="x", labelsize=8)
+        ax.get_legend().remove()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, title="trace", loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    titled(fig, "How far hot experts shift: between micro-batches, between steps, and against a history prediction",
+           subtitle)
+    fig.tight_layout()
+    return fig
+
+
+def prediction_error_plot(table: pd.DataFrame, subtitle: str):
+    """Box plots of prediction error (share of token-slots on the wrong experts) per predictor and target."""
+    d = table.copy()
+    d["case"] = d["predictor"] + " -> " + d["target"]
+    order = ["history -> whole step", "history -> micro-batch", "this step (oracle) -> micro-batch"]
+    order = [o for o in order if o in set(d["case"])]
+    d["error_pct"] = 100 * d["error"]
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    sns.boxplot(d, x="case", y="error_pct", hue="trace", order=order, ax=ax, showfliers=False)
+    ax.set_xlabel("predictor -> what it must predict")
+    ax.set_ylabel("prediction error (% of token-slots on wrong experts)")
+    ax.legend(title="workload", fontsize=7, title_fontsize=8)
+    titled(fig, "How wrong load predictions are: history (EPLB) and the exact step total (EPLB+) vs each micro-batch", subtitle)
+    fig.tight_layout()
+    return fig
+
+
+def static_skewness_plot(table: pd.DataFrame, subtitle: str):
+    """Distribution of rank skewness under static placement: per micro-batch versus per whole step."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    sns.boxplot(table, x="trace", y="skewness", hue="scope", ax=ax, showfliers=False)
+    ax.axhline(1.0, color="0.3", lw=1, ls="--")
+    ax.set_xlabel("workload")
+    ax.set_ylabel("rank skewness (max / mean tokens per GPU)")
+    ax.legend(title="load summed over", fontsize=8)
+    titled(fig, "Static expert placement: rank skewness per micro-batch and per whole step", subtitle)
+    fig.tight_layout()
+    return fig

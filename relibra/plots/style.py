@@ -1,0 +1,141 @@
+"""The kit's look shared by every figure: policy colours and labels, titles that say where the numbers
+come from, saving as PNG + SVG, and inline display in notebooks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline", "svg", "pdf"):
+    # Headless runs (papermill, tests) must never try to open a window.
+    import os
+
+    if not os.environ.get("DISPLAY"):
+        matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import matplotlib.ticker  # noqa: F401  (integer step axes)
+import pandas as pd
+import seaborn as sns
+
+# One color per policy, the same in every figure.
+POLICY_ORDER = ("megatron", "eplb", "eplb+", "lplb+", "llep", "relibra-reorder", "relibra-replicate",
+                "relibra-lpt", "relibra-split", "relibra", "balanced", "balanced-compute")
+_TAB = sns.color_palette("tab10", 10)
+POLICY_COLORS = {
+    "megatron": _TAB[0], "eplb": _TAB[1], "eplb+": _TAB[2], "lplb+": _TAB[4], "llep": _TAB[5],
+    "relibra-reorder": _TAB[6], "relibra-replicate": _TAB[8], "relibra-lpt": _TAB[9], "relibra-split": (0.6, 0.45, 0.8),
+    "relibra": _TAB[3], "balanced": (0.35, 0.35, 0.35), "balanced-compute": (0.35, 0.35, 0.35),
+}
+POLICY_LABELS = {
+    "megatron": "Megatron (static)",
+    "eplb": "EPLB (history)",
+    "eplb+": "EPLB+ (oracle)",
+    "lplb+": "LPLB+ (oracle + LP)",
+    "llep": "LLEP",
+    "relibra": "ReLibra",
+    "relibra-reorder": "ReLibra reorder only",
+    "relibra-replicate": "ReLibra replicate only",
+    "relibra-lpt": "ReLibra, LPT placement",
+    "relibra-split": "ReLibra split only",
+    "balanced": "Balanced (ideal)",
+    "balanced-compute": "Balanced compute (ideal)",
+}
+
+
+def model_label(name: str) -> str:
+    """'<preset> (E experts, top-k, L MoE layers, hidden H)': how model presets differ, for per-model figures."""
+    try:
+        from relibra.cluster import get_model
+
+        m = get_model(name)
+    except Exception:  # a label only: an unknown name stays as it is
+        return name
+    return f"{name} ({m.num_experts} experts, top-{m.top_k}, {m.num_layers} MoE layers, hidden {m.hidden})"
+
+
+def set_style() -> None:
+    """The kit's look: seaborn whitegrid, readable fonts, deterministic SVG output."""
+    sns.set_theme(style="whitegrid", context="notebook", font_scale=0.9)
+    plt.rcParams.update({
+        "figure.dpi": 100,
+        "savefig.dpi": 130,
+        "savefig.bbox": "tight",
+        "svg.hashsalt": "relibra",  # stable element ids: same data, same SVG bytes
+        "axes.titlesize": 11,
+        "figure.titlesize": 12,
+        "legend.fontsize": 8,
+    })
+
+
+def policy_order(policies) -> list[str]:
+    """Policies sorted as in POLICY_ORDER (unknown names last, alphabetically)."""
+    known = [p for p in POLICY_ORDER if p in set(policies)]
+    return known + sorted(set(policies) - set(known))
+
+
+def policy_palette(policies) -> dict:
+    return {p: POLICY_COLORS.get(p, (0.5, 0.5, 0.5)) for p in policies}
+
+
+def titled(fig, title: str, subtitle: str) -> None:
+    """Title on the first line, provenance (simulated / measured, scale) below, wrapped to the width."""
+    import textwrap
+
+    width = max(40, int(fig.get_figwidth() * 12))
+    lines = textwrap.wrap(title, width) + textwrap.wrap(subtitle, int(width * 1.1))
+    fig.suptitle("\n".join(lines), fontsize=11, y=1.0 + 0.02 * len(lines))
+
+
+def save_figure(fig, stem: str | Path) -> tuple[Path, Path]:
+    """Write <stem>.png and <stem>.svg (no timestamps, so identical data gives identical files)."""
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
+    fig.savefig(png, metadata={"Software": None})
+    fig.savefig(svg, metadata={"Date": None, "Creator": None})
+    show_inline(fig, png)
+    return png, svg
+
+
+def show_inline(fig, png: Path) -> None:
+    """In a notebook kernel, display the saved PNG once as the cell's figure and close `fig` (so the
+    inline backend does not draw it a second time); elsewhere do nothing. Works whatever the
+    matplotlib backend, so executed notebooks hold every figure even under MPLBACKEND=Agg."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Image, display
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "kernel"):
+        return
+    display(Image(filename=str(png)))
+    plt.close(fig)
+
+
+
+def policy_hue(policies):
+    order = policy_order(policies)
+    return order, policy_palette(order)
+
+
+def policy_rows(table: pd.DataFrame, drop=()) -> tuple[pd.DataFrame, dict]:
+    """`table`'s rows (one per policy) in POLICY_ORDER, those of `drop` left out, and the policy palette."""
+    order, palette = policy_hue(table["policy"].unique())
+    order = [p for p in order if p not in drop]
+    return table.set_index("policy").loc[order].reset_index(), palette
+
+
+def figure_policy_legend(fig, ax) -> None:
+    """One legend for the whole figure, right of the panels, from `ax`'s policy handles."""
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, [POLICY_LABELS.get(l, l) for l in labels], title="policy", loc="center left",
+               bbox_to_anchor=(1.0, 0.5), fontsize=8)
+
+
+def relabel_legend(ax, title: str = "policy", **kw) -> None:
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, [POLICY_LABELS.get(l, l) for l in labels], title=title, **{"fontsize": 7, **kw})

@@ -1,0 +1,185 @@
+"""Figures of notebooks 02-06: throughput, ablation, reordering, replication and skewness."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+from relibra.plots.style import POLICY_COLORS, POLICY_LABELS, figure_policy_legend, policy_hue, model_label, titled
+
+
+# ---- 02 throughput / 03 ablation ----------------------------------------------------------------
+def throughput_bars(table: pd.DataFrame, subtitle: str):
+    """Tokens/s normalized to Megatron: one panel per model, bars per workload (x) and policy (hue)."""
+    models = list(dict.fromkeys(table["model"]))
+    order, palette = policy_hue(table["policy"].unique())
+    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models) + 1.5, 4.2), sharey=True, squeeze=False)
+    for ax, model in zip(axes[0], models):
+        d = table[table["model"] == model]
+        sns.barplot(d, x="workload", y="speedup_vs_megatron", hue="policy", hue_order=order, palette=palette, ax=ax)
+        ax.axhline(1.0, color="0.2", lw=1)
+        ax.set_title(model_label(model).replace(" (", "\n(", 1), fontsize=9)
+        ax.set_xlabel("workload")
+        ax.set_ylabel("throughput / Megatron's (tokens/s ratio)")
+        ax.get_legend().remove()
+    figure_policy_legend(fig, axes[0][0])
+    titled(fig, "Training throughput normalized to Megatron (higher is better)", subtitle)
+    fig.tight_layout()
+    return fig
+
+
+def fraction_of_balanced(table: pd.DataFrame, subtitle: str):
+    """Box per policy of tokens/s as a fraction of the balanced ideal, over models and workloads."""
+    d = table[~table["policy"].isin(("balanced", "balanced-compute"))]
+    order, palette = policy_hue(d["policy"].unique())
+    fig, ax = plt.subplots(figsize=(10, 4.4))
+    sns.boxplot(d, x="policy", y="frac_of_balanced", order=order, hue="policy", hue_order=order, palette=palette,
+                ax=ax, legend=False)
+    dots = d.assign(model=d["model"].map(model_label)) if "model" in d else d
+    sns.stripplot(dots, x="policy", y="frac_of_balanced", order=order, hue="model" if "model" in d else None,
+                  palette="dark:0.2" if "model" not in d else "crest", size=3.5, ax=ax, dodge=False)
+    if "model" in d:
+        ax.legend(title="model (dots)", fontsize=7, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.axhline(1.0, color="0.2", ls="--", lw=1)
+    ax.text(len(order) - 0.5, 1.0, "balanced ideal", ha="right", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(order)), [POLICY_LABELS.get(p, p) for p in order], rotation=20, ha="right")
+    ax.set_xlabel("")
+    ax.set_ylabel("throughput / balanced ideal's")
+    titled(fig, "How close each policy gets to the balanced ideal (each dot: one model x workload)", subtitle)
+    fig.tight_layout()
+    return fig
+
+
+ABLATION_STAGES = {"megatron": "Megatron\n(static)", "relibra-reorder": "+ reordering",
+                   "relibra-replicate": "+ replication\n(static homes)", "relibra": "+ reordering\n+ replication",
+                   "balanced": "Balanced\n(ideal)"}
+
+
+def ablation_plot(table: pd.DataFrame, subtitle: str):
+    """Left: speedup over Megatron per ablation stage (x) and model (hue); right: rank skewness."""
+    stages = [p for p in ABLATION_STAGES if p in set(table["policy"])]
+    d = table[table["policy"].isin(stages)].copy()
+    d["stage"] = d["policy"].map(ABLATION_STAGES)
+    order = [ABLATION_STAGES[p] for p in stages]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    sns.barplot(d, x="stage", y="speedup_vs_megatron", hue="model", order=order, ax=axes[0], palette="crest",
+                errorbar=("pi", 100))
+    axes[0].axhline(1.0, color="0.2", lw=1)
+    axes[0].set_ylabel("throughput / Megatron's (tokens/s ratio)")
+    axes[0].set_title("throughput")
+    sns.barplot(d, x="stage", y="skewness", hue="model", order=order, ax=axes[1], palette="crest", errorbar=("pi", 100))
+    axes[1].axhline(1.0, color="0.2", ls="--", lw=1)
+    axes[1].set_ylabel("rank skewness (max / mean tokens per GPU)")
+    axes[1].set_title("rank skewness")
+    for ax in axes:
+        ax.set_xlabel("")
+        ax.get_legend().remove()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, [model_label(m) for m in labels], title="model", fontsize=8, title_fontsize=8,
+               loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=min(3, len(labels)))
+    titled(fig, "Ablation: what reordering and replication each add (bars: mean over workloads; whiskers: range)",
+           subtitle)
+    fig.tight_layout()
+    return fig
+
+
+# ---- 04 reordering / 05 replication ---------------------------------------------------------------
+def _workload_panels(fig, axes, table: pd.DataFrame, panels) -> None:
+    """Bars per workload (x) and policy (hue; Balanced left out), one panel per (column, y label, title)
+    of `panels`; a line at 1.0 on the first panel (Megatron's throughput) and a dashed one on the second
+    (perfect balance); one policy legend for the figure."""
+    order, palette = policy_hue(table["policy"].unique())
+    order = [p for p in order if p not in ("balanced", "balanced-compute")]
+    d = table[table["policy"].isin(order)]
+    for ax, (col, ylabel, title) in zip(axes, panels):
+        sns.barplot(d, x="workload", y=col, hue="policy", hue_order=order, palette=palette, ax=ax)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.set_xlabel("workload")
+        ax.tick_params(axis="x", rotation=30)
+        ax.get_legend().remove()
+    axes[0].axhline(1.0, color="0.2", lw=1)
+    axes[1].axhline(1.0, color="0.2", ls="--", lw=1)
+    figure_policy_legend(fig, axes[0])
+
+
+def reorder_plot(table: pd.DataFrame, subtitle: str):
+    """Four panels per policy: speedup over Megatron, node skewness, cross-node token share, migration GB."""
+    panels = [("speedup_vs_megatron", "throughput / Megatron's", "throughput (tokens/s ratio)"),
+              ("node_skewness", "node skewness (max / mean)", "balance across nodes: max / mean tokens per node"),
+              ("cross_node_share", "share crossing nodes", "inter-node traffic: share of token-expert pairs"),
+              ("migration_gb", "migration per step (GB)", "migration: expert weights + optimizer state moved")]
+    fig, grid = plt.subplots(2, 2, figsize=(13, 7.5))
+    _workload_panels(fig, grid.ravel(), table, panels)
+    titled(fig, "Reordering: annealing search vs greedy LPT vs static homes (all with intra-node replication; "
+           "bars: mean over steps)", subtitle)
+    fig.tight_layout()
+    return fig
+
+
+def replication_plot(table: pd.DataFrame, subtitle: str):
+    """Speedup over Megatron, GPU skewness and replicas used per GPU, per workload and policy."""
+    panels = [("speedup_vs_megatron", "throughput / Megatron's", "throughput (tokens/s ratio)"),
+              ("gpu_skewness", "rank skewness (max / mean)", "balance: max / mean tokens per GPU"),
+              ("replicas_per_gpu", "replicas per GPU", "replicas held per GPU, per micro-batch x layer")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    _workload_panels(fig, axes, table, panels)
+    titled(fig, "Replication: joint placement + split vs placement only vs splitting only", subtitle)
+    fig.tight_layout()
+    return fig
+
+
+def spare_slot_plot(sweep: pd.DataFrame, subtitle: str):
+    """ReLibra's speedup, skewness and replica memory share against spare slots per GPU."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    x = sweep["spare_slots_per_gpu"]
+    for ax, col, ylabel in ((axes[0], "speedup_vs_megatron", "throughput / Megatron's"),
+                            (axes[1], "skewness", "rank skewness (max / mean)"),
+                            (axes[2], "replica_memory_share_full_model", "replica buffer / parameters, whole model (%)")):
+        pct = col.startswith("replica_memory_share")
+        y = sweep[col] * (100 if pct else 1)
+        ax.plot(x, y, marker="o", color=POLICY_COLORS["relibra"], label="ReLibra")
+        dflt = sweep[sweep["default"]]
+        if len(dflt):
+            ax.scatter(dflt["spare_slots_per_gpu"], dflt[col] * (100 if pct else 1), s=120,
+                       facecolors="none", edgecolors="0.1", zorder=3, label="kit default")
+        for xi, yi in zip(x, y):
+            ax.annotate(f"{yi:.3f}", (xi, yi), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)
+        # Ratios start at 1.0 (Megatron / perfect balance) and memory at 0, so that a spread of a
+        # few thousandths looks like what it is instead of filling the axis.
+        floor = 0.0 if pct else 1.0
+        top = float(max(y.max(), floor))
+        ax.set_ylim(min(floor, float(y.min())), top + 0.15 * max(top - floor, 0.05 * max(top, 1e-9)))
+        ax.set_xlabel("spare replica slots per GPU")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(list(x))
+        ax.legend(fontsize=7, loc="lower right")
+    titled(fig, "ReLibra vs the number of spare replica slots per GPU", subtitle)
+    fig.tight_layout()
+    return fig
+
+
+# ---- 06 skewness --------------------------------------------------------------------------------
+def skewness_plot(table: pd.DataFrame, subtitle: str):
+    """Left: mean rank skewness vs EP size per policy; right: per task domain at one EP size."""
+    order, palette = policy_hue(table["policy"].unique())
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.3))
+    ep = table[table["sweep"] == "ep"]
+    sns.lineplot(ep, x="ep", y="skewness", hue="policy", hue_order=order, palette=palette, marker="o", ax=axes[0])
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_xticks(sorted(ep["ep"].unique()), [str(v) for v in sorted(ep["ep"].unique())])
+    axes[0].set_xlabel("EP size (GPUs per expert-parallel group)")
+    axes[0].set_title(f"across EP sizes ({ep['workload'].iloc[0] if len(ep) else ''} workload)")
+    dom = table[table["sweep"] == "workload"]
+    sns.barplot(dom, x="workload", y="skewness", hue="policy", hue_order=order, palette=palette, ax=axes[1])
+    axes[1].set_xlabel("workload (task domain)")
+    axes[1].set_title(f"across domains (EP {dom['ep'].iloc[0] if len(dom) else ''})")
+    for ax in axes:
+        ax.axhline(1.0, color="0.2", ls="--", lw=1)
+        ax.set_ylabel("rank skewness (max / mean tokens per GPU)")
+        ax.get_legend().remove()
+    figure_policy_legend(fig, axes[0])
+    titled(fig, "Rank skewness per policy (mean over micro-batches and layers; 1.0 = perfectly balanced)", subtitle)
+    fig.tight_layout()
+    return fig

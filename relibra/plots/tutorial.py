@@ -1,0 +1,256 @@
+"""Figures of notebook 00, the tutorial: one layer, one micro-batch, one plan, drawn."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from relibra.plots.style import POLICY_LABELS, _TAB, titled
+
+# ---- 00 tutorial -------------------------------------------------------------------------------
+# One meaning per colour in the tutorial: blue = tokens at an expert's home, orange = tokens a replica
+# takes; the slowest GPU is marked by a black outline and a label, never by a colour.
+HOME_COLOR = _TAB[0]
+REPLICA_COLOR = _TAB[1]
+PHASE_COLORS = {"dense_compute": (0.65, 0.65, 0.65), "dispatch": _TAB[2], "expert_compute": _TAB[4],
+                "combine": _TAB[9], "replica_push": _TAB[5], "replica_grad": _TAB[7]}
+PHASE_LABELS = {"dense_compute": "attention (dense)", "dispatch": "dispatch all-to-all",
+                "expert_compute": "expert compute (slowest GPU)", "combine": "combine all-to-all",
+                "replica_push": "replica weight push (exposed)", "replica_grad": "replica gradient pull (exposed)"}
+
+
+def _tutorial_title(case: dict) -> str:
+    policy = case["policy"]
+    return (f"policy `{policy}` ({POLICY_LABELS.get(policy, policy)}): placement {case['placement']}, "
+            f"{case['spare_slots']} spare slot(s) per GPU")
+
+
+def _tutorial_subtitle(case: dict) -> str:
+    return (f"simulated ({case['hardware']}); synthetic Zipf routing, {case['tokens_per_gpu']} tokens per GPU, "
+            f"top-2 of 16 experts")
+
+
+def _gpu_labels(g: pd.DataFrame) -> list[str]:
+    return [f"GPU {gpu}\n(node {node})" for gpu, node in zip(g["gpu"], g["node"])]
+
+
+def _mark_slowest(ax, x, heights, label: str = "slowest") -> None:
+    """Black outline and a label on the tallest bar (the GPU everyone waits for)."""
+    i = int(np.argmax(heights))
+    ax.bar([x[i]], [heights[i]], fill=False, edgecolor="black", lw=2.2, zorder=3)
+    ax.text(x[i], heights[i], label, ha="center", va="bottom", fontsize=8, fontweight="bold")
+
+
+def tutorial_figure(case: dict, micro_batch: int = 0):
+    """Left: tokens per GPU (home blue, replica orange) for one micro-batch; right: simulated forward
+    expert ms per GPU. The slowest GPU carries a black outline in both panels."""
+    g = case["gpu_table"]
+    g = g[g["micro_batch"] == micro_batch]
+    s = case["summary"].set_index("micro_batch").loc[micro_batch]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    x = g["gpu"].to_numpy()
+    ax = axes[0]
+    ax.bar(x, g["home_tokens"], color=HOME_COLOR, label="tokens of its home experts")
+    ax.bar(x, g["replica_tokens"], bottom=g["home_tokens"], color=REPLICA_COLOR, label="tokens it takes as a replica")
+    ax.axhline(g["tokens"].mean(), color="0.2", ls="--", lw=1, label="balanced (mean)")
+    _mark_slowest(ax, x, g["tokens"].to_numpy(dtype=float), "busiest")
+    ax.set_xticks(x, _gpu_labels(g))
+    ax.set_ylabel("token-expert pairs computed")
+    ax.set_ylim(0, 1.4 * float(g["tokens"].max()))  # room for the legend
+    ax.set_title(f"tokens per GPU, micro-batch {micro_batch} (skewness {s['skewness']:.2f})")
+    ax.legend(fontsize=7, loc="upper right")
+    ax = axes[1]
+    ms = 1e3 * g["expert_seconds"].to_numpy()
+    ax.bar(x, ms, color="0.6")
+    _mark_slowest(ax, x, ms)
+    ax.axhline(s["balanced_ms"], color="0.2", ls="--", lw=1, label="balanced")
+    ax.set_xticks(x, _gpu_labels(g))
+    ax.set_ylabel("expert compute, forward (ms)")
+    ax.set_ylim(0, 1.25 * float(ms.max()))
+    ax.set_title(f"simulated expert time per GPU: slowest {s['slowest_gpu_ms']:.3f} ms (outlined)")
+    ax.legend(fontsize=7, loc="upper right")
+    titled(fig, f"Toy MoE layer, 16 experts on {case['ep']} GPUs, {_tutorial_title(case)}", _tutorial_subtitle(case))
+    fig.tight_layout()
+    return fig
+
+
+def plan_figure(case: dict, micro_batch: int = 0):
+    """The StepPlan of one micro-batch drawn two ways.
+
+    Left, the expert-home map: one box per GPU (grouped by node) holding its home experts (blue, with
+    the tokens they compute there) and its spare replica slots (orange when filled: which expert it
+    copies and how many tokens the copy takes; dashed when empty). Right, the token split as a flow
+    diagram: every expert (left column, height ~ its tokens) sends its tokens to its home GPU (blue
+    band) and, if replicated, part of them to the replica's GPU (orange band, labelled).
+    """
+    from matplotlib.patches import FancyBboxPatch, PathPatch, Rectangle
+    from matplotlib.path import Path as MPath
+
+    plan, ep, gpn = case["plan"], case["ep"], case["gpus_per_node"]
+    et = case["expert_tokens"]
+    et = et[et["micro_batch"] == micro_batch].set_index("expert")["tokens"]
+    reps = case["replicas"]
+    reps = reps[reps["micro_batch"] == micro_batch]
+    home = plan.home[0]
+    home_tokens = plan.home_flow().sum(axis=2)[micro_batch, 0]  # [E] tokens computed at home
+    e = len(home)
+    slots = plan.replica_slots
+    fig, (ax, fx) = plt.subplots(1, 2, figsize=(14, 5.6), gridspec_kw={"width_ratios": [1.1, 1]})
+
+    # -- left: expert-home map -------------------------------------------------------------------
+    per_gpu = e // ep
+    cols = per_gpu + max(slots, 0)
+    cell, pad = 1.0, 0.15
+    box_w, box_h = cols * cell + 2 * pad, cell + 0.9
+    vmax = float(et.max()) or 1.0
+    cmap = sns.light_palette(HOME_COLOR, as_cmap=True)
+    for g in range(ep):
+        node, local = divmod(g, gpn)
+        x0 = local * (box_w + 0.4) + node * 0.0
+        y0 = (1 - node) * (box_h + 1.2)
+        ax.add_patch(FancyBboxPatch((x0, y0), box_w, box_h, boxstyle="round,pad=0.05", fc="white", ec="0.3"))
+        ax.text(x0 + box_w / 2, y0 + box_h - 0.3, f"GPU {g}", ha="center", va="center", fontsize=9, fontweight="bold")
+        for j, ex in enumerate(np.nonzero(home == g)[0]):
+            cx = x0 + pad + j * cell
+            ax.add_patch(Rectangle((cx, y0 + 0.1), cell * 0.92, cell * 0.92, fc=cmap(home_tokens[ex] / vmax), ec="0.3"))
+            ax.text(cx + 0.46, y0 + 0.56, f"e{ex}\n{home_tokens[ex]}", ha="center", va="center", fontsize=6.5)
+        held = reps[reps["gpu"] == g].set_index("slot")
+        for r in range(slots):
+            cx = x0 + pad + (per_gpu + r) * cell
+            if r in held.index:
+                row = held.loc[r]
+                ax.add_patch(Rectangle((cx, y0 + 0.1), cell * 0.92, cell * 0.92, fc=REPLICA_COLOR, ec="0.3", alpha=0.85))
+                ax.text(cx + 0.46, y0 + 0.56, f"copy\ne{int(row['expert'])}\n{int(row['replica_tokens'])}",
+                        ha="center", va="center", fontsize=6)
+            else:
+                ax.add_patch(Rectangle((cx, y0 + 0.1), cell * 0.92, cell * 0.92, fill=False, ec="0.5", ls="--"))
+                ax.text(cx + 0.46, y0 + 0.56, "empty\nslot", ha="center", va="center", fontsize=6, color="0.4")
+    width = gpn * (box_w + 0.4)
+    for node in range(ep // gpn):
+        y0 = (1 - node) * (box_h + 1.2)
+        ax.text(-0.3, y0 + box_h / 2, f"node {node}", rotation=90, ha="right", va="center", fontsize=9)
+    ax.set_xlim(-0.8, width)
+    ax.set_ylim(-0.3, 2 * box_h + 1.4)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title("expert-home map: home experts (blue: tokens computed there) and replica slots (orange)")
+
+    # -- right: flow diagram experts -> GPUs -------------------------------------------------------
+    total = float(et.sum())
+    gap = 0.004 * total
+    ey, y = {}, 0.0
+    for ex in range(e):  # left column: experts stacked, height = tokens
+        ey[ex] = y
+        y += et.get(ex, 0) + gap
+    gpu_tok = case["gpu_table"]
+    gpu_tok = gpu_tok[gpu_tok["micro_batch"] == micro_batch].set_index("gpu")["tokens"]
+    gy, yy = {}, 0.0
+    ggap = (y - float(gpu_tok.sum())) / max(ep - 1, 1)
+    for g in range(ep):
+        gy[g] = yy
+        yy += gpu_tok[g] + ggap
+    gfill = dict.fromkeys(range(ep), 0.0)
+    efill = dict.fromkeys(range(e), 0.0)
+
+    def band(ex, g, tokens, color, label=None):
+        y0a = ey[ex] + efill[ex]
+        y0b = gy[g] + gfill[g]
+        efill[ex] += tokens
+        gfill[g] += tokens
+        xa, xb = 0.12, 0.88
+        verts = [(xa, y0a), (0.5, y0a), (0.5, y0b), (xb, y0b), (xb, y0b + tokens), (0.5, y0b + tokens),
+                 (0.5, y0a + tokens), (xa, y0a + tokens), (xa, y0a)]
+        codes = [MPath.MOVETO, MPath.CURVE4, MPath.CURVE4, MPath.CURVE4, MPath.LINETO, MPath.CURVE4, MPath.CURVE4,
+                 MPath.CURVE4, MPath.CLOSEPOLY]
+        fx.add_patch(PathPatch(MPath(verts, codes), fc=color, ec="none", alpha=0.55))
+        if label:
+            fx.text(0.8, y0b + tokens / 2, label, ha="right", va="center", fontsize=7, color="0.1")
+
+    for ex in range(e):
+        band(ex, int(home[ex]), float(home_tokens[ex]), HOME_COLOR)
+    for _, row in reps.iterrows():
+        band(int(row["expert"]), int(row["gpu"]), float(row["replica_tokens"]), REPLICA_COLOR,
+             f"e{int(row['expert'])}: {int(row['replica_tokens'])} of {int(row['expert_tokens'])} to its copy")
+    for ex in range(e):
+        fx.add_patch(Rectangle((0.08, ey[ex]), 0.04, et.get(ex, 0), fc="0.35"))
+        if et.get(ex, 0) > 0.025 * total:
+            fx.text(0.07, ey[ex] + et.get(ex, 0) / 2, f"e{ex} ({int(et.get(ex, 0))})", ha="right", va="center",
+                    fontsize=6.5)
+    busiest = int(gpu_tok.idxmax())
+    for g in range(ep):
+        fx.add_patch(Rectangle((0.88, gy[g]), 0.04, gpu_tok[g], fc="0.35",
+                               ec="black" if g == busiest else "none", lw=2))
+        fx.text(0.93, gy[g] + gpu_tok[g] / 2, f"GPU {g}: {int(gpu_tok[g])}" + (" (busiest)" if g == busiest else ""),
+                ha="left", va="center", fontsize=8, fontweight="bold" if g == busiest else "normal")
+    fx.set_xlim(-0.12, 1.2)
+    fx.set_ylim(max(y, yy), 0)
+    fx.axis("off")
+    fx.set_title("token split: expert (left, height = tokens) -> GPU that computes them (right)")
+    from matplotlib.patches import Patch
+
+    fx.legend([Patch(color=HOME_COLOR, alpha=0.55), Patch(color=REPLICA_COLOR, alpha=0.55)],
+              ["computed at the expert's home", "sent to a replica (copy) in the same node"], fontsize=7,
+              loc="lower center", bbox_to_anchor=(0.5, -0.1), ncol=2)
+    titled(fig, f"The StepPlan of micro-batch {micro_batch}: {_tutorial_title(case)}", _tutorial_subtitle(case))
+    fig.tight_layout()
+    return fig
+
+
+def phase_figure(case: dict, micro_batch: int = 0):
+    """The simulator's time per phase of the layer for one micro-batch, forward and backward, as
+    stacked horizontal bars (each phase: the slowest GPU's seconds; transfers only where exposed)."""
+    d = case["phases"]
+    d = d[d["micro_batch"] == micro_batch]
+    fig, ax = plt.subplots(figsize=(11, 2.9))
+    for yi, direction in enumerate(("forward", "backward")):
+        left = 0.0
+        for phase in PHASE_COLORS:
+            sel = d[(d["direction"] == direction) & (d["phase"] == phase)]
+            ms = 1e3 * float(sel["seconds"].sum()) if len(sel) else 0.0
+            if ms <= 0:
+                continue
+            ax.barh(yi, ms, left=left, color=PHASE_COLORS[phase], edgecolor="white",
+                    label=PHASE_LABELS[phase] if yi == 0 or direction == "backward" else None)
+            if ms > 0.04 * float(1e3 * d.groupby("direction")["seconds"].sum().max()):
+                ax.text(left + ms / 2, yi, f"{ms:.3f}", ha="center", va="center", fontsize=7)
+            left += ms
+        ax.text(left, yi, f"  {left:.3f} ms", ha="left", va="center", fontsize=8)
+    ax.set_yticks([0, 1], ["forward", "backward"])
+    ax.invert_yaxis()
+    ax.set_xlabel("simulated ms of this layer and micro-batch (phases run one after another)")
+    handles, labels = ax.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles))
+    ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.12)
+    titled(fig, f"Where the time goes, micro-batch {micro_batch}: {_tutorial_title(case)}", _tutorial_subtitle(case))
+    fig.tight_layout()
+    return fig
+
+
+def tutorial_grid_figure(grid: pd.DataFrame):
+    """Rank skewness and slowest-GPU ms for each placement (x) and number of spare slots (hue); each
+    bar is labelled with the replica slots the planner filled per GPU at most."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    d = grid.copy()
+    d["spare slots per GPU"] = d["spare_slots"].astype(str)
+    for ax, col, ylabel, title in (
+            (axes[0], "skewness", "rank skewness (max / mean tokens)", "rank skewness, mean over micro-batches"),
+            (axes[1], "slowest_gpu_ms", "slowest GPU, expert compute (ms)",
+             "slowest GPU's forward expert time, mean over micro-batches")):
+        sns.barplot(d, x="placement", y=col, hue="spare slots per GPU", ax=ax, palette="crest")
+        for container, (_, sub) in zip(ax.containers, d.groupby("spare_slots", sort=True)):
+            ax.bar_label(container, labels=[f"used {u}" for u in sub["max_replicas_per_gpu"]], fontsize=6.5,
+                         padding=1)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.set_xlabel("expert placement: static (Megatron), search (ReLibra), lpt (greedy)")
+        ax.set_ylim(0, 1.2 * float(d[col].max()))
+        ax.legend(title="spare slots per GPU", fontsize=7, title_fontsize=8, loc="lower right")
+    axes[0].axhline(1.0, color="0.2", ls="--", lw=1)
+    axes[1].axhline(float(d["balanced_ms"].mean()), color="0.2", ls="--", lw=1)
+    titled(fig, "Toy layer: every placement x number of spare replica slots (bar label: most slots any GPU "
+           "actually filled; dashed: balanced)", f"simulated ({d['hardware'].iloc[0]}); synthetic Zipf routing")
+    fig.tight_layout()
+    return fig

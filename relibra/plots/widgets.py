@@ -1,0 +1,52 @@
+"""The tutorial's ipywidgets controls: recompute a plan and redraw it as parameters change."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from relibra.plots.tutorial import plan_figure, tutorial_figure
+
+def tutorial_interactive(compute, enabled: bool = True, **params):
+    """ipywidgets controls for EP, spare slots, skew (and placement, shift, micro-batch) that recompute
+    the plan with `compute` (tutorial_case) and redraw the tokens-per-GPU and plan figures.
+
+    Displays the controls once and returns None (so a notebook cell shows them once). Does nothing
+    when disabled, when ipywidgets is missing, or when no IPython kernel runs this code.
+    """
+    if not enabled:
+        return None
+    try:
+        import ipywidgets as widgets
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return None
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "kernel"):
+        return None
+    from relibra.experiments.parameters import TUTORIAL_EP_SIZES, TUTORIAL_MAX_SPARE_SLOTS
+
+    controls = {
+        "ep": widgets.Dropdown(options=list(TUTORIAL_EP_SIZES), value=int(params.get("ep", 4)), description="EP"),
+        "spare_slots": widgets.IntSlider(value=int(params.get("spare_slots", 0)), min=0,
+                                         max=TUTORIAL_MAX_SPARE_SLOTS, description="spare slots"),
+        "skew": widgets.FloatSlider(value=float(params.get("skew", 1.2)), min=0.0, max=3.0, step=0.1,
+                                    description="skew"),
+        "placement": widgets.Dropdown(options=["static", "search", "lpt"], value=params.get("placement", "static"),
+                                      description="placement"),
+        "shift": widgets.FloatSlider(value=float(params.get("shift", 0.5)), min=0.0, max=1.0, step=0.1,
+                                     description="shift"),
+        "micro_batch": widgets.IntSlider(value=int(params.get("micro_batch", 0)), min=0,
+                                         max=int(params.get("micro_batches", 4)) - 1, description="micro-batch"),
+    }
+    fixed = {k: params[k] for k in ("seed", "tokens_per_gpu", "micro_batches") if k in params}
+
+    def redraw(**values):
+        case = compute(**values, **fixed)
+        tutorial_figure(case, values["micro_batch"])
+        plan_figure(case, values["micro_batch"])
+        plt.show()
+
+    out = widgets.interactive_output(redraw, controls)
+    display(widgets.VBox([widgets.HBox(list(controls.values())[:3]), widgets.HBox(list(controls.values())[3:]), out]))
+    return None
