@@ -109,8 +109,7 @@ def free_placement_bound(expert_tokens: np.ndarray, ep: int, gpus_per_node: int,
 
 def plan_spare_slots(plan: StepPlan) -> np.ndarray:
     """Spare slots per GPU after its homes: int64 [L, ep]."""
-    homes = np.stack([np.bincount(plan.home[i], minlength=plan.ep) for i in range(plan.num_layers)])
-    return np.maximum(plan.slots_per_gpu - homes, 0)
+    return np.maximum(plan.slots_per_gpu - plan.homes_per_gpu(), 0)
 
 
 def plan_lower_bound(plan: StepPlan, reference: str = "policy") -> np.ndarray:

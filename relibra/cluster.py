@@ -11,6 +11,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from relibra.errors import ConfigError
 
 
@@ -59,6 +61,59 @@ class ModelShape:
         """Bytes of one token's hidden state as sent by dispatch or combine."""
         return self.hidden * self.bytes_per_param
 
+    # ---- per-token FLOPs and per-expert bytes: the one definition the cost model and planners use ----
+    @property
+    def expert_flops_per_token(self) -> float:
+        """Forward FLOPs of one routed expert per token (gate, up and down GEMMs): 6 * hidden * moe_ffn."""
+        return 2.0 * self.expert_params
+
+    @property
+    def expert_train_flops_per_token(self) -> float:
+        """Forward + backward FLOPs of one routed expert per token (backward = 2 x forward): 18 * hidden * moe_ffn."""
+        return 3.0 * self.expert_flops_per_token
+
+    def expert_state_bytes(self, dp_size: int = 1) -> float:
+        """Bytes one EP rank sends when an expert changes home: its weights, plus its optimizer state
+        sharded over `dp_size` data-parallel ranks (a distributed optimizer; 1 = unsharded)."""
+        if dp_size <= 0:
+            raise ConfigError(f"model {self.name!r}: dp_size must be positive, got {dp_size}")
+        return self.expert_params * (self.bytes_per_param + self.optimizer_bytes_per_param / dp_size)
+
+    @property
+    def attention_projection_flops_per_token(self) -> float:
+        """Forward FLOPs per token of one layer's Q, K, V and output projections."""
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        return 2.0 * self.hidden * (q + 2 * kv) + 2.0 * q * self.hidden
+
+    def attention_core_flops(self, seq_lens) -> np.ndarray:
+        """Forward FLOPs of one layer's causal attention core (Q K^T and A V) over sequences of these lengths.
+
+        seq_lens: int array [..., sequences] (0 = padding). Token i of a sequence attends to i + 1
+        positions, so a sequence of n tokens costs 2 * 2 * heads * head_dim * n (n + 1) / 2 FLOPs.
+        Returns float64 [...] (the last axis summed).
+        """
+        n = np.asarray(seq_lens, dtype=np.float64)
+        q = self.num_attention_heads * self.head_dim
+        return (2.0 * q * n * (n + 1.0)).sum(axis=-1)
+
+    @property
+    def moe_layer_dense_flops_per_token(self) -> float:
+        """Forward FLOPs per token of an MoE layer's non-attention dense parts: router and shared experts."""
+        return 2.0 * self.hidden * self.num_experts + self.num_shared_experts * 2.0 * self.expert_params
+
+    @property
+    def dense_params(self) -> int:
+        """Parameters every EP rank holds whole (no tensor or pipeline parallelism): attention, router,
+        shared experts, dense layers, embedding and LM head (untied)."""
+        q = self.num_attention_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        attention = self.hidden * (q + 2 * kv) + q * self.hidden
+        moe_layer = attention + self.hidden * self.num_experts + self.num_shared_experts * self.expert_params
+        dense_layer = attention + 3 * self.hidden * self.dense_ffn
+        return (self.num_layers * moe_layer + self.num_dense_layers * dense_layer
+                + 2 * self.vocab_size * self.hidden)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -86,20 +141,105 @@ MODEL_PRESETS: dict[str, ModelShape] = {
                    num_attention_heads=4, num_kv_heads=4, head_dim=16, vocab_size=512, bytes_per_param=4),
         ModelShape("small", num_layers=8, num_experts=32, top_k=4, hidden=128, moe_ffn=256,
                    num_attention_heads=4, num_kv_heads=4, head_dim=32, vocab_size=1024, bytes_per_param=4),
+        # The CPU runtime's expert-dominated shape (docs/runtime.md): few layers, wide experts, thin
+        # attention, small vocabulary, so routed experts take most of a step as in the paper's models
+        # on GPUs; fp32 weights with AdamW m and v (no master copy).
+        ModelShape("moe-cpu", num_layers=2, num_experts=8, top_k=2, hidden=256, moe_ffn=1024,
+                   num_attention_heads=2, num_kv_heads=2, head_dim=16, vocab_size=256, bytes_per_param=4,
+                   optimizer_bytes_per_param=8),
         # The policy of the real RL workload (relibra.rl, docs/rl.md), fp32 with Adam m and v.
         ModelShape("rl-tiny", num_layers=4, num_experts=32, top_k=4, hidden=64, moe_ffn=128,
                    num_attention_heads=4, num_kv_heads=4, head_dim=16, vocab_size=68, bytes_per_param=4,
                    optimizer_bytes_per_param=8),
+        # Beyond the paper's scale (docs/scale.md). Both use multi-head latent attention (MLA), which the
+        # GQA-shaped fields here approximate: 128 (DeepSeek-V3) or 64 (Kimi-K2) query heads of head_dim 128
+        # (MLA's value head dim; its query-key dim is 128 + 64 rope = 192) and one KV head, standing for
+        # MLA's compressed KV path. Against MLA as trained (no weight absorption) this charges the attention
+        # core about 20% less (128 instead of 160 mean of QK and V head dims) and the projections about 25%
+        # more (DeepSeek-V3: 237M instead of 187M parameters per layer). Shapes from the models' config.json.
+        ModelShape("deepseek-v3", num_layers=58, num_experts=256, top_k=8, hidden=7168, moe_ffn=2048,
+                   num_shared_experts=1, num_dense_layers=3, dense_ffn=18432,
+                   num_attention_heads=128, num_kv_heads=1, head_dim=128, vocab_size=129280),
+        ModelShape("kimi-k2", num_layers=60, num_experts=384, top_k=8, hidden=7168, moe_ffn=2048,
+                   num_shared_experts=1, num_dense_layers=1, dense_ffn=18432,
+                   num_attention_heads=64, num_kv_heads=1, head_dim=128, vocab_size=163840),
     ]
 }
 
 
 def get_model(name: str) -> ModelShape:
-    """The preset called `name`; a ConfigError lists the known ones otherwise."""
+    """The preset called `name`, or a shape spec with '=' items (see parse_model); a ConfigError lists the
+    known presets otherwise."""
+    if isinstance(name, str) and "=" in name:
+        return parse_model(name)
     try:
         return MODEL_PRESETS[name]
     except KeyError:
-        raise ConfigError(f"unknown model preset {name!r}; known: {', '.join(MODEL_PRESETS)}") from None
+        raise ConfigError(f"unknown model preset {name!r}; known: {', '.join(MODEL_PRESETS)} "
+                          f"(or a shape spec such as 'deepseek-v3,layers=4' or "
+                          f"'layers=8,experts=64,top_k=4,hidden=1024,moe_ffn=512')") from None
+
+
+# Short names accepted by parse_model for the ModelShape fields.
+_MODEL_ALIASES = {"layers": "num_layers", "experts": "num_experts", "topk": "top_k", "ffn": "moe_ffn",
+                  "shared": "num_shared_experts", "dense_layers": "num_dense_layers", "heads": "num_attention_heads",
+                  "kv_heads": "num_kv_heads", "vocab": "vocab_size"}
+_MODEL_REQUIRED = ("num_layers", "num_experts", "top_k", "hidden", "moe_ffn")
+
+
+def parse_model(spec: str) -> ModelShape:
+    """A model shape from a preset name, a preset with changes, or a full custom description.
+
+    spec: comma-separated items, as parse_topology's: an optional preset name first, then field=value
+    (ModelShape field names, or the aliases layers, experts, topk, ffn, shared, dense_layers, heads,
+    kv_heads, vocab). Examples: "deepseek-v3"; "deepseek-v3,layers=4";
+    "layers=8,experts=64,top_k=4,hidden=1024,moe_ffn=512". Without a preset num_layers, num_experts,
+    top_k, hidden and moe_ffn are required. The name is the spec itself unless name=... is given.
+    Every problem is a ConfigError naming the item.
+    """
+    spec = (spec or "").strip()
+    if not spec:
+        raise ConfigError(f"empty model description; give a preset name ({', '.join(MODEL_PRESETS)}) "
+                          f"or field=value items")
+    items = [item.strip() for item in spec.split(",")]
+    base: ModelShape | None = None
+    changes: dict = {}
+    fields = {f.name for f in dataclasses.fields(ModelShape)}
+    for i, item in enumerate(items):
+        if not item:
+            raise ConfigError(f"model {spec!r}: empty item at position {i}")
+        if "=" not in item:
+            if i != 0:
+                raise ConfigError(f"model {spec!r}: preset name {item!r} must come first")
+            if item not in MODEL_PRESETS:
+                raise ConfigError(f"model {spec!r}: unknown preset {item!r}; known: {', '.join(MODEL_PRESETS)}")
+            base = MODEL_PRESETS[item]
+            continue
+        key, _, raw = (part.strip() for part in item.partition("="))
+        key = _MODEL_ALIASES.get(key, key)
+        if key not in fields:
+            known = sorted(fields | set(_MODEL_ALIASES))
+            raise ConfigError(f"model {spec!r}: unknown field {key!r}; known: {', '.join(known)}")
+        if key in changes:
+            raise ConfigError(f"model {spec!r}: field {key!r} given twice")
+        if key == "name":
+            changes[key] = raw
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"model {spec!r}: field {key!r} must be an integer, got {raw!r}") from None
+        if value < 0:
+            raise ConfigError(f"model {spec!r}: field {key!r} must be >= 0, got {value}")
+        changes[key] = value
+    name = changes.pop("name", spec if (base is None or changes) else base.name)
+    if base is not None:
+        return dataclasses.replace(base, name=name, **changes)
+    missing = [f for f in _MODEL_REQUIRED if f not in changes]
+    if missing:
+        raise ConfigError(f"model {spec!r}: a custom model needs {', '.join(missing)} "
+                          f"(or start from a preset, e.g. 'deepseek-v3,{missing[0]}=...')")
+    return ModelShape(name=name, **changes)
 
 
 DISPATCHERS = ("deepep", "alltoall")
@@ -109,8 +249,9 @@ DISPATCHERS = ("deepep", "alltoall")
 class Topology:
     """A cluster of identical nodes. Bandwidths are per GPU and per direction.
 
-    matmul_tflops is the large-GEMM rate of one GPU; small GEMMs reach a fraction of it given by
-    `gemm_efficiency(tokens)` in relibra.sim, whose half-saturation point is gemm_half_tokens.
+    matmul_tflops is the large-GEMM rate of one GPU; a GEMM of t rows takes as long as t +
+    gemm_half_tokens rows at that rate (relibra.costs.flops.gemm_seconds), so it reaches half the
+    rate at gemm_half_tokens rows.
     """
 
     name: str
@@ -159,19 +300,55 @@ class Topology:
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
 
+    # ---- rates in base units: the one definition the cost model and planners use --------------------
+    @property
+    def matmul_flops_per_s(self) -> float:
+        """Large-GEMM rate of one GPU in FLOP/s."""
+        return self.matmul_tflops * 1e12
+
+    @property
+    def nvlink_bytes_per_s(self) -> float:
+        """NVLink bytes per second, one direction per GPU."""
+        return self.nvlink_GBps * 1e9
+
+    @property
+    def rdma_bytes_per_s(self) -> float:
+        """RDMA bytes per second, one direction per GPU."""
+        return self.rdma_GBps * 1e9
+
+    @property
+    def memory_bytes_per_s(self) -> float:
+        """HBM bytes per second of one GPU."""
+        return self.memory_GBps * 1e9
+
+    def dp_size(self, ep: int) -> int:
+        """Data-parallel ranks per EP rank when the whole cluster trains one model with EP groups of
+        `ep` GPUs (expert data parallelism): num_gpus // ep, at least 1."""
+        return max(1, self.num_gpus // ep)
+
     def ep_layout(self, ep: int) -> tuple[int, int]:
-        """(nodes, gpus per node) spanned by one EP group of `ep` GPUs, packed node by node."""
-        if ep <= 0:
-            raise ConfigError(f"EP size must be positive, got {ep}")
+        """(nodes, GPUs used per node) of one EP group of `ep` GPUs, packed node by node.
+
+        The group spans the fewest nodes n that hold it with the same number of GPUs in each: the
+        smallest n >= ceil(ep / gpus_per_node) that divides ep. A node need not be filled: EP64 on one
+        72-GPU NVLink domain uses 64 of its GPUs (1, 64); EP128 on 72-GPU racks uses 64 GPUs of each of
+        2 racks (2, 64); EP16 on 8-GPU nodes is (2, 8) as before.
+        """
+        if isinstance(ep, bool) or not isinstance(ep, (int, np.integer)) or ep <= 0:
+            raise ConfigError(f"EP size must be a positive integer, got {ep!r}")
+        ep = int(ep)
         if ep > self.num_gpus:
-            raise ConfigError(f"EP size {ep} exceeds the {self.num_gpus} GPUs of topology {self.name!r}")
-        if ep <= self.gpus_per_node:
-            if self.gpus_per_node % ep:
-                raise ConfigError(f"EP size {ep} does not divide {self.gpus_per_node} GPUs per node of {self.name!r}")
-            return 1, ep
-        if ep % self.gpus_per_node:
-            raise ConfigError(f"{self.gpus_per_node} GPUs per node of {self.name!r} do not divide EP size {ep}")
-        return ep // self.gpus_per_node, self.gpus_per_node
+            raise ConfigError(f"EP size {ep} exceeds the {self.num_gpus} GPUs of topology {self.name!r} "
+                              f"({self.num_nodes} nodes x {self.gpus_per_node}); add nodes, e.g. "
+                              f"'{self.name},nodes={-(-ep // self.gpus_per_node)}'")
+        nodes = -(-ep // self.gpus_per_node)
+        while ep % nodes:
+            nodes += 1
+        if nodes > self.num_nodes:
+            raise ConfigError(f"EP size {ep} cannot spread evenly over at most {self.num_nodes} nodes of "
+                              f"{self.gpus_per_node} GPUs of topology {self.name!r} (it needs {nodes} nodes of "
+                              f"{ep // nodes} GPUs)")
+        return nodes, ep // nodes
 
     def with_changes(self, **changes) -> "Topology":
         return dataclasses.replace(self, **changes)
@@ -183,13 +360,32 @@ class Topology:
 TOPOLOGY_PRESETS: dict[str, Topology] = {
     t.name: t
     for t in [
-        # The paper's cluster: 20 x 8 Hopper; NVLink 900 GB/s both ways = 450 each way; 8 x 400 Gb/s NICs.
-        Topology("paper", num_nodes=20, gpus_per_node=8, nvlink_GBps=450.0, rdma_GBps=50.0, matmul_tflops=790.0),
-        # DeepEP's measured effective all-to-all bandwidths on H800 (intranode ~155, internode ~50 GB/s).
-        Topology("h800", num_nodes=20, gpus_per_node=8, nvlink_GBps=155.0, rdma_GBps=50.0, matmul_tflops=790.0),
+        # The paper's cluster, 20 x 8 Hopper, at DeepEP's measured all-to-all rates on H800 (deepseek-ai/DeepEP
+        # README, normal kernels: intranode 153-158 GB/s NVLink, internode 43-58 GB/s RDMA): 155 and 50.
+        Topology("paper", num_nodes=20, gpus_per_node=8, nvlink_GBps=155.0, rdma_GBps=50.0, matmul_tflops=790.0),
+        # The same cluster at datasheet rates: NVLink 900 GB/s both ways = 450 each way; 400 Gb/s NIC = 50 GB/s.
+        Topology("paper-datasheet", num_nodes=20, gpus_per_node=8, nvlink_GBps=450.0, rdma_GBps=50.0,
+                 matmul_tflops=790.0),
+        # H800 nodes (8 GPUs, 8 x 400 Gb/s NICs) at DeepEP's measured effective all-to-all bandwidths
+        # (intranode ~155, internode ~50 GB/s); 32 nodes so that EP256 fits. Dense bf16 rate as `paper`;
+        # HBM3 80 GB at 3.35 TB/s (datasheet).
+        Topology("h800", num_nodes=32, gpus_per_node=8, nvlink_GBps=155.0, rdma_GBps=50.0, matmul_tflops=790.0,
+                 memory_GBps=3350.0, hbm_bytes=80e9),
+        # H100 SXM nodes at datasheet rates: NVLink 4 900 GB/s both ways = 450 each way, 8 x 400 Gb/s NICs
+        # (50 GB/s per GPU), 989 dense bf16 TFLOP/s, HBM3 80 GB at 3.35 TB/s; 32 nodes so that EP256 fits.
+        Topology("h100", num_nodes=32, gpus_per_node=8, nvlink_GBps=450.0, rdma_GBps=50.0, matmul_tflops=989.0,
+                 memory_GBps=3350.0, hbm_bytes=80e9),
         # One NVLink domain of 72 GPUs (GB200 NVL72 class), 900 GB/s each way per GPU.
         Topology("nvl72", num_nodes=1, gpus_per_node=72, nvlink_GBps=900.0, rdma_GBps=50.0, matmul_tflops=2250.0,
                  memory_GBps=8000.0),
+        # GB200 NVL72 (datasheet): 72 Blackwell GPUs in one NVLink 5 domain, 1.8 TB/s both ways = 900 each
+        # way per GPU; 2.25-2.5 PFLOP/s dense bf16 per GPU (2250 taken); HBM3e 186 GB at 8 TB/s; one
+        # 400 Gb/s ConnectX-7 NIC per GPU (50 GB/s) to other racks. EP64 uses 64 of the 72 GPUs.
+        Topology("gb200-nvl72", num_nodes=1, gpus_per_node=72, nvlink_GBps=900.0, rdma_GBps=50.0,
+                 matmul_tflops=2250.0, memory_GBps=8000.0, hbm_bytes=186e9),
+        # Four such racks joined by RDMA (one NIC per GPU): EP128 spans 2 racks x 64, EP256 4 racks x 64.
+        Topology("gb200-nvl72x4", num_nodes=4, gpus_per_node=72, nvlink_GBps=900.0, rdma_GBps=50.0,
+                 matmul_tflops=2250.0, memory_GBps=8000.0, hbm_bytes=186e9),
         # This machine running the gloo runtime (2 simulated nodes x 2 ranks, one thread per rank), measured
         # by relibra.runtime.calibrate into data/cpu_gloo_calibration.json: the `tiny` expert's forward +
         # backward fit, and gloo's all-to-all over loopback (one shared link, no relay). The expert fit was
@@ -201,6 +397,24 @@ TOPOLOGY_PRESETS: dict[str, Topology] = {
                  dispatcher="alltoall", shared_link=True),
     ]
 }
+
+
+def _load_fitted_preset(path) -> None:
+    """Add the preset fitted on a machine by `relibra calibrate --model ...` (its "preset" entry) when the
+    file exists: `cpu-gloo-fit` from data/cpu_gloo_fit.json (docs/runtime.md says which machine)."""
+    import json
+    import os
+
+    if os.path.exists(path):
+        with open(path) as f:
+            preset = Topology(**json.load(f)["preset"])
+        TOPOLOGY_PRESETS[preset.name] = preset
+
+
+_DATA = __import__("os").path.join(__import__("os").path.dirname(__file__), "..", "data")
+for _path in [__import__("os").path.join(_DATA, "cpu_gloo_fit.json")] + sorted(
+        __import__("glob").glob(__import__("os").path.join(_DATA, "device", "*_preset.json"))):
+    _load_fitted_preset(_path)  # GPU presets fitted by scripts/device_check.sh, when a GPU run was committed
 
 
 def get_topology(name: str) -> Topology:

@@ -81,7 +81,16 @@ class StepPlan:
     def num_nodes(self) -> int:
         return self.ep // self.gpus_per_node
 
-    # ---- derived -----------------------------------------------------------------------------
+    # ---- derived: the one token flow (every per-GPU, per-copy and per-pair count comes from here) ----
+    def replica_tokens(self) -> np.ndarray:
+        """Tokens each replica computes: int64 [M, L, ep, replica_slots] (0 for an empty slot)."""
+        occupied = self.replica_expert >= 0
+        return self.replica_flow.sum(axis=2, dtype=np.int64) * occupied
+
+    def home_tokens(self) -> np.ndarray:
+        """Tokens each expert's home computes: int64 [M, L, E] (its load minus what its replicas take)."""
+        return home_tokens_of(self.loads.sum(axis=2, dtype=np.int64), self.replica_expert, self.replica_tokens())
+
     def home_flow(self) -> np.ndarray:
         """Tokens of each (src, expert) left for the expert's home: int64 [M, L, ep_src, E].
 
@@ -99,18 +108,18 @@ class StepPlan:
 
     def gpu_tokens(self) -> np.ndarray:
         """Tokens each GPU computes (expert GEMM rows): int64 [micro_batches, layers, ep]."""
-        home_tokens = self.home_flow().sum(axis=2)  # [M, L, E]
-        m, l, e = home_tokens.shape
-        onehot = _home_onehot(self.home, self.ep)  # [L, E, ep]
-        at_home = np.einsum("mle,leg->mlg", home_tokens.astype(np.float64), onehot)
-        at_replicas = self.replica_flow.sum(axis=(2, 4), dtype=np.int64)  # [M, L, ep]
-        return np.rint(at_home).astype(np.int64) + at_replicas
+        return gpu_tokens_from(self.loads.sum(axis=2, dtype=np.int64), self.home, self.replica_expert,
+                               self.replica_tokens())
 
     def skewness(self) -> np.ndarray:
         """max / mean tokens per GPU: float64 [micro_batches, layers]."""
         from relibra.trace import skewness
 
         return skewness(self.gpu_tokens())
+
+    def homes_per_gpu(self) -> np.ndarray:
+        """Experts homed on each GPU: int64 [layers, ep]."""
+        return homes_per_gpu(self.home, self.ep)
 
     def token_matrix(self) -> np.ndarray:
         """Tokens dispatched from each src to each GPU (combine sends them back): float64 [M, L, ep_src, ep_dst]."""
@@ -126,14 +135,12 @@ class StepPlan:
         home_onehot = _home_onehot(self.home, ep).astype(np.float32)
         # float32 is exact here: every count and sum stays far below 2**24
         matrix = np.matmul(self.loads.astype(np.float32), home_onehot)  # [M, L, ep, ep]
-        home_tokens = self.loads.sum(axis=2, dtype=np.int64)  # [M, L, E]
         occupied = self.replica_expert >= 0
         r = self.replica_slots
-        replica_tokens = np.zeros((m, l, ep, r), dtype=np.int64)
+        replica_tokens = self.replica_tokens()
         if r and occupied.any():
             flow = self.replica_flow.astype(np.float32)
             flow *= occupied[:, :, None]  # [M, L, src, gpu, R]; nothing flows to an empty slot
-            replica_tokens = np.rint(flow.sum(axis=2)).astype(np.int64)  # [M, L, gpu, R]
             # tokens a replica takes leave the expert's home: subtract them from the home's column
             rep_expert = np.where(occupied, self.replica_expert, 0)
             rep_home = self.home[np.arange(l)[None, :, None, None], rep_expert]  # [M, L, ep, R]
@@ -142,29 +149,12 @@ class StepPlan:
             for slot in range(r):  # a loop over the few slots beats a reduction over a short last axis
                 matrix += flow[..., slot]
             matrix -= back
-            idx = ((np.arange(m)[:, None, None, None] * l + np.arange(l)[None, :, None, None]) * e + rep_expert)
-            taken = np.bincount(idx[occupied], weights=replica_tokens[occupied], minlength=m * l * e)
-            home_tokens = home_tokens - np.rint(taken).astype(np.int64).reshape(m, l, e)
+        home_tokens = home_tokens_of(self.loads.sum(axis=2, dtype=np.int64), self.replica_expert, replica_tokens)
         return matrix.astype(np.float64), home_tokens, replica_tokens
 
     def num_replicas(self) -> np.ndarray:
         """Occupied replica slots per GPU: int64 [micro_batches, layers, ep]."""
         return (self.replica_expert >= 0).sum(axis=3)
-
-    def replica_transfers(self) -> np.ndarray:
-        """Replica weight copies from home GPU to replica GPU: int64 [M, L, ep_src_home, ep_dst].
-
-        The same matrix, transposed, counts gradient pulls back to the home after backward.
-        """
-        m, l, ep, r = self.replica_expert.shape
-        out = np.zeros((m, l, ep, ep), dtype=np.int64)
-        occ = self.replica_expert >= 0
-        if not occ.any():
-            return out
-        mi, li, gi, ri = np.nonzero(occ)
-        src = self.home[li, self.replica_expert[mi, li, gi, ri]]
-        np.add.at(out, (mi, li, src, gi), 1)
-        return out
 
     def validate(self, trace_loads: np.ndarray | None = None) -> None:
         """Check every invariant; raise PlanError naming the first violation.
@@ -180,6 +170,42 @@ def _home_onehot(home: np.ndarray, ep: int) -> np.ndarray:
     return (home[:, :, None] == np.arange(ep)[None, None, :]).astype(np.float64)
 
 
+def homes_per_gpu(home: np.ndarray, ep: int) -> np.ndarray:
+    """Experts homed on each GPU: [L, E] home ranks -> int64 [L, ep]."""
+    home = np.asarray(home, dtype=np.int64)
+    layers = home.shape[0]
+    bins = (np.arange(layers, dtype=np.int64)[:, None] * ep + home).ravel()
+    return np.bincount(bins, minlength=layers * ep).reshape(layers, ep)
+
+
+def home_tokens_of(expert_tokens: np.ndarray, replica_expert: np.ndarray, replica_tokens: np.ndarray) -> np.ndarray:
+    """Tokens left for each expert's home once its replicas take theirs: int64 [M, L, E].
+
+    expert_tokens: int [M, L, E] tokens routed to each expert; replica_expert: int [M, L, ep, R]
+    expert in each replica slot (-1 empty); replica_tokens: int [M, L, ep, R] tokens each replica takes.
+    """
+    m, l, e = expert_tokens.shape
+    out = np.asarray(expert_tokens, dtype=np.int64)
+    occupied = replica_expert >= 0
+    if not occupied.any():
+        return out
+    mi, li, _, _ = np.nonzero(occupied)
+    idx = (mi * l + li) * e + replica_expert[occupied].astype(np.int64)
+    taken = np.bincount(idx, weights=replica_tokens[occupied].astype(np.float64), minlength=m * l * e)
+    return out - np.rint(taken).astype(np.int64).reshape(m, l, e)
+
+
+def gpu_tokens_from(expert_tokens: np.ndarray, home: np.ndarray, replica_expert: np.ndarray,
+                    replica_tokens: np.ndarray) -> np.ndarray:
+    """Tokens each GPU computes: int64 [M, L, ep]: its homed experts' tokens (home_tokens_of) plus its
+    replicas'. expert_tokens int [M, L, E]; home int [L, E]; replica_expert, replica_tokens int [M, L, ep, R]."""
+    from relibra.trace import rank_load
+
+    ep = replica_expert.shape[2]
+    at_home = rank_load(home_tokens_of(expert_tokens, replica_expert, replica_tokens), home, ep)
+    return at_home + (np.asarray(replica_tokens, dtype=np.int64) * (replica_expert >= 0)).sum(axis=3)
+
+
 def _first(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(mask)[0])
 
@@ -187,6 +213,26 @@ def _first(mask: np.ndarray) -> tuple[int, ...]:
 def validate_plan(plan: StepPlan, trace_loads: np.ndarray | None = None) -> None:
     """See StepPlan.validate."""
     name = f"plan of policy {plan.policy!r}"
+    # Types first, so that a float home or NaN loads give a PlanError, not a TypeError further down.
+    axes = {"loads": "micro_batch, layer, src, expert", "home": "layer, expert",
+            "replica_expert": "micro_batch, layer, gpu, slot", "replica_flow": "micro_batch, layer, src, gpu, slot"}
+    for key, axis_names in axes.items():
+        arr = getattr(plan, key)
+        if not isinstance(arr, np.ndarray):
+            raise PlanError(f"{name}: {key} must be a numpy array, got {type(arr).__name__}")
+        if arr.dtype.kind not in "iu":
+            if arr.dtype.kind == "f" and arr.size:
+                bad = ~np.isfinite(arr) | (arr != np.round(arr))
+                if bad.any():
+                    where = f"[{axis_names}]" if arr.ndim == axis_names.count(",") + 1 else "index"
+                    raise PlanError(f"{name}: {key} at {where}={_first(bad)} holds {arr[_first(bad)].item()!r}; "
+                                    f"token counts and ids must be integers")
+            raise PlanError(f"{name}: {key} has dtype {arr.dtype}; it must hold integers (token counts and ids "
+                            f"are whole numbers)")
+    for key in ("gpus_per_node", "slots_per_gpu"):
+        value = getattr(plan, key)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise PlanError(f"{name}: {key} is {value!r}, not an integer")
     loads = plan.loads
     if loads.ndim != 4:
         raise PlanError(f"{name}: loads must be [micro_batches, layers, ep, experts], got shape {loads.shape}")
@@ -269,31 +315,6 @@ def validate_plan(plan: StepPlan, trace_loads: np.ndarray | None = None) -> None
         elif (loads != trace_loads).any():
             raise PlanError(f"{name}: plan loads differ from the trace at [micro_batch, layer, src, expert]="
                             f"{_first(loads != trace_loads)}")
-
-
-def migration_experts(prev_home: np.ndarray | None, home: np.ndarray) -> np.ndarray:
-    """Boolean [layers, experts]: which experts change home between two consecutive placements."""
-    if prev_home is None:
-        return np.zeros(home.shape, dtype=bool)
-    if prev_home.shape != home.shape:
-        raise PlanError(f"placements differ in shape: {prev_home.shape} vs {home.shape}")
-    return prev_home != home
-
-
-def migration_bytes(prev_home: np.ndarray | None, home: np.ndarray, expert_state_bytes: int,
-                    gpus_per_node: int) -> dict:
-    """Bytes moved by a re-placement: {"intra_node": ..., "inter_node": ..., "experts_moved": ...}.
-
-    expert_state_bytes: weights plus optimizer state of one expert.
-    """
-    moved = migration_experts(prev_home, home)
-    if not moved.any():
-        return {"intra_node": 0, "inter_node": 0, "experts_moved": 0}
-    cross = (prev_home // gpus_per_node != home // gpus_per_node) & moved
-    n_cross = int(cross.sum())
-    n_moved = int(moved.sum())
-    return {"intra_node": (n_moved - n_cross) * expert_state_bytes,
-            "inter_node": n_cross * expert_state_bytes, "experts_moved": n_moved}
 
 
 def empty_replicas(num_microbatches: int, num_layers: int, ep: int, slots: int) -> tuple[np.ndarray, np.ndarray]:

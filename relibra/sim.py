@@ -26,8 +26,11 @@ from relibra.policies import get_policy
 from relibra.trace import RoutingTrace, static_placement
 
 REFERENCE_POLICIES = ("megatron", "balanced")
+# Reference rows that are not policies: costs derived from a reference policy's plan (see simulate).
+BALANCED_COMPUTE = "balanced-compute"
 SUMMARY_COLUMNS = [
-    "policy", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced", "skewness", "step_s",
+    "policy", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced", "frac_of_balanced_compute", "skewness",
+    "step_s",
     "a2a_share", "expert_share", "exposed_transfer_share", "migration_share", "migration_s",
     "replica_memory_share", "replica_buffer_bytes", "plan_s", "planner_on_critical_path", "gap_to_bound",
     "steps", "tokens_per_step",
@@ -77,7 +80,13 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     """Plan and cost `steps` of `trace` for every policy on `topology`.
 
     policies: names for relibra.policies.get_policy; with references=True `megatron` and `balanced`
-        are added when missing, so speedup_vs_megatron and frac_of_balanced are always defined.
+        are added when missing, and the `balanced-compute` reference row: per step, the real routing
+        with every GPU's expert compute at the mean over GPUs (PlanCost.balanced_compute), on the
+        simulated plan (not under uniform routing) where that is fastest, so it keeps that plan's
+        all-to-all, transfers and migration (per_step["balanced_compute_from"] names it). No
+        simulated policy beats it. So speedup_vs_megatron, frac_of_balanced and
+        frac_of_balanced_compute are always defined. `balanced-compute` may also be named in
+        `policies` (it then brings `megatron` along).
     steps: None (all), an int n (the last n steps, so history-based policies see history), or indices.
     policy_params: {policy name: {param: value}} passed to get_policy.
     params: cost-model knobs (CostParams). workload: label for the frame (default: the trace's provenance).
@@ -87,6 +96,8 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     validate: check every plan with StepPlan.validate against the trace.
     step_extras: optional f(plan, cost) -> dict of extra columns for that (policy, step) row of per_step.
     Every plan is made for `topology` (policies that weigh bytes against compute use its rates).
+    Attention is charged from the trace's sequence lengths (trace.seq_lens[step]) when it has them,
+    else from params.seq_len; config["attention"] says which.
     """
     topo = resolve_topology(topology)
     params = params or CostParams()
@@ -94,8 +105,12 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     names = [p for p in dict.fromkeys(policies)]
     if not names:
         raise ConfigError("no policies to simulate")
+    with_balanced_compute = references or BALANCED_COMPUTE in names
+    names = [p for p in names if p != BALANCED_COMPUTE]
     if references:
         names += [p for p in REFERENCE_POLICIES if p not in names]
+    if with_balanced_compute and "megatron" not in names:
+        names.append("megatron")
     chosen = _select_steps(trace, steps)
     policy_params = policy_params or {}
     unknown = set(policy_params) - set(names)
@@ -104,12 +119,24 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     workload = workload if workload is not None else str(trace.provenance.get("workload", ""))
     model = trace.model
     static = static_placement(model.num_layers, model.num_experts, trace.ep)
+    seq_lens = getattr(trace, "seq_lens", None)
 
     from tqdm.auto import tqdm
 
     columns: list[dict] = []
     step_rows: list[dict] = []
     kept: dict[str, list[PlanCost]] = {}
+    best_compute: dict[int, tuple] = {}  # step -> (balanced-compute cost, its plan, its policy)
+
+    def add(label: str, step: int, cost: PlanCost, plan: StepPlan) -> None:
+        columns.append(cost.rows(source="simulated", hardware=topo.name, policy=label, model=model.name,
+                                 workload=workload, ep=trace.ep, step=step))
+        step_rows.append(_step_summary(label, step, cost, plan))
+        if step_extras is not None:
+            step_rows[-1].update(step_extras(plan, cost))
+        if keep_costs:
+            kept.setdefault(label, []).append(cost)
+
     bar = tqdm(total=len(names) * len(chosen), desc="simulate", unit="plan", disable=not progress)
     for name in names:
         policy = get_policy(name, **policy_params.get(name, {}))
@@ -118,35 +145,39 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
             prev_home = np.asarray(policy.plan(trace, chosen[0] - 1, topo, static).home)
         for step in chosen:
             bar.set_postfix_str(f"{name} step {step}")
-            t0 = time.perf_counter()
             plan = policy.plan(trace, step, topo, prev_home)
-            # the policy's own planner clock where it keeps one (it excludes the interface's checks)
-            plan_s = float(plan.info.get("plan_seconds", time.perf_counter() - t0))
             if validate:
                 plan.validate(trace.loads[step])
-            cost = cost_plan(plan, model, topo, params, prev_home=prev_home, planner_s=plan_s,
-                             critical_planner_s=plan.info.get("plan_cpu_seconds"))
-            columns.append(cost.rows(source="simulated", hardware=topo.name, policy=name, model=model.name,
-                                     workload=workload, ep=trace.ep, step=step))
-            step_rows.append(_step_summary(name, step, cost, plan, trace))
-            if step_extras is not None:
-                step_rows[-1].update(step_extras(plan, cost))
-            if keep_costs:
-                kept.setdefault(name, []).append(cost)
+            # the policy's own planner clocks (Policy.plan sets both; they exclude the interface's checks)
+            cost = cost_plan(plan, model, topo, params, prev_home=prev_home, planner_s=plan.info["plan_seconds"],
+                             critical_planner_s=plan.info["plan_cpu_seconds"],
+                             seq_lens=None if seq_lens is None else seq_lens[step])
+            if with_balanced_compute and not plan.uniform_routing:
+                candidate = cost.balanced_compute()
+                best = best_compute.get(step)
+                if best is None or candidate.step_seconds < best[0].step_seconds:
+                    best_compute[step] = (candidate, plan, name)
+            add(name, step, cost, plan)
             prev_home = plan.home
             bar.update(1)
     bar.close()
+    for step in chosen if with_balanced_compute else []:
+        cost, plan, source = best_compute[step]
+        add(BALANCED_COMPUTE, step, cost, plan)
+        step_rows[-1].update({"gap_to_bound": float("nan"), "balanced_compute_from": source})
     frame = pd.DataFrame({c: np.concatenate([col[c] for col in columns]) for c in METRIC_COLUMNS})
     per_step = pd.DataFrame(step_rows)
     config = {"model": model.name, "workload": workload, "ep": trace.ep, "cluster": topo.name,
               "topology": topo.to_dict(), "steps": chosen, "micro_batches": trace.num_microbatches,
               "tokens_per_microbatch": trace.tokens_per_microbatch, "cost_params": params.__dict__.copy(),
+              "attention": "trace seq_lens" if seq_lens is not None else f"assumed seq_len={params.seq_len}",
               "policies": names}
-    return SimResult(frame=frame, summary=summarize(per_step, order=names), per_step=per_step, config=config,
+    order = names + ([BALANCED_COMPUTE] if with_balanced_compute else [])
+    return SimResult(frame=frame, summary=summarize(per_step, order=order), per_step=per_step, config=config,
                      costs=kept)
 
 
-def _step_summary(name: str, step: int, cost: PlanCost, plan, trace: RoutingTrace) -> dict:
+def _step_summary(name: str, step: int, cost: PlanCost, plan: StepPlan) -> dict:
     totals = cost.totals()
     return {
         "policy": name, "step": step, "step_s": cost.step_seconds, "tokens": cost.tokens,
@@ -155,7 +186,7 @@ def _step_summary(name: str, step: int, cost: PlanCost, plan, trace: RoutingTrac
         "planner_exposed_s": totals["planner"], "migration_s": cost.migration_s, "optimizer_s": cost.optimizer_s,
         "skewness": float(cost.skewness().mean()), "replica_memory_share": cost.memory["replica_memory_share"],
         "replica_buffer_bytes": cost.memory["replica_buffer_bytes"], "plan_s": cost.planner_s,
-        "planner_on_critical_path": bool(plan.transfers_on_critical_path),
+        "planner_on_critical_path": bool(cost.info["exposed_planner"]),
         "gap_to_bound": _gap_to_bound(plan), "experts_moved": cost.migration_bytes["experts_moved"],
     }
 
@@ -163,8 +194,9 @@ def _step_summary(name: str, step: int, cost: PlanCost, plan, trace: RoutingTrac
 def summarize(per_step: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
     """One row per policy (SUMMARY_COLUMNS) from the per-(policy, step) figures of `simulate`.
 
-    tokens_per_s = all tokens / all seconds; shares are of the summed step time; speedup_vs_megatron
-    and frac_of_balanced divide tokens_per_s by that of `megatron` / `balanced` (NaN when absent).
+    tokens_per_s = all tokens / all seconds; shares are of the summed step time; speedup_vs_megatron,
+    frac_of_balanced and frac_of_balanced_compute divide tokens_per_s by that of `megatron` /
+    `balanced` / `balanced-compute` (NaN when absent).
     """
     g = per_step.groupby("policy", sort=False)
     total = g["step_s"].sum()
@@ -188,6 +220,7 @@ def summarize(per_step: pd.DataFrame, order: list[str] | None = None) -> pd.Data
     nan = float("nan")
     out["speedup_vs_megatron"] = out["tokens_per_s"] / out["tokens_per_s"].get("megatron", nan)
     out["frac_of_balanced"] = out["tokens_per_s"] / out["tokens_per_s"].get("balanced", nan)
+    out["frac_of_balanced_compute"] = out["tokens_per_s"] / out["tokens_per_s"].get(BALANCED_COMPUTE, nan)
     out = out.reset_index()
     if order:
         out = out.set_index("policy").loc[[p for p in order if p in set(out["policy"])]].reset_index()
@@ -202,7 +235,6 @@ def benchmark_sim(model: str = "qwen3-235b-a22b", ep: int = 32, policy: str = "r
     target), then times cost_plan + rows `repeats` times: sim_s is the median wall time, sim_cpu_s
     the median CPU time of this process (what an unloaded machine shows). Target: under 1 s here.
     """
-    from relibra.policies import get_policy
     from relibra.workloads import generate_trace
 
     topo = resolve_topology(cluster)
@@ -211,9 +243,8 @@ def benchmark_sim(model: str = "qwen3-235b-a22b", ep: int = 32, policy: str = "r
     trace = generate_trace(model, workload, ep, steps=1, seed=seed, micro_batches=micro_batches)
     trace_s = time.perf_counter() - t0
     static = static_placement(trace.model.num_layers, trace.model.num_experts, ep)
-    t0 = time.perf_counter()
     plan = get_policy(policy).plan(trace, 0, topo, static)
-    plan_s = float(plan.info.get("plan_seconds", time.perf_counter() - t0))
+    plan_s = plan.info["plan_seconds"]
     t0 = time.perf_counter()
     plan.validate(trace.loads[0])
     validate_s = time.perf_counter() - t0
@@ -221,7 +252,8 @@ def benchmark_sim(model: str = "qwen3-235b-a22b", ep: int = 32, policy: str = "r
     for _ in range(repeats):
         t0, c0 = time.perf_counter(), time.process_time()
         cost = cost_plan(plan, trace.model, topo, prev_home=static, planner_s=plan_s,
-                         critical_planner_s=plan.info.get("plan_cpu_seconds"))
+                         critical_planner_s=plan.info["plan_cpu_seconds"],
+                         seq_lens=None if getattr(trace, "seq_lens", None) is None else trace.seq_lens[0])
         rows = cost.rows(source="simulated", hardware=topo.name, policy=policy, model=trace.model.name,
                   workload=workload, ep=ep, step=0)
         times.append(time.perf_counter() - t0)

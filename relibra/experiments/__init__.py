@@ -90,7 +90,6 @@ from relibra.experiments.simulation import (
     history_steps,
     make_policy,
     plan_metrics,
-    replica_transfer_seconds,
     simulate_trace,
     simulate_with_plans,
     simulate_workloads,
@@ -122,7 +121,7 @@ __all__ = [
     "notebook_source", "environment", "this_machine", "PAPER_CLAIMS", "headline_ratios",
     # traces, plans, simulation
     "make_trace", "workload_traces", "plan_steps", "history_steps", "make_policy", "simulate_trace",
-    "throughput_grid", "plan_metrics", "replica_transfer_seconds", "simulate_with_plans", "simulate_workloads",
+    "throughput_grid", "plan_metrics", "simulate_with_plans", "simulate_workloads",
     # 00 tutorial
     "TUTORIAL_MODEL", "TUTORIAL_PLACEMENTS", "TUTORIAL_DEFAULTS", "TUTORIAL_PHASES", "tutorial_topology",
     "tutorial_trace", "tutorial_policy", "tutorial_case", "tutorial_args", "tutorial_grid", "replica_table",

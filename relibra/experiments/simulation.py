@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from relibra.cluster import ModelShape, Topology
 from relibra.experiments.config import Config
 from relibra.experiments.traces import make_trace
 
@@ -72,11 +71,11 @@ def plan_metrics(plan, gpus_per_node: int) -> dict:
     """
     from relibra.trace import skewness
 
-    gpu = plan.gpu_tokens()  # [M, L, ep]
+    matrix = plan.flows()[0]  # the plan's one token flow
+    gpu = np.rint(matrix.sum(axis=2)).astype(np.int64)  # [M, L, ep] tokens each GPU computes
     m, l, ep = gpu.shape
     nodes = ep // gpus_per_node
     node_tokens = gpu.reshape(m, l, nodes, gpus_per_node).sum(axis=3)
-    matrix = plan.token_matrix()  # [M, L, src, dst]
     node = np.arange(ep) // gpus_per_node
     cross = (node[:, None] != node[None, :])
     total = matrix.sum()
@@ -87,20 +86,6 @@ def plan_metrics(plan, gpus_per_node: int) -> dict:
         "replicas_per_gpu": float(plan.num_replicas().mean()),
     }
 
-
-def replica_transfer_seconds(plan, model: ModelShape, topology: Topology) -> float:
-    """Seconds of replica weight pushes and gradient pulls of one step if none were hidden: the
-    slowest GPU's transfer time per (micro_batch, layer) from relibra.costs, summed, counting the
-    backward re-push of a layer-shared buffer as the cost model does."""
-    from relibra.costs import CostParams
-    from relibra.costs import replica_transfer_seconds as per_gpu
-
-    if not (plan.replica_expert >= 0).any():
-        return 0.0
-    params = CostParams()
-    push, pull = per_gpu(plan, model, topology, params)  # [M, L, ep] each
-    repush = (not plan.transfers_on_critical_path) and params.replica_buffer == "layer-shared"
-    return float((2 if repush else 1) * push.max(axis=2).sum() + pull.max(axis=2).sum())
 
 def simulate_with_plans(cfg: Config, trace, policies, cluster: str | None = None,
                         policy_params: dict | None = None, workload: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -122,7 +107,7 @@ def simulate_with_plans(cfg: Config, trace, policies, cluster: str | None = None
         row["migration_gb"] = (cost.migration_bytes["intra_node"] + cost.migration_bytes["inter_node"]) / 1e9
         row["migration_inter_node_gb"] = cost.migration_bytes["inter_node"] / 1e9
         row["forward_s"] = float(sum(v.sum() for v in cost.forward.values()) + cost.extra_forward.sum())
-        row["transfer_s"] = replica_transfer_seconds(plan, trace.model, topo)
+        row["transfer_s"] = cost.replica_transfer_s  # pushes and pulls had none been hidden (relibra.costs)
         return row
 
     result = simulate(trace, topo, list(policies), steps=min(history_steps(cfg), trace.num_steps),

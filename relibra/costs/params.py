@@ -1,0 +1,76 @@
+"""CostParams: the cost model's knobs that belong to the training run rather than to the hardware."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relibra.errors import ConfigError
+
+REPLICA_BUFFERS = ("layer-shared", "per-layer")
+ROUTES = ("rail", "direct")
+PLANNER_CHARGES = ("table", "measured")
+GB = 1e9
+TFLOP = 1e12
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Knobs of the cost model that belong to the training run rather than to the hardware.
+
+    seq_len: tokens per sequence, the attention assumption used when a step's actual sequence
+        lengths are not given (a trace without `seq_lens`): every token sits in a sequence of
+        seq_len tokens, causal, so its core attends to (seq_len + 1) / 2 positions on average.
+    replica_buffer: "layer-shared" (one set of replica slots reused by every layer, so weights are
+        pushed again for backward) or "per-layer" (slots per layer, kept from forward to backward;
+        a replica is pushed only when its slot's content changes from the previous micro-batch and
+        its gradient pulled when it leaves). Applies to every policy that overlaps its transfers;
+        plans with `transfers_on_critical_path` (LLEP) keep fetched weights until backward (autograd
+        holds them), so they push once per (micro-batch, layer) and never again for backward.
+    grad_bytes_per_param: bytes of one replica gradient element pulled back to the home (bf16).
+    include_lm_head: charge the embedding / LM-head GEMM (once per micro-batch, outside the layers).
+    runtime_plan_s: what a plan whose planner runs on the critical path (plan.info
+        "planner_on_critical_path", else `transfers_on_critical_path`) is charged per (micro-batch,
+        layer), on top of an all-gather of the expert counts:
+          "table" (default): the planner's seconds per (micro-batch, layer) measured on this kit's
+            machine per EP size (data/planner_seconds.json, relibra.costs.calibration), interpolated
+            in log(EP); a planner the table lacks is charged as "measured";
+          "measured": this step's measured planner CPU seconds / (micro-batches x layers) (noisy on
+            a shared machine, so not the default);
+          a number: that many seconds.
+    dp_size: data-parallel ranks of each EP rank, over which a distributed optimizer shards the
+        optimizer state (migration moves the weights plus 1 / dp_size of the state; the optimizer
+        step updates 1 / dp_size of the parameters). None (default): the topology's
+        `dp_size(ep)` = num_gpus // ep, the whole cluster training one model; 1 = unsharded.
+    route: how bytes cross nodes in every exchange (see links.link_seconds): "rail" (DeepEP, the
+        paper's dispatcher) or "direct"; None (default) = the topology's own `route`.
+    dedup: send a token once per destination node (RDMA) and GPU (NVLink) as DeepEP does, with the
+        distinct tokens estimated from counts (links.distinct_tokens), or (False) one row per
+        token-expert pair as Megatron's alltoall dispatcher; None (default) = the topology's.
+    """
+
+    seq_len: int = 4096
+    replica_buffer: str = "layer-shared"
+    grad_bytes_per_param: int = 2
+    include_lm_head: bool = True
+    runtime_plan_s: float | str = "table"
+    dp_size: int | None = None
+    route: str | None = None
+    dedup: bool | None = None
+
+    def __post_init__(self):
+        if self.seq_len <= 0:
+            raise ConfigError(f"cost model: seq_len must be positive, got {self.seq_len}")
+        if self.replica_buffer not in REPLICA_BUFFERS:
+            raise ConfigError(f"cost model: replica_buffer must be one of {REPLICA_BUFFERS}, got {self.replica_buffer!r}")
+        if self.grad_bytes_per_param <= 0:
+            raise ConfigError(f"cost model: grad_bytes_per_param must be positive, got {self.grad_bytes_per_param}")
+        if self.route is not None and self.route not in ROUTES:
+            raise ConfigError(f"cost model: route must be one of {ROUTES}, got {self.route!r}")
+        if isinstance(self.runtime_plan_s, str):
+            if self.runtime_plan_s not in PLANNER_CHARGES:
+                raise ConfigError(f"cost model: runtime_plan_s must be a number of seconds or one of "
+                                  f"{PLANNER_CHARGES}, got {self.runtime_plan_s!r}")
+        elif not self.runtime_plan_s >= 0:
+            raise ConfigError(f"cost model: runtime_plan_s must be >= 0, got {self.runtime_plan_s}")
+        if self.dp_size is not None and (not isinstance(self.dp_size, int) or self.dp_size <= 0):
+            raise ConfigError(f"cost model: dp_size must be a positive integer or None, got {self.dp_size!r}")

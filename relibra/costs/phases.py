@@ -1,0 +1,296 @@
+"""One function per phase of a training step, each returning seconds for one StepPlan.
+
+In the order one MoE layer runs for one micro-batch:
+
+  forward:  dense (attention, router, shared experts) | replica weight push, hidden behind attention
+            -> [run-time planner] -> dispatch all-to-all -> routed-expert GEMMs -> combine all-to-all
+  backward: the same in reverse at twice the FLOPs; dispatch and combine mirrored; replica weights
+            pushed again (layer-shared buffer) and replica gradients pulled to the home, each hidden
+            behind a layer's attention backward
+
+and once per step: the non-MoE parts (dense layers, embedding, LM head) per micro-batch, expert
+migration between placements, and the optimizer step. relibra.costs.plan_cost assembles them.
+Conventions: compute counts token-expert pairs (a token routed to k experts is k GEMM rows); the
+slowest GPU sets the time of every phase.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relibra.cluster import ModelShape, Topology
+from relibra.costs.flops import attention_core_flops, attention_core_seconds, gemm_seconds
+from relibra.costs.links import collective_seconds, distinct_tokens, link_seconds
+from relibra.costs.params import REPLICA_BUFFERS, CostParams
+from relibra.errors import ConfigError, PlanError
+from relibra.plan import StepPlan
+
+
+def route_of(topology: Topology, params: CostParams) -> str:
+    """The route every exchange takes: params.route, else the topology's."""
+    return topology.route if params.route is None else params.route
+
+
+def dp_size_of(topology: Topology, params: CostParams, ep: int) -> int:
+    """Data-parallel ranks that shard each EP rank's optimizer state: params.dp_size, else topology.dp_size(ep)."""
+    return topology.dp_size(ep) if params.dp_size is None else params.dp_size
+
+
+# ---- dispatch and combine ------------------------------------------------------------------------
+def dispatch_seconds(plan: StepPlan, model: ModelShape, topology: Topology, params: CostParams,
+                     token_matrix: np.ndarray, src_tokens: np.ndarray) -> np.ndarray:
+    """Seconds of one dispatch all-to-all per (micro-batch, layer): float64 [M, L]. Combine sends the
+    same bytes back along the same links, so it costs the same.
+
+    token_matrix: float [M, L, ep_src, ep_dst] token-expert pairs (StepPlan.flows()[0]); src_tokens:
+    [M, ep] tokens per source rank. Under dedup (DeepEP) a token crosses to a GPU / node once
+    (links.distinct_tokens); otherwise one row per pair (Megatron's alltoall dispatcher).
+    """
+    route = route_of(topology, params)
+    gpn = plan.gpus_per_node
+    if topology.dedup if params.dedup is None else params.dedup:
+        per_gpu, per_node = distinct_tokens(plan, src_tokens)
+        return collective_seconds(per_gpu * model.token_bytes, gpn, topology, route, per_node * model.token_bytes)
+    return collective_seconds(token_matrix * model.token_bytes, gpn, topology, route)
+
+
+# ---- routed experts ------------------------------------------------------------------------------
+def active_copies(plan: StepPlan, home_tokens: np.ndarray, replica_tokens: np.ndarray) -> np.ndarray:
+    """Expert copies (homes and replicas) with at least one token on each GPU: int64 [M, L, ep].
+
+    home_tokens: int [M, L, E]; replica_tokens: int [M, L, ep, R] (StepPlan.flows()).
+    """
+    m, l, e = home_tokens.shape
+    ep = plan.ep
+    bins = ((np.arange(m)[:, None, None] * l + np.arange(l)[None, :, None]) * ep + plan.home[None]).ravel()
+    busy_homes = np.bincount(bins, weights=(home_tokens > 0).ravel(), minlength=m * l * ep)
+    busy_homes = np.rint(busy_homes).astype(np.int64).reshape(m, l, ep)
+    return busy_homes + (replica_tokens > 0).sum(axis=3)
+
+
+def expert_seconds_per_gpu(gpu_tokens: np.ndarray, copies: np.ndarray, model: ModelShape,
+                           topology: Topology) -> np.ndarray:
+    """Forward routed-expert seconds of each GPU: float64 [M, L, ep] (backward is twice this).
+
+    gpu_tokens: int [M, L, ep] token-expert pairs each GPU computes; copies: int [M, L, ep] its
+    busy expert copies, each one GEMM paying the fixed cost (flops.gemm_seconds).
+    """
+    return gemm_seconds(gpu_tokens, model.expert_flops_per_token, topology, copies)
+
+
+# ---- dense parts ---------------------------------------------------------------------------------
+def dense_seconds(src_tokens: np.ndarray, model: ModelShape, topology: Topology, params: CostParams,
+                  seq_lens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Forward seconds of one MoE layer's dense parts on each source rank: (attention, router + shared
+    experts), float64 [M, ep] each. Attention (projections and causal core) is the window replica
+    transfers hide behind.
+
+    seq_lens: int [M, ep, max_seqs] sequence lengths per (micro-batch, rank) from the trace, or None
+    for params.seq_len (see flops.attention_core_flops).
+    """
+    core = attention_core_flops(model, src_tokens, params.seq_len, seq_lens)
+    attention = gemm_seconds(src_tokens, model.attention_projection_flops_per_token, topology) \
+        + attention_core_seconds(core, topology)
+    other = gemm_seconds(src_tokens, model.moe_layer_dense_flops_per_token, topology)
+    return attention, other
+
+
+def non_moe_seconds(src_tokens: np.ndarray, model: ModelShape, topology: Topology, params: CostParams,
+                    seq_lens: np.ndarray | None = None) -> np.ndarray:
+    """Forward seconds of the parts outside the MoE layers per micro-batch (slowest rank): float64 [M].
+
+    The num_dense_layers leading dense layers (attention + a dense SwiGLU FFN) and, with
+    params.include_lm_head, the LM-head GEMM (2 * hidden * vocab FLOPs per token).
+    """
+    fpt = model.num_dense_layers * (model.attention_projection_flops_per_token + 2.0 * 3 * model.hidden * model.dense_ffn)
+    if params.include_lm_head:
+        fpt += 2.0 * model.hidden * model.vocab_size
+    core = model.num_dense_layers * attention_core_flops(model, src_tokens, params.seq_len, seq_lens)
+    return (gemm_seconds(src_tokens, fpt, topology) + attention_core_seconds(core, topology)).max(axis=1)
+
+
+# ---- replicas ------------------------------------------------------------------------------------
+def replica_moves(plan: StepPlan, buffer: str) -> tuple[np.ndarray, np.ndarray]:
+    """Replica weight pushes and gradient pulls: (pushes, pulls) int64 [M, L, ep_home, ep_dst] copies.
+
+    layer-shared: every occupied slot is pushed and pulled at its own (micro_batch, layer).
+    per-layer: an expert is pushed to a GPU only where it was not there at the previous micro-batch
+    (same layer), and its gradient pulled at the last micro-batch of that stay.
+    """
+    m, l, ep, r = plan.replica_expert.shape
+    e = plan.num_experts
+    mi, li, gi, ri = np.nonzero(plan.replica_expert >= 0)
+    ex = plan.replica_expert[mi, li, gi, ri].astype(np.int64)
+    if buffer == "per-layer":
+        present = np.zeros((m + 2, l, ep, e), dtype=bool)  # padded with empty micro-batches on both sides
+        present[mi + 1, li, gi, ex] = True
+        keep_push = (present[1:-1] & ~present[:-2])[mi, li, gi, ex]
+        keep_pull = (present[1:-1] & ~present[2:])[mi, li, gi, ex]
+    else:
+        keep_push = keep_pull = np.ones(len(mi), dtype=bool)
+    home = plan.home[li, ex]
+    out = []
+    for keep in (keep_push, keep_pull):
+        idx = ((mi[keep] * l + li[keep]) * ep + home[keep]) * ep + gi[keep]
+        out.append(np.bincount(idx, minlength=m * l * ep * ep).reshape(m, l, ep, ep).astype(np.int64))
+    return out[0], out[1]
+
+
+def replica_buffer_of(plan: StepPlan, params: CostParams) -> str:
+    """Which buffer rule moves a plan's replicas: plans with transfers on the critical path fetch per
+    (micro-batch, layer) ("layer-shared" moves), others follow params.replica_buffer."""
+    return "layer-shared" if plan.transfers_on_critical_path else params.replica_buffer
+
+
+def replica_transfer_seconds(plan: StepPlan, model: ModelShape, topology: Topology,
+                             params: CostParams | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-GPU seconds of replica weight pushes and gradient pulls, before any overlap.
+
+    Gradients go back from each replica to its home along the pushes' links, reversed (same cost).
+    Each GPU that moves anything pays one collective_latency_s. Returns (push, pull), float64
+    [micro_batches, layers, ep].
+    """
+    params = params or CostParams()
+    route = route_of(topology, params)
+    pushes, pulls = replica_moves(plan, replica_buffer_of(plan, params))
+    push = link_seconds(pushes * float(model.expert_bytes), plan.gpus_per_node, topology, route)
+    pull = link_seconds(pulls * float(model.expert_params * params.grad_bytes_per_param), plan.gpus_per_node,
+                        topology, route)
+    lat = topology.collective_latency_s
+    return np.where(push > 0, push + lat, 0.0), np.where(pull > 0, pull + lat, 0.0)
+
+
+def pushes_again_for_backward(plan: StepPlan, params: CostParams) -> bool:
+    """A layer-shared buffer is overwritten by later layers, so an overlapping plan pushes its replica
+    weights again for backward; critical-path plans keep them (autograd holds them)."""
+    return not plan.transfers_on_critical_path and params.replica_buffer == "layer-shared"
+
+
+def exposed_seconds(transfer_gpu: np.ndarray, attention: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """Seconds a transfer adds to a layer when it overlaps that layer's attention: float64 [M, L].
+
+    transfer_gpu: [M, L, ep]; attention, other: [M, ep] the layer's dense parts. The slowest GPU's
+    max(attention, transfer) + other, minus the dense time alone.
+    """
+    hidden = (np.maximum(attention[:, None, :], transfer_gpu) + other[:, None, :]).max(axis=2)
+    return hidden - (attention + other).max(axis=1)[:, None]
+
+
+def replica_seconds(plan: StepPlan, push_gpu: np.ndarray, pull_gpu: np.ndarray, attention: np.ndarray,
+                    other: np.ndarray, params: CostParams) -> dict:
+    """Replica transfers on the critical path: {"push_forward", "push_backward", "pull_backward"}, each
+    float64 [M, L], plus "unhidden_s": the step's push and pull seconds if none were hidden.
+
+    Critical-path plans (LLEP) pay the slowest GPU's push before the experts and its pull after
+    backward; others overlap each with the layer's attention (forward: attention; backward: twice).
+    """
+    unhidden = ((2 if pushes_again_for_backward(plan, params) else 1) * push_gpu.max(axis=2).sum()
+                + pull_gpu.max(axis=2).sum())
+    zeros = np.zeros(push_gpu.shape[:2])
+    if plan.transfers_on_critical_path:
+        return {"push_forward": push_gpu.max(axis=2), "push_backward": zeros, "pull_backward": pull_gpu.max(axis=2),
+                "unhidden_s": float(unhidden)}
+    push_bwd = exposed_seconds(push_gpu, 2 * attention, 2 * other) if pushes_again_for_backward(plan, params) else zeros
+    return {"push_forward": exposed_seconds(push_gpu, attention, other), "push_backward": push_bwd,
+            "pull_backward": exposed_seconds(pull_gpu, 2 * attention, 2 * other), "unhidden_s": float(unhidden)}
+
+
+def replica_memory(model: ModelShape, ep: int, slots_per_layer, buffer: str,
+                   homes_per_gpu: int | None = None, grad_bytes_per_param: int = 2) -> dict:
+    """Replica buffer bytes per GPU and their share of the GPU's parameter bytes.
+
+    slots_per_layer: int [layers] the most replicas one GPU holds in each layer (over micro-batches).
+    layer-shared: max(slots_per_layer) weight slots and as many gradient slots, reused by every layer.
+    per-layer: weight and gradient slots for every layer, sum(slots_per_layer) of each.
+    autograd (plans that fetch on the critical path, LLEP): fetched weights of every layer stay until
+        backward, sum(slots_per_layer); gradients leave right after each layer, max(slots_per_layer).
+    Parameter bytes per GPU: the homed experts of every layer plus the dense parameters (no tensor
+    or pipeline parallelism).
+    """
+    slots = np.asarray(slots_per_layer, dtype=np.int64).reshape(-1)
+    homes = homes_per_gpu if homes_per_gpu is not None else model.num_experts // ep
+    if buffer not in REPLICA_BUFFERS + ("autograd",):
+        raise ConfigError(f"replica buffer must be one of {REPLICA_BUFFERS + ('autograd',)}, got {buffer!r}")
+    weight_slots = int(slots.max(initial=0)) if buffer == "layer-shared" else int(slots.sum())
+    grad_slots = int(slots.sum()) if buffer == "per-layer" else int(slots.max(initial=0))
+    buffer_bytes = model.expert_params * (weight_slots * model.bytes_per_param + grad_slots * grad_bytes_per_param)
+    param_bytes = (homes * model.num_layers * model.expert_params + model.dense_params) * model.bytes_per_param
+    return {"replica_buffer": buffer, "replica_slots": int(slots.max(initial=0)), "replica_buffer_bytes": int(buffer_bytes),
+            "param_bytes_per_gpu": int(param_bytes), "replica_memory_share": buffer_bytes / param_bytes}
+
+
+# ---- run-time planner ----------------------------------------------------------------------------
+def planner_on_critical_path(plan: StepPlan) -> bool:
+    """Whether a plan's planner runs at run time, between routing and dispatch: plan.info
+    "planner_on_critical_path" when the policy sets it, else `transfers_on_critical_path` (LLEP)."""
+    return bool(plan.info.get("planner_on_critical_path", plan.transfers_on_critical_path))
+
+
+def planner_seconds(plan: StepPlan, topology: Topology, params: CostParams,
+                    measured_cpu_s: float = 0.0) -> tuple[np.ndarray, str]:
+    """Forward seconds of a run-time planner per (micro-batch, layer): (float64 [M, L], how charged).
+
+    Zero for plans made ahead of the step. Otherwise an all-gather of every rank's int32 expert
+    counts (4 * experts bytes to every rank; LPLB's all-reduce of the same counts moves no more) plus
+    the planner's own seconds per (micro-batch, layer) as params.runtime_plan_s says: the measured
+    table (calibration.planner_seconds_per_cell at this EP size), this step's measured CPU seconds
+    spread over its cells, or a fixed number.
+    """
+    m, l, ep, e = plan.loads.shape
+    if not planner_on_critical_path(plan):
+        return np.zeros((m, l)), "none"
+    counts = np.full((ep, ep), 4.0 * e)
+    gather = float(collective_seconds(counts, plan.gpus_per_node, topology, route_of(topology, params)))
+    charge = params.runtime_plan_s
+    if charge == "table":
+        from relibra.costs.calibration import planner_seconds_per_cell
+
+        per_cell = planner_seconds_per_cell(plan.policy, ep)
+        if per_cell is not None:
+            return np.full((m, l), gather + per_cell), "table"
+        charge = "measured"
+    if charge == "measured":
+        return np.full((m, l), gather + measured_cpu_s / (m * l)), "measured"
+    return np.full((m, l), gather + float(charge)), "fixed"
+
+
+# ---- once per step -------------------------------------------------------------------------------
+def migration_seconds(prev_home: np.ndarray | None, home: np.ndarray, ep: int, gpus_per_node: int, model: ModelShape,
+                      topology: Topology, dp_size: int = 1, route: str | None = None) -> tuple[float, dict]:
+    """Seconds and bytes of moving experts between two placements (before the step's first micro-batch).
+
+    prev_home, home: int [layers, experts] home GPU of each expert; None prev_home = nothing moves.
+    An expert that changes home sends ModelShape.expert_state_bytes(dp_size) from its old to its new
+    GPU (weights, plus its optimizer-state shard: each of the dp_size data-parallel copies of the
+    EP group moves its own shard at the same time, on its own GPUs). All moves form one exchange.
+    Returns (seconds, {"intra_node", "inter_node": bytes one EP group moves, "experts_moved"}).
+    """
+    none = {"intra_node": 0, "inter_node": 0, "experts_moved": 0}
+    if prev_home is None:
+        return 0.0, none
+    prev_home = np.asarray(prev_home)
+    if prev_home.shape != home.shape:
+        raise PlanError(f"previous placement has shape {prev_home.shape}, the plan's {home.shape}")
+    moved = prev_home != home
+    if not moved.any():
+        return 0.0, none
+    state_bytes = model.expert_state_bytes(dp_size)
+    moves = np.zeros((ep, ep))
+    np.add.at(moves, (prev_home[moved], home[moved]), 1.0)
+    seconds = float(collective_seconds(moves * state_bytes, gpus_per_node, topology, route))
+    cross = (prev_home[moved] // gpus_per_node) != (home[moved] // gpus_per_node)
+    return seconds, {"intra_node": int(round(int((~cross).sum()) * state_bytes)),
+                     "inter_node": int(round(int(cross.sum()) * state_bytes)), "experts_moved": int(moved.sum())}
+
+
+def optimizer_seconds(model: ModelShape, homes_per_gpu: int, ep: int, topology: Topology, dp_size: int = 1) -> float:
+    """Seconds of the Adam step on the busiest GPU, memory-bound.
+
+    Per parameter updated: read and write the fp32 master, m and v (2 x optimizer_bytes_per_param),
+    read the gradient and write the weight (2 x bytes_per_param). A distributed optimizer updates
+    1 / dp_size of the GPU's experts (sharded over the expert-data-parallel ranks) and 1 / (ep x
+    dp_size) of the dense parameters (sharded over every GPU); the all-gather of the updated weights
+    is not charged (the same for every policy).
+    """
+    params = homes_per_gpu * model.num_layers * model.expert_params / dp_size + model.dense_params / (ep * dp_size)
+    return params * (2 * model.optimizer_bytes_per_param + 2 * model.bytes_per_param) / topology.memory_bytes_per_s
