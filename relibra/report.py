@@ -2,7 +2,8 @@
 claims, which results are simulated and which measured (and on what hardware), and the environment.
 
 It reads what the notebooks left behind: `<out>/<notebook>/manifest.json` (written by
-relibra.experiments.Run.finish) and `<out>/02_throughput/throughput.csv` for the headline table. It is
+relibra.experiments.Run.finish), `<out>/02_throughput/throughput.csv` for the headline table and
+`<out>/10_sensitivity/tornado.csv` for the sensitivity beside it. It is
 rebuilt from every result present, so running one notebook refreshes the report without dropping the
 others; each notebook's row says which profile made it and when.
 """
@@ -58,6 +59,42 @@ def headline_section(out_dir: Path, manifests: dict[str, dict]) -> str:
     return (f"## Headline ratios next to the paper's claims\n\nFrom notebook 02 (throughput: models x workloads; "
             f"{where}). Ratios of simulated tokens/s per (model, workload); `gap to balanced` is "
             f"1 - ReLibra / Balanced.\n\n{_md_table(shown)}\n")
+
+
+def sensitivity_section(out_dir: Path, manifests: dict[str, dict]) -> str:
+    """How far each headline ratio moves with one knob at a time (notebook 10's tornado), per knob."""
+    csv = out_dir / "10_sensitivity" / "tornado.csv"
+    head = "## How far the headline moves: sensitivity\n\n"
+    if not csv.exists():
+        return head + "Notebook 10_sensitivity has not run, so there is no sensitivity table yet.\n"
+    from relibra.experiments.sensitivity import RATIOS
+
+    t = pd.read_csv(csv)
+    man = manifests.get("10_sensitivity", {})
+    cfg = man.get("config", {})
+    names = {"relibra_over_megatron": "ReLibra / Megatron", "relibra_over_eplb_plus": "ReLibra / EPLB+",
+             "relibra_over_balanced_compute": "ReLibra / balanced-compute"}
+    ratios = [r for r in RATIOS if r in set(t["ratio"])]
+    first = t[t["ratio"] == ratios[0]]
+    rows = []
+    for knob in first["knob"]:  # sorted by the headline's swing
+        row = {"knob": knob}
+        for r in ratios:
+            k = t[(t["ratio"] == r) & (t["knob"] == knob)].iloc[0]
+            row[f"{names[r]}: low - high"] = f"{k['low']:.3f} - {k['high']:.3f}"
+        rows.append(row)
+    defaults = "; ".join(f"{names[r]} {float(t.loc[t['ratio'] == r, 'default'].iloc[0]):.3f}" for r in ratios)
+    tops = "; ".join(f"{names[r]} with {t[t['ratio'] == r].iloc[0]['knob']} "
+                     f"({t[t['ratio'] == r].iloc[0]['low']:.3f} - {t[t['ratio'] == r].iloc[0]['high']:.3f})"
+                     for r in ratios)
+    where = (f"simulated, `{cfg.get('model', '?')}`, {cfg.get('workload', '?')}, EP {cfg.get('ep', '?')} on the "
+             f"`{cfg.get('cluster', '?')}` cluster preset, {man.get('scale_note', '')}")
+    figure = next((f for f in man.get("figures", []) if f["name"] == "tornado"), None)
+    image = f"\n![tornado](10_sensitivity/{figure['png']})\n" if figure else ""
+    return (f"{head}From notebook 10 ({where}): one knob moved at a time around the default set-up, whose ratios "
+            f"are {defaults}. Each moves most with: {tops}. Per knob, the lowest and highest ratio over its "
+            f"values, knobs sorted by the swing of ReLibra / Megatron ([tornado.csv](10_sensitivity/tornado.csv)):"
+            f"\n\n{_md_table(pd.DataFrame(rows))}\n{image}")
 
 
 def sources_section(manifests: dict[str, dict], statuses: dict[str, dict]) -> str:
@@ -134,13 +171,15 @@ def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | 
         f"Paper's claims (abstract): ReLibra {PAPER_CLAIMS['relibra_vs_megatron']} over Megatron-LM, "
         f"{PAPER_CLAIMS['relibra_vs_eplb+']} over EPLB given oracle loads, {PAPER_CLAIMS['relibra_gap_to_balanced']} "
         "of the balanced ideal, measured on 20 nodes x 8 Hopper GPUs. The kit's throughput figures are simulated "
-        "(see below); the CPU measurements of notebook 08 check the simulator against a real run, at toy scale.",
+        "(see below); notebook 08 puts CPU measurements of the real runtime next to the simulator at toy scale and "
+        "states from its numbers whether they agree (its section below).",
         "",
     ]
     if failed:
         head.append("**Failed notebooks:** " + ", ".join(f"{n} ({statuses[n].get('error', '')})" for n in failed) + "\n")
     text = "\n".join(head) + "\n" + "\n".join([
         headline_section(out_dir, manifests),
+        sensitivity_section(out_dir, manifests),
         sources_section(manifests, statuses),
         environment_section(environment()),
         figures_section(manifests),

@@ -164,7 +164,8 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     for step in chosen if with_balanced_compute else []:
         cost, plan, source = best_compute[step]
         add(BALANCED_COMPUTE, step, cost, plan)
-        step_rows[-1].update({"gap_to_bound": float("nan"), "balanced_compute_from": source})
+        # a reference, not a planner: no plan time of its own (the source policy's is in its own row)
+        step_rows[-1].update({"gap_to_bound": float("nan"), "plan_s": float("nan"), "balanced_compute_from": source})
     frame = pd.DataFrame({c: np.concatenate([col[c] for col in columns]) for c in METRIC_COLUMNS})
     per_step = pd.DataFrame(step_rows)
     config = {"model": model.name, "workload": workload, "ep": trace.ep, "cluster": topo.name,

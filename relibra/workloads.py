@@ -12,29 +12,38 @@ What the model reproduces (the facts ReLibra builds on):
   micro-batch to the next while the step total, over hundreds of sequences, is steadier.
 - The policy drifts slowly: every logit follows a stationary AR(1) walk across steps.
 
-Sampling. Every (micro-batch, EP rank) slot holds exactly `tokens_per_rank` tokens: the step's
-prompt groups (GRPO-style, `responses_per_prompt` responses each) are packed back to back in slot
-order (by default micro-batch major, as Megatron's data sampler deals a global batch) and a sequence
-longer than the room left continues in the next slot. A slot's per-layer expert distribution p is the token-weighted mixture
-of its sequences' topic distributions. Top-k picks k distinct experts per token, so an expert's
-inclusion probability is at most 1: `water_fill` turns p into inclusion probabilities min(1, c*p)
-summing to k; experts at 1 take every token of the slot, the others share the remaining
-tokens * (k - saturated) slots by one multinomial draw (numpy Generator.multinomial, vectorized over
-rows). A rare draw above `tokens` for one expert (it can hold at most one slot per token) has its
-excess redrawn over the experts with room, so each layer of a slot sums to exactly tokens * top_k.
+Sampling. A step is one RL global batch: `global_batch_sequences` sequences (1024, the paper's),
+drawn as GRPO-style prompt groups (`responses_per_prompt` responses each, adjacent in batch order), or,
+when `tokens_per_rank` is given, as many as fill about that many tokens per (micro-batch, EP rank)
+slot. A named batch layout (BATCH_LAYOUTS, `layout_slots`; docs/traces.md) deals the sequences to
+(micro-batch, rank) slots as an RL framework's trainer does: whole sequences, so a slot holds what its
+sequences hold (the `megatron` layout instead packs the stream into equal samples, cutting sequences).
+The trace records each slot's sequence lengths (`seq_lens`). A slot's per-layer expert distribution p
+is the token-weighted mixture of its sequences' topic distributions. Top-k picks k distinct experts per
+token, so an expert's inclusion probability is at most 1: `water_fill` turns p into inclusion
+probabilities min(1, c*p) summing to k; experts at 1 take every token of the slot, the others share
+the remaining tokens * (k - saturated) slots by one multinomial draw (numpy Generator.multinomial,
+vectorized over rows). A rare draw above `tokens` for one expert (it can hold at most one slot per
+token) has its excess redrawn over the experts with room, so each layer of a slot sums to exactly
+tokens * top_k.
+
+Per-model routing: the generator's random stream is seeded by (seed, a hash of the model's name and
+shape), so two models never share one routing, while the same (model, seed) always gives the same trace.
 
 With `token_level=True` (small configs) every token instead draws its own top-k from its
 sequence's mixture by successive sampling without replacement (Gumbel top-k), and the trace keeps
 the token-level ids.
 
-Defaults are calibrated (docs/traces.md) so static contiguous placement has mean rank skewness
-above 2 at EP16 and EP32, growing with EP, for the three paper models.
+The routing knobs were calibrated (docs/traces.md) so static contiguous placement has mean rank
+skewness above 2 at EP16 and EP32, growing with EP, for the three paper models.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import time
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +53,9 @@ from relibra.errors import ConfigError
 from relibra.trace import RoutingTrace, loads_from_tokens
 
 WORKLOADS = ("math", "science", "instruct", "code", "mixed")
+# How a step's sequences reach (micro-batch, rank) slots; see layout_slots and docs/traces.md.
+BATCH_LAYOUTS = ("verl-balance", "verl", "verl-dynamic", "slime", "slime-dynamic", "megatron")
+DEFAULT_BATCH_LAYOUT = "verl-balance"
 DOMAINS = ("math", "science", "instruct", "code")
 
 
@@ -72,11 +84,16 @@ DOMAIN_PROFILES: dict[str, DomainProfile] = {
 class WorkloadConfig:
     """Knobs of the generator. Logit standard deviations are in natural-log units of expert weight.
 
-    tokens_per_rank: tokens of one micro-batch on one EP rank (before top-k), 8192 by default,
-        a typical token budget per GPU and micro-batch in RL training with packed sequences.
+    global_batch_sequences: sequences of one step (the paper's global batch, 1024), dealt over the
+        EP group's ranks as data-parallel ranks; raised to one sequence per (micro-batch, rank) slot
+        where ep x micro_batches exceeds it, and rounded up to a multiple of the slots.
+    tokens_per_rank: None (default) = derived from the batch and the sequence lengths; a number =
+        draw sequences until the step holds about that many tokens per slot (small test configs and
+        the sensitivity knob), with as many whole sequences per slot as that takes.
+    batch_layout: how sequences reach slots, one of BATCH_LAYOUTS (default "verl-balance").
     max_sequence_tokens: cap on prompt + response (DAPO-style 20k-token limit).
     length_scale: multiplies every sequence length (and the cap); below 1 for small test configs
-        whose tokens_per_rank is far below 8192, so a slot still holds a few sequences.
+        with few tokens per slot, so a slot still holds whole sequences.
     shared_logit_std: per-layer expert popularity common to every domain.
     domain_logit_std: per-(domain, layer) popularity: each domain's own hot experts.
     topic_logit_std: per-(topic, layer) part: how strongly one sequence concentrates on few experts.
@@ -88,7 +105,8 @@ class WorkloadConfig:
     mixed_domain_weights: share of sequences from (math, science, instruct, code) in `mixed`.
     """
 
-    tokens_per_rank: int = 8192
+    global_batch_sequences: int = 1024
+    tokens_per_rank: int | None = None
     max_sequence_tokens: int = 20480
     length_scale: float = 1.0
     shared_logit_std: float = 0.7
@@ -99,13 +117,18 @@ class WorkloadConfig:
     topic_concentration: float = 0.2
     drift_per_step: float = 0.01
     responses_per_prompt: int = 16
-    slot_order: str = "microbatch-major"
+    batch_layout: str = DEFAULT_BATCH_LAYOUT
     mixed_domain_weights: tuple[float, float, float, float] = (0.25, 0.25, 0.25, 0.25)
 
     def __post_init__(self):
-        if self.slot_order not in ("rank-major", "microbatch-major"):
-            raise ConfigError(f"workload config: slot_order must be 'rank-major' or 'microbatch-major', got {self.slot_order!r}")
-        for name in ("tokens_per_rank", "max_sequence_tokens", "topics_per_domain", "responses_per_prompt"):
+        if self.batch_layout not in BATCH_LAYOUTS:
+            raise ConfigError(f"workload config: batch_layout must be one of {', '.join(BATCH_LAYOUTS)}, "
+                              f"got {self.batch_layout!r}")
+        if self.tokens_per_rank is not None and (not isinstance(self.tokens_per_rank, (int, np.integer))
+                                                 or self.tokens_per_rank <= 0):
+            raise ConfigError(f"workload config: tokens_per_rank must be None or a positive integer, "
+                              f"got {self.tokens_per_rank!r}")
+        for name in ("global_batch_sequences", "max_sequence_tokens", "topics_per_domain", "responses_per_prompt"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"workload config: {name} must be positive, got {getattr(self, name)}")
         for name in ("shared_logit_std", "domain_logit_std", "topic_logit_std", "topic_prior_std"):
@@ -153,11 +176,11 @@ def water_fill(p: np.ndarray, k: int) -> np.ndarray:
     return flat.reshape(pi.shape)
 
 
-def sample_topk_counts(rng: np.random.Generator, p: np.ndarray, tokens: int, k: int) -> np.ndarray:
+def sample_topk_counts(rng: np.random.Generator, p: np.ndarray, tokens, k: int) -> np.ndarray:
     """Tokens per expert when `tokens` tokens each pick k distinct experts with shares p.
 
-    p: float [rows, E] (rows sum to 1). Returns int64 [rows, E]: every row sums to tokens * k and
-    no entry exceeds `tokens`. Saturated experts (inclusion 1 after `water_fill`) take every token;
+    p: float [rows, E] (rows sum to 1); tokens: an int, or int [rows] per row. Returns int64 [rows, E]:
+    every row sums to its tokens * k and no entry exceeds its tokens. Saturated experts (inclusion 1 after `water_fill`) take every token;
     the other slots are one multinomial draw; an over-full draw is redrawn over experts with room.
     """
     pi = water_fill(p, k)
@@ -165,19 +188,21 @@ def sample_topk_counts(rng: np.random.Generator, p: np.ndarray, tokens: int, k: 
     free = np.where(saturated, 0.0, pi)
     free_sum = free.sum(axis=-1, keepdims=True)
     free = free / np.where(free_sum > 0, free_sum, 1.0)
-    slots = tokens * (k - saturated.sum(axis=-1))
+    tok = np.broadcast_to(np.asarray(tokens, dtype=np.int64), pi.shape[:-1])[:, None]  # [rows, 1]
+    slots = tok[:, 0] * (k - saturated.sum(axis=-1))
     counts = rng.multinomial(slots, free)
-    counts[saturated] = tokens
-    over_rows = np.nonzero((counts > tokens).any(axis=-1))[0]
+    counts = np.where(saturated, tok, counts)
+    over_rows = np.nonzero((counts > tok).any(axis=-1))[0]
     while over_rows.size:  # rare: redraw the excess over the experts that still have room
         sub = counts[over_rows]
-        excess = np.maximum(sub - tokens, 0)
+        cap = tok[over_rows]
+        excess = np.maximum(sub - cap, 0)
         sub -= excess
-        room = np.where(sub < tokens, free[over_rows], 0.0)
+        room = np.where(sub < cap, free[over_rows], 0.0)
         room /= room.sum(axis=-1, keepdims=True)
         sub += rng.multinomial(excess.sum(axis=-1), room)
         counts[over_rows] = sub
-        over_rows = over_rows[(sub > tokens).any(axis=-1)]
+        over_rows = over_rows[(sub > cap).any(axis=-1)]
     return counts
 
 
@@ -205,6 +230,133 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
     np.exp(z, out=z)
     z /= z.sum(axis=-1, keepdims=True)
     return z
+
+
+def karmarkar_karp(lengths: np.ndarray, k: int, equal_size: bool) -> list[np.ndarray]:
+    """Partition items into k parts of near-equal summed length by largest differencing (Karmarkar-Karp).
+
+    lengths: int [n]. equal_size: every part gets n / k items (n must be a multiple of k); the items,
+    sorted by (length, index), start as n / k states of k singletons; otherwise as n states of one
+    item and k - 1 empty parts. The two states of largest spread (max - min part sum) are merged
+    repeatedly, the largest part of one joining the smallest of the other, as verl's and slime's
+    `get_seqlen_balanced_partitions` do. Returns k int64 index arrays, each sorted ascending, parts in
+    decreasing order of sum (ties: more items first).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if k <= 0 or n < k:
+        raise ConfigError(f"karmarkar_karp: {n} items cannot fill {k} parts")
+    if equal_size and n % k:
+        raise ConfigError(f"karmarkar_karp: {n} items do not split into {k} equal parts")
+    order = np.lexsort((np.arange(n), lengths))  # ascending by (length, index)
+    heap = []
+    counter = 0
+
+    def push(sums: list, items: list):
+        nonlocal counter
+        idx = sorted(range(k), key=lambda i: (sums[i], len(items[i])), reverse=True)
+        sums, items = [sums[i] for i in idx], [items[i] for i in idx]
+        heapq.heappush(heap, (-(sums[0] - sums[-1]), -sums[0], counter, sums, items))
+        counter += 1
+
+    if equal_size:
+        for off in range(0, n, k):
+            chunk = order[off:off + k]
+            push([int(lengths[i]) for i in chunk], [[int(i)] for i in chunk])
+    else:
+        for i in order:
+            push([int(lengths[i])] + [0] * (k - 1), [[int(i)]] + [[] for _ in range(k - 1)])
+    while len(heap) > 1:
+        _, _, _, s0, i0 = heapq.heappop(heap)
+        _, _, _, s1, i1 = heapq.heappop(heap)
+        push([s0[j] + s1[k - 1 - j] for j in range(k)], [i0[j] + i1[k - 1 - j] for j in range(k)])
+    parts = [np.sort(np.asarray(p, dtype=np.int64)) for p in heap[0][4]]
+    if any(len(p) == 0 for p in parts):
+        raise ConfigError(f"karmarkar_karp: a part came out empty ({n} items, {k} parts)")
+    return parts
+
+
+def layout_slots(lengths: np.ndarray, group: np.ndarray, ep: int, micro_batches: int, layout: str
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(rank, micro_batch) of every whole sequence of one step under a named batch layout.
+
+    lengths: int [n] tokens per sequence in rollout order (a prompt group's responses adjacent);
+    group: int [n] prompt group of each sequence. The EP group's ranks are the data-parallel ranks.
+    n must be a multiple of ep (verl's DataProto.chunk and balance_batch, slime's strided split) and
+    of ep x micro_batches for the fixed-size micro-batch layouts. Layouts (docs/traces.md says which
+    code of each system this follows):
+      verl          DataProto.chunk: rank r takes the r-th contiguous chunk; its micro-batches are
+                    consecutive runs of ppo_micro_batch_size_per_gpu sequences.
+      verl-balance  verl's trainer default (balance_batch=True): the Karmarkar-Karp partition of the
+                    sequences by length into ep parts of equal count (equal_size=True), part r on
+                    rank r, then fixed-size micro-batches as `verl`.
+      verl-dynamic  balance_batch plus use_dynamic_bsz: each rank's sequences are split by
+                    Karmarkar-Karp (equal_size=False) into micro_batches token-balanced micro-batches
+                    (verl makes the count the DP-wide max of ceil(tokens / max_token_len)).
+      slime         slime's default split val[dp_rank::dp_size] (a group's responses go to different
+                    ranks), then consecutive runs of micro_batch_size sequences.
+      slime-dynamic the strided split plus --use-dynamic-batch-size: Karmarkar-Karp into
+                    micro_batches token-balanced micro-batches per rank.
+    (`megatron` packs instead of dealing whole sequences; see pack_sequences.)
+    Returns int64 [n] each.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if n % ep:
+        raise ConfigError(f"layout {layout!r}: {n} sequences do not split over ep={ep} ranks")
+    per_rank = n // ep
+    if per_rank < micro_batches:
+        raise ConfigError(f"layout {layout!r}: {per_rank} sequences per rank cannot fill {micro_batches} micro-batches")
+    rank = np.empty(n, dtype=np.int64)
+    mb = np.empty(n, dtype=np.int64)
+    if layout in ("verl", "verl-balance", "verl-dynamic"):
+        if layout == "verl":
+            parts = np.arange(n).reshape(ep, per_rank)
+        else:
+            parts = karmarkar_karp(lengths, ep, equal_size=True)
+    elif layout in ("slime", "slime-dynamic"):
+        parts = [np.arange(r, n, ep) for r in range(ep)]
+    else:
+        raise ConfigError(f"unknown batch layout {layout!r} for whole sequences; known: "
+                          f"{', '.join(b for b in BATCH_LAYOUTS if b != 'megatron')}")
+    dynamic = layout.endswith("-dynamic")
+    if not dynamic and per_rank % micro_batches:
+        raise ConfigError(f"layout {layout!r}: {per_rank} sequences per rank do not split into {micro_batches} "
+                          f"micro-batches of equal size")
+    for r, part in enumerate(parts):
+        rank[part] = r
+        if dynamic:
+            for m, sub in enumerate(karmarkar_karp(lengths[part], micro_batches, equal_size=False)):
+                mb[part[sub]] = m
+        else:
+            mb[part] = np.arange(per_rank) // (per_rank // micro_batches)
+    return rank, mb
+
+
+def slot_seq_lens(slot: np.ndarray, tokens: np.ndarray, num_slots: int) -> np.ndarray:
+    """Lengths of the pieces in each slot, 0-padded: int32 [num_slots, max pieces per slot].
+
+    slot: int [pieces] slot of each piece, tokens: int [pieces] its length; pieces keep their order.
+    """
+    order = np.argsort(slot, kind="stable")
+    counts = np.bincount(slot, minlength=num_slots)
+    width = max(int(counts.max(initial=0)), 1)
+    pos = np.arange(len(slot)) - np.repeat(np.cumsum(counts) - counts, counts)
+    out = np.zeros((num_slots, width), dtype=np.int32)
+    out[slot[order], pos] = tokens[order]
+    return out
+
+
+def model_seed(shape: ModelShape) -> int:
+    """A stable 32-bit key of a model's name and routing shape, mixed into the generator's seed so that
+    two models never share one routing (crc32 of "name|layers|experts|top_k")."""
+    key = f"{shape.name}|{shape.num_layers}|{shape.num_experts}|{shape.top_k}"
+    return zlib.crc32(key.encode())
+
+
+def allowed_ep(num_experts: int, limit: int = 512) -> list[int]:
+    """EP sizes up to `limit` that divide num_experts (every rank homes the same number of experts)."""
+    return [d for d in range(1, min(num_experts, limit) + 1) if num_experts % d == 0]
 
 
 # ---- the generator -------------------------------------------------------------------------------
@@ -247,8 +399,9 @@ class _WorkloadState:
 
 
 def _draw_sequences(rng: np.random.Generator, domains: np.ndarray, weights: np.ndarray, min_tokens: int,
-                    cfg: WorkloadConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Draw prompt groups (one prompt, `responses_per_prompt` responses) until they hold `min_tokens`.
+                    cfg: WorkloadConfig, min_sequences: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Draw prompt groups (one prompt, `responses_per_prompt` responses) until they hold `min_tokens`
+    tokens and at least `min_sequences` sequences.
 
     domains: indices into DOMAINS the workload draws from, with `weights`. Returns, per sequence in
     batch order (a group's responses are adjacent, as RL frameworks lay out a rollout batch):
@@ -259,8 +412,10 @@ def _draw_sequences(rng: np.random.Generator, domains: np.ndarray, weights: np.n
     scale = cfg.length_scale
     mean_len = scale * sum(w * (p.prompt_tokens_median + p.response_tokens_median) for w, p in zip(weights, prof))
     doms, lens, total = [], [], 0
-    while total < min_tokens:
-        n = int((min_tokens - total) / (max(mean_len, 2.0) * g) * 1.2) + 1  # prompts
+    count = 0
+    while total < min_tokens or count < min_sequences:
+        n = max(int((min_tokens - total) / (max(mean_len, 2.0) * g) * 1.2),
+                -(-(min_sequences - count) // g), 0) + 1  # prompts
         which = rng.choice(len(domains), size=n, p=weights)
         pm, ps, rm, rs = (np.array([getattr(p, f) for p in prof])[which] for f in
                           ("prompt_tokens_median", "prompt_tokens_sigma", "response_tokens_median", "response_tokens_sigma"))
@@ -271,6 +426,7 @@ def _draw_sequences(rng: np.random.Generator, domains: np.ndarray, weights: np.n
         doms.append(np.repeat(domains[which], g))
         lens.append(length.ravel())
         total += int(length.sum())
+        count += length.size
     seq_domain, seq_len = np.concatenate(doms), np.concatenate(lens)
     return np.arange(len(seq_len)) // g, seq_domain, seq_len
 
@@ -291,29 +447,47 @@ def _topic_weights(rng: np.random.Generator, domain: np.ndarray, freq: np.ndarra
 def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, seed: int = 0,
                    micro_batches: int = 32, tokens_per_rank: int | None = None, progress: bool = False,
                    config: WorkloadConfig | None = None, token_level: bool = False) -> RoutingTrace:
-    """A synthetic RL routing trace: loads int32 [steps, micro_batches, layers, ep, experts].
+    """A synthetic RL routing trace: loads int32 [steps, micro_batches, layers, ep, experts], with seq_lens.
 
-    model: preset name or ModelShape; workload: one of WORKLOADS; ep: EP size (divides experts);
-    tokens_per_rank: tokens per (micro-batch, EP rank), default config.tokens_per_rank (8192);
-    config: generator knobs (WorkloadConfig()); token_level: also keep per-token top-k ids
-    (successive sampling per token; only for small configs). Same arguments, same trace.
+    model: preset name, shape spec or ModelShape; workload: one of WORKLOADS; ep: EP size (divides
+    experts); tokens_per_rank: None = config.tokens_per_rank (None: derived from the global batch of
+    config.global_batch_sequences sequences), else about that many tokens per (micro-batch, rank);
+    config: generator knobs (WorkloadConfig()), config.batch_layout says how sequences reach slots;
+    token_level: also keep per-token top-k ids (successive sampling per token; only for small configs).
+    The random stream is seeded by (seed, model_seed(model)): same arguments, same trace; two models
+    never share one routing.
     """
     shape = get_model(model) if isinstance(model, str) else model
     cfg = config or WorkloadConfig()
     if workload not in WORKLOADS:
         raise ConfigError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
     for name, value in (("ep", ep), ("steps", steps), ("micro_batches", micro_batches)):
-        if not isinstance(value, (int, np.integer)) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
             raise ConfigError(f"generate_trace: {name} must be a positive integer, got {value!r}")
     if shape.num_experts % ep:
-        raise ConfigError(f"generate_trace: ep={ep} does not divide the {shape.num_experts} experts of {shape.name!r}")
-    tokens = int(tokens_per_rank if tokens_per_rank is not None else cfg.tokens_per_rank)
-    if tokens <= 0:
-        raise ConfigError(f"generate_trace: tokens_per_rank must be positive, got {tokens}")
+        near = [d for d in allowed_ep(shape.num_experts) if ep / 4 <= d <= ep * 4]
+        raise ConfigError(f"generate_trace: ep={ep} does not divide the {shape.num_experts} experts of {shape.name!r} "
+                          f"(every rank homes the same number of experts); EP sizes near it that do: "
+                          f"{', '.join(map(str, near))}")
+    target = tokens_per_rank if tokens_per_rank is not None else cfg.tokens_per_rank
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, np.integer)) or target <= 0):
+        raise ConfigError(f"generate_trace: tokens_per_rank must be a positive integer, got {target!r}")
     l, e, k = shape.num_layers, shape.num_experts, shape.top_k
-    if token_level and steps * micro_batches * ep * tokens * l * e > 4e8:
-        raise ConfigError("generate_trace: token_level is for small configs (steps x micro_batches x ep x "
-                          "tokens_per_rank x layers x experts <= 4e8)")
+    num_slots = micro_batches * ep
+    layout = cfg.batch_layout
+    if target is not None and target < _mean_length(cfg, workload):
+        # fewer tokens per slot than one mean sequence: shorten every sequence so a slot still holds about
+        # one whole sequence (small test configs; the sensitivity knob below the derived size)
+        cfg = dataclasses.replace(cfg, length_scale=cfg.length_scale * target / _mean_length(cfg, workload))
+    if target is None:
+        sequences = num_slots * -(-cfg.global_batch_sequences // num_slots)
+    else:
+        sequences = None
+    if token_level:
+        est = target if target is not None else sequences // num_slots * _mean_length(cfg, workload)
+        if steps * micro_batches * ep * est * l * e > 4e8:
+            raise ConfigError("generate_trace: token_level is for small configs (steps x micro_batches x ep x "
+                              "tokens per slot x layers x experts <= 4e8)")
 
     if workload == "mixed":
         domains = np.arange(len(DOMAINS))
@@ -322,28 +496,53 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
     else:
         domains, weights = np.array([DOMAINS.index(workload)]), np.array([1.0])
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng([int(seed), model_seed(shape)])
     state = _WorkloadState(rng, shape, cfg)
-    num_slots = micro_batches * ep
     loads = np.empty((steps, micro_batches, l, ep, e), dtype=np.int32)
-    token_experts = token_src = None
-    if token_level:
-        token_experts = np.empty((steps, micro_batches, ep * tokens, l, k), dtype=np.int16)
-        token_src = np.broadcast_to(np.repeat(np.arange(ep, dtype=np.int16), tokens),
-                                    (steps, micro_batches, ep * tokens)).copy()
+    step_lens, step_ids = [], []
     step_iter = range(steps)
     if progress:
         from tqdm.auto import tqdm
         step_iter = tqdm(step_iter, desc=f"{shape.name} {workload} EP{ep}", unit="step")
+    slot_tokens_all = np.zeros((steps, num_slots), dtype=np.int64)
     for s in step_iter:
         if s:
             state.advance()
         topic_p = state.topic_distributions()  # [D*T, L, E]
-        seq_group, seq_domain, seq_len = _draw_sequences(rng, domains, weights, num_slots * tokens, cfg)
+        seq_group, seq_domain, seq_len = _draw_sequences(
+            rng, domains, weights, num_slots * target if target is not None else 0, cfg,
+            min_sequences=sequences if sequences is not None else num_slots)
         group_domain = seq_domain[:: cfg.responses_per_prompt]
         group_topics = _topic_weights(rng, group_domain, state.topic_frequencies(), cfg)
-        stream_slot, seq, piece_tokens = pack_sequences(seq_len, tokens, num_slots)
-        slot = _slot_index(stream_slot, micro_batches, ep, cfg.slot_order)  # -> m * ep + r
+        if layout == "megatron":
+            # Megatron-LM's pretraining sampler: the stream packed into equal samples, one per slot, dealt
+            # micro-batch major (micro-batch m's ranks take consecutive samples).
+            if sequences is not None:
+                seq_group, seq_len = seq_group[:sequences], seq_len[:sequences]
+            per_slot = target if target is not None else int(seq_len.sum()) // num_slots
+            stream_slot, seq, piece_tokens = pack_sequences(seq_len, per_slot, num_slots)
+            mb_i, rank_i = np.divmod(stream_slot, ep)
+            slot = mb_i * ep + rank_i
+        else:
+            unit = ep if layout.endswith("-dynamic") else num_slots  # sequences must split evenly
+            if sequences is not None:
+                n = sequences
+            else:  # the fewest whole units of sequences that reach the token target
+                n = int(np.searchsorted(np.cumsum(seq_len), num_slots * target)) + 1
+                n = max(num_slots, unit * -(-n // unit))
+                if n > len(seq_len):
+                    extra = _draw_sequences(rng, domains, weights, 0, cfg, min_sequences=n - len(seq_len))
+                    seq_group = np.concatenate([seq_group, extra[0] + seq_group[-1] + 1])
+                    seq_len = np.concatenate([seq_len, extra[2]])
+                    group_topics = np.concatenate([group_topics, _topic_weights(
+                        rng, extra[1][:: cfg.responses_per_prompt], state.topic_frequencies(), cfg)])
+            seq_group, seq_len = seq_group[:n], seq_len[:n]
+            rank_i, mb_i = layout_slots(seq_len, seq_group, ep, micro_batches, layout)
+            seq = np.arange(n)
+            slot, piece_tokens = mb_i * ep + rank_i, seq_len
+        slot_tokens = np.bincount(slot, weights=piece_tokens, minlength=num_slots).astype(np.int64)
+        slot_tokens_all[s] = slot_tokens
+        step_lens.append(slot_seq_lens(slot, piece_tokens, num_slots))
         piece_topics = group_topics[seq_group[seq]]
         used = np.nonzero(piece_topics.any(axis=0))[0]  # topics present this step
         piece_topics = piece_topics[:, used]
@@ -351,35 +550,55 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
         if token_level:
             order = np.argsort(slot, kind="stable")  # tokens grouped by micro-batch, then rank
             ids = _sample_token_ids(rng, piece_topics[order] @ topic_flat, piece_tokens[order], l, e, k)
-            token_experts[s] = ids.reshape(micro_batches, ep * tokens, l, k)
+            mb_tokens = slot_tokens.reshape(micro_batches, ep).sum(axis=1)
+            src = np.repeat(np.tile(np.arange(ep), micro_batches), slot_tokens)
+            step_ids.append((np.split(ids, np.cumsum(mb_tokens)[:-1]), np.split(src, np.cumsum(mb_tokens)[:-1])))
             continue
         slot_mix = np.zeros((num_slots, len(used)))
-        np.add.at(slot_mix, slot, piece_topics * (piece_tokens / tokens)[:, None])
-        # One matrix product for the whole step: many small ones wake BLAS threads over and over,
-        # which costs more than the product itself on a shared machine.
-        slot_p = (slot_mix @ topic_flat).reshape(micro_batches, ep * l, e)  # float64 [M, ep*L, E]
+        np.add.at(slot_mix, slot, piece_topics * (piece_tokens / slot_tokens[slot])[:, None])
+        # One matrix product per step where it is small: many small ones wake BLAS threads over and over,
+        # which costs more than the product itself on a shared machine; per micro-batch where it is large.
+        whole = num_slots * l * e <= 2**24
+        slot_p = (slot_mix @ topic_flat).reshape(micro_batches, ep * l, e) if whole else None
+        row_tokens = np.repeat(slot_tokens.reshape(micro_batches, ep), l, axis=1)  # [M, ep*L]
         for m in range(micro_batches):
-            counts = sample_topk_counts(rng, slot_p[m], tokens, k).reshape(ep, l, e)
+            p_m = slot_p[m] if whole else (slot_mix[m * ep:(m + 1) * ep] @ topic_flat).reshape(ep * l, e)
+            counts = sample_topk_counts(rng, p_m, row_tokens[m], k).reshape(ep, l, e)
             loads[s, m] = counts.transpose(1, 0, 2)
+    width = max(x.shape[1] for x in step_lens)
+    seq_lens = np.zeros((steps, micro_batches, ep, width), dtype=np.int32)
+    for s, x in enumerate(step_lens):
+        seq_lens[s, :, :, :x.shape[1]] = x.reshape(micro_batches, ep, -1)
+    token_experts = token_src = None
     if token_level:
+        t_max = max(len(src) for _, srcs in step_ids for src in srcs)
+        token_experts = np.full((steps, micro_batches, t_max, l, k), -1, dtype=np.int16)
+        token_src = np.full((steps, micro_batches, t_max), -1, dtype=np.int16)
+        for s, (ids_list, src_list) in enumerate(step_ids):
+            for m, (ids, src) in enumerate(zip(ids_list, src_list)):
+                token_experts[s, m, :len(src)] = ids
+                token_src[s, m, :len(src)] = src
         loads = loads_from_tokens(token_experts, token_src, ep, e)
+    mb_tokens = slot_tokens_all.reshape(steps, micro_batches, ep).sum(axis=2)
+    tokens_per_mb = int(np.clip(round(float(mb_tokens.mean())), mb_tokens.min(), max(int(mb_tokens.max()), 1)))
     provenance = {"generator": "relibra.workloads", "workload": workload, "seed": int(seed),
-                  "tokens_per_rank": tokens, "token_level": bool(token_level), "config": cfg.to_dict()}
-    return RoutingTrace(loads, shape, ep, ep * tokens, provenance, token_experts, token_src)
+                  "model_seed": model_seed(shape), "batch_layout": layout,
+                  "sequences_per_step": int(np.count_nonzero(seq_lens[0])) if layout != "megatron" else None,
+                  "tokens_per_rank": None if target is None else int(target),
+                  "mean_tokens_per_slot": float(slot_tokens_all.mean()),
+                  "token_level": bool(token_level), "config": cfg.to_dict()}
+    return RoutingTrace(loads, shape, ep, tokens_per_mb, provenance, token_experts, token_src, seq_lens)
 
 
-def _slot_index(stream_slot: np.ndarray, micro_batches: int, ep: int, order: str) -> np.ndarray:
-    """Map the j-th slot of the batch stream to micro_batch * ep + rank.
-
-    rank-major: rank r takes the r-th contiguous chunk of the batch and cuts it into its micro-batches
-    (how Megatron and verl split a global batch over data-parallel ranks); microbatch-major: the
-    micro-batch is the outer loop and its ranks take consecutive sequences.
-    """
-    if order == "rank-major":
-        rank, mb = np.divmod(stream_slot, micro_batches)
-    else:
-        mb, rank = np.divmod(stream_slot, ep)
-    return mb * ep + rank
+def _mean_length(cfg: WorkloadConfig, workload: str) -> float:
+    """Expected tokens of one sequence of a workload (log-normal means, before the cap)."""
+    names = DOMAINS if workload == "mixed" else (workload,)
+    w = np.asarray(cfg.mixed_domain_weights, dtype=np.float64) if workload == "mixed" else np.array([1.0])
+    w = w / w.sum()
+    means = [DOMAIN_PROFILES[d].prompt_tokens_median * np.exp(DOMAIN_PROFILES[d].prompt_tokens_sigma ** 2 / 2)
+             + DOMAIN_PROFILES[d].response_tokens_median * np.exp(DOMAIN_PROFILES[d].response_tokens_sigma ** 2 / 2)
+             for d in names]
+    return float(cfg.length_scale * np.dot(w, means))
 
 
 def _sample_token_ids(rng: np.random.Generator, piece_p: np.ndarray, piece_tokens: np.ndarray, l: int, e: int,

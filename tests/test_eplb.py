@@ -1,5 +1,6 @@
-"""EPLB's public contract: the README example exactly, the hierarchical/global split, and the plan
-built from its slots."""
+"""EPLB's public contract: the README example exactly, a differential test against an independent
+slow reference written from EPLB's description, the hierarchical/global split, and the plan built
+from its slots."""
 
 from __future__ import annotations
 
@@ -23,12 +24,143 @@ def nodes_of(gpus_per_node: int):
     return get_topology("paper").with_changes(gpus_per_node=gpus_per_node)
 
 
+# ---- an independent slow reference, one layer at a time, from EPLB's description -------------------
+F32 = np.float32
+
+
+def ref_pack(weights: list, packs: int) -> tuple[list, list]:
+    """Balanced packing of one row: one item per pack -> item i in pack i; else items in the order
+    torch.sort(descending=True) gives, each into the lightest pack with room (lowest on ties),
+    pack loads summed in float32."""
+    n = len(weights)
+    per = n // packs
+    if per == 1:
+        return list(range(n)), [0] * n
+    order = torch.tensor(weights, dtype=torch.float32).sort(descending=True).indices.tolist()
+    load, count = [F32(0)] * packs, [0] * packs
+    pack, rank = [None] * n, [None] * n
+    for item in order:
+        best = None
+        for p in range(packs):
+            if count[p] < per and (best is None or load[p] < load[best]):
+                best = p
+        pack[item], rank[item] = best, count[best]
+        load[best] = F32(load[best] + F32(weights[item]))
+        count[best] += 1
+    return pack, rank
+
+
+def ref_replicate(weights: list, slots: int) -> tuple[list, list, list]:
+    """Each extra slot to the expert with the largest float32 load per copy (lowest on ties)."""
+    copies = [1] * len(weights)
+    phy, rank = list(range(len(weights))), [0] * len(weights)
+    for _ in range(len(weights), slots):
+        per_copy = [F32(F32(w) / F32(c)) for w, c in zip(weights, copies)]
+        hottest = per_copy.index(max(per_copy))
+        phy.append(hottest)
+        rank.append(copies[hottest])
+        copies[hottest] += 1
+    return phy, rank, copies
+
+
+def ref_rebalance_layer(w: np.ndarray, replicas: int, groups: int, nodes: int, gpus: int):
+    """(phy2log, copy rank, logcnt) of one layer: w float32 [E]."""
+    if groups % nodes:
+        groups, nodes = 1, 1  # global policy
+    e = len(w)
+    size = e // groups
+    group_sum = [F32(torch.from_numpy(w[g * size:(g + 1) * size].copy()).sum().item()) for g in range(groups)]
+    group_node, group_rank = ref_pack(group_sum, nodes)
+    node_experts = {n: [] for n in range(nodes)}  # experts of each node, in node order
+    for slot in range(groups // nodes):
+        for g in range(groups):
+            if group_rank[g] == slot:
+                node_experts[group_node[g]].extend(range(g * size, (g + 1) * size))
+    for n in node_experts:  # groups sit at their rank in the pack
+        ranked = sorted(range(groups), key=lambda g: group_rank[g])
+        node_experts[n] = [x for g in ranked if group_node[g] == n for x in range(g * size, (g + 1) * size)]
+    per_node, per_gpu = replicas // nodes, replicas // gpus
+    phy2log, ranks = [None] * replicas, [None] * replicas
+    logcnt = [0] * e
+    for n in range(nodes):
+        experts = node_experts[n]
+        local_w = [w[x] for x in experts]
+        phy, rank, copies = ref_replicate(local_w, per_node)
+        for i, x in enumerate(experts):
+            logcnt[x] = copies[i]
+        load = [F32(F32(local_w[p]) / F32(copies[p])) for p in phy]
+        gpu, pos = ref_pack(load, gpus // nodes)
+        for j in range(per_node):
+            slot = n * per_node + gpu[j] * per_gpu + pos[j]
+            phy2log[slot], ranks[slot] = experts[phy[j]], rank[j]
+    return phy2log, ranks, logcnt
+
+
+def ref_rebalance(weight: np.ndarray, replicas: int, groups: int, nodes: int, gpus: int):
+    w = np.asarray(weight, dtype=np.float32)
+    rows = [ref_rebalance_layer(w[i], replicas, groups, nodes, gpus) for i in range(len(w))]
+    phy2log = np.array([r[0] for r in rows])
+    logcnt = np.array([r[2] for r in rows])
+    log2phy = np.full((len(w), w.shape[1], logcnt.max()), -1)
+    for i, (phy, rank, _) in enumerate(rows):
+        for slot, (x, k) in enumerate(zip(phy, rank)):
+            log2phy[i, x, k] = slot
+    return phy2log, log2phy, logcnt
+
+
+def random_case(rng: np.random.Generator, kind: str):
+    """(weight, num_replicas, num_groups, num_nodes, num_gpus) inside EPLB's contract."""
+    gpus = int(rng.choice([1, 2, 3, 4, 6, 8, 16, 32]))
+    per_gpu = int(rng.integers(1, 7))
+    replicas = gpus * per_gpu
+    if rng.random() < 0.5:  # hierarchical: num_nodes divides num_gpus and num_groups, num_groups the experts
+        nodes = int(rng.choice([d for d in range(1, gpus + 1) if gpus % d == 0]))
+        per_node = int(rng.integers(1, replicas // nodes + 1))
+        experts = nodes * per_node
+        groups = nodes * int(rng.choice([d for d in range(1, per_node + 1) if per_node % d == 0]))
+    else:  # anything with num_groups % num_nodes != 0 is admitted (global policy, no further checks)
+        experts = int(rng.integers(1, replicas + 1))
+        nodes = int(rng.integers(2, 9))
+        groups = int(rng.integers(1, 3 * experts + 1))
+        groups += groups % nodes == 0
+    layers = int(rng.integers(1, 4))
+    if kind == "ties":
+        w = rng.integers(0, 4, size=(layers, experts))
+    elif kind == "uniform":
+        w = rng.integers(0, 100_000, size=(layers, experts))
+    elif kind == "pareto":  # heavy tail, non-integer
+        w = rng.pareto(1.1, size=(layers, experts)) * 1000
+    else:  # log-normal counts spanning 1 to 10^6
+        w = np.round(rng.lognormal(5, 2.5, size=(layers, experts)))
+    return w, replicas, groups, nodes, gpus
+
+
+# counts per input kind (the whole differential test runs in a few seconds)
+DIFFERENTIAL_CASES = {"ties": 250, "uniform": 250, "pareto": 250, "lognormal": 250}
+
+
+@pytest.mark.parametrize("kind", list(DIFFERENTIAL_CASES))
+def test_matches_the_slow_reference(kind):
+    rng = np.random.default_rng(list(DIFFERENTIAL_CASES).index(kind))
+    policies = {"hierarchical": 0, "global": 0}
+    for _ in range(DIFFERENTIAL_CASES[kind]):
+        w, replicas, groups, nodes, gpus = random_case(rng, kind)
+        phy2log, log2phy, logcnt = rebalance_experts(torch.tensor(w), replicas, groups, nodes, gpus)
+        want = ref_rebalance(w, replicas, groups, nodes, gpus)
+        case = (w.tolist(), replicas, groups, nodes, gpus)
+        assert phy2log.tolist() == want[0].tolist(), case
+        assert log2phy.tolist() == want[1].tolist(), case
+        assert logcnt.tolist() == want[2].tolist(), case
+        policies["hierarchical" if groups % nodes == 0 else "global"] += 1
+    assert min(policies.values()) >= DIFFERENTIAL_CASES[kind] // 4  # both policies well covered
+
+
 def test_readme_example_exactly():
     phy2log, log2phy, logcnt = rebalance_experts(torch.tensor(README_WEIGHT), 16, 4, 2, 8)
     assert isinstance(phy2log, torch.Tensor) and phy2log.dtype == torch.int64
     assert phy2log.tolist() == README_PHY2LOG
     assert logcnt.tolist() == [[1, 2, 1, 1, 2, 2, 1, 1, 1, 1, 2, 1], [1, 2, 1, 1, 1, 2, 2, 1, 2, 1, 1, 1]]
-    assert log2phy.shape == (2, 12, 16 - 12 + 1)
+    assert log2phy.shape == (2, 12, 2)  # as wide as the most copies of any expert
     # log2phy is the inverse of phy2log, -1 padded
     for layer in range(2):
         for expert in range(12):
@@ -55,14 +187,26 @@ def test_global_policy_when_groups_do_not_split_over_nodes():
     assert (torch.bincount(phy2log[0], minlength=12) == logcnt[0]).all()
     # the heaviest experts got the redundant slots
     assert set(torch.nonzero(logcnt[0] > 1).flatten().tolist()) == {1, 4, 5, 10}
+    # no group check in the global policy: 5 groups of 12 experts, 3 nodes that do not divide 8 GPUs
+    a = rebalance_experts(weight, 16, 5, 3, 8)
+    b = rebalance_experts(weight, 16, 1, 1, 8)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def test_packing_and_replication_rules():
-    pack, rank = balanced_packing(np.array([[5.0, 4.0, 3.0, 2.0]]), 2)
+    pack, rank = balanced_packing(torch.tensor([[5.0, 4.0, 3.0, 2.0]]), 2)
     assert pack.tolist() == [[0, 1, 1, 0]] and rank.tolist() == [[0, 0, 1, 1]]
-    phy2log, copy_rank, copies = replicate_experts(np.array([[10.0, 10.0, 1.0]]), 5)
+    # one item per pack: item i goes to pack i, whatever the loads
+    pack, rank = balanced_packing(torch.tensor([[1.0, 9.0, 5.0]]), 3)
+    assert pack.tolist() == [[0, 1, 2]] and rank.tolist() == [[0, 0, 0]]
+    phy2log, copy_rank, copies = replicate_experts(torch.tensor([[10.0, 10.0, 1.0]]), 5)
     assert phy2log.tolist() == [[0, 1, 2, 0, 1]]  # ties to the lowest index
     assert copies.tolist() == [[2, 2, 1]] and copy_rank.tolist() == [[0, 0, 0, 1, 1]]
+
+
+def test_log2phy_is_as_wide_as_the_most_copies():
+    phy2log, log2phy, logcnt = rebalance_experts(torch.tensor([[1.0, 1.0, 1.0, 1.0]]), 8, 1, 1, 4)
+    assert logcnt.tolist() == [[2, 2, 2, 2]] and log2phy.shape == (1, 4, 2)
 
 
 def test_bad_sizes_raise():
@@ -72,7 +216,9 @@ def test_bad_sizes_raise():
     with pytest.raises(ConfigError, match="does not divide num_replicas"):
         rebalance_experts(w, 15, 4, 2, 8)
     with pytest.raises(ConfigError, match="does not divide the 12 experts"):
-        rebalance_experts(w, 16, 5, 1, 8)
+        rebalance_experts(w, 16, 5, 1, 8)  # 5 % 1 == 0: hierarchical, so the groups must divide
+    with pytest.raises(ConfigError, match="num_nodes=3 does not divide num_gpus=8"):
+        rebalance_experts(w, 16, 6, 3, 8)
 
 
 def test_plan_maps_slots_to_homes_and_replicas():

@@ -159,7 +159,7 @@ def test_throughput_grid_same_seed_same_numbers(tiny_cfg):
     b = ex.throughput_grid(cfg, progress=False)
     cols = ["model", "workload", "policy", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced", "skewness"]
     pd.testing.assert_frame_equal(a[cols], b[cols])
-    assert set(a["policy"]) == {"megatron", "eplb+", "relibra", "balanced"}
+    assert set(a["policy"]) == {"megatron", "eplb+", "relibra", "balanced", "balanced-compute"}
     mega = a.set_index("policy").loc["megatron"]
     assert mega["speedup_vs_megatron"] == pytest.approx(1.0)
 

@@ -62,6 +62,29 @@ def test_report_names_every_notebook(executed):
     assert "Headline ratios next to the paper's claims" in text and "## Environment" in text
 
 
+def test_report_shows_sensitivity_beside_the_headline(executed):
+    """Notebook 10's tornado: one bar per (ratio, knob) of the profile's knob set, around the default
+    set-up's ratios, and REPORT.md's sensitivity table right after the headline table."""
+    import pandas as pd
+
+    from relibra.experiments import get_profile
+    from relibra.experiments.sensitivity import RATIOS
+
+    out, _ = executed
+    frame = pd.read_csv(out / "10_sensitivity" / "sensitivity.csv")
+    tornado = pd.read_csv(out / "10_sensitivity" / "tornado.csv")
+    knobs = get_profile("tiny").sensitivity_knobs
+    assert sorted(set(frame["knob"])) == sorted(knobs) and len(tornado) == len(RATIOS) * len(knobs)
+    defaults = frame[frame["is_default"]]
+    assert len(defaults) == len(knobs) and (defaults[list(RATIOS)].nunique() == 1).all()
+    assert ((tornado["low"] <= tornado["default"]) & (tornado["default"] <= tornado["high"])).all()
+    text = (out / "REPORT.md").read_text()
+    head, sens = text.index("## Headline ratios"), text.index("## How far the headline moves: sensitivity")
+    assert head < sens < text.index("## What ran")
+    section = text[sens:text.index("## What ran")]
+    assert all(f"| {k} |" in section for k in knobs) and "10_sensitivity/tornado.png" in section
+
+
 def test_one_notebook_rebuilds_the_report_from_every_result(executed, tmp_path):
     """Running one notebook keeps the others' results in REPORT.md, and shows the new output."""
     import shutil
@@ -132,6 +155,8 @@ def test_notebooks_folder_holds_sources_only():
     ("08_runtime", {"nproc": 4, "nodes": 3}, "must divide"),
     ("09_rl_workload", {"rl_steps": 0}, "rl_steps must be >= 1"),
     ("01_routing_dynamics", {"cluster": "paper"}, "unknown parameter 'cluster'"),
+    ("10_sensitivity", {"knobs": "spare slots,NVLink"}, "unknown sensitivity knob"),
+    ("10_sensitivity", {"policies": "relibra"}, "unknown parameter 'policies'"),
 ])
 def test_bad_parameters_are_errors(notebook, params, message, tmp_path):
     from relibra.experiments import start
@@ -152,7 +177,8 @@ def test_injected_names_come_from_papermills_cell():
 _CHANGED = {"model": "qwen3-30b-a3b", "workload": "code", "ep": 8, "steps": 2, "seed": 1, "cluster": "h800",
             "policies": "megatron,eplb+", "spare_slot_counts": "1,2", "ep_sizes": "4,8", "nproc": 4, "nodes": 2,
             "rl_steps": 3, "measured_dir": "elsewhere", "placement": "search", "spare_slots": 2, "skew": 0.5,
-            "shift": 0.1, "tokens_per_gpu": 512, "micro_batches": 2, "micro_batch": 1, "profile": "tiny"}
+            "shift": 0.1, "tokens_per_gpu": 512, "micro_batches": 2, "micro_batch": 1, "profile": "tiny",
+            "knobs": "spare slots,NVLink rate"}
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

@@ -142,14 +142,15 @@ def test_runtime_equivalence_world4_two_nodes():
 def test_runtime_cli_check_equivalence(capsys):
     from relibra.cli import main
 
-    code = main(["run", "--nproc", "2", "--nodes", "1", "--policy", "relibra", "--steps", "2", "--micro-batches", "1",
+    code = main(["run", "--nproc", "2", "--nodes", "1", "--policy", "relibra", "--steps", "2", "--warmup-steps", "0",
+                 "--micro-batches", "1",
                  "--tokens-per-rank", "32", "--policy-param", "min_replica_tokens=4",
                  "--policy-param", "iterations=100", "--check-equivalence"])
     out = capsys.readouterr().out
     assert code == 0, out
     last = out.strip().splitlines()[-1]
-    assert last.startswith("equivalence ok: max abs diff"), out
-    assert "step_total" in out
+    assert last.startswith("equivalence ok (relibra): max abs diff"), out
+    assert "step_s_median" in out and "sim_step_s" in out
 
 
 def test_runtime_cli_rejects_bad_layout(capsys):
@@ -157,3 +158,37 @@ def test_runtime_cli_rejects_bad_layout(capsys):
 
     assert main(["run", "--nproc", "3", "--nodes", "2"]) == 2
     assert "does not divide" in capsys.readouterr().err
+
+
+# ---- calibration and the notebook-08 text (no processes) ------------------------------------------
+def test_runtime_attention_fit_recovers_a_known_efficiency():
+    from relibra.cluster import get_model
+    from relibra.runtime.calibrate import fit_attention_efficiency
+
+    shape, tflops, half = get_model("moe-cpu"), 0.05, 8.0
+    tokens = [128, 512, 2048]
+    rate = tflops * 1e12
+    secs = [3 * (shape.attention_projection_flops_per_token * (n + half) / rate
+                 + float(shape.attention_core_flops(np.array([n]))) / (rate * 0.04)) for n in tokens]
+    fit = fit_attention_efficiency(shape, tokens, secs, tflops, half)
+    assert abs(fit["attention_efficiency"] - 0.04) < 1e-9 and fit["max_rel_err"] < 1e-9
+
+
+def test_runtime_agreement_text_follows_the_numbers():
+    import pandas as pd
+
+    from relibra.experiments.narrative import runtime_agreement
+
+    rows = pd.DataFrame([
+        {"policy": "megatron", "step_s_median": 2.0, "step_s_min": 1.9, "step_s_max": 2.2, "sim_step_s": 1.9,
+         "oversubscribed": False},
+        {"policy": "relibra", "step_s_median": 1.6, "step_s_min": 1.5, "step_s_max": 1.7, "sim_step_s": 1.0,
+         "oversubscribed": False}])
+    text = runtime_agreement(rows)
+    assert "simulated / measured 0.95 (within 15%)" in text and "simulated / measured 0.62 (outside 15%)" in text
+    assert "measured speed-up 1.25x, simulated 1.90x" in text and "does not agree" in text
+    rows["sim_step_s"] = [2.1, 1.7]
+    text = runtime_agreement(rows)  # speed-ups 1.25 vs 1.24
+    assert "agrees with" in text and "is within 0.05" in text
+    rows["oversubscribed"] = True
+    assert runtime_agreement(rows).startswith("OVERSUBSCRIBED")

@@ -652,26 +652,46 @@ def test_cli_table_and_errors(capsys):
 
 
 def test_sensitivity_quick_rows(capsys):
-    """`relibra sensitivity --quick --json` on a tiny set-up: one row per (knob, value), each knob's
-    default marked once, and the ratios consistent with a direct simulation of the default."""
+    """`relibra sensitivity --quick --json` on a small set-up (one MoE layer, one step, so a few plans):
+    one row per (knob, value), each knob's default marked once with the same ratios, those ratios
+    equal to a direct simulation of the default, every ratio finite, and a moved knob moving them."""
+    import pandas as pd
+
     from relibra.cli import main
-    from relibra.experiments.sensitivity import knob_values
+    from relibra.experiments.config import scaled_model
+    from relibra.experiments.sensitivity import RATIOS, knob_values, tornado_table
     from relibra.sim import simulate
     from relibra.workloads import generate_trace
 
-    args = ["sensitivity", "--model", "small", "--ep", "8", "--micro-batches", "2", "--steps", "2", "--layers", "2",
-            "--quick",
-            "--knobs", "spare slots,RDMA rate", "--json"]
+    knobs = ("spare slots", "NVLink rate")  # EP 8 fits one node of the paper cluster: NVLink carries the a2a
+    args = ["sensitivity", "--model", "small", "--ep", "8", "--micro-batches", "2", "--steps", "1", "--layers", "1",
+            "--quick", "--knobs", ",".join(knobs), "--json"]
     assert main(args) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
     values = knob_values(quick=True)
-    assert [(r["knob"], r["value"]) for r in rows] == [(k, v) for k in ("spare slots", "RDMA rate") for v in values[k]]
-    assert sum(r["is_default"] for r in rows if r["knob"] == "spare slots") == 1
-    default = next(r for r in rows if r["knob"] == "RDMA rate" and r["is_default"])
-    from relibra.experiments.config import scaled_model
-
-    trace = generate_trace(scaled_model("small", 2), "mixed", 8, steps=2, seed=0, micro_batches=2)
-    s = simulate(trace, "paper", ["relibra", "eplb+", "megatron", "balanced-compute"], steps=1, progress=False,
+    assert values["NVLink rate"] == [77.5, 155.0] and values["spare slots"] == [1, 2]
+    assert [(r["knob"], r["value"], r["policy"]) for r in rows] == [(k, v, "relibra") for k in knobs
+                                                                   for v in values[k]]
+    assert all(np.isfinite(r[c]) and r[c] > 0 for r in rows for c in RATIOS)
+    defaults = [r for r in rows if r["is_default"]]
+    assert [r["knob"] for r in defaults] == list(knobs)
+    assert all(r[c] == defaults[0][c] for r in defaults for c in RATIOS)
+    trace = generate_trace(scaled_model("small", 1), "mixed", 8, steps=1, seed=0, micro_batches=2)
+    s = simulate(trace, "paper", ["relibra", "eplb+", "megatron", "balanced-compute"], progress=False,
                  references=False).summary.set_index("policy")["tokens_per_s"]
-    assert default["relibra_over_eplb_plus"] == pytest.approx(s["relibra"] / s["eplb+"], rel=1e-12)
-    assert default["relibra_over_balanced_compute"] <= 1 + 1e-12
+    d = defaults[0]
+    assert d["relibra_over_megatron"] == pytest.approx(s["relibra"] / s["megatron"], rel=1e-12)
+    assert d["relibra_over_eplb_plus"] == pytest.approx(s["relibra"] / s["eplb+"], rel=1e-12)
+    assert d["relibra_over_balanced_compute"] == pytest.approx(s["relibra"] / s["balanced-compute"], rel=1e-12)
+    assert all(r["relibra_over_balanced_compute"] <= 1 + 1e-12 for r in rows)
+    slow = next(r for r in rows if r["knob"] == "NVLink rate" and r["value"] == 77.5)
+    assert slow["cluster"] == "paper,nvlink_GBps=77.5"
+    assert slow["relibra_over_megatron"] != d["relibra_over_megatron"]  # halving NVLink changes the step
+    # the tornado: one bar per (ratio, knob), spanning the knob's values, sorted by swing within a ratio
+    t = tornado_table(pd.DataFrame(rows))
+    assert len(t) == len(RATIOS) * len(knobs)
+    for ratio, g in t.groupby("ratio", sort=False):
+        assert list(g["swing"]) == sorted(g["swing"], reverse=True)
+        assert ((g["low"] <= g["default"]) & (g["default"] <= g["high"])).all()
+    assert main(["sensitivity", "--model", "small", "--ep", "8", "--knobs", "NVLink", "--json"]) == 2
+    assert "unknown sensitivity knob" in capsys.readouterr().err

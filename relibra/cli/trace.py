@@ -23,7 +23,11 @@ def register(subparsers) -> None:
     gen.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same trace")
     gen.add_argument("--micro-batches", type=int, default=32, help="micro-batches per step (default 32)")
     gen.add_argument("--tokens-per-rank", type=int, default=None,
-                     help="tokens per micro-batch and EP rank (default 8192)")
+                     help="about this many tokens per micro-batch and EP rank (default: derived from a "
+                          "1024-sequence batch and the sequence lengths)")
+    gen.add_argument("--layout", default="verl-balance",
+                     help="batch layout: verl-balance (default), verl, verl-dynamic, slime, slime-dynamic, megatron "
+                          "(docs/traces.md)")
     gen.add_argument("--length-scale", type=float, default=1.0,
                      help="multiply sequence lengths (default 1; e.g. 1/32 with --tokens-per-rank 256)")
     gen.add_argument("--token-level", action="store_true",
@@ -86,7 +90,7 @@ def register(subparsers) -> None:
 def _generate(args) -> int:
     from relibra.workloads import WorkloadConfig, generate_trace
 
-    config = WorkloadConfig(length_scale=args.length_scale)
+    config = WorkloadConfig(length_scale=args.length_scale, batch_layout=args.layout)
     trace = generate_trace(args.model, args.workload, args.ep, args.steps, seed=args.seed,
                            micro_batches=args.micro_batches, tokens_per_rank=args.tokens_per_rank,
                            progress=sys.stderr.isatty(), config=config, token_level=args.token_level)

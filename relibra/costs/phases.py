@@ -233,8 +233,9 @@ def planner_seconds(plan: StepPlan, topology: Topology, params: CostParams,
     Zero for plans made ahead of the step. Otherwise an all-gather of every rank's int32 expert
     counts (4 * experts bytes to every rank; LPLB's all-reduce of the same counts moves no more) plus
     the planner's own seconds per (micro-batch, layer) as params.runtime_plan_s says: the measured
-    table (calibration.planner_seconds_per_cell at this EP size), this step's measured CPU seconds
-    spread over its cells, or a fixed number.
+    table (calibration.planner_seconds_per_cell at this EP size), this step's measured CPU seconds of
+    the run-time part (plan.info "runtime_planner_cpu_seconds" / "runtime_planner_cells" when the
+    policy records them, else measured_cpu_s over all cells), or a fixed number.
     """
     m, l, ep, e = plan.loads.shape
     if not planner_on_critical_path(plan):
@@ -250,7 +251,10 @@ def planner_seconds(plan: StepPlan, topology: Topology, params: CostParams,
             return np.full((m, l), gather + per_cell), "table"
         charge = "measured"
     if charge == "measured":
-        return np.full((m, l), gather + measured_cpu_s / (m * l)), "measured"
+        # the run-time part the policy recorded (lplb+, llep), else all of the plan's measured time
+        runtime_cpu_s = float(plan.info.get("runtime_planner_cpu_seconds", measured_cpu_s))
+        cells = int(plan.info.get("runtime_planner_cells", m * l))
+        return np.full((m, l), gather + runtime_cpu_s / cells), "measured"
     return np.full((m, l), gather + float(charge)), "fixed"
 
 

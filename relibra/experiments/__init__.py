@@ -34,7 +34,7 @@ One module per concept; this package re-exports every public name, so callers us
 - traces:      make_trace (cached synthetic traces), workload_traces, plan_steps
 - simulation:  simulate_trace, throughput_grid, plan_metrics, simulate_with_plans, simulate_workloads
 - tutorial (00), dynamics (01), reordering (04), replication (05), skewness (06), overheads (07),
-  runtime (08), rl (09): what each notebook computes beyond the shared pieces above.
+  runtime (08), rl (09), sensitivity (10): what each notebook computes beyond the shared pieces above.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ from relibra.experiments.simulation import (
     simulate_workloads,
     throughput_grid,
 )
+from relibra.experiments.sensitivity import KNOBS, config_sensitivity, sensitivity, tornado_table
 from relibra.experiments.skewness import plan_skewness, skewness_sweep
 from relibra.experiments.traces import _TRACE_CACHE, make_trace, plan_steps, workload_traces
 from relibra.experiments.tutorial import (
@@ -134,4 +135,6 @@ __all__ = [
     # 08 runtime, 09 RL workload
     "RUNTIME_COMPONENTS", "runtime_options", "runtime_worker", "measured_runtime", "runtime_comparison",
     "RL_OVERRIDES", "RL_TORCH_THREADS", "rl_workload",
+    # 10 sensitivity
+    "KNOBS", "sensitivity", "config_sensitivity", "tornado_table",
 ]

@@ -25,14 +25,15 @@ NOTEBOOKS = (
     "07_overheads",
     "08_runtime",
     "09_rl_workload",
+    "10_sensitivity",
 )
 
-MAIN_POLICIES = ("megatron", "eplb", "eplb+", "lplb+", "llep", "relibra", "balanced")
+MAIN_POLICIES = ("megatron", "eplb", "eplb+", "lplb+", "eplb+lp", "llep", "relibra", "balanced")
 ABLATION_POLICIES = ("megatron", "relibra-reorder", "relibra-replicate", "relibra", "balanced")
 REORDER_POLICIES = ("relibra-replicate", "relibra-lpt", "relibra")
 REPLICATION_POLICIES = ("relibra-reorder", "relibra-split", "relibra")
-SKEW_POLICIES = ("megatron", "eplb", "eplb+", "lplb+", "llep", "relibra")
-OVERHEAD_POLICIES = ("eplb", "eplb+", "lplb+", "llep", "relibra")
+SKEW_POLICIES = ("megatron", "eplb", "eplb+", "lplb+", "eplb+lp", "llep", "relibra")
+OVERHEAD_POLICIES = ("eplb", "eplb+", "lplb+", "eplb+lp", "llep", "relibra")
 
 # Policies each notebook compares by default (its `policies` parameter overrides).
 NOTEBOOK_POLICIES: dict[str, tuple[str, ...]] = {
@@ -46,6 +47,7 @@ NOTEBOOK_POLICIES: dict[str, tuple[str, ...]] = {
     "07_overheads": OVERHEAD_POLICIES,
     "08_runtime": ("megatron", "relibra"),
     "09_rl_workload": ("megatron", "eplb", "eplb+", "relibra", "balanced"),
+    "10_sensitivity": ("megatron", "eplb+", "relibra", "balanced-compute"),  # fixed: its three ratios
 }
 
 

@@ -306,6 +306,40 @@ def runtime_story(comparison: pd.DataFrame) -> str:
     return text
 
 
+def runtime_agreement(results: pd.DataFrame, step_tolerance: float = 0.15, ratio_tolerance: float = 0.05) -> str:
+    """Measured vs simulated step time per policy and the speed-ups over Megatron, from train.results rows
+    (one per policy and repeat). Says plainly where the simulator misses issue 10's targets (step time
+    within `step_tolerance`, speed-up within `ratio_tolerance`) and refuses to judge oversubscribed runs."""
+    g = results.groupby("policy").agg(measured=("step_s_median", "median"), sim=("sim_step_s", "median"),
+                                      lo=("step_s_min", "min"), hi=("step_s_max", "max"))
+    over = bool(results["oversubscribed"].any()) if "oversubscribed" in results else False
+    lines = []
+    for p, r in g.iterrows():
+        ratio = r["sim"] / r["measured"]
+        ok = abs(ratio - 1) <= step_tolerance
+        lines.append(f"- {label(p)}: measured median {r['measured']:.3f} s (min {r['lo']:.3f}, max {r['hi']:.3f}), "
+                     f"simulated {r['sim']:.3f} s: simulated / measured {ratio:.2f} "
+                     + ("(within" if ok else "(outside") + f" {100 * step_tolerance:.0f}%)")
+    text = "\n".join(lines)
+    if over:
+        return ("OVERSUBSCRIBED: more ranks than cores, so these wall-clock times measure the scheduler and say "
+                "nothing about speed or about the simulator.\n\n" + text)
+    if "megatron" in g.index:
+        ref = g.loc["megatron"]
+        for p, r in g.iterrows():
+            if p == "megatron":
+                continue
+            meas, sim = ref["measured"] / r["measured"], ref["sim"] / r["sim"]
+            agree = abs(meas - sim) <= ratio_tolerance
+            text += (f"\n\n{label(p)} vs Megatron: measured speed-up {meas:.2f}x, simulated {sim:.2f}x; the "
+                     f"difference {abs(meas - sim):.2f} is " + ("within" if agree else "outside")
+                     + f" {ratio_tolerance:.2f}.")
+    steps_ok = all(abs(r["sim"] / r["measured"] - 1) <= step_tolerance for _, r in g.iterrows())
+    text += ("\n\nOn these numbers the simulator " + ("agrees with" if steps_ok else "does not agree with")
+             + f" the measured step times to {100 * step_tolerance:.0f}%.")
+    return text
+
+
 def rl_story(rewards: pd.DataFrame, sim: pd.DataFrame) -> str:
     first, last = rewards["reward"].iloc[0], rewards["reward"].iloc[-1]
     s = sim.set_index("policy")
@@ -322,3 +356,61 @@ def rl_story(rewards: pd.DataFrame, sim: pd.DataFrame) -> str:
             text.append(f"{label(p)} is slower than Megatron ({r['speedup_vs_megatron']:.2f}x) although its skewness is "
                         f"lower ({r['skewness']:.2f}): {explain_gap(sim, p, 'megatron')}.")
     return " ".join(text)
+
+
+# ---- 10 sensitivity -------------------------------------------------------------------------------------
+_RATIO_NAMES = {"relibra_over_megatron": "ReLibra / Megatron", "relibra_over_eplb_plus": "ReLibra / EPLB+",
+                "relibra_over_balanced_compute": "ReLibra / balanced-compute"}
+
+
+def _value(v) -> str:
+    return f"{float(v):g}" if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) else str(v)
+
+
+def sensitivity_story(tornado: pd.DataFrame, frame: pd.DataFrame, flat: float = 0.005) -> str:
+    """Which knob moves each ratio most (from what to what, at which values), the knobs that move none
+    of them by more than `flat` (relative), and the knob values where ReLibra falls behind Megatron or
+    EPLB+. tornado: relibra.experiments.sensitivity.tornado_table; frame: the sensitivity rows."""
+    t = tornado.set_index(["ratio", "knob"])
+    default = {r: float(tornado.loc[tornado["ratio"] == r, "default"].iloc[0]) for r in tornado["ratio"].unique()}
+    out = []
+    if {"relibra_over_megatron", "relibra_over_eplb_plus", "relibra_over_balanced_compute"} <= set(default):
+        out.append(f"At the default set-up ReLibra runs {default['relibra_over_megatron']:.3f}x Megatron's "
+                   f"throughput and {default['relibra_over_eplb_plus']:.3f}x EPLB+'s, and reaches "
+                   f"{_pct(default['relibra_over_balanced_compute'])} of balanced-compute.")
+    for ratio, name in _RATIO_NAMES.items():
+        d = tornado[tornado["ratio"] == ratio]
+        if d.empty:
+            continue
+        top = d.iloc[0]  # tornado_table sorts by swing
+        if top["swing"] <= flat * default[ratio]:
+            out.append(f"- {name} barely moves with any knob here (largest swing {top['swing']:.4f}, {top['knob']}).")
+            continue
+        lead = f"The headline, {name}," if ratio == "relibra_over_megatron" else name
+        line = (f"- {lead} moves most with **{top['knob']}**: from {top['low']:.3f} ({top['knob']} = "
+                f"{_value(top['low_value'])}) to {top['high']:.3f} ({_value(top['high_value'])}), a swing of "
+                f"{_pct(top['swing'] / default[ratio])} of its default")
+        rest = d.iloc[1:3]
+        rest = rest[rest["swing"] > flat * default[ratio]]
+        if len(rest):
+            line += "; then " + ", ".join(f"{r['knob']} ({r['low']:.3f}-{r['high']:.3f})" for _, r in rest.iterrows())
+        out.append(line + ".")
+    knobs = list(dict.fromkeys(tornado["knob"]))
+    still = [k for k in knobs if all(t.loc[(r, k), "swing"] <= flat * default[r] for r in default if (r, k) in t.index)]
+    if still:
+        out.append(f"Knobs that move none of the three ratios by more than {_pct(flat)}: {', '.join(still)}.")
+    for ratio, rival in (("relibra_over_megatron", "Megatron"), ("relibra_over_eplb_plus", "EPLB+")):
+        if ratio not in frame:
+            continue
+        moved = frame[~frame["is_default"].astype(bool)]
+        if default[ratio] < 1.0:
+            ahead = moved[moved[ratio] >= 1.0]
+            cases = ", ".join(f"{r['knob']} = {_value(r['value'])} ({r[ratio]:.3f})" for _, r in ahead.iterrows())
+            out.append(f"ReLibra is slower than {rival} at the default set-up ({default[ratio]:.3f}x); "
+                       + (f"it gets ahead only at: {cases}." if cases else "no knob value tried puts it ahead."))
+        else:
+            behind = moved[moved[ratio] < 1.0]
+            if len(behind):
+                cases = ", ".join(f"{r['knob']} = {_value(r['value'])} ({r[ratio]:.3f})" for _, r in behind.iterrows())
+                out.append(f"ReLibra falls behind {rival} at: {cases}.")
+    return "\n\n".join(out)

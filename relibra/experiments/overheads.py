@@ -59,6 +59,8 @@ def overhead_table(cfg: Config) -> pd.DataFrame:
     topo = resolve_topology(cfg.cluster)
     _, gpn = topo.ep_layout(trace.ep)
     per_step, summary = simulate_with_plans(cfg, trace, cfg.policies)
+    # the simulator adds the ideals (balanced, balanced-compute) as references: they plan nothing
+    summary = summary[~summary["policy"].isin(("balanced", "balanced-compute"))].reset_index(drop=True)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -37,10 +37,12 @@ NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
     "07_overheads": _SIM,
     "08_runtime": ("profile", "policies", "seed", "out_dir", "measured_dir", "nproc", "nodes"),
     "09_rl_workload": ("profile", "policies", "rl_steps", "seed", "out_dir"),
+    "10_sensitivity": _TRACES + ("cluster", "knobs"),  # no policies: its three ratios fix them
 }
 
 # Notebooks that study one model (the others take a comma-separated grid).
-SINGLE_MODEL = ("01_routing_dynamics", "04_reordering", "05_replication", "06_skewness", "07_overheads")
+SINGLE_MODEL = ("01_routing_dynamics", "04_reordering", "05_replication", "06_skewness", "07_overheads",
+                "10_sensitivity")
 
 # Notebook 00's toy layer: which EP sizes and how many spare slots make sense (see tutorial.py).
 TUTORIAL_EP_SIZES = (4, 8, 16)
@@ -162,6 +164,15 @@ def check_values(notebook: str, params: dict) -> dict:
         p["spare_slot_counts"] = tuple(counts)
     if "ep_sizes" in p and p["ep_sizes"] is not None:
         p["ep_sizes"] = tuple(_int(notebook, "ep_sizes", v, low=1) for v in _names(p["ep_sizes"]))
+    if "knobs" in p and p["knobs"] is not None:
+        from relibra.experiments.sensitivity import KNOBS
+
+        names = _names(p["knobs"])
+        unknown = [k for k in names if k not in KNOBS]
+        if unknown or not names:
+            what = f"unknown sensitivity knob(s) {unknown}" if unknown else "knobs is empty"
+            raise ConfigError(f"{notebook}: {what}; known: {', '.join(KNOBS)}")
+        p["knobs"] = tuple(dict.fromkeys(names))
     if p.get("nproc") is not None and p.get("nodes") is not None and p["nproc"] % p["nodes"]:
         raise ConfigError(f"{notebook}: nodes={p['nodes']} must divide nproc={p['nproc']}")
     if notebook == "00_tutorial":

@@ -37,21 +37,25 @@ class Profile(Scale):
     planner_repeats: best-of repeats of notebook 07's planner timing.
     runtime_*: the gloo run of notebook 08 (world size, simulated nodes, steps, model, tokens).
     rl_steps: GRPO steps of notebook 09. measured_dir: folder of measured results (gpu profile).
+    sensitivity_knobs: the knobs notebook 10 moves (None: all of relibra.experiments.sensitivity.KNOBS);
+    sensitivity_quick: two values per knob (the default and one other) instead of all.
     """
 
     name: str
     description: str
     planner_repeats: int = 1
-    runtime_nproc: int = 4
-    runtime_nodes: int = 2
-    runtime_steps: int = 3
-    runtime_model: str = "small"
+    runtime_nproc: int = 2  # one rank per core of a 2-core machine: more would be oversubscribed
+    runtime_nodes: int = 1
+    runtime_steps: int = 5
+    runtime_model: str = "moe-cpu"  # expert-dominated CPU preset (relibra.cluster, docs/runtime.md)
     runtime_workload: str = "math"
-    runtime_tokens_per_rank: int = 256
+    runtime_tokens_per_rank: int = 1024
     runtime_micro_batches: int = 2
     runtime_repeats: int = 2
     rl_steps: int = 20
     measured_dir: str | None = None
+    sensitivity_knobs: tuple[str, ...] | None = None
+    sensitivity_quick: bool = False
 
 
 PROFILES: dict[str, Profile] = {
@@ -61,13 +65,14 @@ PROFILES: dict[str, Profile] = {
                 "on the cpu-gloo cluster preset", models=("tiny",), workloads=("math",), model="tiny",
                 workload="mixed", ep=4, ep_sizes=(2, 4), cluster="cpu-gloo", steps=3, micro_batches=4,
                 layers=None, tokens_per_rank=64, runtime_nproc=2, runtime_nodes=1, runtime_steps=1,
-                runtime_model="tiny", runtime_tokens_per_rank=32, runtime_micro_batches=1,
-                runtime_repeats=1, rl_steps=2),
+                runtime_model="moe-cpu", runtime_tokens_per_rank=64, runtime_micro_batches=1,
+                runtime_repeats=1, rl_steps=2, sensitivity_knobs=("batch layout", "RDMA rate"),
+                sensitivity_quick=True),
         Profile("laptop", "minutes on 2 CPU cores: the paper's models, EP and cluster, cut to 4 MoE layers, "
                 "8 micro-batches per step and 4 steps", models=("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b"),
                 workloads=("math", "science", "instruct", "code", "mixed"), model="qwen3-235b-a22b",
                 workload="mixed", ep=32, ep_sizes=(8, 16, 32, 64), cluster="paper", steps=4, micro_batches=8,
-                layers=4, runtime_steps=3, rl_steps=20),
+                layers=4, runtime_steps=5, rl_steps=20),
         Profile("paper", "the paper's scale: every MoE layer, 32 micro-batches per step, EP 32 on the paper's "
                 "cluster (20 nodes x 8 Hopper GPUs); hours on a CPU", models=("qwen3-30b-a3b", "glm-4.5-air",
                 "qwen3-235b-a22b"), workloads=("math", "science", "instruct", "code", "mixed"),

@@ -7,7 +7,6 @@ import os
 
 import pandas as pd
 
-from relibra.cluster import get_topology
 from relibra.errors import ConfigError
 from relibra.experiments.config import Config
 
@@ -19,16 +18,19 @@ RUNTIME_COMPONENTS = {  # comparison label -> metric components summed (forward 
 }
 
 
-def runtime_options(cfg: Config, policy: str):
-    """relibra.runtime RunOptions of notebook 08 for `policy` at the profile's runtime sizes."""
+def runtime_options(cfg: Config, policy: str | None = None):
+    """relibra.runtime RunOptions of notebook 08 at the profile's runtime sizes: every policy of the
+    config (or just `policy`), trained one after another on the same data in one launch."""
     from relibra.runtime.options import RunOptions
 
     s = cfg.sizes
     nodes = int(cfg.extra.get("nodes") or s.runtime_nodes)
-    return RunOptions(nodes=nodes, policy=policy, steps=int(cfg.extra.get("runtime_steps") or s.runtime_steps),
-                      model=s.runtime_model, workload=s.runtime_workload, micro_batches=s.runtime_micro_batches,
-                      tokens_per_rank=s.runtime_tokens_per_rank, seed=cfg.seed, threads_per_rank=1,
-                      policy_params={}, warmup_steps=1 if s.runtime_steps > 1 else 0)
+    policies = (policy,) if policy else tuple(cfg.policies)
+    steps = int(cfg.extra.get("runtime_steps") or s.runtime_steps)
+    return RunOptions(nodes=nodes, policies=policies, steps=steps, model=s.runtime_model, workload=s.runtime_workload,
+                      micro_batches=s.runtime_micro_batches, tokens_per_rank=s.runtime_tokens_per_rank,
+                      seed=cfg.seed, threads_per_rank=1, policy_params={},
+                      warmup_steps=2 if steps >= 5 else (1 if steps > 1 else 0))
 
 
 def _per_step_components(metrics: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -42,31 +44,21 @@ def _per_step_components(metrics: pd.DataFrame, keys: list[str]) -> pd.DataFrame
     return pd.concat(frames, ignore_index=True)
 
 
-def runtime_worker(rank: int, world: int, options: list) -> list[dict]:
-    """One rank of notebook 08's launch: train every policy of `options` (a list of RunOptions, one per
-    policy, same data) in turn, in one process group, so megatron-core starts once per launch.
+def runtime_worker(rank: int, world: int, options) -> dict:
+    """One rank of notebook 08's launch: relibra.runtime.train.worker itself (every policy of `options`,
+    a RunOptions or a list of single-policy RunOptions, trained in turn on the same data in one process
+    group, so megatron-core starts once per launch). Rank 0 returns the worker's JSON-able result."""
+    from relibra.runtime.train import worker
 
-    Follows relibra.runtime.train.worker (same trace, plans and engine); returns, on rank 0, every
-    rank's metric rows (relibra.metrics schema, source "measured")."""
-    import torch
+    return worker(rank, world, _merge(options))
 
-    from relibra.runtime.config import NodeLayout
-    from relibra.runtime.groups import build_groups
-    from relibra.runtime.train import load_or_make_trace, make_plans, run_plans
-    from relibra.runtime.verify import gather_list
 
-    torch.set_num_threads(options[0].threads_per_rank)
-    layout = NodeLayout(world, options[0].nodes)
-    groups = build_groups(layout)
-    rows = []
-    for opts in options:
-        trace = load_or_make_trace(opts, world)
-        plans = make_plans(trace, opts.policy, opts.policy_params, layout.ranks_per_node, opts.steps + opts.warmup_steps)
-        slots = max(p.replica_slots for p in plans)
-        policy_rows, *_ = run_plans(rank, world, groups, opts, trace, plans, opts.policy, slots, opts.dtype)
-        rows += policy_rows
-    everyone = gather_list(rows)
-    return [r for part in everyone for r in part] if rank == 0 else []
+def _merge(options):
+    if isinstance(options, (list, tuple)):
+        import dataclasses
+
+        return dataclasses.replace(options[0], policies=tuple(p for o in options for p in o.policies))
+    return options
 
 
 def measured_runtime(cfg: Config) -> tuple[pd.DataFrame, str]:
@@ -97,18 +89,37 @@ def measured_runtime(cfg: Config) -> tuple[pd.DataFrame, str]:
 
     from relibra.runtime.launch import launch
 
+    from relibra.runtime.train import oversubscribed, prepare, results, worker
+
     nproc = int(cfg.extra.get("nproc") or cfg.sizes.runtime_nproc)
-    parts = []
-    options = [runtime_options(cfg, p) for p in cfg.policies]
+    parts, per_policy = [], []
+    opts = runtime_options(cfg)
+    prepared = prepare(opts, nproc)
     load_before = os.getloadavg()[0]  # other work on the machine inflates wall-clock times: say so
     for repeat in tqdm(range(cfg.sizes.runtime_repeats), desc="runtime launches", unit="launch"):
-        rows = launch(runtime_worker, nproc, options, threads_per_rank=1)
-        d = frame(rows)
+        result = launch(worker, nproc, opts, prepared, threads_per_rank=1, timeout_s=opts.collective_timeout_s)
+        d = frame(result["rows"])
         d["repeat"] = repeat
         parts.append(d)
+        per_policy += [{**r, "repeat": repeat} for r in results(result, opts, prepared, nproc)]
     metrics = pd.concat(parts, ignore_index=True)
+    metrics.attrs["results"] = per_policy
     load = max(load_before, os.getloadavg()[0])
-    return metrics, f"{metrics['hardware'].iloc[0]}; 1-min load average up to {load:.1f}"
+    over = " OVERSUBSCRIBED (ranks > cores: times say nothing about speed)" if oversubscribed(nproc) else ""
+    return metrics, f"{metrics['hardware'].iloc[0]}; 1-min load average up to {load:.1f}{over}"
+
+
+def runtime_results(cfg: Config) -> pd.DataFrame:
+    """One row per (policy, repeat): measured step seconds (median, min, max over timed steps) next to the
+    simulator's `sim_step_s` for the same trace, plans and fitted CPU preset, with expert_share,
+    token_skew, plan/static skewness, speedup_vs_megatron / sim_speedup_vs_megatron and `oversubscribed`
+    (never judge speed from such rows). CPU profiles only (it launches the runtime)."""
+    metrics, _ = measured_runtime(cfg)
+    keep = ["policy", "repeat", "step_s_median", "step_s_min", "step_s_max", "sim_step_s", "expert_share",
+            "token_skew", "plan_skewness", "static_skewness", "speedup_vs_megatron", "sim_speedup_vs_megatron",
+            "ranks", "nodes", "ranks_per_node", "oversubscribed", "model", "hardware"]
+    df = pd.DataFrame(metrics.attrs.get("results", []))
+    return df[[c for c in keep if c in df.columns]]
 
 
 def runtime_comparison(cfg: Config) -> dict:
@@ -120,15 +131,16 @@ def runtime_comparison(cfg: Config) -> dict:
     measured_mean_rank (the mean rank, measured). The simulator's expert compute sums each (micro-batch,
     layer)'s slowest GPU, the runtime's the slowest rank's total: the first is >= the second.
     """
-    from relibra.runtime.train import load_or_make_trace
+    from relibra.runtime.train import load_or_make_trace, runtime_topology
     from relibra.sim import simulate
 
     measured, hardware = measured_runtime(cfg)
     nproc = int(measured["ep"].iloc[0])
-    opts = runtime_options(cfg, cfg.policies[0])
+    opts = runtime_options(cfg)
     trace = load_or_make_trace(opts, nproc)
     steps = list(range(opts.warmup_steps, trace.num_steps))
-    res = simulate(trace, "cpu-gloo", list(cfg.policies), steps=steps, progress=False, references=False,
+    topo = runtime_topology(nproc, nproc // opts.nodes)
+    res = simulate(trace, topo, list(cfg.policies), steps=steps, progress=False, references=False,
                    warmup=False)
     sim = res.frame.copy()
     sim["step"] = sim["step"] - opts.warmup_steps
@@ -147,8 +159,9 @@ def runtime_comparison(cfg: Config) -> dict:
         samples=("seconds", "count"))
     simd["source"] = "simulated"
     comparison = pd.concat([meas, simd], ignore_index=True)
-    topo = get_topology("cpu-gloo")
-    label = (f"measured ({hardware}) vs simulated (cpu-gloo cluster preset, {topo.num_nodes} x {topo.gpus_per_node}) | "
+    label = (f"measured ({hardware}) vs simulated ({topo.name} cluster preset, {topo.num_nodes} x {topo.gpus_per_node}) | "
              f"model {trace.model.name}, EP {nproc}, {trace.num_microbatches} micro-batches x {len(steps)} steps, "
              f"{cfg.sizes.runtime_repeats if cfg.profile != 'gpu' else 'all'} repeat(s), seed {cfg.seed}")
-    return {"measured": measured, "simulated": sim, "comparison": comparison, "hardware": hardware, "label": label}
+    results = pd.DataFrame(measured.attrs.get("results", []))
+    return {"measured": measured, "simulated": sim, "comparison": comparison, "hardware": hardware, "label": label,
+            "results": results}

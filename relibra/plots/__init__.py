@@ -6,12 +6,13 @@ where the numbers come from: "simulated (<cluster preset> ...)", "measured (<har
 (PNG + SVG, and the inline display in a notebook) is `save_figure`.
 
 One module per notebook group: style (colours, labels, titles, saving), routing (01), tutorial
-(00) and its widgets, throughput (02-06), overheads (07), runtime (08, 09).
+(00) and its widgets, throughput (02-06), overheads (07), runtime (08, 09), sensitivity (10).
 """
 
 from relibra.plots.overheads import overhead_bars, planner_time_plot, policy_summary_plot
 from relibra.plots.routing import expert_load_heatmaps, prediction_error_plot, shift_bars, static_skewness_plot
-from relibra.plots.runtime import reward_plot, runtime_rank_plot, runtime_vs_sim_plot
+from relibra.plots.runtime import reward_plot, runtime_rank_plot, runtime_step_plot, runtime_vs_sim_plot
+from relibra.plots.sensitivity import tornado_plot
 from relibra.plots.style import (POLICY_COLORS, POLICY_LABELS, POLICY_ORDER, model_label, policy_order, policy_palette,
                                  save_figure, set_style, show_inline, titled)
 from relibra.plots.throughput import (ablation_plot, fraction_of_balanced, reorder_plot, replication_plot,
@@ -25,5 +26,5 @@ __all__ = [
     "static_skewness_plot", "phase_figure", "plan_figure", "tutorial_figure", "tutorial_grid_figure",
     "tutorial_interactive", "ablation_plot", "fraction_of_balanced", "reorder_plot", "replication_plot",
     "skewness_plot", "spare_slot_plot", "throughput_bars", "overhead_bars", "planner_time_plot",
-    "policy_summary_plot", "reward_plot", "runtime_rank_plot", "runtime_vs_sim_plot",
+    "policy_summary_plot", "reward_plot", "runtime_rank_plot", "runtime_step_plot", "runtime_vs_sim_plot", "tornado_plot",
 ]

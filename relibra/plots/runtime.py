@@ -119,3 +119,34 @@ def runtime_rank_plot(measured: pd.DataFrame, subtitle: str, simulated: pd.DataF
     titled(fig, f"Expert-compute time per rank, {what} (whiskers: min-max over repeats and steps)", subtitle)
     fig.tight_layout()
     return fig
+
+
+# ---- 08: measured step time next to the simulator's ---------------------------------------------
+def runtime_step_plot(results: pd.DataFrame, subtitle: str):
+    """Per policy: measured median step seconds (bar, min-max whisker over timed steps and repeats) next to
+    the simulator's sim_step_s (hatched bar). results: train.results rows (one per policy and repeat).
+    Oversubscribed runs (more ranks than cores) are labelled in the title: never judge speed from them."""
+    g = results.groupby("policy").agg(median=("step_s_median", "median"), lo=("step_s_min", "min"),
+                                      hi=("step_s_max", "max"), sim=("sim_step_s", "median"))
+    order = policy_order(g.index)
+    g = g.loc[order]
+    x = np.arange(len(order))
+    fig, ax = plt.subplots(figsize=(1.6 * len(order) + 3, 3.8))
+    colors = [POLICY_COLORS.get(p, "0.5") for p in order]
+    ax.bar(x - 0.2, g["median"], 0.38, color=colors, label="measured (median; whisker: min-max)")
+    ax.errorbar(x - 0.2, g["median"], yerr=[g["median"] - g["lo"], g["hi"] - g["median"]], fmt="none",
+                ecolor="0.15", capsize=4, lw=1)
+    ax.bar(x + 0.2, g["sim"], 0.38, color=colors, alpha=0.45, hatch="//", edgecolor="0.3",
+           label="simulated (sim_step_s)")
+    for xi, (m, s) in enumerate(zip(g["median"], g["sim"])):
+        ax.annotate(f"{s / m:.2f}", (xi + 0.2, s), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, [POLICY_LABELS.get(p, p) for p in order])
+    ax.set_ylabel("seconds per training step (slowest rank)")
+    ax.legend(fontsize=8, loc="lower right")
+    over = bool(results.get("oversubscribed", pd.Series([False])).any())
+    title = "Measured step time vs the simulator's prediction (label: simulated / measured)"
+    if over:
+        title = "OVERSUBSCRIBED (ranks > cores): not a speed measurement. " + title
+    titled(fig, title, subtitle)
+    fig.tight_layout()
+    return fig

@@ -20,11 +20,12 @@ import pandas as pd
 import seaborn as sns
 
 # One color per policy, the same in every figure.
-POLICY_ORDER = ("megatron", "eplb", "eplb+", "lplb+", "llep", "relibra-reorder", "relibra-replicate",
+POLICY_ORDER = ("megatron", "eplb", "eplb+", "lplb+", "eplb+lp", "llep", "relibra-h", "relibra-reorder", "relibra-replicate",
                 "relibra-lpt", "relibra-split", "relibra", "balanced", "balanced-compute")
 _TAB = sns.color_palette("tab10", 10)
 POLICY_COLORS = {
-    "megatron": _TAB[0], "eplb": _TAB[1], "eplb+": _TAB[2], "lplb+": _TAB[4], "llep": _TAB[5],
+    "megatron": _TAB[0], "eplb": _TAB[1], "eplb+": _TAB[2], "lplb+": _TAB[4], "eplb+lp": (0.55, 0.75, 0.35),
+    "llep": _TAB[5], "relibra-h": _TAB[7],
     "relibra-reorder": _TAB[6], "relibra-replicate": _TAB[8], "relibra-lpt": _TAB[9], "relibra-split": (0.6, 0.45, 0.8),
     "relibra": _TAB[3], "balanced": (0.35, 0.35, 0.35), "balanced-compute": (0.35, 0.35, 0.35),
 }
@@ -32,7 +33,9 @@ POLICY_LABELS = {
     "megatron": "Megatron (static)",
     "eplb": "EPLB (history)",
     "eplb+": "EPLB+ (oracle)",
-    "lplb+": "LPLB+ (oracle + LP)",
+    "lplb+": "LPLB (oracle, run-time LP)",
+    "eplb+lp": "EPLB+ with LP split (oracle)",
+    "relibra-h": "ReLibra-H (cross-node replicas)",
     "llep": "LLEP",
     "relibra": "ReLibra",
     "relibra-reorder": "ReLibra reorder only",

@@ -3,8 +3,8 @@
     from relibra.policies import get_policy, POLICY_NAMES
     plan = get_policy("relibra").plan(trace, step=0, topology=get_topology("paper"))
 
-One module per family: megatron, eplb (eplb, eplb+), lplb (lplb+), llep, relibra (relibra and its
-ablations; its two mechanisms in reorder and replicate), balanced. Shared: base (interface,
+One module per family: megatron, eplb (eplb, eplb+), eplb_lp (eplb+lp), lplb (lplb+), llep, relibra
+(relibra and its ablations; its two mechanisms in reorder and replicate), balanced. Shared: base (interface,
 registry), split (token flow between copies). Bounds live in relibra.bounds; the planner benchmark
 in .benchmark.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 from relibra.policies.balanced import BalancedPolicy
 from relibra.policies.base import Policy, get_policy, register, registered_names
 from relibra.policies.eplb import EplbOraclePolicy, EplbPolicy, rebalance_experts
+from relibra.policies.eplb_lp import EplbLpOraclePolicy
 from relibra.policies.llep import LlepPolicy
 from relibra.policies.lplb import LplbOraclePolicy
 from relibra.policies.megatron import MegatronPolicy
@@ -23,14 +24,16 @@ register("megatron", MegatronPolicy)
 register("eplb", EplbPolicy)
 register("eplb+", EplbOraclePolicy)
 register("lplb+", LplbOraclePolicy)
+register("eplb+lp", EplbLpOraclePolicy)
 register("llep", LlepPolicy)
 for _name, _fixed in VARIANTS.items():
     register(_name, _variant(_name, **_fixed))
 register("balanced", BalancedPolicy)
+from relibra.policies.relibra_h import relibra_h_factory as _rh; register("relibra-h", _rh)  # noqa: E402,E702
 
 POLICY_NAMES: list[str] = registered_names()
 
 from relibra.policies.benchmark import benchmark_planner  # noqa: E402  (needs the registry)
 
 __all__ = ["POLICY_NAMES", "Policy", "get_policy", "benchmark_planner", "rebalance_experts", "MegatronPolicy",
-           "EplbPolicy", "EplbOraclePolicy", "LplbOraclePolicy", "LlepPolicy", "ReLibraPolicy", "BalancedPolicy"]
+           "EplbPolicy", "EplbOraclePolicy", "EplbLpOraclePolicy", "LplbOraclePolicy", "LlepPolicy", "ReLibraPolicy", "BalancedPolicy"]

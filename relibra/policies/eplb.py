@@ -1,6 +1,7 @@
 """`eplb` and `eplb+`: DeepSeek's Expert Parallelism Load Balancer, and the policies built on it.
 
-`rebalance_experts` keeps EPLB's public contract (torch tensors in and out):
+`rebalance_experts` keeps EPLB's public contract (torch tensors in and out) and returns the same
+three tensors as deepseek-ai/EPLB's eplb.py for every input that contract admits:
 
     phy2log, log2phy, logcnt = rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_gpus)
 
@@ -8,17 +9,25 @@ weight: [layers, experts] predicted load per logical expert. num_replicas: physi
 GPUs (experts + redundant ones), a multiple of num_gpus. Output is GPU-major: physical slot p lives
 on GPU p // (num_replicas / num_gpus).
   phy2log: int64 [layers, num_replicas] logical expert held by each physical slot.
-  log2phy: int64 [layers, experts, num_replicas - experts + 1] physical slots of each expert, -1 padded.
+  log2phy: int64 [layers, experts, max copies over all layers] physical slots of each expert in
+      copy-rank order, -1 padded.
   logcnt:  int64 [layers, experts] copies of each expert.
 
-Hierarchical policy (num_groups % num_nodes == 0): (1) groups of experts/num_groups consecutive
-experts are packed onto nodes by summed load; (2) inside each node, every redundant slot goes to
-the expert with the largest load per copy; (3) the node's copies (load = expert load / copies)
-are packed onto its GPUs. Otherwise the global policy: the same with one group and one node.
-Packing is "balanced packing": items in decreasing load, each into the lightest pack that still has
-room, every pack taking the same number of items; ties go to the lowest index everywhere.
-
-Written from that description (see docs/policies.md); it reproduces the README example of EPLB.
+The algorithm, top to bottom (written from EPLB's README and the contract of its eplb.py; see
+docs/policies.md):
+  hierarchical policy, when num_groups % num_nodes == 0:
+    (1) groups of experts/num_groups consecutive experts are packed onto nodes by summed load;
+    (2) inside each node, every redundant slot goes, one at a time, to the expert with the largest
+        load per copy (the first such expert on ties);
+    (3) the node's copies (load = expert load / copies) are packed onto the node's GPUs.
+  global policy, otherwise: the same with one group and one node (no group check: num_groups
+    need not divide the experts, and num_nodes need not divide num_gpus).
+Packing ("balanced packing", every pack taking the same number of items): with one item per pack,
+item i goes to pack i; otherwise items in the order torch.sort(descending=True) gives (EPLB's
+ordering, including its order among equal loads), each into the lightest pack that still has room
+(the lowest such pack on ties). Like EPLB, all arithmetic is float32: the input is cast to
+float32, group sums are torch float32 sums, loads per copy are float32 quotients and pack loads
+float32 running sums.
 """
 
 from __future__ import annotations
@@ -39,82 +48,84 @@ from relibra.trace import RoutingTrace
 
 
 # ---- EPLB's algorithm ------------------------------------------------------------------------------
-def balanced_packing(weight: np.ndarray, num_packs: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pack items into equal-count packs, heaviest item first into the lightest pack with room.
+def balanced_packing(weight: torch.Tensor, num_packs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pack items into num_packs packs of equal count, heaviest first into the lightest open pack.
 
-    weight: float [rows, items] with items a multiple of num_packs.
-    Returns (pack int64 [rows, items], rank_in_pack int64 [rows, items]).
+    weight: float32 tensor [rows, items], items a multiple of num_packs.
+    Returns (pack int64 [rows, items], rank_in_pack int64 [rows, items]). One item per pack: item i
+    goes to pack i (no sorting).
     """
     rows, items = weight.shape
     per_pack = items // num_packs
+    if per_pack == 1:
+        return np.broadcast_to(np.arange(items), (rows, items)).copy(), np.zeros((rows, items), dtype=np.int64)
+    order = weight.sort(dim=-1, descending=True).indices.numpy()  # torch's order, ties included
+    w = weight.numpy()
     pack = np.zeros((rows, items), dtype=np.int64)
     rank = np.zeros((rows, items), dtype=np.int64)
-    if per_pack == 1:
-        order = np.argsort(-weight, axis=1, kind="stable")
-        np.put_along_axis(pack, order, np.arange(items)[None].repeat(rows, 0), axis=1)
-        return pack, rank
-    order = np.argsort(-weight, axis=1, kind="stable")  # stable: equal loads keep index order
-    pack_load = np.zeros((rows, num_packs))
+    pack_load = np.zeros((rows, num_packs), dtype=np.float32)
     pack_items = np.zeros((rows, num_packs), dtype=np.int64)
     row = np.arange(rows)
     for i in range(items):
         item = order[:, i]
-        open_load = np.where(pack_items < per_pack, pack_load, np.inf)
-        chosen = np.argmin(open_load, axis=1)  # first minimum: ties to the lowest pack
+        chosen = np.argmin(np.where(pack_items < per_pack, pack_load, np.inf), axis=1)  # first minimum
         pack[row, item] = chosen
         rank[row, item] = pack_items[row, chosen]
-        pack_load[row, chosen] += weight[row, item]
+        pack_load[row, chosen] += w[row, item]  # float32 running sum
         pack_items[row, chosen] += 1
     return pack, rank
 
 
-def replicate_experts(weight: np.ndarray, num_physical: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Give each extra physical slot to the expert with the largest load per copy.
+def replicate_experts(weight: torch.Tensor, num_physical: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Give each redundant slot, in turn, to the expert with the largest load per copy.
 
-    weight: float [rows, experts]. Returns (phy2log int64 [rows, num_physical], copy rank of each
-    slot int64 [rows, num_physical], copies int64 [rows, experts]). Slots 0..experts-1 hold every
-    expert once, in order; ties go to the lowest expert index.
+    weight: float32 tensor [rows, experts]. Slots 0..experts-1 hold every expert once, in order.
+    Returns (phy2log int64 [rows, num_physical], copy rank of each slot int64 [rows, num_physical],
+    copies int64 [rows, experts]).
     """
     rows, experts = weight.shape
-    phy2log = np.zeros((rows, num_physical), dtype=np.int64)
-    phy2log[:, :experts] = np.arange(experts)
+    w = weight.numpy()
+    phy2log = np.broadcast_to(np.arange(num_physical), (rows, num_physical)).copy()
     copy_rank = np.zeros((rows, num_physical), dtype=np.int64)
     copies = np.ones((rows, experts), dtype=np.int64)
     row = np.arange(rows)
     for p in range(experts, num_physical):
-        hottest = np.argmax(weight / copies, axis=1)
+        hottest = np.argmax(w / copies.astype(np.float32), axis=1)  # float32 quotients; first maximum
         phy2log[:, p] = hottest
         copy_rank[:, p] = copies[row, hottest]
         copies[row, hottest] += 1
     return phy2log, copy_rank, copies
 
 
-def _rebalance_hierarchical(weight: np.ndarray, num_physical: int, num_groups: int, num_nodes: int,
-                            num_gpus: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """weight float [L, E] -> (phy2log [L, P], phy copy rank [L, P], logcnt [L, E]), GPU-major slots."""
+def rebalance_hierarchical(weight: torch.Tensor, num_physical: int, num_groups: int, num_nodes: int,
+                           num_gpus: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps (1)-(3) of the module docstring.
+
+    weight: float32 tensor [L, E]. Returns (phy2log int64 [L, P], copy rank int64 [L, P], logcnt
+    int64 [L, E]) with P = num_physical slots, GPU-major.
+    """
     layers, experts = weight.shape
     group_size = experts // num_groups
-    groups_per_node = num_groups // num_nodes
     experts_per_node = experts // num_nodes
     phys_per_node = num_physical // num_nodes
-    gpus_per_node = num_gpus // num_nodes
     phys_per_gpu = num_physical // num_gpus
 
-    # (1) groups onto nodes; relabel experts node-major ("node order": node 0's experts first).
-    group_load = weight.reshape(layers, num_groups, group_size).sum(axis=2)
+    # (1) groups onto nodes; experts relabelled node-major ("node order": node 0's experts first)
+    group_load = weight.reshape(layers, num_groups, group_size).sum(dim=-1)  # float32, torch's sum
     group_node, group_rank = balanced_packing(group_load, num_nodes)
-    group_pos = group_node * groups_per_node + group_rank  # [L, groups] position in node order
+    group_pos = group_node * (num_groups // num_nodes) + group_rank  # [L, groups]
     node_order_of = (group_pos[:, :, None] * group_size + np.arange(group_size)).reshape(layers, experts)
     expert_at = np.argsort(node_order_of, axis=1)  # [L, E] expert at each node-order position
 
-    # (2) replicate inside each node.
-    node_weight = np.take_along_axis(weight, expert_at, axis=1).reshape(layers * num_nodes, experts_per_node)
-    phy_local, phy_rank, local_copies = replicate_experts(node_weight, phys_per_node)
+    # (2) redundant slots inside each node
+    w = weight.numpy()
+    node_weight = np.take_along_axis(w, expert_at, axis=1).reshape(layers * num_nodes, experts_per_node)
+    phy_local, phy_rank, local_copies = replicate_experts(torch.from_numpy(node_weight), phys_per_node)
 
-    # (3) copies onto the node's GPUs.
-    copy_load = np.take_along_axis(node_weight / local_copies, phy_local, axis=1)
-    gpu_in_node, rank_on_gpu = balanced_packing(copy_load, gpus_per_node)
-    slot_in_node = gpu_in_node * phys_per_gpu + rank_on_gpu  # [L*nodes, phys_per_node]
+    # (3) the node's copies onto its GPUs
+    copy_load = np.take_along_axis(node_weight / local_copies.astype(np.float32), phy_local, axis=1)
+    gpu_in_node, rank_on_gpu = balanced_packing(torch.from_numpy(copy_load), num_gpus // num_nodes)
+    slot_in_node = gpu_in_node * phys_per_gpu + rank_on_gpu  # [L * nodes, phys_per_node]
     local_at_slot = np.empty_like(phy_local)
     np.put_along_axis(local_at_slot, slot_in_node, phy_local, axis=1)
     rank_at_slot = np.empty_like(phy_rank)
@@ -127,32 +138,40 @@ def _rebalance_hierarchical(weight: np.ndarray, num_physical: int, num_groups: i
     return phy2log, rank_at_slot.reshape(layers, num_physical), logcnt
 
 
-def rebalance_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
-                      num_gpus: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """EPLB's entry point; see the module docstring for shapes. Raises ConfigError on sizes that
-    cannot be packed."""
-    w = torch.as_tensor(weight).detach().to("cpu", torch.float64).numpy()
-    if w.ndim != 2:
-        raise ConfigError(f"weight must be [layers, experts], got shape {tuple(w.shape)}")
-    layers, experts = w.shape
-    if num_gpus <= 0 or num_nodes <= 0 or num_groups <= 0:
-        raise ConfigError("num_groups, num_nodes and num_gpus must be positive")
+def check_rebalance_args(layers_experts: tuple[int, ...], num_replicas: int, num_groups: int, num_nodes: int,
+                         num_gpus: int) -> bool:
+    """Raise ConfigError for inputs outside EPLB's contract; return True for the hierarchical policy."""
+    if len(layers_experts) != 2:
+        raise ConfigError(f"weight must be [layers, experts], got shape {tuple(layers_experts)}")
+    experts = layers_experts[1]
+    for key, value in (("num_groups", num_groups), ("num_nodes", num_nodes), ("num_gpus", num_gpus)):
+        if not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ConfigError(f"EPLB: {key} must be a positive integer, got {value!r}")
     if num_replicas < experts:
-        raise ConfigError(f"num_replicas={num_replicas} is fewer than the {experts} experts")
+        raise ConfigError(f"EPLB: num_replicas={num_replicas} is fewer than the {experts} experts")
     if num_replicas % num_gpus:
-        raise ConfigError(f"num_gpus={num_gpus} does not divide num_replicas={num_replicas}")
-    if num_gpus % num_nodes:
-        raise ConfigError(f"num_nodes={num_nodes} does not divide num_gpus={num_gpus}")
-    if experts % num_groups:
-        raise ConfigError(f"num_groups={num_groups} does not divide the {experts} experts")
-    if num_groups % num_nodes == 0:
-        if experts % num_nodes or num_replicas % num_nodes:
-            raise ConfigError(f"num_nodes={num_nodes} must divide experts and num_replicas")
-        phy2log, rank, logcnt = _rebalance_hierarchical(w, num_replicas, num_groups, num_nodes, num_gpus)
+        raise ConfigError(f"EPLB: num_gpus={num_gpus} does not divide num_replicas={num_replicas}")
+    hierarchical = num_groups % num_nodes == 0
+    if hierarchical:
+        if experts % num_groups:
+            raise ConfigError(f"EPLB hierarchical policy (num_groups % num_nodes == 0): num_groups={num_groups} "
+                              f"does not divide the {experts} experts")
+        if num_gpus % num_nodes:
+            raise ConfigError(f"EPLB hierarchical policy: num_nodes={num_nodes} does not divide num_gpus={num_gpus}")
+    return hierarchical
+
+
+def rebalance_experts(weight, num_replicas: int, num_groups: int, num_nodes: int,
+                      num_gpus: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """EPLB's entry point; see the module docstring for shapes. ConfigError outside its contract."""
+    w = torch.as_tensor(weight).detach().to("cpu", torch.float32).contiguous()
+    hierarchical = check_rebalance_args(tuple(w.shape), num_replicas, num_groups, num_nodes, num_gpus)
+    if hierarchical:
+        phy2log, rank, logcnt = rebalance_hierarchical(w, num_replicas, num_groups, num_nodes, num_gpus)
     else:  # global policy: one group, one node
-        phy2log, rank, logcnt = _rebalance_hierarchical(w, num_replicas, 1, 1, num_gpus)
-    max_copies = num_replicas - experts + 1
-    log2phy = np.full((layers, experts, max_copies), -1, dtype=np.int64)
+        phy2log, rank, logcnt = rebalance_hierarchical(w, num_replicas, 1, 1, num_gpus)
+    layers, experts = w.shape
+    log2phy = np.full((layers, experts, int(logcnt.max())), -1, dtype=np.int64)
     layer = np.broadcast_to(np.arange(layers)[:, None], phy2log.shape)
     log2phy[layer, phy2log, rank] = np.arange(num_replicas)[None, :]
     return torch.from_numpy(phy2log), torch.from_numpy(log2phy), torch.from_numpy(logcnt)
@@ -195,7 +214,8 @@ def choose_homes(held: np.ndarray) -> np.ndarray:
 
 
 def plan_from_copies(policy: str, loads: np.ndarray, held: np.ndarray, home: np.ndarray, gpus_per_node: int,
-                     slots_per_gpu: int, replica_scope: str, replica_tokens_fn=None) -> StepPlan:
+                     slots_per_gpu: int, replica_scope: str, replica_tokens_fn=None,
+                     equal_homes: bool = False) -> StepPlan:
     """A StepPlan whose copies are fixed for the whole step.
 
     loads: int [M, L, ep, E]; held: bool [L, E, ep] copies (home included); home: [L, E].
@@ -222,7 +242,7 @@ def plan_from_copies(policy: str, loads: np.ndarray, held: np.ndarray, home: np.
     rflow = replica_flow_from_tokens(loads, home, rexp, rtok)
     return StepPlan(policy=policy, loads=loads, home=home, replica_expert=rexp, replica_flow=rflow,
                     gpus_per_node=gpus_per_node, slots_per_gpu=slots_per_gpu, replica_scope=replica_scope,
-                    equal_homes=False)
+                    equal_homes=equal_homes)
 
 
 def eplb_copies(weight: np.ndarray, ep: int, gpus_per_node: int, redundant_slots_per_gpu: int,
@@ -275,9 +295,6 @@ class EplbPolicy(Policy):
 
     def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
               prev_home: np.ndarray | None) -> StepPlan:
-        if self.num_groups is not None and trace.num_experts % self.num_groups:
-            raise ConfigError(f"policy {self.name!r}: num_groups={self.num_groups} does not divide the "
-                              f"{trace.num_experts} experts")
         start, start_cpu = time.perf_counter(), time.process_time()
         held, home, scope, slots = eplb_copies(self.predicted_load(trace, step), trace.ep, gpus_per_node,
                                                self.redundant_slots_per_gpu, self.num_groups)

@@ -13,6 +13,7 @@ plan's replica slots are as many as the busiest GPU needs.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -111,12 +112,18 @@ class LlepPolicy(Policy):
         m, l, ep, e = loads.shape
         home = static_placement(l, e, ep)
         expert_tokens = loads.sum(axis=2, dtype=np.int64).reshape(m * l, e)
+        start, start_cpu = time.perf_counter(), time.process_time()
         cell, gpu, expert, tokens = llep_assign(expert_tokens, ep, self.capacity_factor, self.min_tokens_per_gemm,
                                                 self.trigger_imbalance)
+        assign_s, assign_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
         rexp, rtok = pack_replicas((m, l, ep), cell // l, cell % l, gpu, expert, tokens)
         rflow = replica_flow_from_tokens(loads, home, rexp, rtok)
         plan = StepPlan(policy=self.name, loads=loads, home=home, replica_expert=rexp, replica_flow=rflow,
                         gpus_per_node=gpus_per_node, slots_per_gpu=e // ep + rexp.shape[3], replica_scope="any",
                         transfers_on_critical_path=True)
-        plan.info["spilled_cells"] = int(len(np.unique(cell)))
+        # the run-time part (see relibra.policies.lplb for the keys): the spill assignment, after an
+        # all-gather of every rank's per-expert counts, per (micro-batch, layer)
+        plan.info.update({"spilled_cells": int(len(np.unique(cell))), "runtime_planner_seconds": assign_s,
+                          "runtime_planner_cpu_seconds": assign_cpu_s, "runtime_planner_cells": m * l,
+                          "runtime_collective": "all_gather", "runtime_collective_bytes": 4 * e})
         return plan

@@ -1,18 +1,34 @@
-"""`lplb+`: LPLB on oracle loads. EPLB+'s copies, then per micro-batch and layer a linear program
-that moves tokens among the existing copies to minimize the maximum GPU load.
+"""`lplb+`: DeepSeek's LPLB (Linear-Programming-Based Load Balancer), fed the step's exact loads.
 
-LP per (micro_batch, layer): one variable y_c >= 0 per copy (home included) of every expert with
-more than one copy, and t:
-    minimize t
-    sum_{c in copies(e)} y_c = tokens(e)                  for each replicated expert e
-    fixed(g) + sum_{c on g} y_c <= t                      for each GPU g
-where fixed(g) is the load of single-copy experts homed on g. The copies are fixed for the step,
-so all layers of one micro-batch share one constraint matrix: they are solved as one block-diagonal
-LP (objective: the sum of the per-layer t's, which is separable), one HiGHS call per micro-batch.
-Sizes (qwen3-235b-a22b, EP32, 2 redundant slots per GPU): about 130 variables, 60 equalities and
-32 inequalities per layer; 94 layers per HiGHS call; see docs/policies.md for the measured time.
-Fractional flows are floored on replicas; the home copy takes what is left, so token counts are
-exact integers (the home gets at most copies - 1 extra tokens).
+Written from LPLB's README and the contract of its lplb/planner.py (see docs/policies.md for what
+was read and where the kit differs). Top to bottom:
+
+1. Reorder (once per step): EPLB without replication (num_replicas = experts, num_groups = the
+   topology's groups, num_nodes = ep / gpus_per_node, num_gpus = ep) on the step's loads summed
+   over micro-batches (an oracle, as in eplb+); then each GPU's experts in decreasing load.
+2. Redundant experts along a fixed topology `r2o` int [ep, columns] (LPLB's redundant_to_original):
+   GPU g's redundant slot (c, j) holds a copy of the (c * columns + j)-th most loaded expert of GPU
+   r2o[g, j]. Every column is a permutation of its group's GPUs, so every expert has at most 2
+   copies and each copy is one edge (home GPU -> copy GPU). Topologies: cube for 8 GPUs,
+   hypercube for 16, a 2-D torus (nodes x gpus per node) beyond.
+3. Per micro-batch and layer, per topology group G, the LP
+       minimize t_G
+       base(g) - sum_{edges out of g} f_e + sum_{edges into g} f_e <= t_G     for each GPU g in G
+       0 <= f_e <= cap_e = tokens of edge e's expert in this micro-batch
+   base(g): the tokens of the experts homed on g; f_e: tokens edge e's copy computes. Replicas
+   take floor(f_e) tokens, the home the rest. If the solver fails, the tokens of every replicated
+   expert split evenly between its two copies (counted in plan.info["lp_fallback_micro_batches"]).
+
+LPLB solves step 3 at run time, per (micro-batch, layer), after an all-reduce of the per-expert
+token counts over the EP group; so the plan sets plan.info["planner_on_critical_path"] = True and
+records that run-time part for the cost model:
+  runtime_planner_seconds / runtime_planner_cpu_seconds: wall / process-CPU seconds of all the
+      step's step-3 solves (divide by runtime_planner_cells for one (micro-batch, layer));
+  runtime_planner_cells: micro_batches x layers;
+  runtime_collective: "all_reduce"; runtime_collective_bytes: bytes each rank contributes per
+      (micro-batch, layer): one int32 count per logical expert.
+Steps 1-2 happen once per step, before it, and the copies' weights move off the critical path
+(like eplb+), so `transfers_on_critical_path` stays False.
 """
 
 from __future__ import annotations
@@ -23,78 +39,183 @@ from typing import ClassVar
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 from scipy.optimize import linprog
 
 from relibra.cluster import Topology
-from relibra.errors import PlanError
+from relibra.errors import ConfigError
 from relibra.plan import StepPlan
-from relibra.policies.eplb import EplbOraclePolicy, eplb_copies, plan_from_copies
+from relibra.policies.base import Policy, check_nonnegative_int
+from relibra.policies.eplb import plan_from_copies, rebalance_experts
 from relibra.trace import RoutingTrace
 
+# LPLB's topologies (tests/utils.py of deepseek-ai/LPLB): r2o columns, one entry per GPU of a group.
+CUBE_8 = ((3, 0, 1, 2, 7, 4, 5, 6), (6, 7, 4, 5, 0, 1, 2, 3))
+HYPERCUBE_16 = ((3, 0, 1, 2, 7, 4, 5, 6, 11, 8, 9, 10, 15, 12, 13, 14),
+                (12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11))
+TOPOLOGIES = ("auto", "cube", "hypercube", "torus")
 
-def lp_copy_tokens(expert_tokens: np.ndarray, held: np.ndarray, home: np.ndarray, li: np.ndarray,
-                   ei: np.ndarray, gi: np.ndarray) -> np.ndarray:
-    """Tokens each replica computes so that every (micro_batch, layer) minimizes its max GPU load.
 
-    expert_tokens: int [M, L, E]; held: bool [L, E, ep] copies (home included); home: int [L, E];
-    li, ei, gi: the replicas (layer, expert, gpu), homes excluded. Returns int64 [M, len(li)].
+def torus_r2o(rows: int, cols: int) -> np.ndarray:
+    """LPLB's 2-D torus: GPU (i, j) = i * cols + j copies from ((i + 1) % rows, j) and (i, (j + 1) % cols).
+    Returns int64 [rows * cols, 2]."""
+    i, j = np.divmod(np.arange(rows * cols), cols)
+    return np.stack([(i + 1) % rows * cols + j, i * cols + (j + 1) % cols], axis=1)
+
+
+def lplb_r2o(ep: int, gpus_per_node: int, topology: str = "auto") -> tuple[np.ndarray, int]:
+    """(r2o int64 [ep, columns] in global GPU ids, group_size). auto: cube when ep == 8, hypercube
+    when ep == 16, else the torus over (nodes, gpus_per_node) as one group. Columns that map a GPU
+    onto itself (a torus side of length 1) are dropped, so small clusters get a ring or nothing."""
+    if topology == "auto":
+        topology = {8: "cube", 16: "hypercube"}.get(ep, "torus")
+    if topology in ("cube", "hypercube"):
+        base = np.array(CUBE_8 if topology == "cube" else HYPERCUBE_16, dtype=np.int64).T  # [group, 2]
+        size = len(base)
+        if ep % size:
+            raise ConfigError(f"lplb+: the {topology} topology needs a multiple of {size} GPUs, got ep={ep}")
+        r2o = (base[None] + (np.arange(ep // size) * size)[:, None, None]).reshape(ep, -1)
+    elif topology == "torus":
+        r2o, size = torus_r2o(ep // gpus_per_node, gpus_per_node), ep
+    else:
+        raise ConfigError(f"lplb+: topology must be one of {TOPOLOGIES}, got {topology!r}")
+    keep = (r2o != np.arange(ep)[:, None]).all(axis=0)
+    r2o = r2o[:, keep]
+    if not (np.sort(r2o, axis=0) == np.arange(ep)[:, None]).all():
+        raise ConfigError(f"lplb+: every column of the {topology} topology must be a permutation of the GPUs")
+    return r2o, size
+
+
+def lplb_reorder(weight: np.ndarray, ep: int, num_nodes: int, num_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """EPLB without replication, then each GPU's experts by decreasing load.
+
+    weight: float [L, E]. Returns (home int64 [L, E], by_load int64 [L, ep, E / ep]: GPU g's experts,
+    most loaded first).
     """
-    m, l, e = expert_tokens.shape
-    ep = held.shape[2]
-    copies = held.sum(axis=2)
-    multi = copies > 1  # [L, E]
-    cl, ce, cg = np.nonzero(held & multi[:, :, None])  # every copy of a replicated expert, layer-major
-    n_var = len(cl)
-    if n_var == 0:
-        return np.zeros((m, len(li)), dtype=np.int64)
-    # rows: one equality per replicated expert, one inequality per (layer, GPU); columns: copies, then t per layer
-    eq_id = np.full((l, e), -1, dtype=np.int64)
-    eq_id[multi] = np.arange(int(multi.sum()))
-    a_eq = sp.csr_matrix((np.ones(n_var), (eq_id[cl, ce], np.arange(n_var))), shape=(int(multi.sum()), n_var + l))
-    ub_rows = np.concatenate([cl * ep + cg, np.arange(l * ep)])
-    ub_cols = np.concatenate([np.arange(n_var), n_var + np.repeat(np.arange(l), ep)])
-    ub_vals = np.concatenate([np.ones(n_var), -np.ones(l * ep)])
-    a_ub = sp.csr_matrix((ub_vals, (ub_rows, ub_cols)), shape=(l * ep, n_var + l))
-    cost = np.concatenate([np.zeros(n_var), np.ones(l)])
-    layer = np.broadcast_to(np.arange(l)[:, None], home.shape)
-    single = ~multi
-    copy_index = {(a, b, c): i for i, (a, b, c) in enumerate(zip(cl.tolist(), ce.tolist(), cg.tolist()))}
-    replica_var = np.array([copy_index[(a, b, c)] for a, b, c in zip(li.tolist(), ei.tolist(), gi.tolist())],
-                           dtype=np.int64)
-    out = np.zeros((m, len(li)), dtype=np.int64)
+    layers, experts = weight.shape
+    w = torch.as_tensor(np.asarray(weight, dtype=np.float64))
+    phy2log = rebalance_experts(w, experts, num_groups, num_nodes, ep)[0].numpy()  # [L, E], GPU-major
+    per_gpu = phy2log.reshape(layers, ep, experts // ep)
+    order = torch.as_tensor(np.take_along_axis(weight, phy2log, axis=1).reshape(per_gpu.shape))
+    by_load = np.take_along_axis(per_gpu, order.argsort(dim=-1, descending=True).numpy(), axis=2)
+    home = np.empty((layers, experts), dtype=np.int64)
+    np.put_along_axis(home, phy2log, np.arange(experts)[None] // (experts // ep), axis=1)
+    return home, by_load
+
+
+def lplb_edges(by_load: np.ndarray, r2o: np.ndarray, redundant_slots: int) -> tuple[np.ndarray, ...]:
+    """The redundant copies: GPU g's slot (c, j) copies the (c * columns + j)-th expert of GPU r2o[g, j].
+
+    by_load: int [L, ep, k]; r2o: int [ep, columns]. Uses columns' = min(columns, k, slots) columns and
+    min(slots, k) // columns' copies per column. Returns flat int64 arrays (layer, expert, home GPU,
+    copy GPU), one entry per edge.
+    """
+    layers, ep, k = by_load.shape
+    cols = min(r2o.shape[1], k, redundant_slots)
+    if cols == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, empty
+    combined = min(redundant_slots, k) // cols
+    c, j = np.divmod(np.arange(combined * cols), cols)  # slot (c, j) of every GPU
+    src = r2o[:, j]  # [ep, slots] home GPU of each copy
+    expert = by_load[:, src, c * cols + j]  # [L, ep, slots]
+    li = np.broadcast_to(np.arange(layers)[:, None, None], expert.shape)
+    gi = np.broadcast_to(np.arange(ep)[None, :, None], expert.shape)
+    return li.ravel(), expert.ravel(), np.broadcast_to(src[None], expert.shape).ravel(), gi.ravel()
+
+
+def lplb_solve(expert_tokens: np.ndarray, home: np.ndarray, edges: tuple[np.ndarray, ...], ep: int,
+               group_size: int) -> tuple[np.ndarray, dict]:
+    """Step 3 for every (micro-batch, layer, group): tokens each copy computes.
+
+    expert_tokens: int [M, L, E]; home: int [L, E]; edges: (layer, expert, home GPU, copy GPU) flat
+    arrays of n edges. All layers and groups of one micro-batch go to HiGHS as one block-diagonal LP
+    (objective: the sum of the blocks' t, which is separable). Returns (int64 [M, n],
+    {"lp_fallback_micro_batches": count}).
+    """
+    m, layers, experts = expert_tokens.shape
+    el, ex, eo, eg = edges
+    n = len(el)
+    out = np.zeros((m, n), dtype=np.int64)
+    if n == 0:
+        return out, {"lp_fallback_micro_batches": 0}
+    groups = ep // group_size
+    # rows: (layer, GPU) loads; columns: the n edge flows, then t per (layer, group)
+    t_col = n + (np.arange(layers)[:, None] * groups + np.arange(ep) // group_size).ravel()  # [L * ep]
+    rows = np.concatenate([el * ep + eo, el * ep + eg, np.arange(layers * ep)])
+    cols = np.concatenate([np.arange(n), np.arange(n), t_col])
+    vals = np.concatenate([-np.ones(n), np.ones(n), -np.ones(layers * ep)])  # out of home, into copy, -t
+    a_ub = sp.csr_matrix((vals, (rows, cols)), shape=(layers * ep, n + layers * groups))
+    cost = np.concatenate([np.zeros(n), np.ones(layers * groups)])
+    lay = np.broadcast_to(np.arange(layers)[:, None], home.shape)
+    fallbacks = 0
     for mb in range(m):
-        x = expert_tokens[mb].astype(np.float64)  # [L, E]
-        fixed = np.zeros((l, ep))
-        np.add.at(fixed, (layer[single], home[single]), x[single])
-        res = linprog(cost, A_ub=a_ub, b_ub=-fixed.reshape(-1), A_eq=a_eq, b_eq=x[multi],
-                      bounds=(0, None), method="highs")
-        if res.status != 0:
-            raise PlanError(f"lplb+: the token LP of micro-batch {mb} failed ({res.message})")
-        y = np.floor(res.x[:n_var] + 1e-6).astype(np.int64)
-        out[mb] = np.minimum(y[replica_var], expert_tokens[mb, li, ei])
-    return out
+        x = expert_tokens[mb]
+        base = np.zeros((layers, ep))
+        np.add.at(base, (lay, home), x)
+        cap = x[el, ex].astype(np.float64)
+        bounds = np.concatenate([np.stack([np.zeros(n), cap], axis=1),
+                                 np.tile([[-np.inf, np.inf]], (layers * groups, 1))])
+        res = linprog(cost, A_ub=a_ub, b_ub=-base.ravel(), bounds=bounds, method="highs")
+        if res.status == 0:
+            out[mb] = np.minimum(np.floor(res.x[:n] + 1e-6).astype(np.int64), x[el, ex])
+        else:  # even split between the home and its one copy
+            out[mb] = x[el, ex] // 2
+            fallbacks += 1
+    return out, {"lp_fallback_micro_batches": fallbacks}
 
 
 @dataclass
-class LplbOraclePolicy(EplbOraclePolicy):
-    """EPLB+'s copies (exact step loads), tokens split per micro-batch and layer by an LP."""
+class LplbOraclePolicy(Policy):
+    """LPLB on the step's exact loads (oracle reorder), per-micro-batch LP at run time.
+
+    redundant_slots_per_gpu: redundant slots per GPU (LPLB's n_redundants_per_rank), default 2, the
+        same replica buffer ReLibra gets.
+    topology: "auto" (cube for 8 GPUs, hypercube for 16, torus beyond), "cube" (groups of 8),
+        "hypercube" (groups of 16) or "torus" (one group).
+    """
 
     name: ClassVar[str] = "lplb+"
+    redundant_slots_per_gpu: int = 2
+    topology: str = "auto"
+
+    def __post_init__(self):
+        check_nonnegative_int(self.name, redundant_slots_per_gpu=self.redundant_slots_per_gpu)
+        if self.topology not in TOPOLOGIES:
+            raise ConfigError(f"policy {self.name!r}: topology must be one of {TOPOLOGIES}, got {self.topology!r}")
 
     def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
               prev_home: np.ndarray | None) -> StepPlan:
         loads = trace.loads[step]
+        m, l, ep, e = loads.shape
         start, start_cpu = time.perf_counter(), time.process_time()
-        held, home, scope, slots = eplb_copies(self.predicted_load(trace, step), trace.ep, gpus_per_node,
-                                               self.redundant_slots_per_gpu, self.num_groups)
+        r2o, group_size = lplb_r2o(ep, gpus_per_node, self.topology)
+        weight = loads.sum(axis=(0, 2), dtype=np.int64).astype(np.float64)
+        home, by_load = lplb_reorder(weight, ep, ep // gpus_per_node, ep // group_size)
+        edges = lplb_edges(by_load, r2o, self.redundant_slots_per_gpu)
         rebalance_s, rebalance_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
+        el, ex, eo, eg = edges
+        held = np.zeros((l, e, ep), dtype=bool)
+        held[np.arange(l)[:, None], np.arange(e)[None], home] = True
+        held[el, ex, eg] = True
         expert_tokens = loads.sum(axis=2, dtype=np.int64)
+        start, start_cpu = time.perf_counter(), time.process_time()
+        tokens, lp_info = lplb_solve(expert_tokens, home, edges, ep, group_size)
+        solve_s, solve_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
+        edge_of = np.full((l, e, ep), -1, dtype=np.int64)
+        edge_of[el, ex, eg] = np.arange(len(el))
 
-        def lp_tokens(li, ei, gi):
-            return lp_copy_tokens(expert_tokens, held, home, li, ei, gi)
+        def edge_tokens(li, ei, gi):
+            return tokens[:, edge_of[li, ei, gi]]
 
-        start = time.perf_counter()
-        plan = plan_from_copies(self.name, loads, held, home, gpus_per_node, slots, scope, lp_tokens)
+        scope = "node" if (eo // gpus_per_node == eg // gpus_per_node).all() else "any"
+        slots = e // ep + int(np.bincount(eg[el == 0], minlength=ep).max() if len(el) else 0)
+        plan = plan_from_copies(self.name, loads, held, home, gpus_per_node, slots,
+                                scope if len(el) else "none", edge_tokens, equal_homes=True)
         plan.info.update({"rebalance_seconds": rebalance_s, "rebalance_cpu_seconds": rebalance_cpu_s,
-                          "lp_and_flow_seconds": time.perf_counter() - start})
+                          "planner_on_critical_path": True,  # read by relibra.costs.phases
+                          "runtime_planner_seconds": solve_s, "runtime_planner_cpu_seconds": solve_cpu_s,
+                          "runtime_planner_cells": m * l, "runtime_collective": "all_reduce",
+                          "runtime_collective_bytes": 4 * e, "lplb_topology_columns": int(r2o.shape[1]),
+                          "lplb_group_size": group_size, **lp_info})
         return plan

@@ -7,26 +7,31 @@ Two mechanisms, matched to the bandwidth hierarchy:
    every micro-batch (not of the step total). The score of a layer's placement, in per-GPU compute
    tokens summed over the step's micro-batches m:
 
-       J = sum_m mu[m] * (mean_n (W[m,n] / mu[m])^p)^(1/p) / gpn     node balance per micro-batch
+       J = sum_m [ smax_n C[m,n] + r smax_n R[m,n] ] / gpn          node balance per micro-batch
          + w_gpu * sum_m sum_g G[m,g]^2 / T[m]                       GPU balance per micro-batch
          + w_mig * sum over moved experts of r_mig                   migration from prev_home
 
-   W[m,n] = sum over experts homed in node n of (1 + r) x[m,e] - r s[m,e,n]: the node's compute
-   plus r times the tokens it receives from other nodes (x: the expert's tokens, s: those coming
-   from node n's ranks), r = comm_weight * r_comm, where r_comm converts one cross-node token
-   (dispatch and combine, forward and backward, over RDMA) into compute tokens of that model.
-   The first term is a p-norm smooth max over nodes (p = node_power, 8): smooth, between the mean
-   and the max ("objective smoothing"), and it decomposes over nodes, so a swap of two experts
-   changes it through two nodes' power sums: O(M) per candidate (incremental update). G, T: tokens
-   per GPU and per layer; sum_g G^2 / T is the load-weighted mean GPU load, a light term since
+   C[m,n] = the tokens of the experts homed in node n (its compute); R[m,n] = of those, the tokens
+   coming from other nodes' ranks (what it receives over RDMA). Expert compute and the dispatch
+   that feeds it are separate phases, each as slow as its busiest node: hence a sum of two maxima
+   (before, one max of compute + r x received, which traded compute balance for little locality).
+   r = comm_weight * r_comm, where r_comm converts one cross-node token (dispatch and combine,
+   forward and backward, over RDMA) into compute tokens of that model. smax_n y = mu (mean_n
+   (y / mu)^p)^(1/p) is a p-norm smooth max over nodes (p = node_power, 8; mu a placement-free
+   normaliser): smooth, between the mean and the max ("objective smoothing"), and it decomposes
+   over nodes, so a swap of two experts changes it through two nodes' power sums: O(M) per
+   candidate (incremental update). G, T: tokens per GPU and per layer; sum_g G^2 / T is the
+   load-weighted mean GPU load, a light term since
    replication evens GPUs out inside a node. r_mig converts an expert's weights + optimizer state
    moved over RDMA (NVLink inside a node), spread over the ep GPUs, into compute tokens.
    Search: simulated annealing over swaps of two experts on different GPUs of the same layer. Each
    layer starts from the better-scoring of an LPT placement and prev_home (when given, with equal
    homes); every layer is independent, so all layers anneal together, each iteration scoring
    `candidates` random swaps per layer and taking the best by the Metropolis rule under a
-   geometric cooling schedule. Layers whose result is worse than Megatron's (summed max GPU load
-   after replication) fall back to static homes, so ReLibra is never worse per layer.
+   geometric cooling schedule. A layer whose summed max GPU load over the step is above what the
+   same replication reaches on static homes (relibra-replicate) falls back to static homes, so per
+   layer ReLibra is never worse than relibra-replicate, hence never worse than Megatron; how many
+   layers fell back is plan.info["fallback_layers"] (0 on the paper presets, tested).
 
 2. Intra-batch replication (per micro-batch and layer, inside each node): a greedy water-filling
    towards the node mean, with top-ups and one-hop chains through existing replicas (see
@@ -38,7 +43,7 @@ Ablations are parameterizations of the same class: `relibra-reorder` (no replica
 `relibra-replicate` (static homes), `relibra-lpt` (LPT placement, no annealing) and
 `relibra-split` (replicas fixed for the whole step: per layer and GPU the ones that carry the most
 tokens over the step's micro-batches; only the token split changes per micro-batch, by the LP of
-lplb+).
+eplb+lp).
 """
 
 from __future__ import annotations
@@ -51,16 +56,110 @@ import numpy as np
 
 from relibra.cluster import Topology
 from relibra.errors import ConfigError, PlanError
-from relibra.plan import StepPlan
+from relibra.plan import StepPlan, gpu_tokens_from
 from relibra.policies.base import Policy, check_nonnegative_int, check_positive
-from relibra.policies.lplb import lp_copy_tokens
+from relibra.policies.eplb_lp import lp_copy_tokens
 from relibra.policies.reorder import AnnealConfig, anneal_homes, cost_ratios, equal_homes, lpt_homes
-from relibra.policies.replicate import gpu_tokens_of, held_from_replicas, replicate_in_node
+from relibra.policies.replicate import held_from_replicas, replicate_in_node
 from relibra.policies.split import replica_flow_from_tokens
 from relibra.trace import RoutingTrace, rank_load, static_placement
 
 REORDERS = ("anneal", "lpt", "static")
 REPLICATIONS = ("micro_batch", "step", "none")
+
+
+# ---- the algorithm, top to bottom ------------------------------------------------------------------
+def relibra_homes(loads: np.ndarray, shape, topology: Topology, gpus_per_node: int, reorder: str,
+                  config: AnnealConfig, rng: np.random.Generator, prev_home: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, dict]:
+    """(1) Inter-batch reordering: every expert's home for the step.
+
+    loads: int [M, L, ep, E] the step's routed tokens (src rank, expert); shape: the ModelShape and
+    topology whose rates convert communication and migration into compute tokens (cost_ratios);
+    reorder: "static" (Megatron's homes), "lpt" (LPT on step totals) or "anneal" (LPT or prev_home
+    as the start, then anneal_homes). prev_home: int [L, E] or None. Returns (home int64 [L, E], info).
+    """
+    m, l, ep, e = loads.shape
+    if reorder == "static":
+        return static_placement(l, e, ep), {}
+    expert_tokens = loads.sum(axis=2, dtype=np.int64)  # [M, L, E]
+    home = lpt_homes(expert_tokens.sum(axis=0).astype(np.float64), ep)
+    if reorder == "lpt":
+        return home, {}
+    nodes = ep // gpus_per_node
+    src_node = loads.reshape(m, l, nodes, gpus_per_node, e).sum(axis=3, dtype=np.int64).transpose(0, 1, 3, 2)
+    comm, mig = cost_ratios(shape, topology, ep)
+    starts = home if prev_home is None or not equal_homes(prev_home, ep) else np.stack([home, prev_home])
+    return anneal_homes(expert_tokens, src_node, starts, ep, gpus_per_node, config, rng,
+                        comm_ratio=comm * config.comm_weight, migration_cost=mig, prev_home=prev_home)
+
+
+def relibra_replicas(expert_tokens: np.ndarray, home: np.ndarray, ep: int, gpus_per_node: int, mode: str,
+                     spare_slots: int, min_replica_tokens: int, min_replica_fraction: float
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(2) Intra-batch replication inside each node.
+
+    expert_tokens: int [M, L, E]; home: int [L, E]; mode: "micro_batch" (replicate_in_node per
+    micro-batch and layer), "step" (per (layer, GPU) the spare_slots replicas that carry the most
+    tokens over the step under the per-micro-batch greedy, fixed for the step; tokens split per
+    micro-batch by eplb+lp's LP) or "none". Returns (replica_expert int32, replica_tokens int64),
+    both [M, L, ep, R] with R = spare_slots (0 for "none").
+    """
+    m, l, e = expert_tokens.shape
+    r = spare_slots if mode != "none" else 0
+    if mode == "none":
+        return np.full((m, l, ep, 0), -1, dtype=np.int32), np.zeros((m, l, ep, 0), dtype=np.int64)
+    rexp, rtok = replicate_in_node(expert_tokens, home, ep, gpus_per_node, r, min_replica_tokens,
+                                   min_replica_fraction)
+    if mode == "micro_batch":
+        return rexp, rtok
+    carried = np.zeros((l, ep, e), dtype=np.int64)
+    mi, li, gi, ri = np.nonzero(rexp >= 0)
+    np.add.at(carried, (li, gi, rexp[mi, li, gi, ri]), rtok[mi, li, gi, ri])
+    top = np.argsort(-carried, axis=2, kind="stable")[:, :, :r]  # [L, ep, R]
+    step_rexp = np.where(np.take_along_axis(carried, top, axis=2) > 0, top, -1).astype(np.int32)
+    held = held_from_replicas(step_rexp, home, ep)
+    li, gi, ri = np.nonzero(step_rexp >= 0)
+    ei = step_rexp[li, gi, ri].astype(np.int64)
+    rexp = np.broadcast_to(step_rexp[None], (m, l, ep, r)).copy()
+    rtok = np.zeros((m, l, ep, r), dtype=np.int64)
+    rtok[:, li, gi, ri] = lp_copy_tokens(expert_tokens, held, home, li, ei, gi)  # [M, n]
+    return rexp, rtok
+
+
+def no_worse_than_static(expert_tokens: np.ndarray, home: np.ndarray, rexp: np.ndarray, rtok: np.ndarray,
+                         gpus_per_node: int, no_replicas: bool, replicas_for) -> tuple[np.ndarray, ...]:
+    """(3) Per layer, keep the step's summed max GPU load at or below what the same replication gives on
+    static homes (relibra-replicate; without replicas: Megatron).
+
+    Homes are fixed for the step while the search sees a smoothed score, so a layer can lose; it then
+    takes static homes and their replicas. Replication inside a node never brings a node's busiest
+    GPU below its node mean, so only layers above that bound for static homes need the static
+    replication computed. expert_tokens: int [M, L, E]; home: int [L, E]; rexp, rtok: [M, L, ep, R];
+    replicas_for(expert_tokens [M, L', E], home [L', E]) -> (rexp, rtok) for a subset of layers.
+    Returns (home, rexp, rtok, fell_back bool [L]).
+    """
+    m, l, e = expert_tokens.shape
+    ep = rexp.shape[2]
+    worse = np.zeros(l, dtype=bool)
+    static = static_placement(l, e, ep)
+    mine = gpu_tokens_from(expert_tokens, home, rexp, rtok).max(axis=2).sum(axis=0)  # [L]
+    static_gpu = rank_load(expert_tokens, static, ep)  # [M, L, ep] before replication
+    if no_replicas:
+        bound = static_gpu.max(axis=2).sum(axis=0)
+    else:
+        node = static_gpu.reshape(m, l, ep // gpus_per_node, gpus_per_node).sum(axis=3)
+        bound = (-(-node // gpus_per_node)).max(axis=2).sum(axis=0)
+    doubt = np.nonzero(mine > bound)[0]
+    if len(doubt):
+        s_rexp, s_rtok = replicas_for(expert_tokens[:, doubt], static[doubt])
+        theirs = gpu_tokens_from(expert_tokens[:, doubt], static[doubt], s_rexp, s_rtok).max(axis=2).sum(axis=0)
+        lose = mine[doubt] > theirs
+        if lose.any():
+            worse[doubt[lose]] = True
+            home = np.where(worse[:, None], static, home)
+            rexp[:, doubt[lose]], rtok[:, doubt[lose]] = s_rexp[:, lose], s_rtok[:, lose]
+    return home, rexp, rtok, worse
 
 
 @dataclass
@@ -127,55 +226,27 @@ class ReLibraPolicy(Policy):
 
     def place(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
               prev_home: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
-        """The step's homes int64 [L, E] and planner figures; `topology`'s link and matmul rates
-        convert communication and migration into compute tokens for the score."""
-        loads = trace.loads[step]
-        m, l, ep, e = loads.shape
-        if self.reorder == "static":
-            return static_placement(l, e, ep), {}
-        expert_tokens = loads.sum(axis=2, dtype=np.int64)  # [M, L, E]
-        home = lpt_homes(expert_tokens.sum(axis=0).astype(np.float64), ep)
-        if self.reorder == "lpt":
-            return home, {}
-        nodes = ep // gpus_per_node
-        src_node = loads.reshape(m, l, nodes, gpus_per_node, e).sum(axis=3, dtype=np.int64).transpose(0, 1, 3, 2)
-        comm, mig = cost_ratios(trace.model, topology, ep)
+        """The step's homes int64 [L, E] and planner figures (see relibra_homes)."""
         if prev_home is not None:
             prev_home = np.asarray(prev_home, dtype=np.int64)
-            if ((prev_home < 0) | (prev_home >= ep)).any():
-                raise PlanError(f"{self.name}: prev_home names GPUs outside [0, {ep})")
-        rng = np.random.default_rng([self.seed, step])
-        config = self.anneal_config()
-        starts = home if prev_home is None or not equal_homes(prev_home, ep) else np.stack([home, prev_home])
-        return anneal_homes(expert_tokens, src_node, starts, ep, gpus_per_node, config, rng,
-                            comm_ratio=comm * config.comm_weight, migration_cost=mig, prev_home=prev_home)
+            if ((prev_home < 0) | (prev_home >= trace.ep)).any():
+                raise PlanError(f"{self.name}: prev_home names GPUs outside [0, {trace.ep})")
+        return relibra_homes(trace.loads[step], trace.model, topology, gpus_per_node, self.reorder,
+                             self.anneal_config(), np.random.default_rng([self.seed, step]), prev_home)
 
     def _replicas(self, loads: np.ndarray, expert_tokens: np.ndarray, home: np.ndarray, gpus_per_node: int
                   ) -> tuple[np.ndarray, np.ndarray]:
-        """(replica_expert, replica_tokens) [M, L, ep, R] for these homes, by the policy's replication mode."""
-        m, l, ep, e = loads.shape
-        r = self.spare_slots_per_gpu if self.replicate != "none" else 0
-        if self.replicate == "micro_batch":
-            return replicate_in_node(expert_tokens, home, ep, gpus_per_node, r, self.min_replica_tokens,
-                                     self.min_replica_fraction)
-        if self.replicate == "step":
-            # replicas fixed for the step: per (layer, GPU) the R replicas that carry the most tokens
-            # over the step when the greedy runs per micro-batch; then only the split changes per micro-batch
-            mb_rexp, mb_rtok = replicate_in_node(expert_tokens, home, ep, gpus_per_node, r,
-                                                 self.min_replica_tokens, self.min_replica_fraction)
-            carried = np.zeros((l, ep, e), dtype=np.int64)
-            mi, li, gi, ri = np.nonzero(mb_rexp >= 0)
-            np.add.at(carried, (li, gi, mb_rexp[mi, li, gi, ri]), mb_rtok[mi, li, gi, ri])
-            top = np.argsort(-carried, axis=2, kind="stable")[:, :, :r]  # [L, ep, R]
-            step_rexp = np.where(np.take_along_axis(carried, top, axis=2) > 0, top, -1).astype(np.int32)
-            held = held_from_replicas(step_rexp, home, ep)
-            li, gi, ri = np.nonzero(step_rexp >= 0)
-            ei = step_rexp[li, gi, ri].astype(np.int64)
-            rexp = np.broadcast_to(step_rexp[None], (m, l, ep, r)).copy()
-            rtok = np.zeros((m, l, ep, r), dtype=np.int64)
-            rtok[:, li, gi, ri] = lp_copy_tokens(expert_tokens, held, home, li, ei, gi)  # [M, n]
-            return rexp, rtok
-        return np.full((m, l, ep, 0), -1, dtype=np.int32), np.zeros((m, l, ep, 0), dtype=np.int64)
+        """(replica_expert, replica_tokens) [M, L, ep, R] for these homes (see relibra_replicas)."""
+        return relibra_replicas(expert_tokens, home, loads.shape[2], gpus_per_node, self.replicate,
+                                self.spare_slots_per_gpu, self.min_replica_tokens, self.min_replica_fraction)
+
+    def _no_worse_than_static(self, loads: np.ndarray, expert_tokens: np.ndarray, home: np.ndarray,
+                              rexp: np.ndarray, rtok: np.ndarray, gpus_per_node: int) -> tuple[np.ndarray, ...]:
+        """(home, replica_expert, replica_tokens, fell_back bool [L]); see no_worse_than_static."""
+        if self.reorder == "static":
+            return home, rexp, rtok, np.zeros(home.shape[0], dtype=bool)
+        return no_worse_than_static(expert_tokens, home, rexp, rtok, gpus_per_node, self.replicate == "none",
+                                    lambda x, h: self._replicas(loads, x, h, gpus_per_node))
 
     def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
               prev_home: np.ndarray | None) -> StepPlan:
@@ -187,19 +258,7 @@ class ReLibraPolicy(Policy):
         expert_tokens = loads.sum(axis=2, dtype=np.int64)
         rexp, rtok = self._replicas(loads, expert_tokens, home, gpus_per_node)
         replicate = clock.lap()
-        # Guarantee: per layer, the summed max GPU load never exceeds Megatron's. Replication never raises a
-        # node's max, so a layer whose new homes lose (possible: homes are fixed for the whole step while
-        # the search only sees a smoothed score) falls back to static homes.
-        static = static_placement(l, e, ep)
-        worse = np.zeros(l, dtype=bool)
-        if self.reorder != "static":
-            mine = gpu_tokens_of(expert_tokens, home, rexp, rtok).max(axis=2).sum(axis=0)
-            megatron = rank_load(expert_tokens, static, ep).max(axis=2).sum(axis=0)
-            worse = mine > megatron
-            if worse.any():
-                home = np.where(worse[:, None], static, home)
-                fb_rexp, fb_rtok = self._replicas(loads[:, worse], expert_tokens[:, worse], home[worse], gpus_per_node)
-                rexp[:, worse], rtok[:, worse] = fb_rexp, fb_rtok
+        home, rexp, rtok, worse = self._no_worse_than_static(loads, expert_tokens, home, rexp, rtok, gpus_per_node)
         fallback = clock.lap()
         rflow = replica_flow_from_tokens(loads, home, rexp, rtok)
         flow = clock.lap()

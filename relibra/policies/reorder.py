@@ -71,8 +71,8 @@ def _root(y: np.ndarray, p: int) -> np.ndarray:
 
 def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_home: np.ndarray, ep: int,
                  gpus_per_node: int, config: AnnealConfig, rng: np.random.Generator, comm_ratio: float = 0.0,
-                 migration_cost: np.ndarray | None = None, prev_home: np.ndarray | None = None
-                 ) -> tuple[np.ndarray, dict]:
+                 migration_cost: np.ndarray | None = None, prev_home: np.ndarray | None = None,
+                 check_state: bool = False) -> tuple[np.ndarray, dict]:
     """Swap-based simulated annealing over home placements, all layers at once.
 
     expert_tokens: int [M, L, E] tokens per expert per micro-batch.
@@ -82,43 +82,60 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     comm_ratio: compute tokens one cross-node token costs (0 = ignore communication).
     migration_cost: float [2] cost of moving one expert inside a node / across nodes, in the same
         unit (used only with prev_home).
+    check_state: after every accepted iteration, compare the incrementally kept state (GPU loads,
+        node compute and received tokens, their power sums and maxima) with a full recomputation
+        from the placement; the largest relative difference is info["state_check_max_rel_error"]
+        (slow: for tests).
     Returns (home int64 [L, E], info with the mean relative score before and after).
 
-    Score of a layer (per-GPU compute tokens, summed over micro-batches m):
-        sum_m mu[m] * (mean_n (W[m,n] / mu[m])^p)^(1/p) / gpn  +  w_gpu * sum_m sum_g G[m,g]^2 / T[m]
-    with W[m,n] = sum over experts homed in node n of (1 + r) x[m,e] - r s[m,e,n] (compute plus
-    r x the tokens arriving from other nodes), mu[m] the mean of W over nodes when sources are
-    spread evenly (a fixed normaliser), G the GPU loads and T the layer's tokens. The first term is
-    a p-norm smooth max over nodes; both are updated incrementally: a swap touches two GPUs and at
-    most two nodes. After annealing, `polish_iterations` of greedy descent use the exact max.
+    Score of a layer, in per-GPU compute tokens summed over micro-batches m. Expert compute and the
+    dispatch that feeds it are separate phases, one after the other, each as slow as its busiest
+    node, so the score is a sum of two maxima over nodes, each a p-norm smooth max:
+        sum_m [ smax_n C[m,n] + r smax_n R[m,n] ] / gpn  +  w_gpu sum_m sum_g G[m,g]^2 / T[m]  +  migration
+    C[m,n]: tokens of the experts homed in node n (its compute); R[m,n]: of those, the tokens coming
+    from other nodes' ranks (what it receives over RDMA); smax_n y = mu (mean_n (y / mu)^p)^(1/p)
+    with mu a placement-independent normaliser (the mean over nodes when sources spread evenly); G
+    the GPU loads and T the layer's tokens. Every term decomposes over nodes and GPUs, so a swap
+    is scored incrementally: it touches two GPUs and at most two nodes. After annealing,
+    `polish_iterations` of greedy descent use the exact maxima.
+
+    Node state is kept as one array Y [L, terms, nodes, M] (terms: C, and R when r > 0) so that
+    both terms move through the same few numpy calls.
     """
     m, layers, experts = expert_tokens.shape
     nodes = ep // gpus_per_node
     gpn = gpus_per_node
     p_node = int(config.node_power)
     r = float(comm_ratio)
+    use_comm = r > 0 and nodes > 1
+    terms = 2 if use_comm else 1
     # float32 halves the memory traffic of the gathers (integers stay exact up to 2^24 tokens per node)
     x = np.ascontiguousarray(expert_tokens.transpose(1, 2, 0), dtype=np.float32)  # [L, E, M]
-    # per-node cost of each expert: its compute plus r x its tokens from other nodes
-    w = ((1.0 + r) * x[:, :, None, :]
-         - r * src_node_tokens.transpose(1, 2, 3, 0).astype(np.float32)).astype(np.float32)  # [L, E, nodes, M]
+    # what expert e adds to each term of node n if homed there: [L, E, nodes, terms, M]
+    contrib = np.empty((layers, experts, nodes, terms, m), dtype=np.float32)
+    contrib[:, :, :, 0, :] = x[:, :, None, :]
+    if use_comm:
+        contrib[:, :, :, 1, :] = x[:, :, None, :] - src_node_tokens.transpose(1, 2, 3, 0)
     total = x.sum(axis=1, dtype=np.float64)  # [L, M]
     inv_total = np.where(total > 0, 1.0 / np.maximum(total, 1), 0.0).astype(np.float32)  # [L, M]
     scale = np.maximum(total.sum(axis=1) / ep, 1.0)  # [L] sum over m of the mean GPU load
     lidx = np.arange(layers)
     li2 = lidx[:, None]
-    # placement-independent normaliser: the mean node cost when every expert's sources are spread evenly
-    mu = np.maximum(total / nodes * (1.0 + r * (nodes - 1) / nodes), 1.0)  # [L, M]
+    # placement-free normalisers: mean node compute, mean received when sources spread evenly
+    mu = np.stack([np.maximum(total / nodes, 1.0), np.maximum(total * (nodes - 1) / nodes ** 2, 1.0)][:terms],
+                  axis=1)  # [L, terms, M]
     inv_mu = (1.0 / mu).astype(np.float32)
     mu32 = mu.astype(np.float32)
+    weight = np.array([1.0, r][:terms], dtype=np.float32)  # of each term
     w_gpu = config.gpu_weight
     use_mig = prev_home is not None and migration_cost is not None and config.migration_weight > 0
     if use_mig:
         mig = np.asarray(migration_cost, dtype=np.float64) * config.migration_weight
         prev_node = prev_home // gpn
 
-    def smooth_max(ps, mu_rows):  # power sums [..., M] -> smooth max summed over m, per-GPU units
-        return (mu_rows * _root(np.maximum(ps, 0.0) * (1.0 / nodes), p_node)).sum(axis=-1) / gpn
+    def smax(ps, mu_rows):  # power sums [..., terms, M] -> weighted smooth maxima summed over m: [...]
+        per_term = (mu_rows * _root(np.maximum(ps, 0.0) * (1.0 / nodes), p_node)).sum(axis=-1)
+        return (per_term * weight).sum(axis=-1) / gpn
 
     def migration(h):
         if not use_mig:
@@ -128,54 +145,79 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     def moved(e, to_gpu, to_node):  # migration cost of expert ids e [L, K] landing on to_gpu
         return np.where(to_node != prev_node[li2, e], mig[1], np.where(to_gpu != prev_home[li2, e], mig[0], 0.0))
 
-    def state(h):  # (GPU loads [L, ep, M], node costs [L, nodes, M], power sums [L, M]) of placement h
+    def state(h):
+        """GPU loads [L, ep, M] and node state Y [L, nodes, terms, M] of placement h."""
         onehot = (h[:, :, None] == np.arange(ep)).astype(np.float32)  # [L, E, ep]
         gl = np.einsum("lem,leg->lgm", x, onehot)
-        node_of_expert = h // gpn
-        nc = np.zeros((layers, nodes, m), dtype=np.float32)
+        node_of = h // gpn
+        y = np.zeros((layers, nodes, terms, m), dtype=np.float32)
         for n in range(nodes):
-            nc[:, n] = (w[:, :, n, :] * (node_of_expert == n)[:, :, None]).sum(axis=1)
-        return gl, nc, _pow(nc * inv_mu[:, None, :], p_node).sum(axis=1)
+            y[:, n] = (contrib[:, :, n] * (node_of == n)[:, :, None, None]).sum(axis=1)
+        return gl, y
 
-    def score(h, gl, ps):
+    def powers(y):  # (y / mu)^p: [L, nodes, terms, M]
+        return _pow(y * inv_mu[:, None], p_node)
+
+    def score(h):
+        gl, y = state(h)
         gpu_term = ((gl.astype(np.float64) ** 2).sum(axis=1) * inv_total).sum(axis=1)
-        return (smooth_max(ps.astype(np.float64), mu) + w_gpu * gpu_term + migration(h)) / scale
+        return (smax(powers(y).sum(axis=1, dtype=np.float64), mu) + w_gpu * gpu_term + migration(h)) / scale
+
+    def candidates():
+        a = rng.integers(0, experts, size=(layers, k))
+        b = rng.integers(0, experts, size=(layers, k))
+        p, q = home[li2, a], home[li2, b]
+        pn, qn = p // gpn, q // gpn
+        d = x[li2, b] - x[li2, a]  # [L, K, M] tokens GPU p gains (q loses)
+        delta = w_gpu * ((2 * d * (g_load[li2, p] - g_load[li2, q] + d)) * inv_t).sum(axis=2)
+        if use_mig:
+            delta += moved(a, q, qn) - moved(a, p, pn) + moved(b, p, pn) - moved(b, q, qn)
+        # new state of nodes pn and qn, both stacked on axis 1: [L, 2K, terms, M]
+        g = contrib[li2, np.concatenate([b, a], axis=1), np.concatenate([pn, qn], axis=1)] \
+            - contrib[li2, np.concatenate([a, b], axis=1), np.concatenate([pn, qn], axis=1)]
+        both = np.concatenate([pn, qn], axis=1)
+        new_y = y_node[li2, both] + g
+        return a, b, p, q, pn, qn, both, d, delta, new_y
+
+    def apply(la, kb, a, b, p, q, pn, qn, d, new_y):
+        """Make the chosen swaps (layers la, candidates kb); returns the cross-node ones (lc, kc)."""
+        ba, bb, bp, bq = a[la, kb], b[la, kb], p[la, kb], q[la, kb]
+        bd = d[la, kb]  # [n, M]
+        g_load[la, bp] += bd
+        g_load[la, bq] -= bd
+        cn = pn[la, kb] != qn[la, kb]
+        lc, kc = la[cn], kb[cn]
+        y_node[lc, pn[lc, kc]] = new_y[lc, kc]
+        y_node[lc, qn[lc, kc]] = new_y[lc, k + kc]
+        home[la, ba] = bq
+        home[la, bb] = bp
+        return lc, kc
 
     # start, per layer, from the best-scoring of the given placements
     starts = np.asarray(init_home, dtype=np.int64).reshape(-1, layers, experts)
-    scores = np.stack([score(h, st[0], st[2]) for h in starts for st in [state(h)]])  # [starts, L]
+    scores = np.stack([score(h) for h in starts])  # [starts, L]
     home = starts[np.argmin(scores, axis=0), lidx].copy()
-    g_load, n_cost, power_sum = state(home)
-    before = score(home, g_load, power_sum)
-    current_node = smooth_max(power_sum, mu32)  # [L]
+    before = scores.min(axis=0)
+    g_load, y_node = state(home)
+    pw = powers(y_node)  # [L, nodes, terms, M]
+    ps = pw.sum(axis=1)  # [L, terms, M]
+    current = smax(ps, mu32)  # [L]
     k = config.candidates
     iters = config.iterations
     temps = config.initial_temperature * (config.final_temperature / config.initial_temperature) ** (
         np.arange(iters) / max(iters - 1, 1))
     inv_t = inv_total[:, None, :]  # [L, 1, M]
-    inv_mu3 = inv_mu[:, None, :]
+    inv_mu4 = inv_mu[:, None]  # [L, 1, terms, M]
     accepted = 0
+    worst = 0.0  # check_state: largest relative difference between kept and recomputed state
     for it in range(iters):
-        a = rng.integers(0, experts, size=(layers, k))
-        b = rng.integers(0, experts, size=(layers, k))
-        p = home[li2, a]
-        q = home[li2, b]
-        pn, qn = p // gpn, q // gpn
-        d = x[li2, b] - x[li2, a]  # [L, K, M] tokens GPU p gains (q loses)
-        delta = w_gpu * ((2 * d * (g_load[li2, p] - g_load[li2, q] + d)) * inv_t).sum(axis=2)
-        # node term: W[pn] += w[b, pn] - w[a, pn], W[qn] += w[a, qn] - w[b, qn] (no change inside a node)
-        cross_node = pn != qn
-        wp_old = n_cost[li2, pn]
-        wq_old = n_cost[li2, qn]
-        wp_new = wp_old + w[li2, b, pn] - w[li2, a, pn]
-        wq_new = wq_old + w[li2, a, qn] - w[li2, b, qn]
-        new_ps = (power_sum[:, None, :] + _pow(wp_new * inv_mu3, p_node) - _pow(wp_old * inv_mu3, p_node)
-                  + _pow(wq_new * inv_mu3, p_node) - _pow(wq_old * inv_mu3, p_node))
-        node_delta = smooth_max(np.where(cross_node[:, :, None], new_ps, power_sum[:, None, :]),
-                                mu32[:, None, :]) - current_node[:, None]
-        delta += node_delta
-        if use_mig:
-            delta += moved(a, q, qn) - moved(a, p, pn) + moved(b, p, pn) - moved(b, q, qn)
+        a, b, p, q, pn, qn, both, d, delta, new_y = candidates()
+        new_pw = _pow(new_y * inv_mu4, p_node)  # [L, 2K, terms, M]
+        change = new_pw - pw[li2, both]
+        cross = (pn != qn)[:, :, None, None]
+        new_ps = ps[:, None] + np.where(cross, change[:, :k] + change[:, k:], 0.0)  # [L, K, terms, M]
+        new_node = smax(new_ps, mu32[:, None])  # [L, K]
+        delta += new_node - current[:, None]
         delta = np.where(p != q, delta / scale[:, None], np.inf)
         best = np.argmin(delta, axis=1)
         best_delta = delta[lidx, best]
@@ -184,69 +226,56 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
         take[warm] = rng.random(int(warm.sum())) < np.exp(-best_delta[warm] / temps[it])
         if not take.any():
             continue
-        la = lidx[take]
-        kb = best[take]
-        ba, bb = a[la, kb], b[la, kb]
-        bp, bq = p[la, kb], q[la, kb]
-        bd = d[la, kb]  # [n, M]
-        g_load[la, bp] += bd
-        g_load[la, bq] -= bd
-        moved_nodes = cross_node[la, kb]
-        if moved_nodes.any():
-            lc, kc = la[moved_nodes], kb[moved_nodes]
-            n_cost[lc, pn[lc, kc]] = wp_new[lc, kc]
-            n_cost[lc, qn[lc, kc]] = wq_new[lc, kc]
-            power_sum[lc] = new_ps[lc, kc]
-            current_node[lc] = smooth_max(power_sum[lc], mu32[lc])
-        home[la, ba] = bq
-        home[la, bb] = bp
+        la, kb = lidx[take], best[take]
+        lc, kc = apply(la, kb, a, b, p, q, pn, qn, d, new_y)
+        pw[lc, pn[lc, kc]] = new_pw[lc, kc]
+        pw[lc, qn[lc, kc]] = new_pw[lc, k + kc]
+        ps[lc] = new_ps[lc, kc]
+        current[lc] = new_node[lc, kc]
         accepted += len(la)
-    # Polish: greedy descent on the exact objective, the summed max over nodes (no smoothing), with
-    # the same GPU and migration terms. Swaps inside a node leave the node maxima unchanged.
-    g_load, n_cost, _ = state(home)
-    node_max = n_cost.max(axis=1)  # [L, M]
+        if check_state:
+            gl, yy = state(home)
+            fresh = powers(yy).sum(axis=1)
+            worst = max(worst, _rel_error(g_load, gl), _rel_error(y_node, yy), _rel_error(ps, fresh),
+                        _rel_error(current, smax(fresh, mu32)))
+    # Polish: greedy descent on the exact objective, the summed maxima over nodes (no smoothing),
+    # with the same GPU and migration terms. Swaps inside a node leave the node maxima unchanged.
+    g_load, y_node = state(home)
+    node_max = y_node.max(axis=1)  # [L, terms, M]
+    kk = np.arange(k)[None, :]
     polished = 0
     for it in range(config.polish_iterations):
-        a = rng.integers(0, experts, size=(layers, k))
-        b = rng.integers(0, experts, size=(layers, k))
-        p = home[li2, a]
-        q = home[li2, b]
-        pn, qn = p // gpn, q // gpn
-        d = x[li2, b] - x[li2, a]
-        delta = w_gpu * ((2 * d * (g_load[li2, p] - g_load[li2, q] + d)) * inv_t).sum(axis=2)
-        wp_new = n_cost[li2, pn] + w[li2, b, pn] - w[li2, a, pn]  # [L, K, M]
-        wq_new = n_cost[li2, qn] + w[li2, a, qn] - w[li2, b, qn]
-        others = n_cost[:, None, :, :].repeat(k, axis=1)  # [L, K, nodes, M]
-        kk = np.arange(k)[None, :]
+        a, b, p, q, pn, qn, both, d, delta, new_y = candidates()
+        others = y_node[:, None].repeat(k, axis=1)  # [L, K, nodes, terms, M]
         others[li2, kk, pn] = -np.inf
         others[li2, kk, qn] = -np.inf
-        new_max = np.maximum(others.max(axis=2), np.maximum(wp_new, wq_new))
-        node_delta = (new_max - node_max[:, None, :]).sum(axis=2) / gpn
+        new_max = np.maximum(others.max(axis=2), np.maximum(new_y[:, :k], new_y[:, k:]))  # [L, K, terms, M]
+        node_delta = ((new_max - node_max[:, None]).sum(axis=3) * weight).sum(axis=2) / gpn
         delta += np.where(pn != qn, node_delta, 0.0)
-        if use_mig:
-            delta += moved(a, q, qn) - moved(a, p, pn) + moved(b, p, pn) - moved(b, q, qn)
         delta = np.where(p != q, delta / scale[:, None], np.inf)
         best = np.argmin(delta, axis=1)
         take = delta[lidx, best] < -1e-9
         if not take.any():
             continue
         la, kb = lidx[take], best[take]
-        ba, bb, bp, bq = a[la, kb], b[la, kb], p[la, kb], q[la, kb]
-        bd = d[la, kb]
-        g_load[la, bp] += bd
-        g_load[la, bq] -= bd
-        cn = (bp // gpn) != (bq // gpn)
-        lc, kc = la[cn], kb[cn]
-        n_cost[lc, pn[lc, kc]] = wp_new[lc, kc]
-        n_cost[lc, qn[lc, kc]] = wq_new[lc, kc]
+        lc, kc = apply(la, kb, a, b, p, q, pn, qn, d, new_y)
         node_max[lc] = new_max[lc, kc]
-        home[la, ba] = bq
-        home[la, bb] = bp
         polished += len(la)
-    g_load, n_cost, power_sum = state(home)
-    after = score(home, g_load, power_sum)
-    return home, {"anneal_score_before": float(before.mean()), "anneal_score_after": float(after.mean()),
-                  "anneal_accepted_swaps": int(accepted), "polish_accepted_swaps": int(polished)}
+        if check_state:
+            gl, yy = state(home)
+            worst = max(worst, _rel_error(g_load, gl), _rel_error(y_node, yy), _rel_error(node_max, yy.max(axis=1)))
+    after = score(home)
+    info = {"anneal_score_before": float(before.mean()), "anneal_score_after": float(after.mean()),
+            "anneal_accepted_swaps": int(accepted), "polish_accepted_swaps": int(polished)}
+    if check_state:
+        info["state_check_max_rel_error"] = float(worst)
+    return home, info
+
+
+def _rel_error(kept: np.ndarray, fresh: np.ndarray) -> float:
+    """Largest |kept - fresh| / max(|fresh|, 1) over all entries."""
+    kept, fresh = np.asarray(kept, dtype=np.float64), np.asarray(fresh, dtype=np.float64)
+    return float((np.abs(kept - fresh) / np.maximum(np.abs(fresh), 1.0)).max()) if fresh.size else 0.0
 
 
 def equal_homes(home: np.ndarray, ep: int) -> bool:
@@ -257,14 +286,15 @@ def equal_homes(home: np.ndarray, ep: int) -> bool:
 def cost_ratios(shape: ModelShape, topology: Topology, ep: int) -> tuple[float, np.ndarray]:
     """(r_comm, r_mig [intra-node, inter-node]) in GPU compute tokens, from model shape and cluster.
 
-    A token costs 18 * hidden * moe_ffn FLOPs of expert compute (6 forward, 12 backward). A
+    A token costs shape.expert_train_flops_per_token of expert compute (forward and backward). A
     cross-node token moves 4 hidden states over RDMA (dispatch and combine, forward and backward).
-    Moving an expert's weights and optimizer state costs its bytes over RDMA (across nodes) or
-    NVLink (inside a node), spread over the ep GPUs that migrate in parallel.
+    Moving an expert costs shape.expert_state_bytes (weights, optimizer state sharded over the
+    topology's data-parallel ranks, as the cost model charges it) over RDMA (across nodes) or NVLink
+    (inside a node), spread over the ep GPUs that migrate in parallel. FLOPs, bytes and rates come
+    from relibra.cluster, the definitions the cost model uses too.
     """
-    topo = topology
-    token_seconds = 18.0 * shape.hidden * shape.moe_ffn / (topo.matmul_tflops * 1e12)
-    comm = 4.0 * shape.token_bytes / (topo.rdma_GBps * 1e9) / token_seconds
-    state_bytes = shape.expert_params * (shape.bytes_per_param + shape.optimizer_bytes_per_param)
-    mig = np.array([state_bytes / (topo.nvlink_GBps * 1e9), state_bytes / (topo.rdma_GBps * 1e9)])
+    token_seconds = shape.expert_train_flops_per_token / topology.matmul_flops_per_s
+    comm = 4.0 * shape.token_bytes / topology.rdma_bytes_per_s / token_seconds
+    state_bytes = shape.expert_state_bytes(topology.dp_size(ep))
+    mig = np.array([state_bytes / topology.nvlink_bytes_per_s, state_bytes / topology.rdma_bytes_per_s])
     return comm, mig / token_seconds / ep

@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 
 from relibra.policies.base import experts_by_gpu
-from relibra.trace import rank_load
 
 
 def replicate_in_node(expert_tokens: np.ndarray, home: np.ndarray, ep: int, gpus_per_node: int,
@@ -39,52 +38,58 @@ def replicate_in_node(expert_tokens: np.ndarray, home: np.ndarray, ep: int, gpus
     if r == 0 or gpn == 1:
         return rexp, rtok
     hosted = experts_by_gpu(home, ep)  # [L, ep, k]
-    at_home = expert_tokens[:, np.arange(layers)[:, None, None], hosted].astype(np.int64)  # [M, L, ep, k]
+    # int32 working arrays halve the memory traffic; counts per (micro_batch, layer) stay far below 2^31
+    at_home = expert_tokens[:, np.arange(layers)[:, None, None], hosted].astype(np.int32)  # [M, L, ep, k]
     b = m * layers * nodes
     rem = at_home.reshape(b, gpn, k).copy()  # tokens each home copy still computes
-    load = rem.sum(axis=2)  # [B, gpn]
-    target = -(-load.sum(axis=1) // gpn)  # ceil of the node mean
-    rep_src = np.full((b, gpn, r), -1, dtype=np.int64)  # node-local source: gpu_local * k + j
-    rep_tok = np.zeros((b, gpn, r), dtype=np.int64)
-    nrep = np.zeros((b, gpn), dtype=np.int64)
+    load = rem.sum(axis=2, dtype=np.int32)  # [B, gpn]
+    target = (-(-load.sum(axis=1, dtype=np.int64) // gpn)).astype(np.int32)  # ceil of the node mean
+    rep_src = np.full((b, gpn, r), -1, dtype=np.int32)  # node-local source: gpu_local * k + j
+    rep_tok = np.zeros((b, gpn, r), dtype=np.int32)
+    nrep = np.zeros((b, gpn), dtype=np.int32)
     active = np.arange(b)
-    threshold = np.maximum(np.minimum(int(min_replica_tokens), np.ceil(min_replica_fraction * target)), 1)  # [B]
-    jj = np.arange(k)
+    threshold = np.maximum(np.minimum(int(min_replica_tokens), np.ceil(min_replica_fraction * target)), 1
+                           ).astype(np.int32)  # [B]
     gg = np.arange(gpn)
     for _ in range(3 * gpn * r):
         if len(active) == 0:
             break
         n = len(active)
         rows = np.arange(n)
-        gl = load[active]
+        sel = slice(None) if n == b else active  # every cell still active: views instead of copies
+        gl = load[sel]
         gmax = np.argmax(gl, axis=1)
-        excess = gl[rows, gmax] - target[active]
-        room = np.maximum(target[active][:, None] - gl, 0)  # [n, gpn]
-        free = nrep[active] < r
-        rs = rep_src[active]  # [n, gpn, R]
-        rem_a = rem[active]  # [n, gpn, k]
+        tgt = target[sel]
+        excess = gl[rows, gmax] - tgt
+        room = np.maximum(tgt[:, None] - gl, 0)  # [n, gpn]
+        free = nrep[sel] < r
+        rs = rep_src[sel]  # [n, gpn, R]
+        rem_a = rem[sel]  # [n, gpn, k]
         # the donor's best expert for each possible new-replica GPU h (not already replicated there)
-        donor_ids = gmax[:, None] * k + jj[None, :]  # [n, k]
-        on_h = (rs[:, :, :, None] == donor_ids[:, None, None, :]).any(axis=2)  # [n, gpn, k]
+        # on_h[i, h, j]: GPU h already holds a replica of the donor's expert j (few such slots: scatter them)
+        on_h = np.zeros((n, gpn, k), dtype=bool)
+        ni, hi, si = np.nonzero(rs // k == gmax[:, None, None])  # empty slots (-1) never match
+        on_h[ni, hi, rs[ni, hi, si] % k] = True
         give = np.where(on_h, -1, rem_a[rows, gmax][:, None, :])  # [n, gpn, k]
         give_j = np.argmax(give, axis=2)  # [n, gpn]
         give_tok = np.take_along_axis(give, give_j[:, :, None], axis=2)[:, :, 0]
         can_host = free & (gg[None, :] != gmax[:, None])
         direct = np.where(can_host, np.minimum(np.minimum(excess[:, None], room), give_tok), 0)  # [n, gpn]
         # existing replicas (receiver, slot): source GPU h and expert j
-        src_h = np.where(rs >= 0, rs // k, 0)
-        src_j = np.where(rs >= 0, rs % k, 0)
-        rem_src = np.where(rs >= 0, rem_a[rows[:, None, None], src_h, src_j], 0)  # [n, gpn, R]
-        via_donor = src_h == gmax[:, None, None]
-        relay = np.where(via_donor, np.iinfo(np.int64).max,
-                         np.where(np.take_along_axis(can_host, src_h.reshape(n, -1), axis=1).reshape(rs.shape),
-                                  np.take_along_axis(give_tok, src_h.reshape(n, -1), axis=1).reshape(rs.shape), 0))
+        occupied = rs >= 0
+        rs0 = np.where(occupied, rs, 0).reshape(n, gpn * r)
+        src_h, src_j = np.divmod(rs0, k)  # [n, gpn * R]
+        rem_src = np.where(occupied, np.take_along_axis(rem_a.reshape(n, gpn * k), rs0, axis=1).reshape(rs.shape), 0)
+        hostable = np.where(can_host, give_tok, 0)  # what GPU h could take as a new replica from the donor
+        relay = np.where((src_h == gmax[:, None]).reshape(rs.shape), np.iinfo(np.int32).max,
+                         np.take_along_axis(hostable, src_h, axis=1).reshape(rs.shape))
+        src_h, src_j = src_h.reshape(rs.shape), src_j.reshape(rs.shape)
         path = np.minimum(np.minimum(excess[:, None, None], room[:, :, None]), np.minimum(rem_src, relay))
-        path = np.where(rs >= 0, path, 0).reshape(n, gpn * r)
+        path = np.where(occupied, path, 0).reshape(n, gpn * r)
         options = np.concatenate([path, direct], axis=1)  # top-ups and chains first: ties keep slots
         choice = np.argmax(options, axis=1)
         amount = options[rows, choice]
-        ok = amount >= threshold[active]
+        ok = amount >= threshold[sel]
         act = active[ok]
         if len(act):
             rows_ok, choice, amount, donor = rows[ok], choice[ok], amount[ok], gmax[ok]
@@ -141,21 +146,3 @@ def held_from_replicas(replica_expert: np.ndarray, home: np.ndarray, ep: int) ->
     li, gi, ri = np.nonzero(replica_expert >= 0)
     held[li, replica_expert[li, gi, ri], gi] = True
     return held
-
-
-def gpu_tokens_of(expert_tokens: np.ndarray, home: np.ndarray, replica_expert: np.ndarray,
-                  replica_tokens: np.ndarray) -> np.ndarray:
-    """Tokens per GPU from expert totals and replicas: int64 [M, L, ep] (what StepPlan.gpu_tokens gives)."""
-    m, l, e = expert_tokens.shape
-    ep = replica_expert.shape[2]
-    at_home = rank_load(expert_tokens, home, ep)  # [M, L, ep] before replication
-    occ = replica_expert >= 0
-    if not occ.any():
-        return at_home
-    mi, li, gi, ri = np.nonzero(occ)
-    tok = replica_tokens[mi, li, gi, ri].astype(np.int64)
-    src = home[li, replica_expert[mi, li, gi, ri]]
-    out = at_home.copy()
-    np.add.at(out, (mi, li, gi), tok)
-    np.add.at(out, (mi, li, src), -tok)
-    return out

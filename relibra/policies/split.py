@@ -97,12 +97,3 @@ def replica_flow_from_tokens(loads: np.ndarray, home: np.ndarray, replica_expert
     out[mi, li, :, gi, ri] = np.clip(flow, 0, None).astype(np.int32)
     return out
 
-
-def even_split(expert_tokens: np.ndarray, copies: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Split each expert's tokens evenly over its copies.
-
-    expert_tokens: int [..., E]; copies: int [..., E] (>= 1), broadcastable.
-    Returns (quotient, remainder): copy number c (0-based, in GPU order) gets quotient + (c < remainder).
-    """
-    copies = np.maximum(copies, 1)
-    return expert_tokens // copies, expert_tokens % copies

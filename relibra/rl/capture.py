@@ -79,18 +79,18 @@ def synthetic_comparison(trace: RoutingTrace, model: str = "small", workload: st
                          seed: int = 0) -> list[dict]:
     """Shift statistics of `trace` beside synthetic traces of the same EP, steps and micro-batches.
 
-    Two synthetic rows (relibra.workloads.generate_trace): the generator's default 8192 tokens per
-    rank, and the real trace's tokens per rank with sequence lengths scaled by the same factor (so
-    a (micro-batch, rank) slot still holds a few sequences).
+    Two synthetic rows (relibra.workloads.generate_trace): the generator's default batch (tokens per
+    rank derived from the paper's batch and sequence lengths), and the real trace's tokens per rank
+    (the generator shortens sequences when a slot holds less than one mean sequence).
     """
-    from relibra.workloads import WorkloadConfig, generate_trace
+    from relibra.workloads import generate_trace
 
     rows = [shift_row("real RL (relibra rl)", trace)]
-    tokens_per_rank = max(1, int(round(trace.tokens_per_microbatch / trace.ep)))
-    default_tokens = WorkloadConfig().tokens_per_rank
-    for tokens in (default_tokens, tokens_per_rank):
-        config = WorkloadConfig(length_scale=min(1.0, tokens / default_tokens))
-        synth = generate_trace(model, workload, trace.ep, trace.num_steps, seed=seed,
-                               micro_batches=trace.num_microbatches, tokens_per_rank=tokens, config=config)
-        rows.append(shift_row(f"synthetic {workload}, {tokens} tokens/rank", synth))
+    shape = dict(seed=seed, micro_batches=trace.num_microbatches)
+    default = generate_trace(model, workload, trace.ep, trace.num_steps, **shape)
+    default_tokens = max(1, default.tokens_per_microbatch // trace.ep)
+    rows.append(shift_row(f"synthetic {workload}, {default_tokens} tokens/rank (default batch)", default))
+    tokens = max(1, int(round(trace.tokens_per_microbatch / trace.ep)))
+    synth = generate_trace(model, workload, trace.ep, trace.num_steps, tokens_per_rank=tokens, **shape)
+    rows.append(shift_row(f"synthetic {workload}, {tokens} tokens/rank", synth))
     return rows

@@ -149,12 +149,166 @@ def calibrate(world: int = 4, repeats: int = 7, quick: bool = False) -> dict:
     return out
 
 
+def time_optimizer(num_params: int, repeats: int = 7) -> list[float]:
+    """Seconds of one torch AdamW step over `num_params` float32 parameters (one tensor, one thread)."""
+    import torch
+
+    p = torch.nn.Parameter(torch.randn(num_params))
+    p.grad = torch.randn(num_params)
+    opt = torch.optim.AdamW([p], lr=1e-3)
+    out = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        opt.step()
+        if i:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def time_attention_block(hidden: int, heads: int, head_dim: int, tokens: int, repeats: int = 7) -> list[float]:
+    """Seconds of the runtime's dense block (RMSNorm, qkv projection, causal scaled-dot-product attention over
+    one sequence of `tokens`, output projection), forward + backward, float32, as relibra.runtime.model
+    computes it (repeats, first warm-up dropped)."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    w_qkv = (torch.randn(3 * heads * head_dim, hidden, generator=g) / hidden**0.5).requires_grad_()
+    w_out = (torch.randn(hidden, heads * head_dim, generator=g) / (heads * head_dim)**0.5).requires_grad_()
+    norm = torch.nn.RMSNorm(hidden)
+    x = torch.randn(tokens, hidden, generator=g, requires_grad=True)
+    out = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        q, k, v = F.linear(norm(x), w_qkv).view(tokens, 3, heads, head_dim).permute(1, 2, 0, 3)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        F.linear(y.transpose(0, 1).reshape(tokens, heads * head_dim), w_out).sum().backward()
+        dt = time.perf_counter() - t0
+        x.grad = w_qkv.grad = w_out.grad = None
+        norm.zero_grad(set_to_none=True)
+        if i:
+            out.append(dt)
+    return out
+
+
+def fit_attention_efficiency(shape, token_counts: list[int], seconds: list[float], matmul_tflops: float,
+                             gemm_half_tokens: float) -> dict:
+    """attention_efficiency such that the cost model's dense block (projection GEMMs at the expert-fitted
+    rate and half-tokens, plus the causal core at rate x efficiency; backward twice the forward) matches the
+    measured forward + backward seconds, least squares over token counts (one sequence per rank, as the
+    runtime runs it). Returns {"attention_efficiency", "max_rel_err", "projection_s", "core_flops"}."""
+    rate = matmul_tflops * 1e12
+    t = np.asarray(token_counts, dtype=np.float64)
+    proj = shape.attention_projection_flops_per_token * (t + gemm_half_tokens) / rate  # forward seconds
+    core = np.array([float(shape.attention_core_flops(np.array([n]))) for n in token_counts])  # forward FLOPs
+    resid = np.asarray(seconds, dtype=np.float64) / 3.0 - proj  # forward-equivalent seconds left for the core
+    c = core / rate
+    inv_eff = float(np.dot(resid, c) / np.dot(c, c))
+    eff = float(min(1.0, max(inv_eff, 1e-6) ** -1))
+    pred = 3.0 * (proj + c / eff)
+    return {"attention_efficiency": eff, "max_rel_err": float(np.max(np.abs(pred - seconds) / np.asarray(seconds))),
+            "projection_s": (3.0 * proj).tolist(), "core_flops": core.tolist()}
+
+
+def fit_cpu_preset(model: str = "moe-cpu", world: int = 2, repeats: int = 7, quick: bool = False) -> dict:
+    """Micro-benchmarks of this machine for `model` at `world` gloo ranks, one thread per rank, and the
+    cluster preset fitted from them (never from the runs it predicts):
+
+    - routed expert: forward + backward of one SwiGLU expert of `model` at several token counts
+      -> matmul_tflops and gemm_half_tokens (relibra.costs.fit_gemm_efficiency on 3 x forward FLOPs);
+    - gloo all-to-all over `world` ranks (equal splits) -> nvlink_GBps = rdma_GBps (one loopback link)
+      and collective_latency_s; gloo point-to-point (the replica and migration path) is reported;
+    - AdamW step over 1M..8M float32 parameters -> memory_GBps under the cost model's optimizer
+      traffic (params x (2 x optimizer bytes + 2 x weight bytes) per step).
+    - the dense block (RMSNorm, attention projections, causal core over one sequence) forward + backward
+      at several token counts -> attention_efficiency (the core's share of matmul_tflops; on CPU small
+      heads make it far below a GPU's flash attention).
+    Returns {"how", "machine", "expert", "gloo_all_to_all", "gloo_p2p", "optimizer", "preset"}.
+    """
+    import torch
+
+    from relibra.cluster import get_model
+    from relibra.runtime.launch import launch
+
+    shape = get_model(model)
+    torch.set_num_threads(1)
+    tokens = [32, 128, 512, 1024] if quick else [16, 32, 64, 128, 256, 512, 1024, 2048]
+    curve = expert_curve(shape.hidden, shape.moe_ffn, tokens, repeats)
+    floats = [4096, 65536, 262144] if quick else [1024, 4096, 16384, 65536, 262144, 1048576]
+    g = launch(gloo_worker, world, floats, repeats)
+    a2a_bytes = [n * 4 * (world - 1) for n in floats]
+    a2a_med = [float(np.median(t)) for t in g["a2a"]]
+    p2p_bytes = [n * 4 for n in floats]
+    p2p_med = [float(np.median(t)) for t in g["p2p"]]
+    a2a_fit = fit_latency_bandwidth(a2a_bytes, a2a_med)
+    sizes = [1 << 20, 1 << 22] if quick else [1 << 20, 1 << 21, 1 << 22, 1 << 23]
+    opt_med = [float(np.median(time_optimizer(n, repeats))) for n in sizes]
+    per_param = 2 * shape.optimizer_bytes_per_param + 2 * shape.bytes_per_param
+    opt_fit = fit_latency_bandwidth([n * per_param for n in sizes], opt_med)
+    fit = curve["fit_forward_backward"]
+    att_tokens = [256, 1024] if quick else [128, 256, 512, 1024, 2048]
+    att_med = [float(np.median(time_attention_block(shape.hidden, shape.num_attention_heads, shape.head_dim, n,
+                                                    repeats))) for n in att_tokens]
+    att_fit = fit_attention_efficiency(shape, att_tokens, att_med, fit["matmul_tflops"], fit["gemm_half_tokens"])
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "how": f"relibra calibrate --model {model} --world {world}: float32, torch.set_num_threads(1), medians of "
+               f"{repeats} repeats after one warm-up; gloo over loopback with {world} local ranks",
+        "machine": {"cpus": cpus, "processor": platform.processor() or platform.machine(),
+                    "platform": platform.platform(), "node": platform.node(), "torch": torch.__version__,
+                    "load_average_1min": round(os.getloadavg()[0], 2),
+                    "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())},
+        "model": model, "world": world, "expert": curve,
+        "gloo_all_to_all": {"ranks": world, "bytes_sent_per_rank": a2a_bytes, "median_s": a2a_med, "fit": a2a_fit},
+        "gloo_p2p": {"bytes": p2p_bytes, "median_s": p2p_med, "fit": fit_latency_bandwidth(p2p_bytes, p2p_med)},
+        "optimizer": {"params": sizes, "median_s": opt_med, "bytes_per_param": per_param, "fit": opt_fit},
+        "attention": {"tokens": att_tokens, "median_s": att_med, "fit": att_fit},
+        "preset": {"name": "cpu-gloo-fit", "num_nodes": 1, "gpus_per_node": world,
+                   "matmul_tflops": fit["matmul_tflops"], "gemm_half_tokens": fit["gemm_half_tokens"],
+                   "nvlink_GBps": a2a_fit["GBps"], "rdma_GBps": a2a_fit["GBps"],
+                   "collective_latency_s": a2a_fit["latency_s"], "memory_GBps": opt_fit["GBps"],
+                   "attention_efficiency": att_fit["attention_efficiency"],
+                   "dispatcher": "alltoall", "shared_link": True, "hbm_bytes": 16e9},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m relibra.runtime.calibrate")
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+def add_arguments(p) -> None:
     p.add_argument("--out", default=None, help="JSON file to write (default: print only)")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--quick", action="store_true", help="fewer sizes (a smoke run)")
-    args = p.parse_args(argv)
+    p.add_argument("--model", default=None, help="fit the cpu-gloo-fit preset for this model's expert shape "
+                   "(e.g. moe-cpu); without it, the older 4-rank tiny/small calibration")
+    p.add_argument("--world", type=int, default=2, help="gloo ranks of the all-to-all benchmark (default 2)")
+
+
+def run(args) -> int:
+    from relibra.errors import ConfigError
+
+    if args.repeats <= 0 or args.world < 2:
+        raise ConfigError(f"--repeats must be positive and --world at least 2, got {args.repeats}, {args.world}")
+    if args.out:
+        from relibra.paths import check_output_path
+
+        check_output_path(args.out, kind="file")
+    if args.model:
+        result = fit_cpu_preset(args.model, args.world, args.repeats, args.quick)
+        text = json.dumps(result, indent=1)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text + "\n")
+        print(json.dumps({"expert_fit": result["expert"]["fit_forward_backward"],
+                          "gloo_all_to_all_fit": result["gloo_all_to_all"]["fit"],
+                          "gloo_p2p_fit": result["gloo_p2p"]["fit"], "optimizer_fit": result["optimizer"]["fit"],
+                          "attention_fit": {k: v for k, v in result["attention"]["fit"].items()
+                                            if k in ("attention_efficiency", "max_rel_err")},
+                          "preset": result["preset"]}, indent=1))
+        return 0
     result = calibrate(repeats=args.repeats, quick=args.quick)
     text = json.dumps(result, indent=2)
     if args.out:

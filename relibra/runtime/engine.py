@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from relibra.plan import StepPlan
 from relibra.runtime.config import ModelConfig, TrainConfig
 from relibra.runtime.data import SourceBatch
-from relibra.runtime.migration import InjectedFailure, migrate_homes
+from relibra.runtime.migration import InjectedFailure, MigrationError, migrate_homes
 from relibra.runtime.model import MoETransformer
+from relibra.runtime.plans import static_plan
 from relibra.runtime.placement import (check_plan_for_runtime, home_slot_index, padded_replicas, replica_routes,
                                        slot_experts)
 from relibra.runtime.replicas import ReplicaBuffer
@@ -44,6 +45,12 @@ class Engine:
             self.model.replicas = ReplicaBuffer(self.model, lambda a, b: a // ranks_per_node == b // ranks_per_node)
         self.optimizer = torch.optim.AdamW(self.model.optimizer_parameters(), lr=train.lr, betas=train.betas,
                                            eps=train.eps, weight_decay=train.weight_decay)
+        # Gradients live from the start and are zeroed in place each step (as megatron's grad buffers): a home
+        # slot that gets no tokens is skipped in the forward (model._occupied_experts_forward) yet still has a
+        # zero gradient, so AdamW updates it (weight decay, moments, step count) exactly as if it had run on
+        # an empty batch, whatever the placement.
+        for p in self.model.optimizer_parameters():
+            p.grad = torch.zeros_like(p)
 
     # ---- plan -> routes ----------------------------------------------------------------------
     def set_routes(self, plan: StepPlan, micro_batch: int, src: int, replay: np.ndarray | None) -> None:
@@ -58,7 +65,10 @@ class Engine:
             self.model.routing.layers[layer] = make_layer_route(
                 slots[layer], hs[layer], routes, None if replay is None else replay[layer], self.device)
         if self.model.replicas is not None:
-            self.model.replicas.set_microbatch(rexp, home)
+            flow = plan.replica_flow[micro_batch].sum(axis=1)  # [L, ep, r] tokens per replica slot (all sources)
+            used = np.zeros(rexp.shape, dtype=bool)
+            used[..., : flow.shape[-1]] = flow > 0
+            self.model.replicas.set_microbatch(np.where(used, rexp, -1), home)  # only slots in use move
 
     def check(self, plan: StepPlan) -> None:
         check_plan_for_runtime(plan, self.ep, self.ranks_per_node, self.cfg.replica_slots,
@@ -66,20 +76,32 @@ class Engine:
 
     # ---- one step ------------------------------------------------------------------------------
     def step(self, plan: StepPlan, batches: list[list[SourceBatch]], tokens_per_microbatch: list[int],
-             sources: list[int], failure: InjectedFailure | None = None, optimizer_step: bool = True) -> dict:
+             sources: list[int], failure: InjectedFailure | None = None, optimizer_step: bool = True,
+             on_migration_failure: str = "continue") -> dict:
         """Run one training step. batches[m][i]: the batch of sources[i] in micro-batch m.
 
         A single-rank EP group may process several sources one after another (the reference);
         with EP > 1 each rank processes its own rank's tokens (sources == [rank]).
-        Returns {"loss": this rank's share of the step loss, "seconds": wall time, "experts_moved"}.
+        Returns {"loss": this rank's share of the step loss, "seconds": wall time, "experts_moved",
+        "migration_error": None or the rolled-back migration's message}.
+
+        A migration that rolls back (every rank voted, see relibra.runtime.migration) leaves the old
+        placement; with on_migration_failure="continue" the step then runs on it without replicas
+        (the plan's replicas were made for the new placement), with "stop" the MigrationError goes up.
         """
         self.check(plan)
         self.model.timer.reset()
         t0 = time.perf_counter()
-        moved = 0
+        moved, migration_error = 0, None
         if (plan.home != self.model.home).any():
-            moved = migrate_homes(self.model, self.optimizer, plan.home, failure)["experts_moved"]
-        self.optimizer.zero_grad(set_to_none=True)
+            try:
+                moved = migrate_homes(self.model, self.optimizer, plan.home, failure)["experts_moved"]
+            except MigrationError as exc:
+                if on_migration_failure == "stop":
+                    raise
+                migration_error = str(exc)
+                plan = static_plan(plan.loads, self.ranks_per_node, home=self.model.home, policy=plan.policy)
+        self.optimizer.zero_grad(set_to_none=False)
         loss_total = 0.0
         m_count = len(batches)
         for m in range(m_count):
@@ -103,7 +125,7 @@ class Engine:
             torch.cuda.synchronize()  # component timers are not synchronized on CUDA; the step total is
         seconds = time.perf_counter() - t0
         self.model.timer.add("step", "step_total", seconds)
-        return {"loss": loss_total, "seconds": seconds, "experts_moved": moved}
+        return {"loss": loss_total, "seconds": seconds, "experts_moved": moved, "migration_error": migration_error}
 
     def allreduce_dense_grads(self) -> None:
         if self.ep == 1:

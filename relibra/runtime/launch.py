@@ -1,20 +1,34 @@
 """Local multi-process launcher: N ranks on this machine over gloo, loopback only.
 
-`launch(fn, world_size, *args)` starts N processes with torch.multiprocessing (spawn), sets the
-torchrun-style environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free
-MASTER_PORT), joins the gloo group and calls fn(rank, world_size, *args) in each; rank 0's return
-value comes back through a temporary file. A failure on any rank raises in the caller.
+`launch(fn, world_size, *args)` starts N processes (multiprocessing, spawn), sets the torchrun-style
+environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT), joins the
+gloo group and calls fn(rank, world_size, *args) in each. Rank 0's return value comes back as JSON
+through a temporary file (no pickle); it must be JSON-able (numpy scalars and arrays are converted).
+
+Failures end the whole run in bounded time: the parent watches every rank's process sentinel; the
+first rank that exits non-zero (an exception: its JSON error file names it; a signal or crash: its exit
+code) stops the others (SIGTERM, then SIGKILL after a second; SIGKILL also ends a stopped process)
+and raises RankFailure with one line naming the rank and the cause. A rank that stalls makes the
+others' next collective fail after `timeout_s` (gloo's timeout), which ends the run the same way.
 """
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import multiprocessing.connection
 import os
-import pickle
+import signal
 import socket
+import sys
 import tempfile
+import time
 
-import torch
-import torch.multiprocessing as mp
+from relibra.errors import RelibraError
+
+
+class RankFailure(RelibraError):
+    """A rank of a local launch failed; the message names the rank and its exit cause."""
 
 
 def free_port() -> int:
@@ -23,29 +37,128 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, threads: int, result_path: str, fn, args) -> None:
+def _jsonable(x):
+    import numpy as np
+
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"rank 0's result holds a {type(x).__name__}, which JSON cannot carry")
+
+
+def _worker(rank: int, world_size: int, port: int, threads: int, timeout_s: float, tmp: str, fn, args) -> None:
+    from relibra.runtime.quiet import quiet_known_warnings
+
+    quiet_known_warnings()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(threads)
-    import torch.distributed as dist
-
-    from relibra.runtime.groups import init_distributed
-
-    init_distributed("gloo")
     try:
-        out = fn(rank, world_size, *args)
-        if rank == 0:
-            with open(result_path, "wb") as f:
-                pickle.dump(out, f)
-    finally:
-        dist.destroy_process_group()
+        import torch
+        import torch.distributed as dist
+
+        from relibra.runtime.groups import init_distributed
+
+        torch.set_num_threads(threads)
+        init_distributed("gloo", timeout_s=timeout_s)
+        try:
+            out = fn(rank, world_size, *args)
+            if rank == 0:
+                with open(os.path.join(tmp, "result.json"), "w") as f:
+                    json.dump(out, f, default=_jsonable)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    except BaseException as exc:  # report the cause in one line to the parent, then exit non-zero
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        with open(os.path.join(tmp, f"error{rank}.json"), "w") as f:
+            json.dump({"type": type(exc).__name__, "message": message,
+                       "relibra": isinstance(exc, RelibraError)}, f)
+        sys.stderr.flush()
+        os._exit(1)
 
 
-def launch(fn, world_size: int, *args, threads_per_rank: int = 1):
-    """Run fn(rank, world_size, *args) on `world_size` local gloo ranks; return rank 0's result."""
+def _cause(rank: int, exitcode: int, tmp: str) -> str:
+    path = os.path.join(tmp, f"error{rank}.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            err = json.load(f)
+        return err["message"] if err["relibra"] else f"{err['type']}: {err['message']}"
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+def _stop(procs: list) -> None:
+    """SIGTERM every live rank, SIGKILL what is left after a second; join all."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 1.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join()
+
+
+def launch(fn, world_size: int, *args, threads_per_rank: int = 1, timeout_s: float = 120.0,
+           on_start=None):
+    """Run fn(rank, world_size, *args) on `world_size` local gloo ranks; return rank 0's result.
+
+    timeout_s: the collective timeout of every rank. on_start(pids): called once the ranks are
+    started (tests use it to kill or stop one). Raises RankFailure naming the first failing rank.
+    """
+    ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
-        result_path = os.path.join(tmp, "rank0.pkl")
-        mp.start_processes(_worker, args=(world_size, free_port(), threads_per_rank, result_path, fn, args),
-                           nprocs=world_size, join=True, start_method="spawn")
-        with open(result_path, "rb") as f:
-            return pickle.load(f)
+        port = free_port()
+        procs = [ctx.Process(target=_worker, args=(r, world_size, port, threads_per_rank, timeout_s, tmp, fn, args),
+                             daemon=False) for r in range(world_size)]
+        try:
+            for p in procs:
+                p.start()
+            if on_start is not None:
+                on_start([p.pid for p in procs])
+            waiting = {p.sentinel: r for r, p in enumerate(procs)}
+            while waiting:
+                for sentinel in multiprocessing.connection.wait(list(waiting)):
+                    rank = waiting.pop(sentinel)
+                    procs[rank].join()
+                    code = procs[rank].exitcode
+                    if code != 0:
+                        time.sleep(0.2)  # let a rank that died first be seen as dead, not as a peer
+                        raise RankFailure(_diagnose(procs, rank, tmp, timeout_s))
+        except BaseException:
+            _stop(procs)
+            raise
+        with open(os.path.join(tmp, "result.json")) as f:
+            return json.load(f)
+
+
+_PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe")
+
+
+def _diagnose(procs: list, observed: int, tmp: str, timeout_s: float) -> str:
+    """One line naming the rank that caused a failure and why; stops every rank first."""
+    codes = {r: p.exitcode for r, p in enumerate(procs)}
+    alive = [r for r, c in codes.items() if c is None]
+    _stop(procs)
+    cause = _cause(observed, codes[observed], tmp)
+    tail = f"; the run was stopped ({len(procs)} ranks, none left running)"
+    signalled = [r for r, c in codes.items() if c is not None and c < 0]
+    if signalled:
+        r = signalled[0]
+        return f"rank {r} {_cause(r, codes[r], tmp)}" + tail
+    if any(s in cause.lower() for s in _PEER_LOST):
+        dead = [r for r, c in codes.items() if c not in (None, 0) and r != observed]
+        if dead:
+            return f"rank {dead[0]}: {_cause(dead[0], codes[dead[0]], tmp)}" + tail
+    if "timed out" in cause.lower() or "timeout" in cause.lower():
+        who = ", ".join(str(r) for r in alive) or "?"
+        return (f"rank {who} stalled: rank {observed}'s collective timed out after {timeout_s:g} s "
+                f"(--collective-timeout)") + tail
+    return f"rank {observed}: {cause}" + tail

@@ -6,13 +6,15 @@ Protocol (every rank, in lock step):
      experts are received point-to-point from their old home. Payload per expert: fc1 and fc2
      weights, AdamW exp_avg and exp_avg_sq of each, and the step count. Live weights and optimizer
      state are not touched.
-  2. vote: all-reduce(MIN) of "my staging succeeded". A failure in any transfer (e.g. an injected
-     exception) is caught locally; the rank keeps the protocol going (it sends zeros where its
-     payload failed) so nobody blocks, and votes no.
+  2. vote: all-reduce(MIN) of "my staging succeeded". A failure in any transfer (packing, posting
+     isend / irecv, waiting on them, unpacking; e.g. an injected exception) is caught locally; the
+     rank keeps the protocol going (it sends zeros where its payload failed) so nobody blocks, and
+     votes no.
   3. commit (only if every rank voted yes): copy the staged tensors into the slot parameters and
      optimizer state, and switch the model's placement. Otherwise every rank drops its staging and
      raises MigrationError: the old placement stays, consistent everywhere.
-A rank that dies mid-transfer is beyond this protocol (gloo's timeout would end the job).
+A rank that dies mid-transfer is beyond this protocol: the vote's all-reduce fails (at once, or after
+the collective timeout) and the launcher stops the run naming the rank.
 """
 
 from __future__ import annotations
@@ -34,10 +36,14 @@ class MigrationError(RelibraError):
 
 @dataclass(frozen=True)
 class InjectedFailure:
-    """Raise inside transfer number `transfer` (in the global transfer order) on rank `rank`."""
+    """Fail transfer number `transfer` (in the global transfer order) on rank `rank`.
+
+    where: "pack" (building or unpacking the payload raises) or "wait" (the point-to-point operation
+    raises after it was posted, as a communication error would)."""
 
     rank: int
     transfer: int
+    where: str = "pack"
 
 
 def _slot_tensors(model, optimizer, mlp) -> list[torch.Tensor]:
@@ -101,35 +107,42 @@ def migrate_homes(model, optimizer, new_home: np.ndarray, failure: InjectedFailu
         failing = failure is not None and failure.rank == rank and failure.transfer == tag
         if rank == src:
             try:
-                if failing:
+                if failing and failure.where == "pack":
                     raise RuntimeError(f"injected failure in transfer {tag} (layer {l}, expert {e}) on rank {rank}")
                 old_pos = int(np.flatnonzero(model.local_experts(l) == e)[0])
                 buf = _pack(_slot_tensors(model, optimizer, model.home_mlps(l)[old_pos]), dtype)
             except Exception:
                 ok = False
-                buf = torch.zeros(numel, dtype=dtype, device=device)
+                buf = torch.zeros(numel, dtype=dtype, device=device)  # keep the protocol going: nobody blocks
             sent_bytes += buf.numel() * buf.element_size()
-            pending.append((dist.isend(buf, dst, tag=tag), None, buf))
+            try:
+                pending.append((dist.isend(buf, dst, tag=tag), (l, e, failing, "send"), buf))
+            except Exception:  # a communication error: the vote below rolls everything back
+                ok = False
         elif rank == dst:
             buf = torch.empty(numel, dtype=dtype, device=device)
-            pending.append((dist.irecv(buf, src, tag=tag), (l, e, failing), buf))
+            try:
+                pending.append((dist.irecv(buf, src, tag=tag), (l, e, failing, "recv"), buf))
+            except Exception:
+                ok = False
     for l in changed_layers:  # experts staying on this rank
         old_local = model.local_experts(l)
         for new_pos, e in enumerate(new_local[l]):
             if e in old_local:
                 old_pos = int(np.flatnonzero(old_local == e)[0])
                 staged[(l, new_pos)] = _slot_tensors(model, optimizer, model.home_mlps(l)[old_pos])
-    for work, meta, buf in pending:
-        work.wait()
-        if meta is None:
-            continue
-        l, e, failing = meta
+    for work, (l, e, failing, side), buf in pending:
         try:
-            if failing:
-                raise RuntimeError(f"injected failure receiving layer {l} expert {e} on rank {rank}")
-            new_pos = int(np.flatnonzero(new_local[l] == e)[0])
-            staged[(l, new_pos)] = _unpack(buf, shapes)
-        except Exception:
+            work.wait()
+            if failing and failure.where == "wait":
+                raise RuntimeError(f"injected communication error waiting on the {side} of layer {l} expert {e} "
+                                   f"on rank {rank}")
+            if side == "recv":
+                if failing and failure.where == "pack":
+                    raise RuntimeError(f"injected failure receiving layer {l} expert {e} on rank {rank}")
+                new_pos = int(np.flatnonzero(new_local[l] == e)[0])
+                staged[(l, new_pos)] = _unpack(buf, shapes)
+        except Exception:  # communication or unpacking: vote no
             ok = False
     # 2. vote
     vote = torch.tensor([1 if ok else 0], dtype=torch.int64, device=device)

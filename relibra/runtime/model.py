@@ -46,6 +46,20 @@ def logical_expert_weights(cfg: ModelConfig, layer: int, expert: int) -> tuple[t
     return fc1, fc2
 
 
+def _occupied_experts_forward(experts, hidden: torch.Tensor, tokens_per_expert: torch.Tensor,
+                              probs: torch.Tensor):
+    """SequentialMLP.forward that runs only the slots with tokens: an empty replica (or home) slot costs
+    nothing. hidden [T, H] sorted by slot, tokens_per_expert int [slots], probs [T]. Returns ([T, H], None)."""
+    counts = tokens_per_expert.tolist()
+    outputs = []
+    for mlp, x, p in zip(experts.local_experts, torch.split(hidden, counts), torch.split(probs, counts)):
+        if x.shape[0]:
+            outputs.append(mlp(x, p)[0])
+    if not outputs:
+        return hidden[:0] * 0.0, None
+    return torch.cat(outputs, dim=0), None
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, hidden: int, heads: int, head_dim: int):
         super().__init__()
@@ -127,9 +141,13 @@ class MoETransformer(nn.Module):
             router = functools.partial(PlacementRouter, logical_config=logical, state=self.routing, layer=layer)
             moe = MoELayer(physical, MoESubmodules(experts=experts_spec, router=router),
                            layer_number=layer + 1, pg_collection=pg_collection)
+            moe.route = timed_region(moe.route, self.timer, "router")
+            moe.preprocess = timed_region(moe.preprocess, self.timer, "permute")
             moe.dispatch = timed_region(moe.dispatch, self.timer, "dispatch")
             moe.routed_experts_compute = timed_region(moe.routed_experts_compute, self.timer, "expert_compute",
                                                       count_tokens=True)
+            moe.experts.forward = timed_region(functools.partial(_occupied_experts_forward, moe.experts), self.timer,
+                                               "expert_gemm")
             moe.combine = timed_region(moe.combine, self.timer, "combine")
             self.moes.append(moe)
         # The layer-shared replica buffer: layer 0's replica MLPs serve every layer.
@@ -146,6 +164,8 @@ class MoETransformer(nn.Module):
             for layer, moe in enumerate(self.moes):
                 g = _generator(cfg.seed, 2, layer)
                 moe.router.weight.copy_(torch.randn(moe.router.weight.shape, generator=g) / shape.hidden**0.5)
+        self._attention = timed_region(lambda layer, x: self.attns[layer](self.attn_norms[layer](x)), self.timer,
+                                       "attention", tensor_arg=1)
         self.home = np.asarray(home, dtype=np.int64).copy()
         self.load_home_weights()
         self._dense = None
@@ -197,7 +217,7 @@ class MoETransformer(nn.Module):
             x.retain_grad()
             self.capture.append({"embed": x})
         for layer in range(self.cfg.num_layers):
-            x = x + self.attns[layer](self.attn_norms[layer](x))
+            x = x + self._attention(layer, x)
             y = self.moe_norms[layer](x)
             if self.replicas is not None:
                 self.replicas.before_forward(layer, y.requires_grad)

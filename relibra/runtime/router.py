@@ -48,26 +48,40 @@ class RoutingState:
 
 
 def physical_routing_map(routing_map: torch.Tensor, route: LayerRoute, num_slots: int) -> torch.Tensor:
-    """bool [T, E] logical routing -> bool [T, P] physical routing, one slot per (token, expert) pair."""
+    """bool [T, E] logical routing -> bool [T, P] physical routing, one slot per (token, expert) pair.
+
+    Vectorized over the replica routes (n of them): route i takes e_i's tokens ranked [start_i, start_i + n_i)
+    among e_i's tokens in token order, start_i being the tokens of e_i given to earlier routes."""
     tokens = routing_map.shape[0]
+    device = routing_map.device
+    to_home = torch.zeros(tokens, num_slots, dtype=torch.bool, device=device)
+    if not route.replica_routes:
+        to_home.index_copy_(1, route.home_slot, routing_map)
+        return to_home
+    experts_np, slots_np, counts_np = (np.asarray(c, dtype=np.int64) for c in zip(*route.replica_routes))
+    ends_np = np.zeros_like(counts_np)  # per route: e_i's tokens given to routes up to and including i
+    for_expert = np.argsort(experts_np, kind="stable")
+    grouped = np.cumsum(counts_np[for_expert])
+    first = np.r_[0, np.flatnonzero(np.diff(experts_np[for_expert])) + 1]
+    grouped -= np.repeat(np.r_[0, grouped[first[1:] - 1]], np.diff(np.r_[first, len(for_expert)]))
+    ends_np[for_expert] = grouped
+    experts = torch.as_tensor(experts_np, device=device)
+    ends = torch.as_tensor(ends_np, device=device)
+    starts = ends - torch.as_tensor(counts_np, device=device)
+    available = routing_map.sum(dim=0).index_select(0, experts)  # [n]
+    short = ends > available
+    if bool(short.any()):
+        i = int(torch.nonzero(short)[0, 0])
+        raise PlanError(f"the plan sends {int(ends[i])} tokens of expert {int(experts[i])} from this rank to replicas "
+                        f"but only {int(available[i])} are routed to it; plan and routing disagree")
     order = torch.cumsum(routing_map.to(torch.int64), dim=0) - 1  # rank of each token among e's tokens
-    taken = torch.zeros_like(routing_map)
-    to_replica = torch.zeros(tokens, num_slots, dtype=torch.bool, device=routing_map.device)
-    offset: dict[int, int] = {}
-    for expert, slot, count in route.replica_routes:
-        start = offset.get(expert, 0)
-        available = int(routing_map[:, expert].sum())
-        if start + count > available:
-            raise PlanError(f"the plan sends {start + count} tokens of expert {expert} from this rank to replicas "
-                            f"but only {available} are routed to it; plan and routing disagree")
-        col = order[:, expert]
-        pick = routing_map[:, expert] & (col >= start) & (col < start + count)
-        to_replica[:, slot] = pick
-        taken[:, expert] |= pick
-        offset[expert] = start + count
-    at_home = routing_map & ~taken
-    to_home = torch.zeros(tokens, num_slots, dtype=torch.bool, device=routing_map.device)
-    to_home.index_copy_(1, route.home_slot, at_home)
+    col = order.index_select(1, experts)  # [T, n]
+    pick = routing_map.index_select(1, experts) & (col >= starts) & (col < ends)  # [T, n]
+    to_replica = torch.zeros(tokens, num_slots, dtype=torch.bool, device=device)
+    to_replica[:, torch.as_tensor(slots_np, device=device)] = pick
+    taken = torch.zeros(routing_map.shape, dtype=torch.int64, device=device)
+    taken.index_add_(1, experts, pick.to(torch.int64))
+    to_home.index_copy_(1, route.home_slot, routing_map & (taken == 0))
     return to_home | to_replica
 
 

@@ -52,14 +52,16 @@ class _Mark(torch.autograd.Function):
         return grad, None
 
 
-def timed_region(fn, timer: Timer, component: str, count_tokens: bool = False):
-    """Wrap fn(tensor, *rest) -> tensor or tuple; time its forward and (bracketed) backward."""
+def timed_region(fn, timer: Timer, component: str, count_tokens: bool = False, tensor_arg: int = 0):
+    """Wrap fn(..., tensor, *rest) -> tensor or tuple; time its forward and (bracketed) backward.
+    tensor_arg: position of the tensor input among the positional arguments."""
 
-    def wrapped(x, *rest):
+    def wrapped(*args):
+        lead, x, rest = args[:tensor_arg], args[tensor_arg], args[tensor_arg + 1:]
         if x.requires_grad:
             x = _Mark.apply(x, lambda: timer.end_backward(component))
         t0 = time.perf_counter()
-        out = fn(x, *rest)
+        out = fn(*lead, x, *rest)
         tokens = int(x.shape[0]) if count_tokens else 0
         timer.add("forward", component, time.perf_counter() - t0, tokens)
         first = out[0] if isinstance(out, tuple) else out

@@ -9,7 +9,8 @@
 For the first two steps it compares forward logits, the gradient at the embedding output (the input
 gradient of the transformer stack) and every expert's and every dense parameter's gradient; after
 the last step, every parameter. It also checks the injected migration failure and the refusal of a
-plan that breaks the node rule. Rank 0 returns {name: max abs diff} and {name: bool}.
+plan that breaks the node rule, and a training step whose migration fails mid-transfer (a communication
+error: the step goes on on the old placement, or stops when asked). Rank 0 returns {name: max abs diff} and {name: bool}.
 """
 
 from __future__ import annotations
@@ -187,7 +188,22 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
             refused = int("node" in str(exc))
     untouched = gather_experts(balanced_engine.logical_expert_state("param"))
     no_push = int(balanced_engine.model.replicas.bytes_pushed == pushed_before)
-    flags = torch.tensor([refused, no_push])
+
+    # a communication error mid-transfer inside a training step (issue 16): rolled back through the vote,
+    # the step goes on on the old placement (on_migration_failure="continue"), or raises ("stop")
+    home_now = balanced_engine.model.home.copy()
+    target = static_plan(trace.loads[0], layout.ranks_per_node, home=reordered_home(L, E, world, shift=3))
+    b, ntok = batches(0, [rank])
+    out = balanced_engine.step(target, b, ntok, [rank], failure=InjectedFailure(world - 1, 1, "wait"))
+    went_on = int("rolled back" in (out["migration_error"] or "") and np.isfinite(out["loss"])
+                  and np.array_equal(balanced_engine.model.home, home_now))
+    try:
+        balanced_engine.step(target, b, ntok, [rank], failure=InjectedFailure(0, 1, "wait"),
+                             on_migration_failure="stop")
+        stopped = 0
+    except MigrationError:
+        stopped = int(np.array_equal(balanced_engine.model.home, home_now))
+    flags = torch.tensor([refused, no_push, went_on, stopped])
     dist.all_reduce(flags, op=dist.ReduceOp.MIN)
 
     if rank != 0:
@@ -222,6 +238,8 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
         "failure_left_placement": all(np.array_equal(h, home_before) for h in homes),
         "node_rule_refused": bool(flags[0].item()),
         "node_rule_no_transfer": bool(flags[1].item()) and max_diff(untouched, moved) == 0.0,
+        "step_failed_migration_went_on": bool(flags[2].item()),
+        "step_failed_migration_stopped": bool(flags[3].item()),
         "replicas_carried_tokens": used["replica_tokens"] > 0,
         "reordering_moved_experts": used["balanced"] > 0 and used["static"] == 0,
         "relibra_policy_made_replicas": used["policy_replicas"] > 0,

@@ -1,0 +1,134 @@
+"""Parts of scripts/device_check.sh, the prepared check for a GPU machine (one H200, 16 CPU cores).
+Nothing in the kit depends on it; it has NOT been run on a GPU in the session that wrote it.
+
+    python -m relibra.runtime.device_check gemm --out DIR [--dry-run]   # (b) expert GEMMs, bf16, fwd + bwd
+    python -m relibra.runtime.device_check preset --gemm DIR/expert_gemm.json --out data/device/X_preset.json
+
+(a) the runtime on CUDA at world size 1 with its equivalence check and (c) the CPU gloo runtime at EP8
+are plain `torchrun ... -m relibra.runtime.train` and `relibra run` calls in the shell script.
+
+gemm: one SwiGLU routed expert as megatron-core's SequentialMLP runs it (fc1 to 2 x ffn, SiLU gate,
+fc2, times the routing probability), forward + backward, bf16, CUDA events, median of repeats, at the
+expert shapes of Qwen3-30B-A3B, GLM-4.5-Air and Qwen3-235B-A22B (relibra.cluster presets) over 64 to
+65536 tokens. preset: fits relibra.costs.fit_gemm_efficiency on 3 x forward FLOPs per token to each
+shape and writes a cluster preset (the `paper` cluster's links, the fitted matmul_tflops and
+gemm_half_tokens of the shape named by --shape) that relibra.cluster loads from data/device/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+SHAPES = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
+TOKENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+
+def time_expert_gemm(hidden: int, ffn: int, tokens: int, device: str = "cuda", dtype: str = "bfloat16",
+                     repeats: int = 10) -> list[float]:
+    """Seconds of one expert's forward + backward at `tokens` rows (first run dropped)."""
+    import torch
+    import torch.nn.functional as F
+
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    fc1 = (torch.randn(2 * ffn, hidden, generator=g) / hidden**0.5).to(device, dt).requires_grad_()
+    fc2 = (torch.randn(hidden, ffn, generator=g) / ffn**0.5).to(device, dt).requires_grad_()
+    x = torch.randn(tokens, hidden, generator=g).to(device, dt).requires_grad_()
+    prob = torch.rand(tokens, 1, generator=g).to(device, dt)
+    grad = torch.ones(tokens, hidden, device=device, dtype=dt)
+    cuda = device.startswith("cuda")
+    out = []
+    for i in range(repeats + 1):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        gate, up = F.linear(x, fc1).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, fc2) * prob
+        y.backward(grad)
+        if cuda:
+            end.record()
+            end.synchronize()
+            dt_s = start.elapsed_time(end) / 1e3
+        else:
+            dt_s = time.perf_counter() - t0
+        x.grad = fc1.grad = fc2.grad = None
+        if i:
+            out.append(dt_s)
+    return out
+
+
+def gemm_curves(device: str = "cuda", tokens=TOKENS, repeats: int = 10, shapes=SHAPES) -> dict:
+    import numpy as np
+    import torch
+
+    from relibra.cluster import get_model
+
+    out = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu", "dtype": "bfloat16",
+           "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "shapes": {}}
+    for name in shapes:
+        m = get_model(name)
+        samples = [time_expert_gemm(m.hidden, m.moe_ffn, t, device, repeats=repeats) for t in tokens]
+        out["shapes"][name] = {"hidden": m.hidden, "ffn": m.moe_ffn, "tokens": list(tokens),
+                               "median_s": [float(np.median(s)) for s in samples],
+                               "forward_flops_per_token": 6 * m.hidden * m.moe_ffn}
+    return out
+
+
+def fit_preset(gemm: dict, shape: str, base: str = "paper", name: str | None = None) -> dict:
+    """A cluster preset (Topology fields) from gemm_curves output: `base`'s links and sizes, the fitted
+    expert rate and half-saturation tokens of `shape` (forward + backward = 3 x forward FLOPs)."""
+    from relibra.cluster import get_topology
+    from relibra.costs import fit_gemm_efficiency
+    from relibra.errors import ConfigError
+
+    if shape not in gemm.get("shapes", {}):
+        raise ConfigError(f"--shape {shape!r}: the GEMM file holds {sorted(gemm.get('shapes', {}))}")
+    c = gemm["shapes"][shape]
+    fit = fit_gemm_efficiency(c["tokens"], c["median_s"], 3 * c["forward_flops_per_token"])
+    device = str(gemm.get("device", "gpu")).lower().replace("nvidia ", "").split()[0]
+    preset = {**get_topology(base).to_dict(), "name": name or f"{device}-fit",
+              "matmul_tflops": fit["matmul_tflops"], "gemm_half_tokens": fit["gemm_half_tokens"]}
+    return {"how": f"relibra.runtime.device_check preset: {base} links, expert GEMM fit of {shape} "
+                   f"(bf16, forward + backward) measured on {gemm.get('device')} at {gemm.get('when')}",
+            "fit": fit, "preset": preset}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m relibra.runtime.device_check")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("gemm", help="(b) time expert GEMMs on the GPU")
+    g.add_argument("--out", required=True)
+    g.add_argument("--repeats", type=int, default=10)
+    g.add_argument("--dry-run", action="store_true", help="CPU, float32-sized smoke run of the same code (tiny sizes)")
+    f = sub.add_parser("preset", help="fit a cluster preset from `gemm` output")
+    f.add_argument("--gemm", required=True)
+    f.add_argument("--shape", default="qwen3-30b-a3b", choices=SHAPES)
+    f.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    if args.cmd == "gemm":
+        os.makedirs(args.out, exist_ok=True)
+        if args.dry_run:
+            res = gemm_curves("cpu", tokens=(16, 64, 256), repeats=2, shapes=("tiny",))
+        else:
+            res = gemm_curves("cuda", repeats=args.repeats)
+        path = os.path.join(args.out, "expert_gemm.json")
+        with open(path, "w") as fh:
+            json.dump(res, fh, indent=1)
+        print(f"wrote {path}")
+        return 0
+    with open(args.gemm) as fh:
+        gemm = json.load(fh)
+    res = fit_preset(gemm, args.shape)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(res, fh, indent=1)
+    print(json.dumps(res["fit"]), f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
