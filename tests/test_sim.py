@@ -206,6 +206,12 @@ def test_overlap_hides_transfers_up_to_attention_and_critical_path_does_not():
     assert exposed.totals()["planner"] > 0  # the run-time planner's count all-gather
     short = cost_plan(overlapped, MODEL, TOPO.with_changes(nvlink_GBps=0.01), CostParams(seq_len=1))
     assert short.totals()["replica_push"] > 0
+    # in line (the kit's runtime): every push (forward, and again for backward with a layer-shared
+    # buffer) and every pull is paid, however long attention is
+    inline = cost_plan(overlapped, MODEL, TOPO, CostParams(seq_len=200_000, overlap_transfers=False))
+    t = inline.totals()
+    assert t["replica_push"] + t["replica_grad"] == pytest.approx(inline.replica_transfer_s, rel=1e-9)
+    assert inline.step_seconds == pytest.approx(hidden.step_seconds + inline.replica_transfer_s, rel=1e-9)
 
 
 def test_replica_buffers_memory_and_pushes():

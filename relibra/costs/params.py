@@ -46,6 +46,10 @@ class CostParams:
     dedup: send a token once per destination node (RDMA) and GPU (NVLink) as DeepEP does, with the
         distinct tokens estimated from counts (links.distinct_tokens), or (False) one row per
         token-expert pair as Megatron's alltoall dispatcher; None (default) = the topology's.
+    overlap_transfers: True (default): replica pushes and gradient pulls of plans made ahead of the
+        step run on a side stream behind the layer's attention (GPUs: copy engines, NCCL kernels on
+        spare SMs); False: they run in line, on the critical path, as the kit's runtime does them
+        (relibra.runtime.replicas: blocking point-to-point before each layer).
     """
 
     seq_len: int = 4096
@@ -56,6 +60,7 @@ class CostParams:
     dp_size: int | None = None
     route: str | None = None
     dedup: bool | None = None
+    overlap_transfers: bool = True
 
     def __post_init__(self):
         if self.seq_len <= 0:

@@ -182,15 +182,19 @@ def replica_seconds(plan: StepPlan, push_gpu: np.ndarray, pull_gpu: np.ndarray, 
     float64 [M, L], plus "unhidden_s": the step's push and pull seconds if none were hidden.
 
     Critical-path plans (LLEP) pay the slowest GPU's push before the experts and its pull after
-    backward; others overlap each with the layer's attention (forward: attention; backward: twice).
+    backward; others overlap each with the layer's attention (forward: attention; backward: twice),
+    unless params.overlap_transfers is False: then they pay every push and pull in line.
     """
-    unhidden = ((2 if pushes_again_for_backward(plan, params) else 1) * push_gpu.max(axis=2).sum()
-                + pull_gpu.max(axis=2).sum())
+    again = pushes_again_for_backward(plan, params)
+    unhidden = (2 if again else 1) * push_gpu.max(axis=2).sum() + pull_gpu.max(axis=2).sum()
     zeros = np.zeros(push_gpu.shape[:2])
     if plan.transfers_on_critical_path:
         return {"push_forward": push_gpu.max(axis=2), "push_backward": zeros, "pull_backward": pull_gpu.max(axis=2),
                 "unhidden_s": float(unhidden)}
-    push_bwd = exposed_seconds(push_gpu, 2 * attention, 2 * other) if pushes_again_for_backward(plan, params) else zeros
+    if not params.overlap_transfers:
+        return {"push_forward": push_gpu.max(axis=2), "push_backward": push_gpu.max(axis=2) if again else zeros,
+                "pull_backward": pull_gpu.max(axis=2), "unhidden_s": float(unhidden)}
+    push_bwd = exposed_seconds(push_gpu, 2 * attention, 2 * other) if again else zeros
     return {"push_forward": exposed_seconds(push_gpu, attention, other), "push_backward": push_bwd,
             "pull_backward": exposed_seconds(pull_gpu, 2 * attention, 2 * other), "unhidden_s": float(unhidden)}
 

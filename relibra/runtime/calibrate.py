@@ -50,10 +50,47 @@ def time_expert(hidden: int, ffn: int, tokens: int, repeats: int = 7) -> list[fl
     return out
 
 
-def expert_curve(hidden: int, ffn: int, token_counts: list[int], repeats: int = 7) -> dict:
+def runtime_expert_worker(rank: int, world: int, model: str, token_counts: list[int], repeats: int) -> dict:
+    """Seconds of one routed expert as the runtime runs it: the megatron-core SequentialMLP expert of a
+    one-rank MoETransformer of `model` (fc1, SwiGLU, fc2, scaled by the routing probability), forward +
+    backward with gradients accumulating into existing .grad, cycling over the rank's experts so weights
+    are not always hot in cache. Launched as its own one-rank gloo group (megatron needs one)."""
+    import torch
+
+    from relibra.runtime.config import ModelConfig, NodeLayout
+    from relibra.runtime.groups import build_groups
+    from relibra.runtime.model import MoETransformer
+
+    cfg = ModelConfig.from_preset(model)
+    home = np.zeros((cfg.num_layers, cfg.shape.num_experts), dtype=np.int64)
+    net = MoETransformer(cfg, build_groups(NodeLayout(world, 1)).collection(), home)
+    mlps = net.home_mlps(0)
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for n in token_counts:
+        x = torch.randn(n, cfg.hidden, generator=g, requires_grad=True)
+        prob = torch.rand(n, generator=g)
+        times = []
+        for i in range(repeats + 1):
+            mlp = mlps[i % len(mlps)]
+            t0 = time.perf_counter()
+            mlp(x, prob)[0].sum().backward()
+            dt = time.perf_counter() - t0
+            x.grad = None
+            if i:
+                times.append(dt)
+        samples.append(times)
+    return {"samples": samples}
+
+
+def expert_curve(hidden: int, ffn: int, token_counts: list[int], repeats: int = 7,
+                 samples: list[list[float]] | None = None) -> dict:
+    """Median forward + backward seconds per token count and the GEMM fit; `samples` (one list of seconds
+    per token count) when measured elsewhere (runtime_expert_worker), else a bare SwiGLU (time_expert)."""
     from relibra.costs import fit_gemm_efficiency
 
-    samples = [time_expert(hidden, ffn, n, repeats) for n in token_counts]
+    if samples is None:
+        samples = [time_expert(hidden, ffn, n, repeats) for n in token_counts]
     med = [float(np.median(s)) for s in samples]
     flops_fwd = 6 * hidden * ffn  # SwiGLU forward FLOPs per token
     fit = fit_gemm_efficiency(token_counts, med, 3 * flops_fwd)  # forward + backward
@@ -214,8 +251,9 @@ def fit_cpu_preset(model: str = "moe-cpu", world: int = 2, repeats: int = 7, qui
     """Micro-benchmarks of this machine for `model` at `world` gloo ranks, one thread per rank, and the
     cluster preset fitted from them (never from the runs it predicts):
 
-    - routed expert: forward + backward of one SwiGLU expert of `model` at several token counts
-      -> matmul_tflops and gemm_half_tokens (relibra.costs.fit_gemm_efficiency on 3 x forward FLOPs);
+    - routed expert: forward + backward of one expert of `model` as the runtime runs it (its
+      megatron-core expert module, gradients accumulating, experts in rotation) at several token
+      counts -> matmul_tflops and gemm_half_tokens (relibra.costs.fit_gemm_efficiency on 3 x forward FLOPs);
     - gloo all-to-all over `world` ranks (equal splits) -> nvlink_GBps = rdma_GBps (one loopback link)
       and collective_latency_s; gloo point-to-point (the replica and migration path) is reported;
     - AdamW step over 1M..8M float32 parameters -> memory_GBps under the cost model's optimizer
@@ -233,7 +271,9 @@ def fit_cpu_preset(model: str = "moe-cpu", world: int = 2, repeats: int = 7, qui
     shape = get_model(model)
     torch.set_num_threads(1)
     tokens = [32, 128, 512, 1024] if quick else [16, 32, 64, 128, 256, 512, 1024, 2048]
-    curve = expert_curve(shape.hidden, shape.moe_ffn, tokens, repeats)
+    measured = launch(runtime_expert_worker, 1, model, tokens, repeats)
+    curve = expert_curve(shape.hidden, shape.moe_ffn, tokens, repeats, samples=measured["samples"])
+    curve["module"] = "the runtime's megatron-core SequentialMLP expert (runtime_expert_worker)"
     floats = [4096, 65536, 262144] if quick else [1024, 4096, 16384, 65536, 262144, 1048576]
     g = launch(gloo_worker, world, floats, repeats)
     a2a_bytes = [n * 4 * (world - 1) for n in floats]

@@ -300,14 +300,15 @@ def per_step_table(rows: list[dict]) -> "pd.DataFrame":
 def simulate_step_seconds(prep: Prepared, warmup: int, ranks_per_node: int, topology=None) -> list[float]:
     """The simulator's step seconds (relibra.costs.cost_plan) for every timed plan of `prep`, on the
     fitted CPU preset (runtime_topology), each step after the previous step's placement. The runtime
-    runs each rank's tokens of a micro-batch as one sequence and keeps fp32 gradients."""
+    runs each rank's tokens of a micro-batch as one sequence, keeps fp32 gradients and moves replicas in
+    line (relibra.runtime.replicas: blocking point-to-point before each layer, nothing hides behind attention)."""
     from relibra.costs import CostParams, cost_plan
 
     trace = prep.trace
     topology = topology or runtime_topology(trace.ep, ranks_per_node)
     seq = int(trace.loads[0, 0, 0].sum(axis=1).max() // trace.model.top_k)
     params = CostParams(seq_len=max(seq, 1), include_lm_head=True, grad_bytes_per_param=trace.model.bytes_per_param,
-                        replica_buffer="layer-shared")
+                        replica_buffer="layer-shared", overlap_transfers=False)
     out = []
     for s in range(warmup, len(prep.plans)):
         prev = prep.plans[s - 1].home if s > 0 else None
