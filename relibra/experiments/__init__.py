@@ -12,8 +12,8 @@ value's range (parameters.py), resolves them against a *profile* (sizes that fit
 
 Profiles (PROFILES):
 - tiny:   seconds per notebook; the tests run every notebook with it.
-- laptop: the default; all ten notebooks within 20 minutes on 2 CPU cores. Paper-shaped models
-          (128 experts, top-8, paper EP sizes and cluster) cut to their first few MoE layers and a
+- laptop: the default; every notebook on 2 CPU cores (docs/notebooks.md has the minutes). Paper-shaped
+          models (128 experts, top-8, paper EP sizes and cluster) cut to their first few MoE layers and a
           few micro-batches per step, so the per-layer balance problem is the paper's.
 - paper:  the paper's scale: every layer, 32 micro-batches per step, EP 32.
 - gpu:    the paper's scale for simulations; measured results (runtime metrics written by
@@ -34,7 +34,8 @@ One module per concept; this package re-exports every public name, so callers us
 - traces:      make_trace (cached synthetic traces), workload_traces, plan_steps
 - simulation:  simulate_trace, throughput_grid, plan_metrics, simulate_with_plans, simulate_workloads
 - tutorial (00), dynamics (01), reordering (04), replication (05), skewness (06), overheads (07),
-  runtime (08), rl (09), sensitivity (10): what each notebook computes beyond the shared pieces above.
+  runtime (08), rl (09), sensitivity (10), scale (11): what each notebook computes beyond the shared
+  pieces above.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ from relibra.experiments.dynamics import (
 from relibra.experiments.headline import PAPER_CLAIMS, headline_ratios
 from relibra.experiments.machine import environment, this_machine
 from relibra.experiments.overheads import full_model_memory_share, overhead_table, planner_seconds
-from relibra.experiments.profiles import PROFILES, Profile, Scale, get_profile
+from relibra.experiments.profiles import PROFILES, Profile, Scale, ScaleSweep, get_profile
 from relibra.experiments.reordering import reorder_table
 from relibra.experiments.replication import default_spare_slots, replication_table, spare_slot_sweep
 from relibra.experiments.rl import RL_OVERRIDES, RL_TORCH_THREADS, rl_workload
@@ -95,6 +96,7 @@ from relibra.experiments.simulation import (
     simulate_workloads,
     throughput_grid,
 )
+from relibra.experiments.scale import SCALE_POLICIES, best_other, scale_cases, scale_sweep, scale_table, sweep_of
 from relibra.experiments.sensitivity import KNOBS, config_sensitivity, sensitivity, tornado_table
 from relibra.experiments.skewness import plan_skewness, skewness_sweep
 from relibra.experiments.traces import _TRACE_CACHE, make_trace, plan_steps, workload_traces
@@ -137,4 +139,6 @@ __all__ = [
     "RL_OVERRIDES", "RL_TORCH_THREADS", "rl_workload",
     # 10 sensitivity
     "KNOBS", "sensitivity", "config_sensitivity", "tornado_table",
+    # 11 scale
+    "ScaleSweep", "SCALE_POLICIES", "scale_cases", "scale_sweep", "scale_table", "sweep_of", "best_other",
 ]

@@ -26,6 +26,7 @@ NOTEBOOKS = (
     "08_runtime",
     "09_rl_workload",
     "10_sensitivity",
+    "11_scale",
 )
 
 MAIN_POLICIES = ("megatron", "eplb", "eplb+", "lplb+", "eplb+lp", "llep", "relibra", "balanced")
@@ -48,6 +49,7 @@ NOTEBOOK_POLICIES: dict[str, tuple[str, ...]] = {
     "08_runtime": ("megatron", "relibra"),
     "09_rl_workload": ("megatron", "eplb", "eplb+", "relibra", "balanced"),
     "10_sensitivity": ("megatron", "eplb+", "relibra", "balanced-compute"),  # fixed: its three ratios
+    "11_scale": ("megatron", "eplb+", "llep", "relibra", "relibra-h"),
 }
 
 

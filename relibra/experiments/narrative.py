@@ -414,3 +414,47 @@ def sensitivity_story(tornado: pd.DataFrame, frame: pd.DataFrame, flat: float = 
                 cases = ", ".join(f"{r['knob']} = {_value(r['value'])} ({r[ratio]:.3f})" for _, r in behind.iterrows())
                 out.append(f"ReLibra falls behind {rival} at: {cases}.")
     return "\n\n".join(out)
+
+
+def scale_story(table: pd.DataFrame, comparison: pd.DataFrame, planner_target_s: float = 2.0) -> str:
+    """What notebook 11's sweep says: where ReLibra's in-node replication runs out of room (its
+    fraction of balanced-compute at the largest EP per cluster), whether relibra-h wins there against
+    the best other policy, the cases that could not run and the slowest planner step against
+    `planner_target_s`. table: experiments.scale.scale_sweep; comparison: experiments.scale.best_other."""
+    ok = table[table["status"] == "ok"]
+    out = []
+    for (model, cluster), g in ok.groupby(["model", "cluster"], sort=False):
+        top = g[g["ep"] == g["ep"].max()].set_index("policy")
+        if "relibra" not in top.index:
+            continue
+        ep = int(g["ep"].max())
+        line = (f"- **{model} on {cluster}**, largest EP {ep}: ReLibra {top.loc['relibra', 'speedup_vs_megatron']:.3f}x "
+                f"Megatron ({_pct(top.loc['relibra', 'frac_of_balanced_compute'])} of balanced-compute, skewness "
+                f"{top.loc['relibra', 'skewness']:.2f})")
+        if "relibra-h" in top.index:
+            line += (f"; relibra-h {top.loc['relibra-h', 'speedup_vs_megatron']:.3f}x "
+                     f"({_pct(top.loc['relibra-h', 'frac_of_balanced_compute'])}, skewness "
+                     f"{top.loc['relibra-h', 'skewness']:.2f})")
+        out.append(line + ".")
+    if len(comparison):
+        behind = comparison[comparison["over_best_other"] < 1.0 - 1e-9]
+        if behind.empty:
+            out.append(f"relibra-h is at least the best other policy in all {len(comparison)} cases.")
+        else:
+            worst = behind.loc[behind["over_best_other"].idxmin()]
+            out.append(f"relibra-h trails the best other policy in {len(behind)} of {len(comparison)} cases; the "
+                       f"largest gap is {worst['model']} on {worst['cluster']} at EP {int(worst['ep'])}, where "
+                       f"{label(worst['best_other'])} is {_pct(1 / worst['over_best_other'] - 1)} faster.")
+    skipped = table[table["status"] != "ok"]
+    if len(skipped):
+        out.append("Not possible and kept as rows: " + "; ".join(
+            f"{r.model} on {r.cluster} at EP {r.ep} ({r.status.removeprefix('impossible: ')})"
+            for r in skipped.itertuples()) + ".")
+    planners = ok[ok["policy"].isin(("relibra", "relibra-h"))]
+    if len(planners):
+        slow = planners.loc[planners["plan_cpu_s"].idxmax()]
+        verdict = "within" if slow["plan_cpu_s"] <= planner_target_s else "over"
+        out.append(f"The slowest plan is {label(slow['policy'])} for {slow['model']} at EP {int(slow['ep'])}: "
+                   f"{slow['plan_cpu_s']:.2f} CPU s for the simulated layers, {verdict} the {planner_target_s:g} s "
+                   "a step's plan must stay under to hide behind the previous step (measured on this machine).")
+    return "\n".join(out)

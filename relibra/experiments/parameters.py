@@ -38,6 +38,7 @@ NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
     "08_runtime": ("profile", "policies", "seed", "out_dir", "measured_dir", "nproc", "nodes"),
     "09_rl_workload": ("profile", "policies", "rl_steps", "seed", "out_dir"),
     "10_sensitivity": _TRACES + ("cluster", "knobs"),  # no policies: its three ratios fix them
+    "11_scale": ("profile", "models", "clusters", "eps", "workload", "policies", "seed", "out_dir"),
 }
 
 # Notebooks that study one model (the others take a comma-separated grid).
@@ -173,6 +174,24 @@ def check_values(notebook: str, params: dict) -> dict:
             what = f"unknown sensitivity knob(s) {unknown}" if unknown else "knobs is empty"
             raise ConfigError(f"{notebook}: {what}; known: {', '.join(KNOBS)}")
         p["knobs"] = tuple(dict.fromkeys(names))
+    if p.get("models") is not None:  # notebook 11's grid
+        from relibra.cluster import get_model
+
+        p["models"] = tuple(_names(p["models"]))
+        for m in p["models"]:
+            get_model(m)
+    if p.get("clusters") is not None:
+        from relibra.cluster import resolve_topology
+
+        raw = p["clusters"]  # ';'-separated: a cluster spec holds commas ("paper,nodes=32")
+        p["clusters"] = tuple(c.strip() for c in raw.split(";") if c.strip()) if isinstance(raw, str) else tuple(raw)
+        for c in p["clusters"]:
+            resolve_topology(c)
+    if p.get("eps") is not None:
+        p["eps"] = tuple(_int(notebook, "eps", v, low=1, high=4096) for v in _names(p["eps"]))
+    for name in ("models", "clusters", "eps"):
+        if name in p and p[name] is not None and not p[name]:
+            raise ConfigError(f"{notebook}: {name} is empty")
     if p.get("nproc") is not None and p.get("nodes") is not None and p["nproc"] % p["nodes"]:
         raise ConfigError(f"{notebook}: nodes={p['nodes']} must divide nproc={p['nproc']}")
     if notebook == "00_tutorial":

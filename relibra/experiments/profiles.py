@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from relibra.errors import ConfigError
 
@@ -31,6 +31,29 @@ class Scale:
 
 
 @dataclass(frozen=True)
+class ScaleSweep:
+    """The grid of notebook 11.
+
+    models: model presets (or shape specs); clusters: cluster presets or specs; ep_sizes: EP sizes;
+    layers: keep each model's first `layers` MoE layers (None: all); micro_batches per step; steps:
+    trace steps, the last one simulated (the ones before give history-based policies their history).
+    """
+
+    models: tuple[str, ...]
+    clusters: tuple[str, ...]
+    ep_sizes: tuple[int, ...]
+    layers: int | None = 2
+    micro_batches: int = 8
+    steps: int = 2
+
+
+# Notebook 11's grid: three model sizes, 8-GPU nodes against NVL72 racks, EP 16 to 256.
+SCALE_MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3")
+SCALE_CLUSTERS = ("paper,nodes=32", "gb200-nvl72x4")
+SCALE_EP_SIZES = (16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
 class Profile(Scale):
     """Sizes of every experiment for one kind of machine: the Scale fields (keyword-only) and
 
@@ -39,6 +62,7 @@ class Profile(Scale):
     rl_steps: GRPO steps of notebook 09. measured_dir: folder of measured results (gpu profile).
     sensitivity_knobs: the knobs notebook 10 moves (None: all of relibra.experiments.sensitivity.KNOBS);
     sensitivity_quick: two values per knob (the default and one other) instead of all.
+    scale: notebook 11's grid (ScaleSweep).
     """
 
     name: str
@@ -56,6 +80,7 @@ class Profile(Scale):
     measured_dir: str | None = None
     sensitivity_knobs: tuple[str, ...] | None = None
     sensitivity_quick: bool = False
+    scale: ScaleSweep = field(default_factory=lambda: ScaleSweep(SCALE_MODELS, SCALE_CLUSTERS, SCALE_EP_SIZES))
 
 
 PROFILES: dict[str, Profile] = {
@@ -67,7 +92,8 @@ PROFILES: dict[str, Profile] = {
                 layers=None, tokens_per_rank=64, runtime_nproc=2, runtime_nodes=1, runtime_steps=1,
                 runtime_model="moe-cpu", runtime_tokens_per_rank=64, runtime_micro_batches=1,
                 runtime_repeats=1, rl_steps=2, sensitivity_knobs=("batch layout", "RDMA rate"),
-                sensitivity_quick=True),
+                sensitivity_quick=True, scale=ScaleSweep(("tiny",), ("cpu-gloo,nodes=4", "nvl72"), (4, 8, 32),
+                                                         layers=2, micro_batches=2)),
         Profile("laptop", "minutes on 2 CPU cores: the paper's models, EP and cluster, cut to 4 MoE layers, "
                 "8 micro-batches per step and 4 steps", models=("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b"),
                 workloads=("math", "science", "instruct", "code", "mixed"), model="qwen3-235b-a22b",
@@ -78,7 +104,8 @@ PROFILES: dict[str, Profile] = {
                 "qwen3-235b-a22b"), workloads=("math", "science", "instruct", "code", "mixed"),
                 model="qwen3-235b-a22b", workload="mixed", ep=32, ep_sizes=(8, 16, 32, 64), cluster="paper",
                 steps=6, micro_batches=32, layers=None, planner_repeats=3, runtime_steps=5, runtime_repeats=3,
-                rl_steps=60),
+                rl_steps=60, scale=ScaleSweep(SCALE_MODELS, SCALE_CLUSTERS, SCALE_EP_SIZES, layers=None,
+                                              micro_batches=32)),
         Profile("gpu", "the paper's scale for the simulations; measured results of real runs on GPU nodes are "
                 "read from `measured_dir` (default results/gpu_runs)", models=("qwen3-30b-a3b", "glm-4.5-air",
                 "qwen3-235b-a22b"), workloads=("math", "science", "instruct", "code", "mixed"),

@@ -89,7 +89,9 @@ def load_container(path: str):
     """
     if path.endswith(".npz"):
         try:
-            with np.load(path, allow_pickle=False) as z:
+            # the file is opened here, not by np.load: numpy 2.4 leaves its own handle open when the
+            # archive turns out corrupted (a ResourceWarning), ours closes on every path
+            with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as z:
                 return {name: z[name] for name in z.files}
         except ValueError as exc:
             if "pickle" in str(exc).lower():

@@ -25,7 +25,7 @@ POLICY_ORDER = ("megatron", "eplb", "eplb+", "lplb+", "eplb+lp", "llep", "relibr
 _TAB = sns.color_palette("tab10", 10)
 POLICY_COLORS = {
     "megatron": _TAB[0], "eplb": _TAB[1], "eplb+": _TAB[2], "lplb+": _TAB[4], "eplb+lp": (0.55, 0.75, 0.35),
-    "llep": _TAB[5], "relibra-h": _TAB[7],
+    "llep": _TAB[5], "relibra-h": (0.55, 0.08, 0.12),
     "relibra-reorder": _TAB[6], "relibra-replicate": _TAB[8], "relibra-lpt": _TAB[9], "relibra-split": (0.6, 0.45, 0.8),
     "relibra": _TAB[3], "balanced": (0.35, 0.35, 0.35), "balanced-compute": (0.35, 0.35, 0.35),
 }

@@ -1,0 +1,126 @@
+"""Notebook 11, beyond the paper's scale: throughput ratios and planner time from EP16 to EP256.
+
+One grid, ScaleSweep: model presets of three sizes x cluster kinds (8-GPU nodes joined by RDMA, NVL72
+racks) x EP sizes. A case the cluster or the model cannot hold (EP256 of a 128-expert model; 384
+experts over 256 ranks) is kept as a row saying why, never dropped silently. Every throughput figure
+is simulated (relibra.sim); planner seconds are measured here, on one core of this machine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from relibra.errors import ConfigError
+from relibra.experiments.profiles import ScaleSweep
+
+SCALE_POLICIES = ("megatron", "eplb+", "llep", "relibra", "relibra-h")
+
+
+def why_impossible(model: str, cluster: str, ep: int) -> str | None:
+    """None when `cluster` can hold EP `ep` of `model`; else the reason, as the kit's errors say it."""
+    from relibra.cluster import get_model, resolve_topology
+
+    experts = get_model(model).num_experts
+    if experts % ep:
+        return f"EP {ep} does not divide the {experts} experts"
+    try:
+        resolve_topology(cluster).ep_layout(ep)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def scale_cases(sweep: ScaleSweep) -> list[tuple[str, str, int, str | None]]:
+    """(model, cluster, ep, reason it cannot run or None) for every point of the grid, in order."""
+    return [(m, c, ep, why_impossible(m, c, ep)) for m in sweep.models for c in sweep.clusters for ep in sweep.ep_sizes]
+
+
+def _plan_extras(plan, cost) -> dict:
+    """Per (policy, step): the planner's CPU seconds and, for ReLibra's family, its replication CPU
+    microseconds per (micro-batch, layer)."""
+    cells = plan.loads.shape[0] * plan.loads.shape[1]
+    replication = plan.info.get("replication_cpu_seconds")
+    return {"plan_cpu_s": float(plan.info.get("plan_cpu_seconds", np.nan)),
+            "replication_cpu_us_per_cell": np.nan if replication is None else 1e6 * replication / cells}
+
+
+def scale_sweep(sweep: ScaleSweep, policies=SCALE_POLICIES, workload: str = "mixed", seed: int = 0,
+                progress: bool = True) -> pd.DataFrame:
+    """Simulate the last step of one synthetic trace per (model, cluster, EP) for every policy.
+
+    Returns one row per (model, cluster, ep, policy), with the reference `balanced-compute` (the real
+    routing, every GPU at the mean expert compute): nodes and gpus_per_node of the EP layout,
+    tokens_per_s, speedup_vs_megatron, frac_of_balanced_compute, skewness (max / mean tokens per
+    GPU), plan_s and plan_cpu_s (measured wall and CPU seconds of the whole step's plan) and
+    replication_cpu_us_per_cell; status "ok". An impossible case is one row with policy "-" and
+    status "impossible: <why>".
+    """
+    from tqdm.auto import tqdm
+
+    from relibra.cluster import resolve_topology
+    from relibra.experiments.config import scaled_model
+    from relibra.sim import simulate
+    from relibra.workloads import generate_trace
+
+    cases = scale_cases(sweep)
+    rows = []
+    for model, cluster, ep, reason in tqdm(cases, desc="models x clusters x EP", disable=not progress):
+        if reason is not None:
+            rows.append({"model": model, "cluster": cluster, "ep": ep, "policy": "-", "status": f"impossible: {reason}"})
+            continue
+        topo = resolve_topology(cluster)
+        nodes, gpn = topo.ep_layout(ep)
+        shape = scaled_model(model, sweep.layers)
+        trace = generate_trace(shape, workload, ep, steps=sweep.steps, seed=seed, micro_batches=sweep.micro_batches)
+        result = simulate(trace, topo, list(policies), steps=1, progress=False, step_extras=_plan_extras)
+        summary = result.summary.set_index("policy")
+        extras = result.per_step.groupby("policy")[["plan_cpu_s", "replication_cpu_us_per_cell"]].mean()
+        ideal = ("balanced", "balanced-compute")  # references: they plan nothing of their own
+        for policy in summary.index:
+            s = summary.loc[policy]
+            planned = policy not in ideal
+            rows.append({"model": model, "cluster": cluster, "ep": ep, "policy": policy, "status": "ok",
+                         "nodes": nodes, "gpus_per_node": gpn, "experts": shape.num_experts,
+                         "tokens_per_s": float(s["tokens_per_s"]), "speedup_vs_megatron": float(s["speedup_vs_megatron"]),
+                         "frac_of_balanced_compute": float(s["frac_of_balanced_compute"]),
+                         "skewness": float(s["skewness"]), "plan_s": float(s["plan_s"]) if planned else np.nan,
+                         "plan_cpu_s": float(extras["plan_cpu_s"][policy]) if planned else np.nan,
+                         "replication_cpu_us_per_cell":
+                             float(extras["replication_cpu_us_per_cell"][policy]) if planned else np.nan})
+    return pd.DataFrame(rows)
+
+
+def sweep_of(cfg) -> ScaleSweep:
+    """The profile's ScaleSweep with the notebook's `models`, `clusters` and `eps` parameters applied."""
+    base = cfg.sizes.scale
+    x = cfg.extra
+    return ScaleSweep(models=tuple(x.get("models") or base.models), clusters=tuple(x.get("clusters") or base.clusters),
+                      ep_sizes=tuple(x.get("eps") or base.ep_sizes), layers=base.layers,
+                      micro_batches=base.micro_batches, steps=base.steps)
+
+
+def scale_table(cfg, progress: bool = True) -> pd.DataFrame:
+    """scale_sweep over the notebook's grid with its policies, workload and seed."""
+    return scale_sweep(sweep_of(cfg), policies=cfg.policies, workload=cfg.workload, seed=cfg.seed, progress=progress)
+
+
+def best_other(table: pd.DataFrame, against: str = "relibra-h") -> pd.DataFrame:
+    """Per (model, cluster, ep): `against`'s speed-up over Megatron and fraction of balanced-compute
+    beside the best other simulated policy's (ideals and Megatron excluded), and their ratio."""
+    ok = table[table["status"] == "ok"]
+    keys = ["model", "cluster", "ep"]
+    out = []
+    for key, g in ok.groupby(keys, sort=False):
+        g = g.set_index("policy")
+        if against not in g.index:
+            continue
+        others = g.drop(index=[p for p in (against, "megatron", "balanced", "balanced-compute") if p in g.index])
+        if others.empty:
+            continue
+        best = others["tokens_per_s"].idxmax()
+        out.append(dict(zip(keys, key), policy=against, speedup=g.loc[against, "speedup_vs_megatron"],
+                        frac_of_balanced_compute=g.loc[against, "frac_of_balanced_compute"], best_other=best,
+                        best_other_speedup=others.loc[best, "speedup_vs_megatron"],
+                        over_best_other=g.loc[against, "tokens_per_s"] / others.loc[best, "tokens_per_s"]))
+    return pd.DataFrame(out)
