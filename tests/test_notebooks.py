@@ -157,6 +157,10 @@ def test_notebooks_folder_holds_sources_only():
     ("01_routing_dynamics", {"cluster": "paper"}, "unknown parameter 'cluster'"),
     ("10_sensitivity", {"knobs": "spare slots,NVLink"}, "unknown sensitivity knob"),
     ("10_sensitivity", {"policies": "relibra"}, "unknown parameter 'policies'"),
+    ("11_scale", {"eps": "16,0"}, "eps must be 1..4096"),
+    ("11_scale", {"clusters": "paper,nodes=0"}, "nodes"),
+    ("11_scale", {"models": "nope"}, "unknown model"),
+    ("11_scale", {"ep": 8}, "unknown parameter 'ep'"),
 ])
 def test_bad_parameters_are_errors(notebook, params, message, tmp_path):
     from relibra.experiments import start
@@ -178,7 +182,8 @@ _CHANGED = {"model": "qwen3-30b-a3b", "workload": "code", "ep": 8, "steps": 2, "
             "policies": "megatron,eplb+", "spare_slot_counts": "1,2", "ep_sizes": "4,8", "nproc": 4, "nodes": 2,
             "rl_steps": 3, "measured_dir": "elsewhere", "placement": "search", "spare_slots": 2, "skew": 0.5,
             "shift": 0.1, "tokens_per_gpu": 512, "micro_batches": 2, "micro_batch": 1, "profile": "tiny",
-            "knobs": "spare slots,NVLink rate"}
+            "knobs": "spare slots,NVLink rate", "models": "tiny,qwen3-30b-a3b", "clusters": "paper,nodes=32;nvl72",
+            "eps": "8,16"}
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
