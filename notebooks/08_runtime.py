@@ -67,6 +67,26 @@ if len(result["results"]):  # the gpu profile reads metrics files only: no per-p
 nr.show(nr.runtime_agreement(result["results"]) if len(result["results"]) else "No per-policy step results.")
 
 # %% [markdown]
+# ## The reference measurement, on an idle machine
+#
+# The run above shares the machine with whatever else runs during a reproduction. The kit also ships
+# one measurement taken on an idle machine, `data/runtime_measured.json`, written by
+# `scripts/measure_runtime.py --calibrate --repeats 3`: the CPU preset refitted from micro-benchmarks,
+# then each command launched three times. Its `sim_step_s` is the simulator's prediction at the time,
+# from that fit. Both node layouts: 1 node x 2 ranks (reordering and in-node replication) and
+# 2 nodes x 1 rank (reordering only).
+
+# %%
+recorded, where = ex.recorded_runtime()
+print(f"recorded {where['date']} on {where['machine']['cpus']} cores ({where['machine']['processor']}), "
+      f"1-min load {recorded['load_before'].min():.1f}-{recorded['load_after'].max():.1f}")
+for layout, rows in recorded.groupby("nodes_x_ranks", sort=False):
+    print(f"\n{layout} (nodes x ranks per node): {rows['command'].iloc[0]}")
+    nr.show(nr.runtime_agreement(rows))
+recorded[["nodes_x_ranks", "launch", "policy", "step_s_median", "step_s_min", "step_s_max", "sim_step_s",
+          "token_skew", "expert_share"]].round(3)
+
+# %% [markdown]
 # Per component: expert compute, all-to-all and the whole step, measured and simulated.
 
 # %%

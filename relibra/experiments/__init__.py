@@ -83,7 +83,9 @@ from relibra.experiments.run import Run
 from relibra.experiments.runtime import (
     RUNTIME_COMPONENTS,
     measured_runtime,
+    recorded_runtime,
     runtime_comparison,
+    runtime_results,
     runtime_options,
     runtime_worker,
 )
@@ -136,6 +138,7 @@ __all__ = [
     "skewness_sweep", "planner_seconds", "full_model_memory_share", "overhead_table",
     # 08 runtime, 09 RL workload
     "RUNTIME_COMPONENTS", "runtime_options", "runtime_worker", "measured_runtime", "runtime_comparison",
+    "runtime_results", "recorded_runtime",
     "RL_OVERRIDES", "RL_TORCH_THREADS", "rl_workload",
     # 10 sensitivity
     "KNOBS", "sensitivity", "config_sensitivity", "tornado_table",

@@ -122,6 +122,29 @@ def runtime_results(cfg: Config) -> pd.DataFrame:
     return df[[c for c in keep if c in df.columns]]
 
 
+def recorded_runtime(path=None) -> tuple[pd.DataFrame, dict]:
+    """The reference measurement `scripts/measure_runtime.py` wrote (data/runtime_measured.json by default):
+    one row per (command, launch, policy) with the run's fields (step_s_median/min/max, sim_step_s,
+    expert_share, token_skew, ...) plus `command`, `launch`, `nodes_x_ranks` and the machine's 1-min load
+    average before and after the command; and the file's {"machine", "date"}."""
+    import json
+
+    from relibra.experiments.config import project_root
+
+    path = project_root() / "data" / "runtime_measured.json" if path is None else path
+    with open(path) as f:
+        record = json.load(f)
+    rows, seen = [], {}
+    for run in (r for r in record["runs"] if "results" in r):  # the calibration command has none
+        launch = seen[run["command"]] = seen.get(run["command"], -1) + 1
+        load_before, load_after = run.get("load_average_1min", [float("nan")] * 2)
+        for r in run["results"]:
+            rows.append({"command": run["command"], "launch": launch, "load_before": load_before,
+                         "load_after": load_after, "nodes_x_ranks": f"{r['nodes']} x {r['ranks_per_node']}",
+                         **{k: v for k, v in r.items() if not isinstance(v, (list, dict))}})
+    return pd.DataFrame(rows), {"machine": record["machine"], "date": record["date"]}
+
+
 def runtime_comparison(cfg: Config) -> dict:
     """Measured runtime next to the simulator, per policy and component (seconds per training step).
 

@@ -238,7 +238,7 @@ def worker(rank: int, world: int, opts: RunOptions, prepared: list | None = None
     from relibra.runtime.config import NodeLayout
     from relibra.runtime.groups import build_groups
     from relibra.runtime.plans import static_plan
-    from relibra.runtime.verify import gather_experts, gather_list
+    from relibra.runtime.verify import gather_arrays, gather_list
 
     torch.set_num_threads(opts.threads_per_rank)
     layout = NodeLayout(world, opts.nodes)
@@ -251,12 +251,12 @@ def worker(rank: int, world: int, opts: RunOptions, prepared: list | None = None
                                                            prep.policy, slots[prep.policy], opts.dtype, device)
         rows += r
         if opts.check_equivalence:
-            experts_all = gather_experts(experts)
+            experts_all = gather_arrays(experts)
             steps = len(prep.plans)
             static = [static_plan(prep.trace.loads[s], layout.ranks_per_node) for s in range(steps)]
             _, s_losses, s_experts, s_dense = run_plans(rank, world, groups, dataclasses.replace(
                 opts, inject_migration_failure=None), prep.trace, static, "static", 0, opts.dtype, device)
-            s_experts_all = gather_experts(s_experts)
+            s_experts_all = gather_arrays(s_experts)
             dense_diffs = gather_list(float(np.abs(dense - s_dense).max()))
             if rank == 0:
                 expert_diff = max(float(np.abs(experts_all[k] - s_experts_all[k]).max()) for k in experts_all)

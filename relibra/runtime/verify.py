@@ -29,21 +29,43 @@ from relibra.runtime.plans import cross_node_replica_plan, in_node_replica_plan,
 from relibra.trace import static_placement
 
 
-def gather_experts(local: dict) -> dict:
-    """Merge every rank's {(layer, expert): array} on rank 0 (others get {})."""
-    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(local, parts, dst=0)
+def _gather_bytes(payload: bytes) -> list[bytes] | None:
+    """Every rank's `payload` on rank 0 (None elsewhere), as uint8 tensors: no pickle on the wire."""
+    size = torch.tensor([len(payload)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    longest = max(int(s.item()) for s in sizes)
+    buf = torch.zeros(longest, dtype=torch.uint8)
+    buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else buf[:0]
+    parts = [torch.zeros(longest, dtype=torch.uint8) for _ in sizes] if dist.get_rank() == 0 else None
+    dist.gather(buf, parts, dst=0)
+    if dist.get_rank() != 0:
+        return None
+    return [bytes(p[: int(s.item())].numpy()) for p, s in zip(parts, sizes)]
+
+
+def gather_arrays(local: dict) -> dict:
+    """Merge every rank's {key tuple of ints and strings: array} on rank 0 (others get {}); sent as
+    .npz bytes, each key as the JSON of its tuple, read back without pickle."""
+    import io
+    import json
+
+    out = io.BytesIO()
+    np.savez(out, **{json.dumps(list(key)): np.asarray(a) for key, a in local.items()})
     merged = {}
-    if dist.get_rank() == 0:
-        for p in parts:
-            merged.update(p)
+    for part in _gather_bytes(out.getvalue()) or []:
+        with np.load(io.BytesIO(part), allow_pickle=False) as z:
+            for name in z.files:
+                merged[tuple(json.loads(name))] = z[name]
     return merged
 
 
 def gather_list(local) -> list | None:
-    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(local, parts, dst=0)
-    return parts
+    """Every rank's JSON-able `local` on rank 0, in rank order (None elsewhere)."""
+    import json
+
+    parts = _gather_bytes(json.dumps(local).encode())
+    return None if parts is None else [json.loads(p) for p in parts]
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -122,13 +144,13 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
             out = engine.step(plan, b, ntok, [rank], optimizer_step=False)
             used.setdefault(kind, 0)
             used[kind] += out["experts_moved"]
-            snap = gather_list(_snapshot(engine, [rank])) if step < 2 else None
-            grads = gather_experts(engine.logical_expert_state("grad")) if step < 2 else None
+            snap = gather_arrays(_snapshot(engine, [rank])) if step < 2 else None
+            grads = gather_arrays(engine.logical_expert_state("grad")) if step < 2 else None
             dense_grad = engine.dense_state("grad") if step < 2 else None
             engine.optimizer.step()
             rec.append({"snap": snap, "grads": grads, "dense_grad": dense_grad,
                         "loss": sum(gather_list(out["loss"]) or [0.0])})
-        params = gather_experts(engine.logical_expert_state("param"))
+        params = gather_arrays(engine.logical_expert_state("param"))
         records[kind] = {"steps": rec, "params": params, "dense": engine.dense_state("param")}
         if kind == "balanced":
             balanced_engine = engine
@@ -154,8 +176,8 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
     dist.barrier()
 
     # injected migration failure: balanced engine, move every expert again, fail one transfer
-    before = gather_experts(balanced_engine.logical_expert_state("param"))
-    moments_before = gather_experts(balanced_engine.logical_expert_state("exp_avg_sq"))
+    before = gather_arrays(balanced_engine.logical_expert_state("param"))
+    moments_before = gather_arrays(balanced_engine.logical_expert_state("exp_avg_sq"))
     home_before = balanced_engine.model.home.copy()
     failed_everywhere = 0
     try:
@@ -165,13 +187,13 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
         failed_everywhere = 1
     flag = torch.tensor([failed_everywhere])
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    after = gather_experts(balanced_engine.logical_expert_state("param"))
-    moments_after = gather_experts(balanced_engine.logical_expert_state("exp_avg_sq"))
-    homes = gather_list(balanced_engine.model.home)
+    after = gather_arrays(balanced_engine.logical_expert_state("param"))
+    moments_after = gather_arrays(balanced_engine.logical_expert_state("exp_avg_sq"))
+    homes = gather_list(balanced_engine.model.home.tolist())
     # then the same migration without failure succeeds and keeps every expert's values
     migrate_homes(balanced_engine.model, balanced_engine.optimizer, reordered_home(L, E, world, shift=5))
-    moved = gather_experts(balanced_engine.logical_expert_state("param"))
-    moved_moments = gather_experts(balanced_engine.logical_expert_state("exp_avg_sq"))
+    moved = gather_arrays(balanced_engine.logical_expert_state("param"))
+    moved_moments = gather_arrays(balanced_engine.logical_expert_state("exp_avg_sq"))
 
     # node rule: refused before any transfer
     bad = cross_node_replica_plan(trace.loads[0], layout.ranks_per_node, replica_slots) if nodes > 1 else None
@@ -186,7 +208,7 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
             refused = 0
         except PlanError as exc:
             refused = int("node" in str(exc))
-    untouched = gather_experts(balanced_engine.logical_expert_state("param"))
+    untouched = gather_arrays(balanced_engine.logical_expert_state("param"))
     no_push = int(balanced_engine.model.replicas.bytes_pushed == pushed_before)
 
     # a communication error mid-transfer inside a training step (issue 16): rolled back through the vote,
@@ -211,8 +233,8 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
     st, ba = records["static"], records["balanced"]
     diffs = {}
     for step in range(2):
-        s_snap = {k: v for part in st["steps"][step]["snap"] for k, v in part.items()}
-        b_snap = {k: v for part in ba["steps"][step]["snap"] for k, v in part.items()}
+        s_snap = st["steps"][step]["snap"]
+        b_snap = ba["steps"][step]["snap"]
         r_snap = ref["steps"][step]["snap"]
         for what in ("logits", "embed_grad"):
             pick = lambda d: {k: v for k, v in d.items() if k[2] == what}  # noqa: E731
@@ -235,7 +257,7 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
         "failure_raised_on_every_rank": bool(flag.item()),
         "failure_left_params": max_diff(after, before) == 0.0,
         "failure_left_moments": max_diff(moments_after, moments_before) == 0.0,
-        "failure_left_placement": all(np.array_equal(h, home_before) for h in homes),
+        "failure_left_placement": all(np.array_equal(np.asarray(h), home_before) for h in homes),
         "node_rule_refused": bool(flags[0].item()),
         "node_rule_no_transfer": bool(flags[1].item()) and max_diff(untouched, moved) == 0.0,
         "step_failed_migration_went_on": bool(flags[2].item()),
