@@ -140,7 +140,7 @@ def test_unreadable_files(tmp_path):
     with pytest.raises(TraceError, match=r"pickled\.pt: holds objects that need full pickle"):
         import_sglang(tmp_path / "pickled.pt", "tiny", ep=1)
     np.savez(tmp_path / "obj.npz", routed_experts=np.array([layers[0].numpy(), "x"], dtype=object))
-    with pytest.raises(TraceError, match=r"obj\.npz: holds object arrays that need pickle"):
+    with pytest.raises(TraceError, match=r"obj\.npz: field 'routed_experts' holds object arrays that need pickle"):
         import_sglang(tmp_path / "obj.npz", "tiny", ep=1)
     with pytest.raises(TraceError, match="no such file"):
         import_sglang(tmp_path / "missing.pt", "tiny", ep=1)

@@ -93,46 +93,6 @@ def measure_expert_gemm(hidden: int, ffn: int, token_counts, device: str = "cpu"
             "device": device, "dtype": dtype, "threads": threads}
 
 
-def measure_expert_gemm(hidden: int, ffn: int, token_counts, device: str = "cpu", dtype: str = "float32",
-                        repeats: int = 5, threads: int | None = 1) -> dict:
-    """Time one SwiGLU expert forward (x @ W_gate, x @ W_up, silu * , @ W_down) at several token counts.
-
-    Returns {"tokens": [...], "seconds": [...] (median of `repeats`), "flops_per_token": 6 * hidden * ffn,
-    "device", "dtype", "threads"}; feed it to fit_gemm_efficiency to calibrate a topology.
-    """
-    import time
-
-    import torch
-
-    if threads is not None and device == "cpu":
-        torch.set_num_threads(threads)
-    dt = getattr(torch, dtype)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    w_gate = torch.randn(hidden, ffn, generator=gen).to(device=device, dtype=dt)
-    w_up = torch.randn(hidden, ffn, generator=gen).to(device=device, dtype=dt)
-    w_down = torch.randn(ffn, hidden, generator=gen).to(device=device, dtype=dt)
-
-    def sync():
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-
-    seconds = []
-    for n in token_counts:
-        x = torch.randn(int(n), hidden, generator=gen).to(device=device, dtype=dt)
-        times = []
-        for i in range(repeats + 1):
-            sync()
-            t0 = time.perf_counter()
-            y = (torch.nn.functional.silu(x @ w_gate) * (x @ w_up)) @ w_down
-            sync()
-            if i:  # the first run warms caches and allocators
-                times.append(time.perf_counter() - t0)
-        del y
-        seconds.append(float(np.median(times)))
-    return {"tokens": [int(n) for n in token_counts], "seconds": seconds, "flops_per_token": 6 * hidden * ffn,
-            "device": device, "dtype": dtype, "threads": threads}
-
-
 def machine_description() -> str:
     """CPU model, logical CPUs and OS of this machine, for the record of a measurement."""
     import os

@@ -101,7 +101,7 @@ from relibra.experiments.simulation import (
 from relibra.experiments.scale import SCALE_POLICIES, best_other, scale_cases, scale_sweep, scale_table, sweep_of
 from relibra.experiments.sensitivity import KNOBS, config_sensitivity, sensitivity, tornado_table
 from relibra.experiments.skewness import plan_skewness, skewness_sweep
-from relibra.experiments.traces import _TRACE_CACHE, make_trace, plan_steps, workload_traces
+from relibra.experiments.traces import _TRACE_CACHE, make_trace, plan_steps, workload_traces  # noqa: F401  (tests clear the cache)
 from relibra.experiments.tutorial import (
     TUTORIAL_DEFAULTS,
     TUTORIAL_MODEL,

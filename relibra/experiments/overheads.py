@@ -52,7 +52,6 @@ def overhead_table(cfg: Config) -> pd.DataFrame:
     """
     import torch
 
-    from relibra.costs import cost_plan  # noqa: F401  (the cost model every figure here uses)
     from relibra.sim import resolve_topology
 
     trace = make_trace(cfg)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import zipfile
 
 import numpy as np
 
@@ -82,25 +81,15 @@ def to_numpy(obj, path: str):
 
 
 def load_container(path: str):
-    """Read a .pt (torch.load, weights_only=True) or .npz (allow_pickle=False) file.
+    """Read a .pt (torch.load, weights_only=True) or .npz (relibra.trace.read_npz: no pickle, bounded) file.
 
     Returns, for .npz, a dict name -> array (every array read now, so corruption shows here); for
     .pt, the saved object with tensors turned into numpy arrays. Errors name the file.
     """
     if path.endswith(".npz"):
-        try:
-            # the file is opened here, not by np.load: numpy 2.4 leaves its own handle open when the
-            # archive turns out corrupted (a ResourceWarning), ours closes on every path
-            with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as z:
-                return {name: z[name] for name in z.files}
-        except ValueError as exc:
-            if "pickle" in str(exc).lower():
-                raise TraceError(f"{path}: holds object arrays that need pickle, which this kit refuses to load") from None
-            raise TraceError(f"{path}: unreadable ({exc})") from None
-        except (zipfile.BadZipFile, OSError, EOFError, KeyError) as exc:
-            raise TraceError(f"{path}: truncated or corrupted ({type(exc).__name__}: {exc})") from None
-        except Exception as exc:  # zlib errors on a damaged member
-            raise TraceError(f"{path}: truncated or corrupted ({type(exc).__name__}: {exc})") from None
+        from relibra.trace import read_npz
+
+        return read_npz(path)  # headers checked and sizes bounded before anything is allocated
     if path.endswith(".pt") or path.endswith(".pth"):
         import pickle
 

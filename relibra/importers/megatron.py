@@ -170,29 +170,6 @@ def _jsonl_records(path: str):
         raise TraceError(f"{path}: the file holds no records")
 
 
-def _json_ids(rows, topk: int, where: str) -> np.ndarray:
-    """top_indices (a JSON list of lists) -> array [tokens, topk], with the first bad row named."""
-    if not isinstance(rows, list):
-        raise TraceError(f"{where}: field 'top_indices' must be a list of lists")
-    if not rows:
-        return np.zeros((0, topk), dtype=np.int64)
-    try:
-        arr = np.asarray(rows)
-    except ValueError:  # ragged rows
-        arr = None
-    if arr is not None and arr.ndim == 2 and arr.dtype.kind in "iuf" and arr.shape[1] == topk:
-        return arr
-    for i, row in enumerate(rows):  # slow path only to name the first bad row
-        if not isinstance(row, list):
-            raise TraceError(f"{where}: field 'top_indices' at [token={i}] is not a list")
-        if len(row) != topk:
-            raise TraceError(f"{where}: field 'top_indices' at [token={i}] has top-k width {len(row)}, expected {topk}")
-        for j, v in enumerate(row):
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise TraceError(f"{where}: field 'top_indices' at [token={i}, k={j}] holds {v!r}, not an integer expert id")
-    raise TraceError(f"{where}: field 'top_indices' is not a [num_tokens, topk] array of integers")
-
-
 def _layer_name(key: tuple) -> str:
     block, mtp_idx, layer = key
     return f"decoder.layers.{layer}" if block == "decoder" else f"mtp.layers.{mtp_idx}.mtp_model_layer.layers.{layer}"

@@ -25,10 +25,15 @@ import os
 import sys
 import time
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from relibra.errors import ConfigError
-from relibra.runtime.options import RunOptions, parse_args
+from relibra.runtime.options import RunOptions
+
+if TYPE_CHECKING:
+    import pandas as pd
 from relibra.trace import RoutingTrace, static_placement
 
 
@@ -319,7 +324,6 @@ def simulate_step_seconds(prep: Prepared, warmup: int, ranks_per_node: int, topo
 def results(result: dict, opts: RunOptions, prepared: list[Prepared], world: int) -> list[dict]:
     """One JSON-able dict per policy: measured median / min / max step seconds, simulated step seconds,
     expert share of the step, token skew, oversubscription and the plan's skewness."""
-    from relibra.plan import StepPlan  # noqa: F401  (plans carry skewness())
     from relibra.runtime.plans import static_plan
 
     table = per_step_table(result["rows"])

@@ -129,7 +129,6 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
         return ([[data.batch(step, m, s, L) for s in sources] for m in range(micro_batches)],
                 [data.tokens(step, m) for m in range(micro_batches)])
 
-    results = {}
     records = {}
     for kind in ("static", "balanced"):
         engine = Engine(ModelConfig(cfg.shape, L, 0 if kind == "static" else replica_slots, seed, dtype), train,
