@@ -1,7 +1,9 @@
 """`relibra reproduce [--profile laptop|paper|gpu|tiny] [--out results] [-p NAME VALUE]... [NOTEBOOK...]`:
 run the notebooks (their Jupytext sources notebooks/NN_name.py) through papermill, keep each executed
 notebook beside its results (results/<nb>/<nb>.ipynb) with an HTML export (<nb>.html), and rebuild
-results/REPORT.md from every result present under the output folder. ./reproduce.sh calls it."""
+results/REPORT.md and results/glance.md (the README's results table, relibra.glance) from every result
+present under the output folder; with --update-readme, also docs/glance.md and the README's table.
+./reproduce.sh calls it."""
 
 from __future__ import annotations
 
@@ -134,19 +136,34 @@ def parse_parameters(pairs: list[list[str]] | None) -> dict:
 
 
 def _reproduce(args) -> int:
+    from relibra.experiments import project_root
+    from relibra.glance import glance_rows, readme_block, update_readme, write_glance
     from relibra.report import write_report
 
     names = select_notebooks(args.notebooks)
+    readme = project_root() / "README.md"
+    if args.update_readme:  # a README without its markers fails now, not after the notebooks ran
+        readme_block(readme.read_text(), str(readme))
     started = time.perf_counter()
     statuses = run_notebooks(names, args.profile, args.out, seed=args.seed, measured_dir=args.measured_dir,
                              extra_parameters=parse_parameters(args.parameter), progress=not args.quiet)
     total = time.perf_counter() - started
     report = write_report(args.out, args.profile, statuses, total_seconds=total)
+    glance = write_glance(args.out)
     failed = [n for n, s in statuses.items() if s["status"] != "ok"]
-    print(f"{len(names) - len(failed)}/{len(names)} notebooks ok in {total / 60:.1f} min; report: {report}")
+    print(f"{len(names) - len(failed)}/{len(names)} notebooks ok in {total / 60:.1f} min; report: {report}; "
+          f"results table: {glance}")
     if failed:
         print(f"error: failed notebooks: {', '.join(failed)} (their executed copies under {args.out} show the cell)")
+        if args.update_readme:
+            print("error: README.md and docs/glance.md left as they were: a run with failed notebooks updates neither")
         return 1
+    if args.update_readme:
+        if glance_rows(args.out).empty:
+            raise ConfigError(f"--update-readme: {args.out} holds none of the tables the README's results table "
+                              "is built from (notebooks 02, 06, 07, 08, 10)")
+        update_readme(glance, readme, readme.parent / "docs" / "glance.md")
+        print(f"README.md's results table and docs/glance.md now hold {glance}")
     return 0
 
 
@@ -156,7 +173,8 @@ def register(sub) -> None:
     p = sub.add_parser("reproduce", help="run the notebooks through papermill and rebuild results/REPORT.md",
                        description="Run every notebook (or the named ones) through papermill with one profile; "
                        "executed notebooks (.ipynb and .html), figures and CSVs go to OUT/<notebook>/; OUT/REPORT.md is "
-                       "rebuilt from every notebook's results found under OUT, not only those just run. "
+                       "rebuilt from every notebook's results found under OUT, not only those just run, and so is "
+                       "OUT/glance.md, the README's results table (--update-readme puts it there). "
                        f"Notebooks: {', '.join(NOTEBOOKS)}.")
     p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
                    help="notebook names or numbers (e.g. 02 or 02_throughput); default: all")
@@ -170,4 +188,8 @@ def register(sub) -> None:
                    help="set a notebook parameter, as papermill's -p (e.g. -p ep 16); a name the notebook "
                    "does not declare fails it with the list of those it does")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--update-readme", action="store_true",
+                   help="after a run where every notebook passed, copy OUT/glance.md (the results table built "
+                   "from notebooks 02, 06, 07, 08 and 10's tables) to docs/glance.md and into README.md between "
+                   "its glance markers")
     p.set_defaults(func=_reproduce)

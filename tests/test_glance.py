@@ -1,0 +1,133 @@
+"""relibra.glance: the README's results table is built from a reproduction run's tables, and the
+README holds exactly the committed docs/glance.md (so nobody types numbers into it).
+
+The results folders below are FIXTURE DATA written by the tests: made-up numbers chosen so that each
+one can be recognised in the table, not results of the kit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from relibra.errors import ConfigError
+from relibra.experiments import project_root
+from relibra.glance import (BEGIN, END, glance_markdown, glance_rows, readme_block, replace_block, update_readme,
+                            write_glance)
+
+
+def _write(out: Path, notebook: str, name: str, rows: list[dict], config: dict | None = None,
+           scale_note: str = "fixture profile: made-up numbers") -> None:
+    folder = out / notebook
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(folder / name, index=False)
+    if config is not None:
+        (folder / "manifest.json").write_text(json.dumps({"config": config, "scale_note": scale_note}))
+
+
+def _fixture_results(out: Path) -> None:
+    """Made-up tables in the layout the notebooks write (column names as in relibra.experiments)."""
+    speeds = {("m1", "w1"): {"megatron": 100.0, "eplb+": 125.0, "relibra": 137.0, "balanced": 150.0},
+              ("m1", "w2"): {"megatron": 100.0, "eplb+": 110.0, "relibra": 121.0, "balanced": 130.0}}
+    _write(out, "02_throughput", "throughput.csv",
+           [{"model": m, "workload": w, "ep": 32, "cluster": "paper", "policy": p, "tokens_per_s": v}
+            for (m, w), d in speeds.items() for p, v in d.items()],
+           config={"cluster": "paper", "ep": 32, "profile": "fixture"})
+    _write(out, "06_skewness", "skewness.csv",
+           [{"sweep": "ep", "model": "m1", "workload": "w1", "ep": ep, "policy": p, "skewness": s, "skewness_p95": s}
+            for ep, p, s in ((8, "megatron", 2.71), (64, "megatron", 3.14), (8, "relibra", 1.01), (64, "relibra", 1.07))]
+           + [{"sweep": "workload", "model": "m1", "workload": "w9", "ep": 32, "policy": "megatron", "skewness": 9.99,
+               "skewness_p95": 9.99}],
+           config={"cluster": "paper"})
+    _write(out, "07_overheads", "overheads.csv",
+           [{"model": "m1", "ep": 32, "cluster": "paper", "policy": p, "plan_s": s, "planner_vs_forward": f,
+             "migration_share": 0.0123, "replica_memory_share_full_model": 0.0456, "transfer_overlap": 0.78,
+             "planner_hardware": "fixture machine"}
+            for p, s, f in (("eplb+", 0.0042, 0.01), ("relibra", 1.234, 0.56))])
+    _write(out, "08_runtime", "step_results.csv",
+           [{"policy": p, "repeat": r, "step_s_median": v, "sim_step_s": s, "model": "moe-cpu",
+             "hardware": "fixture cpu", "ranks": 2, "nodes": 1, "oversubscribed": False}
+            for p, r, v, s in (("megatron", 0, 2.0, 1.6), ("megatron", 1, 2.2, 1.6),
+                               ("relibra", 0, 1.25, 1.0), ("relibra", 1, 1.35, 1.0))])
+    _write(out, "10_sensitivity", "tornado.csv",
+           [{"ratio": "relibra_over_megatron", "knob": k, "default": 1.3, "low": lo, "high": hi, "low_value": lv,
+             "high_value": hv, "swing": hi - lo}
+            for k, lo, hi, lv, hv in (("RDMA rate", 1.11, 1.52, "100", "25"), ("spare slots", 1.2, 1.31, "1", "4"),
+                                      ("batch layout", 1.29, 1.3, "verl", "slime"))],
+           config={"model": "m1", "workload": "w1", "ep": 32, "cluster": "paper"})
+
+
+def test_glance_values_flow_from_the_tables(tmp_path):
+    _fixture_results(tmp_path)
+    rows = glance_rows(tmp_path)
+    text = dict(zip(rows["what"], rows["figure"]))
+    how = dict(zip(rows["what"], rows["how it was obtained"]))
+    # 02: 137/100 and 121/100 over Megatron, 137/125 and 121/110 over EPLB+, 1 - 137/150 and 1 - 121/130
+    assert text["ReLibra / Megatron"].startswith("up to 1.37x (m1, w1, 32, paper); 1.21x - 1.37x over 2 cases")
+    assert text["ReLibra / EPLB+ (oracle)"].startswith("up to 1.10x")
+    assert "within 6.9-8.7%" in text["gap to Balanced (1 - ReLibra / Balanced)"]
+    assert "paper: up to 1.6x" in text["ReLibra / Megatron"]
+    assert how["ReLibra / Megatron"].startswith("**simulated** on the `paper` cluster preset (20 x 8 GPUs), EP 32")
+    assert "fixture profile: made-up numbers" in how["ReLibra / Megatron"]
+    assert how["ReLibra / EPLB+ (oracle)"] == how["gap to Balanced (1 - ReLibra / Balanced)"] == "same as above"
+    # 06: the EP sweep only (the workload row's 9.99 stays out)
+    skew = text["rank skewness (max / mean tokens per GPU), mean over plans, EP 8-64"]
+    assert skew == "Megatron 2.71-3.14; ReLibra 1.01-1.07"
+    # 07: measured planner seconds, simulated migration / memory / overlap
+    assert text["planner wall time per step, m1, EP 32"] == ("EPLB+ 0.0042 s (0.01x the forward pass); "
+                                                            "ReLibra 1.23 s (0.56x the forward pass)")
+    assert how["planner wall time per step, m1, EP 32"].startswith("**measured** on fixture machine")
+    assert text["ReLibra migration and replica memory, m1, EP 32"] == (
+        "migration 1.23% of step time; replica buffer 4.56% of parameter memory per GPU (whole model); "
+        "78% of replica transfers hidden behind attention")
+    # 08: medians over repeats, 2.1 / 1.3 measured, 1.6 / 1.0 simulated
+    rt = text["runtime step time on the CPU (median over repeats)"]
+    assert rt == ("Megatron 2.1 s measured, 1.6 s simulated; ReLibra 1.3 s measured, 1 s simulated; "
+                  "ReLibra / Megatron 1.62x measured, 1.60x simulated")
+    assert "fixture cpu" in how["runtime step time on the CPU (median over repeats)"]
+    assert how["runtime step time on the CPU (median over repeats)"].endswith(
+        "profile unknown (no manifest.json): 2 launch(es) (`08_runtime/step_results.csv`)")
+    # 10: the two knobs of largest swing, in order
+    assert text["what moves ReLibra / Megatron most (one knob at a time)"] == (
+        "default 1.30x; most with RDMA rate: 1.11x (100) to 1.52x (25); then spare slots: 1.20x (1) to 1.31x (4)")
+    md = glance_markdown(tmp_path)
+    assert md.splitlines()[1] == "| what | figure | how it was obtained |" and md.count("\n| ") == len(rows) + 1
+
+
+def test_glance_skips_missing_tables_and_names_broken_ones(tmp_path):
+    _fixture_results(tmp_path)
+    (tmp_path / "08_runtime" / "step_results.csv").unlink()
+    (tmp_path / "10_sensitivity" / "tornado.csv").unlink()
+    whats = list(glance_rows(tmp_path)["what"])
+    assert len(whats) == 6 and not any("runtime" in w or "knob" in w for w in whats)
+    assert "No reproduction results" in write_glance(tmp_path / "02_throughput").read_text()
+    pd.DataFrame({"model": ["m"], "policy": ["relibra"]}).to_csv(tmp_path / "02_throughput" / "throughput.csv",
+                                                                 index=False)
+    with pytest.raises(ConfigError, match=r"throughput\.csv: missing column\(s\) workload, tokens_per_s"):
+        glance_rows(tmp_path)
+
+
+def test_update_readme_replaces_only_the_block(tmp_path):
+    _fixture_results(tmp_path)
+    glance = write_glance(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\nbefore\n{BEGIN}\n| old | typed | numbers |\n{END}\n\nafter\n")
+    update_readme(glance, readme, tmp_path / "docs" / "glance.md")
+    text = readme.read_text()
+    assert text.startswith("# Title\n\nbefore\n") and text.endswith(f"{END}\n\nafter\n") and "typed" not in text
+    assert readme_block(text) == glance.read_text() == (tmp_path / "docs" / "glance.md").read_text()
+    assert "1.37x" in readme_block(text)
+    with pytest.raises(ConfigError, match="README.md: needs exactly one"):
+        replace_block("no markers here\n", "x\n")
+    with pytest.raises(ConfigError, match="needs exactly one"):
+        readme_block(f"{END}\n{BEGIN}\n")
+
+
+def test_readme_table_is_the_committed_glance_file():
+    """README.md's results table is docs/glance.md, which `relibra reproduce --update-readme` writes."""
+    root = project_root()
+    committed = (root / "docs" / "glance.md").read_text()
+    assert readme_block((root / "README.md").read_text()) == committed
+    assert committed.startswith("<!-- written by `relibra reproduce`") and "| what | figure |" in committed
