@@ -81,7 +81,7 @@ def register(subparsers) -> None:
     cal.add_argument("--eps", default="8,16,32,64", help="comma-separated EP sizes (default 8,16,32,64)")
     cal.add_argument("--steps", type=int, default=4, help="steps per trace (default 4)")
     cal.add_argument("--micro-batches", type=int, default=32, help="micro-batches per step (default 32)")
-    cal.add_argument("--tokens-per-rank", type=int, default=None, help="tokens per micro-batch and rank (default 8192)")
+    cal.add_argument("--tokens-per-rank", type=int, default=None, help="tokens per micro-batch and rank (default: derived from the batch of 1024 sequences)")
     cal.add_argument("--seed", type=int, default=0)
     cal.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     cal.set_defaults(func=_calibrate)
