@@ -91,19 +91,54 @@ class StepPlan:
         """Tokens each expert's home computes: int64 [M, L, E] (its load minus what its replicas take)."""
         return home_tokens_of(self.loads.sum(axis=2, dtype=np.int64), self.replica_expert, self.replica_tokens())
 
+    def layer_flows(self, groups: "HomeGroups | None" = None):
+        """The token flow one layer at a time, sources last, so that the simulator's hot path never
+        builds an [M, L, ep, E] or [M, L, ep, ep] array and moves whole rows of sources.
+
+        Yields a LayerFlow(layer, home_flow, slots, rows) per layer, in order:
+          home_flow: signed int [M, E, ep_src] (the loads' type, at least 32 bits) tokens of each
+            (expert, src) left for the expert's home; with `groups` (HomeGroups of this plan's home)
+            its expert axis is in groups.order[layer] (experts grouped by home GPU), else in expert order;
+          slots: (micro_batch, gpu, slot) int64 [n] index arrays of the layer's occupied replica slots
+            (in no particular order);
+          rows: signed int [n, ep_src] tokens each of those replicas receives from each source.
+        Only occupied slots carry tokens (flows into empty slots are ignored; the validator rejects them).
+        """
+        m, l, ep, e = self.loads.shape
+        occupied = self.replica_expert >= 0
+        any_replica = bool(self.replica_slots) and bool(occupied.any())
+        none = np.zeros(0, dtype=np.int64)
+        load_type, flow_type = _count_type(self.loads.dtype), _count_type(self.replica_flow.dtype)
+        for layer in range(l):
+            loads = self.loads[:, layer].transpose(0, 2, 1)  # [M, E, src] view
+            column = np.arange(e)
+            if groups is not None and not groups.in_order[layer]:
+                home_flow = np.take(loads, groups.order[layer], axis=1).astype(load_type, copy=False)  # a copy
+                column = groups.position[layer]
+            else:
+                home_flow = np.array(loads, dtype=load_type, order="C")
+            mi, gi, ri = np.nonzero(occupied[:, layer]) if any_replica else (none, none, none)
+            if len(mi):
+                key = mi * e + column[self.replica_expert[mi, layer, gi, ri]]
+                rank = rank_within(key)
+                if rank.any():  # the replicas of one expert one after another, so that rounds are blocks
+                    order = np.argsort(rank, kind="stable")
+                    mi, gi, ri, key = mi[order], gi[order], ri[order], key[order]
+                rows = self.replica_flow[:, layer][mi, :, gi, ri].astype(flow_type, copy=False)  # [n, src]
+                scatter_rows(np.subtract, home_flow, key // e, key % e, rows)  # what replicas take leaves home
+            else:
+                rows = np.zeros((0, ep), dtype=flow_type)
+            yield LayerFlow(layer, home_flow, (mi, gi, ri), rows)
+
     def home_flow(self) -> np.ndarray:
         """Tokens of each (src, expert) left for the expert's home: int64 [M, L, ep_src, E].
 
         The loads minus what the occupied replica slots take (flows into empty slots are not
         subtracted; the validator rejects them).
         """
-        ep = self.ep
-        out = self.loads.astype(np.int64)
-        mi, li, gi, ri = np.nonzero(self.replica_expert >= 0)  # only occupied slots: few of all slots
-        if len(mi):
-            expert = self.replica_expert[mi, li, gi, ri].astype(np.int64)
-            flows = self.replica_flow[mi, li, :, gi, ri].astype(np.int64)  # [n, src]
-            np.subtract.at(out, (mi[:, None], li[:, None], np.arange(ep)[None, :], expert[:, None]), flows)
+        out = np.empty(self.loads.shape, dtype=np.int64)
+        for flow in self.layer_flows():
+            out[:, flow.layer] = flow.home_flow.transpose(0, 2, 1)
         return out
 
     def gpu_tokens(self) -> np.ndarray:
@@ -125,32 +160,35 @@ class StepPlan:
         """Tokens dispatched from each src to each GPU (combine sends them back): float64 [M, L, ep_src, ep_dst]."""
         return self.flows()[0]
 
+    def layer_token_matrices(self):
+        """Tokens dispatched from each src to each GPU, one layer at a time: yields (layer, float64
+        [M, ep_src, ep_dst]), a view of a buffer reused from one layer to the next (copy it to keep it).
+        Each home's column sums its experts' home flows, each replica's GPU column adds the replica's
+        rows (integer sums, exact in float64)."""
+        m, l, ep, e = self.loads.shape
+        groups = HomeGroups(self.home, ep)
+        out = np.empty((m, ep, ep))  # [M, dst, src]
+        for flow in self.layer_flows(groups):
+            groups.reduce(np.add, flow.home_flow, flow.layer, out)
+            mi, gi, _ = flow.slots
+            scatter_rows(np.add, out, mi, gi, flow.rows)  # what replicas take arrives at their GPU
+            yield flow.layer, out.transpose(0, 2, 1)
+
     def flows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The token flow in one pass, without np.add.at (the simulator's hot path).
+        """The token flow in one pass.
 
         Returns (token_matrix float64 [M, L, ep_src, ep_dst], home_tokens int64 [M, L, E] tokens each
-        expert's home computes, replica_tokens int64 [M, L, ep, replica_slots] tokens each replica computes).
+        expert's home computes, replica_tokens int64 [M, L, ep, replica_slots] tokens each replica
+        computes). The simulator itself takes the per-GPU counts from gpu_tokens and the matrix layer
+        by layer (layer_token_matrices) only where it needs it.
         """
         m, l, ep, e = self.loads.shape
-        home_onehot = _home_onehot(self.home, ep).astype(np.float32)
-        # float32 is exact here: every count and sum stays far below 2**24
-        matrix = np.matmul(self.loads.astype(np.float32), home_onehot)  # [M, L, ep, ep]
-        occupied = self.replica_expert >= 0
-        r = self.replica_slots
+        matrix = np.empty((m, l, ep, ep))
+        for layer, layer_matrix in self.layer_token_matrices():
+            matrix[:, layer] = layer_matrix
         replica_tokens = self.replica_tokens()
-        if r and occupied.any():
-            flow = self.replica_flow.astype(np.float32)
-            flow *= occupied[:, :, None]  # [M, L, src, gpu, R]; nothing flows to an empty slot
-            # tokens a replica takes leave the expert's home: subtract them from the home's column
-            rep_expert = np.where(occupied, self.replica_expert, 0)
-            rep_home = self.home[np.arange(l)[None, :, None, None], rep_expert]  # [M, L, ep, R]
-            back_onehot = ((rep_home[..., None] == np.arange(ep)) & occupied[..., None]).astype(np.float32)
-            back = np.matmul(flow.reshape(m, l, ep, ep * r), back_onehot.reshape(m, l, ep * r, ep))  # [M, L, src, home]
-            for slot in range(r):  # a loop over the few slots beats a reduction over a short last axis
-                matrix += flow[..., slot]
-            matrix -= back
         home_tokens = home_tokens_of(self.loads.sum(axis=2, dtype=np.int64), self.replica_expert, replica_tokens)
-        return matrix.astype(np.float64), home_tokens, replica_tokens
+        return matrix, home_tokens, replica_tokens
 
     def num_replicas(self) -> np.ndarray:
         """Occupied replica slots per GPU: int64 [micro_batches, layers, ep]."""
@@ -165,9 +203,115 @@ class StepPlan:
         validate_plan(self, trace_loads)
 
 
-def _home_onehot(home: np.ndarray, ep: int) -> np.ndarray:
-    """[L, E] home ranks -> float64 one-hot [L, E, ep]."""
-    return (home[:, :, None] == np.arange(ep)[None, None, :]).astype(np.float64)
+@dataclass
+class LayerFlow:
+    """One layer's token flow (StepPlan.layer_flows)."""
+
+    layer: int
+    home_flow: np.ndarray  # signed int [M, E, ep_src] tokens of each (expert, src) left for its home
+    slots: tuple  # (micro_batch, gpu, slot) int64 [n] each: the occupied replica slots
+    rows: np.ndarray  # signed int [n, ep_src] tokens each occupied slot receives from each source
+
+
+class HomeGroups:
+    """Experts grouped by their home GPU, per layer, to combine per-expert values into per-GPU ones.
+
+    home: int [L, E] home rank of each expert; ep: EP size. order[l]: the experts sorted by home
+    (stable); position[l, x]: where expert x sits in that order; in_order[l]: order[l] is the
+    identity (static placement); counts[l, g]: experts homed on g; per_gpu: the count when every
+    GPU homes the same number of experts in every layer, else 0.
+    """
+
+    def __init__(self, home: np.ndarray, ep: int):
+        home = np.asarray(home, dtype=np.int64)
+        layers, e = home.shape
+        self.ep = ep
+        self.order = np.argsort(home, axis=1, kind="stable")  # [L, E]
+        self.position = np.empty_like(self.order)
+        np.put_along_axis(self.position, self.order, np.arange(e)[None, :], axis=1)
+        self.in_order = (self.order == np.arange(e)).all(axis=1)  # [L]
+        self.counts = homes_per_gpu(home, ep)  # [L, ep]
+        self.per_gpu = int(self.counts[0, 0]) if layers and (self.counts == self.counts[0, 0]).all() else 0
+
+    def reduce(self, ufunc: np.ufunc, grouped: np.ndarray, layer: int, out: np.ndarray) -> np.ndarray:
+        """out[..., g, :] = ufunc over grouped[..., x, :] for the experts x homed on GPU g (ufunc's
+        identity where g homes none). grouped [..., E, S] with experts in order[layer] (as
+        StepPlan.layer_flows(groups) gives them); out [..., ep, S], written (may be grouped itself
+        when every GPU homes one expert)."""
+        k = self.per_gpu
+        if k == 1:
+            if out is not grouped:
+                np.copyto(out, grouped)
+        elif k:
+            shape = grouped.shape
+            ufunc.reduce(grouped.reshape(*shape[:-2], self.ep, k, shape[-1]), axis=-2, out=out)
+        else:
+            counts = self.counts[layer]
+            has = counts > 0
+            out[..., has, :] = ufunc.reduceat(grouped, (np.cumsum(counts) - counts)[has], axis=-2)
+            out[..., ~has, :] = ufunc.identity
+        return out
+
+
+def _count_type(dtype: np.dtype) -> np.dtype:
+    """The signed integer type token counts of `dtype` are worked in: itself when signed and at least
+    32 bits (no copy of int32 plans into int64), else int64 (so that no difference wraps around)."""
+    dtype = np.dtype(dtype)
+    return dtype if dtype.kind == "i" and dtype.itemsize >= 4 else np.dtype(np.int64)
+
+
+def rank_within(key: np.ndarray) -> np.ndarray:
+    """How many earlier entries share each entry's key: int64 [n] (0 for the first of each key)."""
+    n = len(key)
+    order = np.argsort(key, kind="stable")
+    ordered = key[order]
+    fresh = np.ones(n, dtype=bool)
+    fresh[1:] = ordered[1:] != ordered[:-1]
+    index = np.arange(n)
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = index - np.maximum.accumulate(np.where(fresh, index, 0))
+    return rank
+
+
+def scatter_rows(ufunc: np.ufunc, target: np.ndarray, first: np.ndarray, second: np.ndarray, rows: np.ndarray) -> None:
+    """target[first[i], second[i]] = ufunc(target[first[i], second[i]], rows[i]) for every i, in place;
+    entries that share a place are applied one after another, in order of i. target [A, B, S];
+    first, second int [n]; rows [n, S].
+
+    Fancy indexing without ufunc.at: when no place repeats, one gather and one scatter; when the
+    entries come in rounds (the first entry of every place, then the second, ... as consecutive
+    blocks), one round per block; otherwise every entry at once, then the repeated places again
+    from their saved values, round by round."""
+    n = len(first)
+    if not n:
+        return
+    if not target.flags.c_contiguous:
+        work = np.ascontiguousarray(target)
+        scatter_rows(ufunc, work, first, second, rows)
+        target[...] = work
+        return
+    flat = target.reshape(-1, target.shape[2])  # a view: one index per (first, second) place
+    key = np.asarray(first, dtype=np.int64) * target.shape[1] + second
+    rank = rank_within(key)
+    top = int(rank.max())
+    if top == 0:
+        flat[key] = ufunc(flat[key], rows)
+        return
+    if (rank[1:] >= rank[:-1]).all():
+        bounds = np.searchsorted(rank, np.arange(top + 2))
+        for k in range(top + 1):
+            at, block = key[bounds[k]:bounds[k + 1]], rows[bounds[k]:bounds[k + 1]]
+            flat[at] = ufunc(flat[at], block)
+        return
+    repeated = np.unique(key[rank > 0])
+    saved = flat[repeated]
+    flat[key] = ufunc(flat[key], rows)  # right wherever a place has one entry
+    flat[repeated] = saved
+    again = np.nonzero(np.isin(key, repeated))[0]
+    for k in range(top + 1):
+        sel = again[rank[again] == k]
+        at = key[sel]
+        flat[at] = ufunc(flat[at], rows[sel])
 
 
 def homes_per_gpu(home: np.ndarray, ep: int) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 from relibra.cluster import Topology
 from relibra.costs.params import ROUTES
 from relibra.errors import ConfigError
-from relibra.plan import StepPlan
+from relibra.plan import HomeGroups, StepPlan, scatter_rows
 
 
 def link_seconds(bytes_matrix: np.ndarray, gpus_per_node: int, topology: Topology, route: str | None = None,
@@ -49,19 +49,19 @@ def link_seconds(bytes_matrix: np.ndarray, gpus_per_node: int, topology: Topolog
     gpu = np.arange(ep)
     diag = x[..., gpu, gpu].reshape(*lead, n, g)
     x4 = x.reshape(*lead, n, g, n, g)  # [..., src node, src local, dst node, dst local]
-    to_node = x4.sum(axis=-1)  # [..., Ns, Ls, Nd]
-    own_to = np.diagonal(to_node, axis1=-3, axis2=-1)  # [..., Ls, N]: bytes kept inside the sender's node
-    own_to = np.swapaxes(own_to, -1, -2)  # [..., Ns, Ls]
+    blocks = np.diagonal(x4, axis1=-4, axis2=-2)  # [..., Ls, Ld, N]: bytes kept inside each node
+    own_to = np.moveaxis(blocks.sum(axis=-2), -1, -2)  # [..., Ns, Ls]
     intra_send = own_to - diag
     if node_bytes is not None and route == "rail":
         rail_to_node = np.asarray(node_bytes, dtype=np.float64).reshape(*lead, n, g, n)
         rail_own = np.diagonal(rail_to_node, axis1=-3, axis2=-1)  # [..., Ls, N]
         rdma_send = rail_to_node.sum(axis=-1) - np.swapaxes(rail_own, -1, -2)
     else:
+        to_node = x4.sum(axis=-1)  # [..., Ns, Ls, Nd]
         rail_to_node, rail_own = to_node, np.swapaxes(own_to, -1, -2)
         rdma_send = to_node.sum(axis=-1) - own_to  # [..., Ns, Ls]
     from_node = x4.sum(axis=-4)  # [..., Ls, Nd, Ld]: bytes arriving per (sender local, dst)
-    own_from = np.moveaxis(np.diagonal(x4, axis1=-4, axis2=-2), -1, -2)  # [..., Ls, Nd, Ld] same-node part
+    own_from = np.moveaxis(blocks, -1, -2)  # [..., Ls, Nd, Ld] same-node part
     intra_recv = own_from.sum(axis=-3) - diag  # [..., Nd, Ld]
     cross = from_node - own_from  # [..., Ls, Nd, Ld]: cross-node bytes by sender local index
     if route == "direct":
@@ -83,6 +83,46 @@ def link_seconds(bytes_matrix: np.ndarray, gpus_per_node: int, topology: Topolog
     return np.maximum(nvl, rdma).reshape(*lead, ep)
 
 
+def sparse_link_seconds(cell: np.ndarray, src: np.ndarray, dst: np.ndarray, weight, cells: int, ep: int,
+                        gpus_per_node: int, topology: Topology, route: str | None = None) -> np.ndarray:
+    """link_seconds of `cells` exchanges given as a list of moves instead of dense [cells, ep, ep]
+    matrices: move i sends weight[i] bytes (an array, or one number for all) from GPU src[i] to GPU
+    dst[i] in exchange cell[i]; moves that repeat add up; a move to itself is free. Same links,
+    routes and rates as link_seconds (node_bytes not supported). Returns float64 [cells, ep].
+    """
+    route = topology.route if route is None else route
+    if route not in ROUTES:
+        raise ConfigError(f"route must be one of {ROUTES}, got {route!r}")
+    g = gpus_per_node
+    cell, src, dst = (np.asarray(a, dtype=np.int64) for a in (cell, src, dst))
+    weight = np.broadcast_to(np.asarray(weight, dtype=np.float64), cell.shape)
+    moving = src != dst
+    cell, src, dst, weight = cell[moving], src[moving], dst[moving], weight[moving]
+    size = cells * ep
+
+    def per_gpu(where, gpu):  # bytes summed per (cell, GPU) over the moves selected by `where`
+        return np.bincount(cell[where] * ep + gpu[where], weights=weight[where], minlength=size)
+
+    same = src // g == dst // g
+    cross = ~same
+    nvl_send, nvl_recv = per_gpu(same, src), per_gpu(same, dst)
+    rdma_send = per_gpu(cross, src)
+    if route == "direct":
+        rdma_recv = per_gpu(cross, dst)
+    else:  # rail: into the NIC of the sender's local index in the destination node, then NVLink on
+        rail = dst // g * g + src % g
+        rdma_recv = per_gpu(cross, rail)
+        hop = cross & (rail != dst)
+        nvl_send = nvl_send + per_gpu(hop, rail)
+        nvl_recv = nvl_recv + per_gpu(hop, dst)
+    if topology.shared_link:
+        both = np.maximum(nvl_send + rdma_send, nvl_recv + rdma_recv)
+        return (both / topology.nvlink_bytes_per_s).reshape(cells, ep)
+    nvl = np.maximum(nvl_send, nvl_recv) / topology.nvlink_bytes_per_s
+    rdma = np.maximum(rdma_send, rdma_recv) / topology.rdma_bytes_per_s
+    return np.maximum(nvl, rdma).reshape(cells, ep)
+
+
 def collective_seconds(bytes_matrix: np.ndarray, gpus_per_node: int, topology: Topology,
                        route: str | None = None, node_bytes: np.ndarray | None = None) -> np.ndarray:
     """Seconds of one exchange set by its slowest GPU, plus the launch latency where anything moves.
@@ -95,37 +135,68 @@ def collective_seconds(bytes_matrix: np.ndarray, gpus_per_node: int, topology: T
     return np.where(slowest > 0, slowest + topology.collective_latency_s, 0.0)
 
 
+# One copy's share of a source's tokens is capped just below 1, so that a copy taking every token of
+# a source still leaves the product of misses positive.
+SHARE_CAP = float(np.float32(1.0 - 1e-6))
+
+
 def distinct_tokens(plan: StepPlan, src_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Estimated distinct tokens each source sends each GPU and each node (a token routed to several
     expert copies there travels once, as DeepEP sends it).
 
     Every copy c of an expert takes a share pi_c = (tokens of this source it receives) / (the
-    source's tokens) of the source's tokens; taking the copies' memberships as independent, a token
-    reaches a set X of copies with probability 1 - prod_{c in X} (1 - pi_c). Exact when each set
-    holds one copy; otherwise an estimate (top-k picks are in truth slightly anti-correlated).
+    source's tokens) of the source's tokens (capped at SHARE_CAP); taking the copies' memberships as
+    independent, a token reaches a set X of copies with probability 1 - prod_{c in X} (1 - pi_c).
+    Exact when each set holds one copy; otherwise an estimate (top-k picks are in truth slightly
+    anti-correlated).
     src_tokens: [M, ep] tokens (not pairs) per source rank.
     Returns (per GPU float64 [M, L, ep_src, ep_dst], per node float64 [M, L, ep_src, nodes]).
+    The simulator takes them layer by layer (layer_distinct_tokens) instead.
     """
     m, l, ep, e = plan.loads.shape
-    tokens = np.asarray(src_tokens, dtype=np.float64)
-    inv = np.where(tokens > 0, 1.0 / np.where(tokens > 0, tokens, 1.0), 0.0).astype(np.float32)  # [M, ep]
-    home_onehot = (plan.home[:, :, None] == np.arange(ep)).astype(np.float32)  # [L, E, ep]
-    home_flow = plan.home_flow().astype(np.float32)  # float32 is exact for these counts
-    mi, li, gi, ri = np.nonzero(plan.replica_expert >= 0)
-    if len(mi):
-        flows = plan.replica_flow[mi, li, :, gi, ri].astype(np.float32)  # [n, src]
-        src = np.arange(ep)[None, :]
-    one = np.float32(1.0 - 1e-6)
-    share = home_flow * inv[:, None, :, None]
-    np.minimum(share, one, out=share)
-    np.log1p(-share, out=share)
-    log_miss = np.matmul(share, home_onehot)  # [M, L, src, gpu]
-    if len(mi):
-        rep_share = np.minimum(flows * inv[mi], one)
-        np.add.at(log_miss, (mi[:, None], li[:, None], src, gi[:, None]), np.log1p(-rep_share))
-    gpn = plan.gpus_per_node
-    log_miss = log_miss.astype(np.float64)
-    tokens = tokens[:, None, :, None]
-    per_gpu = tokens * -np.expm1(log_miss)
-    per_node = tokens * -np.expm1(log_miss.reshape(m, l, ep, ep // gpn, gpn).sum(axis=-1))
+    per_gpu = np.empty((m, l, ep, ep))
+    per_node = np.empty((m, l, ep, ep // plan.gpus_per_node))
+    for layer, gpu, node in layer_distinct_tokens(plan, src_tokens):
+        per_gpu[:, layer] = gpu
+        per_node[:, layer] = node
     return per_gpu, per_node
+
+
+def layer_distinct_tokens(plan: StepPlan, src_tokens: np.ndarray, scale: float = 1.0):
+    """distinct_tokens one layer at a time: yields (layer, per GPU float64 [M, ep_src, ep_dst], per
+    node float64 [M, ep_src, nodes]), each times `scale` (bytes per token, say). Both are views of
+    buffers reused from one layer to the next: use or copy them before taking the next layer.
+
+    Works in float64 on products of misses, sources last: per (micro_batch, GPU, src) the product of
+    (1 - share) over the GPU's homed experts (their home flows) and its occupied replicas.
+    """
+    m, l, ep, e = plan.loads.shape
+    gpn = plan.gpus_per_node
+    nodes = ep // gpn
+    tokens = np.asarray(src_tokens, dtype=np.float64)
+    inv = np.where(tokens > 0, 1.0 / np.where(tokens > 0, tokens, 1.0), 0.0)  # [M, src]
+    neg_inv = -inv[:, None, :]
+    scaled = (tokens * scale)[:, None, :]
+    groups = HomeGroups(plan.home, ep)
+    factor = np.empty((m, e, ep))  # 1 - share of each (expert, src), experts grouped by home
+    miss = factor if groups.per_gpu == 1 else np.empty((m, ep, ep))  # [M, dst, src]
+    node_miss = np.empty((m, nodes, ep))
+    per_gpu, per_node = np.empty((m, ep, ep)), np.empty((m, nodes, ep))
+    for flow in plan.layer_flows(groups):
+        np.multiply(flow.home_flow, neg_inv, out=factor)
+        np.maximum(factor, -SHARE_CAP, out=factor)
+        factor += 1.0
+        groups.reduce(np.multiply, factor, flow.layer, miss)
+        mi, gi, _ = flow.slots
+        if len(mi):
+            rep = inv[mi]  # [n, src] -> 1 - each replica's share
+            rep *= flow.rows
+            np.minimum(rep, SHARE_CAP, out=rep)
+            np.subtract(1.0, rep, out=rep)
+            scatter_rows(np.multiply, miss, mi, gi, rep)
+        np.subtract(1.0, miss, out=per_gpu)
+        per_gpu *= scaled
+        np.multiply.reduce(miss.reshape(m, nodes, gpn, ep), axis=2, out=node_miss)
+        np.subtract(1.0, node_miss, out=per_node)
+        per_node *= scaled
+        yield flow.layer, per_gpu.transpose(0, 2, 1), per_node.transpose(0, 2, 1)

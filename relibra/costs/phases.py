@@ -20,7 +20,7 @@ import numpy as np
 
 from relibra.cluster import ModelShape, Topology
 from relibra.costs.flops import attention_core_flops, attention_core_seconds, gemm_seconds
-from relibra.costs.links import collective_seconds, distinct_tokens, link_seconds
+from relibra.costs.links import collective_seconds, layer_distinct_tokens, sparse_link_seconds
 from relibra.costs.params import REPLICA_BUFFERS, CostParams
 from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan
@@ -38,20 +38,27 @@ def dp_size_of(topology: Topology, params: CostParams, ep: int) -> int:
 
 # ---- dispatch and combine ------------------------------------------------------------------------
 def dispatch_seconds(plan: StepPlan, model: ModelShape, topology: Topology, params: CostParams,
-                     token_matrix: np.ndarray, src_tokens: np.ndarray) -> np.ndarray:
+                     token_matrix: np.ndarray | None, src_tokens: np.ndarray) -> np.ndarray:
     """Seconds of one dispatch all-to-all per (micro-batch, layer): float64 [M, L]. Combine sends the
     same bytes back along the same links, so it costs the same.
 
-    token_matrix: float [M, L, ep_src, ep_dst] token-expert pairs (StepPlan.flows()[0]); src_tokens:
-    [M, ep] tokens per source rank. Under dedup (DeepEP) a token crosses to a GPU / node once
+    token_matrix: float [M, L, ep_src, ep_dst] token-expert pairs (StepPlan.flows()[0]), or None to
+    take them from the plan layer by layer (StepPlan.layer_token_matrices); src_tokens: [M, ep] tokens
+    per source rank. Under dedup (DeepEP) a token crosses to a GPU / node once
     (links.distinct_tokens); otherwise one row per pair (Megatron's alltoall dispatcher).
     """
     route = route_of(topology, params)
     gpn = plan.gpus_per_node
+    out = np.zeros((plan.num_microbatches, plan.num_layers))
     if topology.dedup if params.dedup is None else params.dedup:
-        per_gpu, per_node = distinct_tokens(plan, src_tokens)
-        return collective_seconds(per_gpu * model.token_bytes, gpn, topology, route, per_node * model.token_bytes)
-    return collective_seconds(token_matrix * model.token_bytes, gpn, topology, route)
+        for layer, per_gpu, per_node in layer_distinct_tokens(plan, src_tokens, model.token_bytes):
+            out[:, layer] = collective_seconds(per_gpu, gpn, topology, route, per_node)
+        return out
+    if token_matrix is not None:
+        return collective_seconds(token_matrix * model.token_bytes, gpn, topology, route)
+    for layer, matrix in plan.layer_token_matrices():
+        out[:, layer] = collective_seconds(matrix * model.token_bytes, gpn, topology, route)
+    return out
 
 
 # ---- routed experts ------------------------------------------------------------------------------
@@ -110,8 +117,10 @@ def non_moe_seconds(src_tokens: np.ndarray, model: ModelShape, topology: Topolog
 
 
 # ---- replicas ------------------------------------------------------------------------------------
-def replica_moves(plan: StepPlan, buffer: str) -> tuple[np.ndarray, np.ndarray]:
-    """Replica weight pushes and gradient pulls: (pushes, pulls) int64 [M, L, ep_home, ep_dst] copies.
+def replica_move_list(plan: StepPlan, buffer: str) -> dict:
+    """Replica weight pushes and gradient pulls as a list, one entry per occupied replica slot:
+    {"micro_batch", "layer", "home", "gpu": int64 [n], "push", "pull": bool [n]} (whether that slot's
+    weights are pushed from the home to the GPU, and its gradient pulled back, at its (micro_batch, layer)).
 
     layer-shared: every occupied slot is pushed and pulled at its own (micro_batch, layer).
     per-layer: an expert is pushed to a GPU only where it was not there at the previous micro-batch
@@ -122,18 +131,29 @@ def replica_moves(plan: StepPlan, buffer: str) -> tuple[np.ndarray, np.ndarray]:
     mi, li, gi, ri = np.nonzero(plan.replica_expert >= 0)
     ex = plan.replica_expert[mi, li, gi, ri].astype(np.int64)
     if buffer == "per-layer":
-        present = np.zeros((m + 2, l, ep, e), dtype=bool)  # padded with empty micro-batches on both sides
-        present[mi + 1, li, gi, ex] = True
-        keep_push = (present[1:-1] & ~present[:-2])[mi, li, gi, ex]
-        keep_pull = (present[1:-1] & ~present[2:])[mi, li, gi, ex]
+        # (layer, gpu, expert, micro_batch) keys with an empty micro-batch of padding on both sides
+        key = ((li * ep + gi) * e + ex) * (m + 2) + mi + 1
+        present = np.unique(key)
+
+        def there(k):
+            at = np.minimum(np.searchsorted(present, k), len(present) - 1)
+            return present[at] == k
+
+        push, pull = ~there(key - 1), ~there(key + 1)
     else:
-        keep_push = keep_pull = np.ones(len(mi), dtype=bool)
-    home = plan.home[li, ex]
-    out = []
-    for keep in (keep_push, keep_pull):
-        idx = ((mi[keep] * l + li[keep]) * ep + home[keep]) * ep + gi[keep]
-        out.append(np.bincount(idx, minlength=m * l * ep * ep).reshape(m, l, ep, ep).astype(np.int64))
-    return out[0], out[1]
+        push = pull = np.ones(len(mi), dtype=bool)
+    return {"micro_batch": mi, "layer": li, "home": plan.home[li, ex].astype(np.int64), "gpu": gi,
+            "push": push, "pull": pull}
+
+
+def replica_moves(plan: StepPlan, buffer: str) -> tuple[np.ndarray, np.ndarray]:
+    """Replica weight pushes and gradient pulls: (pushes, pulls) int64 [M, L, ep_home, ep_dst] copies
+    (replica_move_list counted per (micro_batch, layer, home, gpu))."""
+    m, l, ep, _ = plan.replica_expert.shape
+    moves = replica_move_list(plan, buffer)
+    idx = ((moves["micro_batch"] * l + moves["layer"]) * ep + moves["home"]) * ep + moves["gpu"]
+    return tuple(np.bincount(idx[moves[kind]], minlength=m * l * ep * ep).reshape(m, l, ep, ep).astype(np.int64)
+                 for kind in ("push", "pull"))
 
 
 def replica_buffer_of(plan: StepPlan, params: CostParams) -> str:
@@ -152,10 +172,16 @@ def replica_transfer_seconds(plan: StepPlan, model: ModelShape, topology: Topolo
     """
     params = params or CostParams()
     route = route_of(topology, params)
-    pushes, pulls = replica_moves(plan, replica_buffer_of(plan, params))
-    push = link_seconds(pushes * float(model.expert_bytes), plan.gpus_per_node, topology, route)
-    pull = link_seconds(pulls * float(model.expert_params * params.grad_bytes_per_param), plan.gpus_per_node,
-                        topology, route)
+    m, l, ep, _ = plan.replica_expert.shape
+    moves = replica_move_list(plan, replica_buffer_of(plan, params))
+    cell = moves["micro_batch"] * l + moves["layer"]
+    seconds = []
+    for kind, nbytes in (("push", model.expert_bytes), ("pull", model.expert_params * params.grad_bytes_per_param)):
+        keep = moves[kind]
+        per_gpu = sparse_link_seconds(cell[keep], moves["home"][keep], moves["gpu"][keep], float(nbytes), m * l, ep,
+                                      plan.gpus_per_node, topology, route)
+        seconds.append(per_gpu.reshape(m, l, ep))
+    push, pull = seconds
     lat = topology.collective_latency_s
     return np.where(push > 0, push + lat, 0.0), np.where(pull > 0, pull + lat, 0.0)
 

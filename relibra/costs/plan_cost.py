@@ -11,7 +11,7 @@ from relibra.cluster import ModelShape, Topology
 from relibra.costs import phases
 from relibra.costs.params import CostParams
 from relibra.errors import PlanError
-from relibra.plan import StepPlan
+from relibra.plan import StepPlan, gpu_tokens_from, home_tokens_of
 from relibra.trace import skewness
 
 
@@ -175,9 +175,11 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     dp = phases.dp_size_of(topology, params, ep)
 
     # token flow, exchanges and experts
-    matrix, home_tokens, replica_tokens = plan.flows()
-    gpu_tokens = np.rint(matrix.sum(axis=2)).astype(np.int64)  # [M, L, ep]
-    a2a = phases.dispatch_seconds(plan, model, topology, params, matrix, src_tokens)
+    replica_tokens = plan.replica_tokens()
+    expert_tokens = plan.loads.sum(axis=2, dtype=np.int64)
+    home_tokens = home_tokens_of(expert_tokens, plan.replica_expert, replica_tokens)
+    gpu_tokens = gpu_tokens_from(expert_tokens, plan.home, plan.replica_expert, replica_tokens)  # [M, L, ep]
+    a2a = phases.dispatch_seconds(plan, model, topology, params, None, src_tokens)  # the flow layer by layer
     copies = phases.active_copies(plan, home_tokens, replica_tokens)
     expert_gpu = phases.expert_seconds_per_gpu(gpu_tokens, copies, model, topology)
     expert = expert_gpu.max(axis=2)
