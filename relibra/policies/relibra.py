@@ -70,24 +70,27 @@ REPLICATIONS = ("micro_batch", "step", "none")
 
 # ---- the algorithm, top to bottom ------------------------------------------------------------------
 def relibra_homes(loads: np.ndarray, shape, topology: Topology, gpus_per_node: int, reorder: str,
-                  config: AnnealConfig, rng: np.random.Generator, prev_home: np.ndarray | None = None
-                  ) -> tuple[np.ndarray, dict]:
+                  config: AnnealConfig, rng: np.random.Generator, prev_home: np.ndarray | None = None,
+                  expert_tokens: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
     """(1) Inter-batch reordering: every expert's home for the step.
 
     loads: int [M, L, ep, E] the step's routed tokens (src rank, expert); shape: the ModelShape and
     topology whose rates convert communication and migration into compute tokens (cost_ratios);
     reorder: "static" (Megatron's homes), "lpt" (LPT on step totals) or "anneal" (LPT or prev_home
-    as the start, then anneal_homes). prev_home: int [L, E] or None. Returns (home int64 [L, E], info).
+    as the start, then anneal_homes). prev_home: int [L, E] or None; expert_tokens: int [M, L, E]
+    loads summed over sources, when the caller has it. Returns (home int64 [L, E], info).
     """
     m, l, ep, e = loads.shape
     if reorder == "static":
         return static_placement(l, e, ep), {}
-    expert_tokens = loads.sum(axis=2, dtype=np.int64)  # [M, L, E]
+    if expert_tokens is None:
+        expert_tokens = loads.sum(axis=2, dtype=np.int64)  # [M, L, E]
     home = lpt_homes(expert_tokens.sum(axis=0).astype(np.float64), ep)
     if reorder == "lpt":
         return home, {}
     nodes = ep // gpus_per_node
-    src_node = loads.reshape(m, l, nodes, gpus_per_node, e).sum(axis=3, dtype=np.int64).transpose(0, 1, 3, 2)
+    # tokens per (micro-batch, layer) fit int32 with room to spare
+    src_node = loads.reshape(m, l, nodes, gpus_per_node, e).sum(axis=3, dtype=np.int32).transpose(0, 1, 3, 2)
     comm, mig = cost_ratios(shape, topology, ep)
     starts = home if prev_home is None or not equal_homes(prev_home, ep) else np.stack([home, prev_home])
     return anneal_homes(expert_tokens, src_node, starts, ep, gpus_per_node, config, rng,
@@ -225,14 +228,17 @@ class ReLibraPolicy(Policy):
                             migration_weight=self.migration_weight)
 
     def place(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
-              prev_home: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
-        """The step's homes int64 [L, E] and planner figures (see relibra_homes)."""
+              prev_home: np.ndarray | None = None, expert_tokens: np.ndarray | None = None
+              ) -> tuple[np.ndarray, dict]:
+        """The step's homes int64 [L, E] and planner figures (see relibra_homes; expert_tokens: the
+        step's loads summed over sources, int [M, L, E], when the caller has them)."""
         if prev_home is not None:
             prev_home = np.asarray(prev_home, dtype=np.int64)
             if ((prev_home < 0) | (prev_home >= trace.ep)).any():
                 raise PlanError(f"{self.name}: prev_home names GPUs outside [0, {trace.ep})")
         return relibra_homes(trace.loads[step], trace.model, topology, gpus_per_node, self.reorder,
-                             self.anneal_config(), np.random.default_rng([self.seed, step]), prev_home)
+                             self.anneal_config(), np.random.default_rng([self.seed, step]), prev_home,
+                             expert_tokens)
 
     def _replicas(self, loads: np.ndarray, expert_tokens: np.ndarray, home: np.ndarray, gpus_per_node: int
                   ) -> tuple[np.ndarray, np.ndarray]:
@@ -253,14 +259,14 @@ class ReLibraPolicy(Policy):
         loads = trace.loads[step]
         m, l, ep, e = loads.shape
         clock = _Clock()
-        home, info = self.place(trace, step, topology, gpus_per_node, prev_home)
+        expert_tokens = loads.sum(axis=2, dtype=np.int64)  # [M, L, E], once for every stage
+        home, info = self.place(trace, step, topology, gpus_per_node, prev_home, expert_tokens)
         reorder = clock.lap()
-        expert_tokens = loads.sum(axis=2, dtype=np.int64)
         rexp, rtok = self._replicas(loads, expert_tokens, home, gpus_per_node)
         replicate = clock.lap()
         home, rexp, rtok, worse = self._no_worse_than_static(loads, expert_tokens, home, rexp, rtok, gpus_per_node)
         fallback = clock.lap()
-        rflow = replica_flow_from_tokens(loads, home, rexp, rtok)
+        rflow = replica_flow_from_tokens(loads, home, rexp, rtok, expert_tokens)
         flow = clock.lap()
         r = rexp.shape[3]
         plan = StepPlan(policy=self.name, loads=loads, home=home, replica_expert=rexp.astype(np.int32),

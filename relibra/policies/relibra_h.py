@@ -201,9 +201,9 @@ class ReLibraHierPolicy(ReLibraPolicy):
         m, l, ep, e = loads.shape
         model = trace.model
         clock = _Clock()
-        home, info = self.place(trace, step, topology, gpus_per_node, prev_home)
+        expert_tokens = loads.sum(axis=2, dtype=np.int64)  # [M, L, E], once for every stage
+        home, info = self.place(trace, step, topology, gpus_per_node, prev_home, expert_tokens)
         reorder = clock.lap()
-        expert_tokens = loads.sum(axis=2, dtype=np.int64)
         rexp, rtok = self._replicas(loads, expert_tokens, home, gpus_per_node)
         # ReLibra's guarantee, unchanged (its own method): a layer whose new homes lose to Megatron's falls
         # back to static homes
@@ -230,7 +230,7 @@ class ReLibraHierPolicy(ReLibraPolicy):
         rexp = np.take_along_axis(rexp, order, axis=3)[..., :used_slots]
         rtok = np.take_along_axis(rtok, order, axis=3)[..., :used_slots]
         cross = clock.lap()
-        rflow = replica_flow_from_tokens(loads, home, rexp, rtok)
+        rflow = replica_flow_from_tokens(loads, home, rexp, rtok, expert_tokens)
         flow = clock.lap()
         plan = StepPlan(policy=self.name, loads=loads, home=home, replica_expert=rexp.astype(np.int32),
                         replica_flow=rflow, gpus_per_node=gpus_per_node, slots_per_gpu=e // ep + rexp.shape[3],

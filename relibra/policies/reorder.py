@@ -46,27 +46,51 @@ class AnnealConfig:
     migration_weight: float = 1.0  # times r_mig
 
 
-def _pow(y: np.ndarray, p: int) -> np.ndarray:
-    """y ** p for a positive integer p, by repeated multiplication (faster than np.power)."""
-    out = None
+def _pow(y: np.ndarray, p: int, out: np.ndarray | None = None) -> np.ndarray:
+    """y ** p for a positive integer p, by repeated multiplication (faster than np.power).
+
+    out: write the result there (it may be y itself); the products are the same either way."""
+    if out is not None and p & (p - 1) == 0:  # a power of two: square in place
+        if p == 1:
+            np.copyto(out, y)
+            return out
+        np.multiply(y, y, out=out)
+        p >>= 1
+        while p > 1:
+            np.multiply(out, out, out=out)
+            p >>= 1
+        return out
+    result = None
     base = y
     while p:
         if p & 1:
-            out = base if out is None else out * base
+            result = base if result is None else result * base
         p >>= 1
         if p:
             base = base * base
-    return out
+    if out is not None:
+        np.copyto(out, result)
+        return out
+    return result
 
 
-def _root(y: np.ndarray, p: int) -> np.ndarray:
-    """y ** (1 / p): repeated square roots when p is a power of two (much faster than np.power)."""
+def _root(y: np.ndarray, p: int, out: np.ndarray | None = None) -> np.ndarray:
+    """y ** (1 / p): repeated square roots when p is a power of two (much faster than np.power).
+
+    out: write the result there (it may be y itself)."""
     if p & (p - 1) == 0:
+        if p == 1:
+            if out is not None:
+                np.copyto(out, y)
+                return out
+            return y
+        y = np.sqrt(y, out=out)
+        p >>= 1
         while p > 1:
-            y = np.sqrt(y)
+            y = np.sqrt(y, out=y if out is not None else None)
             p >>= 1
         return y
-    return np.power(y, 1.0 / p)
+    return np.power(y, 1.0 / p, out=out)
 
 
 def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_home: np.ndarray, ep: int,
@@ -99,8 +123,12 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     is scored incrementally: it touches two GPUs and at most two nodes. After annealing,
     `polish_iterations` of greedy descent use the exact maxima.
 
-    Node state is kept as one array Y [L, terms, nodes, M] (terms: C, and R when r > 0) so that
-    both terms move through the same few numpy calls.
+    Node state is kept as one array Y [L, nodes, terms, M] (terms: C, and R when r > 0) so that
+    both terms move through the same few numpy calls. Speed: every gather is a row take from a
+    flat [rows, M] view (one index per (layer, candidate)), and the polish finds the maximum over
+    the nodes a swap leaves untouched from each (layer, term, m)'s three largest nodes. GPU loads
+    and node state are whole token counts held in float32, exact below 2^24 tokens per node and
+    micro-batch, so regrouping their sums changes no bit.
     """
     m, layers, experts = expert_tokens.shape
     nodes = ep // gpus_per_node
@@ -111,16 +139,17 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     terms = 2 if use_comm else 1
     # float32 halves the memory traffic of the gathers (integers stay exact up to 2^24 tokens per node)
     x = np.ascontiguousarray(expert_tokens.transpose(1, 2, 0), dtype=np.float32)  # [L, E, M]
-    # what expert e adds to each term of node n if homed there: [L, E, nodes, terms, M]
-    contrib = np.empty((layers, experts, nodes, terms, m), dtype=np.float32)
-    contrib[:, :, :, 0, :] = x[:, :, None, :]
+    xf = x.reshape(layers * experts, m)
     if use_comm:
-        contrib[:, :, :, 1, :] = x[:, :, None, :] - src_node_tokens.transpose(1, 2, 3, 0)
+        # what expert e adds to node n's received tokens if homed there: [L, E, nodes, M], as rows
+        recv = x[:, :, None, :] - np.asarray(src_node_tokens).transpose(1, 2, 3, 0).astype(np.float32)
+        recvf = recv.reshape(layers * experts * nodes, m)
     total = x.sum(axis=1, dtype=np.float64)  # [L, M]
     inv_total = np.where(total > 0, 1.0 / np.maximum(total, 1), 0.0).astype(np.float32)  # [L, M]
     scale = np.maximum(total.sum(axis=1) / ep, 1.0)  # [L] sum over m of the mean GPU load
     lidx = np.arange(layers)
     li2 = lidx[:, None]
+    row_e, row_g, row_n = li2 * experts, li2 * ep, li2 * nodes  # first flat row of each layer
     # placement-free normalisers: mean node compute, mean received when sources spread evenly
     mu = np.stack([np.maximum(total / nodes, 1.0), np.maximum(total * (nodes - 1) / nodes ** 2, 1.0)][:terms],
                   axis=1)  # [L, terms, M]
@@ -132,27 +161,37 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     if use_mig:
         mig = np.asarray(migration_cost, dtype=np.float64) * config.migration_weight
         prev_node = prev_home // gpn
+        prev_home_f, prev_node_f = np.ravel(prev_home), np.ravel(prev_node)
 
     def smax(ps, mu_rows):  # power sums [..., terms, M] -> weighted smooth maxima summed over m: [...]
         per_term = (mu_rows * _root(np.maximum(ps, 0.0) * (1.0 / nodes), p_node)).sum(axis=-1)
         return (per_term * weight).sum(axis=-1) / gpn
+
+    def smax32(ps, mu_rows):  # smax of float32 power sums, through one scratch array (same values)
+        v = np.maximum(ps, 0.0)
+        v *= 1.0 / nodes
+        v = _root(v, p_node, out=v)
+        v *= mu_rows
+        return (v.sum(axis=-1) * weight).sum(axis=-1) / gpn
 
     def migration(h):
         if not use_mig:
             return 0.0
         return (mig[0] * ((h != prev_home) & (h // gpn == prev_node)) + mig[1] * (h // gpn != prev_node)).sum(axis=1)
 
-    def moved(e, to_gpu, to_node):  # migration cost of expert ids e [L, K] landing on to_gpu
-        return np.where(to_node != prev_node[li2, e], mig[1], np.where(to_gpu != prev_home[li2, e], mig[0], 0.0))
+    def moved(ie, to_gpu, to_node):  # migration cost of the experts at flat rows ie [L, K] landing on to_gpu
+        return np.where(to_node != prev_node_f[ie], mig[1], np.where(to_gpu != prev_home_f[ie], mig[0], 0.0))
 
     def state(h):
-        """GPU loads [L, ep, M] and node state Y [L, nodes, terms, M] of placement h."""
-        onehot = (h[:, :, None] == np.arange(ep)).astype(np.float32)  # [L, E, ep]
-        gl = np.einsum("lem,leg->lgm", x, onehot)
+        """GPU loads [L, ep, M] and node state Y [L, nodes, terms, M] of placement h (sums of whole
+        token counts: exact in float32 whatever the order)."""
         node_of = h // gpn
-        y = np.zeros((layers, nodes, terms, m), dtype=np.float32)
-        for n in range(nodes):
-            y[:, n] = (contrib[:, :, n] * (node_of == n)[:, :, None, None]).sum(axis=1)
+        y = np.empty((layers, nodes, terms, m), dtype=np.float32)
+        gl = _group_sum(x, h, ep)
+        y[:, :, 0] = gl.reshape(layers, nodes, gpn, m).sum(axis=2)
+        if use_comm:
+            rows = ((row_e + np.arange(experts)) * nodes + node_of).ravel()
+            y[:, :, 1] = _group_sum(recvf[rows].reshape(layers, experts, m), node_of, nodes)
         return gl, y
 
     def powers(y):  # (y / mu)^p: [L, nodes, terms, M]
@@ -164,20 +203,37 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
         return (smax(powers(y).sum(axis=1, dtype=np.float64), mu) + w_gpu * gpu_term + migration(h)) / scale
 
     def candidates():
+        """k random swaps per layer: experts a, b, their GPUs p, q and nodes pn, qn, the tokens d
+        [L, K, M] GPU p gains (q loses), the GPU and migration part of the score change [L, K],
+        and the new state of nodes pn and qn stacked on axis 1 (rows [L, 2K] of Y, new_y
+        [L, 2K, terms, M])."""
         a = rng.integers(0, experts, size=(layers, k))
         b = rng.integers(0, experts, size=(layers, k))
-        p, q = home[li2, a], home[li2, b]
+        ia, ib = row_e + a, row_e + b
+        p, q = home_f[ia], home_f[ib]
         pn, qn = p // gpn, q // gpn
-        d = x[li2, b] - x[li2, a]  # [L, K, M] tokens GPU p gains (q loses)
-        delta = w_gpu * ((2 * d * (g_load[li2, p] - g_load[li2, q] + d)) * inv_t).sum(axis=2)
+        d = xf.take(ib, axis=0, mode="clip")
+        d -= xf.take(ia, axis=0, mode="clip")  # [L, K, M] tokens GPU p gains (q loses)
+        t = gl_f.take(row_g + p, axis=0, mode="clip")
+        t -= gl_f.take(row_g + q, axis=0, mode="clip")
+        t += d
+        t *= 2 * d
+        t *= inv_t
+        delta = w_gpu * t.sum(axis=2)
         if use_mig:
-            delta += moved(a, q, qn) - moved(a, p, pn) + moved(b, p, pn) - moved(b, q, qn)
-        # new state of nodes pn and qn, both stacked on axis 1: [L, 2K, terms, M]
-        g = contrib[li2, np.concatenate([b, a], axis=1), np.concatenate([pn, qn], axis=1)] \
-            - contrib[li2, np.concatenate([a, b], axis=1), np.concatenate([pn, qn], axis=1)]
-        both = np.concatenate([pn, qn], axis=1)
-        new_y = y_node[li2, both] + g
-        return a, b, p, q, pn, qn, both, d, delta, new_y
+            delta += moved(ia, q, qn) - moved(ia, p, pn) + moved(ib, p, pn) - moved(ib, q, qn)
+        rows = np.concatenate([row_n + pn, row_n + qn], axis=1)  # [L, 2K] rows of Y
+        new_y = y_f.take(rows, axis=0, mode="clip").reshape(layers, 2 * k, terms, m)
+        new_y[:, :k, 0] += d
+        new_y[:, k:, 0] -= d
+        if use_comm:
+            g = recvf.take(ib * nodes + pn, axis=0, mode="clip")
+            g -= recvf.take(ia * nodes + pn, axis=0, mode="clip")
+            new_y[:, :k, 1] += g
+            g = recvf.take(ia * nodes + qn, axis=0, mode="clip")
+            g -= recvf.take(ib * nodes + qn, axis=0, mode="clip")
+            new_y[:, k:, 1] += g
+        return a, b, p, q, pn, qn, rows, d, delta, new_y
 
     def apply(la, kb, a, b, p, q, pn, qn, d, new_y):
         """Make the chosen swaps (layers la, candidates kb); returns the cross-node ones (lc, kc)."""
@@ -197,9 +253,12 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     starts = np.asarray(init_home, dtype=np.int64).reshape(-1, layers, experts)
     scores = np.stack([score(h) for h in starts])  # [starts, L]
     home = starts[np.argmin(scores, axis=0), lidx].copy()
+    home_f = home.reshape(-1)  # a view: swaps made on home show here
     before = scores.min(axis=0)
     g_load, y_node = state(home)
+    gl_f, y_f = g_load.reshape(layers * ep, m), y_node.reshape(layers * nodes, terms * m)  # views
     pw = powers(y_node)  # [L, nodes, terms, M]
+    pw_f = pw.reshape(layers * nodes, terms * m)
     ps = pw.sum(axis=1)  # [L, terms, M]
     current = smax(ps, mu32)  # [L]
     k = config.candidates
@@ -208,15 +267,19 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
         np.arange(iters) / max(iters - 1, 1))
     inv_t = inv_total[:, None, :]  # [L, 1, M]
     inv_mu4 = inv_mu[:, None]  # [L, 1, terms, M]
+    mu_k = mu32[:, None]  # [L, 1, terms, M]
     accepted = 0
     worst = 0.0  # check_state: largest relative difference between kept and recomputed state
     for it in range(iters):
-        a, b, p, q, pn, qn, both, d, delta, new_y = candidates()
-        new_pw = _pow(new_y * inv_mu4, p_node)  # [L, 2K, terms, M]
-        change = new_pw - pw[li2, both]
-        cross = (pn != qn)[:, :, None, None]
-        new_ps = ps[:, None] + np.where(cross, change[:, :k] + change[:, k:], 0.0)  # [L, K, terms, M]
-        new_node = smax(new_ps, mu32[:, None])  # [L, K]
+        a, b, p, q, pn, qn, rows, d, delta, new_y = candidates()
+        new_pw = new_y * inv_mu4
+        new_pw = _pow(new_pw, p_node, out=new_pw)  # [L, 2K, terms, M]
+        change = np.subtract(new_pw, pw_f.take(rows, axis=0, mode="clip").reshape(new_pw.shape))
+        change = change[:, :k] + change[:, k:]
+        change[pn == qn] = 0.0  # a swap inside a node leaves the node terms as they are
+        new_ps = change
+        new_ps += ps[:, None]  # [L, K, terms, M]
+        new_node = smax32(new_ps, mu_k)  # [L, K]
         delta += new_node - current[:, None]
         delta = np.where(p != q, delta / scale[:, None], np.inf)
         best = np.argmin(delta, axis=1)
@@ -241,15 +304,18 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     # Polish: greedy descent on the exact objective, the summed maxima over nodes (no smoothing),
     # with the same GPU and migration terms. Swaps inside a node leave the node maxima unchanged.
     g_load, y_node = state(home)
+    gl_f, y_f = g_load.reshape(layers * ep, m), y_node.reshape(layers * nodes, terms * m)
     node_max = y_node.max(axis=1)  # [L, terms, M]
-    kk = np.arange(k)[None, :]
+    top_v, top_i = _top3(y_node)  # [L, 3, terms, M] each: the three largest nodes
     polished = 0
     for it in range(config.polish_iterations):
-        a, b, p, q, pn, qn, both, d, delta, new_y = candidates()
-        others = y_node[:, None].repeat(k, axis=1)  # [L, K, nodes, terms, M]
-        others[li2, kk, pn] = -np.inf
-        others[li2, kk, qn] = -np.inf
-        new_max = np.maximum(others.max(axis=2), np.maximum(new_y[:, :k], new_y[:, k:]))  # [L, K, terms, M]
+        a, b, p, q, pn, qn, rows, d, delta, new_y = candidates()
+        # the largest node other than pn and qn: the first of the three largest that is neither
+        pnb, qnb = pn[:, :, None, None], qn[:, :, None, None]
+        i0, i1 = top_i[:, None, 0], top_i[:, None, 1]
+        others = np.where((i1 == pnb) | (i1 == qnb), top_v[:, None, 2], top_v[:, None, 1])
+        others = np.where((i0 == pnb) | (i0 == qnb), others, top_v[:, None, 0])  # [L, K, terms, M]
+        new_max = np.maximum(others, np.maximum(new_y[:, :k], new_y[:, k:]))  # [L, K, terms, M]
         node_delta = ((new_max - node_max[:, None]).sum(axis=3) * weight).sum(axis=2) / gpn
         delta += np.where(pn != qn, node_delta, 0.0)
         delta = np.where(p != q, delta / scale[:, None], np.inf)
@@ -260,16 +326,46 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
         la, kb = lidx[take], best[take]
         lc, kc = apply(la, kb, a, b, p, q, pn, qn, d, new_y)
         node_max[lc] = new_max[lc, kc]
+        top_v[lc], top_i[lc] = _top3(y_node[lc])
         polished += len(la)
         if check_state:
             gl, yy = state(home)
-            worst = max(worst, _rel_error(g_load, gl), _rel_error(y_node, yy), _rel_error(node_max, yy.max(axis=1)))
+            worst = max(worst, _rel_error(g_load, gl), _rel_error(y_node, yy), _rel_error(node_max, yy.max(axis=1)),
+                        _rel_error(top_v[:, 0], yy.max(axis=1)))
     after = score(home)
     info = {"anneal_score_before": float(before.mean()), "anneal_score_after": float(after.mean()),
             "anneal_accepted_swaps": int(accepted), "polish_accepted_swaps": int(polished)}
     if check_state:
         info["state_check_max_rel_error"] = float(worst)
     return home, info
+
+
+def _group_sum(values: np.ndarray, group: np.ndarray, groups: int) -> np.ndarray:
+    """Per layer, the rows of values summed by group: values [L, E, M], group int [L, E] in
+    [0, groups) -> [L, groups, M]. Equal groups (the placements here) sort and reshape; others
+    scatter."""
+    layers, experts, m = values.shape
+    counts = np.bincount((np.arange(layers)[:, None] * groups + group).ravel(), minlength=layers * groups
+                         ).reshape(layers, groups)
+    if experts % groups == 0 and (counts == experts // groups).all():
+        order = np.argsort(group, axis=1, kind="stable")
+        return np.take_along_axis(values, order[:, :, None], axis=1).reshape(layers, groups, -1, m).sum(axis=2)
+    out = np.zeros((layers, groups, m), dtype=values.dtype)
+    np.add.at(out, (np.arange(layers)[:, None], group), values)
+    return out
+
+
+def _top3(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The three largest entries over axis 1 and their indices: y [n, nodes, ...] -> values and int64
+    indices [n, 3, ...], largest first; fewer than three nodes pad with -inf and index -1."""
+    nodes = y.shape[1]
+    order = np.argsort(-y, axis=1, kind="stable")[:, :3]
+    vals = np.take_along_axis(y, order, axis=1)
+    if nodes < 3:
+        pad = (y.shape[0], 3 - nodes) + y.shape[2:]
+        vals = np.concatenate([vals, np.full(pad, -np.inf, dtype=y.dtype)], axis=1)
+        order = np.concatenate([order, np.full(pad, -1, dtype=order.dtype)], axis=1)
+    return vals, order
 
 
 def _rel_error(kept: np.ndarray, fresh: np.ndarray) -> float:

@@ -23,10 +23,16 @@ def replicate_in_node(expert_tokens: np.ndarray, home: np.ndarray, ep: int, gpus
               so freed, takes a new replica of one of the donor's experts (the receiver needs no
               new slot, which matters once the least-loaded GPUs have used theirs).
     A move below max(1, min(min_replica_tokens, min_replica_fraction x the node's mean GPU tokens))
-    ends the node's greedy (the fraction keeps small models replicating).
+    ends the node's greedy (the fraction keeps small models replicating). Ties go to the first
+    GPU, the first expert, and top-ups and chains (by receiver, then slot) before direct moves.
 
     expert_tokens: int [M, L, E]; home: int [L, E] (experts / ep per GPU).
     Returns (replica_expert int32 [M, L, ep, spare_slots] (-1 empty), replica_tokens int64 same shape).
+
+    Layout: every (micro_batch, layer, node) is one column of the working arrays ([gpn, ..., cells],
+    int32), so that the maxima and first-argmax over GPUs, slots and moves are reductions over a
+    leading axis (elementwise over the cells, no per-cell loop); a node whose greedy has ended leaves
+    the working set.
     """
     m, layers, experts = expert_tokens.shape
     nodes = ep // gpus_per_node
@@ -37,105 +43,214 @@ def replicate_in_node(expert_tokens: np.ndarray, home: np.ndarray, ep: int, gpus
     rtok = np.zeros((m, layers, ep, r), dtype=np.int64)
     if r == 0 or gpn == 1:
         return rexp, rtok
-    hosted = experts_by_gpu(home, ep)  # [L, ep, k]
-    # int32 working arrays halve the memory traffic; counts per (micro_batch, layer) stay far below 2^31
-    at_home = expert_tokens[:, np.arange(layers)[:, None, None], hosted].astype(np.int32)  # [M, L, ep, k]
+    hosted = experts_by_gpu(home, ep).reshape(layers, experts)  # expert ids by (GPU, j), per layer
     b = m * layers * nodes
-    rem = at_home.reshape(b, gpn, k).copy()  # tokens each home copy still computes
-    load = rem.sum(axis=2, dtype=np.int32)  # [B, gpn]
-    target = (-(-load.sum(axis=1, dtype=np.int64) // gpn)).astype(np.int32)  # ceil of the node mean
-    rep_src = np.full((b, gpn, r), -1, dtype=np.int32)  # node-local source: gpu_local * k + j
-    rep_tok = np.zeros((b, gpn, r), dtype=np.int32)
-    nrep = np.zeros((b, gpn), dtype=np.int32)
-    active = np.arange(b)
+    at_home = np.take_along_axis(expert_tokens, hosted[None], axis=2).reshape(b, gpn, k)  # [B, gpn, k]
+    node_tokens = at_home.sum(axis=(1, 2), dtype=np.int64)  # [B]
+    target = (-(-node_tokens // gpn)).astype(np.int32)  # ceil of the node mean
     threshold = np.maximum(np.minimum(int(min_replica_tokens), np.ceil(min_replica_fraction * target)), 1
                            ).astype(np.int32)  # [B]
-    gg = np.arange(gpn)
-    for _ in range(3 * gpn * r):
-        if len(active) == 0:
-            break
-        n = len(active)
-        rows = np.arange(n)
-        sel = slice(None) if n == b else active  # every cell still active: views instead of copies
-        gl = load[sel]
-        gmax = np.argmax(gl, axis=1)
-        tgt = target[sel]
-        excess = gl[rows, gmax] - tgt
-        room = np.maximum(tgt[:, None] - gl, 0)  # [n, gpn]
-        free = nrep[sel] < r
-        rs = rep_src[sel]  # [n, gpn, R]
-        rem_a = rem[sel]  # [n, gpn, k]
-        # the donor's best expert for each possible new-replica GPU h (not already replicated there)
-        # on_h[i, h, j]: GPU h already holds a replica of the donor's expert j (few such slots: scatter them)
-        on_h = np.zeros((n, gpn, k), dtype=bool)
-        ni, hi, si = np.nonzero(rs // k == gmax[:, None, None])  # empty slots (-1) never match
-        on_h[ni, hi, rs[ni, hi, si] % k] = True
-        give = np.where(on_h, -1, rem_a[rows, gmax][:, None, :])  # [n, gpn, k]
-        give_j = np.argmax(give, axis=2)  # [n, gpn]
-        give_tok = np.take_along_axis(give, give_j[:, :, None], axis=2)[:, :, 0]
-        can_host = free & (gg[None, :] != gmax[:, None])
-        direct = np.where(can_host, np.minimum(np.minimum(excess[:, None], room), give_tok), 0)  # [n, gpn]
-        # existing replicas (receiver, slot): source GPU h and expert j
-        occupied = rs >= 0
-        rs0 = np.where(occupied, rs, 0).reshape(n, gpn * r)
-        src_h, src_j = np.divmod(rs0, k)  # [n, gpn * R]
-        rem_src = np.where(occupied, np.take_along_axis(rem_a.reshape(n, gpn * k), rs0, axis=1).reshape(rs.shape), 0)
-        hostable = np.where(can_host, give_tok, 0)  # what GPU h could take as a new replica from the donor
-        relay = np.where((src_h == gmax[:, None]).reshape(rs.shape), np.iinfo(np.int32).max,
-                         np.take_along_axis(hostable, src_h, axis=1).reshape(rs.shape))
-        src_h, src_j = src_h.reshape(rs.shape), src_j.reshape(rs.shape)
-        path = np.minimum(np.minimum(excess[:, None, None], room[:, :, None]), np.minimum(rem_src, relay))
-        path = np.where(occupied, path, 0).reshape(n, gpn * r)
-        options = np.concatenate([path, direct], axis=1)  # top-ups and chains first: ties keep slots
-        choice = np.argmax(options, axis=1)
-        amount = options[rows, choice]
-        ok = amount >= threshold[sel]
-        act = active[ok]
-        if len(act):
-            rows_ok, choice, amount, donor = rows[ok], choice[ok], amount[ok], gmax[ok]
-            is_direct = choice >= gpn * r
-            # direct: new replica of the donor's expert on GPU `dst`
-            d = np.nonzero(is_direct)[0]
-            if len(d):
-                a_, dst = act[d], choice[d] - gpn * r
-                j = give_j[rows_ok[d], dst]
-                slot = nrep[a_, dst]
-                rem[a_, donor[d], j] -= amount[d]
-                load[a_, donor[d]] -= amount[d]
-                load[a_, dst] += amount[d]
-                rep_src[a_, dst, slot] = donor[d] * k + j
-                rep_tok[a_, dst, slot] = amount[d]
-                nrep[a_, dst] += 1
-            t = np.nonzero(~is_direct)[0]
-            if len(t):
-                a_, recv, slot = act[t], choice[t] // r, choice[t] % r
-                h, j = src_h[rows_ok[t], recv, slot], src_j[rows_ok[t], recv, slot]
-                rem[a_, h, j] -= amount[t]  # the receiver's replica takes more of h's expert
-                rep_tok[a_, recv, slot] += amount[t]
-                load[a_, recv] += amount[t]
-                load[a_, h] -= amount[t]
-                chain = h != donor[t]  # h refills from the donor through a new replica
-                c = np.nonzero(chain)[0]
-                if len(c):
-                    a_c, h_c, amt = a_[c], h[c], amount[t][c]
-                    jd = give_j[rows_ok[t][c], h_c]
-                    slot_c = nrep[a_c, h_c]
-                    rem[a_c, donor[t][c], jd] -= amt
-                    load[a_c, donor[t][c]] -= amt
-                    load[a_c, h_c] += amt
-                    rep_src[a_c, h_c, slot_c] = donor[t][c] * k + jd
-                    rep_tok[a_c, h_c, slot_c] = amt
-                    nrep[a_c, h_c] += 1
-        active = act
-    # node-local source index -> expert id
-    bi, gi, ri = np.nonzero(rep_src >= 0)
-    node = bi % nodes
-    layer = (bi // nodes) % layers
-    mb = bi // nodes // layers
-    src = rep_src[bi, gi, ri]
-    rexp[mb, layer, node * gpn + gi, ri] = hosted[layer, node * gpn + src // k, src % k]
-    rtok[mb, layer, node * gpn + gi, ri] = rep_tok[bi, gi, ri]
+    # tokens per node stay far below 2^31: int32 halves the memory traffic; the (value, index) keys of
+    # the first-argmax need a few bits more, else int64
+    wide = (int(node_tokens.max(initial=0)) + 1) << _bits(gpn * r + gpn) >= 2 ** 31
+    # where a cell's node-local (GPU, j) sits in hosted: layer * E + node * gpn * k
+    base = (np.arange(b) // nodes % layers * experts + np.arange(b) % nodes * (gpn * k))
+    rexp_cells, rtok_cells = rexp.reshape(b, gpn, r), rtok.reshape(b, gpn, r)  # views
+    for lo in range(0, b, _BLOCK):  # blocks of cells: a block's arrays stay in cache through its rounds
+        hi = min(b, lo + _BLOCK)
+        st = _GreedyState(np.ascontiguousarray(at_home[lo:hi].transpose(1, 2, 0), dtype=np.int32), r)
+        st = _greedy(st, target[lo:hi], threshold[lo:hi], 3 * gpn * r, wide)
+        n = hi - lo
+        occupied = st.src_copy < gpn * k * n  # [gpn, R, n]
+        copy = np.minimum(st.src_copy // n, gpn * k - 1)  # node-local h * k + j
+        ids = hosted.reshape(-1).take(base[lo:hi] + copy)
+        rexp_cells[lo:hi] = (ids * occupied + (occupied - 1)).transpose(2, 0, 1)  # -1 where empty
+        rtok_cells[lo:hi] = st.rep_tok.transpose(2, 0, 1)
     return rexp, rtok
+
+
+_BLOCK = 8192  # node cells per block of replicate_in_node (measured best at EP32-256)
+
+
+def _bits(count: int) -> int:
+    """Bits that index `count` items: the smallest s with 2^s >= count."""
+    return max(count - 1, 0).bit_length()
+
+
+class _GreedyState:
+    """The greedy's state for a set of n node cells, cells on the last axis (int32): rem [gpn, k, n]
+    the tokens each home copy still computes, load [gpn, n], nrep [gpn, n] the slots in use, and
+    per (GPU, slot) [gpn, R, n] the replica's tokens rep_tok and source: src_copy, the flat index
+    of its source copy (GPU h, expert j) in rem ((h * k + j) * n + cell; gpn * k * n or more for
+    an empty slot), and src_gpu, that of h in a [gpn, n] array (gpn * n or more when empty; the
+    same array as src_copy when k = 1). Every array is C-contiguous: updates go through flat views."""
+
+    _FIELDS = ("rem", "load", "nrep", "rep_tok", "src_copy", "src_gpu")
+
+    def __init__(self, rem: np.ndarray, slots: int, *rest):
+        gpn, k, n = rem.shape
+        self.rem = rem
+        if rest:
+            self.load, self.nrep, self.rep_tok, self.src_copy, self.src_gpu = rest
+        else:
+            self.load = rem.sum(axis=1, dtype=np.int32)
+            self.nrep = np.zeros((gpn, n), dtype=np.int32)
+            self.rep_tok = np.zeros((gpn, slots, n), dtype=np.int32)
+            self.src_copy = np.full((gpn, slots, n), gpn * k * n, dtype=np.intp)
+            self.src_gpu = self.src_copy if k == 1 else np.full((gpn, slots, n), gpn * n, dtype=np.intp)
+        self.col = np.arange(n)
+
+    def take(self, cells: np.ndarray) -> "_GreedyState":
+        """A copy of these cells' state (flat indices renumbered for the new cell count)."""
+        gpn, k, n = self.rem.shape
+        new_n = len(cells)
+        rem, load, nrep, rep_tok = (np.ascontiguousarray(getattr(self, f)[..., cells]) for f in self._FIELDS[:4])
+        # renumbered for new_n cells (an empty slot's index stays at or above the end of rem); C order,
+        # since the updates write through flat views
+        src_copy = np.ascontiguousarray(self.src_copy[..., cells] // n * new_n + np.arange(new_n))
+        src_gpu = src_copy if k == 1 else np.ascontiguousarray(self.src_gpu[..., cells] // n * new_n + np.arange(new_n))
+        return _GreedyState(rem, rep_tok.shape[1], load, nrep, rep_tok, src_copy, src_gpu)
+
+    def put(self, cells: np.ndarray, other: "_GreedyState") -> None:
+        """Write other's state (of these cells) back."""
+        n = self.rem.shape[2]
+        for f in self._FIELDS[:4]:
+            getattr(self, f)[..., cells] = getattr(other, f)
+        other_n = other.rem.shape[2]
+        self.src_copy[..., cells] = other.src_copy // other_n * n + cells
+        if self.src_gpu is not self.src_copy:
+            self.src_gpu[..., cells] = other.src_gpu // other_n * n + cells
+
+    def new_replica(self, cells, gpu, donor, j, amount) -> None:
+        """GPU `gpu` of each cell takes `amount` of the donor's expert j in its next free slot
+        (cells distinct; flat indices)."""
+        gpn, k, n = self.rem.shape
+        r = self.rep_tok.shape[1]
+        at_gpu, at_donor = gpu * n + cells, donor * n + cells
+        slot = (gpu * r + self.nrep.reshape(-1)[at_gpu]) * n + cells
+        copy = (donor * k + j) * n + cells
+        self.rem.reshape(-1)[copy] -= amount
+        self.load.reshape(-1)[at_donor] -= amount
+        self.load.reshape(-1)[at_gpu] += amount
+        self.rep_tok.reshape(-1)[slot] = amount
+        self.src_copy.reshape(-1)[slot] = copy
+        if self.src_gpu is not self.src_copy:
+            self.src_gpu.reshape(-1)[slot] = at_donor
+        self.nrep.reshape(-1)[at_gpu] += 1
+
+
+def _greedy(st: _GreedyState, target: np.ndarray, threshold: np.ndarray, rounds: int, wide: bool) -> _GreedyState:
+    """Up to `rounds` rounds of the greedy for the cells of st; a cell that makes no move is done
+    (its state no longer changes: a later round makes the same choice and again no move) and leaves
+    the working set once half of it is done. Returns the final state of every cell of st."""
+    work, cells = st, np.arange(st.load.shape[1])
+    for _ in range(rounds):
+        ok = _greedy_round(work, target[cells] if work is not st else target,
+                           threshold[cells] if work is not st else threshold, wide)
+        if ok.all():
+            continue
+        keep = np.flatnonzero(ok)
+        if len(keep) * 2 > len(ok):  # a done cell's round changes nothing: compact only when it pays
+            continue
+        if work is not st:
+            st.put(cells, work)
+        if len(keep) == 0:
+            return st
+        cells = cells[keep]
+        work = st.take(cells)
+    if work is not st:
+        st.put(cells, work)
+    return st
+
+
+def _first_max(values: np.ndarray, axis: int, wide: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(max, index of its first occurrence) over `axis` (0 or 1) of an int32 array, as one max of
+    the keys value * 2^s + (2^s - 1 - index)."""
+    count = values.shape[axis]
+    s = _bits(count)
+    low = (1 << s) - 1
+    shape = [1] * values.ndim
+    shape[axis] = count
+    tie = (low - np.arange(count, dtype=np.int64 if wide else np.int32)).reshape(shape)
+    key = np.left_shift(values.astype(np.int64), s) if wide else np.left_shift(values, s)
+    key += tie
+    best = key.max(axis=axis)
+    return (best >> s).astype(np.int32), (low - (best & low)).astype(np.int32)
+
+
+def _greedy_round(st: _GreedyState, tgt: np.ndarray, threshold: np.ndarray, wide: bool) -> np.ndarray:
+    """One round of replicate_in_node's greedy for every cell of st (updated in place); returns bool
+    [n]: the cells that made a move (the others' greedy has ended). Masks enter as 0/1 factors (a
+    masked np.where is many times slower here)."""
+    gpn, k, n = st.rem.shape
+    r = st.rep_tok.shape[1]
+    col = st.col
+    load, rem = st.load, st.rem
+    big = np.int32(np.iinfo(np.int32).max)
+    top, donor = _first_max(load, 0, wide)  # the first most-loaded GPU [n]
+    excess = top - tgt
+    room = np.subtract(tgt, load)
+    np.maximum(room, 0, out=room)  # [gpn, n]
+    is_donor = np.arange(gpn)[:, None] == donor
+    can_host = (st.nrep < r) & ~is_donor
+    # the donor's best expert for each possible new-replica GPU h (not already replicated there)
+    match = st.src_gpu == donor * n + col  # [gpn, R, n] slots holding a replica of one of the donor's experts
+    if k == 1:
+        rem_d = rem.reshape(-1).take(donor * n + col)  # [n]
+        give_tok = rem_d - match.any(axis=1) * (rem_d + 1)  # [gpn, n]; -1 where h holds it
+        give_j = None
+    else:
+        rem_d = rem.reshape(-1).take(donor * (k * n) + (np.arange(k)[:, None] * n + col))  # [k, n]
+        give = np.repeat(rem_d[None], gpn, axis=0)  # [gpn, k, n]
+        hit = np.flatnonzero(match)
+        if len(hit):
+            give.reshape(-1)[(hit // (r * n) * k) * n + st.src_copy.reshape(-1)[hit] // n % k * n + hit % n] = -1
+        give_tok, give_j = _first_max(give, 1, wide)  # [gpn, n]
+    # every move as one row of options: top-ups and chains (receiver, slot) first, so that ties keep
+    # slots, then direct moves (receiver)
+    options = np.empty((gpn * r + gpn, n), dtype=np.int32)
+    path, direct = options[:gpn * r].reshape(gpn, r, n), options[gpn * r:]
+    np.minimum(room, excess, out=direct)
+    np.minimum(direct, give_tok, out=direct)
+    np.multiply(direct, can_host, out=direct)
+    # an existing replica of copy (h, j) can take min(its source copy's tokens, what h could take as a
+    # new replica from the donor), unbounded by the latter when h is the donor (a top-up); per copy,
+    # then one gather per slot (an empty slot reads the 0 after the copies, and a move of 0 tokens
+    # or fewer is never chosen)
+    relay = give_tok * can_host + is_donor * big  # [gpn, n]
+    per_copy = np.empty(gpn * k * n + 1, dtype=np.int32)
+    per_copy[-1] = 0
+    np.minimum(rem, relay[:, None], out=per_copy[:-1].reshape(gpn, k, n))
+    per_copy.take(st.src_copy, out=path, mode="clip")
+    np.minimum(path, room[:, None], out=path)
+    np.minimum(path, excess, out=path)
+    amount, choice = _first_max(options, 0, wide)
+    ok = amount >= threshold
+    c = np.flatnonzero(ok)
+    if len(c) == 0:
+        return ok
+    choice, amount, donor = choice[c].astype(np.intp), amount[c], donor[c].astype(np.intp)
+    is_direct = choice >= gpn * r
+    d = np.flatnonzero(is_direct)
+    if len(d):  # a new replica of the donor's expert on GPU dst
+        cd, dst = c[d], choice[d] - gpn * r
+        st.new_replica(cd, dst, donor[d], give_j.reshape(-1)[dst * n + cd] if give_j is not None else 0, amount[d])
+    t = np.flatnonzero(~is_direct)
+    if len(t):
+        ct, amt, dn = c[t], amount[t], donor[t]
+        slot = choice[t] * n + ct  # flat (receiver, slot, cell)
+        recv = choice[t] // r
+        copy = st.src_copy.reshape(-1)[slot]
+        h = copy // n // k
+        rem.reshape(-1)[copy] -= amt  # the receiver's replica takes more of h's expert
+        st.rep_tok.reshape(-1)[slot] += amt
+        load.reshape(-1)[recv * n + ct] += amt
+        load.reshape(-1)[h * n + ct] -= amt
+        ch = np.flatnonzero(h != dn)  # a chain: h refills from the donor through a new replica
+        if len(ch):
+            cc, hc = ct[ch], h[ch]
+            st.new_replica(cc, hc, dn[ch], give_j.reshape(-1)[hc * n + cc] if give_j is not None else 0, amt[ch])
+    return ok
 
 
 def held_from_replicas(replica_expert: np.ndarray, home: np.ndarray, ep: int) -> np.ndarray:

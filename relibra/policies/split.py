@@ -47,26 +47,33 @@ def pack_replicas(shape: tuple[int, int, int], micro_batch: np.ndarray, layer: n
 
 
 def replica_flow_from_tokens(loads: np.ndarray, home: np.ndarray, replica_expert: np.ndarray,
-                             replica_tokens: np.ndarray) -> np.ndarray:
+                             replica_tokens: np.ndarray, expert_tokens: np.ndarray | None = None) -> np.ndarray:
     """Per-source token flow into every replica.
 
     loads: int [M, L, ep_src, E] tokens routed; home: int [L, E];
     replica_expert: int [M, L, ep, R] (-1 empty); replica_tokens: int [M, L, ep, R] tokens each
-    replica computes (the home computes the rest of its expert's tokens).
+    replica computes (the home computes the rest of its expert's tokens); expert_tokens: int [M, L, E]
+    loads summed over sources, when the caller has it (else computed here).
     Returns int32 [M, L, ep_src, ep, R].
+
+    A copy whose run of its expert's tokens is [start, end) takes from source s
+    clip(cum[s + 1], start, end) - clip(cum[s], start, end), cum the expert's tokens of sources
+    below s; per micro-batch that is one column gather from cum [ep_src + 1, L x E] and three
+    passes over the micro-batch's [ep_src, L, ep x R] block of the result (an empty slot has
+    start = end = 0 and so takes nothing).
     """
     m, l, ep, e = loads.shape
     r = replica_expert.shape[3]
-    out = np.zeros((m, l, ep, ep, r), dtype=np.int32)
     occupied = replica_expert >= 0
     if r == 0 or not occupied.any():
-        return out
+        return np.zeros((m, l, ep, ep, r), dtype=np.int32)
     mi, li, gi, ri = np.nonzero(occupied)
     ei = replica_expert[mi, li, gi, ri].astype(np.int64)
     size = replica_tokens[mi, li, gi, ri].astype(np.int64)
     if (size < 0).any():
         raise PlanError("a replica was given a negative token count")
-    expert_tokens = loads.sum(axis=2, dtype=np.int64)  # [M, L, E]
+    if expert_tokens is None:
+        expert_tokens = loads.sum(axis=2, dtype=np.int64)  # [M, L, E]
     mle = (mi * l + li) * e + ei
     replicated = np.bincount(mle, weights=size, minlength=m * l * e).astype(np.int64)
     home_size = expert_tokens.reshape(-1) - replicated
@@ -74,26 +81,55 @@ def replica_flow_from_tokens(loads: np.ndarray, home: np.ndarray, replica_expert
         k = int(np.argmax(home_size < 0))
         raise PlanError(f"replicas of expert {k % e} at [micro_batch, layer]=({k // e // l}, {(k // e) % l}) "
                         f"take more tokens than were routed to it")
-    # Every copy of a replicated expert, keyed by (m, l, e, gpu): the replicas plus the home.
-    uniq = np.unique(mle)
-    home_gpu = home[(uniq // e) % l, uniq % e]
-    keys = np.concatenate([mle * ep + gi, uniq * ep + home_gpu])
-    sizes = np.concatenate([size, home_size[uniq]])
-    order = np.argsort(keys, kind="stable")
-    sorted_sizes = sizes[order]
-    before = np.cumsum(sorted_sizes) - sorted_sizes  # exclusive prefix over all copies
-    seg = keys[order] // ep
+    # start of each replica's run: the tokens its expert's copies on lower GPUs take (the replicas
+    # come in (micro_batch, layer, gpu, slot) order, so a stable sort by expert keeps them by GPU;
+    # the home counts when its GPU is lower)
+    order = np.argsort(mle, kind="stable")
+    sorted_size = size[order]
+    before = np.cumsum(sorted_size) - sorted_size  # exclusive prefix over all replicas
+    seg = mle[order]
     first = np.r_[True, seg[1:] != seg[:-1]]
     seg_base = before[np.maximum.accumulate(np.where(first, np.arange(len(seg)), 0))]
-    start_sorted = before - seg_base  # tokens taken by this expert's copies on lower GPUs
-    start = np.empty_like(start_sorted)
-    start[order] = start_sorted
-    start = start[: len(mi)]
-    end = start + size
-    # The expert's tokens, ordered by source rank, as intervals [cum[s], cum[s+1]).
-    src = loads[mi, li, :, ei].astype(np.int64)  # [n, ep_src]
-    cum = np.concatenate([np.zeros((len(mi), 1), np.int64), np.cumsum(src, axis=1)], axis=1)
-    flow = np.minimum(cum[:, 1:], end[:, None]) - np.maximum(cum[:, :-1], start[:, None])
-    out[mi, li, :, gi, ri] = np.clip(flow, 0, None).astype(np.int32)
+    start = np.empty(len(mle), dtype=np.int64)
+    start[order] = before - seg_base
+    home_gpu = home[li, ei]
+    start += np.where(home_gpu < gi, home_size[mle], 0)
+    if len(mi) * 2 < m * l * ep * r:  # mostly empty slots: the occupied ones only
+        out = np.zeros((m, l, ep, ep, r), dtype=np.int32)
+        bounds = np.searchsorted(mi, np.arange(m + 1))  # the replicas of each micro-batch
+        for mb in range(m):
+            sel = slice(bounds[mb], bounds[mb + 1])
+            if bounds[mb] == bounds[mb + 1]:
+                continue
+            run = _running_sums(loads[mb]).reshape(ep + 1, l * e).take(li[sel] * e + ei[sel], axis=1)
+            np.clip(run, start[sel], start[sel] + size[sel], out=run)
+            out[mb, li[sel], :, gi[sel], ri[sel]] = (run[1:] - run[:-1]).T
+        return out
+    first_slot = np.zeros((m, l, ep, r), dtype=np.int32)  # [start, end) per slot; empty: [0, 0)
+    last_slot = np.zeros((m, l, ep, r), dtype=np.int32)
+    first_slot[mi, li, gi, ri] = start
+    last_slot[mi, li, gi, ri] = start + size
+    expert_col = (np.arange(l)[:, None, None] * e + np.maximum(replica_expert, 0)).reshape(m, l * ep * r)
+    first_slot, last_slot = first_slot.reshape(m, -1), last_slot.reshape(m, -1)
+    out = np.empty((m, l, ep, ep, r), dtype=np.int32)
+    cum = np.empty((ep + 1, l, e), dtype=np.int32)
+    run = np.empty((ep + 1, l * ep * r), dtype=np.int32)  # [ep_src + 1, L x ep x R], reused
+    for mb in range(m):
+        _running_sums(loads[mb], cum).reshape(ep + 1, l * e).take(expert_col[mb], axis=1, out=run, mode="clip")
+        np.maximum(run, first_slot[mb], out=run)
+        np.minimum(run, last_slot[mb], out=run)
+        view = out[mb].reshape(l, ep, ep * r).transpose(1, 0, 2)  # [ep_src, L, ep x R]
+        np.subtract(run[1:].reshape(ep, l, ep * r), run[:-1].reshape(ep, l, ep * r), out=view)
     return out
 
+
+def _running_sums(loads: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Tokens of the sources below s, per (layer, expert): loads int [L, ep_src, E] ->
+    int32 [ep_src + 1, L, E] (a loop over sources: far faster than a strided cumsum)."""
+    layers, ep, experts = loads.shape
+    if out is None:
+        out = np.empty((ep + 1, layers, experts), dtype=np.int32)
+    out[0] = 0
+    for src in range(ep):
+        np.add(out[src], loads[:, src], out=out[src + 1])
+    return out
