@@ -57,10 +57,10 @@ def link_seconds(bytes_matrix: np.ndarray, gpus_per_node: int, topology: Topolog
         rail_own = np.diagonal(rail_to_node, axis1=-3, axis2=-1)  # [..., Ls, N]
         rdma_send = rail_to_node.sum(axis=-1) - np.swapaxes(rail_own, -1, -2)
     else:
-        to_node = x4.sum(axis=-1)  # [..., Ns, Ls, Nd]
+        to_node = np.einsum("...abcd->...abc", x4)  # [..., Ns, Ls, Nd] (einsum: fast on any layout)
         rail_to_node, rail_own = to_node, np.swapaxes(own_to, -1, -2)
         rdma_send = to_node.sum(axis=-1) - own_to  # [..., Ns, Ls]
-    from_node = x4.sum(axis=-4)  # [..., Ls, Nd, Ld]: bytes arriving per (sender local, dst)
+    from_node = np.einsum("...abcd->...bcd", x4)  # [..., Ls, Nd, Ld]: bytes arriving per (sender local, dst)
     own_from = np.moveaxis(blocks, -1, -2)  # [..., Ls, Nd, Ld] same-node part
     intra_recv = own_from.sum(axis=-3) - diag  # [..., Nd, Ld]
     cross = from_node - own_from  # [..., Ls, Nd, Ld]: cross-node bytes by sender local index
