@@ -78,6 +78,8 @@ nr.show(nr.runtime_agreement(result["results"]) if len(result["results"]) else "
 
 # %%
 recorded, where = ex.recorded_runtime()
+run.save_csv(recorded.assign(date=where["date"], cpus=where["machine"]["cpus"]), "recorded_step_results",
+             "the idle-machine reference measurement (data/runtime_measured.json): per command, launch and policy")
 print(f"recorded {where['date']} on {where['machine']['cpus']} cores ({where['machine']['processor']}), "
       f"1-min load {recorded['load_before'].min():.1f}-{recorded['load_after'].max():.1f}")
 for layout, rows in recorded.groupby("nodes_x_ranks", sort=False):

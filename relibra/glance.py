@@ -189,6 +189,38 @@ def runtime_rows(out_dir: Path) -> list[dict]:
              "how it was obtained": how}]
 
 
+def recorded_runtime_rows(out_dir: Path) -> list[dict]:
+    """The shipped idle-machine runtime measurement as notebook 08 copies it (recorded_step_results.csv):
+    per node layout, the median over launches of each policy's median step, measured and simulated."""
+    path = out_dir / "08_runtime" / "recorded_step_results.csv"
+    if not path.exists():
+        return []
+    t = pd.read_csv(path)
+    missing = [c for c in ("nodes_x_ranks", "policy", "step_s_median", "sim_step_s", "load_before", "load_after",
+                           "date", "cpus") if c not in t.columns]
+    if missing:
+        raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}; rerun notebook 08_runtime")
+    rows = []
+    for layout, d in t.groupby("nodes_x_ranks", sort=False):
+        g = d.groupby("policy", sort=False).agg(measured=("step_s_median", "median"), sim=("sim_step_s", "median"))
+        if "megatron" not in g.index:
+            continue
+        ref = g.loc["megatron"]
+        figure = "; ".join(f"{_label(p)} / Megatron {ref.measured / r.measured:.2f}x measured, "
+                           f"{ref.sim / r.sim:.2f}x simulated" for p, r in g.iterrows() if p != "megatron")
+        figure += "; simulated / measured step " + ", ".join(
+            f"{_label(p)} {r.sim / r.measured:.2f}" for p, r in g.iterrows())
+        rows.append({"what": f"runtime speed-up on an idle CPU, {layout} (nodes x ranks per node), `moe-cpu`",
+                     "figure": figure,
+                     "how it was obtained": f"**measured**: megatron-core on gloo, one rank per core of a "
+                     f"{_unique(t, 'cpus')}-core machine, {_unique(t, 'date')}, 1-min load "
+                     f"{d['load_before'].min():.1f}-{d['load_after'].max():.1f}; medians of "
+                     f"{d['launch'].nunique()} launch(es) x {_unique(d, 'steps')} timed steps; simulated on the CPU preset fitted "
+                     f"just before (`scripts/measure_runtime.py --calibrate`, data/runtime_measured.json, "
+                     f"`08_runtime/recorded_step_results.csv`)"})
+    return rows
+
+
 def sensitivity_rows(out_dir: Path) -> list[dict]:
     """The knob that moves ReLibra / Megatron most, and the next one (notebook 10)."""
     t = _table(out_dir, "10_sensitivity", ("ratio", "knob", "default", "low", "high", "low_value", "high_value",
@@ -210,7 +242,31 @@ def sensitivity_rows(out_dir: Path) -> list[dict]:
              "how it was obtained": f"**simulated**, {setup}; {_profile(man)} ({_source('10_sensitivity')})"}]
 
 
-ROWS = (headline_rows, skewness_rows, overhead_rows, runtime_rows, sensitivity_rows)
+def scale_rows(out_dir: Path) -> list[dict]:
+    """relibra-h against the best other policy at the largest EP of each (model, cluster) (notebook 11)."""
+    path = out_dir / "11_scale" / "relibra_h_vs_best.csv"
+    if not path.exists():
+        return []
+    t = pd.read_csv(path)
+    missing = [c for c in ("model", "cluster", "ep", "speedup", "frac_of_balanced_compute", "best_other",
+                           "over_best_other") if c not in t.columns]
+    if missing:
+        raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}; rerun notebook 11_scale")
+    top = t.loc[t.groupby(["model", "cluster"], sort=False)["ep"].idxmax()]
+    figure = "; ".join(f"{r.model} EP{r.ep} on {r.cluster}: {r.speedup:.2f}x Megatron, "
+                       f"{r.frac_of_balanced_compute:.3f} of balanced-compute, {r.over_best_other:.3f}x "
+                       f"{_label(r.best_other)}" for r in top.itertuples(index=False))
+    behind = int((t["over_best_other"] < 1 - 1e-9).sum())
+    figure += f"; behind the best other policy in {behind} of {len(t)} cases"
+    man = _manifest(out_dir, "11_scale")
+    return [{"what": "relibra-h (cross-node replicas) at the largest EP, against the best other policy",
+             "figure": figure,
+             "how it was obtained": f"**simulated** on each named cluster; {_profile(man)} "
+                                    f"(`11_scale/relibra_h_vs_best.csv`)"}]
+
+
+ROWS = (headline_rows, skewness_rows, overhead_rows, runtime_rows, recorded_runtime_rows, sensitivity_rows,
+        scale_rows)
 
 
 # ---- the table, the file, the README ----------------------------------------------------------------

@@ -131,3 +131,23 @@ def test_readme_table_is_the_committed_glance_file():
     committed = (root / "docs" / "glance.md").read_text()
     assert readme_block((root / "README.md").read_text()) == committed
     assert committed.startswith("<!-- written by `relibra reproduce`") and "| what | figure |" in committed
+
+
+def test_recorded_runtime_and_scale_rows(tmp_path):
+    # made-up idle-machine runtime rows: 1 x 2 layout, two launches; medians 0.9 / 0.75 measured, 0.8 / 0.6 simulated
+    _write(tmp_path, "08_runtime", "recorded_step_results.csv",
+           [{"nodes_x_ranks": "1 x 2", "launch": l, "policy": p, "step_s_median": m, "sim_step_s": s, "steps": 5,
+             "load_before": 0.2, "load_after": 1.1, "date": "fixture date", "cpus": 2}
+            for l, p, m, s in ((0, "megatron", 0.9, 0.8), (1, "megatron", 0.9, 0.8), (0, "relibra", 0.7, 0.6),
+                               (1, "relibra", 0.8, 0.6))])
+    _write(tmp_path, "11_scale", "relibra_h_vs_best.csv",
+           [{"model": "m1", "cluster": "c1", "ep": ep, "policy": "relibra-h", "speedup": sp,
+             "frac_of_balanced_compute": f, "best_other": "llep", "best_other_speedup": 1.1, "over_best_other": o}
+            for ep, sp, f, o in ((16, 1.2, 0.99, 0.98), (256, 1.27, 0.998, 1.08))])
+    text = dict(zip(*[glance_rows(tmp_path)[c] for c in ("what", "figure")]))
+    rt = text["runtime speed-up on an idle CPU, 1 x 2 (nodes x ranks per node), `moe-cpu`"]
+    assert rt == ("ReLibra / Megatron 1.20x measured, 1.33x simulated; simulated / measured step "
+                  "Megatron 0.89, ReLibra 0.80")
+    sc = text["relibra-h (cross-node replicas) at the largest EP, against the best other policy"]
+    assert sc.startswith("m1 EP256 on c1: 1.27x Megatron, 0.998 of balanced-compute, 1.080x LLEP")
+    assert sc.endswith("behind the best other policy in 1 of 2 cases")

@@ -80,6 +80,11 @@ class Config(Scale):
             x = self.extra
             return (f"toy layer: 16 experts, top-2, EP {self.ep} as 2 nodes x {self.ep // 2} GPUs, "
                     f"{x.get('tokens_per_gpu')} tokens per GPU, {self.micro_batches} micro-batches, seed {self.seed}")
+        if self.notebook == "11_scale":  # its own grid (ScaleSweep)
+            g = self.sizes.scale
+            layers = "all MoE layers" if g.layers is None else f"first {g.layers} MoE layers"
+            return (f"{self.profile} profile: {layers}, {g.micro_batches} micro-batches, the last of {g.steps} steps "
+                    f"simulated, seed {self.seed}")
         layers = "all MoE layers" if self.layers is None else f"first {self.layers} MoE layers"
         return f"{self.profile} profile: {layers}, {self.micro_batches} micro-batches x {self.steps} steps, seed {self.seed}"
 
