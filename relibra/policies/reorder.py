@@ -140,10 +140,19 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     # float32 halves the memory traffic of the gathers (integers stay exact up to 2^24 tokens per node)
     x = np.ascontiguousarray(expert_tokens.transpose(1, 2, 0), dtype=np.float32)  # [L, E, M]
     xf = x.reshape(layers * experts, m)
+    # what expert e adds to node n's received tokens if homed there: [L, E, nodes, M], one row per
+    # (layer, expert, node); while small (in cache) rows of both terms (compute, received) instead,
+    # so that a candidate's two node rows come from two gathers, else from x and recv separately
+    # (half the table: fewer cache misses)
+    stacked = use_comm and layers * experts * nodes * terms * m * 4 <= _STACKED_BYTES
     if use_comm:
-        # what expert e adds to node n's received tokens if homed there: [L, E, nodes, M], as rows
-        recv = x[:, :, None, :] - np.asarray(src_node_tokens).transpose(1, 2, 3, 0).astype(np.float32)
-        recvf = recv.reshape(layers * experts * nodes, m)
+        contrib = np.empty((layers, experts, nodes, terms if stacked else 1, m), dtype=np.float32)
+        if stacked:
+            contrib[:, :, :, 0] = x[:, :, None, :]
+        src = np.asarray(src_node_tokens)
+        for li in range(layers):  # one layer at a time: the transposed reads stay in cache
+            np.subtract(x[li, :, None, :], src[:, li].transpose(1, 2, 0), out=contrib[li, :, :, -1], casting="unsafe")
+        contrib_f = contrib.reshape(layers * experts * nodes, -1)
     total = x.sum(axis=1, dtype=np.float64)  # [L, M]
     inv_total = np.where(total > 0, 1.0 / np.maximum(total, 1), 0.0).astype(np.float32)  # [L, M]
     scale = np.maximum(total.sum(axis=1) / ep, 1.0)  # [L] sum over m of the mean GPU load
@@ -168,7 +177,7 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
         return (per_term * weight).sum(axis=-1) / gpn
 
     def smax32(ps, mu_rows):  # smax of float32 power sums, through one scratch array (same values)
-        v = np.maximum(ps, 0.0)
+        v = np.multiply(ps, ps > 0)  # max(ps, 0) up to the sign of a zero (many times faster)
         v *= 1.0 / nodes
         v = _root(v, p_node, out=v)
         v *= mu_rows
@@ -191,7 +200,7 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
         y[:, :, 0] = gl.reshape(layers, nodes, gpn, m).sum(axis=2)
         if use_comm:
             rows = ((row_e + np.arange(experts)) * nodes + node_of).ravel()
-            y[:, :, 1] = _group_sum(recvf[rows].reshape(layers, experts, m), node_of, nodes)
+            y[:, :, 1] = _group_sum(contrib_f[rows, -m:].reshape(layers, experts, m), node_of, nodes)
         return gl, y
 
     def powers(y):  # (y / mu)^p: [L, nodes, terms, M]
@@ -203,51 +212,62 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
         return (smax(powers(y).sum(axis=1, dtype=np.float64), mu) + w_gpu * gpu_term + migration(h)) / scale
 
     def candidates():
-        """k random swaps per layer: experts a, b, their GPUs p, q and nodes pn, qn, the tokens d
-        [L, K, M] GPU p gains (q loses), the GPU and migration part of the score change [L, K],
-        and the new state of nodes pn and qn stacked on axis 1 (rows [L, 2K] of Y, new_y
-        [L, 2K, terms, M])."""
-        a = rng.integers(0, experts, size=(layers, k))
-        b = rng.integers(0, experts, size=(layers, k))
-        ia, ib = row_e + a, row_e + b
-        p, q = home_f[ia], home_f[ib]
-        pn, qn = p // gpn, q // gpn
-        d = xf.take(ib, axis=0, mode="clip")
-        d -= xf.take(ia, axis=0, mode="clip")  # [L, K, M] tokens GPU p gains (q loses)
-        t = gl_f.take(row_g + p, axis=0, mode="clip")
-        t -= gl_f.take(row_g + q, axis=0, mode="clip")
+        """k random swaps per layer, as the halves of [2, L, K] arrays (half 0: expert a, its GPU p
+        and node pn; half 1: b, q, qn): experts ab, GPUs pq, nodes pqn; the tokens d [L, K, M] GPU
+        p gains (q loses); the GPU and migration part of the score change delta [L, K]; the rows
+        of Y of nodes pn and qn ([2, L, K]) and their new values new_y [2, L, K, terms, M]."""
+        ab = rng.integers(0, experts, size=(2, layers, k))  # the same draws as a, then b, of shape [L, K]
+        iab = row_e + ab  # flat expert rows
+        pq = home_f[iab]
+        pqn = pq // gpn
+        rows = row_n + pqn
+        if stacked:  # what nodes pn and qn gain, both terms: [2, L, K, terms * M]
+            plus = contrib_f.take(iab[::-1] * nodes + pqn, axis=0, mode="clip")
+            plus -= contrib_f.take(iab * nodes + pqn, axis=0, mode="clip")
+            d = plus[0, :, :, :m]  # [L, K, M] tokens GPU p gains (q loses): x_b - x_a
+        else:
+            xab = xf.take(iab, axis=0, mode="clip")
+            d = xab[1] - xab[0]  # [L, K, M] tokens GPU p gains (q loses)
+        gpq = gl_f.take(row_g + pq, axis=0, mode="clip")
+        t = gpq[0] - gpq[1]
         t += d
-        t *= 2 * d
-        t *= inv_t
+        t *= d
+        t *= inv_t2  # (t * d) * (2 / T) rounds as (t * 2d) * (1 / T): doubling is exact
         delta = w_gpu * t.sum(axis=2)
         if use_mig:
+            (ia, ib), (p, q), (pn, qn) = iab, pq, pqn
             delta += moved(ia, q, qn) - moved(ia, p, pn) + moved(ib, p, pn) - moved(ib, q, qn)
-        rows = np.concatenate([row_n + pn, row_n + qn], axis=1)  # [L, 2K] rows of Y
-        new_y = y_f.take(rows, axis=0, mode="clip").reshape(layers, 2 * k, terms, m)
-        new_y[:, :k, 0] += d
-        new_y[:, k:, 0] -= d
-        if use_comm:
-            g = recvf.take(ib * nodes + pn, axis=0, mode="clip")
-            g -= recvf.take(ia * nodes + pn, axis=0, mode="clip")
-            new_y[:, :k, 1] += g
-            g = recvf.take(ia * nodes + qn, axis=0, mode="clip")
-            g -= recvf.take(ib * nodes + qn, axis=0, mode="clip")
-            new_y[:, k:, 1] += g
-        return a, b, p, q, pn, qn, rows, d, delta, new_y
+        new_y = y_f.take(rows, axis=0, mode="clip")
+        if stacked:
+            new_y += plus
+        else:
+            new_y = new_y.reshape(2, layers, k, terms, m)
+            new_y[0, :, :, 0] += d
+            new_y[1, :, :, 0] -= d
+            if use_comm:
+                (ia, ib), (pn, qn) = iab, pqn
+                g = contrib_f.take(ib * nodes + pn, axis=0, mode="clip")
+                g -= contrib_f.take(ia * nodes + pn, axis=0, mode="clip")
+                new_y[0, :, :, 1] += g
+                g = contrib_f.take(ia * nodes + qn, axis=0, mode="clip")
+                g -= contrib_f.take(ib * nodes + qn, axis=0, mode="clip")
+                new_y[1, :, :, 1] += g
+        return ab, pq, pqn, rows, d, delta, new_y.reshape(2, layers, k, terms, m)
 
-    def apply(la, kb, a, b, p, q, pn, qn, d, new_y):
-        """Make the chosen swaps (layers la, candidates kb); returns the cross-node ones (lc, kc)."""
-        ba, bb, bp, bq = a[la, kb], b[la, kb], p[la, kb], q[la, kb]
+    def apply(la, kb, ab, pq, pqn, rows, d, new_y):
+        """Make the chosen swaps (layers la, candidates kb). Returns the cross-node ones (lc, kc)
+        and, for those, the changed rows of Y (flat: pn's, then qn's)."""
+        ba, bb, bp, bq = ab[0, la, kb], ab[1, la, kb], pq[0, la, kb], pq[1, la, kb]
         bd = d[la, kb]  # [n, M]
-        g_load[la, bp] += bd
-        g_load[la, bq] -= bd
-        cn = pn[la, kb] != qn[la, kb]
+        gl_f[la * ep + bp] += bd
+        gl_f[la * ep + bq] -= bd
+        cn = pqn[0, la, kb] != pqn[1, la, kb]
         lc, kc = la[cn], kb[cn]
-        y_node[lc, pn[lc, kc]] = new_y[lc, kc]
-        y_node[lc, qn[lc, kc]] = new_y[lc, k + kc]
-        home[la, ba] = bq
-        home[la, bb] = bp
-        return lc, kc
+        changed = rows[:, lc, kc].reshape(-1)
+        y_f[changed] = new_y.reshape(2, layers, k, terms * m)[:, lc, kc].reshape(-1, terms * m)
+        home_f[la * experts + ba] = bq
+        home_f[la * experts + bb] = bp
+        return lc, kc, changed
 
     # start, per layer, from the best-scoring of the given placements
     starts = np.asarray(init_home, dtype=np.int64).reshape(-1, layers, experts)
@@ -265,23 +285,26 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     iters = config.iterations
     temps = config.initial_temperature * (config.final_temperature / config.initial_temperature) ** (
         np.arange(iters) / max(iters - 1, 1))
-    inv_t = inv_total[:, None, :]  # [L, 1, M]
-    inv_mu4 = inv_mu[:, None]  # [L, 1, terms, M]
+    inv_t2 = 2 * inv_total[:, None, :]  # [L, 1, M]
+    inv_mu4 = inv_mu[:, None]  # [L, 1, terms, M] (broadcast over [2, L, K, terms, M] too)
     mu_k = mu32[:, None]  # [L, 1, terms, M]
     accepted = 0
     worst = 0.0  # check_state: largest relative difference between kept and recomputed state
     for it in range(iters):
-        a, b, p, q, pn, qn, rows, d, delta, new_y = candidates()
+        ab, pq, pqn, rows, d, delta, new_y = candidates()
         new_pw = new_y * inv_mu4
-        new_pw = _pow(new_pw, p_node, out=new_pw)  # [L, 2K, terms, M]
-        change = np.subtract(new_pw, pw_f.take(rows, axis=0, mode="clip").reshape(new_pw.shape))
-        change = change[:, :k] + change[:, k:]
-        change[pn == qn] = 0.0  # a swap inside a node leaves the node terms as they are
+        new_pw = _pow(new_pw, p_node, out=new_pw)  # [2, L, K, terms, M]
+        change = pw_f.take(rows, axis=0, mode="clip").reshape(new_pw.shape)
+        np.subtract(new_pw, change, out=change)
+        change = change[0] + change[1]
+        same = np.flatnonzero(pqn[0] == pqn[1])
+        if len(same):  # a swap inside a node leaves the node terms as they are
+            change.reshape(layers * k, terms * m)[same] = 0.0
         new_ps = change
         new_ps += ps[:, None]  # [L, K, terms, M]
         new_node = smax32(new_ps, mu_k)  # [L, K]
         delta += new_node - current[:, None]
-        delta = np.where(p != q, delta / scale[:, None], np.inf)
+        delta = np.where(pq[0] != pq[1], delta / scale[:, None], np.inf)
         best = np.argmin(delta, axis=1)
         best_delta = delta[lidx, best]
         take = best_delta < 0
@@ -290,9 +313,8 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
         if not take.any():
             continue
         la, kb = lidx[take], best[take]
-        lc, kc = apply(la, kb, a, b, p, q, pn, qn, d, new_y)
-        pw[lc, pn[lc, kc]] = new_pw[lc, kc]
-        pw[lc, qn[lc, kc]] = new_pw[lc, k + kc]
+        lc, kc, changed = apply(la, kb, ab, pq, pqn, rows, d, new_y)
+        pw_f[changed] = new_pw.reshape(2, layers, k, terms * m)[:, lc, kc].reshape(-1, terms * m)
         ps[lc] = new_ps[lc, kc]
         current[lc] = new_node[lc, kc]
         accepted += len(la)
@@ -306,32 +328,43 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     g_load, y_node = state(home)
     gl_f, y_f = g_load.reshape(layers * ep, m), y_node.reshape(layers * nodes, terms * m)
     node_max = y_node.max(axis=1)  # [L, terms, M]
-    top_v, top_i = _top3(y_node)  # [L, 3, terms, M] each: the three largest nodes
+    complement = _complements(nodes) if nodes <= 6 else None  # [nodes, nodes, nodes - 2] or None
+    top_v, top_i = _top3(y_node) if complement is None else (None, None)  # [L, 3, terms, M]: the three largest
     polished = 0
     for it in range(config.polish_iterations):
-        a, b, p, q, pn, qn, rows, d, delta, new_y = candidates()
-        # the largest node other than pn and qn: the first of the three largest that is neither
-        pnb, qnb = pn[:, :, None, None], qn[:, :, None, None]
-        i0, i1 = top_i[:, None, 0], top_i[:, None, 1]
-        others = np.where((i1 == pnb) | (i1 == qnb), top_v[:, None, 2], top_v[:, None, 1])
-        others = np.where((i0 == pnb) | (i0 == qnb), others, top_v[:, None, 0])  # [L, K, terms, M]
-        new_max = np.maximum(others, np.maximum(new_y[:, :k], new_y[:, k:]))  # [L, K, terms, M]
+        ab, pq, pqn, rows, d, delta, new_y = candidates()
+        pn, qn = pqn
+        # the largest node other than pn and qn (node loads are >= 0: with none left, 0)
+        if complement is not None:  # few nodes: the max over the others, gathered
+            others = np.zeros((layers, k, terms * m), dtype=np.float32)
+            for j in range(complement.shape[2]):
+                np.maximum(others, y_f.take(row_n + complement[pn, qn, j], axis=0, mode="clip"), out=others)
+            others = others.reshape(layers, k, terms, m)
+        else:  # the largest of the three largest nodes that is neither (one left out counts as 0)
+            pnb, qnb = pn.astype(top_i.dtype)[:, :, None, None], qn.astype(top_i.dtype)[:, :, None, None]
+            others = None
+            for j in range(3):
+                ij = top_i[:, None, j]
+                v = top_v[:, None, j] * ((ij != pnb) & (ij != qnb))
+                others = v if others is None else np.maximum(others, v, out=others)  # [L, K, terms, M]
+        new_max = np.maximum(others, np.maximum(new_y[0], new_y[1]))  # [L, K, terms, M]
         node_delta = ((new_max - node_max[:, None]).sum(axis=3) * weight).sum(axis=2) / gpn
         delta += np.where(pn != qn, node_delta, 0.0)
-        delta = np.where(p != q, delta / scale[:, None], np.inf)
+        delta = np.where(pq[0] != pq[1], delta / scale[:, None], np.inf)
         best = np.argmin(delta, axis=1)
         take = delta[lidx, best] < -1e-9
         if not take.any():
             continue
         la, kb = lidx[take], best[take]
-        lc, kc = apply(la, kb, a, b, p, q, pn, qn, d, new_y)
+        lc, kc, _ = apply(la, kb, ab, pq, pqn, rows, d, new_y)
         node_max[lc] = new_max[lc, kc]
-        top_v[lc], top_i[lc] = _top3(y_node[lc])
+        if complement is None:
+            top_v[lc], top_i[lc] = _top3(y_node[lc])
         polished += len(la)
         if check_state:
             gl, yy = state(home)
             worst = max(worst, _rel_error(g_load, gl), _rel_error(y_node, yy), _rel_error(node_max, yy.max(axis=1)),
-                        _rel_error(top_v[:, 0], yy.max(axis=1)))
+                        _rel_error(top_v[:, 0], yy.max(axis=1)) if complement is None else 0.0)
     after = score(home)
     info = {"anneal_score_before": float(before.mean()), "anneal_score_after": float(after.mean()),
             "anneal_accepted_swaps": int(accepted), "polish_accepted_swaps": int(polished)}
@@ -355,16 +388,39 @@ def _group_sum(values: np.ndarray, group: np.ndarray, groups: int) -> np.ndarray
     return out
 
 
+_STACKED_BYTES = 32 << 20  # anneal_homes stacks both node terms per (expert, node) row up to this size
+
+
+def _complements(nodes: int) -> np.ndarray:
+    """For every pair of nodes (i, j), i != j, the other nodes in order: int64 [nodes, nodes,
+    max(nodes - 2, 0)]; for i = j (a swap inside a node, whose node terms do not change) any
+    nodes - 2 nodes other than i."""
+    out = np.zeros((nodes, nodes, max(nodes - 2, 0)), dtype=np.int64)
+    for i in range(nodes):
+        for j in range(nodes):
+            others = [n for n in range(nodes) if n not in (i, j)]
+            out[i, j] = others[:nodes - 2]
+    return out
+
+
 def _top3(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The three largest entries over axis 1 and their indices: y [n, nodes, ...] -> values and int64
-    indices [n, 3, ...], largest first; fewer than three nodes pad with -inf and index -1."""
-    nodes = y.shape[1]
-    order = np.argsort(-y, axis=1, kind="stable")[:, :3]
-    vals = np.take_along_axis(y, order, axis=1)
-    if nodes < 3:
-        pad = (y.shape[0], 3 - nodes) + y.shape[2:]
-        vals = np.concatenate([vals, np.full(pad, -np.inf, dtype=y.dtype)], axis=1)
-        order = np.concatenate([order, np.full(pad, -1, dtype=order.dtype)], axis=1)
+    """The three largest entries over axis 1 and their indices: y [n, nodes, ...] (whole numbers
+    >= 0 in float32) -> values and int16 indices [n, 3, ...], largest first (the lower index first
+    among equal values); fewer than three nodes pad with 0 and index -1. Three maxima of the keys
+    value * 2^s + (2^s - 1 - index)."""
+    n, nodes = y.shape[:2]
+    s = max(nodes - 1, 0).bit_length()
+    low = (1 << s) - 1
+    key = y.astype(np.int64) << s
+    key += (low - np.arange(nodes)).reshape((1, nodes) + (1,) * (y.ndim - 2))
+    vals = np.zeros((n, 3) + y.shape[2:], dtype=y.dtype)
+    order = np.full((n, 3) + y.shape[2:], -1, dtype=np.int16)
+    for j in range(min(nodes, 3)):
+        best = key.max(axis=1)
+        vals[:, j] = best >> s
+        order[:, j] = low - (best & low)
+        if j < 2:
+            key -= (key == best[:, None]) * (key + 1)  # out of the next maxima: -1
     return vals, order
 
 
