@@ -227,7 +227,8 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
             d = plus[0, :, :, :m]  # [L, K, M] tokens GPU p gains (q loses): x_b - x_a
         else:
             xab = xf.take(iab, axis=0, mode="clip")
-            d = xab[1] - xab[0]  # [L, K, M] tokens GPU p gains (q loses)
+            gain = xab[::-1] - xab  # [2, L, K, M]: x_b - x_a (what GPU p, node pn gain), x_a - x_b
+            d = gain[0]  # [L, K, M] tokens GPU p gains (q loses)
         gpq = gl_f.take(row_g + pq, axis=0, mode="clip")
         t = gpq[0] - gpq[1]
         t += d
@@ -242,16 +243,12 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
             new_y += plus
         else:
             new_y = new_y.reshape(2, layers, k, terms, m)
-            new_y[0, :, :, 0] += d
-            new_y[1, :, :, 0] -= d
-            if use_comm:
+            new_y[:, :, :, 0] += gain
+            if use_comm:  # received tokens: rows (b, pn), (a, pn), (a, qn), (b, qn) of recv
                 (ia, ib), (pn, qn) = iab, pqn
-                g = contrib_f.take(ib * nodes + pn, axis=0, mode="clip")
-                g -= contrib_f.take(ia * nodes + pn, axis=0, mode="clip")
-                new_y[0, :, :, 1] += g
-                g = contrib_f.take(ia * nodes + qn, axis=0, mode="clip")
-                g -= contrib_f.take(ib * nodes + qn, axis=0, mode="clip")
-                new_y[1, :, :, 1] += g
+                recv = contrib_f.take(np.stack([ib * nodes + pn, ia * nodes + pn, ia * nodes + qn, ib * nodes + qn]),
+                                      axis=0, mode="clip").reshape(2, 2, layers, k, m)
+                new_y[:, :, :, 1] += recv[:, 0] - recv[:, 1]
         return ab, pq, pqn, rows, d, delta, new_y.reshape(2, layers, k, terms, m)
 
     def apply(la, kb, ab, pq, pqn, rows, d, new_y):
