@@ -406,7 +406,7 @@ def test_dispatch_phase_by_hand():
     want = 100 * tb / 1e9 + 1e-3
     for dedup in (True, False):
         got = dispatch_seconds(plan, HAND, HAND_TOPO, CostParams(dedup=dedup), matrix, src_tokens)
-        assert got.shape == (1, 1) and got[0, 0] == pytest.approx(want, rel=1e-6)  # the dedup estimate runs in float32
+        assert got.shape == (1, 1) and got[0, 0] == pytest.approx(want, rel=1e-6)  # the dedup estimate's float64 products
 
 
 def test_expert_phase_by_hand():
