@@ -105,8 +105,12 @@ def cross_node_replicate(expert_tokens: np.ndarray, home: np.ndarray, rexp: np.n
     rexp2 = rexp.reshape(m * l, ep, r)
     rtok2 = rtok.reshape(m * l, ep, r)
     nrep_free = (rexp2 < 0)
-    used_s = np.zeros((m * l, ep))  # RDMA seconds each GPU has sent or received this cell
+    free_all = nrep_free.any(axis=2)  # [cells, ep] GPUs with a free slot (kept up to date)
+    used_s = np.zeros(m * l * ep)  # RDMA seconds each GPU has sent or received this cell (flat [cells, ep])
+    window_f = np.ascontiguousarray(window_s, dtype=np.float64).reshape(-1)  # flat [M, ep]
+    min_tok = min_tokens.reshape(-1)
     node = np.arange(ep) // gpus_per_node
+    big = np.iinfo(np.int64).max
     added = 0
     for _ in range(max_rounds):
         if len(active) == 0:
@@ -120,26 +124,31 @@ def cross_node_replicate(expert_tokens: np.ndarray, home: np.ndarray, rexp: np.n
         # the donor's copies: its home experts (tokens left at home) and its replicas (their tokens)
         mine = np.concatenate([hosted[lay, d], rexp2[active, d].astype(np.int64)], axis=1)  # [n, C]
         mine_tok = np.concatenate([left[active[:, None], hosted[lay, d]], rtok2[active, d]], axis=1)
-        mine_tok = np.where(mine >= 0, mine_tok, 0)
+        mine_tok *= mine >= 0
         src = home[lay[:, None], np.maximum(mine, 0)]  # [n, C] the GPU that pushes the weights: the home
         # receivers: the `shortlist` least loaded GPUs with a free slot (the least loaded feasible one
-        # is almost always among them; looking at all ep GPUs costs ep / shortlist times more)
-        free = nrep_free[active].any(axis=2)  # [n, ep]
+        # is almost always among them; looking at all ep GPUs costs ep / shortlist times more).
+        # Masks enter as 0/1 factors (a masked np.where is several times slower here).
+        free = free_all[active]  # [n, ep]
         q = min(ep, shortlist)
-        keyed = np.where(free, g_load, np.iinfo(np.int64).max)
+        keyed = g_load + ~free * (big - g_load)  # the load, or the largest int64 without a free slot
         low = np.argpartition(keyed, q - 1, axis=1)[:, :q] if q < ep else np.broadcast_to(np.arange(ep), (n, ep))
         low_free = np.take_along_axis(free, low, axis=1)  # [n, q]
-        holds = (rexp2[active[:, None], low][:, None] == mine[:, :, None, None]).any(axis=3)  # [n, C, q]
-        cand = (low_free[:, None] & ~holds & (node[low][:, None, :] != node[d][:, None, None])
-                & (node[low][:, None, :] != node[src][:, :, None]))
-        low_load = np.take_along_axis(g_load, low, axis=1)
-        pick = np.argmin(np.where(cand, low_load[:, None, :], np.iinfo(np.int64).max), axis=2)  # [n, C]
+        held = rexp2.reshape(m * l * ep, r).take(active[:, None] * ep + low, axis=0)  # [n, q, R] receivers' replicas
+        holds = held[:, None, :, 0] == mine[:, :, None]  # [n, C, q]: the receiver holds that copy's expert
+        for slot in range(1, r):
+            holds |= held[:, None, :, slot] == mine[:, :, None]
+        node_low = node[low]
+        cand = (low_free[:, None] & ~holds & (node_low[:, None, :] != node[d][:, None, None])
+                & (node_low[:, None, :] != node[src][:, :, None]))
+        low_load = np.take_along_axis(g_load, low, axis=1)[:, None, :]
+        pick = np.argmin(low_load + ~cand * (big - low_load), axis=2)  # [n, C] the least loaded candidate
         g_all = np.take_along_axis(low, pick, axis=1)
         has = np.take_along_axis(cand, pick[:, :, None], axis=2)[:, :, 0]
         room = target[active][:, None] - np.take_along_axis(g_load, g_all, axis=1)
         amount = np.minimum(np.minimum(excess[:, None], room), mine_tok)  # [n, C]
-        win = window_s[mi_all[active]]  # [n, ep]
-        used = used_s[active]
+        at_src, at_g = active[:, None] * ep + src, active[:, None] * ep + g_all  # flat [cells, ep]
+        mb_row = mi_all[active][:, None] * ep
 
         def over(u, w):  # seconds beyond the window one more push adds
             return np.maximum(u + push_s - w, 0.0) - np.maximum(u - w, 0.0)
@@ -147,9 +156,9 @@ def cross_node_replicate(expert_tokens: np.ndarray, home: np.ndarray, rexp: np.n
         def exposed_s(u, w):  # forward push beyond the window; backward push and gradient pull beyond twice it
             return over(u, w) + 2.0 * over(u, 2.0 * w)
 
-        exposed = np.maximum(exposed_s(np.take_along_axis(used, src, axis=1), np.take_along_axis(win, src, axis=1)),
-                             exposed_s(np.take_along_axis(used, g_all, axis=1), np.take_along_axis(win, g_all, axis=1)))
-        feasible = (has & (mine >= 0) & (amount >= min_tokens.reshape(-1)[active][:, None]) & (amount > 0)
+        exposed = np.maximum(exposed_s(used_s[at_src], window_f[mb_row + src]),
+                             exposed_s(used_s[at_g], window_f[mb_row + g_all]))
+        feasible = (has & (mine >= 0) & (amount >= min_tok[active][:, None]) & (amount > 0)
                     & ((exposed == 0) | (amount * token_s > exposed)))
         j = np.argmax(np.where(feasible, amount, -1), axis=1)  # the feasible copy moving the most tokens
         ok = feasible[rows, j]
@@ -164,13 +173,14 @@ def cross_node_replicate(expert_tokens: np.ndarray, home: np.ndarray, rexp: np.n
         rexp2[act, g, slot] = ex
         rtok2[act, g, slot] = amount
         nrep_free[act, g, slot] = False
+        free_all[act, g] = nrep_free[act, g].any(axis=1)
         h = ~from_replica
         left[act[h], ex[h]] -= amount[h]
         rtok2[act[~h], d[~h], j[~h] - k] -= amount[~h]
         gpu[act, d] -= amount
         gpu[act, g] += amount
-        used_s[act, src] += push_s
-        used_s[act, g] += push_s
+        used_s[act * ep + src] += push_s
+        used_s[act * ep + g] += push_s
         added += len(act)
         still = gpu[act].max(axis=1) > target[act]
         active = act[still]
