@@ -1,0 +1,292 @@
+"""The vectorized planner hot paths against slow per-cell references written from their docstrings:
+ReLibra's in-node replication greedy, the per-source replica flow, relibra-h's cross-node greedy, and
+the annealer's helpers (top-3 nodes, group sums, integer powers and roots, the random draws it
+merges). Inputs are small and random, with block sizes shrunk so that several blocks and the
+working-set compaction run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from relibra.plan import gpu_tokens_from
+from relibra.policies import replicate as replicate_mod
+from relibra.policies.base import experts_by_gpu
+from relibra.policies.relibra_h import cross_node_replicate
+from relibra.policies.reorder import _complements, _group_sum, _pow, _root, _top3
+from relibra.policies.replicate import replicate_in_node
+from relibra.policies.split import replica_flow_from_tokens
+from relibra.trace import static_placement
+
+
+# ---- in-node replication ---------------------------------------------------------------------------
+def replicate_cell_reference(rem: np.ndarray, slots: int, threshold: int) -> list[list[list[int]]]:
+    """The greedy of replicate_in_node for one node: rem int [gpn, k] tokens of each home copy.
+    Returns per GPU its replicas as [source GPU, expert index there, tokens], in slot order."""
+    gpn, k = rem.shape
+    rem = rem.astype(np.int64).copy()
+    load = rem.sum(axis=1)
+    target = -(-int(load.sum()) // gpn)
+    reps: list[list[list[int]]] = [[] for _ in range(gpn)]
+    for _ in range(3 * gpn * slots):
+        donor = int(np.argmax(load))
+        excess = int(load[donor]) - target
+        room = [max(target - int(load[h]), 0) for h in range(gpn)]
+        can_host = [len(reps[h]) < slots and h != donor for h in range(gpn)]
+        give_tok, give_j = [], []
+        for h in range(gpn):  # the donor's largest copy not yet replicated on h (first on ties)
+            held = {j for (src, j, _) in reps[h] if src == donor}
+            best_tok, best_j = -1, 0
+            for j in range(k):
+                if j not in held and rem[donor, j] > best_tok:
+                    best_tok, best_j = int(rem[donor, j]), j
+            give_tok.append(best_tok)
+            give_j.append(best_j)
+        options = []  # (amount, kind, receiver, slot): top-ups and chains by (receiver, slot), then direct
+        for recv in range(gpn):
+            for s in range(slots):
+                if s < len(reps[recv]):
+                    src, j, _ = reps[recv][s]
+                    relay = np.iinfo(np.int64).max if src == donor else (give_tok[src] if can_host[src] else 0)
+                    options.append((min(excess, room[recv], int(rem[src, j]), relay), "path", recv, s))
+                else:
+                    options.append((0, "empty", recv, s))
+        for dst in range(gpn):
+            options.append((min(excess, room[dst], give_tok[dst]) if can_host[dst] else 0, "direct", dst, 0))
+        amount, kind, recv, s = max(options, key=lambda o: o[0])  # max keeps the first of equals
+        if amount < threshold:
+            break
+        if kind == "direct":
+            j = give_j[recv]
+            rem[donor, j] -= amount
+            load[donor] -= amount
+            load[recv] += amount
+            reps[recv].append([donor, j, amount])
+            continue
+        src, j, _ = reps[recv][s]
+        rem[src, j] -= amount
+        reps[recv][s][2] += amount
+        load[recv] += amount
+        load[src] -= amount
+        if src != donor:  # a chain: src refills from the donor through a new replica
+            jd = give_j[src]
+            rem[donor, jd] -= amount
+            load[donor] -= amount
+            load[src] += amount
+            reps[src].append([donor, jd, amount])
+    return reps
+
+
+def replicate_reference(x: np.ndarray, home: np.ndarray, ep: int, gpn: int, slots: int, min_tokens: int,
+                        fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    m, layers, experts = x.shape
+    hosted = experts_by_gpu(home, ep)
+    k = experts // ep
+    rexp = np.full((m, layers, ep, slots), -1, dtype=np.int32)
+    rtok = np.zeros((m, layers, ep, slots), dtype=np.int64)
+    for mb in range(m):
+        for li in range(layers):
+            for node in range(ep // gpn):
+                gpus = range(node * gpn, (node + 1) * gpn)
+                rem = np.stack([x[mb, li, hosted[li, g]] for g in gpus])  # [gpn, k]
+                target = -(-int(rem.sum()) // gpn)
+                threshold = max(min(min_tokens, int(np.ceil(fraction * target))), 1)
+                for g, reps in enumerate(replicate_cell_reference(rem, slots, threshold)):
+                    for s, (src, j, tok) in enumerate(reps):
+                        rexp[mb, li, node * gpn + g, s] = hosted[li, node * gpn + src, j]
+                        rtok[mb, li, node * gpn + g, s] = tok
+    return rexp, rtok
+
+
+@pytest.mark.parametrize("ep,gpn,experts,slots", [(4, 4, 4, 2), (8, 4, 16, 2), (8, 8, 32, 3), (4, 2, 8, 1),
+                                                  (6, 3, 12, 2)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_replicate_in_node_matches_the_per_cell_reference(monkeypatch, ep, gpn, experts, slots, seed):
+    rng = np.random.default_rng(seed)
+    m, layers = 5, 7
+    skew = rng.permuted(np.broadcast_to(np.arange(1.0, experts + 1), (m, layers, experts)), axis=2) ** -1.3
+    x = rng.multinomial(40 * experts, skew / skew.sum(axis=2, keepdims=True)).astype(np.int64)
+    x[::2] = 40  # balanced micro-batches: their nodes are done at once, the others go on after compaction
+    home = np.stack([rng.permutation(static_placement(1, experts, ep)[0]) for _ in range(layers)])
+    monkeypatch.setattr(replicate_mod, "_BLOCK", 16)  # several blocks, each compacting its working set
+    got = replicate_in_node(x, home, ep, gpn, slots, 30, 0.05)
+    want = replicate_reference(x, home, ep, gpn, slots, 30, 0.05)
+    assert (got[0] == want[0]).all() and (got[1] == want[1]).all()
+    assert (got[0] >= 0).sum() > 0  # the case exercises replication
+
+
+# ---- replica flow ----------------------------------------------------------------------------------
+def flow_reference(loads: np.ndarray, home: np.ndarray, rexp: np.ndarray, rtok: np.ndarray) -> np.ndarray:
+    """Copies of an expert ordered by GPU (a replica before the home on the same GPU) take
+    consecutive runs of its tokens ordered by source rank."""
+    m, layers, ep, experts = loads.shape
+    r = rexp.shape[3]
+    out = np.zeros((m, layers, ep, ep, r), dtype=np.int32)
+    for mb in range(m):
+        for li in range(layers):
+            for e in range(experts):
+                copies = [(g, 0, s, int(rtok[mb, li, g, s])) for g in range(ep) for s in range(r)
+                          if rexp[mb, li, g, s] == e]
+                if not copies:
+                    continue
+                home_size = int(loads[mb, li, :, e].sum()) - sum(c[3] for c in copies)
+                copies.append((int(home[li, e]), 1, -1, home_size))
+                copies.sort(key=lambda c: (c[0], c[1]))
+                start = 0
+                cum = np.concatenate([[0], np.cumsum(loads[mb, li, :, e])])
+                for g, is_home, s, size in copies:
+                    if not is_home:
+                        lo, hi = start, start + size
+                        for src in range(ep):
+                            out[mb, li, src, g, s] = max(0, min(cum[src + 1], hi) - max(cum[src], lo))
+                    start += size
+    return out
+
+
+@pytest.mark.parametrize("slots,fill", [(2, 0.9), (4, 0.1)])  # the dense and the mostly-empty paths
+def test_replica_flow_matches_the_reference(slots, fill):
+    rng = np.random.default_rng(3)
+    m, layers, ep, experts = 3, 4, 6, 12
+    loads = rng.integers(0, 9, size=(m, layers, ep, experts)).astype(np.int32)
+    home = np.stack([rng.permutation(static_placement(1, experts, ep)[0]) for _ in range(layers)])
+    x = loads.sum(axis=2, dtype=np.int64)
+    rexp = np.full((m, layers, ep, slots), -1, dtype=np.int32)
+    rtok = np.zeros((m, layers, ep, slots), dtype=np.int64)
+    for mb in range(m):
+        for li in range(layers):
+            left = x[mb, li].copy()
+            for g in range(ep):
+                for s in range(slots):
+                    e = int(rng.integers(experts))
+                    if rng.random() < fill and home[li, e] != g and e not in rexp[mb, li, g] and left[e] > 0:
+                        rexp[mb, li, g, s] = e
+                        rtok[mb, li, g, s] = rng.integers(0, left[e] + 1)
+                        left[e] -= rtok[mb, li, g, s]
+    got = replica_flow_from_tokens(loads, home, rexp, rtok)
+    assert got.dtype == np.int32 and (got == flow_reference(loads, home, rexp, rtok)).all()
+    assert (got == replica_flow_from_tokens(loads, home, rexp, rtok, expert_tokens=x)).all()
+
+
+# ---- relibra-h's cross-node greedy ------------------------------------------------------------------
+def cross_node_reference(x, home, rexp, rtok, gpn, window, push_s, token_s, min_tokens, rounds, shortlist):
+    """relibra-h's cross-node greedy, one (micro-batch, layer) at a time (relibra_h module docstring)."""
+    m, layers, experts = x.shape
+    ep, r = rexp.shape[2], rexp.shape[3]
+    rexp, rtok = rexp.copy(), rtok.copy()
+    hosted = experts_by_gpu(home, ep)
+    k = hosted.shape[2]
+    node = np.arange(ep) // gpn
+    big = np.iinfo(np.int64).max
+    gpu_all = gpu_tokens_from(x, home, rexp, rtok).astype(np.int64)
+    added = 0
+
+    def exposed_s(u, w):
+        over = lambda u, w: max(u + push_s - w, 0.0) - max(u - w, 0.0)  # noqa: E731
+        return over(u, w) + 2.0 * over(u, 2.0 * w)
+
+    for mb in range(m):
+        for li in range(layers):
+            gpu = gpu_all[mb, li].copy()
+            target = -(-int(gpu.sum()) // ep)
+            left = x[mb, li].astype(np.int64).copy()
+            for g in range(ep):
+                for s in range(r):
+                    if rexp[mb, li, g, s] >= 0:
+                        left[rexp[mb, li, g, s]] -= rtok[mb, li, g, s]
+            used = np.zeros(ep)
+            for _ in range(rounds):
+                if gpu.max() <= target:
+                    break
+                d = int(np.argmax(gpu))
+                excess = int(gpu[d]) - target
+                copies = [(int(e), int(left[e])) for e in hosted[li, d]]
+                copies += [(int(e), int(t) if e >= 0 else 0) for e, t in zip(rexp[mb, li, d], rtok[mb, li, d])]
+                free = (rexp[mb, li] < 0).any(axis=1)
+                q = min(ep, shortlist)
+                keyed = np.where(free, gpu, big)
+                low = np.argpartition(keyed, q - 1)[:q] if q < ep else np.arange(ep)
+                best = None
+                for c, (e, tok) in enumerate(copies):
+                    src = int(home[li, max(e, 0)])
+                    cand = [bool(free[g]) and e not in rexp[mb, li, g] and node[g] != node[d] and node[g] != node[src]
+                            for g in low]
+                    vals = [int(gpu[g]) if ok else big for g, ok in zip(low, cand)]
+                    i = int(np.argmin(vals))
+                    g = int(low[i])
+                    amount = min(excess, target - int(gpu[g]), tok)
+                    exposed = max(exposed_s(used[src], window[mb, src]), exposed_s(used[g], window[mb, g]))
+                    feasible = (cand[i] and e >= 0 and amount >= min_tokens[mb, li] and amount > 0
+                                and (exposed == 0 or amount * token_s > exposed))
+                    if feasible and (best is None or amount > best[0]):
+                        best = (amount, c, e, g, src)
+                if best is None:
+                    break
+                amount, c, e, g, src = best
+                slot = int(np.argmax(rexp[mb, li, g] < 0))
+                rexp[mb, li, g, slot] = e
+                rtok[mb, li, g, slot] = amount
+                if c < k:
+                    left[e] -= amount
+                else:
+                    rtok[mb, li, d, c - k] -= amount
+                gpu[d] -= amount
+                gpu[g] += amount
+                used[src] += push_s
+                used[g] += push_s
+                added += 1
+    return rexp, rtok, added
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cross_node_replicate_matches_the_per_cell_reference(seed):
+    rng = np.random.default_rng(seed)
+    m, layers, ep, gpn, experts = 3, 4, 16, 4, 32
+    x = rng.multinomial(3000, rng.dirichlet(np.full(experts, 0.2), size=(m, layers))).astype(np.int64)
+    home = np.stack([rng.permutation(static_placement(1, experts, ep)[0]) for _ in range(layers)])
+    rexp, rtok = replicate_in_node(x, home, ep, gpn, 2, 5, 0.01)
+    rexp = np.concatenate([rexp, np.full((m, layers, ep, 1), -1, np.int32)], axis=3)
+    rtok = np.concatenate([rtok, np.zeros((m, layers, ep, 1), np.int64)], axis=3)
+    window = rng.uniform(0, 3e-4, size=(m, ep))
+    min_tokens = np.full((m, layers), 3, dtype=np.int64)
+    args = (gpn, window, 1e-4, 2e-6, min_tokens, 64)
+    want = cross_node_reference(x, home, rexp, rtok, *args, 6)
+    got = cross_node_replicate(x, home, rexp.copy(), rtok.copy(), *args, shortlist=6)
+    assert got[2] == want[2] > 0
+    assert (got[0] == want[0]).all() and (got[1] == want[1]).all()
+
+
+# ---- annealer helpers ------------------------------------------------------------------------------
+def test_top3_and_complements_match_sorting():
+    rng = np.random.default_rng(0)
+    for nodes in (1, 2, 3, 5, 32):
+        y = rng.integers(0, 6, size=(4, nodes, 2, 3)).astype(np.float32)  # many ties
+        vals, idx = _top3(y)
+        order = np.argsort(-y, axis=1, kind="stable")[:, :3]
+        top = min(nodes, 3)
+        assert (vals[:, :top] == np.take_along_axis(y, order, axis=1)).all()
+        assert (idx[:, :top] == order).all() and (idx[:, top:] == -1).all() and (vals[:, top:] == 0).all()
+        comp = _complements(nodes)
+        for i in range(nodes):
+            for j in range(nodes):
+                if i != j:
+                    assert sorted(comp[i, j]) == [n for n in range(nodes) if n not in (i, j)]
+
+
+def test_group_sum_pow_root_and_the_merged_draws():
+    rng = np.random.default_rng(1)
+    values = rng.integers(0, 50, size=(3, 12, 4)).astype(np.float32)
+    for group in (np.tile(np.arange(4), (3, 3)), rng.integers(0, 4, size=(3, 12))):  # equal, then unequal
+        want = np.stack([[values[li][group[li] == g].sum(axis=0) for g in range(4)] for li in range(3)])
+        assert (_group_sum(values, group, 4) == want).all()
+    y = rng.random((5, 7)).astype(np.float32)
+    for p in (1, 2, 3, 6, 8):
+        assert np.array_equal(_pow(y, p, out=np.empty_like(y)), _pow(y, p))
+        assert np.array_equal(_pow(y.copy(), p, out=y.copy()), _pow(y, p))
+        assert np.array_equal(_root(y, p, out=np.empty_like(y)), _root(y, p))
+    # the annealer draws a and b of shape [L, K] in one call of shape [2, L, K]: the same stream
+    for experts in (7, 128, 160, 384):
+        one, two = np.random.default_rng([4, experts]), np.random.default_rng([4, experts])
+        both = one.integers(0, experts, size=(2, 5, 3))
+        assert (both[0] == two.integers(0, experts, size=(5, 3))).all()
+        assert (both[1] == two.integers(0, experts, size=(5, 3))).all()
+        assert one.random() == two.random()
