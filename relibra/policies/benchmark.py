@@ -54,7 +54,9 @@ def benchmark_planner(model: str, ep: int, seed: int = 0, policies=("relibra", "
     and step_plan_cpu_s (process CPU seconds: what one core spent, whatever else the machine runs),
     replication_us_per_microbatch_layer and replication_cpu_us_per_microbatch_layer (relibra: the
     replication part; eplb and kin: the EPLB rebalance; else the whole plan; amortized over the
-    step's micro_batches x layers cells), reorder_s / reorder_cpu_s, mean_skewness,
+    step's micro_batches x layers cells), reorder_s / reorder_cpu_s, flow_s / flow_cpu_s (turning
+    replica token counts into the per-source replica_flow, whose [M, L, ep, ep, R] array alone is
+    about 1 GB at deepseek-v3 EP256; 0 for policies that do not record it), mean_skewness,
     mean_gap_to_bound (relibra.bounds, reference "policy"; computed after the planner's clock stops),
     trace (where the loads came from).
     """
@@ -92,6 +94,8 @@ def benchmark_planner(model: str, ep: int, seed: int = 0, policies=("relibra", "
             "replication_cpu_us_per_microbatch_layer": per_cell_cpu / cells * 1e6,
             "reorder_s": info.get("reorder_seconds", 0.0),
             "reorder_cpu_s": info.get("reorder_cpu_seconds", 0.0),
+            "flow_s": info.get("flow_seconds", 0.0),
+            "flow_cpu_s": info.get("flow_cpu_seconds", 0.0),
             "mean_skewness": float(plan.skewness().mean()),
             "mean_gap_to_bound": float(gap_to_bound(plan).mean()),
             "trace": trace.provenance.get("generator", "unknown"),

@@ -276,7 +276,8 @@ class ReLibraPolicy(Policy):
                      "replication_seconds": replicate[0], "replication_cpu_seconds": replicate[1],
                      "replication_us_per_microbatch_layer": replicate[0] / (m * l) * 1e6,
                      "replication_cpu_us_per_microbatch_layer": replicate[1] / (m * l) * 1e6,
-                     "fallback_seconds": fallback[0], "flow_seconds": flow[0], "flow_cpu_seconds": flow[1],
+                     "fallback_seconds": fallback[0], "fallback_cpu_seconds": fallback[1],
+                     "flow_seconds": flow[0], "flow_cpu_seconds": flow[1],
                      "fallback_layers": int(worse.sum())})
         plan.info.update(info)
         return plan

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from relibra.cluster import ModelShape, Topology
+from relibra.policies.base import homes_per_gpu
 
 
 def lpt_homes(step_tokens: np.ndarray, ep: int) -> np.ndarray:
@@ -375,8 +376,7 @@ def _group_sum(values: np.ndarray, group: np.ndarray, groups: int) -> np.ndarray
     [0, groups) -> [L, groups, M]. Equal groups (the placements here) sort and reshape; others
     scatter."""
     layers, experts, m = values.shape
-    counts = np.bincount((np.arange(layers)[:, None] * groups + group).ravel(), minlength=layers * groups
-                         ).reshape(layers, groups)
+    counts = homes_per_gpu(group, groups)
     if experts % groups == 0 and (counts == experts // groups).all():
         order = np.argsort(group, axis=1, kind="stable")
         return np.take_along_axis(values, order[:, :, None], axis=1).reshape(layers, groups, -1, m).sum(axis=2)
@@ -428,8 +428,11 @@ def _rel_error(kept: np.ndarray, fresh: np.ndarray) -> float:
 
 
 def equal_homes(home: np.ndarray, ep: int) -> bool:
-    per_gpu = home.shape[1] // ep
-    return all((np.bincount(h, minlength=ep) == per_gpu).all() for h in home)
+    """Every GPU homes experts / ep experts in every layer (home int [L, E])."""
+    home = np.asarray(home)
+    if home.shape[1] % ep or ((home < 0) | (home >= ep)).any():
+        return False
+    return bool((homes_per_gpu(home, ep) == home.shape[1] // ep).all())
 
 
 def cost_ratios(shape: ModelShape, topology: Topology, ep: int) -> tuple[float, np.ndarray]:
