@@ -125,11 +125,13 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     `polish_iterations` of greedy descent use the exact maxima.
 
     Node state is kept as one array Y [L, nodes, terms, M] (terms: C, and R when r > 0) so that
-    both terms move through the same few numpy calls. Speed: every gather is a row take from a
-    flat [rows, M] view (one index per (layer, candidate)), and the polish finds the maximum over
-    the nodes a swap leaves untouched from each (layer, term, m)'s three largest nodes. GPU loads
-    and node state are whole token counts held in float32, exact below 2^24 tokens per node and
-    micro-batch, so regrouping their sums changes no bit.
+    both terms move through the same few numpy calls. Speed (docs/policies.md, relibra section):
+    every gather is a row take from a flat [rows, M] view (one index per (layer, candidate)); a
+    swap's two sides are the halves of [2, L, K] arrays; the polish takes the maximum over the
+    nodes a swap leaves untouched from those nodes (up to 6) or from each (layer, term, m)'s three
+    largest nodes. GPU loads and node state are whole token counts held in float32, exact below
+    2^24 tokens per node and micro-batch, so regrouping their sums changes no bit; the smoothed
+    terms keep their order of operations, so a seed gives the same homes as the plain version.
     """
     m, layers, experts = expert_tokens.shape
     nodes = ep // gpus_per_node
@@ -178,7 +180,9 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
         return (per_term * weight).sum(axis=-1) / gpn
 
     def smax32(ps, mu_rows):  # smax of float32 power sums, through one scratch array (same values)
-        v = np.multiply(ps, ps > 0)  # max(ps, 0) up to the sign of a zero (many times faster)
+        # max(ps, 0) up to the sign of a zero, which changes no comparison downstream (np.maximum
+        # is several times slower)
+        v = np.multiply(ps, ps > 0)
         v *= 1.0 / nodes
         v = _root(v, p_node, out=v)
         v *= mu_rows

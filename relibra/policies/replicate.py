@@ -52,7 +52,7 @@ def replicate_in_node(expert_tokens: np.ndarray, home: np.ndarray, ep: int, gpus
                            ).astype(np.int32)  # [B]
     # tokens per node stay far below 2^31: int32 halves the memory traffic; the (value, index) keys of
     # the first-argmax need a few bits more, else int64
-    wide = (int(node_tokens.max(initial=0)) + 1) << _bits(gpn * r + gpn) >= 2 ** 31
+    wide = (int(node_tokens.max(initial=0)) + 1) << max(_bits(gpn * r + gpn), _bits(k)) >= 2 ** 31
     # where a cell's node-local (GPU, j) sits in hosted: layer * E + node * gpn * k
     base = (np.arange(b) // nodes % layers * experts + np.arange(b) % nodes * (gpn * k))
     rexp_cells, rtok_cells = rexp.reshape(b, gpn, r), rtok.reshape(b, gpn, r)  # views
