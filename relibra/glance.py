@@ -35,9 +35,10 @@ SOURCES = {"02_throughput": "throughput.csv", "06_skewness": "skewness.csv", "07
 
 
 # ---- reading one notebook's output -----------------------------------------------------------------
-def _table(out_dir: Path, notebook: str, columns: tuple[str, ...]) -> pd.DataFrame | None:
-    """<out_dir>/<notebook>/<its csv> (None when absent); a ConfigError names missing columns."""
-    path = out_dir / notebook / SOURCES[notebook]
+def _table(out_dir: Path, notebook: str, columns: tuple[str, ...], name: str | None = None) -> pd.DataFrame | None:
+    """<out_dir>/<notebook>/<name> (default: the notebook's csv in SOURCES; None when absent); a
+    ConfigError names missing columns."""
+    path = out_dir / notebook / (name or SOURCES[notebook])
     if not path.exists():
         return None
     table = pd.read_csv(path)
@@ -192,14 +193,10 @@ def runtime_rows(out_dir: Path) -> list[dict]:
 def recorded_runtime_rows(out_dir: Path) -> list[dict]:
     """The shipped idle-machine runtime measurement as notebook 08 copies it (recorded_step_results.csv):
     per node layout, the median over launches of each policy's median step, measured and simulated."""
-    path = out_dir / "08_runtime" / "recorded_step_results.csv"
-    if not path.exists():
+    t = _table(out_dir, "08_runtime", ("nodes_x_ranks", "policy", "step_s_median", "sim_step_s", "load_before",
+                                       "load_after", "date", "cpus"), name="recorded_step_results.csv")
+    if t is None:
         return []
-    t = pd.read_csv(path)
-    missing = [c for c in ("nodes_x_ranks", "policy", "step_s_median", "sim_step_s", "load_before", "load_after",
-                           "date", "cpus") if c not in t.columns]
-    if missing:
-        raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}; rerun notebook 08_runtime")
     rows = []
     for layout, d in t.groupby("nodes_x_ranks", sort=False):
         g = d.groupby("policy", sort=False).agg(measured=("step_s_median", "median"), sim=("sim_step_s", "median"))
@@ -244,14 +241,10 @@ def sensitivity_rows(out_dir: Path) -> list[dict]:
 
 def scale_rows(out_dir: Path) -> list[dict]:
     """relibra-h against the best other policy at the largest EP of each (model, cluster) (notebook 11)."""
-    path = out_dir / "11_scale" / "relibra_h_vs_best.csv"
-    if not path.exists():
+    t = _table(out_dir, "11_scale", ("model", "cluster", "ep", "speedup", "frac_of_balanced_compute", "best_other",
+                                     "over_best_other"), name="relibra_h_vs_best.csv")
+    if t is None:
         return []
-    t = pd.read_csv(path)
-    missing = [c for c in ("model", "cluster", "ep", "speedup", "frac_of_balanced_compute", "best_other",
-                           "over_best_other") if c not in t.columns]
-    if missing:
-        raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}; rerun notebook 11_scale")
     top = t.loc[t.groupby(["model", "cluster"], sort=False)["ep"].idxmax()]
     figure = "; ".join(f"{r.model} EP{r.ep} on {r.cluster}: {r.speedup:.2f}x Megatron, "
                        f"{r.frac_of_balanced_compute:.3f} of balanced-compute, {r.over_best_other:.3f}x "

@@ -85,7 +85,6 @@ from relibra.experiments.runtime import (
     measured_runtime,
     recorded_runtime,
     runtime_comparison,
-    runtime_results,
     runtime_options,
     runtime_worker,
 )
@@ -138,7 +137,7 @@ __all__ = [
     "skewness_sweep", "planner_seconds", "full_model_memory_share", "overhead_table",
     # 08 runtime, 09 RL workload
     "RUNTIME_COMPONENTS", "runtime_options", "runtime_worker", "measured_runtime", "runtime_comparison",
-    "runtime_results", "recorded_runtime",
+    "recorded_runtime",
     "RL_OVERRIDES", "RL_TORCH_THREADS", "rl_workload",
     # 10 sensitivity
     "KNOBS", "sensitivity", "config_sensitivity", "tornado_table",

@@ -109,19 +109,6 @@ def measured_runtime(cfg: Config) -> tuple[pd.DataFrame, str]:
     return metrics, f"{metrics['hardware'].iloc[0]}; 1-min load average up to {load:.1f}{over}"
 
 
-def runtime_results(cfg: Config) -> pd.DataFrame:
-    """One row per (policy, repeat): measured step seconds (median, min, max over timed steps) next to the
-    simulator's `sim_step_s` for the same trace, plans and fitted CPU preset, with expert_share,
-    token_skew, plan/static skewness, speedup_vs_megatron / sim_speedup_vs_megatron and `oversubscribed`
-    (never judge speed from such rows). CPU profiles only (it launches the runtime)."""
-    metrics, _ = measured_runtime(cfg)
-    keep = ["policy", "repeat", "step_s_median", "step_s_min", "step_s_max", "sim_step_s", "expert_share",
-            "token_skew", "plan_skewness", "static_skewness", "speedup_vs_megatron", "sim_speedup_vs_megatron",
-            "ranks", "nodes", "ranks_per_node", "oversubscribed", "model", "hardware"]
-    df = pd.DataFrame(metrics.attrs.get("results", []))
-    return df[[c for c in keep if c in df.columns]]
-
-
 def recorded_runtime(path=None) -> tuple[pd.DataFrame, dict]:
     """The reference measurement `scripts/measure_runtime.py` wrote (data/runtime_measured.json by default):
     one row per (command, launch, policy) with the run's fields (step_s_median/min/max, sim_step_s,

@@ -24,17 +24,16 @@ import json
 import os
 import sys
 import time
-
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from relibra.errors import ConfigError
 from relibra.runtime.options import RunOptions
+from relibra.trace import RoutingTrace, static_placement
 
 if TYPE_CHECKING:
     import pandas as pd
-from relibra.trace import RoutingTrace, static_placement
 
 
 # ---- inputs: trace, plans, data (the same on every rank) ------------------------------------------------
@@ -76,9 +75,7 @@ def runtime_topology(ep: int, gpus_per_node: int):
     else the older `cpu-gloo`."""
     import torch
 
-    from relibra.cluster import TOPOLOGY_PRESETS, get_topology
-
-    from relibra.cluster import Topology
+    from relibra.cluster import TOPOLOGY_PRESETS, Topology, get_topology
 
     if torch.cuda.is_available():
         base = get_topology("paper")
