@@ -392,10 +392,10 @@ def validate_plan(plan: StepPlan, trace_loads: np.ndarray | None = None) -> None
     if ((plan.home < 0) | (plan.home >= ep)).any():
         bad = _first((plan.home < 0) | (plan.home >= ep))
         raise PlanError(f"{name}: home of [layer, expert]={bad} is GPU {int(plan.home[bad])}, outside [0, {ep})")
-    homes_per_gpu = np.stack([np.bincount(plan.home[i], minlength=ep) for i in range(l)])  # [L, ep]
-    if plan.equal_homes and (homes_per_gpu != e // ep).any():
-        li, g = _first(homes_per_gpu != e // ep)
-        raise PlanError(f"{name}: layer {li} GPU {g} homes {int(homes_per_gpu[li, g])} experts; "
+    homes = homes_per_gpu(plan.home, ep)  # [L, ep]
+    if plan.equal_homes and (homes != e // ep).any():
+        li, g = _first(homes != e // ep)
+        raise PlanError(f"{name}: layer {li} GPU {g} homes {int(homes[li, g])} experts; "
                         f"each GPU must home {e // ep}")
     rexp, rflow = plan.replica_expert, plan.replica_flow
     r = rexp.shape[3] if rexp.ndim == 4 else -1
@@ -410,7 +410,7 @@ def validate_plan(plan: StepPlan, trace_loads: np.ndarray | None = None) -> None
     occupied = rexp >= 0
     if plan.replica_scope == "none" and occupied.any():
         raise PlanError(f"{name}: replicas are not allowed, but slot {_first(occupied)} holds one")
-    used = homes_per_gpu[None] + occupied.sum(axis=3)  # [M, L, ep]
+    used = homes[None] + occupied.sum(axis=3)  # [M, L, ep]
     if (used > plan.slots_per_gpu).any():
         bad = _first(used > plan.slots_per_gpu)
         raise PlanError(f"{name}: [micro_batch, layer, gpu]={bad} holds {int(used[bad])} experts, over the "

@@ -150,11 +150,3 @@ def experts_by_gpu(home: np.ndarray, ep: int) -> np.ndarray:
     layers, experts = home.shape
     order = np.argsort(home, axis=1, kind="stable")  # experts sorted by GPU, then by id
     return order.reshape(layers, ep, experts // ep)
-
-
-def homes_per_gpu(home: np.ndarray, ep: int) -> np.ndarray:
-    """How many experts each GPU homes, per layer: home int [L, E] with values in [0, ep) -> int64
-    [L, ep]; one bincount over layer-offset GPU ids instead of one per layer."""
-    home = np.asarray(home)
-    layers = home.shape[0]
-    return np.bincount((np.arange(layers)[:, None] * ep + home).ravel(), minlength=layers * ep).reshape(layers, ep)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from relibra.cluster import ModelShape, Topology
-from relibra.policies.base import homes_per_gpu
+from relibra.plan import homes_per_gpu
 
 
 def lpt_homes(step_tokens: np.ndarray, ep: int) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from relibra.errors import PlanError
-from relibra.plan import StepPlan
+from relibra.plan import StepPlan, homes_per_gpu
 
 
 def slots_per_rank(num_experts: int, ep: int, replica_slots: int) -> int:
@@ -94,7 +94,7 @@ def check_plan_for_runtime(plan: StepPlan, ep: int, ranks_per_node: int, replica
     if plan.gpus_per_node != ranks_per_node:
         raise PlanError(f"{name}: made for {plan.gpus_per_node} GPUs per node, the runtime has {ranks_per_node}")
     plan.validate()
-    counts = np.stack([np.bincount(plan.home[l], minlength=ep) for l in range(num_layers)])
+    counts = homes_per_gpu(plan.home, ep)
     if (counts != num_experts // ep).any():
         l, g = (int(i) for i in np.argwhere(counts != num_experts // ep)[0])
         raise PlanError(f"{name}: layer {l} rank {g} homes {int(counts[l, g])} experts; the runtime needs "
