@@ -234,7 +234,7 @@ def benchmark_sim(model: str = "qwen3-235b-a22b", ep: int = 32, policy: str = "r
 
     Generates a one-step synthetic trace, plans it once (timed apart: planning is excluded from the
     target), then times cost_plan + rows `repeats` times: sim_s is the median wall time, sim_cpu_s
-    the median CPU time of this process (what an unloaded machine shows). Target (issue 14): one step of
+    the median CPU time of this process (what an unloaded machine shows). Target: one step of
     deepseek-v3 at EP256, one policy, within 5 s on one core.
     """
     from relibra.workloads import generate_trace

@@ -1,4 +1,4 @@
-"""The measured runtime comparison of issue 10, in one command, for an idle machine:
+"""The measured runtime comparison (docs/runtime.md), in one command, for an idle machine:
 
     .venv/bin/python scripts/measure_runtime.py [--calibrate] [--repeats 2] [--out data/runtime_measured.json]
 

@@ -1,5 +1,5 @@
 """Bad input gets one clear error naming the file, field and index, never a traceback or a silent
-accept (issue 16, input half). One table row per case; then a hypothesis property test that damaged
+accept. One table row per case; then a hypothesis property test that damaged
 trace files give a valid trace or a TraceError, nothing else."""
 
 import io

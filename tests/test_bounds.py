@@ -8,17 +8,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relibra.cluster import get_topology
 from relibra.bounds import (fixed_home_bound, free_placement_bound, gap_to_bound, ideal_bound, plan_lower_bound,
                             shedding_bound)
 from relibra.policies import POLICY_NAMES, get_policy
 from relibra.trace import static_placement
-from test_policies import FAST, make_trace  # tests/ is on sys.path under pytest
+from conftest import FAST, make_trace, nodes_of  # tests/ is on sys.path under pytest
 
-
-def nodes_of(gpus_per_node: int):
-    """The paper cluster's rates on nodes of `gpus_per_node` GPUs (the EP ranks pack into them)."""
-    return get_topology("paper").with_changes(gpus_per_node=gpus_per_node)
 
 
 @settings(max_examples=8, deadline=None)

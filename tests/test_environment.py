@@ -36,8 +36,13 @@ def test_environment_yml_matches_pyproject():
     assert _pins_from_environment_yml() == _pins_from_pyproject()
 
 
-def test_torch_pinned_to_cpu_wheel_version():
-    assert _pins_from_pyproject()["torch"] == "2.13.0"
+def test_torch_pin_is_what_reproduce_installs_and_what_runs():
+    from importlib.metadata import version
+
+    pin = _pins_from_pyproject()["torch"]
+    installed = re.findall(r"pip install --quiet torch==([^\s]+)", (ROOT / "reproduce.sh").read_text())
+    assert installed == [pin]
+    assert version("torch").split("+")[0] == pin
 
 
 def _subcommand_paths():

@@ -8,20 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from relibra.cluster import get_topology
 from relibra.errors import ConfigError
 from relibra.policies import get_policy
 from relibra.policies.eplb import balanced_packing, copies_from_phy2log, rebalance_experts, replicate_experts
+from conftest import make_trace, nodes_of  # tests/ is on sys.path under pytest
 
 README_WEIGHT = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
                  [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27]]
 README_PHY2LOG = [[5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
                   [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1]]
 
-
-def nodes_of(gpus_per_node: int):
-    """The paper cluster's rates on nodes of `gpus_per_node` GPUs (the EP ranks pack into them)."""
-    return get_topology("paper").with_changes(gpus_per_node=gpus_per_node)
 
 
 # ---- an independent slow reference, one layer at a time, from EPLB's description -------------------
@@ -222,7 +218,6 @@ def test_bad_sizes_raise():
 
 
 def test_plan_maps_slots_to_homes_and_replicas():
-    from test_policies import make_trace  # tests/ is on sys.path under pytest
 
     trace = make_trace(3, ep=8, experts=16, micro_batches=4, tokens=80)
     plan = get_policy("eplb+", redundant_slots_per_gpu=1).plan(trace, 1, nodes_of(4))

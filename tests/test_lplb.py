@@ -12,7 +12,7 @@ import torch
 from relibra.policies import get_policy
 from relibra.policies.eplb import rebalance_experts
 from relibra.policies.lplb import CUBE_8, lplb_r2o, torus_r2o
-from test_policies import make_trace, nodes_of  # tests/ is on sys.path under pytest
+from conftest import make_trace, nodes_of  # tests/ is on sys.path under pytest
 
 
 def test_topologies_follow_lplb():

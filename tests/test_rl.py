@@ -267,8 +267,23 @@ def test_cli_writes_a_trace(tmp_path, capsys):
     assert "giant" in capsys.readouterr().err
 
 
-def test_domains_cover_the_documented_set():
-    assert DOMAINS == ("arithmetic", "sorting", "copying", "format")
+def test_domains_are_the_documented_ones_and_each_verifies_its_own_reference():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "rl.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(doc) if line.startswith("| domain | prompt |"))
+    documented = []
+    for line in doc[start + 2:]:
+        if not line.startswith("|"):
+            break
+        documented.append(line.split("|")[1].strip())
+    assert tuple(documented) == DOMAINS
+    rng = np.random.default_rng(0)
+    for domain in DOMAINS:
+        for task in sample_tasks(rng, 5, domains=(domain,)):
+            assert task.domain == domain_of(task.prompt) == domain
+            assert reward(task.prompt, task.reference) == 1.0
+            assert reward(task.prompt, task.reference + task.reference) < 1.0
 
 
 def test_default_policy_is_the_rl_tiny_preset():

@@ -1,4 +1,4 @@
-"""Failures of the runtime end in bounded time with one line naming the rank and cause (issue 16):
+"""Failures of the runtime end in bounded time with one line naming the rank and cause:
 killed, crashed and stalled ranks (2 ranks, plain torch.distributed, short timeouts), a migration that
 fails mid-transfer (rolled back through the vote; the step goes on on the old placement, or stops),
 bad run options, and torchrun."""

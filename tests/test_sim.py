@@ -17,16 +17,13 @@ from relibra.errors import ConfigError, PlanError
 from relibra.metrics import METRIC_COLUMNS
 from relibra.plan import StepPlan, empty_replicas
 from relibra.trace import RoutingTrace, static_placement
+from conftest import nodes_of  # tests/ is on sys.path under pytest
 
 MODEL = ModelShape("sim-test", num_layers=3, num_experts=16, top_k=2, hidden=256, moe_ffn=512,
                    num_attention_heads=4, num_kv_heads=2, head_dim=64, vocab_size=1000)
 TOPO = Topology("test", num_nodes=2, gpus_per_node=4, nvlink_GBps=100.0, rdma_GBps=10.0, matmul_tflops=50.0,
                 gemm_half_tokens=64.0)
 
-
-def nodes_of(gpus_per_node: int):
-    """The paper cluster's rates on nodes of `gpus_per_node` GPUs (the EP ranks pack into them)."""
-    return get_topology("paper").with_changes(gpus_per_node=gpus_per_node)
 
 
 def _loads(rng, m, ep, tokens_per_rank, alpha=0.3, model=MODEL):

@@ -308,7 +308,7 @@ def runtime_story(comparison: pd.DataFrame) -> str:
 
 def runtime_agreement(results: pd.DataFrame, step_tolerance: float = 0.15, ratio_tolerance: float = 0.05) -> str:
     """Measured vs simulated step time per policy and the speed-ups over Megatron, from train.results rows
-    (one per policy and repeat). Says plainly where the simulator misses issue 10's targets (step time
+    (one per policy and repeat). Says plainly where the simulator misses the agreement targets (step time
     within `step_tolerance`, speed-up within `ratio_tolerance`) and refuses to judge oversubscribed runs."""
     g = results.groupby("policy").agg(measured=("step_s_median", "median"), sim=("sim_step_s", "median"),
                                       lo=("step_s_min", "min"), hi=("step_s_max", "max"))

@@ -1,4 +1,4 @@
-"""Sensitivity of the headline ratios: one knob at a time around the default set-up (issue 11 item 7).
+"""Sensitivity of the headline ratios: one knob at a time around the default set-up.
 
 For each knob value the trace is generated (workload knobs) or kept (cost and cluster knobs), the
 policies are simulated (relibra.sim.simulate) and three ratios of tokens per second are kept:

@@ -210,7 +210,7 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
     untouched = gather_arrays(balanced_engine.logical_expert_state("param"))
     no_push = int(balanced_engine.model.replicas.bytes_pushed == pushed_before)
 
-    # a communication error mid-transfer inside a training step (issue 16): rolled back through the vote,
+    # a communication error mid-transfer inside a training step: rolled back through the vote,
     # the step goes on on the old placement (on_migration_failure="continue"), or raises ("stop")
     home_now = balanced_engine.model.home.copy()
     target = static_plan(trace.loads[0], layout.ranks_per_node, home=reordered_home(L, E, world, shift=3))
