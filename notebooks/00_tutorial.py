@@ -35,8 +35,8 @@
 
 # %% tags=["parameters"]
 ep = 4                # GPUs of the EP group, as 2 nodes x ep/2 GPUs: 4, 8 or 16
-placement = "static"  # static (Megatron) | search (ReLibra's annealing) | lpt (greedy placement)
-spare_slots = 0       # replica slots per GPU, 0-4 (0 means no replication)
+placement = "search"  # static (Megatron) | search (ReLibra's annealing) | lpt (greedy placement)
+spare_slots = 2       # replica slots per GPU, 0-4 (0 means no replication)
 skew = 1.2            # Zipf exponent of expert popularity, 0-3 (0 means uniform)
 shift = 0.5           # share of the popularity ranking reshuffled between micro-batches, 0-1
 tokens_per_gpu = 4096 # tokens each GPU routes per micro-batch (each picks 2 experts)
@@ -66,8 +66,8 @@ print("results go to", cfg.out_dir)
 # 0-3 on GPU 0, 4-7 on GPU 1, ... at EP 4).
 
 # %%
-case = ex.tutorial_case(**ex.tutorial_args(cfg))
-run.save_csv(case["expert_tokens"], "expert_tokens", "tokens per expert and micro-batch, with its home GPU")
+result = run.compute()
+case = result.case
 case["expert_tokens"].pivot(index="micro_batch", columns="expert", values="tokens")
 
 # %% [markdown]
@@ -77,7 +77,6 @@ case["expert_tokens"].pivot(index="micro_batch", columns="expert", values="token
 # per GPU.
 
 # %%
-run.save_csv(case["gpu_table"], "gpu_load", "tokens and simulated expert seconds per GPU")
 fig = plots.tutorial_figure(case, cfg.extra["micro_batch"])
 run.save_figure(fig, "per_gpu_load", "Tokens and simulated expert-compute time per GPU for the chosen placement "
                 "and replicas", source="simulated", hardware=case["hardware"])
@@ -105,7 +104,6 @@ nr.show(nr.tutorial_load_story(case, cfg.extra["micro_batch"]))
 fig = plots.plan_figure(case, cfg.extra["micro_batch"])
 run.save_figure(fig, "step_plan", "The StepPlan of one micro-batch: expert-home map with replica slots, and the "
                 "token split from experts to GPUs", source="simulated", hardware=case["hardware"])
-run.save_csv(case["replicas"], "replicas", "occupied replica slots: expert, home GPU, tokens taken per micro-batch")
 nr.show(nr.tutorial_plan_story(case, cfg.extra["micro_batch"]))
 
 # %% [markdown]
@@ -123,7 +121,6 @@ nr.show(nr.tutorial_plan_story(case, cfg.extra["micro_batch"]))
 # hidden behind attention.
 
 # %%
-run.save_csv(case["phases"], "phases", "simulated seconds per micro-batch, direction and phase (slowest GPU)")
 fig = plots.phase_figure(case, cfg.extra["micro_batch"])
 run.save_figure(fig, "phases", "Simulated time per phase of the toy layer for one micro-batch, forward and "
                 "backward", source="simulated", hardware=case["hardware"])
@@ -145,13 +142,10 @@ nr.show(nr.tutorial_phase_story(case, cfg.extra["micro_batch"]))
 # GPU actually filled.
 
 # %%
-grid = ex.tutorial_grid(skew=cfg.extra["skew"], shift=cfg.extra["shift"], seed=cfg.seed, ep=cfg.ep,
-                        tokens_per_gpu=cfg.extra["tokens_per_gpu"], micro_batches=cfg.micro_batches)
-run.save_csv(grid, "placement_replica_grid", "rank skewness and slowest-GPU time for every placement x spare slots")
+grid = result.placement_replica_grid
 fig = plots.tutorial_grid_figure(grid)
 run.save_figure(fig, "placement_replica_grid", "Rank skewness and slowest-GPU expert time for every placement "
                 "and number of spare slots", source="simulated", hardware=grid["hardware"].iloc[0])
-run.note(grid=grid[["placement", "spare_slots", "skewness", "slowest_gpu_ms"]].to_dict(orient="records"))
 nr.show(nr.tutorial_grid_story(grid))
 
 # %% [markdown]
@@ -169,7 +163,8 @@ nr.show(nr.tutorial_grid_story(grid))
 # `interactive = False`, or no front end) it shows nothing.
 
 # %%
-plots.tutorial_interactive(ex.tutorial_case, enabled=interactive, **ex.tutorial_args(cfg))
+plots.tutorial_interactive(ex.tutorial_case, choices={"ep": ex.TUTORIAL_EP_SIZES, "placement": ex.TUTORIAL_PLACEMENTS,
+                           "spare_slots": ex.TUTORIAL_MAX_SPARE_SLOTS}, enabled=interactive, **ex.tutorial_args(cfg))
 
 # %% [markdown]
 # **What to notice.** With `skew` near 0 no policy has anything to fix; the gap between placements opens

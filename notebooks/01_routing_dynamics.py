@@ -45,9 +45,8 @@ print(cfg.scale_note())
 print("results go to", cfg.out_dir)
 
 # %%
-traces = ex.workload_traces(cfg)
-trace = traces[cfg.workload]
-trace.stats()
+result = run.compute()
+result.traces[cfg.workload].stats()
 
 # %% [markdown]
 # ## 1. Expert load, micro-batch by micro-batch
@@ -56,9 +55,7 @@ trace.stats()
 # Right: the same layer summed over each whole step.
 
 # %%
-loads = ex.expert_load_table(trace, step=0, layer=0)
-run.save_csv(loads, "expert_load", "tokens per expert: micro-batches of step 0 and whole steps, layer 0")
-fig = plots.expert_load_heatmaps(loads, cfg.trace_label())
+fig = plots.expert_load_heatmaps(result.expert_load, cfg.trace_label())
 run.save_figure(fig, "expert_load_heatmaps", "Share of token-slots per expert, per micro-batch (left) and per "
                 "whole step (right), MoE layer 0", source="synthetic", hardware="the kit's RL trace generator")
 
@@ -70,8 +67,7 @@ run.save_figure(fig, "expert_load_heatmaps", "Share of token-slots per expert, p
 # vectors. The history prediction is the moving average of up to 4 previous whole steps.
 
 # %%
-shift = ex.shift_table(traces)
-run.save_csv(shift, "shift_stats", "hot-expert overlap and load correlation per comparison and workload")
+shift = result.shift_stats
 fig = plots.shift_bars(shift, cfg.trace_label())
 run.save_figure(fig, "shift", "Hot-expert overlap and load correlation between micro-batches, steps and a "
                 "history prediction, per workload", source="synthetic", hardware="the kit's RL trace generator")
@@ -85,8 +81,7 @@ shift.pivot_table(index="comparison", columns=["metric", "trace"], values="value
 # knows each micro-batch.
 
 # %%
-errors = ex.prediction_error_table(traces)
-run.save_csv(errors, "prediction_error", "prediction error per predictor, target, step, micro-batch and layer")
+errors = result.prediction_error
 fig = plots.prediction_error_plot(errors, cfg.trace_label())
 run.save_figure(fig, "prediction_error", "Share of token-slots predicted on the wrong experts: history vs oracle "
                 "step load, against whole steps and single micro-batches", source="synthetic",
@@ -100,17 +95,15 @@ errors.groupby(["predictor", "target"])["error"].describe().round(3)
 # the whole step (counted from the trace's tokens per EP rank; no cost model).
 
 # %%
-skew = ex.static_skewness_table(traces)
-run.save_csv(skew, "static_skewness", "rank skewness under static placement per micro-batch / whole step")
+skew = result.static_skewness
 fig = plots.static_skewness_plot(skew, cfg.trace_label())
 run.save_figure(fig, "static_skewness", "Rank skewness (max / mean tokens per GPU) under static placement",
                 source="synthetic", hardware="the kit's RL trace generator")
-run.note(static_skewness=skew[skew.scope == "micro-batch"].groupby("trace")["skewness"].mean().round(3).to_dict())
 
 # %% [markdown]
 # ## What the numbers say
 
 # %%
-nr.show(nr.dynamics_story(shift, errors, skew))
+nr.show(run.story(result))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

@@ -52,8 +52,8 @@ print(cfg.scale_note())
 print("models:", nr.model_differences(cfg.models))
 
 # %%
-table = ex.throughput_grid(cfg)
-run.save_csv(table, "throughput", "simulated tokens/s and ratios per model, workload and policy")
+result = run.compute()
+table = result.throughput
 table.pivot_table(index=["model", "workload"], columns="policy", values="speedup_vs_megatron").round(3)
 
 # %% [markdown]
@@ -82,15 +82,12 @@ run.save_figure(fig, "fraction_of_balanced", "Simulated throughput as a fraction
 # Balanced. The same ratios from this run:
 
 # %%
-headline = ex.headline_ratios(table)
-run.save_csv(headline, "headline_ratios", "ReLibra vs Megatron, vs EPLB+, and gap to Balanced, with the paper's claims")
-run.note(headline=headline.to_dict(orient="records"))
-headline
+result.headline_ratios
 
 # %% [markdown]
 # ## What the numbers say
 
 # %%
-nr.show(nr.throughput_story(table))
+nr.show(run.story(result))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

@@ -48,8 +48,8 @@ print(cfg.scale_note())
 print("models:", nr.model_differences(cfg.models))
 
 # %%
-table = ex.throughput_grid(cfg)
-run.save_csv(table, "ablation", "simulated tokens/s and skewness per model, workload and ablation stage")
+result = run.compute()
+table = result.ablation
 table.pivot_table(index="policy", columns="model", values="speedup_vs_megatron").round(3)
 
 # %%
@@ -61,6 +61,6 @@ run.save_figure(fig, "ablation", "Simulated throughput (normalized to Megatron) 
 # ## What the numbers say
 
 # %%
-nr.show(nr.ablation_story(table))
+nr.show(run.story(result))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

@@ -49,8 +49,8 @@ cfg = run.config
 print(cfg.scale_note())
 
 # %%
-table = ex.reorder_table(cfg)
-run.save_csv(table, "reordering", "per workload, policy and step: throughput, node/GPU skewness, cross-node share, migration")
+result = run.compute()
+table = result.reordering
 table.groupby("policy")[["speedup_vs_megatron", "node_skewness", "gpu_skewness", "cross_node_share",
                          "migration_gb"]].mean().round(3)
 
@@ -63,6 +63,6 @@ run.save_figure(fig, "reordering", "Annealing search vs greedy LPT vs no reorder
 # ## What the numbers say
 
 # %%
-nr.show(nr.reorder_story(table))
+nr.show(run.story(result))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

@@ -48,8 +48,8 @@ cfg = run.config
 print(cfg.scale_note())
 
 # %%
-table = ex.replication_table(cfg)
-run.save_csv(table, "replication", "per workload and policy: throughput, GPU skewness, replicas used")
+result = run.compute()
+table = result.replication
 table.groupby("policy")[["speedup_vs_megatron", "gpu_skewness", "replicas_per_gpu"]].mean().round(3)
 
 # %%
@@ -64,8 +64,7 @@ run.save_figure(fig, "replication", "Joint replication vs placement-only vs spli
 # circled). Each point is labelled with its value: the differences can be small.
 
 # %%
-sweep = ex.spare_slot_sweep(cfg, slots=cfg.extra["spare_slot_counts"])
-run.save_csv(sweep, "spare_slots", "ReLibra throughput and skewness vs spare replica slots per GPU")
+sweep = result.spare_slots
 fig = plots.spare_slot_plot(sweep, cfg.sim_subtitle())
 run.save_figure(fig, "spare_slots", "Simulated ReLibra throughput and GPU skewness vs spare replica slots per GPU")
 sweep
@@ -74,6 +73,6 @@ sweep
 # ## What the numbers say
 
 # %%
-nr.show(nr.replication_story(table, sweep))
+nr.show(run.story(result))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

@@ -44,8 +44,8 @@ cfg = run.config
 print(cfg.scale_note())
 
 # %%
-table = ex.skewness_sweep(cfg)
-run.save_csv(table, "skewness", "mean and p95 rank skewness per policy, EP size and workload")
+result = run.compute()
+table = result.skewness
 table.pivot_table(index=["sweep", "ep", "workload"], columns="policy", values="skewness").round(3)
 
 # %%
@@ -57,6 +57,6 @@ run.save_figure(fig, "skewness", "Mean rank skewness per policy across EP sizes 
 # ## What the numbers say
 
 # %%
-nr.show(nr.skewness_story(table))
+nr.show(run.story(result))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

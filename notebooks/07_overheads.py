@@ -51,9 +51,8 @@ cfg = run.config
 print(cfg.scale_note())
 
 # %%
-table = ex.overhead_table(cfg)
-run.save_csv(table, "overheads", "per policy: planner seconds per step (measured), simulated step/forward seconds, "
-             "migration share, replica memory share, transfer overlap")
+result = run.compute()
+table = result.overheads
 table.round(4)
 
 # %%
@@ -70,6 +69,6 @@ run.save_figure(fig, "overheads", "Simulated migration share of step time, repli
 # ## What the numbers say
 
 # %%
-nr.show(nr.overheads_story(table))
+nr.show(run.story(result))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

@@ -47,24 +47,20 @@ cfg = run.config
 print(cfg.scale_note())
 
 # %%
-result = ex.runtime_comparison(cfg)
-run.save_csv(result["measured"], "measured", "measured per-rank metrics of the runtime (metrics schema)")
-run.save_csv(result["comparison"], "runtime_vs_sim", "measured vs simulated seconds per policy and component")
-run.save_csv(result["results"], "step_results", "per policy and repeat: measured step seconds (median, min, max) "
-             "and the simulator's sim_step_s")
-result["results"]
+result = run.compute()
+result.step_results
 
 # %%
-if len(result["results"]):  # the gpu profile reads metrics files only: no per-policy step results
-    fig = plots.runtime_step_plot(result["results"], result["label"])
+if len(result.step_results):  # the gpu profile reads metrics files only: no per-policy step results
+    fig = plots.runtime_step_plot(result.step_results, result.label)
     run.save_figure(fig, "runtime_step_vs_sim", "Measured median step time (min-max whiskers) next to the "
-                    "simulated step time per policy", source="measured", hardware=result["hardware"])
+                    "simulated step time per policy", source="measured", hardware=result.hardware)
 
 # %% [markdown]
 # ## Measured against simulated, from the numbers above
 
 # %%
-nr.show(nr.runtime_agreement(result["results"]) if len(result["results"]) else "No per-policy step results.")
+nr.show(nr.runtime_agreement(result.step_results) if len(result.step_results) else "No per-policy step results.")
 
 # %% [markdown]
 # ## The reference measurement, on an idle machine
@@ -78,8 +74,6 @@ nr.show(nr.runtime_agreement(result["results"]) if len(result["results"]) else "
 
 # %%
 recorded, where = ex.recorded_runtime()
-run.save_csv(recorded.assign(date=where["date"], cpus=where["machine"]["cpus"]), "recorded_step_results",
-             "the idle-machine reference measurement (data/runtime_measured.json): per command, launch and policy")
 print(f"recorded {where['date']} on {where['machine']['cpus']} cores ({where['machine']['processor']}), "
       f"1-min load {recorded['load_before'].min():.1f}-{recorded['load_after'].max():.1f}")
 for layout, rows in recorded.groupby("nodes_x_ranks", sort=False):
@@ -92,22 +86,22 @@ recorded[["nodes_x_ranks", "launch", "policy", "step_s_median", "step_s_min", "s
 # Per component: expert compute, all-to-all and the whole step, measured and simulated.
 
 # %%
-fig = plots.runtime_vs_sim_plot(result["comparison"], result["label"])
+fig = plots.runtime_vs_sim_plot(result.runtime_vs_sim, result.label)
 run.save_figure(fig, "runtime_vs_sim", "Measured runtime vs simulated prediction: expert compute, all-to-all and "
-                "step time per policy", source="measured", hardware=result["hardware"])
+                "step time per policy", source="measured", hardware=result.hardware)
 
 # %% [markdown]
 # Per rank: the measured expert-compute time of each rank next to the simulator's for the same rank.
 
 # %%
-fig = plots.runtime_rank_plot(result["measured"], result["label"], simulated=result.get("simulated"))
+fig = plots.runtime_rank_plot(result.measured, result.label, simulated=result.simulated)
 run.save_figure(fig, "runtime_per_rank", "Expert-compute seconds per rank and policy: measured, and simulated "
-                "where the simulator gives per-rank figures", source="measured", hardware=result["hardware"])
+                "where the simulator gives per-rank figures", source="measured", hardware=result.hardware)
 
 # %% [markdown]
 # ## Per component
 
 # %%
-nr.show(nr.runtime_story(result["comparison"]))
+nr.show(nr.runtime_story(result.runtime_vs_sim))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

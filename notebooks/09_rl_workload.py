@@ -41,9 +41,9 @@ cfg = run.config
 print(cfg.scale_note())
 
 # %%
-rl = ex.rl_workload(cfg)
-run.save_csv(rl["rewards"], "rewards", "reward per RL step")
-rl["rewards"].tail()
+result = run.compute()
+rl = result.rl
+result.rewards.tail()
 
 # %%
 fig = plots.reward_plot(rl["rewards"], rl["label"])
@@ -57,15 +57,12 @@ run.save_figure(fig, "reward", "Mean reward per GRPO step of the tiny MoE policy
 # synthetic trace of the same model shape (at the generator's default tokens per micro-batch and rank).
 
 # %%
-loads = ex.expert_load_table(rl["trace"], step=0, layer=0)
-run.save_csv(loads, "expert_load", "tokens per expert of the real RL trace, layer 0")
-fig = plots.expert_load_heatmaps(loads, rl["label"])
+fig = plots.expert_load_heatmaps(result.expert_load, rl["label"])
 run.save_figure(fig, "expert_load_heatmaps", "Expert load share of the real RL trace per micro-batch and per step",
                 source="real", hardware=rl["hardware"])
 
 # %%
-shift = ex.shift_table(rl["traces"])
-run.save_csv(shift, "shift_stats", "hot-expert overlap and load correlation: real RL trace vs synthetic")
+shift = result.shift_stats
 fig = plots.shift_bars(shift, rl["label"])
 run.save_figure(fig, "shift", "How far hot experts shift in the real RL trace vs a synthetic one", source="real",
                 hardware=rl["hardware"])
@@ -81,8 +78,7 @@ shift.pivot_table(index="comparison", columns=["metric", "trace"], values="value
 # that balances better yet runs slower.
 
 # %%
-sim = ex.simulate_trace(cfg, rl["trace"], cluster="cpu-gloo", workload="rl", policy_params=rl["sim_policy_params"])
-run.save_csv(sim, "balancing", "simulated throughput and skewness of each policy on the real RL trace")
+sim = result.balancing
 fig = plots.policy_summary_plot(sim, rl["sim_label"], title="Balancing the real RL trace",
                                 components=nr.step_components(sim))
 run.save_figure(fig, "balancing", "Simulated throughput, rank skewness and step-time parts of each policy on the "
@@ -93,6 +89,6 @@ sim
 # ## What the numbers say
 
 # %%
-nr.show(nr.rl_story(rl["rewards"], sim))
+nr.show(run.story(result))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

@@ -70,9 +70,8 @@ print("model:", nr.model_differences([cfg.model]))
 # shared by every knob's default row.
 
 # %%
-frame = ex.config_sensitivity(cfg)
-run.save_csv(frame, "sensitivity", "simulated ratios ReLibra/Megatron, ReLibra/EPLB+ and ReLibra/balanced-compute "
-             "per knob and value, one knob moved at a time")
+result = run.compute()
+frame = result.sensitivity
 frame.drop(columns=["policy", "model", "ep"]).round(4)
 
 # %% [markdown]
@@ -83,21 +82,16 @@ frame.drop(columns=["policy", "model", "ep"]).round(4)
 # top, are the choices the headline depends on most.
 
 # %%
-tornado = ex.tornado_table(frame)
-run.save_csv(tornado, "tornado", "per ratio and knob: default, lowest and highest ratio, the values giving them, "
-             "swing (sorted by swing)")
+tornado = result.tornado
 fig = plots.tornado_plot(tornado, f"{cfg.sim_subtitle()} | {cfg.model}, {cfg.workload}")
 run.save_figure(fig, "tornado", "Simulated ReLibra/Megatron, ReLibra/EPLB+ and ReLibra/balanced-compute with one "
                 "knob at a time moved around the default set-up, sorted by swing")
-top = tornado.groupby("ratio", sort=False).first()
-run.note(sensitivity={r: {"knob": row["knob"], "low": row["low"], "high": row["high"], "default": row["default"]}
-                      for r, row in top.iterrows()})
 tornado.round(4)
 
 # %% [markdown]
 # ## What the numbers say
 
 # %%
-nr.show(nr.sensitivity_story(tornado, frame))
+nr.show(run.story(result))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

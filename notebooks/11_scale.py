@@ -61,9 +61,8 @@ print("models:", nr.model_differences(sweep.models))
 # references. A case that cannot exist (EP256 of a 128-expert model) is a row that says why.
 
 # %%
-table = ex.scale_table(cfg)
-run.save_csv(table, "scale", "per model, cluster, EP and policy: simulated tokens/s, speed-up over Megatron, "
-             "fraction of balanced-compute, skewness; measured planner wall and CPU seconds")
+result = run.compute()
+table = result.scale
 plots.ratio_pivot(table).round(3)
 
 # %% [markdown]
@@ -83,11 +82,7 @@ run.save_figure(fig, "ep_sweep", "Simulated tokens/s over Megatron from EP16 to 
 # ## relibra-h against the best other policy
 
 # %%
-comparison = ex.best_other(table)
-run.save_csv(comparison, "relibra_h_vs_best", "per case: relibra-h's speed-up and fraction of balanced-compute "
-             "beside the best other policy's")
-run.note(relibra_h_cases=int(len(comparison)),
-         relibra_h_behind=int((comparison["over_best_other"] < 1 - 1e-9).sum()) if len(comparison) else 0)
+comparison = result.relibra_h_vs_best
 comparison.round(3)
 
 # %% [markdown]
@@ -108,6 +103,6 @@ plots.ratio_pivot(table, "plan_cpu_s").round(3)
 # ## What the numbers say
 
 # %%
-nr.show(nr.scale_story(table, comparison))
+nr.show(run.story(result))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

@@ -1,189 +1,161 @@
-"""results/REPORT.md: every figure of a reproduction run, the headline ratios next to the paper's
-claims, which results are simulated and which measured (and on what hardware), and the environment.
+"""results/REPORT.md: the headline ratios next to the paper's claims, what moves them, which results
+are simulated and which measured (and on what hardware), the environment and every figure.
 
-It reads what the notebooks left behind: `<out>/<notebook>/manifest.json` (written by
-relibra.experiments.Run.finish), `<out>/02_throughput/throughput.csv` for the headline table and
-`<out>/10_sensitivity/tornado.csv` for the sensitivity beside it. It is
-rebuilt from every result present, so running one notebook refreshes the report without dropping the
-others; each notebook's row says which profile made it and when.
+It reads every notebook's typed result and manifest back through the registry
+(relibra.experiments.registry.load_results), so running one notebook refreshes the report without
+dropping the others; each notebook's row says which profile made it and when. The report is the
+sections of SECTIONS in order: a new section is one function of a ReportInput added there.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from relibra.experiments import NOTEBOOKS, PAPER_CLAIMS, environment, headline_ratios
+from relibra.experiments import NOTEBOOKS, PAPER_CLAIMS, environment
+from relibra.experiments.registry import Loaded, load_results
+from relibra.labels import RATIO_LABELS
+
+
+@dataclass
+class ReportInput:
+    out_dir: Path
+    profile: str
+    results: dict[str, Loaded]          # notebooks whose typed result is present
+    manifests: dict[str, dict]          # every manifest present, with "written" (its file's time)
+    statuses: dict[str, dict] = field(default_factory=dict)  # this run's notebooks: status, wall seconds
 
 
 def read_manifests(out_dir: str | Path) -> dict[str, dict]:
     """{notebook: manifest} for every notebook folder under out_dir that holds a manifest.json."""
-    out_dir = Path(out_dir)
     found = {}
     for name in NOTEBOOKS:
-        path = out_dir / name / "manifest.json"
+        path = Path(out_dir) / name / "manifest.json"
         if path.exists():
             found[name] = json.loads(path.read_text())
             found[name]["written"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
     return found
 
 
-def _md_table(df: pd.DataFrame) -> str:
+def md_table(df: pd.DataFrame) -> str:
     """A GitHub-flavoured markdown table (pandas' to_markdown needs tabulate, which the kit avoids)."""
-    cols = [str(c) for c in df.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
     for row in df.itertuples(index=False):
-        cells = []
-        for v in row:
-            if isinstance(v, float):
-                cells.append(f"{v:.3g}")
-            else:
-                cells.append(str(v).replace("|", "\\|").replace("\n", " "))
+        cells = [f"{v:.3g}" if isinstance(v, float) else str(v).replace("|", "\\|").replace("\n", " ") for v in row]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def headline_section(out_dir: Path, manifests: dict[str, dict]) -> str:
-    csv = out_dir / "02_throughput" / "throughput.csv"
-    if not csv.exists():
-        return "## Headline ratios\n\nNotebook 02_throughput has not run, so there is no throughput table yet.\n"
-    table = headline_ratios(pd.read_csv(csv))
-    cfg = manifests.get("02_throughput", {}).get("config", {})
-    where = (f"simulated on the `{cfg.get('cluster', '?')}` cluster preset at EP {cfg.get('ep', '?')}, "
-             f"{manifests.get('02_throughput', {}).get('scale_note', '')}")
-    shown = table.rename(columns={"claim": "ratio", "paper": "paper (abstract)", "kit": "this run",
-                                  "range": "range over cases", "where_best": "best case", "cases": "cases"})
-    return (f"## Headline ratios next to the paper's claims\n\nFrom notebook 02 (throughput: models x workloads; "
-            f"{where}). Ratios of simulated tokens/s per (model, workload); `gap to balanced` is "
-            f"1 - ReLibra / Balanced.\n\n{_md_table(shown)}\n")
+def _missing(name: str, what: str) -> str:
+    return f"Notebook {name} has not run under this folder, so there is no {what} yet.\n"
 
 
-def sensitivity_section(out_dir: Path, manifests: dict[str, dict]) -> str:
+def headline_section(r: ReportInput) -> str:
+    head = "## Headline ratios next to the paper's claims\n\n"
+    x = r.results.get("02_throughput")
+    if x is None:
+        return head + _missing("02_throughput", "throughput table")
+    cfg = x.manifest["config"]
+    shown = x.result.headline_ratios.rename(columns={"claim": "ratio", "paper": "paper (abstract)", "kit": "this run",
+                                                     "range": "range over cases", "where_best": "best case"})
+    return (f"{head}From notebook 02 (simulated on the `{cfg.get('cluster', '?')}` cluster preset at EP "
+            f"{cfg.get('ep', '?')}, {x.manifest['scale_note']}). Ratios of simulated tokens/s per (model, workload); "
+            f"`gap to balanced` is 1 - ReLibra / Balanced.\n\n{md_table(shown)}\n")
+
+
+def sensitivity_section(r: ReportInput) -> str:
     """How far each headline ratio moves with one knob at a time (notebook 10's tornado), per knob."""
-    csv = out_dir / "10_sensitivity" / "tornado.csv"
-    head = "## How far the headline moves: sensitivity\n\n"
-    if not csv.exists():
-        return head + "Notebook 10_sensitivity has not run, so there is no sensitivity table yet.\n"
     from relibra.experiments.sensitivity import RATIOS
 
-    t = pd.read_csv(csv)
-    man = manifests.get("10_sensitivity", {})
-    cfg = man.get("config", {})
-    names = {"relibra_over_megatron": "ReLibra / Megatron", "relibra_over_eplb_plus": "ReLibra / EPLB+",
-             "relibra_over_balanced_compute": "ReLibra / balanced-compute"}
-    ratios = [r for r in RATIOS if r in set(t["ratio"])]
-    first = t[t["ratio"] == ratios[0]]
-    rows = []
-    for knob in first["knob"]:  # sorted by the headline's swing
-        row = {"knob": knob}
-        for r in ratios:
-            k = t[(t["ratio"] == r) & (t["knob"] == knob)].iloc[0]
-            row[f"{names[r]}: low - high"] = f"{k['low']:.3f} - {k['high']:.3f}"
-        rows.append(row)
-    defaults = "; ".join(f"{names[r]} {float(t.loc[t['ratio'] == r, 'default'].iloc[0]):.3f}" for r in ratios)
-    tops = "; ".join(f"{names[r]} with {t[t['ratio'] == r].iloc[0]['knob']} "
-                     f"({t[t['ratio'] == r].iloc[0]['low']:.3f} - {t[t['ratio'] == r].iloc[0]['high']:.3f})"
-                     for r in ratios)
-    where = (f"simulated, `{cfg.get('model', '?')}`, {cfg.get('workload', '?')}, EP {cfg.get('ep', '?')} on the "
-             f"`{cfg.get('cluster', '?')}` cluster preset, {man.get('scale_note', '')}")
-    figure = next((f for f in man.get("figures", []) if f["name"] == "tornado"), None)
-    image = f"\n![tornado](10_sensitivity/{figure['png']})\n" if figure else ""
-    return (f"{head}From notebook 10 ({where}): one knob moved at a time around the default set-up, whose ratios "
-            f"are {defaults}. Each moves most with: {tops}. Per knob, the lowest and highest ratio over its "
-            f"values, knobs sorted by the swing of ReLibra / Megatron ([tornado.csv](10_sensitivity/tornado.csv)):"
-            f"\n\n{_md_table(pd.DataFrame(rows))}\n{image}")
+    head = "## How far the headline moves: sensitivity\n\n"
+    x = r.results.get("10_sensitivity")
+    if x is None:
+        return head + _missing("10_sensitivity", "sensitivity table")
+    t, cfg = x.result.tornado, x.manifest["config"]
+    ratios = [q for q in RATIOS if q in set(t["ratio"])]
+    by = {q: t[t["ratio"] == q].set_index("knob") for q in ratios}
+    rows = [{"knob": k, **{f"{RATIO_LABELS[q]}: low - high": f"{by[q].loc[k, 'low']:.3f} - {by[q].loc[k, 'high']:.3f}"
+                           for q in ratios}} for k in by[ratios[0]].index]  # sorted by the headline's swing
+    defaults = "; ".join(f"{RATIO_LABELS[q]} {float(by[q]['default'].iloc[0]):.3f}" for q in ratios)
+    figure = next((f for f in x.manifest.get("figures", []) if f["name"] == "tornado"), None)
+    return (f"{head}From notebook 10 (simulated, `{cfg.get('model')}`, {cfg.get('workload')}, EP {cfg.get('ep')} on "
+            f"the `{cfg.get('cluster')}` cluster preset, {x.manifest['scale_note']}): one knob moved at a time around "
+            f"the default set-up, whose ratios are {defaults}. Per knob, the lowest and highest ratio over its values, "
+            f"sorted by the swing of ReLibra / Megatron ([tornado.csv](10_sensitivity/tornado.csv)):\n\n"
+            f"{md_table(pd.DataFrame(rows))}\n"
+            + (f"\n![tornado](10_sensitivity/{figure['png']})\n" if figure else ""))
 
 
-def sources_section(manifests: dict[str, dict], statuses: dict[str, dict]) -> str:
+def sources_section(r: ReportInput) -> str:
     rows = []
     for name in NOTEBOOKS:
-        man = manifests.get(name)
-        st = statuses.get(name, {})
+        man, st = r.manifests.get(name), r.statuses.get(name, {})
         if man is None and not st:
             continue
-        kinds = "; ".join(f"{s['source']} ({s['hardware']})" for s in (man or {}).get("sources", [])) or "-"
+        man = man or {}
         rows.append({
-            "notebook": name,
-            "profile": (man or {}).get("config", {}).get("profile", st.get("profile", "?")),
-            "figures": len((man or {}).get("figures", [])),
-            "tables": len((man or {}).get("tables", [])),
-            "results are": kinds,
-            "wall s": st.get("wall_seconds", (man or {}).get("wall_seconds", float("nan"))),
-            "written": (man or {}).get("written", "-"),
-            "status": (st.get("status", "") + " (this run)") if st else ("ok (earlier run)" if man else "missing"),
-        })
+            "notebook": name, "profile": man.get("config", {}).get("profile", st.get("profile", "?")),
+            "parameters": man.get("non_default") or "defaults",
+            "figures": len(man.get("figures", [])),
+            "results are": "; ".join(f"{s['source']} ({s['hardware']})" for s in man.get("sources", [])) or "-",
+            "wall s": st.get("wall_seconds", man.get("wall_seconds", float("nan"))), "written": man.get("written", "-"),
+            "status": f"{st['status']} (this run)" if st else ("ok (earlier run)" if man else "missing")})
     if not rows:
         return "## What ran\n\nNo notebook has run yet.\n"
-    note = ("`simulated` numbers come from the kit's cost model (relibra.sim) on the named cluster preset, "
-            "driven by routing traces; `measured` numbers are wall-clock times taken on the named hardware; "
-            "`synthetic` marks statistics of generated routing traces, `real` statistics of routing that a "
-            "trained model chose.")
-    return f"## What ran, and what is simulated or measured\n\n{note}\n\n{_md_table(pd.DataFrame(rows))}\n"
+    return ("## What ran, and what is simulated or measured\n\n`simulated` numbers come from the kit's cost model "
+            "(relibra.sim) on the named cluster preset, driven by routing traces; `measured` numbers are wall-clock "
+            "times taken on the named hardware; `synthetic` marks statistics of generated routing traces, `real` "
+            f"statistics of routing that a trained model chose.\n\n{md_table(pd.DataFrame(rows))}\n")
 
 
-def environment_section(env: dict) -> str:
-    df = pd.DataFrame({"item": list(env), "value": [str(v) for v in env.values()]})
-    return f"## Environment\n\n{_md_table(df)}\n"
+def environment_section(r: ReportInput) -> str:
+    env = environment()
+    return f"## Environment\n\n{md_table(pd.DataFrame({'item': list(env), 'value': [str(v) for v in env.values()]}))}\n"
 
 
-def figures_section(manifests: dict[str, dict]) -> str:
+def figures_section(r: ReportInput) -> str:
     parts = ["## Figures\n"]
-    for name, man in manifests.items():
+    for name, man in r.manifests.items():
         parts.append(f"### {name}\n\n_{man.get('scale_note', '')}_\n")
         for fig in man.get("figures", []):
-            label = f"{fig['source']} ({fig['hardware']})"
             parts.append(f"![{fig['name']}]({name}/{fig['png']})\n\n**{fig['name']}** - {fig['caption']} "
-                         f"[{label}; [SVG]({name}/{fig['svg']})]\n")
+                         f"[{fig['source']} ({fig['hardware']}); [SVG]({name}/{fig['svg']})]\n")
         tables = ", ".join(f"[{t['file']}]({name}/{t['file']})" for t in man.get("tables", []))
-        if tables:
-            parts.append(f"Tables: {tables}\n")
-        executed = f"{name}/{name}.ipynb"
-        parts.append(f"Executed notebook: [{executed}]({executed}) ([HTML]({name}/{name}.html))\n")
+        parts.append((f"Tables: {tables}\n\n" if tables else "")
+                     + f"Executed notebook: [{name}/{name}.ipynb]({name}/{name}.ipynb) ([HTML]({name}/{name}.html))\n")
     return "\n".join(parts)
+
+
+SECTIONS = (headline_section, sensitivity_section, sources_section, environment_section, figures_section)
 
 
 def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | None = None,
                  total_seconds: float | None = None) -> Path:
-    """Write <out_dir>/REPORT.md from the manifests found there; returns its path."""
-    out_dir = Path(out_dir)
-    statuses = statuses or {}
-    manifests = read_manifests(out_dir)
+    """Write <out_dir>/REPORT.md from the results found there; returns its path."""
     from relibra.experiments import get_profile
+    from relibra.experiments.results import write_text_atomic
 
-    try:
-        description = get_profile(profile).description
-    except Exception:
-        description = ""
-    failed = [n for n, s in statuses.items() if s.get("status") not in (None, "ok")]
-    profiles = sorted({m.get("config", {}).get("profile", "?") for m in manifests.values()} - {"none"})
-    mixed = (f" Results present come from the profile(s) {', '.join(profiles)}: each notebook's row below "
-             "names its own." if profiles and profiles != [profile] else "")
-    head = [
-        "# ReLibra kit: reproduction report\n",
-        f"Last run: profile **{profile}**: {description}.{mixed}",
-        f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
-        + (f" Wall time of this run: {total_seconds / 60:.1f} min ({total_seconds:.0f} s) for "
-           f"{len(statuses)} notebook(s)." if total_seconds is not None else ""),
-        "",
-        f"Paper's claims (abstract): ReLibra {PAPER_CLAIMS['relibra_vs_megatron']} over Megatron-LM, "
-        f"{PAPER_CLAIMS['relibra_vs_eplb+']} over EPLB given oracle loads, {PAPER_CLAIMS['relibra_gap_to_balanced']} "
-        "of the balanced ideal, measured on 20 nodes x 8 Hopper GPUs. The kit's throughput figures are simulated "
-        "(see below); notebook 08 puts CPU measurements of the real runtime next to the simulator at toy scale and "
-        "states from its numbers whether they agree (its section below).",
-        "",
-    ]
+    out_dir = Path(out_dir)
+    r = ReportInput(out_dir, profile, load_results(out_dir), read_manifests(out_dir), statuses or {})
+    failed = [n for n, s in r.statuses.items() if s.get("status") not in (None, "ok")]
+    profiles = sorted({m.get("config", {}).get("profile", "?") for m in r.manifests.values()} - {"none"})
+    mixed = (f" Results present come from the profile(s) {', '.join(profiles)}: each notebook's row below names its "
+             "own." if profiles and profiles != [profile] else "")
+    wall = (f" Wall time of this run: {total_seconds / 60:.1f} min ({total_seconds:.0f} s) for {len(r.statuses)} "
+            "notebook(s)." if total_seconds is not None else "")
+    head = (f"# ReLibra kit: reproduction report\n\nLast run: profile **{profile}**: "
+            f"{get_profile(profile).description}.{mixed}\nWritten {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
+            f"{wall}\n\nPaper's claims (abstract): ReLibra {PAPER_CLAIMS['relibra_vs_megatron']} over Megatron-LM, "
+            f"{PAPER_CLAIMS['relibra_vs_eplb+']} over EPLB given oracle loads, "
+            f"{PAPER_CLAIMS['relibra_gap_to_balanced']} of the balanced ideal, measured on 20 nodes x 8 Hopper GPUs. "
+            "The kit's throughput figures are simulated (see below); notebook 08 puts CPU measurements of the real "
+            "runtime next to the simulator at toy scale and states from its numbers whether they agree.\n\n")
     if failed:
-        head.append("**Failed notebooks:** " + ", ".join(f"{n} ({statuses[n].get('error', '')})" for n in failed) + "\n")
-    text = "\n".join(head) + "\n" + "\n".join([
-        headline_section(out_dir, manifests),
-        sensitivity_section(out_dir, manifests),
-        sources_section(manifests, statuses),
-        environment_section(environment()),
-        figures_section(manifests),
-    ])
+        head += "**Failed notebooks:** " + ", ".join(f"{n} ({r.statuses[n].get('error', '')})" for n in failed) + "\n\n"
     path = out_dir / "REPORT.md"
-    path.write_text(text)
+    write_text_atomic(path, head + "\n".join(section(r) for section in SECTIONS))
     return path

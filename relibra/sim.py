@@ -121,7 +121,7 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     static = static_placement(model.num_layers, model.num_experts, trace.ep)
     seq_lens = getattr(trace, "seq_lens", None)
 
-    from tqdm.auto import tqdm
+    from relibra.progress import progress as tqdm
 
     columns: list[dict] = []
     step_rows: list[dict] = []

@@ -502,7 +502,7 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
     step_lens, step_ids = [], []
     step_iter = range(steps)
     if progress:
-        from tqdm.auto import tqdm
+        from relibra.progress import progress as tqdm
         step_iter = tqdm(step_iter, desc=f"{shape.name} {workload} EP{ep}", unit="step")
     slot_tokens_all = np.zeros((steps, num_slots), dtype=np.int64)
     for s in step_iter:
@@ -653,7 +653,7 @@ def calibration_table(models: tuple[str, ...] = ("qwen3-30b-a3b", "glm-4.5-air",
     """
     grid = [(m, w, ep) for m in models for w in workloads for ep in eps]
     if progress:
-        from tqdm.auto import tqdm
+        from relibra.progress import progress as tqdm
         grid = tqdm(grid, desc="calibration", unit="trace")
     rows = []
     for model, workload, ep in grid:

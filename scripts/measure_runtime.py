@@ -45,7 +45,7 @@ def relibra(args: list[str]) -> tuple[dict | None, float, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="scripts/measure_runtime.py")
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="scripts/measure_runtime.py")
     p.add_argument("--calibrate", action="store_true", help="refit data/cpu_gloo_fit.json first")
     p.add_argument("--repeats", type=int, default=2, help="launches of each run command (default 2)")
     p.add_argument("--out", default="data/runtime_measured.json")

@@ -247,25 +247,29 @@ def test_svg_is_reproducible(tmp_path):
 
 
 def test_report_lists_figures_headline_and_environment(tmp_path):
+    from relibra.experiments.registry import ThroughputResult
     from relibra.report import write_report
 
     nb = tmp_path / "02_throughput"
     nb.mkdir()
-    pd.DataFrame([{"model": "m", "workload": "w", "policy": p, "tokens_per_s": v}
-                  for p, v in (("megatron", 1.0), ("eplb+", 1.2), ("relibra", 1.5), ("balanced", 1.6))]
-                 ).to_csv(nb / "throughput.csv", index=False)
+    t = pd.DataFrame([{"model": "m", "workload": "w", "policy": p, "tokens_per_s": v}
+                      for p, v in (("megatron", 1.0), ("eplb+", 1.2), ("relibra", 1.5), ("balanced", 1.6))])
+    result = ThroughputResult(throughput=t, headline_ratios=ex.headline_ratios(t))
+    result.save(type("Folder", (), {"out_dir": nb, "save_csv": lambda self, df, name, doc="": df.to_csv(
+        nb / f"{name}.csv", index=False)})())
     manifest = {"notebook": "02_throughput", "config": {"profile": "tiny", "cluster": "paper", "ep": 32},
                 "scale_note": "tiny", "figures": [{"name": "tp", "png": "tp.png", "svg": "tp.svg", "caption": "cap",
                                                    "source": "simulated", "hardware": "paper"}],
                 "tables": [{"file": "throughput.csv", "rows": 4, "description": ""}],
-                "sources": [{"source": "simulated", "hardware": "paper"}], "facts": {}, "wall_seconds": 1.0}
+                "sources": [{"source": "simulated", "hardware": "paper"}], "non_default": "ep=32",
+                "wall_seconds": 1.0}
     (nb / "manifest.json").write_text(json.dumps(manifest))
     text = write_report(tmp_path, "tiny", {"02_throughput": {"status": "ok", "wall_seconds": 1.0},
                                            "03_ablation": {"status": "failed", "error": "boom"}},
                         total_seconds=61.0).read_text()
     assert "![tp](02_throughput/tp.png)" in text and "up to 1.50x" in text and "up to 1.6x" in text
     assert "megatron-core" in text and "cpu_count" in text and "simulated (paper)" in text
-    assert "03_ablation (boom)" in text
+    assert "03_ablation (boom)" in text and "| ep=32 |" in text  # a non-default run is marked
 
 
 def test_select_notebooks():

@@ -13,49 +13,67 @@ import pandas as pd
 import pytest
 
 from relibra.errors import ConfigError
-from relibra.experiments import project_root
+from relibra.experiments import headline_ratios, project_root
+from relibra.experiments.registry import (OverheadResult, RuntimeResult, ScaleResult, SensitivityResult,
+                                          SkewnessResult, ThroughputResult)
 from relibra.glance import (BEGIN, END, glance_markdown, glance_rows, readme_block, replace_block, update_readme,
                             write_glance)
 
 
-def _write(out: Path, notebook: str, name: str, rows: list[dict], config: dict | None = None,
+class _Folder:
+    """What Result.save needs of a Run: the folder and save_csv."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    def save_csv(self, table: pd.DataFrame, name: str, description: str = "") -> None:
+        table.to_csv(self.out_dir / f"{name}.csv", index=False)
+
+
+def _write(out: Path, notebook: str, result, config: dict | None = None,
            scale_note: str = "fixture profile: made-up numbers") -> None:
-    folder = out / notebook
-    folder.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(folder / name, index=False)
+    """Save `result` as notebook's typed result under out (and a manifest when config is given)."""
+    result.save(_Folder(out / notebook))
     if config is not None:
-        (folder / "manifest.json").write_text(json.dumps({"config": config, "scale_note": scale_note}))
+        (out / notebook / "manifest.json").write_text(json.dumps({"config": config, "scale_note": scale_note}))
+
+
+def _runtime(step_results: pd.DataFrame | None = None, recorded: pd.DataFrame | None = None) -> RuntimeResult:
+    empty = pd.DataFrame()
+    return RuntimeResult(measured=empty, runtime_vs_sim=empty, step_results=step_results if step_results is not None
+                         else empty, recorded_step_results=recorded if recorded is not None else empty,
+                         label="fixture", hardware="fixture cpu")
 
 
 def _fixture_results(out: Path) -> None:
-    """Made-up tables in the layout the notebooks write (column names as in relibra.experiments)."""
+    """Made-up typed results in the layout the notebooks write (column names as in relibra.experiments)."""
     speeds = {("m1", "w1"): {"megatron": 100.0, "eplb+": 125.0, "relibra": 137.0, "balanced": 150.0},
               ("m1", "w2"): {"megatron": 100.0, "eplb+": 110.0, "relibra": 121.0, "balanced": 130.0}}
-    _write(out, "02_throughput", "throughput.csv",
-           [{"model": m, "workload": w, "ep": 32, "cluster": "paper", "policy": p, "tokens_per_s": v}
-            for (m, w), d in speeds.items() for p, v in d.items()],
+    t = pd.DataFrame([{"model": m, "workload": w, "ep": 32, "cluster": "paper", "policy": p, "tokens_per_s": v}
+                      for (m, w), d in speeds.items() for p, v in d.items()])
+    _write(out, "02_throughput", ThroughputResult(throughput=t, headline_ratios=headline_ratios(t)),
            config={"cluster": "paper", "ep": 32, "profile": "fixture"})
-    _write(out, "06_skewness", "skewness.csv",
-           [{"sweep": "ep", "model": "m1", "workload": "w1", "ep": ep, "policy": p, "skewness": s, "skewness_p95": s}
-            for ep, p, s in ((8, "megatron", 2.71), (64, "megatron", 3.14), (8, "relibra", 1.01), (64, "relibra", 1.07))]
-           + [{"sweep": "workload", "model": "m1", "workload": "w9", "ep": 32, "policy": "megatron", "skewness": 9.99,
-               "skewness_p95": 9.99}],
-           config={"cluster": "paper"})
-    _write(out, "07_overheads", "overheads.csv",
-           [{"model": "m1", "ep": 32, "cluster": "paper", "policy": p, "plan_s": s, "planner_vs_forward": f,
-             "migration_share": 0.0123, "replica_memory_share_full_model": 0.0456, "transfer_overlap": 0.78,
-             "planner_hardware": "fixture machine"}
-            for p, s, f in (("eplb+", 0.0042, 0.01), ("relibra", 1.234, 0.56))])
-    _write(out, "08_runtime", "step_results.csv",
-           [{"policy": p, "repeat": r, "step_s_median": v, "sim_step_s": s, "model": "moe-cpu",
-             "hardware": "fixture cpu", "ranks": 2, "nodes": 1, "oversubscribed": False}
-            for p, r, v, s in (("megatron", 0, 2.0, 1.6), ("megatron", 1, 2.2, 1.6),
-                               ("relibra", 0, 1.25, 1.0), ("relibra", 1, 1.35, 1.0))])
-    _write(out, "10_sensitivity", "tornado.csv",
-           [{"ratio": "relibra_over_megatron", "knob": k, "default": 1.3, "low": lo, "high": hi, "low_value": lv,
-             "high_value": hv, "swing": hi - lo}
-            for k, lo, hi, lv, hv in (("RDMA rate", 1.11, 1.52, "100", "25"), ("spare slots", 1.2, 1.31, "1", "4"),
-                                      ("batch layout", 1.29, 1.3, "verl", "slime"))],
+    _write(out, "06_skewness", SkewnessResult(skewness=pd.DataFrame(
+        [{"sweep": "ep", "model": "m1", "workload": "w1", "ep": ep, "policy": p, "skewness": s, "skewness_p95": s}
+         for ep, p, s in ((8, "megatron", 2.71), (64, "megatron", 3.14), (8, "relibra", 1.01), (64, "relibra", 1.07))]
+        + [{"sweep": "workload", "model": "m1", "workload": "w9", "ep": 32, "policy": "megatron", "skewness": 9.99,
+            "skewness_p95": 9.99}])), config={"cluster": "paper"})
+    _write(out, "07_overheads", OverheadResult(overheads=pd.DataFrame(
+        [{"model": "m1", "ep": 32, "cluster": "paper", "policy": p, "plan_s": s, "planner_vs_forward": f,
+          "migration_share": 0.0123, "replica_memory_share_full_model": 0.0456, "transfer_overlap": 0.78,
+          "planner_hardware": "fixture machine"} for p, s, f in (("eplb+", 0.0042, 0.01), ("relibra", 1.234, 0.56))])),
+           config={})
+    _write(out, "08_runtime", _runtime(pd.DataFrame(
+        [{"policy": p, "repeat": r, "step_s_median": v, "sim_step_s": s, "model": "moe-cpu", "hardware": "fixture cpu",
+          "ranks": 2, "nodes": 1, "oversubscribed": False}
+         for p, r, v, s in (("megatron", 0, 2.0, 1.6), ("megatron", 1, 2.2, 1.6), ("relibra", 0, 1.25, 1.0),
+                            ("relibra", 1, 1.35, 1.0))])))
+    _write(out, "10_sensitivity", SensitivityResult(sensitivity=pd.DataFrame(), tornado=pd.DataFrame(
+        [{"ratio": "relibra_over_megatron", "knob": k, "default": 1.3, "low": lo, "high": hi, "low_value": lv,
+          "high_value": hv, "swing": hi - lo}
+         for k, lo, hi, lv, hv in (("RDMA rate", 1.11, 1.52, "100", "25"), ("spare slots", 1.2, 1.31, "1", "4"),
+                                   ("batch layout", 1.29, 1.3, "verl", "slime"))])),
            config={"model": "m1", "workload": "w1", "ep": 32, "cluster": "paper"})
 
 
@@ -83,12 +101,11 @@ def test_glance_values_flow_from_the_tables(tmp_path):
         "migration 1.23% of step time; replica buffer 4.56% of parameter memory per GPU (whole model); "
         "78% of replica transfers hidden behind attention")
     # 08: medians over repeats, 2.1 / 1.3 measured, 1.6 / 1.0 simulated
-    rt = text["runtime step time on the CPU (median over repeats)"]
+    rt = text["runtime step time on the CPU, this run (median over launches)"]
     assert rt == ("Megatron 2.1 s measured, 1.6 s simulated; ReLibra 1.3 s measured, 1 s simulated; "
                   "ReLibra / Megatron 1.62x measured, 1.60x simulated")
-    assert "fixture cpu" in how["runtime step time on the CPU (median over repeats)"]
-    assert how["runtime step time on the CPU (median over repeats)"].endswith(
-        "profile unknown (no manifest.json): 2 launch(es) (`08_runtime/step_results.csv`)")
+    how_rt = how["runtime step time on the CPU, this run (median over launches)"]
+    assert "fixture cpu" in how_rt and how_rt.endswith("profile unknown (no manifest.json)")
     # 10: the two knobs of largest swing, in order
     assert text["what moves ReLibra / Megatron most (one knob at a time)"] == (
         "default 1.30x; most with RDMA rate: 1.11x (100) to 1.52x (25); then spare slots: 1.20x (1) to 1.31x (4)")
@@ -98,14 +115,15 @@ def test_glance_values_flow_from_the_tables(tmp_path):
 
 def test_glance_skips_missing_tables_and_names_broken_ones(tmp_path):
     _fixture_results(tmp_path)
-    (tmp_path / "08_runtime" / "step_results.csv").unlink()
-    (tmp_path / "10_sensitivity" / "tornado.csv").unlink()
+    import shutil
+
+    shutil.rmtree(tmp_path / "08_runtime")
+    shutil.rmtree(tmp_path / "10_sensitivity")
     whats = list(glance_rows(tmp_path)["what"])
     assert len(whats) == 6 and not any("runtime" in w or "knob" in w for w in whats)
     assert "No reproduction results" in write_glance(tmp_path / "02_throughput").read_text()
-    pd.DataFrame({"model": ["m"], "policy": ["relibra"]}).to_csv(tmp_path / "02_throughput" / "throughput.csv",
-                                                                 index=False)
-    with pytest.raises(ConfigError, match=r"throughput\.csv: missing column\(s\) workload, tokens_per_s"):
+    (tmp_path / "02_throughput" / "headline_ratios.csv").unlink()
+    with pytest.raises(ConfigError, match=r"headline_ratios\.csv: missing; rerun notebook 02_throughput"):
         glance_rows(tmp_path)
 
 
@@ -135,19 +153,19 @@ def test_readme_table_is_the_committed_glance_file():
 
 def test_recorded_runtime_and_scale_rows(tmp_path):
     # made-up idle-machine runtime rows: 1 x 2 layout, two launches; medians 0.9 / 0.75 measured, 0.8 / 0.6 simulated
-    _write(tmp_path, "08_runtime", "recorded_step_results.csv",
-           [{"nodes_x_ranks": "1 x 2", "launch": l, "policy": p, "step_s_median": m, "sim_step_s": s, "steps": 5,
-             "load_before": 0.2, "load_after": 1.1, "date": "fixture date", "cpus": 2}
-            for l, p, m, s in ((0, "megatron", 0.9, 0.8), (1, "megatron", 0.9, 0.8), (0, "relibra", 0.7, 0.6),
-                               (1, "relibra", 0.8, 0.6))])
-    _write(tmp_path, "11_scale", "relibra_h_vs_best.csv",
-           [{"model": "m1", "cluster": "c1", "ep": ep, "policy": "relibra-h", "speedup": sp,
-             "frac_of_balanced_compute": f, "best_other": "llep", "best_other_speedup": 1.1, "over_best_other": o}
-            for ep, sp, f, o in ((16, 1.2, 0.99, 0.98), (256, 1.27, 0.998, 1.08))])
+    _write(tmp_path, "08_runtime", _runtime(recorded=pd.DataFrame(
+        [{"nodes_x_ranks": "1 x 2", "launch": l, "policy": p, "step_s_median": m, "sim_step_s": s, "steps": 5,
+          "load_before": 0.2, "load_after": 1.1, "date": "fixture date", "cpus": 2}
+         for l, p, m, s in ((0, "megatron", 0.9, 0.8), (1, "megatron", 0.9, 0.8), (0, "relibra", 0.7, 0.6),
+                            (1, "relibra", 0.8, 0.6))])))
+    _write(tmp_path, "11_scale", ScaleResult(scale=pd.DataFrame(), relibra_h_vs_best=pd.DataFrame(
+        [{"model": "m1", "cluster": "c1", "ep": ep, "policy": "relibra-h", "speedup": sp,
+          "frac_of_balanced_compute": f, "best_other": "llep", "best_other_speedup": 1.1, "over_best_other": o}
+         for ep, sp, f, o in ((16, 1.2, 0.99, 0.98), (256, 1.27, 0.998, 1.08))])))
     text = dict(zip(*[glance_rows(tmp_path)[c] for c in ("what", "figure")]))
-    rt = text["runtime speed-up on an idle CPU, 1 x 2 (nodes x ranks per node), `moe-cpu`"]
-    assert rt == ("ReLibra / Megatron 1.20x measured, 1.33x simulated; simulated / measured step "
-                  "Megatron 0.89, ReLibra 0.80")
+    rt = text["runtime step time on an idle CPU, the shipped reference (median over launches), 1 x 2 (nodes x ranks)"]
+    assert rt == ("Megatron 0.9 s measured, 0.8 s simulated; ReLibra 0.75 s measured, 0.6 s simulated; "
+                  "ReLibra / Megatron 1.20x measured, 1.33x simulated")
     sc = text["relibra-h (cross-node replicas) at the largest EP, against the best other policy"]
     assert sc.startswith("m1 EP256 on c1: 1.27x Megatron, 0.998 of balanced-compute, 1.080x LLEP")
     assert sc.endswith("behind the best other policy in 1 of 2 cases")

@@ -5,13 +5,15 @@ executed copy, saved as PNG + SVG, and exported to HTML."""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 
 import nbformat
 import pytest
 
 from relibra.errors import ConfigError
-from relibra.experiments import NOTEBOOK_PARAMETERS, NOTEBOOKS, declared_parameters, project_root
+from relibra.experiments import NOTEBOOK_PARAMETERS, NOTEBOOKS, declared_parameters, get_spec, project_root
 
 NB_DIR = project_root() / "notebooks"
 
@@ -52,6 +54,12 @@ def test_notebook_runs_with_its_figures_inline(executed, name):
     assert html.count("data:image/png;base64") >= len(manifest["figures"])
     # the notebook interprets its results in text after them (a markdown display output)
     assert any("text/markdown" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    # clean: no progress or warnings on stderr, no widget state, and an HTML that loads nothing from a network
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.get("name") == "stderr"], f"{name} wrote to stderr in the notebook"
+    assert not any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
+    assert "widgets" not in nb.metadata
+    assert not re.search(r"<script[^>]*src=\"https?://", html) and "cdnjs" not in html
 
 
 def test_report_names_every_notebook(executed):
@@ -85,7 +93,7 @@ def test_report_shows_sensitivity_beside_the_headline(executed):
     assert all(f"| {k} |" in section for k in knobs) and "10_sensitivity/tornado.png" in section
 
 
-def test_one_notebook_rebuilds_the_report_from_every_result(executed, tmp_path):
+def test_one_notebook_rebuilds_the_report_from_every_result(executed, tmp_path, capfd):
     """Running one notebook keeps the others' results in REPORT.md, and shows the new output."""
     import shutil
 
@@ -97,8 +105,9 @@ def test_one_notebook_rebuilds_the_report_from_every_result(executed, tmp_path):
     shutil.copytree(out, copy)
     before = (copy / "00_tutorial" / "gpu_load.csv").read_text()
     statuses = run_notebooks(["00_tutorial"], "tiny", copy, progress=False, html=False,
-                             extra_parameters={"placement": "search", "spare_slots": 2})
+                             extra_parameters={"placement": "lpt", "spare_slots": 1})
     assert statuses["00_tutorial"]["status"] == "ok", statuses["00_tutorial"].get("error")
+    assert "without encryption" not in capfd.readouterr().err  # the kernel talks over IPC, not plain TCP
     # changing a parameter changes the output
     assert (copy / "00_tutorial" / "gpu_load.csv").read_text() != before
     text = write_report(copy, "tiny", statuses).read_text()
@@ -129,6 +138,10 @@ def test_source_is_jupytext_percent_declaring_what_it_reads(name):
     assert len(tagged) == 1
     assert declared_parameters(name) == list(dict.fromkeys(declared_parameters(name)))  # each once
     assert set(declared_parameters(name)) == set(NOTEBOOK_PARAMETERS[name])
+    # and with the defaults of its spec's parameters dataclass
+    cell = ast.parse(tagged[0].source)
+    values = {node.targets[0].id: ast.literal_eval(node.value) for node in cell.body if isinstance(node, ast.Assign)}
+    assert values == get_spec(name).defaults
     # the first code cell after the parameters checks them before anything else runs
     after = nb.cells[nb.cells.index(tagged[0]) + 1]
     assert f'ex.start("{name}", globals())' in after.source
@@ -180,7 +193,7 @@ def test_injected_names_come_from_papermills_cell():
 # Every declared parameter (but where results go and whether widgets show) changes the resolved run.
 _CHANGED = {"model": "qwen3-30b-a3b", "workload": "code", "ep": 8, "steps": 2, "seed": 1, "cluster": "h800",
             "policies": "megatron,eplb+", "spare_slot_counts": "1,2", "ep_sizes": "4,8", "nproc": 4, "nodes": 2,
-            "rl_steps": 3, "measured_dir": "elsewhere", "placement": "search", "spare_slots": 2, "skew": 0.5,
+            "rl_steps": 3, "measured_dir": "elsewhere", "placement": "lpt", "spare_slots": 1, "skew": 0.5,
             "shift": 0.1, "tokens_per_gpu": 512, "micro_batches": 2, "micro_batch": 1, "profile": "tiny",
             "knobs": "spare slots,NVLink rate", "models": "tiny,qwen3-30b-a3b", "clusters": "paper,nodes=32;nvl72",
             "eps": "8,16"}

@@ -11,8 +11,16 @@ import sys
 from relibra.errors import RelibraError
 
 
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser that takes no abbreviations (`--profil` is an error, not `--profile`); its
+    subcommands' parsers are of the same class."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="relibra", description="ReLibra reproduction kit: routing traces, "
+    parser = Parser(prog="relibra", description="ReLibra reproduction kit: routing traces, "
                                      "balancing policies, cluster simulator, distributed runtime, RL workload.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):

@@ -8,6 +8,7 @@ present under the output folder; with --update-readme, also docs/glance.md and t
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -32,15 +33,40 @@ def load_notebook(name: str):
     return nb
 
 
+# <script> elements that load code from a network (require.js, MathJax, mermaid from a CDN): the
+# notebooks need none of them, and an HTML export must read the same offline.
+_REMOTE_SCRIPT = re.compile(r"<script\b[^>]*\bsrc=\"https?://[^\"]*\"[^>]*>\s*</script>|"
+                            r"<script\b[^>]*>(?:(?!</script>).)*?https?://cdn(?:(?!</script>).)*</script>", re.S)
+
+
 def export_html(executed: Path) -> Path:
-    """<executed>.html beside the executed notebook (nbconvert's HTML exporter, figures embedded)."""
+    """<executed>.html beside the executed notebook (nbconvert's HTML exporter, figures embedded, no
+    script fetched from a network)."""
     import nbformat
     from nbconvert import HTMLExporter
 
+    from relibra.experiments.results import write_text_atomic
+
     body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
     html = executed.with_suffix(".html")
-    html.write_text(body)
+    write_text_atomic(html, _REMOTE_SCRIPT.sub("", body))
     return html
+
+
+def _kernel_manager():
+    """A KernelManager class that talks to the kernel over IPC sockets in a private temporary folder
+    (not TCP, which ipykernel warns is unencrypted)."""
+    import tempfile
+
+    from jupyter_client.manager import KernelManager
+
+    class IpcKernelManager(KernelManager):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.transport = "ipc"
+            self.ip = str(Path(tempfile.mkdtemp(prefix="relibra-kernel-")) / "kernel")
+
+    return IpcKernelManager
 
 
 def select_notebooks(names: list[str] | None) -> list[str]:
@@ -73,17 +99,20 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
     """
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
-    from tqdm.auto import tqdm
 
     from relibra.experiments import NOTEBOOK_PARAMETERS, get_profile, project_root
+    from relibra.progress import ENV, progress as tqdm
 
     get_profile(profile)
     out_dir = Path(out_dir).resolve()
     # The kernel inherits the environment: deterministic hashing, and matplotlib's inline backend
     # (ipykernel's default, which MPLBACKEND=Agg from ./reproduce.sh would override) so that live
     # figures, e.g. the tutorial's widgets, draw in the notebook.
+    # Progress bars inside the kernel go to the console, not into the executed notebook (relibra.progress).
     os.environ.setdefault("PYTHONHASHSEED", "0")
     saved_backend = os.environ.pop("MPLBACKEND", None)
+    saved_progress = os.environ.get(ENV)
+    os.environ[ENV] = "console"
     statuses: dict[str, dict] = {}
     bar = tqdm(names, desc=f"notebooks ({profile})", unit="nb", disable=not progress)
     try:
@@ -103,8 +132,12 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
             status = {"status": "ok", "profile": profile if "profile" in declared else "none"}
             executed = nb_out / f"{name}.ipynb"
             try:
+                # no fd capture: what the kernel process and its children write to the OS-level stderr
+                # (progress bars, worker processes) goes to the console, not into the notebook
                 pm.execute_notebook(load_notebook(name), str(executed), parameters=params,
-                                    kernel_name=kernel_name, progress_bar=False, cwd=str(project_root()))
+                                    kernel_name=kernel_name, progress_bar=False, cwd=str(project_root()),
+                                    kernel_manager_class=_kernel_manager(),
+                                    extra_arguments=["--IPKernelApp.capture_fd_output=False"])
             except PapermillExecutionError as exc:
                 status.update(status="failed", error=f"{exc.ename}: {str(exc.evalue)[:300]}")
             except Exception as exc:  # the kernel died, the notebook file is missing...
@@ -121,6 +154,10 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
     finally:
         if saved_backend is not None:
             os.environ["MPLBACKEND"] = saved_backend
+        if saved_progress is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = saved_progress
     return statuses
 
 
@@ -135,18 +172,40 @@ def parse_parameters(pairs: list[list[str]] | None) -> dict:
     return out
 
 
+DEFAULT_OUT = "results"
+
+
+def output_folder(out: str | None, seed: int, parameters: dict) -> str:
+    """--out when given; else results/ for a default run, and results/runs/<parameters>/ (e.g.
+    results/runs/ep=16,seed=1) for a run with other parameters, so that it never rewrites the default
+    run's results and headline."""
+    if out is not None:
+        return out
+    changed = {**({"seed": seed} if seed else {}), **parameters}
+    if not changed:
+        return DEFAULT_OUT
+    slug = ",".join(f"{k}={v}" for k, v in sorted(changed.items()))
+    return str(Path(DEFAULT_OUT) / "runs" / re.sub(r"[^A-Za-z0-9_.,=+-]", "_", slug))
+
+
 def _reproduce(args) -> int:
     from relibra.experiments import project_root
-    from relibra.glance import glance_rows, readme_block, update_readme, write_glance
+    from relibra.glance import glance_notebooks, glance_rows, readme_block, update_readme, write_glance
     from relibra.report import write_report
 
     names = select_notebooks(args.notebooks)
+    parameters = parse_parameters(args.parameter)
+    args.out = output_folder(args.out, args.seed, parameters)
     readme = project_root() / "README.md"
     if args.update_readme:  # a README without its markers fails now, not after the notebooks ran
         readme_block(readme.read_text(), str(readme))
+        if parameters or args.seed:
+            raise ConfigError("--update-readme takes the default parameters only: the README shows the default run")
+    if args.out != DEFAULT_OUT:
+        print(f"results go to {args.out}")
     started = time.perf_counter()
     statuses = run_notebooks(names, args.profile, args.out, seed=args.seed, measured_dir=args.measured_dir,
-                             extra_parameters=parse_parameters(args.parameter), progress=not args.quiet)
+                             extra_parameters=parameters, progress=not args.quiet)
     total = time.perf_counter() - started
     report = write_report(args.out, args.profile, statuses, total_seconds=total)
     glance = write_glance(args.out)
@@ -160,8 +219,8 @@ def _reproduce(args) -> int:
         return 1
     if args.update_readme:
         if glance_rows(args.out).empty:
-            raise ConfigError(f"--update-readme: {args.out} holds none of the tables the README's results table "
-                              "is built from (notebooks 02, 06, 07, 08, 10)")
+            raise ConfigError(f"--update-readme: {args.out} holds none of the results the README's table is built "
+                              f"from (notebooks {', '.join(glance_notebooks())})")
         update_readme(glance, readme, readme.parent / "docs" / "glance.md")
         print(f"README.md's results table and docs/glance.md now hold {glance}")
     return 0
@@ -169,6 +228,7 @@ def _reproduce(args) -> int:
 
 def register(sub) -> None:
     from relibra.experiments import NOTEBOOKS, PROFILES
+    from relibra.glance import glance_notebooks
 
     p = sub.add_parser("reproduce", help="run the notebooks through papermill and rebuild results/REPORT.md",
                        description="Run every notebook (or the named ones) through papermill with one profile; "
@@ -180,7 +240,8 @@ def register(sub) -> None:
                    help="notebook names or numbers (e.g. 02 or 02_throughput); default: all")
     p.add_argument("--profile", default="laptop", choices=list(PROFILES),
                    help="sizes of every experiment (default laptop: all notebooks within 20 minutes on 2 cores)")
-    p.add_argument("--out", default="results", help="output folder (default results)")
+    p.add_argument("--out", default=None, help="output folder (default: results, or results/runs/<parameters> when "
+                   "-p or --seed sets other parameters than the notebooks' defaults)")
     p.add_argument("--seed", type=int, default=0, help="seed of every trace (default 0)")
     p.add_argument("--measured-dir", default=None,
                    help="folder of measured results from GPU nodes (gpu profile; default results/gpu_runs)")
@@ -190,6 +251,6 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--update-readme", action="store_true",
                    help="after a run where every notebook passed, copy OUT/glance.md (the results table built "
-                   "from notebooks 02, 06, 07, 08 and 10's tables) to docs/glance.md and into README.md between "
-                   "its glance markers")
+                   f"from the results of notebooks {', '.join(glance_notebooks())}) to docs/glance.md and into "
+                   "README.md between its glance markers")
     p.set_defaults(func=_reproduce)

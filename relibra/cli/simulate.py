@@ -85,6 +85,8 @@ def _plain(value):
 
 
 def register(sub) -> None:
+    from relibra.cluster import TOPOLOGY_PRESETS
+
     p = sub.add_parser("simulate", help="simulate policies on a cluster from a routing trace",
                        description="Plan every simulated step of a routing trace with each policy and cost the "
                                    "plans on a cluster (relibra.sim). Without --trace, a synthetic trace of "
@@ -94,7 +96,7 @@ def register(sub) -> None:
     p.add_argument("--workload", help="math, science, instruct, code or mixed (required without --trace)")
     p.add_argument("--ep", type=int, help="expert-parallel size (required without --trace)")
     p.add_argument("--cluster", default="paper",
-                   help="cluster preset (paper, h800, nvl72, cpu-gloo), a preset with changes such as "
+                   help=f"cluster preset ({', '.join(TOPOLOGY_PRESETS)}), a preset with changes such as "
                         "'paper,rdma_GBps=25', or a custom 'nodes=4,gpus_per_node=8,nvlink_GBps=450,rdma_GBps=50,"
                         "matmul_tflops=790' (default paper)")
     p.add_argument("--policies", default="megatron,eplb,eplb+,lplb+,llep,relibra,balanced",

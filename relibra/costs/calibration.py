@@ -159,7 +159,7 @@ def measure_planner_table(policies=("llep", "lplb+"), eps=(8, 16, 32, 64, 128, 2
     """
     import dataclasses
 
-    from tqdm.auto import tqdm
+    from relibra.progress import progress as tqdm
 
     from relibra.cluster import get_model, get_topology
     from relibra.policies import get_policy
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     """`python -m relibra.costs.calibration --planner-table [--out data/planner_seconds.json]`."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m relibra.costs.calibration",
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m relibra.costs.calibration",
                                 description="Measure the run-time planner table the cost model charges.")
     p.add_argument("--planner-table", action="store_true", required=True)
     p.add_argument("--policies", default="llep,lplb+", help="comma-separated run-time planners to time")

@@ -4,11 +4,14 @@ A notebook holds parameters, narrative and calls; the computation lives here (te
 figure in relibra.plots. Each notebook starts with
 
     run = start("02_throughput", globals())
+    result = run.compute()
 
 which checks the parameters papermill injected against the notebook's parameters cell and every
 value's range (parameters.py), resolves them against a *profile* (sizes that fit a machine), makes
-`results/<notebook>/`, and returns a `Run` that saves figures (PNG + SVG) and CSVs there and, at
-`run.finish()`, a `manifest.json` that relibra.report turns into results/REPORT.md.
+`results/<notebook>/`, and returns a `Run`; `run.compute()` runs the notebook's compute function
+(registry.py) and saves its typed result there, the notebook draws figures from it (PNG + SVG), and
+`run.finish()` writes a `manifest.json`. relibra.report and relibra.glance read the typed results
+back through the registry to write results/REPORT.md and the README's table.
 
 Profiles (PROFILES):
 - tiny:   seconds per notebook; the tests run every notebook with it.
@@ -25,9 +28,12 @@ runtime's measured times) are measurements and vary run to run.
 One module per concept; this package re-exports every public name, so callers use
 `relibra.experiments.<name>`:
 - profiles:    Scale, Profile, PROFILES, get_profile
-- config:      NOTEBOOKS, the policies each notebook compares, Config, resolve, scaled_model, project_root
-- parameters:  NOTEBOOK_PARAMETERS (what each notebook's parameters cell declares), start (checks them)
-- run:         Run (figures, tables, manifest of one notebook run)
+- registry:    SPECS, one NotebookSpec per notebook (parameters dataclass, default policies, compute
+               function and its typed result, narrative, README rows); NOTEBOOKS, resolve
+- results:     Result, the typed result's base (tables saved as CSV, read back by REPORT.md and the README)
+- config:      Config, resolve_config, scaled_model, project_root
+- parameters:  start (checks a notebook's parameters against its spec)
+- run:         Run (computes the spec's result; figures, tables, manifest of one notebook run)
 - narrative:   the text each notebook prints after its results, computed from them (import the module)
 - machine:     environment (versions, hardware), this_machine ('measured (...)' labels)
 - headline:    PAPER_CLAIMS, headline_ratios
@@ -40,21 +46,7 @@ One module per concept; this package re-exports every public name, so callers us
 
 from __future__ import annotations
 
-from relibra.experiments.config import (
-    ABLATION_POLICIES,
-    MAIN_POLICIES,
-    NOTEBOOK_POLICIES,
-    NOTEBOOKS,
-    OVERHEAD_POLICIES,
-    REORDER_POLICIES,
-    REPLICATION_POLICIES,
-    SKEW_POLICIES,
-    Config,
-    jsonable,
-    project_root,
-    resolve,
-    scaled_model,
-)
+from relibra.experiments.config import Config, jsonable, project_root, resolve_config, scaled_model
 from relibra.experiments.dynamics import (
     SHIFT_COMPARISONS,
     distribution_distance,
@@ -71,7 +63,6 @@ from relibra.experiments.reordering import reorder_table
 from relibra.experiments.replication import default_spare_slots, replication_table, spare_slot_sweep
 from relibra.experiments.rl import RL_OVERRIDES, RL_TORCH_THREADS, rl_workload
 from relibra.experiments.parameters import (
-    NOTEBOOK_PARAMETERS,
     check_names,
     check_values,
     declared_parameters,
@@ -79,6 +70,16 @@ from relibra.experiments.parameters import (
     notebook_source,
     start,
 )
+from relibra.experiments.registry import (
+    NOTEBOOK_PARAMETERS,
+    NOTEBOOK_POLICIES,
+    NOTEBOOKS,
+    SPECS,
+    NotebookSpec,
+    get_spec,
+    resolve,
+)
+from relibra.experiments.results import Result
 from relibra.experiments.run import Run
 from relibra.experiments.runtime import (
     RUNTIME_COMPONENTS,
@@ -102,12 +103,14 @@ from relibra.experiments.sensitivity import KNOBS, config_sensitivity, sensitivi
 from relibra.experiments.skewness import plan_skewness, skewness_sweep
 from relibra.experiments.traces import _TRACE_CACHE, make_trace, plan_steps, workload_traces  # noqa: F401  (tests clear the cache)
 from relibra.experiments.tutorial import (
-    TUTORIAL_DEFAULTS,
+    TUTORIAL_EP_SIZES,
+    TUTORIAL_MAX_SPARE_SLOTS,
     TUTORIAL_MODEL,
     TUTORIAL_PHASES,
     TUTORIAL_PLACEMENTS,
     replica_table,
     tutorial_args,
+    tutorial_skew_sweep,
     tutorial_case,
     tutorial_grid,
     tutorial_policy,
@@ -117,9 +120,8 @@ from relibra.experiments.tutorial import (
 
 __all__ = [
     # profiles and configuration
-    "Scale", "Profile", "PROFILES", "get_profile", "NOTEBOOKS", "MAIN_POLICIES", "ABLATION_POLICIES",
-    "REORDER_POLICIES", "REPLICATION_POLICIES", "SKEW_POLICIES", "OVERHEAD_POLICIES", "NOTEBOOK_POLICIES",
-    "Config", "resolve", "scaled_model", "project_root", "jsonable",
+    "Scale", "Profile", "PROFILES", "get_profile", "NOTEBOOKS", "NOTEBOOK_POLICIES", "SPECS", "NotebookSpec",
+    "get_spec", "Result", "Config", "resolve", "resolve_config", "scaled_model", "project_root", "jsonable",
     # one notebook run, the machine, the headline
     "Run", "start", "NOTEBOOK_PARAMETERS", "declared_parameters", "injected_names", "check_names", "check_values",
     "notebook_source", "environment", "this_machine", "PAPER_CLAIMS", "headline_ratios",
@@ -127,7 +129,8 @@ __all__ = [
     "make_trace", "workload_traces", "plan_steps", "history_steps", "make_policy", "simulate_trace",
     "throughput_grid", "plan_metrics", "simulate_with_plans", "simulate_workloads",
     # 00 tutorial
-    "TUTORIAL_MODEL", "TUTORIAL_PLACEMENTS", "TUTORIAL_DEFAULTS", "TUTORIAL_PHASES", "tutorial_topology",
+    "TUTORIAL_MODEL", "TUTORIAL_PLACEMENTS", "TUTORIAL_EP_SIZES", "TUTORIAL_MAX_SPARE_SLOTS", "TUTORIAL_PHASES",
+    "tutorial_topology", "tutorial_skew_sweep",
     "tutorial_trace", "tutorial_policy", "tutorial_case", "tutorial_args", "tutorial_grid", "replica_table",
     # 01 routing dynamics
     "expert_load_table", "SHIFT_COMPARISONS", "shift_table", "distribution_distance", "prediction_error_table",

@@ -1,5 +1,5 @@
-"""Configuration of one notebook run: the notebooks, the policies each compares by default, and
-`resolve`, which fills a notebook's parameters from its profile into a `Config`."""
+"""Configuration of one notebook run: `resolve_config`, which fills a notebook's parameters from its
+profile into a `Config` (registry.resolve supplies the notebook's own defaults)."""
 
 from __future__ import annotations
 
@@ -14,45 +14,6 @@ from relibra.cluster import ModelShape, Topology, get_model, get_topology
 from relibra.errors import ConfigError
 from relibra.experiments.profiles import Profile, Scale, get_profile
 
-NOTEBOOKS = (
-    "00_tutorial",
-    "01_routing_dynamics",
-    "02_throughput",
-    "03_ablation",
-    "04_reordering",
-    "05_replication",
-    "06_skewness",
-    "07_overheads",
-    "08_runtime",
-    "09_rl_workload",
-    "10_sensitivity",
-    "11_scale",
-)
-
-MAIN_POLICIES = ("megatron", "eplb", "eplb+", "lplb+", "eplb+lp", "llep", "relibra", "balanced")
-ABLATION_POLICIES = ("megatron", "relibra-reorder", "relibra-replicate", "relibra", "balanced")
-REORDER_POLICIES = ("relibra-replicate", "relibra-lpt", "relibra")
-REPLICATION_POLICIES = ("relibra-reorder", "relibra-split", "relibra")
-SKEW_POLICIES = ("megatron", "eplb", "eplb+", "lplb+", "eplb+lp", "llep", "relibra")
-OVERHEAD_POLICIES = ("eplb", "eplb+", "lplb+", "eplb+lp", "llep", "relibra")
-
-# Policies each notebook compares by default (its `policies` parameter overrides).
-NOTEBOOK_POLICIES: dict[str, tuple[str, ...]] = {
-    "00_tutorial": ("megatron", "relibra-reorder", "relibra-replicate", "relibra"),
-    "01_routing_dynamics": ("megatron",),
-    "02_throughput": MAIN_POLICIES,
-    "03_ablation": ABLATION_POLICIES,
-    "04_reordering": REORDER_POLICIES + ("megatron",),
-    "05_replication": REPLICATION_POLICIES + ("megatron",),
-    "06_skewness": SKEW_POLICIES,
-    "07_overheads": OVERHEAD_POLICIES,
-    "08_runtime": ("megatron", "relibra"),
-    "09_rl_workload": ("megatron", "eplb", "eplb+", "relibra", "balanced"),
-    "10_sensitivity": ("megatron", "eplb+", "relibra", "balanced-compute"),  # fixed: its three ratios
-    "11_scale": ("megatron", "eplb+", "llep", "relibra", "relibra-h"),
-}
-
-
 @dataclass(frozen=True)
 class Config(Scale):
     """A notebook's parameters resolved against its profile (every field filled): the Scale fields
@@ -66,6 +27,7 @@ class Config(Scale):
     measured_dir: Path | None
     sizes: Profile
     extra: dict = field(default_factory=dict)
+    scale_kind: str = "profile"  # how scale_note describes the run: profile | toy (notebook 00) | grid (11)
 
     def topology(self) -> Topology:
         return get_topology(self.cluster)
@@ -76,11 +38,11 @@ class Config(Scale):
 
     def scale_note(self) -> str:
         """One line on how far this run is from the paper's scale, for captions."""
-        if self.notebook == "00_tutorial":
+        if self.scale_kind == "toy":
             x = self.extra
             return (f"toy layer: 16 experts, top-2, EP {self.ep} as 2 nodes x {self.ep // 2} GPUs, "
                     f"{x.get('tokens_per_gpu')} tokens per GPU, {self.micro_batches} micro-batches, seed {self.seed}")
-        if self.notebook == "11_scale":  # its own grid (ScaleSweep)
+        if self.scale_kind == "grid":  # its own grid (ScaleSweep)
             g = self.sizes.scale
             layers = "all MoE layers" if g.layers is None else f"first {g.layers} MoE layers"
             return (f"{self.profile} profile: {layers}, {g.micro_batches} micro-batches, the last of {g.steps} steps "
@@ -156,17 +118,17 @@ def _as_tuple(value, cast=str) -> tuple | None:
         raise ConfigError(f"cannot read {value!r}: {exc}") from None
 
 
-def resolve(notebook: str, profile: str = "laptop", out_dir: str | os.PathLike | None = None,
-            model=None, workload=None, ep=None, cluster=None, policies=None, steps=None, seed: int = 0,
-            micro_batches=None, layers=None, ep_sizes=None, measured_dir=None, **extra) -> Config:
-    """Fill a notebook's parameters from its profile; None means 'the profile's default'.
+def resolve_config(notebook: str, default_policies: tuple[str, ...], scale_kind: str = "profile",
+                   profile: str = "laptop", out_dir: str | os.PathLike | None = None, model=None, workload=None,
+                   ep=None, cluster=None, policies=None, steps=None, seed: int = 0, micro_batches=None, layers=None,
+                   ep_sizes=None, measured_dir=None, **extra) -> Config:
+    """Fill a notebook's parameters from its profile; None means 'the profile's default' (policies:
+    `default_policies`).
 
     model / workload / policies / ep_sizes take one value, a list, or a comma-separated string
     (papermill -p passes strings). A list of models or workloads sets the grid of notebooks 02-05;
     its first element is the single case of the others.
     """
-    if notebook not in NOTEBOOKS:
-        raise ConfigError(f"unknown notebook {notebook!r}; known: {', '.join(NOTEBOOKS)}")
     sizes = get_profile(profile or "tiny")  # profile None: the tutorial's toy layer, which reads no profile
     models = _as_tuple(model) or sizes.models
     workloads = _as_tuple(workload) or sizes.workloads
@@ -182,7 +144,7 @@ def resolve(notebook: str, profile: str = "laptop", out_dir: str | os.PathLike |
         ep=int(ep) if ep not in (None, "") else sizes.ep,
         ep_sizes=_as_tuple(ep_sizes, int) or sizes.ep_sizes,
         cluster=cluster or sizes.cluster,
-        policies=_as_tuple(policies) or NOTEBOOK_POLICIES[notebook],
+        policies=_as_tuple(policies) or tuple(default_policies),
         steps=int(steps) if steps not in (None, "") else sizes.steps,
         micro_batches=int(micro_batches) if micro_batches not in (None, "") else sizes.micro_batches,
         layers=(None if layers in ("all", 0) else int(layers)) if layers not in (None, "") else sizes.layers,
@@ -192,6 +154,7 @@ def resolve(notebook: str, profile: str = "laptop", out_dir: str | os.PathLike |
         measured_dir=_resolve_dir(measured_dir or sizes.measured_dir) if (measured_dir or sizes.measured_dir) else None,
         sizes=sizes,
         extra={k: v for k, v in extra.items() if v is not None},
+        scale_kind=scale_kind,
     )
     from relibra.workloads import WORKLOADS
 

@@ -11,17 +11,8 @@ import numpy as np
 import pandas as pd
 
 from relibra.cluster import get_model
-
-_LABELS = {"megatron": "Megatron", "eplb": "EPLB", "eplb+": "EPLB+", "lplb+": "LPLB+", "llep": "LLEP",
-           "relibra": "ReLibra", "relibra-reorder": "reordering only", "relibra-replicate": "replication only",
-           "relibra-lpt": "ReLibra with LPT placement", "relibra-split": "splitting only", "balanced": "Balanced",
-           "balanced-compute": "Balanced"}
-IDEALS = ("balanced", "balanced-compute")  # the ideal, not a system: left out of "best other policy"
-
-
-def label(policy: str) -> str:
-    return _LABELS.get(policy, policy)
-
+from relibra.labels import IDEALS, RATIO_LABELS
+from relibra.labels import short as label
 
 def show(text: str) -> None:
     """Display markdown in a notebook; print it elsewhere."""
@@ -359,8 +350,6 @@ def rl_story(rewards: pd.DataFrame, sim: pd.DataFrame) -> str:
 
 
 # ---- 10 sensitivity -------------------------------------------------------------------------------------
-_RATIO_NAMES = {"relibra_over_megatron": "ReLibra / Megatron", "relibra_over_eplb_plus": "ReLibra / EPLB+",
-                "relibra_over_balanced_compute": "ReLibra / balanced-compute"}
 
 
 def _value(v) -> str:
@@ -378,7 +367,7 @@ def sensitivity_story(tornado: pd.DataFrame, frame: pd.DataFrame, flat: float = 
         out.append(f"At the default set-up ReLibra runs {default['relibra_over_megatron']:.3f}x Megatron's "
                    f"throughput and {default['relibra_over_eplb_plus']:.3f}x EPLB+'s, and reaches "
                    f"{_pct(default['relibra_over_balanced_compute'])} of balanced-compute.")
-    for ratio, name in _RATIO_NAMES.items():
+    for ratio, name in RATIO_LABELS.items():
         d = tornado[tornado["ratio"] == ratio]
         if d.empty:
             continue

@@ -1,15 +1,15 @@
 """Every notebook's parameters, checked before any work.
 
-A notebook's `parameters` cell (tagged "parameters", read by papermill) declares exactly the names in
-NOTEBOOK_PARAMETERS[notebook]; its first code cell after it calls
+A notebook's `parameters` cell (tagged "parameters", read by papermill) declares exactly the fields of
+its spec's parameters dataclass (registry.py); its first code cell after it calls
 
     run = ex.start("02_throughput", globals())
 
 which (1) finds the parameters papermill injected (the cell papermill adds after the parameters
 cell starts with "# Parameters") and fails with a ConfigError naming any the notebook does not
 declare, listing the known ones; (2) checks every value's range; (3) resolves them against the
-profile (relibra.experiments.config.resolve) and opens the Run. Nothing is silently ignored: a name
-declared here and not read by `resolve` or by the notebook is caught by tests/test_notebooks.py.
+profile (registry.resolve) and opens the Run. Nothing is silently ignored: a name declared and not
+read by `resolve` or by the notebook is caught by tests/test_notebooks.py.
 """
 
 from __future__ import annotations
@@ -19,44 +19,15 @@ import re
 from pathlib import Path
 
 from relibra.errors import ConfigError
-from relibra.experiments.config import NOTEBOOKS, project_root, resolve
-
-# The simulated-trace notebooks share these; each names only those it reads.
-_TRACES = ("profile", "model", "workload", "ep", "steps", "seed", "out_dir")
-_SIM = _TRACES + ("cluster", "policies")
-
-NOTEBOOK_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "00_tutorial": ("ep", "placement", "spare_slots", "skew", "shift", "tokens_per_gpu", "micro_batches",
-                    "micro_batch", "seed", "out_dir", "interactive"),
-    "01_routing_dynamics": _TRACES,
-    "02_throughput": _SIM,
-    "03_ablation": _SIM,
-    "04_reordering": _SIM,
-    "05_replication": _SIM + ("spare_slot_counts",),
-    "06_skewness": _SIM + ("ep_sizes",),
-    "07_overheads": _SIM,
-    "08_runtime": ("profile", "policies", "seed", "out_dir", "measured_dir", "nproc", "nodes"),
-    "09_rl_workload": ("profile", "policies", "rl_steps", "seed", "out_dir"),
-    "10_sensitivity": _TRACES + ("cluster", "knobs"),  # no policies: its three ratios fix them
-    "11_scale": ("profile", "models", "clusters", "eps", "workload", "policies", "seed", "out_dir"),
-}
-
-# Notebooks that study one model (the others take a comma-separated grid).
-SINGLE_MODEL = ("01_routing_dynamics", "04_reordering", "05_replication", "06_skewness", "07_overheads",
-                "10_sensitivity")
-
-# Notebook 00's toy layer: which EP sizes and how many spare slots make sense (see tutorial.py).
-TUTORIAL_EP_SIZES = (4, 8, 16)
-TUTORIAL_MAX_SPARE_SLOTS = 4
+from relibra.experiments.config import project_root
+from relibra.experiments.registry import NOTEBOOKS, get_spec, resolve
 
 _IPYTHON_INJECTED_HEADER = "# Parameters"  # papermill's PythonTranslator.codify(..., comment="Parameters")
 
 
 def notebook_source(notebook: str) -> Path:
     """notebooks/<notebook>.py, the Jupytext py:percent source of a notebook."""
-    if notebook not in NOTEBOOKS:
-        raise ConfigError(f"unknown notebook {notebook!r}; known: {', '.join(NOTEBOOKS)}")
-    return project_root() / "notebooks" / f"{notebook}.py"
+    return project_root() / "notebooks" / f"{get_spec(notebook).name}.py"
 
 
 def parameters_cell(text: str) -> str:
@@ -87,7 +58,7 @@ def declared_parameters(notebook: str) -> list[str]:
 
 def check_names(notebook: str, names, what: str = "parameter") -> None:
     """ConfigError naming every one of `names` that the notebook does not declare."""
-    known = NOTEBOOK_PARAMETERS[notebook]
+    known = get_spec(notebook).parameter_names
     unknown = [n for n in names if n not in known]
     if unknown:
         s = "s" if len(unknown) > 1 else ""
@@ -156,7 +127,7 @@ def check_values(notebook: str, params: dict) -> dict:
     unknown = [x for x in _names(p.get("policies")) if x not in POLICY_NAMES]
     if unknown:
         raise ConfigError(f"{notebook}: unknown policy {unknown[0]!r}; known: {', '.join(POLICY_NAMES)}")
-    if notebook in SINGLE_MODEL and len(_names(p.get("model"))) > 1:
+    if get_spec(notebook).single_model and len(_names(p.get("model"))) > 1:
         raise ConfigError(f"{notebook}: this notebook studies one model; got model={p['model']!r}")
     if "spare_slot_counts" in p and p["spare_slot_counts"] is not None:
         counts = [_int(notebook, "spare_slot_counts", c, low=0, high=16) for c in _names(p["spare_slot_counts"])]
@@ -194,8 +165,8 @@ def check_values(notebook: str, params: dict) -> dict:
             raise ConfigError(f"{notebook}: {name} is empty")
     if p.get("nproc") is not None and p.get("nodes") is not None and p["nproc"] % p["nodes"]:
         raise ConfigError(f"{notebook}: nodes={p['nodes']} must divide nproc={p['nproc']}")
-    if notebook == "00_tutorial":
-        from relibra.experiments.tutorial import TUTORIAL_PLACEMENTS
+    if notebook == "00_tutorial":  # the toy layer's own ranges (tutorial.py)
+        from relibra.experiments.tutorial import TUTORIAL_EP_SIZES, TUTORIAL_MAX_SPARE_SLOTS, TUTORIAL_PLACEMENTS
 
         if p["ep"] not in TUTORIAL_EP_SIZES:
             raise ConfigError(f"00_tutorial: ep must be one of {TUTORIAL_EP_SIZES} (16 experts over 2 nodes), "
@@ -216,29 +187,23 @@ def start(notebook: str, namespace: dict | None = None, **params):
     """Check a notebook's parameters and open its Run (see the module docstring).
 
     namespace: the notebook's globals(); the declared parameters are read from it and the names
-    papermill injected are checked against them. Or pass the parameters as keywords (tests, scripts);
-    any keyword the notebook does not take is an error.
+    papermill injected are checked against them. Or pass the parameters as keywords (tests, scripts):
+    the spec's defaults fill the rest, and any keyword the notebook does not take is an error.
     """
     from relibra.experiments.run import Run
     from relibra.plots import set_style
 
-    if notebook not in NOTEBOOK_PARAMETERS:
-        raise ConfigError(f"unknown notebook {notebook!r}; known: {', '.join(NOTEBOOKS)}")
+    spec = get_spec(notebook)
+    names = spec.parameter_names
     if namespace is not None:
         check_names(notebook, injected_names(namespace))
-        missing = [n for n in NOTEBOOK_PARAMETERS[notebook] if n not in namespace]
+        missing = [n for n in names if n not in namespace]
         if missing:
             raise ConfigError(f"{notebook}: the parameters cell does not declare {', '.join(missing)}")
-        params = {**{n: namespace[n] for n in NOTEBOOK_PARAMETERS[notebook]}, **params}
+        params = {**{n: namespace[n] for n in names}, **params}
     check_names(notebook, params)
-    if notebook == "00_tutorial":
-        from relibra.experiments.tutorial import TUTORIAL_DEFAULTS
-
-        params = {**TUTORIAL_DEFAULTS, **params}
-    params = check_values(notebook, params)
+    params = check_values(notebook, {**spec.defaults, **params})
+    base = check_values(notebook, dict(spec.defaults))
+    changed = {k: v for k, v in params.items() if k not in ("profile", "out_dir", "interactive") and v != base[k]}
     set_style()
-    if notebook == "00_tutorial":
-        extra = {k: params[k] for k in NOTEBOOK_PARAMETERS[notebook] if k not in ("seed", "out_dir", "ep")}
-        return Run(resolve(notebook, profile=None, ep=params["ep"], seed=params["seed"], out_dir=params.get("out_dir"),
-                           **extra))
-    return Run(resolve(notebook, **params))
+    return Run(resolve(notebook, **params), spec, non_default=changed)

@@ -10,6 +10,7 @@ import pandas as pd
 
 from relibra.errors import ConfigError
 from relibra.experiments.config import Config, jsonable
+from relibra.experiments.results import write_text_atomic
 
 
 class Run:
@@ -19,14 +20,25 @@ class Run:
     what hardware); relibra.report reads `manifest.json` to write results/REPORT.md.
     """
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, spec=None, non_default: dict | None = None):
         self.config = config
+        self.spec = spec  # the notebook's registry.NotebookSpec
+        self.non_default = non_default or {}  # parameters set away from the notebook's defaults
         self.started = time.perf_counter()
         self.figures: list[dict] = []
         self.tables: list[dict] = []
         self.sources: dict[str, dict] = {}
-        self.facts: dict = {}
         config.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def compute(self):
+        """The spec's compute function on this run's Config; its tables and fields saved here."""
+        result = self.spec.compute(self.config)
+        result.save(self)
+        return result
+
+    def story(self, result) -> str:
+        """The spec's narrative of `result` (markdown)."""
+        return self.spec.narrative(result)
 
     @property
     def out_dir(self) -> Path:
@@ -35,7 +47,9 @@ class Run:
     def save_csv(self, table: pd.DataFrame, name: str, description: str = "") -> Path:
         """Write `table` as results/<notebook>/<name>.csv (tidy: one row per observation)."""
         path = self.out_dir / f"{name}.csv"
-        table.to_csv(path, index=False, float_format="%.6g")
+        tmp = path.with_name(f".{path.name}.tmp")
+        table.to_csv(tmp, index=False, float_format="%.6g")
+        tmp.replace(path)
         self.tables.append({"file": path.name, "rows": int(len(table)), "description": description})
         return path
 
@@ -52,22 +66,18 @@ class Run:
         self.sources.setdefault(f"{source}|{hardware}", {"source": source, "hardware": hardware})
         return paths
 
-    def note(self, **facts) -> None:
-        """Record headline numbers (JSON-serializable) for REPORT.md."""
-        self.facts.update(jsonable(facts))
-
     def finish(self) -> Path:
-        """Write manifest.json (parameters, figures, tables, sources, facts, wall seconds)."""
+        """Write manifest.json (parameters, figures, tables, sources, wall seconds)."""
         manifest = {
             "notebook": self.config.notebook,
             "config": self.config.to_dict(),
             "scale_note": self.config.scale_note(),
+            "non_default": ", ".join(f"{k}={v}" for k, v in jsonable(self.non_default).items()),
             "figures": self.figures,
             "tables": self.tables,
             "sources": list(self.sources.values()),
-            "facts": self.facts,
             "wall_seconds": round(time.perf_counter() - self.started, 2),
         }
         path = self.out_dir / "manifest.json"
-        path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        write_text_atomic(path, json.dumps(manifest, indent=2, sort_keys=True))
         return path

@@ -85,7 +85,7 @@ def measured_runtime(cfg: Config) -> tuple[pd.DataFrame, str]:
             parts.append(d)
         metrics = pd.concat(parts, ignore_index=True)
         return metrics, str(metrics["hardware"].iloc[0])
-    from tqdm.auto import tqdm
+    from relibra.progress import progress as tqdm
 
     from relibra.runtime.launch import launch
 

@@ -56,7 +56,7 @@ def scale_sweep(sweep: ScaleSweep, policies=SCALE_POLICIES, workload: str = "mix
     replication_cpu_us_per_cell; status "ok". An impossible case is one row with policy "-" and
     status "impossible: <why>".
     """
-    from tqdm.auto import tqdm
+    from relibra.progress import progress as tqdm
 
     from relibra.cluster import resolve_topology
     from relibra.experiments.config import scaled_model

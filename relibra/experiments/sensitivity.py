@@ -108,7 +108,7 @@ def sensitivity(model: str, ep: int, cluster: str = "paper", workload: str = "mi
     knob (knob_values). The default set-up is simulated once and its ratios fill every knob's default
     row. Same arguments, same frame.
     """
-    from tqdm.auto import tqdm
+    from relibra.progress import progress as tqdm
 
     from relibra.cluster import get_topology
     from relibra.errors import ConfigError

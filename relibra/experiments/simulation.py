@@ -52,7 +52,7 @@ def throughput_grid(cfg: Config, models=None, workloads=None, policies=None, pro
     Returns one row per (model, workload, policy): tokens_per_s, speedup_vs_megatron, frac_of_balanced,
     skewness and the rest of relibra.sim.SUMMARY_COLUMNS.
     """
-    from tqdm.auto import tqdm
+    from relibra.progress import progress as tqdm
 
     cases = [(m, w) for m in (models or cfg.models) for w in (workloads or cfg.workloads)]
     frames = []
@@ -137,7 +137,7 @@ def simulate_workloads(cfg: Config, progress: bool = True) -> tuple[pd.DataFrame
     Returns (per_step, summary), each concatenated over workloads (one row per (workload, policy,
     step) and per (workload, policy)).
     """
-    from tqdm.auto import tqdm
+    from relibra.progress import progress as tqdm
 
     per_step, summary = [], []
     for workload in tqdm(cfg.workloads, desc="workloads", disable=not progress):

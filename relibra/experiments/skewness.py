@@ -35,7 +35,7 @@ def skewness_sweep(cfg: Config, progress: bool = True) -> pd.DataFrame:
 
     Columns: sweep ('ep' or 'workload'), model, workload, ep, policy, skewness, skewness_p95.
     """
-    from tqdm.auto import tqdm
+    from relibra.progress import progress as tqdm
 
     topo = cfg.topology()
     cases = [("ep", cfg.workload, ep) for ep in cfg.ep_sizes] + [("workload", w, cfg.ep) for w in cfg.workloads]

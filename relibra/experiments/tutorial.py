@@ -12,10 +12,9 @@ from relibra.errors import ConfigError
 TUTORIAL_MODEL = ModelShape("tutorial", num_layers=1, num_experts=16, top_k=2, hidden=2048, moe_ffn=768,
                             num_attention_heads=32, num_kv_heads=4, head_dim=128)
 TUTORIAL_PLACEMENTS = ("static", "search", "lpt")
-# The notebook's parameter defaults (its parameters cell holds the same values).
-TUTORIAL_DEFAULTS = {"ep": 4, "placement": "static", "spare_slots": 0, "skew": 1.2, "shift": 0.5,
-                     "tokens_per_gpu": 4096, "micro_batches": 4, "micro_batch": 0, "interactive": True, "seed": 0,
-                     "out_dir": None}
+TUTORIAL_EP_SIZES = (4, 8, 16)  # 16 experts over 2 nodes
+TUTORIAL_MAX_SPARE_SLOTS = 4
+TUTORIAL_SKEWS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # the skew slider's stops in the static rendering
 # Phases of one micro-batch and layer in the cost model (relibra.costs PlanCost.forward), in order.
 TUTORIAL_PHASES = ("dense_compute", "dispatch", "expert_compute", "combine", "replica_push", "replica_grad")
 
@@ -167,4 +166,20 @@ def tutorial_grid(skew: float = 1.2, shift: float = 0.5, seed: int = 0, spare_sl
                          "balanced_ms": float(s["balanced_ms"].mean()),
                          "replicas_used": float(s["replicas_used"].mean()),
                          "max_replicas_per_gpu": int(g["replicas_held"].max()), "hardware": case["hardware"]})
+    return pd.DataFrame(rows)
+
+
+def tutorial_skew_sweep(placement: str = "search", spare_slots: int = 2, shift: float = 0.5, micro_batch: int = 0,
+                        seed: int = 0, ep: int = 4, tokens_per_gpu: int = 4096, micro_batches: int = 4,
+                        skews=TUTORIAL_SKEWS) -> pd.DataFrame:
+    """What the skew slider shows, as a table: for every skew of `skews`, static placement without
+    replicas and the chosen placement with `spare_slots`, the mean skewness and slowest-GPU ms."""
+    rows = []
+    for skew in skews:
+        for place, slots in dict.fromkeys((("static", 0), (placement, int(spare_slots)))):
+            s = tutorial_case(place, slots, skew, shift, seed=seed, ep=ep, tokens_per_gpu=tokens_per_gpu,
+                              micro_batches=micro_batches)["summary"]
+            rows.append({"skew": float(skew), "placement": place, "spare_slots": slots,
+                         "skewness": float(s["skewness"].mean()), "slowest_gpu_ms": float(s["slowest_gpu_ms"].mean()),
+                         "balanced_ms": float(s["balanced_ms"].mean())})
     return pd.DataFrame(rows)

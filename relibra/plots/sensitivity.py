@@ -6,10 +6,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from relibra.labels import RATIO_LABELS
 from relibra.plots.style import titled
 
-RATIO_LABELS = {"relibra_over_megatron": "ReLibra / Megatron", "relibra_over_eplb_plus": "ReLibra / EPLB+",
-                "relibra_over_balanced_compute": "ReLibra / balanced-compute"}
 KNOB_UNITS = {"tokens per slot": "tokens", "topic concentration": "Dirichlet", "spare slots": "per GPU",
               "NVLink rate": "GB/s", "RDMA rate": "GB/s", "GEMM half-saturation": "tokens",
               "sequence length": "x generator's"}

@@ -19,32 +19,13 @@ import matplotlib.ticker  # noqa: F401  (integer step axes)
 import pandas as pd
 import seaborn as sns
 
-# One color per policy, the same in every figure.
-POLICY_ORDER = ("megatron", "eplb", "eplb+", "lplb+", "eplb+lp", "llep", "relibra-h", "relibra-reorder", "relibra-replicate",
-                "relibra-lpt", "relibra-split", "relibra", "balanced", "balanced-compute")
+from relibra import labels as _labels
+
+# Policy colours and labels: the kit's one table (relibra.labels).
+POLICY_ORDER = _labels.POLICY_ORDER
+POLICY_COLORS = {p.name: p.colour for p in _labels.POLICY_TABLE}
+POLICY_LABELS = {p.name: p.label for p in _labels.POLICY_TABLE}
 _TAB = sns.color_palette("tab10", 10)
-POLICY_COLORS = {
-    "megatron": _TAB[0], "eplb": _TAB[1], "eplb+": _TAB[2], "lplb+": _TAB[4], "eplb+lp": (0.55, 0.75, 0.35),
-    "llep": _TAB[5], "relibra-h": (0.55, 0.08, 0.12),
-    "relibra-reorder": _TAB[6], "relibra-replicate": _TAB[8], "relibra-lpt": _TAB[9], "relibra-split": (0.6, 0.45, 0.8),
-    "relibra": _TAB[3], "balanced": (0.35, 0.35, 0.35), "balanced-compute": (0.35, 0.35, 0.35),
-}
-POLICY_LABELS = {
-    "megatron": "Megatron (static)",
-    "eplb": "EPLB (history)",
-    "eplb+": "EPLB+ (oracle)",
-    "lplb+": "LPLB (oracle, run-time LP)",
-    "eplb+lp": "EPLB+ with LP split (oracle)",
-    "relibra-h": "ReLibra-H (cross-node replicas)",
-    "llep": "LLEP",
-    "relibra": "ReLibra",
-    "relibra-reorder": "ReLibra reorder only",
-    "relibra-replicate": "ReLibra replicate only",
-    "relibra-lpt": "ReLibra, LPT placement",
-    "relibra-split": "ReLibra split only",
-    "balanced": "Balanced (ideal)",
-    "balanced-compute": "Balanced compute (ideal)",
-}
 
 
 def model_label(name: str) -> str:
@@ -72,14 +53,11 @@ def set_style() -> None:
     })
 
 
-def policy_order(policies) -> list[str]:
-    """Policies sorted as in POLICY_ORDER (unknown names last, alphabetically)."""
-    known = [p for p in POLICY_ORDER if p in set(policies)]
-    return known + sorted(set(policies) - set(known))
+policy_order = _labels.policy_order
 
 
 def policy_palette(policies) -> dict:
-    return {p: POLICY_COLORS.get(p, (0.5, 0.5, 0.5)) for p in policies}
+    return {p: _labels.colour(p) for p in policies}
 
 
 def titled(fig, title: str, subtitle: str) -> None:

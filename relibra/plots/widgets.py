@@ -6,9 +6,11 @@ import matplotlib.pyplot as plt
 
 from relibra.plots.tutorial import plan_figure, tutorial_figure
 
-def tutorial_interactive(compute, enabled: bool = True, **params):
+def tutorial_interactive(compute, choices: dict, enabled: bool = True, **params):
     """ipywidgets controls for EP, spare slots, skew (and placement, shift, micro-batch) that recompute
     the plan with `compute` (tutorial_case) and redraw the tokens-per-GPU and plan figures.
+
+    choices: {"ep": EP sizes, "placement": placements, "spare_slots": the most spare slots}.
 
     Displays the controls once and returns None (so a notebook cell shows them once). Does nothing
     when disabled, when ipywidgets is missing, or when no IPython kernel runs this code.
@@ -24,15 +26,13 @@ def tutorial_interactive(compute, enabled: bool = True, **params):
     shell = get_ipython()
     if shell is None or not hasattr(shell, "kernel"):
         return None
-    from relibra.experiments.parameters import TUTORIAL_EP_SIZES, TUTORIAL_MAX_SPARE_SLOTS
-
     controls = {
-        "ep": widgets.Dropdown(options=list(TUTORIAL_EP_SIZES), value=int(params.get("ep", 4)), description="EP"),
+        "ep": widgets.Dropdown(options=list(choices["ep"]), value=int(params.get("ep", 4)), description="EP"),
         "spare_slots": widgets.IntSlider(value=int(params.get("spare_slots", 0)), min=0,
-                                         max=TUTORIAL_MAX_SPARE_SLOTS, description="spare slots"),
+                                         max=int(choices["spare_slots"]), description="spare slots"),
         "skew": widgets.FloatSlider(value=float(params.get("skew", 1.2)), min=0.0, max=3.0, step=0.1,
                                     description="skew"),
-        "placement": widgets.Dropdown(options=["static", "search", "lpt"], value=params.get("placement", "static"),
+        "placement": widgets.Dropdown(options=list(choices["placement"]), value=params.get("placement", "search"),
                                       description="placement"),
         "shift": widgets.FloatSlider(value=float(params.get("shift", 0.5)), min=0.0, max=1.0, step=0.1,
                                      description="shift"),

@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from relibra.errors import ConfigError
+from relibra.progress import progress as tqdm
+from relibra.progress import write as progress_write
 from relibra.rl.capture import build_trace, src_rank_of_sequences
 from relibra.rl.model import MoEPolicy, PolicyConfig
 from relibra.rl.replay import (RouterReplayAction, check_replay, own_agreement, set_action, set_replay_data,
@@ -248,12 +249,12 @@ def run_rl(cfg: RLConfig, progress: bool = True, log=None) -> RLResult:
 
     Deterministic by `cfg.seed` (for a fixed torch thread count): the weights, the prompts, the
     samples and the micro-batch order each draw from their own generator seeded from it.
-    `log(str)` receives one line per step (default: tqdm.write when progress is on).
+    `log(str)` receives one line per step (default: beside the progress bar when progress is on).
     """
     cfg.validate()
     start = time.perf_counter()
     if log is None:
-        log = tqdm.write if progress else (lambda _line: None)
+        log = progress_write if progress else (lambda _line: None)
     seeds = np.random.SeedSequence(cfg.seed).spawn(6)
     init_gen = torch.Generator().manual_seed(int(seeds[0].generate_state(1)[0]))
     sample_gen = torch.Generator().manual_seed(int(seeds[1].generate_state(1)[0]))

@@ -313,7 +313,7 @@ def fit_cpu_preset(model: str = "moe-cpu", world: int = 2, repeats: int = 7, qui
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m relibra.runtime.calibrate")
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m relibra.runtime.calibrate")
     add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -98,7 +98,7 @@ def fit_preset(gemm: dict, shape: str, base: str = "paper", name: str | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m relibra.runtime.device_check")
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m relibra.runtime.device_check")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("gemm", help="(b) time expert GEMMs on the GPU")
     g.add_argument("--out", required=True)

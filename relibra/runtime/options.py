@@ -82,7 +82,7 @@ _DEFAULTS = RunOptions()
 
 
 def parse_args(argv: list[str] | None = None) -> RunOptions:
-    p = argparse.ArgumentParser(prog="relibra.runtime.train")
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="relibra.runtime.train")
     add_run_arguments(p)
     return options_from_args(p.parse_args(argv))
 

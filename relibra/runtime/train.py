@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     from relibra.runtime.quiet import quiet_known_warnings
 
     quiet_known_warnings()
-    p = argparse.ArgumentParser(prog="relibra.runtime.train")
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="relibra.runtime.train")
     add_run_arguments(p)
     args = p.parse_args(argv)
     try:

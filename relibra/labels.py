@@ -1,0 +1,66 @@
+"""One table of the policies a figure or a sentence can name: label, short name, colour, and whether
+the row is an ideal (a bound, not a system). Figures, narrative and the README table read it; nothing
+else holds a label or a colour of a policy.
+
+Colours are distinct per policy across the whole kit (a policy keeps its colour from notebook to
+notebook) and the two ideals are greys that no system shares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PolicyLook:
+    name: str      # the policy's registry name (relibra.policies)
+    label: str     # legends and axis ticks
+    short: str     # running text
+    colour: str    # hex
+    ideal: bool = False
+
+
+# The headline ratios (relibra.experiments.sensitivity.RATIOS) as text.
+RATIO_LABELS = {"relibra_over_megatron": "ReLibra / Megatron", "relibra_over_eplb_plus": "ReLibra / EPLB+",
+                "relibra_over_balanced_compute": "ReLibra / balanced-compute"}
+
+POLICY_TABLE = (
+    PolicyLook("megatron", "Megatron (static)", "Megatron", "#1f77b4"),
+    PolicyLook("eplb", "EPLB (history)", "EPLB", "#ff7f0e"),
+    PolicyLook("eplb+", "EPLB+ (oracle)", "EPLB+", "#2ca02c"),
+    PolicyLook("lplb+", "LPLB (oracle, run-time LP)", "LPLB+", "#9467bd"),
+    PolicyLook("eplb+lp", "EPLB+ with LP split (oracle)", "EPLB+ with LP split", "#bcbd22"),
+    PolicyLook("llep", "LLEP", "LLEP", "#8c564b"),
+    PolicyLook("relibra-h", "ReLibra-H (cross-node replicas)", "ReLibra-H", "#e377c2"),
+    PolicyLook("relibra-reorder", "ReLibra reorder only", "reordering only", "#17becf"),
+    PolicyLook("relibra-replicate", "ReLibra replicate only", "replication only", "#e6ab02"),
+    PolicyLook("relibra-lpt", "ReLibra, LPT placement", "ReLibra with LPT placement", "#393b79"),
+    PolicyLook("relibra-split", "ReLibra split only", "splitting only", "#c49c94"),
+    PolicyLook("relibra", "ReLibra", "ReLibra", "#d62728"),
+    PolicyLook("balanced", "Balanced (ideal: uniform routing)", "Balanced", "#404040", ideal=True),
+    PolicyLook("balanced-compute", "Balanced compute (ideal: mean expert compute)", "balanced-compute", "#a6a6a6",
+               ideal=True),
+)
+LOOKS = {p.name: p for p in POLICY_TABLE}
+POLICY_ORDER = tuple(p.name for p in POLICY_TABLE)
+IDEALS = tuple(p.name for p in POLICY_TABLE if p.ideal)
+
+
+def label(policy: str) -> str:
+    """Legend label of `policy` (its own name when the table does not know it)."""
+    return LOOKS[policy].label if policy in LOOKS else policy
+
+
+def short(policy: str) -> str:
+    """Name of `policy` in running text."""
+    return LOOKS[policy].short if policy in LOOKS else policy
+
+
+def colour(policy: str) -> str:
+    return LOOKS[policy].colour if policy in LOOKS else "#7f7f7f"
+
+
+def policy_order(policies) -> list[str]:
+    """`policies` in the table's order (unknown names last, alphabetically)."""
+    known = [p for p in POLICY_ORDER if p in set(policies)]
+    return known + sorted(set(policies) - set(known))
