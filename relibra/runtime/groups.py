@@ -1,8 +1,9 @@
 """Process groups for the runtime: one expert-parallel group over every rank, simulated nodes, and
 the ProcessGroupCollection megatron-core's MoELayer takes instead of its global parallel_state.
 
-EP spans the whole world (no data parallelism over experts, no tensor parallelism), so the tensor-,
-context- and expert-tensor-parallel groups megatron asks for are single-rank groups.
+EP spans the whole world and so does data parallelism of the dense parts (each rank runs its own
+tokens; dense gradients are all-reduced over all ranks). There is no tensor, context or pipeline
+parallelism and no data parallelism over experts: those groups are single-rank.
 """
 
 from __future__ import annotations
@@ -41,11 +42,10 @@ class RuntimeGroups:
 
         ep_group = ep_group or self.ep
         pgc = ProcessGroupCollection()
-        for name in ("tp", "cp", "tp_cp", "expt_tp", "expt_dp"):
+        for name in ("tp", "pp", "mp", "embd", "pos_embd", "cp", "tp_cp", "expt_tp", "expt_dp"):
             setattr(pgc, name, self.solo)
-        pgc.ep = ep_group
-        pgc.tp_ep = ep_group
-        pgc.tp_dp_cp = ep_group
+        for name in ("ep", "tp_ep", "tp_ep_pp", "tp_dp_cp", "dp", "dp_cp"):
+            setattr(pgc, name, ep_group)
         return pgc
 
 

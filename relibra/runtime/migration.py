@@ -11,7 +11,7 @@ Protocol (every rank, in lock step):
      rank keeps the protocol going (it sends zeros where its payload failed) so nobody blocks, and
      votes no.
   3. commit (only if every rank voted yes): copy the staged tensors into the slot parameters and
-     optimizer state, and switch the model's placement. Otherwise every rank drops its staging and
+     optimizer state, and switch the placement. Otherwise every rank drops its staging and
      raises MigrationError: the old placement stays, consistent everywhere.
 A rank that dies mid-transfer is beyond this protocol: the vote's all-reduce fails (at once, or after
 the collective timeout) and the launcher stops the run naming the rank.
@@ -46,9 +46,9 @@ class InjectedFailure:
     where: str = "pack"
 
 
-def _slot_tensors(model, optimizer, mlp) -> list[torch.Tensor]:
+def _slot_tensors(slots, optimizer, mlp) -> list[torch.Tensor]:
     """[fc1, fc2, exp_avg(fc1), exp_avg(fc2), exp_avg_sq(fc1), exp_avg_sq(fc2), step] of one slot (copies)."""
-    params = model.mlp_params(mlp)
+    params = slots.mlp_params(mlp)
     out = [p.detach().clone() for p in params]
     for key in ("exp_avg", "exp_avg_sq"):
         out += [optimizer.state[p][key].clone() if key in optimizer.state.get(p, {}) else torch.zeros_like(p)
@@ -58,8 +58,8 @@ def _slot_tensors(model, optimizer, mlp) -> list[torch.Tensor]:
     return out
 
 
-def _shapes(model, mlp) -> list[torch.Size]:
-    params = model.mlp_params(mlp)
+def _shapes(slots, mlp) -> list[torch.Size]:
+    params = slots.mlp_params(mlp)
     return [p.shape for p in params] * 3 + [torch.Size([1])]
 
 
@@ -82,23 +82,23 @@ def migration_transfers(old_home: np.ndarray, new_home: np.ndarray) -> list[tupl
     return [(int(l), int(e), int(old_home[l, e]), int(new_home[l, e])) for l, e in zip(layers, experts)]
 
 
-def migrate_homes(model, optimizer, new_home: np.ndarray, failure: InjectedFailure | None = None) -> dict:
-    """Move the model (and optimizer) from model.home to new_home. Returns {"experts_moved", "bytes", "seconds"}.
+def migrate_homes(slots, optimizer, new_home: np.ndarray, failure: InjectedFailure | None = None) -> dict:
+    """Move the expert slots (an ExpertSlots) and their AdamW state from slots.home to new_home. Returns {"experts_moved", "bytes", "seconds"}.
 
     Raises MigrationError on every rank if any transfer failed; nothing changed then.
     """
     t0 = time.perf_counter()
-    rank = model.rank
-    old_home = model.home
+    rank = slots.rank
+    old_home = slots.home
     new_home = np.asarray(new_home, dtype=np.int64)
     transfers = migration_transfers(old_home, new_home)
     changed_layers = sorted({l for l, *_ in transfers} | set(np.flatnonzero((old_home != new_home).any(1))))
     ok = True
     staged: dict[tuple[int, int], list[torch.Tensor]] = {}  # (layer, new slot) -> tensors
     sent_bytes = 0
-    shapes = _shapes(model, model.home_mlps(0)[0])
-    dtype = model.mlp_params(model.home_mlps(0)[0])[0].dtype
-    device = model.mlp_params(model.home_mlps(0)[0])[0].device
+    shapes = _shapes(slots, slots.home_mlps(0)[0])
+    dtype = slots.mlp_params(slots.home_mlps(0)[0])[0].dtype
+    device = slots.mlp_params(slots.home_mlps(0)[0])[0].device
     numel = sum(int(np.prod(s)) for s in shapes)
     # 1. stage
     new_local = {l: local_home_experts(new_home[l: l + 1], rank)[0] for l in changed_layers}
@@ -109,8 +109,8 @@ def migrate_homes(model, optimizer, new_home: np.ndarray, failure: InjectedFailu
             try:
                 if failing and failure.where == "pack":
                     raise RuntimeError(f"injected failure in transfer {tag} (layer {l}, expert {e}) on rank {rank}")
-                old_pos = int(np.flatnonzero(model.local_experts(l) == e)[0])
-                buf = _pack(_slot_tensors(model, optimizer, model.home_mlps(l)[old_pos]), dtype)
+                old_pos = int(np.flatnonzero(slots.local_experts(l) == e)[0])
+                buf = _pack(_slot_tensors(slots, optimizer, slots.home_mlps(l)[old_pos]), dtype)
             except Exception:
                 ok = False
                 buf = torch.zeros(numel, dtype=dtype, device=device)  # keep the protocol going: nobody blocks
@@ -126,11 +126,11 @@ def migrate_homes(model, optimizer, new_home: np.ndarray, failure: InjectedFailu
             except Exception:
                 ok = False
     for l in changed_layers:  # experts staying on this rank
-        old_local = model.local_experts(l)
+        old_local = slots.local_experts(l)
         for new_pos, e in enumerate(new_local[l]):
             if e in old_local:
                 old_pos = int(np.flatnonzero(old_local == e)[0])
-                staged[(l, new_pos)] = _slot_tensors(model, optimizer, model.home_mlps(l)[old_pos])
+                staged[(l, new_pos)] = _slot_tensors(slots, optimizer, slots.home_mlps(l)[old_pos])
     for work, (l, e, failing, side), buf in pending:
         try:
             work.wait()
@@ -154,7 +154,7 @@ def migrate_homes(model, optimizer, new_home: np.ndarray, failure: InjectedFailu
     # 3. commit
     with torch.no_grad():
         for (l, pos), tensors in staged.items():
-            params = model.mlp_params(model.home_mlps(l)[pos])
+            params = slots.mlp_params(slots.home_mlps(l)[pos])
             n = len(params)
             for i, p in enumerate(params):
                 p.copy_(tensors[i])
@@ -163,7 +163,6 @@ def migrate_homes(model, optimizer, new_home: np.ndarray, failure: InjectedFailu
                 state["exp_avg_sq"] = tensors[2 * n + i].clone()
                 # one step tensor per param (AdamW bumps it in place), on the host as non-capturable AdamW keeps it
                 state["step"] = tensors[3 * n].reshape(()).to(device="cpu", dtype=torch.float32).clone()
-    model.home = new_home.copy()
+    slots.home = new_home.copy()
     seconds = time.perf_counter() - t0
-    model.timer.add("step", "migration", seconds)
     return {"experts_moved": len(transfers), "bytes": sent_bytes, "seconds": seconds}

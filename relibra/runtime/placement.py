@@ -1,4 +1,5 @@
-"""Logical experts -> physical slots, as pure numpy functions of a StepPlan.
+"""Logical experts -> physical slots, as pure numpy functions of a StepPlan. Every read of a plan's
+replica fields by the runtime goes through this module.
 
 Physical layout of one layer: rank g owns the contiguous slots [g * S, (g + 1) * S) with
 S = E / ep + R: first its E / ep home slots (its homed experts in increasing expert id), then its R
@@ -66,6 +67,17 @@ def replica_routes(plan: StepPlan, micro_batch: int, layer: int, src: int, repli
     for g, r in zip(*np.nonzero((rexp >= 0) & (flow > 0))):
         out.append((int(rexp[g, r]), int(g * s + per + r), int(flow[g, r])))
     return out
+
+
+def replicas_in_use(plan: StepPlan, micro_batch: int, replica_slots: int) -> np.ndarray:
+    """Expert of every replica slot that receives tokens in `micro_batch`, else -1: int64 [L, ep, replica_slots].
+
+    A slot the plan fills but sends no tokens to is left empty: its weights need not move."""
+    rexp = padded_replicas(plan, replica_slots)[micro_batch]  # [L, ep, R]
+    tokens = plan.replica_flow[micro_batch].sum(axis=1)  # [L, ep, R_plan]: every src's tokens per slot
+    used = np.zeros(rexp.shape, dtype=bool)
+    used[..., : tokens.shape[-1]] = tokens > 0
+    return np.where(used, rexp, -1)
 
 
 def padded_replicas(plan: StepPlan, replica_slots: int) -> np.ndarray:

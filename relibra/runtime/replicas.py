@@ -46,24 +46,34 @@ def _unflat_into(flat: torch.Tensor, targets: list[torch.Tensor], add: bool = Fa
 class ReplicaBuffer:
     """Moves weights and gradients between home slots and the shared replica slots of one model.
 
-    model: a MoETransformer (its replica_mlps are the shared slot modules); same_node(a, b): the node
-    rule. Per micro-batch: set_microbatch(replica_expert [L, ep, R], home [L, E]), run forward and
-    backward, then pull_gradients().
+    slots: the model's ExpertSlots (its replica_mlps are the shared slot modules); same_node(a, b): the
+    node rule; timer: a relibra.runtime.timing.Timer. Installs a forward pre-hook and a forward hook on
+    every MoE layer. Per micro-batch: set_microbatch(replica_expert [L, ep, R], home [L, E]), run
+    forward and backward, then pull_gradients().
     """
 
-    def __init__(self, model, same_node):
-        self.model = model
-        self.rank = model.rank
+    def __init__(self, slots, same_node, timer):
+        self.slots = slots
+        self.rank = slots.rank
         self.same_node = same_node
-        self.timer = model.timer
+        self.timer = timer
         # One weight buffer per replica slot, shared by all layers.
-        self.buffers = [[p.detach().clone() for p in model.mlp_params(mlp)] for mlp in model.replica_mlps]
+        self.buffers = [[p.detach().clone() for p in slots.mlp_params(mlp)] for mlp in slots.replica_mlps]
         self.replica_expert = None
         self.home = None
         self.loaded_layer = None
         self.leaves: dict[int, list[list[torch.nn.Parameter]]] = {}  # layer -> [slot][fc1, fc2]
         self.bytes_pushed = 0
         self.bytes_pulled = 0
+        for layer, moe in enumerate(slots.moes):
+            moe.register_forward_pre_hook(lambda module, args, layer=layer: self.before_forward(
+                layer, args[0].requires_grad))
+            moe.register_forward_hook(lambda module, args, out, layer=layer: self._hook_backward(layer, out))
+
+    def _hook_backward(self, layer: int, out) -> None:
+        first = out[0] if isinstance(out, tuple) else out
+        if first.requires_grad:
+            first.register_hook(lambda grad: self.before_backward_hook(layer, grad))
 
     def set_microbatch(self, replica_expert: np.ndarray, home: np.ndarray) -> None:
         self.replica_expert = np.asarray(replica_expert)
@@ -85,16 +95,17 @@ class ReplicaBuffer:
         return out
 
     def _home_mlp(self, layer: int, expert: int):
-        local = self.model.local_experts(layer)
-        return self.model.home_mlps(layer)[int(np.flatnonzero(local == expert)[0])]
+        local = self.slots.local_experts(layer)
+        return self.slots.home_mlps(layer)[int(np.flatnonzero(local == expert)[0])]
 
     def push(self, layer: int, phase: str) -> None:
         """Copy `layer`'s home weights into the replica buffers of the ranks that replicate them."""
+        self.timer.wait(phase, "replica_push")
         t0 = time.perf_counter()
         sends, recvs = [], []
         for tag, (e, h, g, r) in enumerate(self.transfers(layer)):
             if self.rank == h:
-                buf = _flat([p.data for p in self.model.mlp_params(self._home_mlp(layer, e))])
+                buf = _flat([p.data for p in self.slots.mlp_params(self._home_mlp(layer, e))])
                 sends.append((dist.isend(buf, g, tag=tag), buf))
                 self.bytes_pushed += buf.numel() * buf.element_size()
             elif self.rank == g:
@@ -114,7 +125,7 @@ class ReplicaBuffer:
         if self.loaded_layer != layer:
             self.push(layer, "forward")
         leaves = []
-        for mlp, buffers in zip(self.model.replica_mlps, self.buffers):
+        for mlp, buffers in zip(self.slots.replica_mlps, self.buffers):
             pair = [torch.nn.Parameter(b.data, requires_grad=requires_grad) for b in buffers]
             mlp.linear_fc1.weight, mlp.linear_fc2.weight = pair
             leaves.append(pair)
@@ -127,6 +138,7 @@ class ReplicaBuffer:
 
     def pull_gradients(self) -> None:
         """Add every layer's replica gradients into the home experts' gradients; drop the leaves."""
+        self.timer.wait("backward", "replica_grad")
         t0 = time.perf_counter()
         sends, recvs = [], []
         tag = 0
@@ -138,7 +150,7 @@ class ReplicaBuffer:
                     sends.append((dist.isend(buf, h, tag=tag), buf))
                     self.bytes_pulled += buf.numel() * buf.element_size()
                 elif self.rank == h:
-                    params = self.model.mlp_params(self._home_mlp(layer, e))
+                    params = self.slots.mlp_params(self._home_mlp(layer, e))
                     for p in params:
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)

@@ -12,7 +12,8 @@ combined output is the same whatever the placement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -37,14 +38,6 @@ class LayerRoute:
     home_slot: torch.Tensor
     replica_routes: list
     replay_ids: torch.Tensor | None = None
-
-
-@dataclass
-class RoutingState:
-    """Per-layer routes for the current micro-batch, shared by the routers of one model."""
-
-    layers: dict = field(default_factory=dict)  # layer index -> LayerRoute
-    last_logical_map: dict = field(default_factory=dict)  # layer index -> bool [T, E] (for checks)
 
 
 def physical_routing_map(routing_map: torch.Tensor, route: LayerRoute, num_slots: int) -> torch.Tensor:
@@ -88,18 +81,21 @@ def physical_routing_map(routing_map: torch.Tensor, route: LayerRoute, num_slots
 class PlacementRouter(TopKRouter):
     """TopKRouter over E logical experts whose routing() answers over P physical slots.
 
-    Built by MoELayer with the layer's physical config; `logical_config` (num_moe_experts = E) sizes
-    the router itself. `state` is the model's RoutingState; `layer` indexes it.
+    Built by megatron-core's MoELayer with the model's physical config (num_moe_experts = P, every
+    rank's home and replica slots); `num_experts` (E) sizes the router itself, so its weight is the
+    logical [E, hidden] one. Before each forward the step hook sets `route` (a LayerRoute).
     """
 
-    def __init__(self, config, pg_collection=None, *, logical_config, state: RoutingState, layer: int):
-        super().__init__(config=logical_config, pg_collection=pg_collection)
+    def __init__(self, config, pg_collection=None, *, num_experts: int):
+        super().__init__(config=dataclasses.replace(config, num_moe_experts=num_experts), pg_collection=pg_collection)
         self.num_slots = config.num_moe_experts
-        self.state = state
-        self.layer = layer
+        self.route: LayerRoute | None = None
 
     def routing(self, logits: torch.Tensor, padding_mask: torch.Tensor | None = None):
-        route: LayerRoute = self.state.layers[self.layer]
+        route = self.route
+        if route is None:
+            raise PlanError(f"MoE layer {self.layer_number}: no route set; call the step hook's before_microbatch "
+                            "before the forward")
         if self.router_replay is not None:
             self.router_replay.clear_indices()
             if route.replay_ids is not None:
@@ -108,7 +104,6 @@ class PlacementRouter(TopKRouter):
             else:
                 self.router_replay.clear_router_replay_action()
         probs, routing_map = super().routing(logits, padding_mask=padding_mask)  # [T, E] each
-        self.state.last_logical_map[self.layer] = routing_map.detach()
         physical_map = physical_routing_map(routing_map, route, self.num_slots)
         # Every slot reads its logical expert's probability; the map keeps one slot per pair.
         expert_of_slot = route.slot_expert.clamp(min=0)
