@@ -37,7 +37,10 @@ COMPONENTS = (
     "optimizer",  # the optimizer step
     "planner",  # planning time (off the critical path for replay-driven policies)
     "step_total",  # whole step as measured / simulated end to end
+    "step_cpu",  # process CPU seconds of a rank's whole step (measured only)
 )
+# A measured component "<name>_wait" holds the seconds a rank waited for the others at a timed barrier
+# just before the collective or transfer <name> (relibra.runtime.timing): its own work is <name>.
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:

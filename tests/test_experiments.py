@@ -282,18 +282,23 @@ def test_select_notebooks():
 
 
 def test_gpu_profile_reads_measured_runs(tmp_path):
-    from relibra.metrics import frame
+    import json
 
-    rows = [{"source": "measured", "hardware": "NVIDIA H200 x4 (nccl)", "policy": p, "model": "small",
-             "workload": "math", "ep": 4, "step": 0, "micro_batch": -1, "layer": -1, "rank": r, "phase": "forward",
-             "component": "expert_compute", "seconds": 0.01 * (r + 1), "tokens": 100}
-            for p in ("megatron", "relibra") for r in range(4)]
-    for p in ("megatron", "relibra"):
-        (tmp_path / p).mkdir()
-        frame([x for x in rows if x["policy"] == p]).to_csv(tmp_path / p / "metrics.csv", index=False)
+    fields = {"step_s": [0.2, 0.21], "step_s_median": 0.205, "step_s_min": 0.2, "step_s_max": 0.21, "sim_step_s": 0.19,
+              "cpu_s_per_rank": [0.2] * 4, "wall_s_per_rank": [0.2] * 4, "wait_s_per_rank": [0.01] * 4,
+              "segments_s": {"expert compute": 0.1}, "sim_segments_s": {"expert compute": 0.09}, "token_skew": 1.2,
+              "plan_skewness": 1.1, "static_skewness": 1.5, "replica_slots": 0, "plan_seconds": 0.01,
+              "losses": [5.0, 4.9], "model": "small", "ranks": 4, "nodes": 1, "ranks_per_node": 4,
+              "threads_per_rank": 1, "oversubscribed": False, "warmup_steps": 0, "steps": 2,
+              "hardware": "NVIDIA H200 x4 (nccl)"}
+    for i, p in enumerate(("megatron", "relibra")):
+        (tmp_path / f"launch{i}").mkdir()
+        with open(tmp_path / f"launch{i}" / "summary.json", "w") as f:
+            json.dump({"results": [{**fields, "policy": q} for q in ("megatron", p)]}, f)
     cfg = ex.resolve("08_runtime", profile="gpu", measured_dir=tmp_path, out_dir=tmp_path / "out")
-    metrics, hardware = ex.measured_runtime(cfg)
-    assert len(metrics) == 8 and hardware == "NVIDIA H200 x4 (nccl)" and set(metrics["repeat"]) == {0, 1}
+    got = ex.measured_runtime(cfg)
+    assert len(got["summaries"]) == 4 and got["hardware"] == "NVIDIA H200 x4 (nccl)" and got["launches"] == [0, 0, 1, 1]
+    assert [s.policy for s in got["summaries"]] == ["megatron", "megatron", "megatron", "relibra"]
     cfg = ex.resolve("08_runtime", profile="gpu", measured_dir=tmp_path / "missing", out_dir=tmp_path / "out")
     with pytest.raises(ConfigError, match="measured"):
         ex.measured_runtime(cfg)

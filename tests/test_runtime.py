@@ -192,3 +192,36 @@ def test_runtime_agreement_text_follows_the_numbers():
     assert "agrees with" in text and "is within 0.05" in text
     rows["oversubscribed"] = True
     assert runtime_agreement(rows).startswith("OVERSUBSCRIBED")
+
+
+# ---- measurement statistics and typed results (no processes) ----------------------------------------
+def test_runtime_paired_ratio_ci_brackets_the_ratio_and_narrows_with_steps():
+    from relibra.experiments.runtime import paired_ratio_ci
+
+    rng = np.random.default_rng(0)
+    drift = np.linspace(1.0, 2.0, 40)  # a shared machine slowing down: hits both policies alike
+    ref = 0.30 * drift * (1 + 0.05 * rng.standard_normal(40))
+    pol = 0.20 * drift * (1 + 0.05 * rng.standard_normal(40))
+    ratio, low, high = paired_ratio_ci(ref, pol)
+    assert ratio == pytest.approx(np.median(ref) / np.median(pol))
+    assert low <= ratio <= high and low > 1.2 and high < 1.8
+    _, low20, high20 = paired_ratio_ci(ref[::2], pol[::2])
+    assert high20 - low20 > high - low  # fewer steps, wider interval
+    assert paired_ratio_ci([0.3] * 20, [0.2] * 20)[1:] == pytest.approx((1.5, 1.5))
+    with pytest.raises(ConfigError, match="paired"):
+        paired_ratio_ci([0.3] * 20, [0.2] * 19)
+
+
+def test_runtime_result_round_trips_through_json():
+    import json
+
+    from relibra.runtime.results import Equivalence, RunResult, StepRecord
+
+    rec = StepRecord("relibra", 0, 1, 0.5, 0.4, 128, 3, {"forward/dispatch": 0.1, "forward/dispatch_wait": 0.05,
+                                                          "backward/replica_grad_wait": 0.02})
+    res = RunResult([rec], {"relibra": [5.0]}, {"relibra": 2}, "cpu", 2, 1, 1,
+                    {"relibra": Equivalence(1e-12, 1e-12, 0.0, 0.0, "float64")})
+    back = RunResult.from_dict(json.loads(json.dumps(res.to_dict())))
+    assert back == res and back.records[0].wait_s == pytest.approx(0.07) and back.equivalence["relibra"].ok()
+    rows = back.metric_rows("tiny", "math")
+    assert {r["component"] for r in rows} == {"dispatch", "dispatch_wait", "replica_grad_wait", "step_cpu"}

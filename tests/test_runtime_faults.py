@@ -114,7 +114,7 @@ def test_runtime_run_checks_out_path_before_work(tmp_path, capsys):
 
 def test_runtime_under_torchrun_prints_json():
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "relibra.runtime.train", "--model", "tiny",
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "relibra", "run", "--torchrun", "--model", "tiny",
            "--policies", "megatron", "--steps", "1", "--warmup-steps", "0", "--micro-batches", "1",
            "--tokens-per-rank", "16", "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -125,3 +125,4 @@ def test_runtime_under_torchrun_prints_json():
     res = json.loads(line[0])["results"]
     assert [r["policy"] for r in res] == ["megatron"]
     assert res[0]["ranks"] == 2 and res[0]["step_s_median"] > 0 and res[0]["sim_step_s"] > 0
+    assert len(res[0]["cpu_s_per_rank"]) == 2 and all(c > 0 for c in res[0]["cpu_s_per_rank"])

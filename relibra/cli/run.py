@@ -1,35 +1,164 @@
-"""`relibra run`: launch the expert-parallel runtime locally (gloo, loopback) and print the results."""
+"""`relibra run`: plan, train with expert parallelism (relibra.runtime), report next to the simulator.
+
+    relibra run --nproc 2 --nodes 1 --model moe-cpu --policies megatron,relibra --json   # local gloo ranks
+    torchrun --nproc-per-node 8 -m relibra run --torchrun --model ... --out DIR          # one process per rank
+
+Policies alternate step by step on the same data in one launch; the JSON holds each policy's median
+step seconds, process CPU seconds per rank, the whole step split into segments with waiting apart,
+the simulator's prediction, and the speed-up over megatron with its bootstrap 95% interval.
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
+import sys
+
 from relibra.errors import ConfigError
+
+POLICY_CHOICES_HINT = "megatron, relibra, balanced, eplb+, ... (relibra.policies)"
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    from relibra.experiments.runtime import DataOptions
+    from relibra.runtime.config import FaultOptions, MeasurementOptions, ModelOptions, ParallelismOptions
+
+    model, par, meas, faults, data = ModelOptions(), ParallelismOptions(), MeasurementOptions(), FaultOptions(), \
+        DataOptions()
+    p.add_argument("--nodes", type=int, default=par.nodes,
+                   help=f"simulated nodes (ranks are split evenly; default {par.nodes})")
+    p.add_argument("--policies", "--policy", dest="policies", default="megatron,relibra",
+                   help=f"comma-separated policies, alternating step by step on the same data ({POLICY_CHOICES_HINT}; "
+                        "default megatron,relibra)")
+    p.add_argument("--steps", type=int, default=meas.steps, help=f"timed steps per policy (default {meas.steps})")
+    p.add_argument("--warmup-steps", type=int, default=meas.warmup_steps,
+                   help=f"untimed steps per policy run first (default {meas.warmup_steps})")
+    p.add_argument("--no-split-waiting", dest="split_waiting", action="store_false",
+                   help="no timed barrier before all-to-alls and replica transfers (waiting then hides in them)")
+    p.add_argument("--trace", default=None, help="RoutingTrace .npz (EP must equal the number of ranks)")
+    p.add_argument("--model", default=model.name, help=f"model preset (default {model.name})")
+    p.add_argument("--workload", default=data.workload, help=f"workload of the synthetic trace (default {data.workload})")
+    p.add_argument("--micro-batches", type=int, default=data.micro_batches,
+                   help=f"micro-batches per step (default {data.micro_batches})")
+    p.add_argument("--tokens-per-rank", type=int, default=data.tokens_per_rank,
+                   help=f"tokens per rank and micro-batch (default {data.tokens_per_rank})")
+    p.add_argument("--expert-order", choices=("hot-first", "trace"), default=data.expert_order,
+                   help="synthetic traces: relabel experts hottest first (static placement's worst case) or keep "
+                        f"the generator's ids (default {data.expert_order})")
+    p.add_argument("--seed", type=int, default=model.seed)
+    p.add_argument("--lr", type=float, default=model.lr, help=f"AdamW learning rate (default {model.lr:g})")
+    p.add_argument("--dtype", choices=("float32", "float64"), default=None,
+                   help="default float32; float64 when --check-equivalence is given")
+    p.add_argument("--threads-per-rank", type=int, default=par.threads_per_rank,
+                   help=f"torch threads per rank (default {par.threads_per_rank})")
+    p.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="policy parameter, repeatable (e.g. min_replica_tokens=16); given to every policy that has it")
+    p.add_argument("--check-equivalence", action="store_true",
+                   help="also train the static placement on the same data and compare")
+    p.add_argument("--collective-timeout", type=float, default=faults.collective_timeout_s,
+                   help=f"seconds before a collective waiting on a stalled rank fails (default "
+                        f"{faults.collective_timeout_s:g})")
+    p.add_argument("--on-migration-failure", choices=("continue", "stop"), default=faults.on_migration_failure,
+                   help="after a rolled-back migration: keep training on the old placement (one warning) or stop")
+    p.add_argument("--json", action="store_true", help="print one JSON object {\"results\": [...]} instead of tables")
+    p.add_argument("--out", default=None, help="folder for metrics.csv and summary.json")
+
+
+def _parse_value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def request_from_args(args):
+    """The RuntimeRequest of parsed arguments, validated (and the --out path checked) before any work."""
+    from relibra.experiments.runtime import DataOptions, RuntimeRequest
+    from relibra.runtime.config import (FaultOptions, MeasurementOptions, ModelOptions, ParallelismOptions,
+                                        RunOptions)
+
+    params = {}
+    for item in args.policy_param:
+        if "=" not in item:
+            raise ConfigError(f"--policy-param expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        params[key] = _parse_value(value)
+    dtype = args.dtype or ("float64" if args.check_equivalence else "float32")
+    run = RunOptions(
+        model=ModelOptions(name=args.model, dtype=dtype, seed=args.seed, lr=args.lr),
+        parallelism=ParallelismOptions(nodes=args.nodes, threads_per_rank=args.threads_per_rank),
+        measurement=MeasurementOptions(steps=args.steps, warmup_steps=args.warmup_steps,
+                                       split_waiting=args.split_waiting, check_equivalence=args.check_equivalence),
+        faults=FaultOptions(collective_timeout_s=args.collective_timeout, on_migration_failure=args.on_migration_failure))
+    data = DataOptions(trace=args.trace, workload=args.workload, micro_batches=args.micro_batches,
+                       tokens_per_rank=args.tokens_per_rank, expert_order=args.expert_order)
+    request = RuntimeRequest(policies=tuple(p.strip() for p in str(args.policies).split(",")), policy_params=params,
+                             data=data, run=run).validate()
+    if args.out is not None:
+        from relibra.paths import check_output_path
+
+        check_output_path(args.out, kind="dir")
+    return request
 
 
 def _run(args) -> int:
-    from relibra.runtime.launch import launch
-    from relibra.runtime.options import options_from_args
+    from relibra.experiments.runtime import prepare, report
     from relibra.runtime.quiet import quiet_known_warnings
-    from relibra.runtime.train import prepare, report, worker
+    from relibra.runtime.results import RunResult
 
     quiet_known_warnings()
+    if args.torchrun:
+        return _under_torchrun(args)
     if args.nproc <= 0:
         raise ConfigError(f"--nproc must be a positive integer, got {args.nproc}")
-    if args.nodes <= 0:
-        raise ConfigError(f"--nodes must be a positive integer, got {args.nodes}")
-    if args.nproc % args.nodes:
+    if args.nodes > 0 and args.nproc % args.nodes:
         raise ConfigError(f"--nodes {args.nodes} does not divide --nproc {args.nproc}")
-    opts = options_from_args(args)  # validates every option and the --out path before any work
+    request = request_from_args(args)
     # Trace and plans are made once here (bad input fails before any process starts) and shipped to the ranks.
-    prepared = prepare(opts, args.nproc)
-    result = launch(worker, args.nproc, opts, prepared, threads_per_rank=opts.threads_per_rank,
-                    timeout_s=opts.collective_timeout_s)
-    return report(result, opts, prepared, args.nproc, as_json=args.json)
+    prepared = prepare(request, args.nproc)
+    from relibra.runtime.launch import launch
+    from relibra.runtime.train import worker
+
+    result = launch(worker, args.nproc, request.run, prepared.runs,
+                    threads_per_rank=request.run.parallelism.threads_per_rank,
+                    timeout_s=request.run.faults.collective_timeout_s)
+    return report(RunResult.from_dict(result), prepared, request, as_json=args.json, out=args.out)
+
+
+def _under_torchrun(args) -> int:
+    """One rank of a torchrun job (gloo on CPU, NCCL on GPUs): every rank plans the same, trains, rank 0 reports."""
+    import torch
+    import torch.distributed as dist
+
+    from relibra.errors import RelibraError
+    from relibra.experiments.runtime import prepare, report
+    from relibra.runtime.groups import init_distributed
+    from relibra.runtime.results import RunResult
+    from relibra.runtime.train import worker
+
+    request = request_from_args(args)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    rank, world = init_distributed(timeout_s=request.run.faults.collective_timeout_s)
+    try:
+        prepared = prepare(request, world)
+        result = worker(rank, world, request.run, prepared.runs)
+        code = report(RunResult.from_dict(result), prepared, request, as_json=args.json, out=args.out) \
+            if rank == 0 else 0
+    except RelibraError as exc:
+        print(f"error: rank {rank}: {exc}", file=sys.stderr)
+        code = 2
+    finally:
+        dist.destroy_process_group()
+    return code
 
 
 def register(sub) -> None:
-    from relibra.runtime.options import add_run_arguments
-
     p = sub.add_parser("run", help="train with expert parallelism on local ranks (gloo) under policies' plans")
     p.add_argument("--nproc", type=int, default=2, help="ranks to launch (default 2)")
+    p.add_argument("--torchrun", action="store_true",
+                   help="join the torchrun job this process belongs to (RANK, WORLD_SIZE, ...) instead of launching")
     add_run_arguments(p)
     p.set_defaults(func=_run)

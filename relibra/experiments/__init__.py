@@ -82,12 +82,12 @@ from relibra.experiments.registry import (
 from relibra.experiments.results import Result
 from relibra.experiments.run import Run
 from relibra.experiments.runtime import (
-    RUNTIME_COMPONENTS,
+    SEGMENTS,
     measured_runtime,
+    paired_ratio_ci,
     recorded_runtime,
     runtime_comparison,
-    runtime_options,
-    runtime_worker,
+    runtime_request,
 )
 from relibra.experiments.simulation import (
     history_steps,
@@ -139,8 +139,7 @@ __all__ = [
     "reorder_table", "replication_table", "default_spare_slots", "spare_slot_sweep", "plan_skewness",
     "skewness_sweep", "planner_seconds", "full_model_memory_share", "overhead_table",
     # 08 runtime, 09 RL workload
-    "RUNTIME_COMPONENTS", "runtime_options", "runtime_worker", "measured_runtime", "runtime_comparison",
-    "recorded_runtime",
+    "SEGMENTS", "runtime_request", "measured_runtime", "runtime_comparison", "recorded_runtime", "paired_ratio_ci",
     "RL_OVERRIDES", "RL_TORCH_THREADS", "rl_workload",
     # 10 sensitivity
     "KNOBS", "sensitivity", "config_sensitivity", "tornado_table",

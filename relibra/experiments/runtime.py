@@ -1,121 +1,520 @@
-"""Notebook 08: the real runtime (relibra.runtime, gloo on this CPU or measured runs read from GPU
-nodes) next to the simulator, per policy and component."""
+"""The runtime as an experiment: plan, run (relibra.runtime), predict (the simulator), summarise.
+
+relibra.runtime only consumes StepPlans. Here a request (policies, data, run options) becomes every
+policy's trace and plans (`prepare`, the same on every rank), the runtime's records become per-policy
+summaries with the measured speed-up over megatron and its bootstrap confidence interval
+(`summarise`), next to the simulator's prediction for the same plans; `report` prints them and
+writes metrics.csv / summary.json. Notebook 08 reads the same functions.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import sys
+import time
+from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from relibra.errors import ConfigError
 from relibra.experiments.config import Config
+from relibra.runtime.config import RunOptions
+from relibra.runtime.results import WAIT_SUFFIX, RunResult
+from relibra.runtime.train import PolicyPlans
+from relibra.trace import RoutingTrace
 
 
-RUNTIME_COMPONENTS = {  # comparison label -> metric components summed (forward + backward)
-    "expert compute": ("expert_compute",),
-    "all-to-all (dispatch + combine)": ("dispatch", "combine"),
-    "whole step": ("step_total",),
+# ---- what to run --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DataOptions:
+    """The tokens every policy trains on: a RoutingTrace file (its EP must equal the ranks), or a
+    synthetic token-level trace of `workload`. expert_order: "hot-first" relabels a synthetic trace's
+    experts per layer by popularity, so the static contiguous placement puts the hot experts together
+    (the worst case a placement that ignores routing can meet); "trace" keeps the generator's ids.
+    Trace files are never relabelled."""
+
+    trace: str | None = None
+    workload: str = "math"
+    micro_batches: int = 4
+    tokens_per_rank: int = 256
+    expert_order: str = "hot-first"
+
+    def validate(self) -> None:
+        for name in ("micro_batches", "tokens_per_rank"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.expert_order not in ("hot-first", "trace"):
+            raise ConfigError(f"--expert-order must be hot-first or trace, got {self.expert_order!r}")
+
+
+@dataclass(frozen=True)
+class RuntimeRequest:
+    """One launch as the CLI and notebook 08 ask for it: policies (alternating step by step on the
+    same data), their parameters, the data, and the runtime's own options."""
+
+    policies: tuple = ("megatron", "relibra")
+    policy_params: dict = field(default_factory=dict)
+    data: DataOptions = field(default_factory=DataOptions)
+    run: RunOptions = field(default_factory=RunOptions)
+
+    def validate(self) -> "RuntimeRequest":
+        self.data.validate()
+        self.run.validate()
+        if not self.policies or any(not p for p in self.policies):
+            raise ConfigError(f"--policies needs at least one policy name, got {','.join(self.policies)!r}")
+        if len(set(self.policies)) != len(self.policies):
+            raise ConfigError(f"--policies names a policy twice: {','.join(self.policies)}")
+        return self
+
+
+# ---- plans ----------------------------------------------------------------------------------------------
+def hot_first(trace: RoutingTrace) -> RoutingTrace:
+    """The trace with each layer's experts relabelled by total load, hottest first.
+
+    loads [S, M, L, ep, E] and token ids are relabelled alike."""
+    pop = trace.loads.sum(axis=(0, 1, 3), dtype=np.int64)  # [L, E]
+    order = np.argsort(-pop, axis=1, kind="stable")  # new id -> old id
+    new_of_old = np.argsort(order, axis=1)  # old id -> new id
+    loads = np.take_along_axis(trace.loads, order[None, None, :, None, :], axis=-1)
+    te = trace.token_experts
+    if te is not None:
+        layer = np.arange(trace.num_layers)[None, None, None, :, None]
+        te = np.where(te >= 0, new_of_old[layer, np.maximum(te, 0)], te).astype(te.dtype)
+    return dataclasses.replace(trace, loads=np.ascontiguousarray(loads), token_experts=te,
+                               provenance={**trace.provenance, "expert_order": "hot-first"})
+
+
+def load_or_make_trace(request: RuntimeRequest, ep: int) -> RoutingTrace:
+    """The launch's trace: the data's trace file (its EP must be `ep`), else a synthetic token-level one."""
+    data, run = request.data, request.run
+    if data.trace:
+        trace = RoutingTrace.load(data.trace)
+        if trace.ep != ep:
+            raise ConfigError(f"trace {data.trace} was recorded at EP {trace.ep}; launch it with --nproc {trace.ep}")
+        return trace
+    from relibra.workloads import generate_trace
+
+    steps = run.measurement.steps + run.measurement.warmup_steps
+    trace = generate_trace(run.model.name, data.workload, ep=ep, steps=steps, seed=run.model.seed,
+                           micro_batches=data.micro_batches, tokens_per_rank=data.tokens_per_rank, token_level=True)
+    return hot_first(trace) if data.expert_order == "hot-first" else trace
+
+
+def runtime_topology(ep: int, gpus_per_node: int):
+    """The rates the runtime's machine runs at, cut to the launch's nodes x ranks: on GPUs the paper's
+    Hopper cluster; on CPU the preset fitted here from micro-benchmarks (`cpu-gloo-fit`, data/) when
+    present (or the file RELIBRA_CPU_FIT names: a fit taken on another machine), else `cpu-gloo`."""
+    import torch
+
+    from relibra.cluster import TOPOLOGY_PRESETS, Topology, get_topology
+
+    if torch.cuda.is_available():
+        base = get_topology("paper")
+    elif os.environ.get("RELIBRA_CPU_FIT"):
+        with open(os.environ["RELIBRA_CPU_FIT"]) as f:
+            base = Topology(**json.load(f)["preset"])
+    else:
+        base = get_topology("cpu-gloo-fit" if "cpu-gloo-fit" in TOPOLOGY_PRESETS else "cpu-gloo")
+    return base.with_changes(num_nodes=ep // gpus_per_node, gpus_per_node=gpus_per_node)
+
+
+def policy_params(policy: str, params: dict) -> dict:
+    """The subset of `params` that `policy` takes (one --policy-param list serves several policies)."""
+    from relibra.policies.base import _REGISTRY, _factory_fields
+
+    if policy not in _REGISTRY:
+        from relibra.policies import get_policy
+
+        get_policy(policy)  # raises the ConfigError listing the known names
+    known = set(_factory_fields(_REGISTRY[policy]))
+    return {k: v for k, v in params.items() if k in known}
+
+
+def make_plans(trace: RoutingTrace, policy: str, params: dict, gpus_per_node: int, steps: int) -> list:
+    """One StepPlan per step, each seeing the previous step's placement (rates: runtime_topology)."""
+    from relibra.policies import get_policy
+
+    topology = runtime_topology(trace.ep, gpus_per_node)
+    pol = get_policy(policy, **params)
+    plans, prev = [], None
+    for s in range(steps):
+        plan = pol.plan(trace, s, topology, prev)
+        plans.append(plan)
+        prev = plan.home
+    return plans
+
+
+def data_trace(trace: RoutingTrace, plans: list) -> RoutingTrace:
+    """The trace whose tokens a policy trains on: the trace itself, or for plans with forced uniform
+    routing (`balanced`) a loads-only trace of the plans' loads (ids dealt from them)."""
+    if not any(p.uniform_routing for p in plans):
+        return trace
+    loads = np.stack([p.loads for p in plans]).astype(trace.loads.dtype)
+    return dataclasses.replace(trace, loads=loads, token_experts=None, token_src_rank=None)
+
+
+@dataclass
+class Prepared:
+    """Every policy's runtime input and the planner's seconds per policy."""
+
+    runs: list[PolicyPlans]
+    plan_seconds: dict[str, float]
+
+
+def prepare(request: RuntimeRequest, world: int) -> Prepared:
+    """Trace and plans of every policy: the same on every rank, so a launcher computes them once."""
+    from relibra.cluster import get_model
+    from relibra.runtime.config import NodeLayout
+
+    request.validate()
+    layout = NodeLayout(world, request.run.parallelism.nodes)
+    if request.data.trace is None:
+        shape = get_model(request.run.model.name)
+        if shape.num_experts % world:
+            raise ConfigError(f"{world} ranks do not divide the {shape.num_experts} experts of "
+                              f"{request.run.model.name!r}")
+    params = {p: policy_params(p, request.policy_params) for p in request.policies}  # checked first
+    unused = set(request.policy_params) - {k for p in params.values() for k in p}
+    if unused:
+        raise ConfigError(f"--policy-param {', '.join(sorted(unused))}: no policy of {','.join(request.policies)} "
+                          "takes it")
+    trace = load_or_make_trace(request, world)
+    m = request.run.measurement
+    total = m.steps + m.warmup_steps
+    if trace.num_steps < total:
+        raise ConfigError(f"the trace holds {trace.num_steps} steps; asked for {m.steps} + {m.warmup_steps} warm-up")
+    runs, seconds = [], {}
+    for policy in request.policies:
+        t0 = time.perf_counter()
+        plans = make_plans(trace, policy, params[policy], layout.ranks_per_node, total)
+        seconds[policy] = time.perf_counter() - t0
+        runs.append(PolicyPlans(policy, data_trace(trace, plans), plans))
+    return Prepared(runs, seconds)
+
+
+# ---- the simulator's prediction -------------------------------------------------------------------
+def simulated_costs(run: PolicyPlans, warmup: int, ranks_per_node: int, topology=None) -> list:
+    """relibra.costs.cost_plan of every timed plan of `run` on the fitted CPU preset (runtime_topology),
+    each step after the previous step's placement, priced as the runtime runs it: each rank's tokens of
+    a micro-batch as one sequence, fp32 gradients, the layer-shared replica buffer filled in line
+    (blocking point-to-point before each layer, nothing hidden behind attention)."""
+    from relibra.costs import CostParams, cost_plan
+
+    trace = run.trace
+    topology = topology or runtime_topology(trace.ep, ranks_per_node)
+    seq = int(trace.loads[0, 0, 0].sum(axis=1).max() // trace.model.top_k)
+    params = CostParams(seq_len=max(seq, 1), include_lm_head=True, grad_bytes_per_param=trace.model.bytes_per_param,
+                        replica_buffer="layer-shared", overlap_transfers=False)
+    out = []
+    for s in range(warmup, len(run.plans)):
+        prev = run.plans[s - 1].home if s > 0 else None
+        out.append(cost_plan(run.plans[s], trace.model, topology, params, prev_home=prev))
+    return out
+
+
+# ---- summaries ------------------------------------------------------------------------------------------
+# Segments of a whole step: measured components (own work) and the simulator's components for the same part.
+SEGMENTS = {
+    "expert compute": (("expert_compute",), ("expert_compute",)),
+    "all-to-all": (("dispatch", "combine"), ("dispatch", "combine")),
+    "dense compute": (("attention", "router", "permute", "dense_grad_allreduce"), ("dense_compute",)),
+    "replica transfers": (("replica_push", "replica_grad"), ("replica_push", "replica_grad")),
+    "migration": (("migration",), ("migration",)),
+    "optimizer": (("optimizer",), ("optimizer",)),
 }
+WAITING = "waiting for the other ranks"
+OTHER = "other (data, loss, bookkeeping)"
 
 
-def runtime_options(cfg: Config, policy: str | None = None):
-    """relibra.runtime RunOptions of notebook 08 at the profile's runtime sizes: every policy of the
-    config (or just `policy`), trained one after another on the same data in one launch."""
-    from relibra.runtime.options import RunOptions
+def paired_ratio_ci(reference_s, policy_s, resamples: int = 2000, level: float = 0.95,
+                    seed: int = 0) -> tuple[float, float, float]:
+    """median(reference_s) / median(policy_s) with a paired bootstrap confidence interval.
+
+    reference_s, policy_s: float [n] per-step seconds of two policies, step i of both taken back to back
+    (interleaved), so step indices are resampled jointly. Returns (ratio, low, high)."""
+    ref, pol = np.asarray(reference_s, dtype=float), np.asarray(policy_s, dtype=float)
+    if ref.shape != pol.shape or ref.size == 0:
+        raise ConfigError(f"paired steps needed: {ref.size} reference and {pol.size} policy steps")
+    idx = np.random.default_rng(seed).integers(0, ref.size, size=(resamples, ref.size))
+    boots = np.median(ref[idx], axis=1) / np.median(pol[idx], axis=1)
+    low, high = np.quantile(boots, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(np.median(ref) / np.median(pol)), float(low), float(high)
+
+
+@dataclass
+class PolicySummary:
+    """One policy of one launch, measured and simulated. Seconds per training step.
+
+    step_s: per timed step, the slowest rank's wall seconds; cpu_s_per_rank / wall_s_per_rank: median
+    over steps of each rank's process CPU and wall seconds; wait_s_per_rank: median seconds each rank
+    waited at the barriers before collectives and transfers; segments_s / sim_segments_s: SEGMENTS,
+    measured (mean over ranks, median over steps) and simulated (median over steps), plus waiting and
+    the rest of the step (measured only); speed-ups are megatron's median over this policy's, with the
+    paired bootstrap 95% interval."""
+
+    policy: str
+    step_s: list[float]
+    step_s_median: float
+    step_s_min: float
+    step_s_max: float
+    sim_step_s: float
+    cpu_s_per_rank: list[float]
+    wall_s_per_rank: list[float]
+    wait_s_per_rank: list[float]
+    segments_s: dict[str, float]
+    sim_segments_s: dict[str, float]
+    token_skew: float
+    plan_skewness: float
+    static_skewness: float
+    replica_slots: int
+    plan_seconds: float
+    losses: list[float]
+    model: str
+    ranks: int
+    nodes: int
+    ranks_per_node: int
+    threads_per_rank: int
+    oversubscribed: bool
+    warmup_steps: int
+    steps: int
+    hardware: str
+    speedup_vs_megatron: float | None = None
+    speedup_ci_low: float | None = None
+    speedup_ci_high: float | None = None
+    sim_speedup_vs_megatron: float | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def oversubscribed(world: int, threads_per_rank: int = 1) -> bool:
+    """More busy threads than usable cores: wall-clock times then measure the scheduler, not the kit."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return world * threads_per_rank > cores
+
+
+def _component_sum(seconds: dict[str, float], names) -> float:
+    return sum(v for k, v in seconds.items() if k.split("/", 1)[1] in names)
+
+
+def summarise(result: RunResult, prepared: Prepared, request: RuntimeRequest) -> list[PolicySummary]:
+    """One PolicySummary per policy of the launch (speed-ups when megatron is among them)."""
+    from relibra.runtime.plans import static_plan
+
+    m = request.run.measurement
+    ranks_per_node = result.world // result.nodes
+    out = []
+    for run in prepared.runs:
+        recs = [r for r in result.records if r.policy == run.policy]
+        steps = sorted({r.step for r in recs})
+        by_step = {s: [r for r in recs if r.step == s] for s in steps}
+        step_s = [max(r.wall_s for r in by_step[s]) for s in steps]
+        ranks = sorted({r.rank for r in recs})
+        per_rank = {g: [r for r in recs if r.rank == g] for g in ranks}
+        tokens = np.array([[r.expert_tokens for r in sorted(by_step[s], key=lambda r: r.rank)] for s in steps])
+        segments = {}
+        for name, (measured, _) in SEGMENTS.items():
+            segments[name] = float(np.median([np.mean([_component_sum(r.seconds, measured) for r in by_step[s]])
+                                              for s in steps]))
+        segments[WAITING] = float(np.median([np.mean([r.wait_s for r in by_step[s]]) for s in steps]))
+        segments[OTHER] = float(np.median([np.mean([r.wall_s for r in by_step[s]]) for s in steps])
+                                - sum(segments.values()))
+        costs = simulated_costs(run, m.warmup_steps, ranks_per_node)
+        totals = [c.totals() for c in costs]
+        sim_segments = {name: float(np.median([sum(t.get(c, 0.0) for c in sim) for t in totals]))
+                        for name, (_, sim) in SEGMENTS.items()}
+        timed = run.plans[m.warmup_steps:]
+        out.append(PolicySummary(
+            policy=run.policy, step_s=step_s, step_s_median=float(np.median(step_s)), step_s_min=float(min(step_s)),
+            step_s_max=float(max(step_s)), sim_step_s=float(np.median([c.step_seconds for c in costs])),
+            cpu_s_per_rank=[float(np.median([r.cpu_s for r in per_rank[g]])) for g in ranks],
+            wall_s_per_rank=[float(np.median([r.wall_s for r in per_rank[g]])) for g in ranks],
+            wait_s_per_rank=[float(np.median([r.wait_s for r in per_rank[g]])) for g in ranks],
+            segments_s=segments, sim_segments_s=sim_segments,
+            token_skew=float(np.mean(tokens.max(axis=1) / np.maximum(tokens.mean(axis=1), 1e-12))),
+            plan_skewness=float(np.mean([p.skewness().mean() for p in timed])),
+            static_skewness=float(np.mean([static_plan(p.loads, ranks_per_node).skewness().mean() for p in timed])),
+            replica_slots=int(result.replica_slots[run.policy]), plan_seconds=float(prepared.plan_seconds[run.policy]),
+            losses=result.losses[run.policy], model=run.trace.model.name, ranks=result.world, nodes=result.nodes,
+            ranks_per_node=ranks_per_node, threads_per_rank=result.threads_per_rank,
+            oversubscribed=oversubscribed(result.world, result.threads_per_rank), warmup_steps=m.warmup_steps,
+            steps=len(steps), hardware=result.hardware))
+    ref = next((s for s in out if s.policy == "megatron"), None)
+    if ref is not None:
+        for s in out:
+            s.speedup_vs_megatron, s.speedup_ci_low, s.speedup_ci_high = paired_ratio_ci(ref.step_s, s.step_s)
+            s.sim_speedup_vs_megatron = ref.sim_step_s / s.sim_step_s
+    return out
+
+
+def summary_frame(summaries: list[PolicySummary]) -> pd.DataFrame:
+    """One row per policy with the scalar fields (lists and dicts left out)."""
+    return pd.DataFrame([{k: v for k, v in s.to_dict().items() if not isinstance(v, (list, dict))}
+                         for s in summaries])
+
+
+def segment_frame(summaries: list[PolicySummary]) -> pd.DataFrame:
+    """Long table (policy, segment, source, seconds) of every policy's whole step, measured and simulated."""
+    rows = []
+    for s in summaries:
+        for name, sec in s.segments_s.items():
+            rows.append({"policy": s.policy, "segment": name, "source": "measured", "seconds": sec})
+        for name, sec in s.sim_segments_s.items():
+            rows.append({"policy": s.policy, "segment": name, "source": "simulated", "seconds": sec})
+    return pd.DataFrame(rows)
+
+
+# ---- reports ----------------------------------------------------------------------------------------------
+def _write_atomic(path: str, write) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_outputs(result: RunResult, summaries: list[PolicySummary], request: RuntimeRequest, out: str) -> None:
+    """metrics.csv (relibra.metrics rows of every rank and step) and summary.json in `out`."""
+    from relibra.metrics import frame
+
+    os.makedirs(out, exist_ok=True)
+    model = request.run.model.name
+    rows = result.metric_rows(model, request.data.workload)
+    _write_atomic(os.path.join(out, "metrics.csv"), lambda p: frame(rows).to_csv(p, index=False))
+
+    def dump(p):
+        with open(p, "w") as f:
+            json.dump({"results": [s.to_dict() for s in summaries],
+                       "equivalence": {k: dataclasses.asdict(v) for k, v in result.equivalence.items()}},
+                      f, indent=2, default=float)
+
+    _write_atomic(os.path.join(out, "summary.json"), dump)
+
+
+def report(result: RunResult, prepared: Prepared, request: RuntimeRequest, as_json: bool = False,
+           out: str | None = None) -> int:
+    """Print the summaries (a table, or one JSON object) and the equivalence lines; write outputs.
+    Returns the exit code (1 when the equivalence check fails)."""
+    summaries = summarise(result, prepared, request)
+    if out:
+        write_outputs(result, summaries, request, out)
+    check = request.run.measurement.check_equivalence
+    if as_json:
+        print(json.dumps({"results": [s.to_dict() for s in summaries],
+                          **({"equivalence": {k: dataclasses.asdict(v) for k, v in result.equivalence.items()}}
+                             if check else {})}, default=float))
+    else:
+        table = summary_frame(summaries)
+        cols = ["policy", "step_s_median", "step_s_min", "step_s_max", "sim_step_s", "token_skew", "plan_skewness",
+                "replica_slots"]
+        cols += [c for c in ("speedup_vs_megatron", "speedup_ci_low", "speedup_ci_high", "sim_speedup_vs_megatron")
+                 if c in table and table[c].notna().any()]
+        with pd.option_context("display.width", 200, "display.max_columns", 30):
+            print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+            seg = pd.DataFrame({s.policy: {**{f"{k} (measured)": v for k, v in s.segments_s.items()},
+                                           **{f"{k} (simulated)": v for k, v in s.sim_segments_s.items()}}
+                                for s in summaries})
+            print(seg.to_string(float_format=lambda x: f"{x:.4f}"))
+        for s in summaries:
+            cpu = " ".join(f"{c:.3f}" for c in s.cpu_s_per_rank)
+            wall = " ".join(f"{w:.3f}" for w in s.wall_s_per_rank)
+            print(f"{s.policy}: per rank, median CPU s {cpu} | wall s {wall} | losses "
+                  f"{' '.join(f'{x:.5f}' for x in s.losses)}")
+        if summaries and summaries[0].oversubscribed:
+            print(f"note: OVERSUBSCRIBED ({result.world} ranks x {result.threads_per_rank} threads > cores): times "
+                  "say nothing about speed")
+        if out:
+            print(f"wrote {out}/metrics.csv and summary.json")
+    if check:
+        code = 0
+        for policy, eq in result.equivalence.items():
+            stream = sys.stderr if as_json else sys.stdout
+            if eq.ok():
+                print(f"equivalence ok ({policy}): max abs diff {eq.max_abs_diff:.3e} ({eq.dtype}, tolerance "
+                      f"{eq.tolerance:g})", file=stream)
+            else:
+                print(f"equivalence FAILED ({policy}): max abs diff {eq.max_abs_diff:.3e} > {eq.tolerance:g} "
+                      f"({eq.dtype}; experts {eq.expert_params:.3e}, dense {eq.dense_params:.3e}, loss "
+                      f"{eq.loss:.3e})", file=stream)
+                code = 1
+        return code
+    return 0
+
+
+# ---- notebook 08 ------------------------------------------------------------------------------------------
+def runtime_request(cfg: Config) -> RuntimeRequest:
+    """Notebook 08's launch at the profile's runtime sizes: every policy of the config, alternating."""
+    from relibra.runtime.config import MeasurementOptions, ModelOptions, ParallelismOptions
 
     s = cfg.sizes
     nodes = int(cfg.extra.get("nodes") or s.runtime_nodes)
-    policies = (policy,) if policy else tuple(cfg.policies)
     steps = int(cfg.extra.get("runtime_steps") or s.runtime_steps)
-    return RunOptions(nodes=nodes, policies=policies, steps=steps, model=s.runtime_model, workload=s.runtime_workload,
-                      micro_batches=s.runtime_micro_batches, tokens_per_rank=s.runtime_tokens_per_rank,
-                      seed=cfg.seed, threads_per_rank=1, policy_params={},
-                      warmup_steps=2 if steps >= 5 else (1 if steps > 1 else 0))
+    run = RunOptions(model=ModelOptions(name=s.runtime_model, seed=cfg.seed),
+                     parallelism=ParallelismOptions(nodes=nodes),
+                     measurement=MeasurementOptions(steps=steps, warmup_steps=2 if steps >= 5 else (1 if steps > 1 else 0)))
+    data = DataOptions(workload=s.runtime_workload, micro_batches=s.runtime_micro_batches,
+                       tokens_per_rank=s.runtime_tokens_per_rank)
+    return RuntimeRequest(policies=tuple(cfg.policies), data=data, run=run)
 
 
-def _per_step_components(metrics: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Seconds per (keys..., step, rank, label) from metric rows, labels of RUNTIME_COMPONENTS."""
-    frames = []
-    for label, comps in RUNTIME_COMPONENTS.items():
-        d = metrics[metrics["component"].isin(comps)]
-        g = d.groupby(keys + ["step", "rank"], as_index=False)["seconds"].sum()
-        g["component"] = label
-        frames.append(g)
-    return pd.concat(frames, ignore_index=True)
-
-
-def runtime_worker(rank: int, world: int, options) -> dict:
-    """One rank of notebook 08's launch: relibra.runtime.train.worker itself (every policy of `options`,
-    a RunOptions or a list of single-policy RunOptions, trained in turn on the same data in one process
-    group, so megatron-core starts once per launch). Rank 0 returns the worker's JSON-able result."""
-    from relibra.runtime.train import worker
-
-    return worker(rank, world, _merge(options))
-
-
-def _merge(options):
-    if isinstance(options, (list, tuple)):
-        import dataclasses
-
-        return dataclasses.replace(options[0], policies=tuple(p for o in options for p in o.policies))
-    return options
-
-
-def measured_runtime(cfg: Config) -> tuple[pd.DataFrame, str]:
-    """Run (cpu profiles) or read (gpu profile) the runtime for every policy of the config.
-
-    Returns (metrics rows in relibra.metrics.METRIC_COLUMNS plus `repeat`, hardware label). Runs go
-    through relibra.runtime.launch (gloo, loopback, 1 torch thread per rank), `runtime_repeats` times
-    per policy; the gpu profile reads every metrics.csv under cfg.measured_dir instead (written by
-    `torchrun ... -m relibra.runtime.train --out DIR` on GPU nodes, see docs/notebooks.md).
-    """
+def measured_runtime(cfg: Config) -> dict:
+    """Run notebook 08's launches (cpu profiles): `runtime_repeats` launches through relibra.runtime.launch
+    (gloo, loopback, 1 torch thread per rank). Returns {"summaries": [PolicySummary per launch and
+    policy], "launches": [launch index per summary], "metrics": relibra.metrics rows with `repeat`,
+    "hardware"}. The gpu profile reads summary.json files written by `relibra run --torchrun --out DIR`
+    on GPU nodes under cfg.measured_dir instead."""
     from relibra.metrics import frame
 
     if cfg.profile == "gpu":
         if cfg.measured_dir is None or not cfg.measured_dir.exists():
             raise ConfigError(f"gpu profile: no measured runs in {cfg.measured_dir}; run the GPU script of "
                               "docs/notebooks.md first, or pass measured_dir")
-        files = sorted(cfg.measured_dir.rglob("metrics.csv"))
+        files = sorted(cfg.measured_dir.rglob("summary.json"))
         if not files:
-            raise ConfigError(f"gpu profile: {cfg.measured_dir} holds no metrics.csv")
-        parts = []
+            raise ConfigError(f"gpu profile: {cfg.measured_dir} holds no summary.json")
+        summaries, launches = [], []
         for i, f in enumerate(files):
-            d = pd.read_csv(f)
-            d["repeat"] = i
-            parts.append(d)
-        metrics = pd.concat(parts, ignore_index=True)
-        return metrics, str(metrics["hardware"].iloc[0])
+            with open(f) as fh:
+                for r in json.load(fh)["results"]:
+                    summaries.append(PolicySummary(**r))
+                    launches.append(i)
+        return {"summaries": summaries, "launches": launches, "metrics": pd.DataFrame(),
+                "hardware": summaries[0].hardware}
     from relibra.progress import progress as tqdm
 
     from relibra.runtime.launch import launch
-
-    from relibra.runtime.train import oversubscribed, prepare, results, worker
+    from relibra.runtime.train import worker
 
     nproc = int(cfg.extra.get("nproc") or cfg.sizes.runtime_nproc)
-    parts, per_policy = [], []
-    opts = runtime_options(cfg)
-    prepared = prepare(opts, nproc)
+    request = runtime_request(cfg)
+    prepared = prepare(request, nproc)
+    summaries, launches, parts = [], [], []
     load_before = os.getloadavg()[0]  # other work on the machine inflates wall-clock times: say so
     for repeat in tqdm(range(cfg.sizes.runtime_repeats), desc="runtime launches", unit="launch"):
-        result = launch(worker, nproc, opts, prepared, threads_per_rank=1, timeout_s=opts.collective_timeout_s)
-        d = frame(result["rows"])
+        result = RunResult.from_dict(launch(worker, nproc, request.run, prepared.runs, threads_per_rank=1,
+                                            timeout_s=request.run.faults.collective_timeout_s))
+        d = frame(result.metric_rows(request.run.model.name, request.data.workload))
         d["repeat"] = repeat
         parts.append(d)
-        per_policy += [{**r, "repeat": repeat} for r in results(result, opts, prepared, nproc)]
-    metrics = pd.concat(parts, ignore_index=True)
-    metrics.attrs["results"] = per_policy
+        for s in summarise(result, prepared, request):
+            summaries.append(s)
+            launches.append(repeat)
     load = max(load_before, os.getloadavg()[0])
     over = " OVERSUBSCRIBED (ranks > cores: times say nothing about speed)" if oversubscribed(nproc) else ""
-    return metrics, f"{metrics['hardware'].iloc[0]}; 1-min load average up to {load:.1f}{over}"
+    return {"summaries": summaries, "launches": launches, "metrics": pd.concat(parts, ignore_index=True),
+            "hardware": f"{summaries[0].hardware}; 1-min load average up to {load:.1f}{over}"}
 
 
 def recorded_runtime(path=None) -> tuple[pd.DataFrame, dict]:
     """The reference measurement `scripts/measure_runtime.py` wrote (data/runtime_measured.json by default):
-    one row per (command, launch, policy) with the run's fields (step_s_median/min/max, sim_step_s,
-    expert_share, token_skew, ...) plus `command`, `launch`, `nodes_x_ranks` and the machine's 1-min load
-    average before and after the command; and the file's {"machine", "date"}."""
-    import json
-
+    one row per (command, launch, policy) with the launch's scalar fields (step_s_median/min/max,
+    sim_step_s, speedup_vs_megatron with its CI, ...) plus `command`, `launch`, `nodes_x_ranks` and the
+    machine's 1-min load average before and after the command; and the file's {"machine", "date"}."""
     from relibra.experiments.config import project_root
 
     path = project_root() / "data" / "runtime_measured.json" if path is None else path
@@ -133,45 +532,20 @@ def recorded_runtime(path=None) -> tuple[pd.DataFrame, dict]:
 
 
 def runtime_comparison(cfg: Config) -> dict:
-    """Measured runtime next to the simulator, per policy and component (seconds per training step).
-
-    measured: the runtime's rows; comparison: one row per (policy, component, source) with the mean,
-    min and max over repeats and steps of the slowest rank's seconds (measured) or the simulator's
-    seconds (simulated on the cpu-gloo preset, the same trace and plans, one value per step) and
-    measured_mean_rank (the mean rank, measured). The simulator's expert compute sums each (micro-batch,
-    layer)'s slowest GPU, the runtime's the slowest rank's total: the first is >= the second.
-    """
-    from relibra.runtime.train import load_or_make_trace, runtime_topology
-    from relibra.sim import simulate
-
-    measured, hardware = measured_runtime(cfg)
-    nproc = int(measured["ep"].iloc[0])
-    opts = runtime_options(cfg)
-    trace = load_or_make_trace(opts, nproc)
-    steps = list(range(opts.warmup_steps, trace.num_steps))
-    topo = runtime_topology(nproc, nproc // opts.nodes)
-    res = simulate(trace, topo, list(cfg.policies), steps=steps, progress=False, references=False,
-                   warmup=False)
-    sim = res.frame.copy()
-    sim["step"] = sim["step"] - opts.warmup_steps
-
-    per_rank = _per_step_components(measured, ["policy", "repeat"])
-    slowest = per_rank.groupby(["policy", "repeat", "step", "component"], as_index=False)["seconds"].agg(
-        seconds="max", mean_rank="mean")
-    meas = slowest.groupby(["policy", "component"], as_index=False).agg(
-        seconds=("seconds", "mean"), seconds_min=("seconds", "min"), seconds_max=("seconds", "max"),
-        measured_mean_rank=("mean_rank", "mean"), samples=("seconds", "count"))
-    meas["source"] = "measured"
-    sim_steps = _per_step_components(sim.assign(repeat=0), ["policy", "repeat"])
-    sim_steps = sim_steps[sim_steps["rank"] == -1]
-    simd = sim_steps.groupby(["policy", "component"], as_index=False).agg(
-        seconds=("seconds", "mean"), seconds_min=("seconds", "min"), seconds_max=("seconds", "max"),
-        samples=("seconds", "count"))
-    simd["source"] = "simulated"
-    comparison = pd.concat([meas, simd], ignore_index=True)
-    label = (f"measured ({hardware}) vs simulated ({topo.name} cluster preset, {topo.num_nodes} x {topo.gpus_per_node}) | "
-             f"model {trace.model.name}, EP {nproc}, {trace.num_microbatches} micro-batches x {len(steps)} steps, "
-             f"{cfg.sizes.runtime_repeats if cfg.profile != 'gpu' else 'all'} repeat(s), seed {cfg.seed}")
-    results = pd.DataFrame(measured.attrs.get("results", []))
-    return {"measured": measured, "simulated": sim, "comparison": comparison, "hardware": hardware, "label": label,
-            "results": results}
+    """Notebook 08: measured launches next to the simulator. Returns {"summaries", "results" (one row per
+    launch and policy: summary_frame plus `repeat`), "segments" (segment_frame per launch, with
+    `repeat`), "metrics", "hardware", "label"}."""
+    measured = measured_runtime(cfg)
+    summaries, launches = measured["summaries"], measured["launches"]
+    results = summary_frame(summaries).assign(repeat=launches)
+    segments = pd.concat([segment_frame([s]).assign(repeat=i) for s, i in zip(summaries, launches)],
+                         ignore_index=True)
+    first = summaries[0]
+    request = runtime_request(cfg)
+    topo = runtime_topology(first.ranks, first.ranks_per_node)
+    label = (f"measured ({measured['hardware']}) vs simulated ({topo.name} preset, {topo.num_nodes} x "
+             f"{topo.gpus_per_node}) | model {first.model}, EP {first.ranks}, {request.data.micro_batches} "
+             f"micro-batches x {first.steps} timed steps per policy, policies alternating step by step, "
+             f"{len(set(launches))} launch(es), seed {cfg.seed}")
+    return {"summaries": summaries, "results": results, "segments": segments, "metrics": measured["metrics"],
+            "hardware": measured["hardware"], "label": label}

@@ -50,43 +50,61 @@ def time_expert(hidden: int, ffn: int, tokens: int, repeats: int = 7) -> list[fl
     return out
 
 
-def runtime_expert_worker(rank: int, world: int, model: str, token_counts: list[int], repeats: int) -> dict:
-    """Seconds of one routed expert as the runtime runs it: the megatron-core SequentialMLP expert of a
-    one-rank MoETransformer of `model` (fc1, SwiGLU, fc2, scaled by the routing probability), forward +
-    backward with gradients accumulating into existing .grad, cycling over the rank's experts so weights
-    are not always hot in cache. Launched as its own one-rank gloo group (megatron needs one)."""
+def runtime_modules_worker(rank: int, world: int, model: str, expert_tokens: list[int], attention_tokens: list[int],
+                           repeats: int) -> dict:
+    """Seconds of the runtime's own modules, from a one-rank GPTModel of `model` (relibra.runtime.model):
+    - "expert": one routed expert, megatron-core's SequentialMLP expert (fc1, SwiGLU, fc2, scaled by the
+      routing probability), forward + backward with gradients accumulating into existing .grad, cycling
+      over the rank's experts so weights are not always hot in cache;
+    - "attention": the first decoder layer's input RMSNorm and megatron-core self-attention (qkv, rotary,
+      causal core, output projection) over one sequence, forward + backward.
+    One list of seconds per token count each (first run dropped). Launched as its own one-rank gloo group."""
     import torch
 
     from relibra.runtime.config import ModelConfig, NodeLayout
     from relibra.runtime.groups import build_groups
-    from relibra.runtime.model import MoETransformer
+    from relibra.runtime.model import build_model
+    from relibra.runtime.slots import ExpertSlots
 
     cfg = ModelConfig.from_preset(model)
+    pgc = build_groups(NodeLayout(world, 1)).collection()
+    net = build_model(cfg, pgc, max(attention_tokens))
     home = np.zeros((cfg.num_layers, cfg.shape.num_experts), dtype=np.int64)
-    net = MoETransformer(cfg, build_groups(NodeLayout(world, 1)).collection(), home)
-    mlps = net.home_mlps(0)
+    mlps = ExpertSlots(net, pgc.ep, home, 0).home_mlps(0)
     g = torch.Generator().manual_seed(0)
-    samples = []
-    for n in token_counts:
-        x = torch.randn(n, cfg.hidden, generator=g, requires_grad=True)
-        prob = torch.rand(n, generator=g)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) / max(p.shape[-1], 1) ** 0.5)
+
+    def timed(fn) -> list[float]:
         times = []
         for i in range(repeats + 1):
-            mlp = mlps[i % len(mlps)]
             t0 = time.perf_counter()
-            mlp(x, prob)[0].sum().backward()
-            dt = time.perf_counter() - t0
-            x.grad = None
+            fn(i)
             if i:
-                times.append(dt)
-        samples.append(times)
-    return {"samples": samples}
+                times.append(time.perf_counter() - t0)
+        return times
+
+    expert = []
+    for n in expert_tokens:
+        x = torch.randn(n, cfg.hidden, generator=g, requires_grad=True)
+        prob = torch.rand(n, generator=g)
+        expert.append(timed(lambda i: mlps[i % len(mlps)](x, prob)[0].sum().backward()))
+    layer = net.decoder.layers[0]
+    attention = []
+    for n in attention_tokens:
+        x = torch.randn(n, 1, cfg.hidden, generator=g, requires_grad=True)
+        mask = torch.triu(torch.ones(n, n, dtype=torch.bool), 1).view(1, 1, n, n)
+        rotary = net.rotary_pos_emb(n)
+        attention.append(timed(lambda i: layer.self_attention(layer.input_layernorm(x), attention_mask=mask,
+                                                              rotary_pos_emb=rotary)[0].sum().backward()))
+    return {"expert": expert, "attention": attention}
 
 
 def expert_curve(hidden: int, ffn: int, token_counts: list[int], repeats: int = 7,
                  samples: list[list[float]] | None = None) -> dict:
     """Median forward + backward seconds per token count and the GEMM fit; `samples` (one list of seconds
-    per token count) when measured elsewhere (runtime_expert_worker), else a bare SwiGLU (time_expert)."""
+    per token count) when measured elsewhere (runtime_modules_worker), else a bare SwiGLU (time_expert)."""
     from relibra.costs import fit_gemm_efficiency
 
     if samples is None:
@@ -202,32 +220,6 @@ def time_optimizer(num_params: int, repeats: int = 7) -> list[float]:
     return out
 
 
-def time_attention_block(hidden: int, heads: int, head_dim: int, tokens: int, repeats: int = 7) -> list[float]:
-    """Seconds of the runtime's dense block (RMSNorm, qkv projection, causal scaled-dot-product attention over
-    one sequence of `tokens`, output projection), forward + backward, float32, as relibra.runtime.model
-    computes it (repeats, first warm-up dropped)."""
-    import torch
-    import torch.nn.functional as F
-
-    g = torch.Generator().manual_seed(0)
-    w_qkv = (torch.randn(3 * heads * head_dim, hidden, generator=g) / hidden**0.5).requires_grad_()
-    w_out = (torch.randn(hidden, heads * head_dim, generator=g) / (heads * head_dim)**0.5).requires_grad_()
-    norm = torch.nn.RMSNorm(hidden)
-    x = torch.randn(tokens, hidden, generator=g, requires_grad=True)
-    out = []
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        q, k, v = F.linear(norm(x), w_qkv).view(tokens, 3, heads, head_dim).permute(1, 2, 0, 3)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        F.linear(y.transpose(0, 1).reshape(tokens, heads * head_dim), w_out).sum().backward()
-        dt = time.perf_counter() - t0
-        x.grad = w_qkv.grad = w_out.grad = None
-        norm.zero_grad(set_to_none=True)
-        if i:
-            out.append(dt)
-    return out
-
-
 def fit_attention_efficiency(shape, token_counts: list[int], seconds: list[float], matmul_tflops: float,
                              gemm_half_tokens: float) -> dict:
     """attention_efficiency such that the cost model's dense block (projection GEMMs at the expert-fitted
@@ -258,8 +250,8 @@ def fit_cpu_preset(model: str = "moe-cpu", world: int = 2, repeats: int = 7, qui
       and collective_latency_s; gloo point-to-point (the replica and migration path) is reported;
     - AdamW step over 1M..8M float32 parameters -> memory_GBps under the cost model's optimizer
       traffic (params x (2 x optimizer bytes + 2 x weight bytes) per step).
-    - the dense block (RMSNorm, attention projections, causal core over one sequence) forward + backward
-      at several token counts -> attention_efficiency (the core's share of matmul_tflops; on CPU small
+    - the runtime's attention block (megatron-core's input RMSNorm and self-attention over one sequence)
+      forward + backward at several token counts -> attention_efficiency (the core's share of matmul_tflops; on CPU small
       heads make it far below a GPU's flash attention).
     Returns {"how", "machine", "expert", "gloo_all_to_all", "gloo_p2p", "optimizer", "preset"}.
     """
@@ -271,9 +263,10 @@ def fit_cpu_preset(model: str = "moe-cpu", world: int = 2, repeats: int = 7, qui
     shape = get_model(model)
     torch.set_num_threads(1)
     tokens = [32, 128, 512, 1024] if quick else [16, 32, 64, 128, 256, 512, 1024, 2048]
-    measured = launch(runtime_expert_worker, 1, model, tokens, repeats)
-    curve = expert_curve(shape.hidden, shape.moe_ffn, tokens, repeats, samples=measured["samples"])
-    curve["module"] = "the runtime's megatron-core SequentialMLP expert (runtime_expert_worker)"
+    att_tokens = [256, 1024] if quick else [128, 256, 512, 1024, 2048]
+    measured = launch(runtime_modules_worker, 1, model, tokens, att_tokens, repeats)
+    curve = expert_curve(shape.hidden, shape.moe_ffn, tokens, repeats, samples=measured["expert"])
+    curve["module"] = "the runtime's megatron-core SequentialMLP expert (runtime_modules_worker)"
     floats = [4096, 65536, 262144] if quick else [1024, 4096, 16384, 65536, 262144, 1048576]
     g = launch(gloo_worker, world, floats, repeats)
     a2a_bytes = [n * 4 * (world - 1) for n in floats]
@@ -286,9 +279,7 @@ def fit_cpu_preset(model: str = "moe-cpu", world: int = 2, repeats: int = 7, qui
     per_param = 2 * shape.optimizer_bytes_per_param + 2 * shape.bytes_per_param
     opt_fit = fit_latency_bandwidth([n * per_param for n in sizes], opt_med)
     fit = curve["fit_forward_backward"]
-    att_tokens = [256, 1024] if quick else [128, 256, 512, 1024, 2048]
-    att_med = [float(np.median(time_attention_block(shape.hidden, shape.num_attention_heads, shape.head_dim, n,
-                                                    repeats))) for n in att_tokens]
+    att_med = [float(np.median(t)) for t in measured["attention"]]
     att_fit = fit_attention_efficiency(shape, att_tokens, att_med, fit["matmul_tflops"], fit["gemm_half_tokens"])
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {

@@ -1,4 +1,6 @@
-"""Small dataclasses that configure one runtime launch."""
+"""Small dataclasses that configure one runtime launch, torchtitan-style: RunOptions nests the model,
+parallelism, measurement and fault options (the same on every rank); ModelConfig and TrainConfig are
+what one engine is built from."""
 
 from __future__ import annotations
 
@@ -6,6 +8,89 @@ from dataclasses import asdict, dataclass, field
 
 from relibra.cluster import ModelShape, get_model
 from relibra.errors import ConfigError
+
+
+def _positive_int(value, flag: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{flag} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Which model trains and how: a relibra.cluster preset, parameter dtype, seed, AdamW rate.
+    float64 makes multi-step comparisons independent of roundoff (the equivalence check)."""
+
+    name: str = "tiny"
+    dtype: str = "float32"
+    seed: int = 0
+    lr: float = 1e-3
+
+    def validate(self) -> None:
+        if self.dtype not in ("float32", "float64"):
+            raise ConfigError(f"--dtype must be float32 or float64, got {self.dtype!r}")
+        if not (self.lr > 0):
+            raise ConfigError(f"--lr must be positive, got {self.lr!r}")
+
+
+@dataclass(frozen=True)
+class ParallelismOptions:
+    """Expert parallelism over every rank, ranks grouped into `nodes` simulated nodes."""
+
+    nodes: int = 1
+    threads_per_rank: int = 1
+
+    def validate(self) -> None:
+        _positive_int(self.nodes, "--nodes")
+        _positive_int(self.threads_per_rank, "--threads-per-rank")
+
+
+@dataclass(frozen=True)
+class MeasurementOptions:
+    """Timing of a launch. Policies alternate step by step on the same data (megatron, relibra,
+    megatron, ...); the first warmup_steps of each are trained but not recorded. split_waiting: a
+    timed barrier before each all-to-all and replica transfer (waiting apart from own work).
+    check_equivalence: also train the static placement on the same data and compare."""
+
+    steps: int = 20
+    warmup_steps: int = 2
+    split_waiting: bool = True
+    check_equivalence: bool = False
+
+    def validate(self) -> None:
+        _positive_int(self.steps, "--steps")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ConfigError(f"--warmup-steps must be >= 0, got {self.warmup_steps!r}")
+
+
+@dataclass(frozen=True)
+class FaultOptions:
+    """collective_timeout_s: gloo/NCCL timeout of every collective (a stalled rank ends the run after it);
+    on_migration_failure: "continue" (keep the old placement, one warning line) or "stop"."""
+
+    collective_timeout_s: float = 120.0
+    on_migration_failure: str = "continue"
+
+    def validate(self) -> None:
+        if not (self.collective_timeout_s > 0):
+            raise ConfigError(f"--collective-timeout must be positive seconds, got {self.collective_timeout_s!r}")
+        if self.on_migration_failure not in ("continue", "stop"):
+            raise ConfigError(f"--on-migration-failure must be continue or stop, got {self.on_migration_failure!r}")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything the runtime needs besides the plans (the same on every rank)."""
+
+    model: ModelOptions = field(default_factory=ModelOptions)
+    parallelism: ParallelismOptions = field(default_factory=ParallelismOptions)
+    measurement: MeasurementOptions = field(default_factory=MeasurementOptions)
+    faults: FaultOptions = field(default_factory=FaultOptions)
+
+    def validate(self) -> "RunOptions":
+        """Raise ConfigError naming the first bad option."""
+        for part in (self.model, self.parallelism, self.measurement, self.faults):
+            part.validate()
+        return self
 
 
 @dataclass(frozen=True)

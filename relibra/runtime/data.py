@@ -65,6 +65,12 @@ class TraceData:
         self.vocab_size = vocab_size
         self.seed = seed
 
+    def max_tokens_per_src(self) -> int:
+        """Most tokens one src rank holds in any (step, micro-batch): the longest sequence a rank runs."""
+        src = self.token_src
+        ranks = int(src.max()) + 1 if src.size else 1
+        return max(int((src == r).sum(axis=2).max()) for r in range(ranks))
+
     def tokens(self, step: int, micro_batch: int) -> int:
         """Tokens of the micro-batch over all ranks."""
         return int((self.token_src[step, micro_batch] >= 0).sum())

@@ -14,6 +14,9 @@ KNOWN_WARNINGS = (
     # megatron-core 0.16.1's TransformerConfig defaults cuda_graph_scope to "full" and then warns that
     # "full" is deprecated; the kit captures no CUDA graphs and sets no scope.
     (UserWarning, r"full scope is deprecated"),
+    # megatron-core 0.16.1's local layer spec announces its torch norm fallback when Apex is absent; Apex
+    # needs CUDA, and the torch RMSNorm it falls back to is the one the runtime's model is meant to use.
+    (UserWarning, r"Apex is not installed. Falling back to Torch Norm"),
     # megatron-core 0.16.1's alltoall dispatcher gathers split sizes with torch's
     # all_gather_into_tensor, which torch 2.13 marks deprecated; the call sits inside the pinned
     # megatron-core, not in the kit.

@@ -24,49 +24,11 @@ from relibra.errors import PlanError
 from relibra.runtime.config import ModelConfig, NodeLayout, TrainConfig
 from relibra.runtime.data import TraceData
 from relibra.runtime.engine import Engine
+from relibra.runtime.collect import gather_arrays, gather_list
 from relibra.runtime.groups import build_groups
 from relibra.runtime.migration import InjectedFailure, MigrationError, migrate_homes
 from relibra.runtime.plans import cross_node_replica_plan, in_node_replica_plan, reordered_home, static_plan
 from relibra.trace import static_placement
-
-
-def _gather_bytes(payload: bytes) -> list[bytes] | None:
-    """Every rank's `payload` on rank 0 (None elsewhere), as uint8 tensors: no pickle on the wire."""
-    size = torch.tensor([len(payload)], dtype=torch.int64)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, size)
-    longest = max(int(s.item()) for s in sizes)
-    buf = torch.zeros(longest, dtype=torch.uint8)
-    buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else buf[:0]
-    parts = [torch.zeros(longest, dtype=torch.uint8) for _ in sizes] if dist.get_rank() == 0 else None
-    dist.gather(buf, parts, dst=0)
-    if dist.get_rank() != 0:
-        return None
-    return [bytes(p[: int(s.item())].numpy()) for p, s in zip(parts, sizes)]
-
-
-def gather_arrays(local: dict) -> dict:
-    """Merge every rank's {key tuple of ints and strings: array} on rank 0 (others get {}); sent as
-    .npz bytes, each key as the JSON of its tuple, read back without pickle."""
-    import io
-    import json
-
-    out = io.BytesIO()
-    np.savez(out, **{json.dumps(list(key)): np.asarray(a) for key, a in local.items()})
-    merged = {}
-    for part in _gather_bytes(out.getvalue()) or []:
-        with np.load(io.BytesIO(part), allow_pickle=False) as z:
-            for name in z.files:
-                merged[tuple(json.loads(name))] = z[name]
-    return merged
-
-
-def gather_list(local) -> list | None:
-    """Every rank's JSON-able `local` on rank 0, in rank order (None elsewhere)."""
-    import json
-
-    parts = _gather_bytes(json.dumps(local).encode())
-    return None if parts is None else [json.loads(p) for p in parts]
 
 
 def max_diff(a: dict, b: dict) -> float:
