@@ -16,21 +16,25 @@
 # %% [markdown]
 # # 08 - The real runtime next to the simulator
 #
-# The simulator prices plans; the runtime (`relibra.runtime`) **executes** them: a small MoE
-# transformer built from megatron-core layers, trained with AdamW under torch.distributed, where the
-# same StepPlan decides expert homes, replica copies and token splits. On this CPU machine it runs
-# with the gloo backend (one rank per core by default), on the expert-dominated `moe-cpu` preset; under
-# the `gpu` profile the notebook reads the metrics that the same entry point wrote on GPU nodes.
+# The simulator prices plans; the runtime (`relibra.runtime`) **executes** them. Its model is
+# megatron-core's own `GPTModel`, built from megatron's local layer spec (embedding, rotary attention,
+# RMSNorm, output layer), with ReLibra entering as a MoE submodule spec and a three-call step hook
+# (docs/integration.md). The same StepPlan decides expert homes, replica copies and token splits. On
+# this CPU machine it runs over gloo, one rank per core, on the expert-dominated `moe-cpu` preset; under
+# the `gpu` profile the notebook reads the summaries the same command wrote on GPU nodes.
 #
-# Each policy trains on the same data from the same seed. We put the **measured** median step time
-# (whiskers: min-max over timed steps and repeats) next to the simulator's `sim_step_s` for the same
-# trace and plans on the `cpu-gloo-fit` preset, fitted on this machine from micro-benchmarks
-# (`relibra calibrate`), never from these runs. Whether the two agree is computed below from the
-# numbers. Runs with more ranks than cores are labelled OVERSUBSCRIBED and say nothing about speed.
-# Times taken while other jobs share the cores are noisy.
+# **How it is measured.** Policies alternate step by step inside one launch (Megatron, ReLibra,
+# Megatron, ReLibra, ...), each on the same step of data, so that whatever else the machine does hits
+# both alike. The speed-up is the ratio of the two policies' median step times, with a paired
+# bootstrap 95% interval over the timed steps. Before each all-to-all and each replica transfer every
+# rank waits at a timed barrier: what a rank spends there is **waiting** for the slowest rank, and the
+# transfer after it is its own work. Next to each measured segment stands the simulator's figure for the
+# same plans on the `cpu-gloo-fit` preset, fitted on this machine from micro-benchmarks
+# (`relibra calibrate`), never from these runs. Runs with more ranks than cores are labelled
+# OVERSUBSCRIBED and say nothing about speed.
 
 # %% tags=["parameters"]
-profile = "laptop"   # tiny | laptop (default) | paper | gpu: the runtime's model, steps and repeats
+profile = "laptop"   # tiny | laptop (default) | paper | gpu: the runtime's model, steps and launches
 policies = None      # comma-separated policy names (None: megatron,relibra)
 seed = 0             # same seed, same trace and plans (measured times still vary)
 out_dir = None       # default: results/08_runtime
@@ -41,67 +45,86 @@ nodes = None         # simulated nodes the ranks are grouped into (None: the pro
 # %%
 from relibra import experiments as ex, plots
 from relibra.experiments import narrative as nr
+from relibra.experiments.runtime import WAITING
 
 run = ex.start("08_runtime", globals())  # unknown or out-of-range parameters fail here
 cfg = run.config
 print(cfg.scale_note())
 
 # %%
-result = run.compute()
-result.step_results
-
-# %%
-if len(result.step_results):  # the gpu profile reads metrics files only: no per-policy step results
-    fig = plots.runtime_step_plot(result.step_results, result.label)
-    run.save_figure(fig, "runtime_step_vs_sim", "Measured median step time (min-max whiskers) next to the "
-                    "simulated step time per policy", source="measured", hardware=result.hardware)
+result = ex.runtime_comparison(cfg)
+if len(result["metrics"]):
+    run.save_csv(result["metrics"], "measured", "measured per-rank metrics of the runtime (metrics schema; "
+                 "<component>_wait: waiting at the barrier before it; step_cpu: process CPU seconds)")
+run.save_csv(result["segments"], "step_segments", "per launch and policy: the whole step in segments, measured "
+             "(mean over ranks, median over timed steps) and simulated")
+run.save_csv(result["results"], "step_results", "per launch and policy: measured step seconds (median, min, max), "
+             "the simulator's sim_step_s, the speed-up over megatron with its paired bootstrap 95% interval")
+result["results"][["repeat", "policy", "step_s_median", "sim_step_s", "speedup_vs_megatron", "speedup_ci_low",
+                   "speedup_ci_high", "sim_speedup_vs_megatron"]].round(3)
 
 # %% [markdown]
-# ## Measured against simulated, from the numbers above
+# ## One training step, segment by segment
+#
+# Each panel is one policy's step: the measured seconds of each segment (upper bar) beside the
+# simulator's (lower bar, hatched). Waiting is drawn as its own dark segment. The simulator has no
+# waiting segment: it charges each layer's slowest GPU for the expert work, which is what the others
+# wait for.
 
 # %%
-nr.show(nr.runtime_agreement(result.step_results) if len(result.step_results) else "No per-policy step results.")
+fig = plots.runtime_step_segments_plot(result["segments"], result["label"], WAITING)
+run.save_figure(fig, "runtime_step_segments", "Whole training step per policy in segments (waiting for the other "
+                "ranks its own segment), measured beside simulated", source="measured", hardware=result["hardware"])
+nr.show(nr.runtime_segments_story(result["segments"], WAITING))
+
+# %% [markdown]
+# Process CPU time per rank beside its wall time (median over timed steps): a rank whose CPU time is
+# well below its wall time spent the difference waiting or descheduled.
+
+# %%
+import pandas as pd
+
+pd.DataFrame([{"launch": i + 1, "policy": s.policy, "rank": g, "cpu_s": c, "wall_s": w, "waiting_s": t}
+              for s, i in zip(result["summaries"], result["results"]["repeat"])
+              for g, (c, w, t) in enumerate(zip(s.cpu_s_per_rank, s.wall_s_per_rank, s.wait_s_per_rank))]).round(3)
+
+# %% [markdown]
+# ## The speed-up and its interval, measured against simulated
+
+# %%
+nr.show(nr.runtime_agreement(result["results"]))
 
 # %% [markdown]
 # ## The reference measurement, on an idle machine
 #
 # The run above shares the machine with whatever else runs during a reproduction. The kit also ships
-# one measurement taken on an idle machine, `data/runtime_measured.json`, written by
-# `scripts/measure_runtime.py --calibrate --repeats 3`: the CPU preset refitted from micro-benchmarks,
-# then each command launched three times. Its `sim_step_s` is the simulator's prediction at the time,
-# from that fit. Both node layouts: 1 node x 2 ranks (reordering and in-node replication) and
-# 2 nodes x 1 rank (reordering only).
+# one measurement, `data/runtime_measured.json`, written by `scripts/measure_runtime.py --calibrate
+# --repeats 3`: the CPU preset refitted from micro-benchmarks, then each command launched three times,
+# each launch alternating the policies step by step. Both node layouts: 1 node x 2 ranks (reordering and
+# in-node replication) and 2 nodes x 1 rank (reordering only). The file records the machine's load.
 
 # %%
 recorded, where = ex.recorded_runtime()
+run.save_csv(recorded.assign(date=where["date"], cpus=where["machine"]["cpus"]), "recorded_step_results",
+             "the reference measurement (data/runtime_measured.json): per command, launch and policy")
 print(f"recorded {where['date']} on {where['machine']['cpus']} cores ({where['machine']['processor']}), "
       f"1-min load {recorded['load_before'].min():.1f}-{recorded['load_after'].max():.1f}")
 for layout, rows in recorded.groupby("nodes_x_ranks", sort=False):
     print(f"\n{layout} (nodes x ranks per node): {rows['command'].iloc[0]}")
     nr.show(nr.runtime_agreement(rows))
-recorded[["nodes_x_ranks", "launch", "policy", "step_s_median", "step_s_min", "step_s_max", "sim_step_s",
-          "token_skew", "expert_share"]].round(3)
-
-# %% [markdown]
-# Per component: expert compute, all-to-all and the whole step, measured and simulated.
 
 # %%
-fig = plots.runtime_vs_sim_plot(result.runtime_vs_sim, result.label)
-run.save_figure(fig, "runtime_vs_sim", "Measured runtime vs simulated prediction: expert compute, all-to-all and "
-                "step time per policy", source="measured", hardware=result.hardware)
+fig = plots.runtime_speedup_plot(result["results"], result["label"], recorded)
+run.save_figure(fig, "runtime_speedup", "Speed-up over Megatron per launch with its paired bootstrap 95% interval, "
+                "and the simulated speed-up", source="measured", hardware=result["hardware"])
 
 # %% [markdown]
-# Per rank: the measured expert-compute time of each rank next to the simulator's for the same rank.
+# Per rank: the measured expert-compute time of each rank (what the other ranks wait for).
 
 # %%
-fig = plots.runtime_rank_plot(result.measured, result.label, simulated=result.simulated)
-run.save_figure(fig, "runtime_per_rank", "Expert-compute seconds per rank and policy: measured, and simulated "
-                "where the simulator gives per-rank figures", source="measured", hardware=result.hardware)
-
-# %% [markdown]
-# ## Per component
-
-# %%
-nr.show(nr.runtime_story(result.runtime_vs_sim))
+if len(result["metrics"]):
+    fig = plots.runtime_rank_plot(result["metrics"], result["label"])
+    run.save_figure(fig, "runtime_per_rank", "Measured expert-compute seconds per rank and policy", source="measured",
+                    hardware=result["hardware"])
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

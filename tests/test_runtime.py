@@ -181,15 +181,19 @@ def test_runtime_agreement_text_follows_the_numbers():
 
     rows = pd.DataFrame([
         {"policy": "megatron", "step_s_median": 2.0, "step_s_min": 1.9, "step_s_max": 2.2, "sim_step_s": 1.9,
-         "oversubscribed": False},
+         "oversubscribed": False, "speedup_vs_megatron": 1.0, "speedup_ci_low": 1.0, "speedup_ci_high": 1.0,
+         "sim_speedup_vs_megatron": 1.0, "repeat": 0},
         {"policy": "relibra", "step_s_median": 1.6, "step_s_min": 1.5, "step_s_max": 1.7, "sim_step_s": 1.0,
-         "oversubscribed": False}])
+         "oversubscribed": False, "speedup_vs_megatron": 1.25, "speedup_ci_low": 1.18, "speedup_ci_high": 1.31,
+         "sim_speedup_vs_megatron": 1.9, "repeat": 0}])
     text = runtime_agreement(rows)
     assert "simulated / measured 0.95 (within 15%)" in text and "simulated / measured 0.62 (outside 15%)" in text
-    assert "measured speed-up 1.25x, simulated 1.90x" in text and "does not agree" in text
+    assert "launch 1, ReLibra vs Megatron: measured 1.25x (95% interval 1.18-1.31, width 0.13)" in text
+    assert "simulated 1.90x, outside the interval" in text and "does not agree" in text
     rows["sim_step_s"] = [2.1, 1.7]
-    text = runtime_agreement(rows)  # speed-ups 1.25 vs 1.24
-    assert "agrees with" in text and "is within 0.05" in text
+    rows["sim_speedup_vs_megatron"] = [1.0, 2.1 / 1.7]
+    text = runtime_agreement(rows)  # 1.24 inside 1.18-1.31
+    assert "agrees with" in text and "inside the interval" in text
     rows["oversubscribed"] = True
     assert runtime_agreement(rows).startswith("OVERSUBSCRIBED")
 

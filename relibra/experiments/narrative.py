@@ -281,26 +281,36 @@ def overheads_story(table: pd.DataFrame) -> str:
 
 
 # ---- 08 runtime / 09 RL -------------------------------------------------------------------------------
-def runtime_story(comparison: pd.DataFrame) -> str:
-    d = comparison.pivot_table(index=["policy", "component"], columns="source", values="seconds")
+def runtime_segments_story(segments: pd.DataFrame, waiting: str) -> str:
+    """Per policy: the step's largest measured segments, the share spent waiting for the other ranks, and
+    simulated / measured for each segment the simulator prices. segments: experiments.runtime.segment_frame
+    rows (median over launches when several)."""
+    g = segments.groupby(["policy", "segment", "source"], sort=False)["seconds"].median().unstack("source")
     out = []
-    for (policy, comp), r in d.iterrows():
-        if {"measured", "simulated"} <= set(r.index) and not (pd.isna(r["measured"]) or pd.isna(r["simulated"])):
-            out.append(f"- {label(policy)}, {comp}: measured {1e3 * r['measured']:.1f} ms, simulated "
-                       f"{1e3 * r['simulated']:.1f} ms (simulated / measured {r['simulated'] / r['measured']:.2f})")
-    m = d["measured"].unstack("policy") if "measured" in d else None
-    text = "Per training step:\n\n" + "\n".join(out)
-    if m is not None and {"megatron", "relibra"} <= set(m.columns) and "expert compute" in m.index:
-        ratio = m.loc["expert compute", "megatron"] / m.loc["expert compute", "relibra"]
-        text += (f"\n\nMeasured, ReLibra's slowest rank computes experts {ratio:.2f}x "
-                 + ("faster" if ratio >= 1 else "slower") + " than Megatron's.")
-    return text
+    for policy in g.index.get_level_values("policy").unique():
+        d = g.loc[policy]
+        measured = d["measured"].dropna()
+        step = measured.sum()
+        wait = measured.get(waiting, 0.0)
+        top = measured.drop(waiting, errors="ignore").sort_values(ascending=False).head(2)
+        parts = [f"{name} {1e3 * v:.0f} ms" for name, v in top.items()]
+        line = (f"- {label(policy)}: step {1e3 * step:.0f} ms (mean over ranks); largest own work: {', '.join(parts)}; "
+                f"waiting for the other ranks {1e3 * wait:.0f} ms ({100 * wait / step:.0f}% of the step).")
+        if "simulated" in d:
+            both = d.dropna(subset=["measured", "simulated"])
+            both = both[(both["measured"] > 0) & (both["simulated"] > 0)]
+            if len(both):
+                line += " Simulated / measured: " + ", ".join(
+                    f"{name} {r['simulated'] / r['measured']:.2f}" for name, r in both.iterrows()) + "."
+        out.append(line)
+    return "\n".join(out)
 
 
-def runtime_agreement(results: pd.DataFrame, step_tolerance: float = 0.15, ratio_tolerance: float = 0.05) -> str:
-    """Measured vs simulated step time per policy and the speed-ups over Megatron, from train.results rows
-    (one per policy and repeat). Says plainly where the simulator misses the agreement targets (step time
-    within `step_tolerance`, speed-up within `ratio_tolerance`) and refuses to judge oversubscribed runs."""
+def runtime_agreement(results: pd.DataFrame, step_tolerance: float = 0.15) -> str:
+    """Measured vs simulated step time per policy, then each launch's speed-up over Megatron with its 95%
+    interval and whether the simulated ratio lies inside it. results: experiments.runtime.summary_frame
+    rows (one per policy and launch, `repeat` or `launch` numbering the launches). Refuses to judge
+    oversubscribed runs."""
     g = results.groupby("policy").agg(measured=("step_s_median", "median"), sim=("sim_step_s", "median"),
                                       lo=("step_s_min", "min"), hi=("step_s_max", "max"))
     over = bool(results["oversubscribed"].any()) if "oversubscribed" in results else False
@@ -315,20 +325,22 @@ def runtime_agreement(results: pd.DataFrame, step_tolerance: float = 0.15, ratio
     if over:
         return ("OVERSUBSCRIBED: more ranks than cores, so these wall-clock times measure the scheduler and say "
                 "nothing about speed or about the simulator.\n\n" + text)
-    if "megatron" in g.index:
-        ref = g.loc["megatron"]
-        for p, r in g.iterrows():
-            if p == "megatron":
+    launch = "repeat" if "repeat" in results else ("launch" if "launch" in results else None)
+    if "speedup_ci_low" in results:
+        for _, r in results[results["policy"] != "megatron"].iterrows():
+            if pd.isna(r["speedup_ci_low"]):
                 continue
-            meas, sim = ref["measured"] / r["measured"], ref["sim"] / r["sim"]
-            agree = abs(meas - sim) <= ratio_tolerance
-            text += (f"\n\n{label(p)} vs Megatron: measured speed-up {meas:.2f}x, simulated {sim:.2f}x; the "
-                     f"difference {abs(meas - sim):.2f} is " + ("within" if agree else "outside")
-                     + f" {ratio_tolerance:.2f}.")
+            inside = r["speedup_ci_low"] <= r["sim_speedup_vs_megatron"] <= r["speedup_ci_high"]
+            which = f"launch {int(r[launch]) + 1}, " if launch else ""
+            text += (f"\n\n{which}{label(r['policy'])} vs Megatron: measured {r['speedup_vs_megatron']:.2f}x "
+                     f"(95% interval {r['speedup_ci_low']:.2f}-{r['speedup_ci_high']:.2f}, width "
+                     f"{r['speedup_ci_high'] - r['speedup_ci_low']:.2f}), simulated {r['sim_speedup_vs_megatron']:.2f}x, "
+                     + ("inside" if inside else "outside") + " the interval.")
     steps_ok = all(abs(r["sim"] / r["measured"] - 1) <= step_tolerance for _, r in g.iterrows())
     text += ("\n\nOn these numbers the simulator " + ("agrees with" if steps_ok else "does not agree with")
              + f" the measured step times to {100 * step_tolerance:.0f}%.")
     return text
+
 
 
 def rl_story(rewards: pd.DataFrame, sim: pd.DataFrame) -> str:

@@ -98,12 +98,12 @@ PROFILES: dict[str, Profile] = {
                 "8 micro-batches per step and 4 steps", models=("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b"),
                 workloads=("math", "science", "instruct", "code", "mixed"), model="qwen3-235b-a22b",
                 workload="mixed", ep=32, ep_sizes=(8, 16, 32, 64), cluster="paper", steps=4, micro_batches=8,
-                layers=4, runtime_steps=5, rl_steps=20),
+                layers=4, runtime_steps=20, runtime_repeats=1, rl_steps=20),
         Profile("paper", "the paper's scale: every MoE layer, 32 micro-batches per step, EP 32 on the paper's "
                 "cluster (20 nodes x 8 Hopper GPUs); hours on a CPU", models=("qwen3-30b-a3b", "glm-4.5-air",
                 "qwen3-235b-a22b"), workloads=("math", "science", "instruct", "code", "mixed"),
                 model="qwen3-235b-a22b", workload="mixed", ep=32, ep_sizes=(8, 16, 32, 64), cluster="paper",
-                steps=6, micro_batches=32, layers=None, planner_repeats=3, runtime_steps=5, runtime_repeats=3,
+                steps=6, micro_batches=32, layers=None, planner_repeats=3, runtime_steps=30, runtime_repeats=3,
                 rl_steps=60, scale=ScaleSweep(SCALE_MODELS, SCALE_CLUSTERS, SCALE_EP_SIZES, layers=None,
                                               micro_batches=32)),
         Profile("gpu", "the paper's scale for the simulations; measured results of real runs on GPU nodes are "

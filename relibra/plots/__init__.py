@@ -11,7 +11,7 @@ One module per notebook group: style (colours, labels, titles, saving), routing 
 
 from relibra.plots.overheads import overhead_bars, planner_time_plot, policy_summary_plot
 from relibra.plots.routing import expert_load_heatmaps, prediction_error_plot, shift_bars, static_skewness_plot
-from relibra.plots.runtime import reward_plot, runtime_rank_plot, runtime_step_plot, runtime_vs_sim_plot
+from relibra.plots.runtime import reward_plot, runtime_rank_plot, runtime_speedup_plot, runtime_step_segments_plot
 from relibra.plots.scale import ep_sweep_plot, ratio_pivot, scale_planner_plot
 from relibra.plots.sensitivity import tornado_plot
 from relibra.plots.style import (POLICY_COLORS, POLICY_LABELS, POLICY_ORDER, model_label, policy_order, policy_palette,
@@ -27,6 +27,6 @@ __all__ = [
     "static_skewness_plot", "phase_figure", "plan_figure", "tutorial_figure", "tutorial_grid_figure",
     "tutorial_interactive", "ablation_plot", "fraction_of_balanced", "reorder_plot", "replication_plot",
     "skewness_plot", "spare_slot_plot", "throughput_bars", "overhead_bars", "planner_time_plot",
-    "policy_summary_plot", "reward_plot", "runtime_rank_plot", "runtime_step_plot", "runtime_vs_sim_plot", "tornado_plot",
+    "policy_summary_plot", "reward_plot", "runtime_rank_plot", "runtime_speedup_plot", "runtime_step_segments_plot", "tornado_plot",
     "ep_sweep_plot", "scale_planner_plot", "ratio_pivot",
 ]

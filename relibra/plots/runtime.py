@@ -40,33 +40,84 @@ def reward_plot(rewards: pd.DataFrame, subtitle: str):
 
 
 # ---- 08 runtime --------------------------------------------------------------------------------
-def runtime_vs_sim_plot(comparison: pd.DataFrame, subtitle: str):
-    """Per component (panel): seconds per step per policy, measured (bars with min-max) vs simulated."""
-    comps = list(dict.fromkeys(comparison["component"]))
-    policies = policy_order(comparison["policy"].unique())
-    fig, axes = plt.subplots(1, len(comps), figsize=(4.4 * len(comps), 4), squeeze=False)
-    w = 0.38
-    for ax, comp in zip(axes[0], comps):
-        d = comparison[comparison["component"] == comp].set_index(["policy", "source"])
-        x = np.arange(len(policies))
-        for off, source, hatch in ((-w / 2, "measured", None), (w / 2, "simulated", "//")):
-            vals = [d["seconds"].get((p, source), np.nan) for p in policies]
-            lo = [d["seconds_min"].get((p, source), np.nan) for p in policies]
-            hi = [d["seconds_max"].get((p, source), np.nan) for p in policies]
-            err = np.array([np.subtract(vals, lo), np.subtract(hi, vals)])
-            ax.bar(x + off, 1e3 * np.array(vals), w, yerr=1e3 * err, capsize=3,
-                   color=[POLICY_COLORS.get(p, (0.5, 0.5, 0.5)) for p in policies], hatch=hatch,
-                   alpha=1.0 if source == "measured" else 0.55, edgecolor="0.2", label=source)
-        ax.set_xticks(x, [POLICY_LABELS.get(p, p) for p in policies], rotation=15)
-        ax.set_ylabel("ms per training step (slowest rank)")
-        ax.set_title(comp)
-        ax.set_ylim(top=ax.get_ylim()[1] * 1.05)
+WAIT_COLOR = "0.25"
+
+
+def runtime_step_segments_plot(segments: pd.DataFrame, subtitle: str, waiting: str):
+    """One panel per policy: its whole training step split into segments, the measured seconds (bar in
+    the policy's colour; waiting for the other ranks dark, as its own segment) beside the simulator's
+    for the same segment (hatched). segments: experiments.runtime.segment_frame rows (policy, segment,
+    source, seconds[, repeat]); several launches: the median over launches, whiskers min-max."""
+    g = segments.groupby(["policy", "segment", "source"], sort=False)["seconds"].agg(["median", "min", "max"])
+    policies = policy_order(segments["policy"].unique())
+    names = list(dict.fromkeys(segments["segment"]))
+    fig, axes = plt.subplots(1, len(policies), figsize=(6.2 * len(policies), 0.5 * len(names) + 2.4), squeeze=False,
+                             sharex=True)
+    y = np.arange(len(names) + 1)[::-1]  # the whole step on top
+    h = 0.38
+    for ax, p in zip(axes[0], policies):
+        color = POLICY_COLORS.get(p, "0.5")
+        mine = segments[segments["policy"] == p]
+        totals = {src: mine[mine["source"] == src].groupby("segment")["seconds"].median().sum()
+                  for src in ("measured", "simulated")}
+        for src, off, hatch in (("measured", h / 2, None), ("simulated", -h / 2, "//")):
+            vals, lo, hi, colors = [totals[src]], [totals[src]], [totals[src]], [color]
+            for name in names:
+                key = (p, name, src)
+                v = g["median"].get(key, np.nan)
+                vals.append(v)
+                lo.append(g["min"].get(key, np.nan))
+                hi.append(g["max"].get(key, np.nan))
+                colors.append(WAIT_COLOR if name == waiting else color)
+            ms = 1e3 * np.array(vals)
+            err = 1e3 * np.array([np.subtract(vals, lo), np.subtract(hi, vals)])
+            ax.barh(y + off, ms, h, xerr=np.nan_to_num(err), color=colors, hatch=hatch, edgecolor="0.2",
+                    alpha=1.0 if src == "measured" else 0.5, capsize=2, error_kw={"lw": 0.8})
+            for yi, v in zip(y + off, ms):
+                ax.annotate("n/a" if np.isnan(v) else f"{v:.0f}", (0 if np.isnan(v) else v, yi), xytext=(3, 0),
+                            textcoords="offset points", va="center", fontsize=7)
+        ax.set_yticks(y, ["whole step"] + names)
+        ax.set_xlabel("ms per training step (mean over ranks, median over timed steps)")
+        ax.set_title(POLICY_LABELS.get(p, p))
     from matplotlib.patches import Patch
 
-    fig.legend([Patch(facecolor="0.4", edgecolor="0.2"), Patch(facecolor="0.75", edgecolor="0.2", hatch="//")],
-               ["measured (left bar of each policy)", "simulated (right bar, hatched)"], loc="lower center",
-               bbox_to_anchor=(0.5, -0.06), ncol=2, fontsize=8)
-    titled(fig, "Real runtime vs simulator, per component (whiskers: min-max over repeats and steps)", subtitle)
+    fig.legend([Patch(facecolor="0.6", edgecolor="0.2"), Patch(facecolor="0.8", edgecolor="0.2", hatch="//"),
+                Patch(facecolor=WAIT_COLOR, edgecolor="0.2")],
+               ["measured (upper bar)", "simulated (lower bar, hatched)",
+                f"{waiting}: measured at a barrier before each all-to-all and transfer; the simulator has no such "
+                "segment (it charges the slowest GPU's work instead)"],
+               loc="lower center", bbox_to_anchor=(0.5, -0.02), ncol=1, fontsize=8)
+    titled(fig, "Where a training step goes, measured beside simulated, per policy", subtitle)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    return fig
+
+
+def runtime_speedup_plot(results: pd.DataFrame, subtitle: str, recorded: pd.DataFrame | None = None):
+    """Speed-up over Megatron per launch (median step ratio, bar: paired bootstrap 95% interval) with the
+    simulator's ratio for the same plans (diamond). results: experiments.runtime.summary_frame rows with
+    `repeat` (this run's launches); recorded: the same columns with `nodes_x_ranks` and `launch` (the
+    shipped reference measurement), drawn after them."""
+    rows = []
+    for _, r in results[results["policy"] != "megatron"].iterrows():
+        rows.append((f"this run, launch {int(r['repeat']) + 1}\n{POLICY_LABELS.get(r['policy'], r['policy'])}", r))
+    if recorded is not None and "speedup_ci_low" in recorded:
+        for _, r in recorded[recorded["policy"] != "megatron"].iterrows():
+            rows.append((f"reference {r['nodes_x_ranks']}, launch {int(r['launch']) + 1}\n"
+                         f"{POLICY_LABELS.get(r['policy'], r['policy'])}", r))
+    fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(rows) + 1.6))
+    for i, (name, r) in enumerate(rows):
+        color = POLICY_COLORS.get(r["policy"], "0.5")
+        ax.errorbar(r["speedup_vs_megatron"], i, xerr=[[r["speedup_vs_megatron"] - r["speedup_ci_low"]],
+                                                       [r["speedup_ci_high"] - r["speedup_vs_megatron"]]],
+                    fmt="o", color=color, capsize=4, label="measured (95% CI)" if i == 0 else None)
+        ax.plot(r["sim_speedup_vs_megatron"], i, "D", color="0.2", mfc="none",
+                label="simulated" if i == 0 else None)
+    ax.axvline(1.0, color="0.5", lw=1, ls="--")
+    ax.set_yticks(range(len(rows)), [n for n, _ in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("Megatron's median step / the policy's (x)")
+    ax.legend(fontsize=8, loc="lower right")
+    titled(fig, "Speed-up over Megatron: measured with its 95% interval, and simulated", subtitle)
     fig.tight_layout()
     return fig
 
@@ -121,32 +172,3 @@ def runtime_rank_plot(measured: pd.DataFrame, subtitle: str, simulated: pd.DataF
     return fig
 
 
-# ---- 08: measured step time next to the simulator's ---------------------------------------------
-def runtime_step_plot(results: pd.DataFrame, subtitle: str):
-    """Per policy: measured median step seconds (bar, min-max whisker over timed steps and repeats) next to
-    the simulator's sim_step_s (hatched bar). results: train.results rows (one per policy and repeat).
-    Oversubscribed runs (more ranks than cores) are labelled in the title: never judge speed from them."""
-    g = results.groupby("policy").agg(median=("step_s_median", "median"), lo=("step_s_min", "min"),
-                                      hi=("step_s_max", "max"), sim=("sim_step_s", "median"))
-    order = policy_order(g.index)
-    g = g.loc[order]
-    x = np.arange(len(order))
-    fig, ax = plt.subplots(figsize=(1.6 * len(order) + 3, 3.8))
-    colors = [POLICY_COLORS.get(p, "0.5") for p in order]
-    ax.bar(x - 0.2, g["median"], 0.38, color=colors, label="measured (median; whisker: min-max)")
-    ax.errorbar(x - 0.2, g["median"], yerr=[g["median"] - g["lo"], g["hi"] - g["median"]], fmt="none",
-                ecolor="0.15", capsize=4, lw=1)
-    ax.bar(x + 0.2, g["sim"], 0.38, color=colors, alpha=0.45, hatch="//", edgecolor="0.3",
-           label="simulated (sim_step_s)")
-    for xi, (m, s) in enumerate(zip(g["median"], g["sim"])):
-        ax.annotate(f"{s / m:.2f}", (xi + 0.2, s), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(x, [POLICY_LABELS.get(p, p) for p in order])
-    ax.set_ylabel("seconds per training step (slowest rank)")
-    ax.legend(fontsize=8, loc="lower right")
-    over = bool(results.get("oversubscribed", pd.Series([False])).any())
-    title = "Measured step time vs the simulator's prediction (label: simulated / measured)"
-    if over:
-        title = "OVERSUBSCRIBED (ranks > cores): not a speed measurement. " + title
-    titled(fig, title, subtitle)
-    fig.tight_layout()
-    return fig

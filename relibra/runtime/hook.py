@@ -75,8 +75,10 @@ class ReLibraHook:
         """Check the plan, then move expert homes where its placement differs from the current one.
 
         Returns {"experts_moved", "migration_error": None or the rolled-back migration's message}."""
+        t0 = time.perf_counter()
         check_plan_for_runtime(plan, self.ep, self.ranks_per_node, self.replica_slots, self.slots.num_layers,
                                self.slots.num_experts)
+        self.timer.add("step", "plan_check", time.perf_counter() - t0)
         moved, error = 0, None
         if (plan.home != self.slots.home).any():
             t0 = time.perf_counter()
@@ -99,6 +101,7 @@ class ReLibraHook:
         replay: int [L, T, K] replayed expert ids of this rank's tokens (routing replay), or None to
         route by the routers' own scores; src: the rank whose tokens follow (default this rank; a
         single-rank reference runs every rank's tokens in turn)."""
+        t0 = time.perf_counter()
         plan = self.plan
         src = self.slots.rank if src is None else src
         rexp = replicas_in_use(plan, micro_batch, self.replica_slots)  # [L, ep, R]
@@ -110,6 +113,7 @@ class ReLibraHook:
                                             self.device)
         if self.replicas is not None:
             self.replicas.set_microbatch(rexp, self.slots.home)
+        self.timer.add("forward", "routes", time.perf_counter() - t0)
 
     def after_backward(self, micro_batch: int) -> None:
         """Add the replica gradients of the micro-batch into their home experts' gradients."""
