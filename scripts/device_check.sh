@@ -2,7 +2,8 @@
 # The prepared check for a GPU machine (one H200 and 16 CPU cores); under 8 minutes. Nothing in the kit
 # depends on it. Writes everything under $OUT/data/device/ (OUT defaults to the repository root, so the
 # files land in data/device/ ready to commit):
-#   (a) runtime_cuda_world1.json  the runtime on CUDA, world size 1, float64, with its equivalence check
+#   (a) runtime_cuda_world1.json  the runtime (megatron-core GPTModel with ReLibra's MoE spec) on CUDA with
+#                                 NCCL, world size 1, float64, with its equivalence check
 #   (b) expert_gemm.json          expert GEMMs (bf16, forward + backward) at the expert shapes of
 #                                 Qwen3-30B-A3B, GLM-4.5-Air and Qwen3-235B-A22B, 64..65536 tokens
 #       <gpu>_preset.json         the cluster preset fitted from (b) (relibra.cluster loads it)
@@ -29,7 +30,7 @@ PY
 say "(a) runtime on CUDA, world size 1, equivalence check"
 if [ $DRY = 1 ]; then A_SIZE=(--model tiny --tokens-per-rank 16 --micro-batches 1 --steps 1 --warmup-steps 0)
 else A_SIZE=(--model moe-cpu --tokens-per-rank 2048 --micro-batches 2 --steps 3 --warmup-steps 1); fi
-timeout 150 "$TORCHRUN" --standalone --nproc-per-node 1 -m relibra.runtime.train "${A_SIZE[@]}" \
+timeout 150 "$TORCHRUN" --standalone --nproc-per-node 1 -m relibra run --torchrun "${A_SIZE[@]}" \
     --policies megatron,relibra --check-equivalence --json > "$DEST/runtime_cuda_world1.json" 2>> "$LOG"
 echo "(a) exit $?" | tee -a "$LOG"
 
@@ -45,7 +46,7 @@ fi
 
 say "(c) CPU gloo runtime at EP8, 8 ranks x 1 thread (CUDA hidden)"
 if [ $DRY = 1 ]; then C_RANKS=2; C_SIZE=(--model tiny --tokens-per-rank 16 --micro-batches 1 --steps 1 --warmup-steps 0)
-else C_RANKS=8; C_SIZE=(--model moe-cpu --tokens-per-rank 1024 --micro-batches 2 --steps 5 --warmup-steps 2); fi
+else C_RANKS=8; C_SIZE=(--model moe-cpu --tokens-per-rank 1024 --micro-batches 2 --steps 20 --warmup-steps 2); fi
 CUDA_VISIBLE_DEVICES="" timeout 120 $PY -m relibra calibrate --model moe-cpu --world $C_RANKS \
     $([ $DRY = 1 ] && echo --quick --repeats 2) --out "$DEST/cpu16_gloo_fit.json" >> "$LOG" 2>&1
 echo "calibrate exit $?" | tee -a "$LOG"

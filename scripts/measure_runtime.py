@@ -24,9 +24,10 @@ import sys
 import time
 
 COMMANDS = [
-    ["run", "--nproc", "2", "--nodes", "1", "--model", "moe-cpu", "--policies", "megatron,relibra,balanced,eplb+",
+    ["run", "--nproc", "2", "--nodes", "1", "--model", "moe-cpu", "--policies", "megatron,relibra", "--steps", "20",
      "--json"],
-    ["run", "--nproc", "2", "--nodes", "2", "--model", "moe-cpu", "--policies", "megatron,relibra", "--json"],
+    ["run", "--nproc", "2", "--nodes", "2", "--model", "moe-cpu", "--policies", "megatron,relibra", "--steps", "20",
+     "--json"],
 ]
 CALIBRATE = ["calibrate", "--model", "moe-cpu", "--world", "2", "--out", "data/cpu_gloo_fit.json"]
 
@@ -47,7 +48,7 @@ def relibra(args: list[str]) -> tuple[dict | None, float, str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, prog="scripts/measure_runtime.py")
     p.add_argument("--calibrate", action="store_true", help="refit data/cpu_gloo_fit.json first")
-    p.add_argument("--repeats", type=int, default=2, help="launches of each run command (default 2)")
+    p.add_argument("--repeats", type=int, default=3, help="launches of each run command (default 3)")
     p.add_argument("--out", default="data/runtime_measured.json")
     args = p.parse_args(argv)
     if args.repeats <= 0:
@@ -61,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                           "processor": platform.processor() or platform.machine(), "platform": platform.platform(),
                           "node": platform.node(), "torch": torch.__version__, "python": platform.python_version()},
               "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "runs": []}
-    todo = ([CALIBRATE] if args.calibrate else []) + [c for c in COMMANDS for _ in range(args.repeats)]
+    # the layouts alternate launch by launch, so a change in the machine's load reaches both
+    todo = ([CALIBRATE] if args.calibrate else []) + [c for _ in range(args.repeats) for c in COMMANDS]
     for cmd in tqdm(todo, desc="measured runtime", unit="command"):
         load_before = os.getloadavg()[0]
         out, seconds, _ = relibra(cmd)
@@ -70,13 +72,20 @@ def main(argv: list[str] | None = None) -> int:
         if cmd is not CALIBRATE:
             entry["results"] = out["results"]
         record["runs"].append(entry)
-    with open(args.out, "w") as f:
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
         json.dump(record, f, indent=1, default=float)
+    os.replace(tmp, args.out)
     for run in record["runs"]:
         for r in run.get("results", []):
-            print(f"{run['command'][:60]:60s} {r['policy']:9s} median {r['step_s_median']:.3f} s "
-                  f"[{r['step_s_min']:.3f}, {r['step_s_max']:.3f}]  sim {r['sim_step_s']:.3f} s"
-                  + ("  OVERSUBSCRIBED" if r["oversubscribed"] else ""))
+            cpu = "/".join(f"{c:.3f}" for c in r["cpu_s_per_rank"])
+            line = (f"{r['nodes']}x{r['ranks_per_node']} {r['policy']:9s} median {r['step_s_median']:.3f} s "
+                    f"[{r['step_s_min']:.3f}, {r['step_s_max']:.3f}] sim {r['sim_step_s']:.3f} s cpu/rank {cpu} s "
+                    f"load {run['load_average_1min'][0]:.1f}-{run['load_average_1min'][1]:.1f}")
+            if r["policy"] != "megatron" and r.get("speedup_ci_low") is not None:
+                line += (f" | x{r['speedup_vs_megatron']:.3f} [{r['speedup_ci_low']:.3f}, {r['speedup_ci_high']:.3f}] "
+                         f"sim x{r['sim_speedup_vs_megatron']:.3f}")
+            print(line + ("  OVERSUBSCRIBED" if r["oversubscribed"] else ""))
     print(f"wrote {args.out}")
     return 0
 

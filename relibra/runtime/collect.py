@@ -11,18 +11,21 @@ import torch.distributed as dist
 
 
 def _gather_bytes(payload: bytes) -> list[bytes] | None:
-    """Every rank's `payload` on rank 0 (None elsewhere), as uint8 tensors: no pickle on the wire."""
-    size = torch.tensor([len(payload)], dtype=torch.int64)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    """Every rank's `payload` on rank 0 (None elsewhere), as uint8 tensors: no pickle on the wire.
+    Tensors live where the backend wants them (NCCL: the current GPU)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
     dist.all_gather(sizes, size)
     longest = max(int(s.item()) for s in sizes)
     buf = torch.zeros(longest, dtype=torch.uint8)
     buf[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else buf[:0]
-    parts = [torch.zeros(longest, dtype=torch.uint8) for _ in sizes] if dist.get_rank() == 0 else None
-    dist.gather(buf, parts, dst=0)
+    buf = buf.to(device)
+    parts = [torch.zeros(longest, dtype=torch.uint8, device=device) for _ in sizes]
+    dist.all_gather(parts, buf)  # NCCL has no gather; every rank receives, rank 0 keeps them
     if dist.get_rank() != 0:
         return None
-    return [bytes(p[: int(s.item())].numpy()) for p, s in zip(parts, sizes)]
+    return [bytes(p[: int(s.item())].cpu().numpy()) for p, s in zip(parts, sizes)]
 
 
 def gather_arrays(local: dict) -> dict:

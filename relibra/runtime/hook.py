@@ -65,7 +65,6 @@ class ReLibraHook:
                                        self.timer) if self.replica_slots else None)
         self.plan: StepPlan | None = None
         self.failure: InjectedFailure | None = None  # tests of the rollback path set it
-        self.device = first.router.weight.device
 
     @property
     def home(self) -> np.ndarray:
@@ -110,7 +109,7 @@ class ReLibraHook:
         for layer, router in enumerate(self.slots.routers):
             routes = replica_routes(plan, micro_batch, layer, src, self.replica_slots) if plan.replica_slots else []
             router.route = make_layer_route(slots[layer], hs[layer], routes, None if replay is None else replay[layer],
-                                            self.device)
+                                            router.weight.device)
         if self.replicas is not None:
             self.replicas.set_microbatch(rexp, self.slots.home)
         self.timer.add("forward", "routes", time.perf_counter() - t0)
