@@ -1,7 +1,10 @@
-"""The real distributed runtime: ReLibra's plans driving expert-parallel MoE training on
-megatron-core and torch.distributed (gloo on CPU, NCCL on GPUs). See docs/runtime.md.
+"""The real distributed runtime: StepPlans driving expert-parallel MoE training of megatron-core's
+GPTModel on torch.distributed (gloo on CPU, NCCL on GPUs). It only consumes plans; planning,
+prediction and reports are relibra.experiments.runtime's. See docs/runtime.md and docs/integration.md.
 
-Modules: compat (CPU patches for megatron-core), config, groups, placement (logical -> physical
-slots), router, replicas, migration, model, engine, data, plans (hand-built plans), timing, train
-(entry point), launch (local launcher), verify (numerical checks), options, calibrate, gpu_check.
+Modules: spec (ReLibra's MoE submodule spec), hook (the step hook: begin_step, before_microbatch,
+after_backward), slots (physical expert slots), router, placement (every read of a plan), replicas,
+migration, model (the GPTModel), engine (one rank's step), train (interleaved policies), results,
+timing, config, groups, collect, data, plans (hand-built plans), launch (local launcher), verify
+(numerical checks), compat (the CPU patches), quiet, calibrate, device_check.
 """
