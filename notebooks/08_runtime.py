@@ -52,16 +52,9 @@ cfg = run.config
 print(cfg.scale_note())
 
 # %%
-result = ex.runtime_comparison(cfg)
-if len(result["metrics"]):
-    run.save_csv(result["metrics"], "measured", "measured per-rank metrics of the runtime (metrics schema; "
-                 "<component>_wait: waiting at the barrier before it; step_cpu: process CPU seconds)")
-run.save_csv(result["segments"], "step_segments", "per launch and policy: the whole step in segments, measured "
-             "(mean over ranks, median over timed steps) and simulated")
-run.save_csv(result["results"], "step_results", "per launch and policy: measured step seconds (median, min, max), "
-             "the simulator's sim_step_s, the speed-up over megatron with its paired bootstrap 95% interval")
-result["results"][["repeat", "policy", "step_s_median", "sim_step_s", "speedup_vs_megatron", "speedup_ci_low",
-                   "speedup_ci_high", "sim_speedup_vs_megatron"]].round(3)
+result = run.compute()
+result.step_results[["repeat", "policy", "step_s_median", "sim_step_s", "speedup_vs_megatron", "speedup_ci_low",
+                     "speedup_ci_high", "sim_speedup_vs_megatron"]].round(3)
 
 # %% [markdown]
 # ## One training step, segment by segment
@@ -72,30 +65,26 @@ result["results"][["repeat", "policy", "step_s_median", "sim_step_s", "speedup_v
 # wait for.
 
 # %%
-fig = plots.runtime_step_segments_plot(result["segments"], result["label"], WAITING)
+fig = plots.runtime_step_segments_plot(result.step_segments, result.label, WAITING)
 run.save_figure(fig, "runtime_step_segments", "Whole training step per policy in segments (waiting for the other "
-                "ranks its own segment), measured beside simulated", source="measured", hardware=result["hardware"])
-nr.show(nr.runtime_segments_story(result["segments"], WAITING))
+                "ranks its own segment), measured beside simulated", source="measured", hardware=result.hardware)
+nr.show(nr.runtime_segments_story(result.step_segments, WAITING))
 
 # %% [markdown]
 # Process CPU time per rank beside its wall time (median over timed steps): a rank whose CPU time is
 # well below its wall time spent the difference waiting or descheduled.
 
 # %%
-import pandas as pd
-
-pd.DataFrame([{"launch": i + 1, "policy": s.policy, "rank": g, "cpu_s": c, "wall_s": w, "waiting_s": t}
-              for s, i in zip(result["summaries"], result["results"]["repeat"])
-              for g, (c, w, t) in enumerate(zip(s.cpu_s_per_rank, s.wall_s_per_rank, s.wait_s_per_rank))]).round(3)
+result.rank_times.round(3)
 
 # %% [markdown]
 # ## The speed-up and its interval, measured against simulated
 
 # %%
-nr.show(nr.runtime_agreement(result["results"]))
+nr.show(nr.runtime_agreement(result.step_results))
 
 # %% [markdown]
-# ## The reference measurement, on an idle machine
+# ## The reference measurement
 #
 # The run above shares the machine with whatever else runs during a reproduction. The kit also ships
 # one measurement, `data/runtime_measured.json`, written by `scripts/measure_runtime.py --calibrate
@@ -104,27 +93,26 @@ nr.show(nr.runtime_agreement(result["results"]))
 # in-node replication) and 2 nodes x 1 rank (reordering only). The file records the machine's load.
 
 # %%
-recorded, where = ex.recorded_runtime()
-run.save_csv(recorded.assign(date=where["date"], cpus=where["machine"]["cpus"]), "recorded_step_results",
-             "the reference measurement (data/runtime_measured.json): per command, launch and policy")
-print(f"recorded {where['date']} on {where['machine']['cpus']} cores ({where['machine']['processor']}), "
-      f"1-min load {recorded['load_before'].min():.1f}-{recorded['load_after'].max():.1f}")
-for layout, rows in recorded.groupby("nodes_x_ranks", sort=False):
-    print(f"\n{layout} (nodes x ranks per node): {rows['command'].iloc[0]}")
-    nr.show(nr.runtime_agreement(rows))
+recorded = result.recorded_step_results
+if len(recorded):
+    print(f"recorded {recorded['date'].iloc[0]} on {recorded['cpus'].iloc[0]} cores, 1-min load "
+          f"{recorded['load_before'].min():.1f}-{recorded['load_after'].max():.1f}")
+    for layout, rows in recorded.groupby("nodes_x_ranks", sort=False):
+        print(f"\n{layout} (nodes x ranks per node): {rows['command'].iloc[0]}")
+        nr.show(nr.runtime_agreement(rows))
 
 # %%
-fig = plots.runtime_speedup_plot(result["results"], result["label"], recorded)
+fig = plots.runtime_speedup_plot(result.step_results, result.label, recorded)
 run.save_figure(fig, "runtime_speedup", "Speed-up over Megatron per launch with its paired bootstrap 95% interval, "
-                "and the simulated speed-up", source="measured", hardware=result["hardware"])
+                "and the simulated speed-up", source="measured", hardware=result.hardware)
 
 # %% [markdown]
 # Per rank: the measured expert-compute time of each rank (what the other ranks wait for).
 
 # %%
-if len(result["metrics"]):
-    fig = plots.runtime_rank_plot(result["metrics"], result["label"])
+if len(result.measured):
+    fig = plots.runtime_rank_plot(result.measured, result.label)
     run.save_figure(fig, "runtime_per_rank", "Measured expert-compute seconds per rank and policy", source="measured",
-                    hardware=result["hardware"])
+                    hardware=result.hardware)
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

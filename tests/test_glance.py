@@ -41,8 +41,9 @@ def _write(out: Path, notebook: str, result, config: dict | None = None,
 
 def _runtime(step_results: pd.DataFrame | None = None, recorded: pd.DataFrame | None = None) -> RuntimeResult:
     empty = pd.DataFrame()
-    return RuntimeResult(measured=empty, runtime_vs_sim=empty, step_results=step_results if step_results is not None
-                         else empty, recorded_step_results=recorded if recorded is not None else empty,
+    return RuntimeResult(measured=empty, step_results=step_results if step_results is not None else empty,
+                         step_segments=empty, rank_times=empty,
+                         recorded_step_results=recorded if recorded is not None else empty,
                          label="fixture", hardware="fixture cpu")
 
 
@@ -66,9 +67,11 @@ def _fixture_results(out: Path) -> None:
            config={})
     _write(out, "08_runtime", _runtime(pd.DataFrame(
         [{"policy": p, "repeat": r, "step_s_median": v, "sim_step_s": s, "model": "moe-cpu", "hardware": "fixture cpu",
-          "ranks": 2, "nodes": 1, "oversubscribed": False}
-         for p, r, v, s in (("megatron", 0, 2.0, 1.6), ("megatron", 1, 2.2, 1.6), ("relibra", 0, 1.25, 1.0),
-                            ("relibra", 1, 1.35, 1.0))])))
+          "ranks": 2, "nodes": 1, "oversubscribed": False, "speedup_vs_megatron": x, "speedup_ci_low": lo,
+          "speedup_ci_high": hi}
+         for p, r, v, s, x, lo, hi in (("megatron", 0, 2.0, 1.6, 1.0, 1.0, 1.0), ("megatron", 1, 2.2, 1.6, 1.0, 1.0, 1.0),
+                                       ("relibra", 0, 1.25, 1.0, 1.6, 1.5, 1.7),
+                                       ("relibra", 1, 1.35, 1.0, 1.63, 1.55, 1.72))])))
     _write(out, "10_sensitivity", SensitivityResult(sensitivity=pd.DataFrame(), tornado=pd.DataFrame(
         [{"ratio": "relibra_over_megatron", "knob": k, "default": 1.3, "low": lo, "high": hi, "low_value": lv,
           "high_value": hv, "swing": hi - lo}
@@ -100,10 +103,11 @@ def test_glance_values_flow_from_the_tables(tmp_path):
     assert text["ReLibra migration and replica memory, m1, EP 32"] == (
         "migration 1.23% of step time; replica buffer 4.56% of parameter memory per GPU (whole model); "
         "78% of replica transfers hidden behind attention")
-    # 08: medians over repeats, 2.1 / 1.3 measured, 1.6 / 1.0 simulated
+    # 08: medians over repeats, 2.1 / 1.3 measured, 1.6 / 1.0 simulated; each launch's speed-up with its interval
     rt = text["runtime step time on the CPU, this run (median over launches)"]
     assert rt == ("Megatron 2.1 s measured, 1.6 s simulated; ReLibra 1.3 s measured, 1 s simulated; "
-                  "ReLibra / Megatron 1.62x measured, 1.60x simulated")
+                  "ReLibra / Megatron 1.60x [1.50, 1.70], 1.63x [1.55, 1.72] measured (95% interval per launch), "
+                  "1.60x simulated")
     how_rt = how["runtime step time on the CPU, this run (median over launches)"]
     assert "fixture cpu" in how_rt and how_rt.endswith("profile unknown (no manifest.json)")
     # 10: the two knobs of largest swing, in order
@@ -163,7 +167,7 @@ def test_recorded_runtime_and_scale_rows(tmp_path):
           "frac_of_balanced_compute": f, "best_other": "llep", "best_other_speedup": 1.1, "over_best_other": o}
          for ep, sp, f, o in ((16, 1.2, 0.99, 0.98), (256, 1.27, 0.998, 1.08))])))
     text = dict(zip(*[glance_rows(tmp_path)[c] for c in ("what", "figure")]))
-    rt = text["runtime step time on an idle CPU, the shipped reference (median over launches), 1 x 2 (nodes x ranks)"]
+    rt = text["runtime step time on the CPU, the shipped reference (median over launches), 1 x 2 (nodes x ranks)"]
     assert rt == ("Megatron 0.9 s measured, 0.8 s simulated; ReLibra 0.75 s measured, 0.6 s simulated; "
                   "ReLibra / Megatron 1.20x measured, 1.33x simulated")
     sc = text["relibra-h (cross-node replicas) at the largest EP, against the best other policy"]

@@ -19,6 +19,7 @@ import pandas as pd
 from relibra.experiments import narrative as nr
 from relibra.experiments.config import Config
 from relibra.experiments.results import Result, live, table, value
+from relibra.experiments.runtime import WAITING
 from relibra.labels import short
 
 
@@ -161,15 +162,19 @@ class OverheadResult(Result):
 
 @dataclass(kw_only=True)
 class RuntimeResult(Result):
-    measured: pd.DataFrame = table("measured per-rank metrics of the runtime (metrics schema)")
-    runtime_vs_sim: pd.DataFrame = table("measured vs simulated seconds per policy and component")
-    step_results: pd.DataFrame = table("per policy and repeat: measured step seconds (median, min, max) and the "
-                                       "simulator's sim_step_s")
-    recorded_step_results: pd.DataFrame = table("the idle-machine reference measurement (data/runtime_measured."
-                                                "json): per command, launch and policy")
+    measured: pd.DataFrame = table("measured per-rank metrics of the runtime (metrics schema; <component>_wait: "
+                                   "waiting at the barrier before it; step_cpu: process CPU seconds)")
+    step_results: pd.DataFrame = table("per launch and policy: measured step seconds (median, min, max), the "
+                                       "simulator's sim_step_s, the speed-up over megatron with its paired bootstrap "
+                                       "95% interval")
+    step_segments: pd.DataFrame = table("per launch and policy: the whole step in segments, measured (mean over "
+                                        "ranks, median over timed steps) and simulated")
+    rank_times: pd.DataFrame = table("per launch, policy and rank: median process CPU, wall and waiting seconds "
+                                     "per step")
+    recorded_step_results: pd.DataFrame = table("the reference measurement (data/runtime_measured.json): per "
+                                                "command, launch and policy")
     label: str = value("")
     hardware: str = value("")
-    simulated: pd.DataFrame = live()
 
 
 @dataclass(kw_only=True)
@@ -266,9 +271,10 @@ def _runtime(cfg: Config) -> RuntimeResult:
 
     r = runtime_comparison(cfg)
     recorded, where = recorded_runtime()
-    return RuntimeResult(measured=r["measured"], runtime_vs_sim=r["comparison"], step_results=r["results"],
+    return RuntimeResult(measured=r["metrics"], step_results=r["results"], step_segments=r["segments"],
+                         rank_times=r["rank_times"],
                          recorded_step_results=recorded.assign(date=where["date"], cpus=where["machine"]["cpus"]),
-                         label=r["label"], hardware=r["hardware"], simulated=r.get("simulated"))
+                         label=r["label"], hardware=r["hardware"])
 
 
 def _rl(cfg: Config) -> RLResult:
@@ -360,28 +366,46 @@ def _overhead_rows(r: OverheadResult, man: dict) -> list[dict]:
     return rows
 
 
+def _speedups(d: pd.DataFrame, g: pd.DataFrame) -> str:
+    """"; <policy> / Megatron ..." per policy: each launch's ratio of median steps with its paired bootstrap
+    95% interval where the table has one (policies interleaved in one launch), else the ratio of the
+    medians over launches; and the simulated ratio."""
+    ref, out = g.loc["megatron"], ""
+    for p, x in g.iterrows():
+        if p == "megatron":
+            continue
+        rows = d[d["policy"] == p]
+        if "speedup_ci_low" in d and rows["speedup_ci_low"].notna().all():
+            measured = ", ".join(f"{y.speedup_vs_megatron:.2f}x [{y.speedup_ci_low:.2f}, {y.speedup_ci_high:.2f}]"
+                                 for y in rows.itertuples())
+            measured += " measured (95% interval" + (" per launch)" if len(rows) > 1 else ")")
+        else:
+            measured = f"{ref.measured / x.measured:.2f}x measured"
+        out += f"; {short(p)} / Megatron {measured}, {ref.sim / x.sim:.2f}x simulated"
+    return out
+
+
 def _runtime_rows(r: RuntimeResult, man: dict) -> list[dict]:
-    """This run's measured step times and the shipped idle-machine reference, each next to the simulator's."""
+    """This run's measured step times and the shipped reference, each next to the simulator's, with the
+    measured speed-up's interval."""
     rows = []
     rec = r.recorded_step_results
-    recorded_how = ("" if rec.empty else f"**measured** on an idle {_unique(rec, 'cpus')}-core machine, "
+    recorded_how = ("" if rec.empty else f"**measured** on a shared {_unique(rec, 'cpus')}-core machine, "
                     f"{_unique(rec, 'date')}, 1-min load {rec['load_before'].min():.1f}-{rec['load_after'].max():.1f}, "
-                    f"medians over {rec['launch'].nunique()} launch(es) x {_unique(rec, 'steps')} timed steps; simulated "
-                    "on the CPU preset fitted just before (data/runtime_measured.json, `scripts/measure_runtime.py "
-                    "--calibrate`)")
+                    f"{rec['launch'].nunique()} launch(es) x {_unique(rec, 'steps')} timed steps per policy, policies "
+                    "alternating step by step; simulated on the CPU preset fitted just before "
+                    "(data/runtime_measured.json, `scripts/measure_runtime.py --calibrate`)")
     for what, t, how in (
             ("runtime step time on the CPU, this run (median over launches)", r.step_results,
              f"**measured** on {r.hardware}; simulated on the fitted CPU preset; {man['scale_note']}"),
-            ("runtime step time on an idle CPU, the shipped reference (median over launches)", rec, recorded_how)):
+            ("runtime step time on the CPU, the shipped reference (median over launches)", rec, recorded_how)):
         if t.empty or "step_s_median" not in t:
             continue
         for layout, d in (t.groupby("nodes_x_ranks", sort=False) if "nodes_x_ranks" in t else [("", t)]):
             g = d.groupby("policy", sort=False).agg(measured=("step_s_median", "median"), sim=("sim_step_s", "median"))
             fig = "; ".join(f"{short(p)} {x.measured:.3g} s measured, {x.sim:.3g} s simulated" for p, x in g.iterrows())
             if "megatron" in g.index:
-                ref = g.loc["megatron"]
-                fig += "".join(f"; {short(p)} / Megatron {ref.measured / x.measured:.2f}x measured, "
-                               f"{ref.sim / x.sim:.2f}x simulated" for p, x in g.iterrows() if p != "megatron")
+                fig += _speedups(d, g)
             over = " (OVERSUBSCRIBED: ranks > cores)" if "oversubscribed" in d and d["oversubscribed"].any() else ""
             rows.append(_row(what + (f", {layout} (nodes x ranks)" if layout else ""), fig + over, how))
     return rows
@@ -467,7 +491,8 @@ SPECS = (
                  lambda r: nr.overheads_story(r.overheads), glance=_overhead_rows, single_model=True),
     NotebookSpec("08_runtime", "Does the real runtime agree with the simulator?", RuntimeParams,
                  ("megatron", "relibra"), _runtime, RuntimeResult,
-                 lambda r: nr.runtime_story(r.runtime_vs_sim), glance=_runtime_rows),
+                 lambda r: nr.runtime_segments_story(r.step_segments, WAITING) + "\n\n"
+                 + nr.runtime_agreement(r.step_results), glance=_runtime_rows),
     NotebookSpec("09_rl_workload", "Does a real RL run route like the synthetic traces, and how do the policies "
                  "balance it?", RLParams, ("megatron", "eplb", "eplb+", "relibra", "balanced"), _rl, RLResult,
                  lambda r: nr.rl_story(r.rewards, r.balancing)),

@@ -534,7 +534,8 @@ def recorded_runtime(path=None) -> tuple[pd.DataFrame, dict]:
 def runtime_comparison(cfg: Config) -> dict:
     """Notebook 08: measured launches next to the simulator. Returns {"summaries", "results" (one row per
     launch and policy: summary_frame plus `repeat`), "segments" (segment_frame per launch, with
-    `repeat`), "metrics", "hardware", "label"}."""
+    `repeat`), "rank_times" (per launch, policy and rank: cpu_s, wall_s, wait_s), "metrics", "hardware",
+    "label"}."""
     measured = measured_runtime(cfg)
     summaries, launches = measured["summaries"], measured["launches"]
     results = summary_frame(summaries).assign(repeat=launches)
@@ -547,5 +548,9 @@ def runtime_comparison(cfg: Config) -> dict:
              f"{topo.gpus_per_node}) | model {first.model}, EP {first.ranks}, {request.data.micro_batches} "
              f"micro-batches x {first.steps} timed steps per policy, policies alternating step by step, "
              f"{len(set(launches))} launch(es), seed {cfg.seed}")
-    return {"summaries": summaries, "results": results, "segments": segments, "metrics": measured["metrics"],
-            "hardware": measured["hardware"], "label": label}
+    rank_times = pd.DataFrame([{"repeat": i, "policy": s.policy, "rank": g, "cpu_s": c, "wall_s": w, "wait_s": t}
+                               for s, i in zip(summaries, launches)
+                               for g, (c, w, t) in enumerate(zip(s.cpu_s_per_rank, s.wall_s_per_rank,
+                                                                 s.wait_s_per_rank))])
+    return {"summaries": summaries, "results": results, "segments": segments, "rank_times": rank_times,
+            "metrics": measured["metrics"], "hardware": measured["hardware"], "label": label}
