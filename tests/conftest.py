@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from relibra.cluster import ModelShape, get_topology
+from relibra.cluster import ModelShape, get_model, get_topology
 from relibra.plan import StepPlan
 from relibra.policies import get_policy
 from relibra.trace import RoutingTrace
@@ -36,3 +36,29 @@ def make_trace(seed: int, ep: int, experts: int, layers: int = 2, micro_batches:
 def plan_of(name: str, trace: RoutingTrace, step: int, gpus_per_node: int, prev_home=None) -> StepPlan:
     """Policy `name` at FAST settings plans `step` of `trace` on nodes of `gpus_per_node` GPUs."""
     return get_policy(name, **FAST.get(name, {})).plan(trace, step, nodes_of(gpus_per_node), prev_home)
+
+
+def random_skewed_trace(model: str | ModelShape, ep: int, steps: int = 1, micro_batches: int = 4,
+                        tokens_per_rank: int = 256, seed: int = 0, skew: float = 1.0,
+                        shift: float = 0.6) -> RoutingTrace:
+    """A RoutingTrace with skewed, shifting expert popularity (not a model of any real workload).
+
+    Per (step, layer) a Zipf-like popularity over a random expert order (exponent `skew`); each
+    micro-batch multiplies it by log-normal noise of scale `shift`, so hot experts move between
+    micro-batches; each src rank draws tokens_per_rank * top_k expert slots from it.
+    """
+    shape = get_model(model) if isinstance(model, str) else model
+    rng = np.random.default_rng(seed)
+    e, l, k = shape.num_experts, shape.num_layers, shape.top_k
+    ranks = rng.permuted(np.broadcast_to(np.arange(1, e + 1, dtype=np.float64), (steps, l, e)), axis=2)
+    base = ranks ** (-skew)  # [S, L, E]
+    noise = rng.lognormal(0.0, shift, size=(steps, micro_batches, l, e))
+    pop = base[:, None] * noise
+    # a per-src tilt so that sources differ (locality for the communication term)
+    tilt = rng.lognormal(0.0, 0.3, size=(steps, micro_batches, l, ep, e))
+    p = pop[:, :, :, None, :] * tilt
+    p /= p.sum(axis=-1, keepdims=True)
+    loads = rng.multinomial(tokens_per_rank * k, p).astype(np.int32)
+    return RoutingTrace(loads=loads, model=shape, ep=ep, tokens_per_microbatch=tokens_per_rank * ep,
+                        provenance={"generator": "tests.conftest.random_skewed_trace", "seed": seed,
+                                    "skew": skew, "shift": shift})

@@ -215,21 +215,21 @@ def test_check_output_path_kinds(tmp_path):
 # ---- in-memory traces, expert ids, plans ----------------------------------------------------------
 def _plan(**changes) -> StepPlan:
     """One micro-batch, one layer, EP 2, 4 experts, one replica slot: expert 0 (home GPU 0) replicated
-    on GPU 1, which takes 2 of src 1's 3 tokens of expert 0."""
+    on GPU 1, which takes 2 of src 1's 3 tokens of expert 0 (its tokens 3 and 4 in source order)."""
     loads = np.array([[[[3, 1, 0, 2], [3, 2, 1, 0]]]], dtype=np.int32)  # [M, L, src, E]
-    rexp, rflow = empty_replicas(1, 1, 2, 1)
+    rexp, rstart, rtok = empty_replicas(1, 1, 2, 1)
     rexp[0, 0, 1, 0] = 0
-    rflow[0, 0, 1, 1, 0] = 2
+    rstart[0, 0, 1, 0], rtok[0, 0, 1, 0] = 3, 2
     fields = dict(policy="test", loads=loads, home=static_placement(1, 4, 2), replica_expert=rexp,
-                  replica_flow=rflow, gpus_per_node=2, slots_per_gpu=3, replica_scope="any")
+                  replica_start=rstart, replica_tokens=rtok, gpus_per_node=2, slots_per_gpu=3, replica_scope="any")
     fields.update(changes)
     return StepPlan(**fields)
 
 
-def _fractional_flow():
-    flow = _plan().replica_flow.astype(np.float64)
-    flow[0, 0, 1, 1, 0] = 1.5
-    return flow
+def _fractional_tokens():
+    tokens = _plan().replica_tokens.astype(np.float64)
+    tokens[0, 0, 1, 0] = 1.5
+    return tokens
 
 
 def _nan_loads():
@@ -256,8 +256,8 @@ API_CASES = [
     ("trace: float token_experts", TraceError,
      lambda: RoutingTrace(_trace().loads, MODEL, 2, 8, {}, _trace().token_experts.astype(np.float64),
                           _trace().token_src_rank), ["'token_experts'", "float64"]),
-    ("plan: fractional flow", PlanError, lambda: _plan(replica_flow=_fractional_flow()).validate(),
-     ["replica_flow", "[micro_batch, layer, src, gpu, slot]=(0, 0, 1, 1, 0)", "1.5"]),
+    ("plan: fractional replica tokens", PlanError, lambda: _plan(replica_tokens=_fractional_tokens()).validate(),
+     ["replica_tokens", "[micro_batch, layer, gpu, slot]=(0, 0, 1, 0)", "1.5"]),
     ("plan: float home", PlanError, lambda: _plan(home=static_placement(1, 4, 2).astype(np.float64)).validate(),
      ["home", "float64"]),
     ("plan: NaN loads", PlanError, lambda: _plan(loads=_nan_loads()).validate(),

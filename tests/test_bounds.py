@@ -12,7 +12,7 @@ from relibra.bounds import (fixed_home_bound, free_placement_bound, gap_to_bound
                             shedding_bound)
 from relibra.policies import POLICY_NAMES, get_policy
 from relibra.trace import static_placement
-from conftest import FAST, make_trace, nodes_of  # tests/ is on sys.path under pytest
+from conftest import FAST, make_trace, nodes_of, random_skewed_trace  # tests/ is on sys.path under pytest
 
 
 
@@ -88,7 +88,6 @@ def test_balanced_sits_on_the_ideal_bound():
 
 
 def test_relibra_replication_close_to_its_bound():
-    from relibra.policies.benchmark import random_skewed_trace
 
     trace = random_skewed_trace("small", ep=8, micro_batches=4, tokens_per_rank=512, seed=2)
     plan = get_policy("relibra-replicate", min_replica_tokens=1).plan(trace, 0, nodes_of(4))

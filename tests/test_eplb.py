@@ -233,7 +233,7 @@ def test_plan_maps_slots_to_homes_and_replicas():
     for layer in range(2):
         for expert in np.nonzero(copies[layer] > 1)[0]:
             x = trace.loads[1, :, layer, :, expert].sum(axis=1)  # [M]
-            per_copy = plan.replica_flow[:, layer].sum(axis=1)[plan.replica_expert[:, layer] == expert]
+            per_copy = plan.replica_tokens[:, layer][plan.replica_expert[:, layer] == expert]
             per_copy = per_copy.reshape(4, -1)
             assert per_copy.shape[1] == copies[layer, expert] - 1
             assert (np.abs(per_copy - x[:, None] / copies[layer, expert]) <= 1).all()

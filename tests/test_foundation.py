@@ -85,9 +85,9 @@ def test_rank_load_and_skewness():
 
 def _plan(t, **kw):
     loads = t.loads[0]
-    re, rf = empty_replicas(loads.shape[0], loads.shape[1], t.ep, 1)
-    args = dict(policy="test", loads=loads, home=static_placement(4, 16, 4), replica_expert=re, replica_flow=rf,
-                gpus_per_node=2, slots_per_gpu=5, replica_scope="node")
+    re, rs, rt = empty_replicas(loads.shape[0], loads.shape[1], t.ep, 1)
+    args = dict(policy="test", loads=loads, home=static_placement(4, 16, 4), replica_expert=re, replica_start=rs,
+                replica_tokens=rt, gpus_per_node=2, slots_per_gpu=5, replica_scope="node")
     args.update(kw)
     return StepPlan(**args)
 
@@ -97,16 +97,26 @@ def test_plan_validator():
     p = _plan(t)
     p.validate(t.loads[0])
     assert (p.gpu_tokens() == t.rank_load()[0]).all()
-    # a replica inside the node takes some tokens: conservation holds
+    # a replica inside the node takes all of one source's tokens of expert 0: conservation holds
     src = int(np.argmax(t.loads[0, 0, 0, :, 0]))
     p.replica_expert[0, 0, 1, 0] = 0
-    p.replica_flow[0, 0, src, 1, 0] = t.loads[0, 0, 0, src, 0]
+    p.replica_start[0, 0, 1, 0] = t.loads[0, 0, 0, :src, 0].sum()
+    p.replica_tokens[0, 0, 1, 0] = t.loads[0, 0, 0, src, 0]
     p.validate(t.loads[0])
     assert p.gpu_tokens().sum() == t.rank_load()[0].sum()
-    # too many tokens to the replica
-    p.replica_flow[0, 0, src, 1, 0] += 1
+    flow = p.dense_replica_flow()
+    assert flow.sum() == flow[0, 0, src, 1, 0] == t.loads[0, 0, 0, src, 0]
+    # more tokens than the expert was routed
+    p.replica_start[0, 0, 1, 0] = t.loads[0, 0, 0, :, 0].sum() - t.loads[0, 0, 0, src, 0] + 1
     with pytest.raises(PlanError, match="not conserved"):
         p.validate()
+    # two replicas taking the same tokens
+    q = _plan(t, replica_scope="any")
+    q.replica_expert[0, 0, 1:3, 0] = 0
+    q.replica_start[0, 0, 1:3, 0] = [0, 1]
+    q.replica_tokens[0, 0, 1:3, 0] = 2
+    with pytest.raises(PlanError, match="take the same tokens"):
+        q.validate()
     # a replica outside the home's node
     q = _plan(t)
     q.replica_expert[0, 0, 3, 0] = 0
@@ -114,7 +124,7 @@ def test_plan_validator():
         q.validate()
     # tokens to an empty slot
     q = _plan(t)
-    q.replica_flow[0, 1, 0, 2, 0] = 1
+    q.replica_tokens[0, 1, 2, 0] = 1
     with pytest.raises(PlanError, match="empty replica slot"):
         q.validate()
     # unequal homes

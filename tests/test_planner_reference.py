@@ -15,7 +15,8 @@ from relibra.policies.base import experts_by_gpu
 from relibra.policies.relibra_h import cross_node_replicate
 from relibra.policies.reorder import _complements, _group_sum, _pow, _root, _top3
 from relibra.policies.replicate import replicate_in_node
-from relibra.policies.split import replica_flow_from_tokens
+from relibra.plan import StepPlan
+from relibra.policies.split import replica_runs
 from relibra.trace import static_placement
 
 
@@ -162,9 +163,14 @@ def test_replica_flow_matches_the_reference(slots, fill):
                         rexp[mb, li, g, s] = e
                         rtok[mb, li, g, s] = rng.integers(0, left[e] + 1)
                         left[e] -= rtok[mb, li, g, s]
-    got = replica_flow_from_tokens(loads, home, rexp, rtok)
-    assert got.dtype == np.int32 and (got == flow_reference(loads, home, rexp, rtok)).all()
-    assert (got == replica_flow_from_tokens(loads, home, rexp, rtok, expert_tokens=x)).all()
+    rstart = replica_runs(home, rexp, rtok, x)
+    plan = StepPlan("t", loads, home, rexp, rstart, rtok, ep, experts // ep + slots, "node")
+    want = flow_reference(loads, home, rexp, rtok)
+    assert (plan.dense_replica_flow() == want).all()
+    entries = plan.replica_flow_entries()  # the same flow as a list of nonzero entries
+    assert len(entries["tokens"]) == np.count_nonzero(want) and (entries["tokens"] > 0).all()
+    assert (want[entries["micro_batch"], entries["layer"], entries["src"], entries["gpu"], entries["slot"]]
+            == entries["tokens"]).all()
 
 
 # ---- relibra-h's cross-node greedy ------------------------------------------------------------------

@@ -12,13 +12,13 @@ from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan, gpu_tokens_from
 from relibra.policies import POLICY_NAMES, get_policy
 from relibra.policies.balanced import uniform_loads
-from relibra.policies.benchmark import benchmark_planner, random_skewed_trace
+from relibra.bench.planner import benchmark_planner
 from relibra.policies.llep import llep_assign
 from relibra.policies.reorder import AnnealConfig, anneal_homes, lpt_homes
 from relibra.policies.replicate import replicate_in_node
-from relibra.policies.split import pack_replicas, replica_flow_from_tokens
+from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import rank_load, static_placement
-from conftest import FAST, make_trace, nodes_of, plan_of
+from conftest import FAST, make_trace, nodes_of, plan_of, random_skewed_trace
 
 topologies = st.sampled_from([(1, 1, 4), (2, 1, 4), (2, 2, 6), (4, 2, 8), (4, 4, 8), (4, 2, 12), (8, 4, 16),
                               (8, 2, 16)])  # (ep, gpus_per_node, experts)
@@ -155,13 +155,13 @@ def test_same_seed_same_plan_and_seed_matters():
     b = get_policy("relibra", iterations=80, seed=1).plan(trace, 1, nodes_of(4))
     assert np.array_equal(a.home, b.home)
     assert np.array_equal(a.replica_expert, b.replica_expert)
-    assert np.array_equal(a.replica_flow, b.replica_flow)
+    assert np.array_equal(a.replica_start, b.replica_start) and np.array_equal(a.replica_tokens, b.replica_tokens)
     homes = {get_policy("relibra", iterations=80, seed=s, initial_temperature=1.0).plan(trace, 1, nodes_of(4)).home.tobytes()
              for s in range(4)}
     assert len(homes) > 1  # the annealer does draw from its seed
     for name in ("eplb", "eplb+", "lplb+", "eplb+lp", "llep", "balanced"):
         p1, p2 = plan_of(name, trace, 1, 4), plan_of(name, trace, 1, 4)
-        assert np.array_equal(p1.replica_flow, p2.replica_flow) and np.array_equal(p1.home, p2.home)
+        assert np.array_equal(p1.dense_replica_flow(), p2.dense_replica_flow()) and np.array_equal(p1.home, p2.home)
 
 
 def test_registry_names_every_policy_by_its_own_name():
@@ -261,10 +261,9 @@ def test_replica_flow_matches_requested_tokens_and_conserves():
     home = static_placement(2, 8, 4)
     x = loads.sum(axis=2, dtype=np.int64)
     rexp, rtok = replicate_in_node(x, home, 4, 4, 2, 1)
-    flow = replica_flow_from_tokens(loads, home, rexp, rtok)
-    assert (flow.sum(axis=2) == rtok).all()
-    plan = StepPlan("t", loads, home, rexp, flow, 4, 4, "node")
+    plan = StepPlan("t", loads, home, rexp, replica_runs(home, rexp, rtok, x), rtok, 4, 4, "node")
     plan.validate(loads)
+    assert (plan.dense_replica_flow().sum(axis=2) == rtok).all()
     # replication moves tokens only from above the node mean to below it
     g = plan.gpu_tokens()
     before = rank_load(x, home, 4)
@@ -317,9 +316,16 @@ def test_migration_weight_keeps_experts_home():
 
 
 def test_benchmark_planner_rows():
+    from relibra.bounds import gap_to_bound
+
     trace = random_skewed_trace("small", ep=8, steps=2, micro_batches=2, tokens_per_rank=64, seed=0)
     rows = benchmark_planner("small", 8, policies=("relibra", "eplb"), cluster="paper,gpus_per_node=4", trace=trace)
     assert [r["policy"] for r in rows] == ["relibra", "eplb"]
     for row in rows:
-        assert row["step_plan_s"] > 0 and row["replication_us_per_microbatch_layer"] >= 0
-        assert row["mean_gap_to_bound"] >= -1e-9
+        plan = get_policy(row["policy"]).plan(trace, 1, nodes_of(4))  # plans are deterministic
+        held = plan.home.nbytes + plan.replica_expert.nbytes + plan.replica_start.nbytes + plan.replica_tokens.nbytes
+        assert row["plan_MB"] == pytest.approx(held / 1e6)  # the loads are the trace's, not counted
+        assert row["mean_gap_to_bound"] == pytest.approx(float(gap_to_bound(plan).mean()))
+        assert row["mean_skewness"] == pytest.approx(float(plan.skewness().mean()))
+        assert row["replication_us_per_microbatch_layer"] * 1e-6 * 2 * trace.num_layers <= row["step_plan_s"]
+        assert row["peak_MB"] > 0 and row["validate_s"] > 0 and row["micro_batches"] == 2

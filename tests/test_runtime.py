@@ -77,7 +77,7 @@ def test_runtime_physical_map_follows_the_plan_split(seed, tokens, k):
         for g in range(ep):
             for j in range(r):
                 if plan.replica_expert[0, 0, g, j] >= 0:
-                    assert per_slot[g * (e // ep + r) + e // ep + j] == plan.replica_flow[0, 0, src, g, j]
+                    assert per_slot[g * (e // ep + r) + e // ep + j] == plan.dense_replica_flow()[0, 0, src, g, j]
 
 
 @settings(max_examples=20, deadline=None)

@@ -36,20 +36,20 @@ def _loads(rng, m, ep, tokens_per_rank, alpha=0.3, model=MODEL):
 
 def _static_plan(loads, gpn, slots=0, policy="megatron", home=None, uniform=False):
     m, l, ep, e = loads.shape
-    rexp, rflow = empty_replicas(m, l, ep, slots)
+    rexp, rstart, rtok = empty_replicas(m, l, ep, slots)
     home = static_placement(l, e, ep) if home is None else home
-    return StepPlan(policy, loads, home, rexp, rflow, gpn, e // ep + slots, uniform_routing=uniform)
+    return StepPlan(policy, loads, home, rexp, rstart, rtok, gpn, e // ep + slots, uniform_routing=uniform)
 
 
 def _replicated_plan(loads, gpn, rng, slots=2, scope="node", critical=False, home=None):
     """Random valid replicas: each GPU copies random experts homed elsewhere (in its node for scope
-    'node') and takes a random share of their tokens from every source."""
+    'node') and takes a random share of the tokens its expert has left, the next run in source order."""
     m, l, ep, e = loads.shape
     home = static_placement(l, e, ep) if home is None else home
-    rexp, rflow = empty_replicas(m, l, ep, slots)
+    rexp, rstart, rtok = empty_replicas(m, l, ep, slots)
     for mi in range(m):
         for li in range(l):
-            taken = np.zeros((ep, e), dtype=np.int64)
+            taken = np.zeros(e, dtype=np.int64)
             for g in range(ep):
                 if scope == "node":
                     candidates = np.nonzero((home[li] // gpn == g // gpn) & (home[li] != g))[0]
@@ -58,11 +58,11 @@ def _replicated_plan(loads, gpn, rng, slots=2, scope="node", critical=False, hom
                 pick = rng.choice(candidates, size=min(slots, len(candidates)), replace=False)
                 for r, ex in enumerate(pick):
                     share = rng.random()
-                    flow = np.floor((loads[mi, li, :, ex] - taken[:, ex]) * share).astype(np.int64)
+                    tokens = int(np.floor((loads[mi, li, :, ex].sum() - taken[ex]) * share))
                     rexp[mi, li, g, r] = ex
-                    rflow[mi, li, :, g, r] = flow
-                    taken[:, ex] += flow
-    plan = StepPlan("test-replicas", loads, home, rexp, rflow, gpn, e // ep + slots, replica_scope=scope,
+                    rstart[mi, li, g, r], rtok[mi, li, g, r] = taken[ex], tokens
+                    taken[ex] += tokens
+    plan = StepPlan("test-replicas", loads, home, rexp, rstart, rtok, gpn, e // ep + slots, replica_scope=scope,
                     transfers_on_critical_path=critical)
     plan.validate(loads)
     return plan
@@ -218,7 +218,7 @@ def test_replica_buffers_memory_and_pushes():
     plan = _replicated_plan(loads, gpn, rng, slots=2)
     # the same replicas in every micro-batch: a per-layer buffer pushes them once
     plan.replica_expert[1:] = plan.replica_expert[0]
-    plan.replica_flow[:] = 0
+    plan.replica_start[:] = plan.replica_tokens[:] = 0
     plan.validate(loads)
     shared = cost_plan(plan, MODEL, TOPO.with_changes(nvlink_GBps=0.01), CostParams(seq_len=1))
     per_layer = cost_plan(plan, MODEL, TOPO.with_changes(nvlink_GBps=0.01), CostParams(seq_len=1,
@@ -260,7 +260,7 @@ def test_time_is_linear_in_micro_batches_at_fixed_load():
     one = _replicated_plan(loads, 4, np.random.default_rng(9), home=home)
     reps = 4
     many = StepPlan(one.policy, np.tile(one.loads, (reps, 1, 1, 1)), home, np.tile(one.replica_expert, (reps, 1, 1, 1)),
-                    np.tile(one.replica_flow, (reps, 1, 1, 1, 1)), 4, one.slots_per_gpu, one.replica_scope)
+                    np.tile(one.replica_start, (reps, 1, 1, 1)), np.tile(one.replica_tokens, (reps, 1, 1, 1)), 4, one.slots_per_gpu, one.replica_scope)
     a = cost_plan(one, MODEL, TOPO, prev_home=prev)
     b = cost_plan(many, MODEL, TOPO, prev_home=prev)
     per_step = a.migration_s + a.optimizer_s
@@ -279,7 +279,7 @@ def test_token_accounting_matches_the_plan(seed, scope):
     onehot = (plan.home[:, :, None] == np.arange(8)).astype(np.float64)
     # the one-pass flow against the plain definition: remainders go home, replica flows as given
     reference = np.einsum("mlse,leg->mlsg", plan.home_flow().astype(np.float64), onehot)
-    reference += plan.replica_flow.sum(axis=4)
+    reference += plan.dense_replica_flow().sum(axis=4)
     assert np.array_equal(plan.token_matrix(), reference)
     cost = cost_plan(plan, MODEL, TOPO)
     assert np.array_equal(cost.gpu_tokens, plan.gpu_tokens())
@@ -348,6 +348,7 @@ def test_distinct_tokens_with_replicas_against_a_brute_force_count():
     ids, src = trace.token_experts[0], trace.token_src_rank[0]  # [M, T, L, K], [M, T]
     m, t, l, k = ids.shape
     exact_gpu, exact_node = np.zeros_like(per_gpu), np.zeros_like(per_node)
+    flow = plan.dense_replica_flow()
     for mi in range(m):
         for li in range(l):
             gpu_of = np.full((t, k), -1)
@@ -357,7 +358,7 @@ def test_distinct_tokens_with_replicas_against_a_brute_force_count():
                     where = where[rng.permutation(len(where))]
                     start = 0
                     for g, r in zip(*np.nonzero(plan.replica_expert[mi, li] == e)):
-                        n = int(plan.replica_flow[mi, li, s_, g, r])
+                        n = int(flow[mi, li, s_, g, r])
                         gpu_of[where[start:start + n, 0], where[start:start + n, 1]] = g
                         start += n
                     rest = where[start:]

@@ -18,8 +18,8 @@ SHARE_CAP = float(np.float32(1.0 - 1e-6))
 
 def _random_plan(seed: int, m=2, l=3, ep=8, e=16, slots=3, gpn=4, equal_homes=True, fill=0.6) -> StepPlan:
     """A valid plan with random loads, homes, replicas (scope "any") and flows. Slots are filled at
-    random, so empty slots sit before, between and after occupied ones; each (src, expert)'s tokens
-    are dealt at random to its replicas, the rest stays home."""
+    random, so empty slots sit before, between and after occupied ones; each replica takes a random
+    run of what its expert has left (the runs in slot order need not follow the GPUs), the rest stays home."""
     rng = np.random.default_rng(seed)
     loads = rng.integers(0, 40, size=(m, l, ep, e)).astype(np.int32)
     loads[rng.random(loads.shape) < 0.2] = 0
@@ -28,10 +28,11 @@ def _random_plan(seed: int, m=2, l=3, ep=8, e=16, slots=3, gpn=4, equal_homes=Tr
     else:  # uneven: some GPUs home several experts, at least one homes none
         home = rng.integers(1, ep, size=(l, e)).astype(np.int64)
     rexp = np.full((m, l, ep, slots), -1, dtype=np.int32)
-    rflow = np.zeros((m, l, ep, ep, slots), dtype=np.int32)
+    rstart = np.zeros((m, l, ep, slots), dtype=np.int64)
+    rtok = np.zeros((m, l, ep, slots), dtype=np.int64)
     for mi in range(m):
         for li in range(l):
-            left = loads[mi, li].astype(np.int64)  # [src, expert] tokens not yet given to a replica
+            taken = np.zeros(e, dtype=np.int64)  # tokens of each expert already given to a replica
             for g in range(ep):
                 candidates = list(rng.permutation(np.nonzero(home[li] != g)[0]))
                 for r in range(slots):
@@ -39,16 +40,34 @@ def _random_plan(seed: int, m=2, l=3, ep=8, e=16, slots=3, gpn=4, equal_homes=Tr
                         continue
                     x = int(candidates.pop())
                     rexp[mi, li, g, r] = x
-                    take = rng.integers(0, left[:, x] + 1)  # [src]
-                    rflow[mi, li, :, g, r] = take
-                    left[:, x] -= take
+                    take = rng.integers(0, loads[mi, li, :, x].sum() - taken[x] + 1)
+                    rstart[mi, li, g, r], rtok[mi, li, g, r] = taken[x], take
+                    taken[x] += take
     homes = np.bincount(home.ravel(), minlength=ep)
     slots_per_gpu = int(homes.max()) * l + slots  # generous: the test is about flows, not slot limits
-    plan = StepPlan("random", loads, home, rexp, rflow, gpn, slots_per_gpu, replica_scope="any",
+    plan = StepPlan("random", loads, home, rexp, rstart, rtok, gpn, slots_per_gpu, replica_scope="any",
                     equal_homes=equal_homes)
     plan.validate(loads)
     assert (rexp >= 0).any() and (rexp < 0).any()
     return plan
+
+
+def _reference_source_flow(plan: StepPlan) -> np.ndarray:
+    """Tokens each source sends each occupied replica, token by token: the tokens of expert x in a
+    (micro_batch, layer) are numbered in source order, and a replica whose run is [start, start +
+    tokens) gets those numbers. int64 [M, L, src, ep, R]."""
+    m, l, ep, e = plan.loads.shape
+    out = np.zeros((m, l, ep, ep, plan.replica_slots), dtype=np.int64)
+    for mi, li, g, r in np.argwhere(plan.replica_expert >= 0):
+        x = plan.replica_expert[mi, li, g, r]
+        first = int(plan.replica_start[mi, li, g, r])
+        taken = range(first, first + int(plan.replica_tokens[mi, li, g, r]))
+        number = 0
+        for s in range(ep):
+            for _ in range(int(plan.loads[mi, li, s, x])):
+                out[mi, li, s, g, r] += number in taken
+                number += 1
+    return out
 
 
 def _reference_flows(plan: StepPlan):
@@ -60,6 +79,7 @@ def _reference_flows(plan: StepPlan):
     home_flow = np.zeros((m, l, ep, e), dtype=np.int64)
     home_tokens = np.zeros((m, l, e), dtype=np.int64)
     replica_tokens = np.zeros((m, l, ep, slots), dtype=np.int64)
+    flow = _reference_source_flow(plan)
     for mi in range(m):
         for li in range(l):
             for x in range(e):
@@ -68,7 +88,7 @@ def _reference_flows(plan: StepPlan):
                     for g in range(ep):
                         for r in range(slots):
                             if plan.replica_expert[mi, li, g, r] == x:
-                                t = int(plan.replica_flow[mi, li, s, g, r])
+                                t = int(flow[mi, li, s, g, r])
                                 matrix[mi, li, s, g] += t
                                 replica_tokens[mi, li, g, r] += t
                                 left -= t
@@ -86,6 +106,7 @@ def _reference_distinct(plan: StepPlan, src_tokens: np.ndarray):
     gpn = plan.gpus_per_node
     per_gpu = np.zeros((m, l, ep, ep))
     per_node = np.zeros((m, l, ep, ep // gpn))
+    flow = _reference_source_flow(plan)
     for mi in range(m):
         for li in range(l):
             for s in range(ep):
@@ -97,7 +118,7 @@ def _reference_distinct(plan: StepPlan, src_tokens: np.ndarray):
                 for g in range(ep):
                     for r in range(plan.replica_slots):
                         if plan.replica_expert[mi, li, g, r] >= 0:
-                            share = plan.replica_flow[mi, li, s, g, r] / t if t > 0 else 0.0
+                            share = flow[mi, li, s, g, r] / t if t > 0 else 0.0
                             miss[g] *= 1.0 - min(share, SHARE_CAP)
                 per_gpu[mi, li, s] = t * (1.0 - miss)
                 per_node[mi, li, s] = t * (1.0 - miss.reshape(-1, gpn).prod(axis=1))
@@ -123,11 +144,11 @@ def test_flows_against_a_cell_by_cell_reference(case, seed):
 
 
 def test_flows_ignore_counts_left_in_empty_slots():
-    """Counts parked in an empty slot (an invalid plan the validator refuses) flow nowhere."""
+    """A run parked in an empty slot (an invalid plan the validator refuses) flows nowhere."""
     plan = _random_plan(3)
     want = plan.flows()
-    empty = np.argwhere(plan.replica_expert < 0)[0]
-    plan.replica_flow[empty[0], empty[1], :, empty[2], empty[3]] = 5
+    empty = tuple(np.argwhere(plan.replica_expert < 0)[0])
+    plan.replica_tokens[empty] = 5
     got = plan.flows()
     for a, b in zip(got, want):
         assert np.array_equal(a, b)
@@ -136,7 +157,8 @@ def test_flows_ignore_counts_left_in_empty_slots():
 def test_flows_without_replica_slots():
     plan = _random_plan(4)
     plan.replica_expert = plan.replica_expert[..., :0]
-    plan.replica_flow = plan.replica_flow[..., :0]
+    plan.replica_start = plan.replica_start[..., :0]
+    plan.replica_tokens = plan.replica_tokens[..., :0]
     plan.loads = plan.loads.copy()
     matrix, _, home_tokens, replica_tokens = _reference_flows(plan)
     got = plan.flows()
@@ -149,8 +171,7 @@ def test_distinct_tokens_against_a_copy_by_copy_reference(case):
     plan = _random_plan(10 + case, **CASES[case])
     src_tokens = plan.loads[:, 0].sum(axis=2) / 2.0  # top-2
     src_tokens[0, 1] = 0  # a silent source sends nothing
-    plan.loads[0, :, 1] = 0
-    plan.replica_flow[0, :, 1] = 0
+    plan.loads[0, :, 1] = 0  # the replicas' runs now cover other sources' tokens, or fewer
     per_gpu, per_node = distinct_tokens(plan, src_tokens)
     want_gpu, want_node = _reference_distinct(plan, src_tokens)
     assert per_gpu.shape == want_gpu.shape and per_node.shape == want_node.shape
@@ -293,13 +314,18 @@ def test_flows_of_unsigned_counts():
     plan = _random_plan(30)
     want = plan.flows()
     plan.loads = plan.loads.astype(np.uint16)
-    plan.replica_flow = plan.replica_flow.astype(np.uint32)
+    plan.replica_start = plan.replica_start.astype(np.uint32)
+    plan.replica_tokens = plan.replica_tokens.astype(np.uint32)
     got = plan.flows()
     for x, y in zip(got, want):
         assert np.array_equal(x, y)
-    m, l, g, r = np.argwhere(plan.replica_expert >= 0)[0]
+    # two replicas of one expert given the same run: the home's share goes negative, not wrapped
+    m, l, g, r = np.argwhere((plan.replica_expert >= 0) & (plan.replica_tokens > 0))[0]
     x = plan.replica_expert[m, l, g, r]
-    plan.replica_flow[m, l, 0, g, r] = plan.loads[m, l, 0, x] + 1
-    assert plan.home_flow()[m, l, 0, x] < 0
+    other = next(h for h in range(plan.ep) if h != g and h != plan.home[l, x] and (plan.replica_expert[m, l, h] != x).all())
+    plan.replica_expert[m, l, other, 0] = x
+    plan.replica_start[m, l, other, 0] = plan.replica_start[m, l, g, r]
+    plan.replica_tokens[m, l, other, 0] = plan.replica_tokens[m, l, g, r]
+    assert plan.home_flow()[m, l, :, x].min() < 0
     with pytest.raises(PlanError, match="not conserved"):
         plan.validate()

@@ -24,7 +24,7 @@ def _workload(args) -> int:
 
 
 def _planner(args) -> int:
-    from relibra.policies import benchmark_planner
+    from relibra.bench.planner import benchmark_planner
 
     policies = tuple(p for p in args.policies.split(",") if p)
     _print(benchmark_planner(args.model, args.ep, seed=args.seed, policies=policies,
@@ -33,7 +33,7 @@ def _planner(args) -> int:
 
 
 def _sim(args) -> int:
-    from relibra.sim import benchmark_sim
+    from relibra.bench.sim import benchmark_sim
 
     _print([benchmark_sim(model=args.model, ep=args.ep, policy=args.policy, cluster=args.cluster,
                           seed=args.seed)], args.json)
@@ -56,7 +56,7 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, default=1)
     p.set_defaults(func=_workload)
 
-    p = bsub.add_parser("planner", help="planner seconds per step and per (micro-batch, layer)")
+    p = bsub.add_parser("planner", help="planner seconds per step and per (micro-batch, layer), peak memory, plan size, validate seconds")
     common(p)
     p.add_argument("--policies", default="relibra,eplb", help="comma-separated policy names")
     p.add_argument("--cluster", default="paper", help="cluster preset or spec the plans are made for")

@@ -175,7 +175,7 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     dp = phases.dp_size_of(topology, params, ep)
 
     # token flow, exchanges and experts
-    replica_tokens = plan.replica_tokens()
+    replica_tokens = plan.occupied_replica_tokens()
     expert_tokens = plan.loads.sum(axis=2, dtype=np.int64)
     home_tokens = home_tokens_of(expert_tokens, plan.replica_expert, replica_tokens)
     gpu_tokens = gpu_tokens_from(expert_tokens, plan.home, plan.replica_expert, replica_tokens)  # [M, L, ep]

@@ -85,7 +85,7 @@ def replica_table(plan, micro_batch: int | None = None) -> pd.DataFrame:
     expert = plan.replica_expert[mi, 0, gi, ri]
     rows = pd.DataFrame({"micro_batch": mi, "gpu": gi, "slot": ri, "expert": expert,
                          "home_gpu": plan.home[0, expert],
-                         "replica_tokens": plan.replica_flow[mi, 0, :, gi, ri].sum(axis=1),
+                         "replica_tokens": plan.occupied_replica_tokens()[mi, 0, gi, ri],
                          "home_tokens": home_tokens[mi, expert], "expert_tokens": expert_tokens[mi, expert]})
     return rows if micro_batch is None else rows[rows["micro_batch"] == micro_batch].reset_index(drop=True)
 
@@ -116,7 +116,7 @@ def tutorial_case(placement: str = "static", spare_slots: int = 0, skew: float =
     expert_tokens = pd.DataFrame({"micro_batch": np.repeat(np.arange(m), e), "expert": np.tile(np.arange(e), m),
                                   "tokens": el.ravel(), "home_gpu": np.tile(plan.home[0], m)})
     total = plan.gpu_tokens()[:, 0]  # [M, ep]
-    replica = plan.replica_flow[:, 0].sum(axis=(1, 3), dtype=np.int64)  # [M, ep]
+    replica = plan.occupied_replica_tokens()[:, 0].sum(axis=2)  # [M, ep]
     seconds = cost.expert_seconds_per_gpu[:, 0]  # [M, ep]
     gpu_table = pd.DataFrame({
         "policy": name, "placement": placement, "spare_slots": int(spare_slots),

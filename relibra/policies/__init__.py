@@ -5,8 +5,8 @@
 
 One module per family: megatron, eplb (eplb, eplb+), eplb_lp (eplb+lp), lplb (lplb+), llep, relibra
 (relibra and its ablations; its two mechanisms in reorder and replicate), balanced. Shared: base (interface,
-registry), split (token flow between copies). Bounds live in relibra.bounds; the planner benchmark
-in .benchmark.
+registry), split (token runs between copies). Bounds live in relibra.bounds; the planner benchmark
+in relibra.bench.planner.
 """
 
 from __future__ import annotations
@@ -33,7 +33,5 @@ from relibra.policies.relibra_h import relibra_h_factory as _rh; register("relib
 
 POLICY_NAMES: list[str] = registered_names()
 
-from relibra.policies.benchmark import benchmark_planner  # noqa: E402  (needs the registry)
-
-__all__ = ["POLICY_NAMES", "Policy", "get_policy", "benchmark_planner", "rebalance_experts", "MegatronPolicy",
+__all__ = ["POLICY_NAMES", "Policy", "get_policy", "rebalance_experts", "MegatronPolicy",
            "EplbPolicy", "EplbOraclePolicy", "EplbLpOraclePolicy", "LplbOraclePolicy", "LlepPolicy", "ReLibraPolicy", "BalancedPolicy"]

@@ -43,7 +43,7 @@ from relibra.cluster import Topology
 from relibra.errors import ConfigError
 from relibra.plan import StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int
-from relibra.policies.split import pack_replicas, replica_flow_from_tokens
+from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import RoutingTrace
 
 
@@ -239,9 +239,9 @@ def plan_from_copies(policy: str, loads: np.ndarray, held: np.ndarray, home: np.
     mi = np.repeat(np.arange(m), n)
     rexp, rtok = pack_replicas((m, l, ep), mi, np.tile(li, m), np.tile(gi, m), np.tile(ei, m),
                                np.asarray(tokens).reshape(-1))
-    rflow = replica_flow_from_tokens(loads, home, rexp, rtok)
-    return StepPlan(policy=policy, loads=loads, home=home, replica_expert=rexp, replica_flow=rflow,
-                    gpus_per_node=gpus_per_node, slots_per_gpu=slots_per_gpu, replica_scope=replica_scope,
+    rstart = replica_runs(home, rexp, rtok, expert_tokens)
+    return StepPlan(policy=policy, loads=loads, home=home, replica_expert=rexp, replica_start=rstart,
+                    replica_tokens=rtok, gpus_per_node=gpus_per_node, slots_per_gpu=slots_per_gpu, replica_scope=replica_scope,
                     equal_homes=equal_homes)
 
 

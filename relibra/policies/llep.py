@@ -22,7 +22,7 @@ import numpy as np
 from relibra.cluster import Topology
 from relibra.plan import StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, check_positive
-from relibra.policies.split import pack_replicas, replica_flow_from_tokens
+from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import RoutingTrace, static_placement
 
 
@@ -117,9 +117,9 @@ class LlepPolicy(Policy):
                                                 self.trigger_imbalance)
         assign_s, assign_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
         rexp, rtok = pack_replicas((m, l, ep), cell // l, cell % l, gpu, expert, tokens)
-        rflow = replica_flow_from_tokens(loads, home, rexp, rtok)
-        plan = StepPlan(policy=self.name, loads=loads, home=home, replica_expert=rexp, replica_flow=rflow,
-                        gpus_per_node=gpus_per_node, slots_per_gpu=e // ep + rexp.shape[3], replica_scope="any",
+        rstart = replica_runs(home, rexp, rtok, expert_tokens.reshape(m, l, e))
+        plan = StepPlan(policy=self.name, loads=loads, home=home, replica_expert=rexp, replica_start=rstart,
+                        replica_tokens=rtok, gpus_per_node=gpus_per_node, slots_per_gpu=e // ep + rexp.shape[3], replica_scope="any",
                         transfers_on_critical_path=True)
         # the run-time part (see relibra.policies.lplb for the keys): the spill assignment, after an
         # all-gather of every rank's per-expert counts, per (micro-batch, layer)

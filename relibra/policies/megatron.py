@@ -27,7 +27,7 @@ class MegatronPolicy(Policy):
               prev_home: np.ndarray | None) -> StepPlan:
         loads = trace.loads[step]
         m, l, ep, e = loads.shape
-        rexp, rflow = empty_replicas(m, l, ep, 0)
+        rexp, rstart, rtok = empty_replicas(m, l, ep, 0)
         return StepPlan(policy=self.name, loads=loads, home=static_placement(l, e, ep), replica_expert=rexp,
-                        replica_flow=rflow, gpus_per_node=gpus_per_node, slots_per_gpu=e // ep,
+                        replica_start=rstart, replica_tokens=rtok, gpus_per_node=gpus_per_node, slots_per_gpu=e // ep,
                         replica_scope="none")

@@ -61,7 +61,7 @@ from relibra.policies.base import Policy, check_nonnegative_int, check_positive
 from relibra.policies.eplb_lp import lp_copy_tokens
 from relibra.policies.reorder import AnnealConfig, anneal_homes, cost_ratios, equal_homes, lpt_homes
 from relibra.policies.replicate import held_from_replicas, replicate_in_node
-from relibra.policies.split import replica_flow_from_tokens
+from relibra.policies.split import replica_runs
 from relibra.trace import RoutingTrace, rank_load, static_placement
 
 REORDERS = ("anneal", "lpt", "static")
@@ -266,11 +266,11 @@ class ReLibraPolicy(Policy):
         replicate = clock.lap()
         home, rexp, rtok, worse = self._no_worse_than_static(loads, expert_tokens, home, rexp, rtok, gpus_per_node)
         fallback = clock.lap()
-        rflow = replica_flow_from_tokens(loads, home, rexp, rtok, expert_tokens)
+        rstart = replica_runs(home, rexp, rtok, expert_tokens)
         flow = clock.lap()
         r = rexp.shape[3]
         plan = StepPlan(policy=self.name, loads=loads, home=home, replica_expert=rexp.astype(np.int32),
-                        replica_flow=rflow, gpus_per_node=gpus_per_node, slots_per_gpu=e // ep + r,
+                        replica_start=rstart, replica_tokens=rtok, gpus_per_node=gpus_per_node, slots_per_gpu=e // ep + r,
                         replica_scope="node" if r else "none")
         info.update({"reorder_seconds": reorder[0], "reorder_cpu_seconds": reorder[1],
                      "replication_seconds": replicate[0], "replication_cpu_seconds": replicate[1],

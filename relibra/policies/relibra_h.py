@@ -43,7 +43,7 @@ from relibra.errors import ConfigError
 from relibra.plan import StepPlan, gpu_tokens_from
 from relibra.policies.base import check_nonnegative_int, experts_by_gpu
 from relibra.policies.relibra import ReLibraPolicy, _Clock
-from relibra.policies.split import replica_flow_from_tokens
+from relibra.policies.split import replica_runs
 from relibra.trace import RoutingTrace
 
 TFLOP = 1e12
@@ -240,10 +240,10 @@ class ReLibraHierPolicy(ReLibraPolicy):
         rexp = np.take_along_axis(rexp, order, axis=3)[..., :used_slots]
         rtok = np.take_along_axis(rtok, order, axis=3)[..., :used_slots]
         cross = clock.lap()
-        rflow = replica_flow_from_tokens(loads, home, rexp, rtok, expert_tokens)
+        rstart = replica_runs(home, rexp, rtok, expert_tokens)
         flow = clock.lap()
         plan = StepPlan(policy=self.name, loads=loads, home=home, replica_expert=rexp.astype(np.int32),
-                        replica_flow=rflow, gpus_per_node=gpus_per_node, slots_per_gpu=e // ep + rexp.shape[3],
+                        replica_start=rstart, replica_tokens=rtok, gpus_per_node=gpus_per_node, slots_per_gpu=e // ep + rexp.shape[3],
                         replica_scope="any" if added else ("node" if rexp.shape[3] else "none"))
         info.update({"reorder_seconds": reorder[0], "reorder_cpu_seconds": reorder[1],
                      "replication_seconds": in_node[0] + cross[0],

@@ -62,11 +62,9 @@ def replica_routes(plan: StepPlan, micro_batch: int, layer: int, src: int, repli
     per = plan.num_experts // plan.ep
     s = per + replica_slots
     rexp = plan.replica_expert[micro_batch, layer]  # [ep, R_plan]
-    flow = plan.replica_flow[micro_batch, layer, src]  # [ep, R_plan]
-    out = []
-    for g, r in zip(*np.nonzero((rexp >= 0) & (flow > 0))):
-        out.append((int(rexp[g, r]), int(g * s + per + r), int(flow[g, r])))
-    return out
+    gi, ri = np.nonzero(rexp >= 0)  # in (rank, slot) order
+    flow = plan.replica_rows(layer, np.full(len(gi), micro_batch), gi, ri)[:, src]  # [n] tokens from src
+    return [(int(rexp[g, r]), int(g * s + per + r), int(t)) for g, r, t in zip(gi, ri, flow) if t > 0]
 
 
 def replicas_in_use(plan: StepPlan, micro_batch: int, replica_slots: int) -> np.ndarray:
@@ -74,7 +72,7 @@ def replicas_in_use(plan: StepPlan, micro_batch: int, replica_slots: int) -> np.
 
     A slot the plan fills but sends no tokens to is left empty: its weights need not move."""
     rexp = padded_replicas(plan, replica_slots)[micro_batch]  # [L, ep, R]
-    tokens = plan.replica_flow[micro_batch].sum(axis=1)  # [L, ep, R_plan]: every src's tokens per slot
+    tokens = plan.occupied_replica_tokens()[micro_batch]  # [L, ep, R_plan]: every src's tokens per slot
     used = np.zeros(rexp.shape, dtype=bool)
     used[..., : tokens.shape[-1]] = tokens > 0
     return np.where(used, rexp, -1)

@@ -15,8 +15,8 @@ def static_plan(loads: np.ndarray, gpus_per_node: int, replica_slots: int = 0, h
     """No replicas; `home` (default: megatron's contiguous placement). loads: int [M, L, ep, E]."""
     m, l, ep, e = loads.shape
     home = static_placement(l, e, ep) if home is None else np.asarray(home, dtype=np.int64)
-    rexp, rflow = empty_replicas(m, l, ep, replica_slots)
-    return StepPlan(policy, loads, home, rexp, rflow, gpus_per_node, e // ep + replica_slots,
+    rexp, rstart, rtok = empty_replicas(m, l, ep, replica_slots)
+    return StepPlan(policy, loads, home, rexp, rstart, rtok, gpus_per_node, e // ep + replica_slots,
                     replica_scope="none" if replica_slots == 0 else "node")
 
 
@@ -28,40 +28,29 @@ def reordered_home(num_layers: int, num_experts: int, ep: int, shift: int = 1) -
 
 def in_node_replica_plan(loads: np.ndarray, gpus_per_node: int, replica_slots: int,
                          home: np.ndarray | None = None, policy: str = "hand-replicas") -> StepPlan:
-    """Each rank's replica slots copy the hottest experts homed elsewhere in its node, taking half
-    (rounded down) of every src's tokens of that expert. loads: int [M, L, ep, E]."""
+    """Each rank's replica slots copy the hottest experts homed elsewhere in its node, each replica taking
+    half (rounded down) of its expert's tokens, or what its earlier replicas (in rank, slot order) left;
+    consecutive runs in source order. loads: int [M, L, ep, E]."""
     plan = static_plan(loads, gpus_per_node, replica_slots, home, policy)
     m, l, ep, e = loads.shape
-    expert_load = loads.sum(axis=2)  # [M, L, E]
+    expert_load = loads.sum(axis=2, dtype=np.int64)  # [M, L, E]
     for mi in range(m):
         for li in range(l):
             hot = np.argsort(-expert_load[mi, li], kind="stable")
+            taken = np.zeros(e, dtype=np.int64)  # tokens of each expert already given to a replica
             for g in range(ep):
                 node = g // gpus_per_node
                 candidates = [int(x) for x in hot if plan.home[li, x] != g
                               and plan.home[li, x] // gpus_per_node == node
                               and x not in plan.replica_expert[mi, li]]
                 for r, expert in enumerate(candidates[:replica_slots]):
+                    total = expert_load[mi, li, expert]
+                    take = min(total // 2, total - taken[expert])
                     plan.replica_expert[mi, li, g, r] = expert
-                    plan.replica_flow[mi, li, :, g, r] = loads[mi, li, :, expert] // 2
-    _cap_flows(plan)
+                    plan.replica_start[mi, li, g, r] = taken[expert]
+                    plan.replica_tokens[mi, li, g, r] = take
+                    taken[expert] += take
     return plan
-
-
-def _cap_flows(plan: StepPlan) -> None:
-    """Several replicas of one expert must not take more than its tokens: cap in (rank, slot) order."""
-    m, l, ep, e = plan.loads.shape
-    for mi in range(m):
-        for li in range(l):
-            left = plan.loads[mi, li].astype(np.int64).copy()  # [src, E]
-            for g in range(ep):
-                for r in range(plan.replica_slots):
-                    x = plan.replica_expert[mi, li, g, r]
-                    if x < 0:
-                        continue
-                    take = np.minimum(plan.replica_flow[mi, li, :, g, r], left[:, x])
-                    plan.replica_flow[mi, li, :, g, r] = take
-                    left[:, x] -= take
 
 
 def cross_node_replica_plan(loads: np.ndarray, gpus_per_node: int, replica_slots: int) -> StepPlan:
@@ -70,5 +59,5 @@ def cross_node_replica_plan(loads: np.ndarray, gpus_per_node: int, replica_slots
     plan.replica_scope = "any"
     dst = gpus_per_node  # first rank of node 1
     plan.replica_expert[0, 0, dst, 0] = 0
-    plan.replica_flow[0, 0, :, dst, 0] = loads[0, 0, :, 0] // 2
+    plan.replica_tokens[0, 0, dst, 0] = loads[0, 0, :, 0].sum() // 2
     return plan

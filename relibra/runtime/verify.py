@@ -102,7 +102,7 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
             b, ntok = batches(step, [rank])
             plan = plans_for(kind, step, engine.home)
             if kind == "balanced":
-                used["replica_tokens"] += int(plan.replica_flow.sum())
+                used["replica_tokens"] += int(plan.occupied_replica_tokens().sum())
             out = engine.step(plan, b, ntok, [rank], optimizer_step=False)
             used.setdefault(kind, 0)
             used[kind] += out["experts_moved"]
