@@ -1,5 +1,6 @@
-"""The vectorized planner hot paths against slow per-cell references written from their docstrings:
-ReLibra's in-node replication greedy, the per-source replica flow, relibra-h's cross-node greedy, and
+"""The vectorized planner hot paths against slow per-cell references: ReLibra's in-node replication
+greedy against relibra.policies.reference, and, against references written here from their
+docstrings, the per-source replica flow, relibra-h's cross-node greedy, and
 the annealer's helpers (top-3 nodes, group sums, integer powers and roots, the random draws it
 merges). Inputs are small and random, with block sizes shrunk so that several blocks and the
 working-set compaction run."""
@@ -9,96 +10,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from relibra.plan import gpu_tokens_from
+from relibra.plan import StepPlan, gpu_tokens_from
 from relibra.policies import replicate as replicate_mod
 from relibra.policies.base import experts_by_gpu
+from relibra.policies.reference import anneal_homes_reference, layer_scores, replicate_in_node_reference
 from relibra.policies.relibra_h import cross_node_replicate
-from relibra.policies.reorder import _complements, _group_sum, _pow, _root, _top3
+from relibra.policies.reorder import AnnealConfig, _complements, _group_sum, _pow, _root, _top3, anneal_homes, lpt_homes
 from relibra.policies.replicate import replicate_in_node
-from relibra.plan import StepPlan
 from relibra.policies.split import replica_runs
 from relibra.trace import static_placement
 
 
 # ---- in-node replication ---------------------------------------------------------------------------
-def replicate_cell_reference(rem: np.ndarray, slots: int, threshold: int) -> list[list[list[int]]]:
-    """The greedy of replicate_in_node for one node: rem int [gpn, k] tokens of each home copy.
-    Returns per GPU its replicas as [source GPU, expert index there, tokens], in slot order."""
-    gpn, k = rem.shape
-    rem = rem.astype(np.int64).copy()
-    load = rem.sum(axis=1)
-    target = -(-int(load.sum()) // gpn)
-    reps: list[list[list[int]]] = [[] for _ in range(gpn)]
-    for _ in range(3 * gpn * slots):
-        donor = int(np.argmax(load))
-        excess = int(load[donor]) - target
-        room = [max(target - int(load[h]), 0) for h in range(gpn)]
-        can_host = [len(reps[h]) < slots and h != donor for h in range(gpn)]
-        give_tok, give_j = [], []
-        for h in range(gpn):  # the donor's largest copy not yet replicated on h (first on ties)
-            held = {j for (src, j, _) in reps[h] if src == donor}
-            best_tok, best_j = -1, 0
-            for j in range(k):
-                if j not in held and rem[donor, j] > best_tok:
-                    best_tok, best_j = int(rem[donor, j]), j
-            give_tok.append(best_tok)
-            give_j.append(best_j)
-        options = []  # (amount, kind, receiver, slot): top-ups and chains by (receiver, slot), then direct
-        for recv in range(gpn):
-            for s in range(slots):
-                if s < len(reps[recv]):
-                    src, j, _ = reps[recv][s]
-                    relay = np.iinfo(np.int64).max if src == donor else (give_tok[src] if can_host[src] else 0)
-                    options.append((min(excess, room[recv], int(rem[src, j]), relay), "path", recv, s))
-                else:
-                    options.append((0, "empty", recv, s))
-        for dst in range(gpn):
-            options.append((min(excess, room[dst], give_tok[dst]) if can_host[dst] else 0, "direct", dst, 0))
-        amount, kind, recv, s = max(options, key=lambda o: o[0])  # max keeps the first of equals
-        if amount < threshold:
-            break
-        if kind == "direct":
-            j = give_j[recv]
-            rem[donor, j] -= amount
-            load[donor] -= amount
-            load[recv] += amount
-            reps[recv].append([donor, j, amount])
-            continue
-        src, j, _ = reps[recv][s]
-        rem[src, j] -= amount
-        reps[recv][s][2] += amount
-        load[recv] += amount
-        load[src] -= amount
-        if src != donor:  # a chain: src refills from the donor through a new replica
-            jd = give_j[src]
-            rem[donor, jd] -= amount
-            load[donor] -= amount
-            load[src] += amount
-            reps[src].append([donor, jd, amount])
-    return reps
-
-
-def replicate_reference(x: np.ndarray, home: np.ndarray, ep: int, gpn: int, slots: int, min_tokens: int,
-                        fraction: float) -> tuple[np.ndarray, np.ndarray]:
-    m, layers, experts = x.shape
-    hosted = experts_by_gpu(home, ep)
-    k = experts // ep
-    rexp = np.full((m, layers, ep, slots), -1, dtype=np.int32)
-    rtok = np.zeros((m, layers, ep, slots), dtype=np.int64)
-    for mb in range(m):
-        for li in range(layers):
-            for node in range(ep // gpn):
-                gpus = range(node * gpn, (node + 1) * gpn)
-                rem = np.stack([x[mb, li, hosted[li, g]] for g in gpus])  # [gpn, k]
-                target = -(-int(rem.sum()) // gpn)
-                threshold = max(min(min_tokens, int(np.ceil(fraction * target))), 1)
-                for g, reps in enumerate(replicate_cell_reference(rem, slots, threshold)):
-                    for s, (src, j, tok) in enumerate(reps):
-                        rexp[mb, li, node * gpn + g, s] = hosted[li, node * gpn + src, j]
-                        rtok[mb, li, node * gpn + g, s] = tok
-    return rexp, rtok
-
-
 @pytest.mark.parametrize("ep,gpn,experts,slots", [(4, 4, 4, 2), (8, 4, 16, 2), (8, 8, 32, 3), (4, 2, 8, 1),
                                                   (6, 3, 12, 2)])
 @pytest.mark.parametrize("seed", [0, 1])
@@ -111,7 +34,7 @@ def test_replicate_in_node_matches_the_per_cell_reference(monkeypatch, ep, gpn, 
     home = np.stack([rng.permutation(static_placement(1, experts, ep)[0]) for _ in range(layers)])
     monkeypatch.setattr(replicate_mod, "_BLOCK", 16)  # several blocks, each compacting its working set
     got = replicate_in_node(x, home, ep, gpn, slots, 30, 0.05)
-    want = replicate_reference(x, home, ep, gpn, slots, 30, 0.05)
+    want = replicate_in_node_reference(x, home, ep, gpn, slots, 30, 0.05)
     assert (got[0] == want[0]).all() and (got[1] == want[1]).all()
     assert (got[0] >= 0).sum() > 0  # the case exercises replication
 
@@ -296,3 +219,40 @@ def test_group_sum_pow_root_and_the_merged_draws():
         assert (both[0] == two.integers(0, experts, size=(5, 3))).all()
         assert (both[1] == two.integers(0, experts, size=(5, 3))).all()
         assert one.random() == two.random()
+
+
+# ---- the annealer against its reference (whole objective recomputed per candidate swap) --------------
+@pytest.mark.parametrize("ep,gpn,experts,comm", [(4, 2, 8, 0.0), (8, 2, 16, 0.3), (32, 4, 32, 0.0), (16, 2, 32, 0.3)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_anneal_homes_matches_the_reference(ep, gpn, experts, comm, seed):
+    """Same seed, same homes; 32 / 4 and 16 / 2 have 8 nodes (the polish's top-3 path), the others
+    few (its complement path); both starts (LPT, a random previous placement) and migration count."""
+    rng = np.random.default_rng(seed)
+    m, layers, nodes = 3, 3, ep // gpn
+    src = rng.integers(0, 30, size=(m, layers, experts, nodes)) * (rng.random((m, layers, experts, 1)) < 0.8)
+    x = src.sum(axis=3)
+    prev = np.stack([rng.permutation(np.arange(experts) % ep) for _ in range(layers)])
+    starts = np.stack([lpt_homes(x.sum(axis=0).astype(float), ep), prev])
+    config = AnnealConfig(iterations=60, polish_iterations=30, candidates=6, initial_temperature=1e-2)
+    kw = dict(comm_ratio=comm, migration_cost=np.array([0.5, 2.0]), prev_home=prev)
+    fast, info = anneal_homes(x, src, starts, ep, gpn, config, np.random.default_rng(seed), **kw)
+    reference = anneal_homes_reference(x, src, starts, ep, gpn, config, np.random.default_rng(seed), **kw)
+    assert np.array_equal(fast, reference)
+    assert info["anneal_accepted_swaps"] > 0 and (fast != starts[0]).any()  # the search does move
+
+
+def test_layer_scores_by_hand():
+    """Two nodes of one GPU, one micro-batch, experts of 6 and 2 tokens (sources: expert 0's 6 all
+    from node 0's rank, expert 1's 2 from node 1's)."""
+    x = np.array([[[6, 2]]])  # [M, L, E]
+    src = np.array([[[[6, 0], [0, 2]]]])  # [M, L, E, nodes]
+    home = np.array([[0, 1]])
+    # T = 8, S = 8 / 2 = 4; exact maxima: C max 6; R = 0 (each expert homed with its source)
+    # GPU term sum G^2 / T = (36 + 4) / 8 = 5
+    assert layer_scores(x, src, home, 2, 1, None, 0.5, 0.1) == pytest.approx((6 / 1 + 0.1 * 5) / 4)
+    # swapped homes: every token crosses nodes, R = [2, 6]: max 6 with weight r = 0.5; moving both experts
+    # across nodes from `home` costs 2 x 3.0
+    score = layer_scores(x, src, home[:, ::-1], 2, 1, None, 0.5, 0.1, np.array([1.0, 3.0]), home)
+    assert score == pytest.approx((6 + 0.5 * 6 + 0.1 * 5 + 2 * 3.0) / 4)
+    # the smooth maximum with p = 2: mu = T / nodes = 4; 4 * sqrt(mean((6/4)^2, (2/4)^2)) = sqrt(20)
+    assert layer_scores(x, src, home, 2, 1, 2) == pytest.approx((np.sqrt(20) + 0.1 * 5) / 4)

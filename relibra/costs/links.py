@@ -1,13 +1,17 @@
 """Links and all-to-all: seconds of point-to-point exchanges on a topology, and the distinct tokens a
 deduplicating dispatcher (DeepEP) sends.
 
-Bandwidths are GB/s = 1e9 bytes/s one direction per GPU; a GPU's NVLink and RDMA links run at the
+Bandwidths are GB/s = 1e9 bytes/s one direction per GPU. Every exchange is first counted as per-GPU
+NVLink and RDMA send and receive bytes (LinkBytes: from a list of moves, or from dense matrices for
+the all-to-all), then turned into seconds by one function, link_seconds_of: a GPU's links run at the
 same time, each full duplex, so its transfer time is the largest of its four (link, direction) byte
 counts over that link's rate; the slowest GPU sets the time of a collective, which pays the
 topology's `collective_latency_s` once.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,30 +21,89 @@ from relibra.errors import ConfigError
 from relibra.plan import HomeGroups, StepPlan, scatter_rows
 
 
-def link_seconds(bytes_matrix: np.ndarray, gpus_per_node: int, topology: Topology, route: str | None = None,
-                 node_bytes: np.ndarray | None = None) -> np.ndarray:
-    """Per-GPU transfer seconds of a point-to-point exchange, without latency.
+@dataclass
+class LinkBytes:
+    """Bytes each GPU sends and receives on each of its links in an exchange: float64 [..., ep] each.
+    On the rail route a cross-node byte is counted on the relay's NVLink as well as on the RDMA links."""
 
-    bytes_matrix: float [..., ep_src, ep_dst] bytes from each GPU to each GPU (the diagonal stays local
-    and is free). GPUs are packed gpus_per_node to a node; each has NVLink inside its node and one RDMA
-    NIC; its four (link, direction) streams run at once, each full duplex.
-    route: how a byte crosses nodes.
-      "rail" (DeepEP's internode kernels, NCCL's rail-aligned path): from the sender's NIC to the NIC
-        of the GPU with the sender's local index in the destination node, then over NVLink to the
-        destination. The exchange that mirrors it (combine after dispatch, a gradient after its
-        weight) takes the same links backwards, so it costs the same.
-      "direct": from the sender's NIC straight to the destination's NIC.
-      None: the topology's `route`. A topology with `shared_link` (one machine's loopback) has a single
-        link per GPU at nvlink_GBps: its time is max(all bytes sent, all bytes received) / nvlink_GBps.
-    node_bytes: optional float [..., ep_src, nodes] bytes each GPU sends over RDMA into each node on
-        the rail route, when fewer than the per-GPU bytes (a token sent once per node, see
-        distinct_tokens); default: bytes_matrix summed over each node's GPUs.
-    Returns float64 [..., ep]: per GPU, the larger of max(send, recv) NVLink bytes / nvlink_GBps and
-    max(send, recv) RDMA bytes / rdma_GBps.
+    nvlink_send: np.ndarray
+    nvlink_recv: np.ndarray
+    rdma_send: np.ndarray
+    rdma_recv: np.ndarray
+
+
+def link_seconds_of(link_bytes: LinkBytes, topology: Topology) -> np.ndarray:
+    """The one function from per-GPU link bytes to seconds (no latency): float64 [..., ep].
+
+    A GPU's NVLink and RDMA links run at the same time, each full duplex: its time is the larger of
+    max(send, recv) NVLink bytes / nvlink rate and max(send, recv) RDMA bytes / rdma rate. A topology
+    with `shared_link` (one machine's loopback) has one link per GPU at the NVLink rate:
+    max(all bytes sent, all bytes received) / nvlink rate.
     """
+    b = link_bytes
+    if topology.shared_link:
+        both = np.maximum(b.nvlink_send + b.rdma_send, b.nvlink_recv + b.rdma_recv)
+        return np.maximum(both, 0.0) / topology.nvlink_bytes_per_s
+    nvl = np.maximum(np.maximum(b.nvlink_send, b.nvlink_recv), 0.0) / topology.nvlink_bytes_per_s
+    rdma = np.maximum(np.maximum(b.rdma_send, b.rdma_recv), 0.0) / topology.rdma_bytes_per_s
+    return np.maximum(nvl, rdma)
+
+
+def _check_route(topology: Topology, route: str | None) -> str:
     route = topology.route if route is None else route
     if route not in ROUTES:
         raise ConfigError(f"route must be one of {ROUTES}, got {route!r}")
+    return route
+
+
+def link_bytes_of_moves(cell: np.ndarray, src: np.ndarray, dst: np.ndarray, weight, cells: int, ep: int,
+                        gpus_per_node: int, route: str) -> LinkBytes:
+    """Per-GPU link bytes of `cells` exchanges given as moves: move i sends weight[i] bytes (an array,
+    or one number for all) from GPU src[i] to GPU dst[i] in exchange cell[i]; moves that repeat add
+    up; a move to itself is free. Returns LinkBytes of float64 [cells, ep].
+
+    Inside a node a byte takes NVLink. Across nodes, route "direct": from the sender's NIC straight
+    to the destination's NIC; "rail" (DeepEP's internode kernels, NCCL's rail-aligned path): from the
+    sender's NIC to the NIC of the GPU with the sender's local index in the destination node (the
+    relay), then over NVLink to the destination. The mirrored exchange (combine after dispatch, a
+    gradient after its weight) takes the same links backwards, so it costs the same.
+    """
+    g = gpus_per_node
+    cell, src, dst = (np.asarray(a, dtype=np.int64) for a in (cell, src, dst))
+    weight = np.broadcast_to(np.asarray(weight, dtype=np.float64), cell.shape)
+    moving = src != dst
+    cell, src, dst, weight = cell[moving], src[moving], dst[moving], weight[moving]
+    size = cells * ep
+
+    def per_gpu(where, gpu):  # bytes summed per (cell, GPU) over the moves selected by `where`
+        return np.bincount(cell[where] * ep + gpu[where], weights=weight[where], minlength=size).reshape(cells, ep)
+
+    same = src // g == dst // g
+    cross = ~same
+    nvl_send, nvl_recv = per_gpu(same, src), per_gpu(same, dst)
+    rdma_send = per_gpu(cross, src)
+    if route == "direct":
+        rdma_recv = per_gpu(cross, dst)
+    else:
+        relay = dst // g * g + src % g
+        rdma_recv = per_gpu(cross, relay)
+        hop = cross & (relay != dst)
+        nvl_send = nvl_send + per_gpu(hop, relay)
+        nvl_recv = nvl_recv + per_gpu(hop, dst)
+    return LinkBytes(nvl_send, nvl_recv, rdma_send, rdma_recv)
+
+
+def link_bytes_of_matrix(bytes_matrix: np.ndarray, gpus_per_node: int, route: str,
+                         node_bytes: np.ndarray | None = None) -> LinkBytes:
+    """Per-GPU link bytes of dense exchanges: the same links and routes as link_bytes_of_moves, with
+    every (src, dst) pair a move, summed by einsum over node blocks (an all-to-all is dense: every
+    source sends to every GPU, and a list of its moves would be slower to count).
+
+    bytes_matrix: float [..., ep_src, ep_dst] (the diagonal stays local and is free). node_bytes:
+    optional float [..., ep_src, nodes] bytes each GPU sends over RDMA into each node on the rail
+    route, when fewer than the per-GPU bytes (a token sent once per node, see distinct_tokens);
+    default: bytes_matrix summed over each node's GPUs. Returns LinkBytes of float64 [..., ep].
+    """
     x = np.asarray(bytes_matrix, dtype=np.float64)
     ep = x.shape[-1]
     g = gpus_per_node
@@ -75,52 +138,23 @@ def link_seconds(bytes_matrix: np.ndarray, gpus_per_node: int, topology: Topolog
         relayed = cross.sum(axis=-3) - on_own_rail  # [..., Nd, Ld] NVLink bytes into each destination
         relay_out = np.swapaxes(cross.sum(axis=-1), -1, -2) - on_own_rail  # [..., Nd, Li] bytes each relay forwards
         nvl_send, nvl_recv = intra_send + relay_out, intra_recv + relayed
-    if topology.shared_link:
-        both = np.maximum(nvl_send + rdma_send, nvl_recv + rdma_recv)
-        return (np.maximum(both, 0.0) / topology.nvlink_bytes_per_s).reshape(*lead, ep)
-    nvl = np.maximum(np.maximum(nvl_send, nvl_recv), 0.0) / topology.nvlink_bytes_per_s
-    rdma = np.maximum(np.maximum(rdma_send, rdma_recv), 0.0) / topology.rdma_bytes_per_s
-    return np.maximum(nvl, rdma).reshape(*lead, ep)
+    return LinkBytes(*(a.reshape(*lead, ep) for a in (nvl_send, nvl_recv, rdma_send, rdma_recv)))
+
+
+def link_seconds(bytes_matrix: np.ndarray, gpus_per_node: int, topology: Topology, route: str | None = None,
+                 node_bytes: np.ndarray | None = None) -> np.ndarray:
+    """Per-GPU transfer seconds of dense point-to-point exchanges, without latency: float64 [..., ep].
+    bytes_matrix [..., ep_src, ep_dst], node_bytes: see link_bytes_of_matrix; route None: the
+    topology's."""
+    return link_seconds_of(link_bytes_of_matrix(bytes_matrix, gpus_per_node, _check_route(topology, route),
+                                                node_bytes), topology)
 
 
 def sparse_link_seconds(cell: np.ndarray, src: np.ndarray, dst: np.ndarray, weight, cells: int, ep: int,
                         gpus_per_node: int, topology: Topology, route: str | None = None) -> np.ndarray:
-    """link_seconds of `cells` exchanges given as a list of moves instead of dense [cells, ep, ep]
-    matrices: move i sends weight[i] bytes (an array, or one number for all) from GPU src[i] to GPU
-    dst[i] in exchange cell[i]; moves that repeat add up; a move to itself is free. Same links,
-    routes and rates as link_seconds (node_bytes not supported). Returns float64 [cells, ep].
-    """
-    route = topology.route if route is None else route
-    if route not in ROUTES:
-        raise ConfigError(f"route must be one of {ROUTES}, got {route!r}")
-    g = gpus_per_node
-    cell, src, dst = (np.asarray(a, dtype=np.int64) for a in (cell, src, dst))
-    weight = np.broadcast_to(np.asarray(weight, dtype=np.float64), cell.shape)
-    moving = src != dst
-    cell, src, dst, weight = cell[moving], src[moving], dst[moving], weight[moving]
-    size = cells * ep
-
-    def per_gpu(where, gpu):  # bytes summed per (cell, GPU) over the moves selected by `where`
-        return np.bincount(cell[where] * ep + gpu[where], weights=weight[where], minlength=size)
-
-    same = src // g == dst // g
-    cross = ~same
-    nvl_send, nvl_recv = per_gpu(same, src), per_gpu(same, dst)
-    rdma_send = per_gpu(cross, src)
-    if route == "direct":
-        rdma_recv = per_gpu(cross, dst)
-    else:  # rail: into the NIC of the sender's local index in the destination node, then NVLink on
-        rail = dst // g * g + src % g
-        rdma_recv = per_gpu(cross, rail)
-        hop = cross & (rail != dst)
-        nvl_send = nvl_send + per_gpu(hop, rail)
-        nvl_recv = nvl_recv + per_gpu(hop, dst)
-    if topology.shared_link:
-        both = np.maximum(nvl_send + rdma_send, nvl_recv + rdma_recv)
-        return (both / topology.nvlink_bytes_per_s).reshape(cells, ep)
-    nvl = np.maximum(nvl_send, nvl_recv) / topology.nvlink_bytes_per_s
-    rdma = np.maximum(rdma_send, rdma_recv) / topology.rdma_bytes_per_s
-    return np.maximum(nvl, rdma).reshape(cells, ep)
+    """Per-GPU transfer seconds of exchanges given as moves (link_bytes_of_moves): float64 [cells, ep]."""
+    return link_seconds_of(link_bytes_of_moves(cell, src, dst, weight, cells, ep, gpus_per_node,
+                                               _check_route(topology, route)), topology)
 
 
 def collective_seconds(bytes_matrix: np.ndarray, gpus_per_node: int, topology: Topology,

@@ -14,7 +14,7 @@ import numpy as np
 
 from relibra.cluster import Topology
 from relibra.plan import StepPlan, empty_replicas
-from relibra.policies.base import Policy
+from relibra.policies.base import Policy, register
 from relibra.trace import RoutingTrace, static_placement
 
 
@@ -39,6 +39,7 @@ def uniform_loads(loads: np.ndarray) -> np.ndarray:
     return out.astype(np.int32)
 
 
+@register
 @dataclass
 class BalancedPolicy(Policy):
     """Uniform routing on static placement; no parameters."""

@@ -24,7 +24,7 @@ import abc
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -79,12 +79,16 @@ class Policy(abc.ABC):
 
 
 # ---- registry ------------------------------------------------------------------------------------
-_REGISTRY: dict[str, Callable[..., Policy]] = {}
+_REGISTRY: dict[str, type[Policy]] = {}
 
 
-def register(name: str, factory: Callable[..., Policy]) -> None:
-    """Make `factory(**params)` reachable as get_policy(name, **params)."""
-    _REGISTRY[name] = factory
+def register(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: get_policy(cls.name, **params) builds cls(**params). Names are listed in the
+    order classes register (the import order in relibra/policies/__init__.py)."""
+    if cls.name in _REGISTRY:
+        raise ConfigError(f"policy name {cls.name!r} is registered twice ({_REGISTRY[cls.name].__name__}, {cls.__name__})")
+    _REGISTRY[cls.name] = cls
+    return cls
 
 
 def registered_names() -> list[str]:
@@ -95,23 +99,15 @@ def get_policy(name: str, **params) -> Policy:
     """The policy called `name` built with `params`; ConfigError lists the known names or the
     policy's known parameters when either is wrong."""
     try:
-        factory = _REGISTRY[name]
+        cls = _REGISTRY[name]
     except KeyError:
         raise ConfigError(f"unknown policy {name!r}; known: {', '.join(_REGISTRY)}") from None
     try:
-        policy = factory(**params)
+        return cls(**params)
     except TypeError as exc:
-        fields = _factory_fields(factory)
+        fields = [f.name for f in dataclasses.fields(cls)]
         raise ConfigError(f"policy {name!r}: bad parameters {sorted(params)} ({exc}); "
                           f"known parameters: {', '.join(fields) or 'none'}") from None
-    return policy
-
-
-def _factory_fields(factory) -> list[str]:
-    cls = getattr(factory, "policy_class", factory)
-    if dataclasses.is_dataclass(cls):
-        return [f.name for f in dataclasses.fields(cls)]
-    return []
 
 
 # ---- shared checks -------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ import torch
 from relibra.cluster import Topology
 from relibra.errors import ConfigError
 from relibra.plan import StepPlan
-from relibra.policies.base import Policy, check_nonnegative_int
+from relibra.policies.base import Policy, check_nonnegative_int, register
 from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import RoutingTrace
 
@@ -260,6 +260,7 @@ def eplb_copies(weight: np.ndarray, ep: int, gpus_per_node: int, redundant_slots
     return held, home, ("node" if hierarchical else "any"), num_replicas // ep
 
 
+@register
 @dataclass
 class EplbPolicy(Policy):
     """EPLB fed a moving average of the previous `window` steps' loads (history-based).
@@ -305,6 +306,7 @@ class EplbPolicy(Policy):
         return plan
 
 
+@register
 @dataclass
 class EplbOraclePolicy(EplbPolicy):
     """`eplb+`: EPLB fed the current step's exact loads (an oracle the replayed routing provides)."""

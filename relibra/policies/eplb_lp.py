@@ -31,6 +31,7 @@ from scipy.optimize import linprog
 from relibra.cluster import Topology
 from relibra.errors import PlanError
 from relibra.plan import StepPlan
+from relibra.policies.base import register
 from relibra.policies.eplb import EplbOraclePolicy, eplb_copies, plan_from_copies
 from relibra.trace import RoutingTrace
 
@@ -78,6 +79,7 @@ def lp_copy_tokens(expert_tokens: np.ndarray, held: np.ndarray, home: np.ndarray
     return out
 
 
+@register
 @dataclass
 class EplbLpOraclePolicy(EplbOraclePolicy):
     """`eplb+lp`: EPLB+'s copies (exact step loads), tokens split per micro-batch and layer by an LP."""

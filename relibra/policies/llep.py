@@ -21,7 +21,7 @@ import numpy as np
 
 from relibra.cluster import Topology
 from relibra.plan import StepPlan
-from relibra.policies.base import Policy, check_nonnegative_int, check_positive
+from relibra.policies.base import Policy, check_nonnegative_int, check_positive, register
 from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import RoutingTrace, static_placement
 
@@ -87,6 +87,7 @@ def llep_assign(expert_tokens: np.ndarray, ep: int, capacity_factor: float, min_
     return empty, empty, empty, empty
 
 
+@register
 @dataclass
 class LlepPolicy(Policy):
     """LLEP's per-(micro_batch, layer) spill planner. Defaults are the paper's.

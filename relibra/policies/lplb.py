@@ -45,7 +45,7 @@ from scipy.optimize import linprog
 from relibra.cluster import Topology
 from relibra.errors import ConfigError
 from relibra.plan import StepPlan
-from relibra.policies.base import Policy, check_nonnegative_int
+from relibra.policies.base import Policy, check_nonnegative_int, register
 from relibra.policies.eplb import plan_from_copies, rebalance_experts
 from relibra.trace import RoutingTrace
 
@@ -165,6 +165,7 @@ def lplb_solve(expert_tokens: np.ndarray, home: np.ndarray, edges: tuple[np.ndar
     return out, {"lp_fallback_micro_batches": fallbacks}
 
 
+@register
 @dataclass
 class LplbOraclePolicy(Policy):
     """LPLB on the step's exact loads (oracle reorder), per-micro-batch LP at run time.

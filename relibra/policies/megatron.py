@@ -13,10 +13,11 @@ import numpy as np
 
 from relibra.cluster import Topology
 from relibra.plan import StepPlan, empty_replicas
-from relibra.policies.base import Policy
+from relibra.policies.base import Policy, register
 from relibra.trace import RoutingTrace, static_placement
 
 
+@register
 @dataclass
 class MegatronPolicy(Policy):
     """Static contiguous placement; no parameters."""

@@ -4,26 +4,13 @@ Two mechanisms, matched to the bandwidth hierarchy:
 
 1. Inter-batch reordering (once per step, across nodes): choose every expert's home GPU. Replication
    later moves load only inside a node, so what reordering must get right is the *node* balance of
-   every micro-batch (not of the step total). The score of a layer's placement, in per-GPU compute
-   tokens summed over the step's micro-batches m:
-
-       J = sum_m [ smax_n C[m,n] + r smax_n R[m,n] ] / gpn          node balance per micro-batch
-         + w_gpu * sum_m sum_g G[m,g]^2 / T[m]                       GPU balance per micro-batch
-         + w_mig * sum over moved experts of r_mig                   migration from prev_home
-
-   C[m,n] = the tokens of the experts homed in node n (its compute); R[m,n] = of those, the tokens
-   coming from other nodes' ranks (what it receives over RDMA). Expert compute and the dispatch
-   that feeds it are separate phases, each as slow as its busiest node: hence a sum of two maxima
-   (before, one max of compute + r x received, which traded compute balance for little locality).
-   r = comm_weight * r_comm, where r_comm converts one cross-node token (dispatch and combine,
-   forward and backward, over RDMA) into compute tokens of that model. smax_n y = mu (mean_n
-   (y / mu)^p)^(1/p) is a p-norm smooth max over nodes (p = node_power, 8; mu a placement-free
-   normaliser): smooth, between the mean and the max ("objective smoothing"), and it decomposes
-   over nodes, so a swap of two experts changes it through two nodes' power sums: O(M) per
-   candidate (incremental update). G, T: tokens per GPU and per layer; sum_g G^2 / T is the
-   load-weighted mean GPU load, a light term since
-   replication evens GPUs out inside a node. r_mig converts an expert's weights + optimizer state
-   moved over RDMA (NVLink inside a node), spread over the ep GPUs, into compute tokens.
+   every micro-batch (not of the step total). The score of a layer's placement
+   (relibra.policies.reference.layer_scores, where it is written out) sums, over the step's
+   micro-batches, two smooth maxima over nodes (of the compute each node hosts, and of the tokens it
+   receives from other nodes, weighted by comm_weight x r_comm compute tokens per cross-node token),
+   a light GPU-balance term (gpu_weight) and the migration cost from prev_home (migration_weight x
+   r_mig, cost_ratios). The smooth maximum decomposes over nodes, so a swap of two experts changes
+   it through two nodes' power sums: O(M) per candidate (incremental update, anneal_homes).
    Search: simulated annealing over swaps of two experts on different GPUs of the same layer. Each
    layer starts from the better-scoring of an LPT placement and prev_home (when given, with equal
    homes); every layer is independent, so all layers anneal together, each iteration scoring
@@ -39,7 +26,7 @@ Two mechanisms, matched to the bandwidth hierarchy:
    the node's mean GPU tokens). Every (micro_batch, layer,
    node) runs in lock step, vectorized.
 
-Ablations are parameterizations of the same class: `relibra-reorder` (no replication),
+Ablations are subclasses that each pin one parameter: `relibra-reorder` (no replication),
 `relibra-replicate` (static homes), `relibra-lpt` (LPT placement, no annealing) and
 `relibra-split` (replicas fixed for the whole step: per layer and GPU the ones that carry the most
 tokens over the step's micro-batches; only the token split changes per micro-batch, by the LP of
@@ -57,7 +44,7 @@ import numpy as np
 from relibra.cluster import Topology
 from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan, gpu_tokens_from
-from relibra.policies.base import Policy, check_nonnegative_int, check_positive
+from relibra.policies.base import Policy, check_nonnegative_int, check_positive, register
 from relibra.policies.eplb_lp import lp_copy_tokens
 from relibra.policies.reorder import AnnealConfig, anneal_homes, cost_ratios, equal_homes, lpt_homes
 from relibra.policies.replicate import held_from_replicas, replicate_in_node
@@ -165,6 +152,7 @@ def no_worse_than_static(expert_tokens: np.ndarray, home: np.ndarray, rexp: np.n
     return home, rexp, rtok, worse
 
 
+@register
 @dataclass
 class ReLibraPolicy(Policy):
     """ReLibra: reorder homes across nodes once per step, replicate inside nodes per micro-batch.
@@ -183,6 +171,7 @@ class ReLibraPolicy(Policy):
     """
 
     name: ClassVar[str] = "relibra"
+    fixed: ClassVar[dict] = {}  # parameters an ablation pins
     reorder: str = "anneal"
     replicate: str = "micro_batch"
     spare_slots_per_gpu: int = 2
@@ -200,6 +189,9 @@ class ReLibraPolicy(Policy):
     migration_weight: float = 1.0
 
     def __post_init__(self):
+        for key, value in self.fixed.items():
+            if getattr(self, key) != value:
+                raise ConfigError(f"policy {self.name!r} fixes {key}={value!r}; use 'relibra' to change it")
         if self.reorder not in REORDERS:
             raise ConfigError(f"policy {self.name!r}: reorder must be one of {REORDERS}, got {self.reorder!r}")
         if self.replicate not in REPLICATIONS:
@@ -256,6 +248,9 @@ class ReLibraPolicy(Policy):
 
     def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
               prev_home: np.ndarray | None) -> StepPlan:
+        """The stages in order: reorder (place), replicate inside nodes, fall back per layer to static
+        homes where those do better, then any replicas beyond the node (none here; relibra-h adds
+        cross-node ones), then the replicas' runs of tokens."""
         loads = trace.loads[step]
         m, l, ep, e = loads.shape
         clock = _Clock()
@@ -266,21 +261,32 @@ class ReLibraPolicy(Policy):
         replicate = clock.lap()
         home, rexp, rtok, worse = self._no_worse_than_static(loads, expert_tokens, home, rexp, rtok, gpus_per_node)
         fallback = clock.lap()
+        rexp, rtok, beyond_info = self._beyond_node(trace, step, topology, gpus_per_node, expert_tokens, home, rexp, rtok)
+        beyond = clock.lap()
         rstart = replica_runs(home, rexp, rtok, expert_tokens)
         flow = clock.lap()
         r = rexp.shape[3]
+        scope = "any" if beyond_info.get("cross_node_replicas") else ("node" if r else "none")
         plan = StepPlan(policy=self.name, loads=loads, home=home, replica_expert=rexp.astype(np.int32),
-                        replica_start=rstart, replica_tokens=rtok, gpus_per_node=gpus_per_node, slots_per_gpu=e // ep + r,
-                        replica_scope="node" if r else "none")
+                        replica_start=rstart, replica_tokens=rtok, gpus_per_node=gpus_per_node,
+                        slots_per_gpu=e // ep + r, replica_scope=scope)
+        replication = (replicate[0] + beyond[0], replicate[1] + beyond[1])
         info.update({"reorder_seconds": reorder[0], "reorder_cpu_seconds": reorder[1],
-                     "replication_seconds": replicate[0], "replication_cpu_seconds": replicate[1],
-                     "replication_us_per_microbatch_layer": replicate[0] / (m * l) * 1e6,
-                     "replication_cpu_us_per_microbatch_layer": replicate[1] / (m * l) * 1e6,
+                     "replication_seconds": replication[0], "replication_cpu_seconds": replication[1],
+                     "replication_us_per_microbatch_layer": replication[0] / (m * l) * 1e6,
+                     "replication_cpu_us_per_microbatch_layer": replication[1] / (m * l) * 1e6,
                      "fallback_seconds": fallback[0], "fallback_cpu_seconds": fallback[1],
                      "flow_seconds": flow[0], "flow_cpu_seconds": flow[1],
-                     "fallback_layers": int(worse.sum())})
+                     "fallback_layers": int(worse.sum()), **beyond_info})
         plan.info.update(info)
         return plan
+
+    def _beyond_node(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
+                     expert_tokens: np.ndarray, home: np.ndarray, rexp: np.ndarray, rtok: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, dict]:
+        """Replicas outside the expert's node, after the in-node ones: none for ReLibra (a subclass's
+        stage). Returns (replica_expert, replica_tokens [M, L, ep, R'], figures for plan.info)."""
+        return rexp, rtok, {}
 
 
 class _Clock:
@@ -296,25 +302,42 @@ class _Clock:
         return out
 
 
-def _variant(name: str, **fixed):
-    """A registry factory for an ablation: a ReLibraPolicy subclass named `name` with some
-    parameters fixed."""
-    cls = type(f"ReLibraPolicy[{name}]", (ReLibraPolicy,), {"name": name, "__doc__": ReLibraPolicy.__doc__})
+# ---- the ablations: ReLibra with one stage pinned ------------------------------------------------------
+@register
+@dataclass
+class ReLibraReorderPolicy(ReLibraPolicy):
+    """relibra-reorder: the reordering alone, no replicas."""
 
-    def factory(**params):
-        clash = set(params) & set(fixed)
-        if clash:
-            raise ConfigError(f"policy {name!r} fixes {sorted(clash)}; use 'relibra' to change them")
-        return cls(**fixed, **params)
-
-    factory.policy_class = ReLibraPolicy
-    return factory
+    name: ClassVar[str] = "relibra-reorder"
+    fixed: ClassVar[dict] = {"replicate": "none"}
+    replicate: str = "none"
 
 
-VARIANTS = {
-    "relibra": {},
-    "relibra-reorder": {"replicate": "none"},
-    "relibra-replicate": {"reorder": "static"},
-    "relibra-lpt": {"reorder": "lpt"},
-    "relibra-split": {"replicate": "step"},
-}
+@register
+@dataclass
+class ReLibraReplicatePolicy(ReLibraPolicy):
+    """relibra-replicate: in-node replication on Megatron's static homes."""
+
+    name: ClassVar[str] = "relibra-replicate"
+    fixed: ClassVar[dict] = {"reorder": "static"}
+    reorder: str = "static"
+
+
+@register
+@dataclass
+class ReLibraLptPolicy(ReLibraPolicy):
+    """relibra-lpt: LPT homes on the step totals (no annealing), then in-node replication."""
+
+    name: ClassVar[str] = "relibra-lpt"
+    fixed: ClassVar[dict] = {"reorder": "lpt"}
+    reorder: str = "lpt"
+
+
+@register
+@dataclass
+class ReLibraSplitPolicy(ReLibraPolicy):
+    """relibra-split: replicas fixed for the whole step; only their token split changes per micro-batch."""
+
+    name: ClassVar[str] = "relibra-split"
+    fixed: ClassVar[dict] = {"replicate": "step"}
+    replicate: str = "step"

@@ -40,10 +40,9 @@ import numpy as np
 
 from relibra.cluster import Topology
 from relibra.errors import ConfigError
-from relibra.plan import StepPlan, gpu_tokens_from
-from relibra.policies.base import check_nonnegative_int, experts_by_gpu
+from relibra.plan import gpu_tokens_from
+from relibra.policies.base import check_nonnegative_int, experts_by_gpu, register
 from relibra.policies.relibra import ReLibraPolicy, _Clock
-from relibra.policies.split import replica_runs
 from relibra.trace import RoutingTrace
 
 TFLOP = 1e12
@@ -187,6 +186,7 @@ def cross_node_replicate(expert_tokens: np.ndarray, home: np.ndarray, rexp: np.n
     return rexp2.reshape(m, l, ep, r), rtok2.reshape(m, l, ep, r), added
 
 
+@register
 @dataclass
 class ReLibraHierPolicy(ReLibraPolicy):
     """relibra-h: ReLibra (every parameter of `relibra`) plus cross-node replicas (module docstring).
@@ -205,60 +205,29 @@ class ReLibraHierPolicy(ReLibraPolicy):
         if self.replicate not in ("micro_batch", "none"):
             raise ConfigError(f"policy {self.name!r}: replicate must be 'micro_batch' or 'none', got {self.replicate!r}")
 
-    def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
-              prev_home: np.ndarray | None) -> StepPlan:
-        loads = trace.loads[step]
-        m, l, ep, e = loads.shape
-        model = trace.model
+    def _beyond_node(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
+                     expert_tokens: np.ndarray, home: np.ndarray, rexp: np.ndarray, rtok: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, dict]:
+        """ReLibra's stages run unchanged (relibra.ReLibraPolicy._plan); this one adds the cross-node
+        pass on the in-node plan's free slots plus cross_slots_per_gpu more, then drops replica
+        slots no GPU uses."""
+        m, l, ep, _ = rexp.shape
         clock = _Clock()
-        expert_tokens = loads.sum(axis=2, dtype=np.int64)  # [M, L, E], once for every stage
-        home, info = self.place(trace, step, topology, gpus_per_node, prev_home, expert_tokens)
-        reorder = clock.lap()
-        rexp, rtok = self._replicas(loads, expert_tokens, home, gpus_per_node)
-        # ReLibra's guarantee, unchanged (its own method): a layer whose new homes lose to Megatron's falls
-        # back to static homes
-        home, rexp, rtok, worse = self._no_worse_than_static(loads, expert_tokens, home, rexp, rtok, gpus_per_node)
-        in_node = clock.lap()
-        # cross-node pass, on the in-node plan's free slots plus cross_slots_per_gpu more
         pad = self.cross_slots_per_gpu
         rexp = np.concatenate([rexp, np.full((m, l, ep, pad), -1, dtype=rexp.dtype)], axis=3)
         rtok = np.concatenate([rtok, np.zeros((m, l, ep, pad), dtype=rtok.dtype)], axis=3)
-        nodes = ep // gpus_per_node
         added = 0
-        if nodes > 1 and self.cross_rounds > 0:
-            rate = topology.matmul_tflops * TFLOP
+        if ep // gpus_per_node > 1 and self.cross_rounds > 0:
+            model = trace.model
             push_s = model.expert_bytes / (topology.rdma_GBps * GB)
-            token_s = model.expert_train_flops_per_token / rate
+            token_s = model.expert_train_flops_per_token / (topology.matmul_tflops * TFLOP)
             window = overlap_window_s(trace, step, topology)
             mean = expert_tokens.sum(axis=2) * 1.0 / ep  # [M, L] tokens per GPU
             min_tokens = np.maximum(np.minimum(self.min_replica_tokens, np.ceil(self.min_replica_fraction * mean)), 1)
             rexp, rtok, added = cross_node_replicate(expert_tokens, home, rexp, rtok, gpus_per_node, window, push_s,
                                                      token_s, min_tokens.astype(np.int64), self.cross_rounds)
-        # drop replica slots no GPU uses
         used_slots = int((rexp >= 0).sum(axis=3).max(initial=0))
         order = np.argsort(rexp < 0, axis=3, kind="stable")  # occupied slots first
         rexp = np.take_along_axis(rexp, order, axis=3)[..., :used_slots]
         rtok = np.take_along_axis(rtok, order, axis=3)[..., :used_slots]
-        cross = clock.lap()
-        rstart = replica_runs(home, rexp, rtok, expert_tokens)
-        flow = clock.lap()
-        plan = StepPlan(policy=self.name, loads=loads, home=home, replica_expert=rexp.astype(np.int32),
-                        replica_start=rstart, replica_tokens=rtok, gpus_per_node=gpus_per_node, slots_per_gpu=e // ep + rexp.shape[3],
-                        replica_scope="any" if added else ("node" if rexp.shape[3] else "none"))
-        info.update({"reorder_seconds": reorder[0], "reorder_cpu_seconds": reorder[1],
-                     "replication_seconds": in_node[0] + cross[0],
-                     "replication_cpu_seconds": in_node[1] + cross[1],
-                     "replication_us_per_microbatch_layer": (in_node[0] + cross[0]) / (m * l) * 1e6,
-                     "replication_cpu_us_per_microbatch_layer": (in_node[1] + cross[1]) / (m * l) * 1e6,
-                     "cross_node_seconds": cross[0], "cross_node_replicas": int(added),
-                     "flow_seconds": flow[0], "flow_cpu_seconds": flow[1], "fallback_layers": int(worse.sum())})
-        plan.info.update(info)
-        return plan
-
-
-def relibra_h_factory(**params) -> ReLibraHierPolicy:
-    """Registry factory of relibra-h (its parameters: every `relibra` parameter, cross_slots_per_gpu, cross_rounds)."""
-    return ReLibraHierPolicy(**params)
-
-
-relibra_h_factory.policy_class = ReLibraHierPolicy
+        return rexp, rtok, {"cross_node_seconds": clock.lap()[0], "cross_node_replicas": int(added)}

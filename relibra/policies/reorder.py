@@ -11,6 +11,7 @@ import numpy as np
 
 from relibra.cluster import ModelShape, Topology
 from relibra.plan import homes_per_gpu
+from relibra.policies.reference import layer_scores
 
 
 def lpt_homes(step_tokens: np.ndarray, ep: int) -> np.ndarray:
@@ -113,16 +114,11 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
         (slow: for tests).
     Returns (home int64 [L, E], info with the mean relative score before and after).
 
-    Score of a layer, in per-GPU compute tokens summed over micro-batches m. Expert compute and the
-    dispatch that feeds it are separate phases, one after the other, each as slow as its busiest
-    node, so the score is a sum of two maxima over nodes, each a p-norm smooth max:
-        sum_m [ smax_n C[m,n] + r smax_n R[m,n] ] / gpn  +  w_gpu sum_m sum_g G[m,g]^2 / T[m]  +  migration
-    C[m,n]: tokens of the experts homed in node n (its compute); R[m,n]: of those, the tokens coming
-    from other nodes' ranks (what it receives over RDMA); smax_n y = mu (mean_n (y / mu)^p)^(1/p)
-    with mu a placement-independent normaliser (the mean over nodes when sources spread evenly); G
-    the GPU loads and T the layer's tokens. Every term decomposes over nodes and GPUs, so a swap
-    is scored incrementally: it touches two GPUs and at most two nodes. After annealing,
-    `polish_iterations` of greedy descent use the exact maxima.
+    The score of a layer is reference.layer_scores (node_power p, comm_ratio r, gpu_weight); every
+    term decomposes over nodes and GPUs, so a swap is scored incrementally: it touches two GPUs and at
+    most two nodes. After annealing, `polish_iterations` of greedy descent use the exact maxima.
+    reference.anneal_homes_reference is this search one swap at a time, with the whole objective
+    recomputed per candidate; both give the same homes for a seed (tests/test_planner_reference.py).
 
     Node state is kept as one array Y [L, nodes, terms, M] (terms: C, and R when r > 0) so that
     both terms move through the same few numpy calls. Speed (docs/policies.md, relibra section):
@@ -188,11 +184,6 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
         v *= mu_rows
         return (v.sum(axis=-1) * weight).sum(axis=-1) / gpn
 
-    def migration(h):
-        if not use_mig:
-            return 0.0
-        return (mig[0] * ((h != prev_home) & (h // gpn == prev_node)) + mig[1] * (h // gpn != prev_node)).sum(axis=1)
-
     def moved(ie, to_gpu, to_node):  # migration cost of the experts at flat rows ie [L, K] landing on to_gpu
         return np.where(to_node != prev_node_f[ie], mig[1], np.where(to_gpu != prev_home_f[ie], mig[0], 0.0))
 
@@ -211,10 +202,9 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     def powers(y):  # (y / mu)^p: [L, nodes, terms, M]
         return _pow(y * inv_mu[:, None], p_node)
 
-    def score(h):
-        gl, y = state(h)
-        gpu_term = ((gl.astype(np.float64) ** 2).sum(axis=1) * inv_total).sum(axis=1)
-        return (smax(powers(y).sum(axis=1, dtype=np.float64), mu) + w_gpu * gpu_term + migration(h)) / scale
+    def score(h):  # the objective itself, recomputed (reference.layer_scores): float64 [L]
+        return layer_scores(expert_tokens, src_node_tokens, h, ep, gpn, p_node, r, w_gpu,
+                            mig if use_mig else None, prev_home)
 
     def candidates():
         """k random swaps per layer, as the halves of [2, L, K] arrays (half 0: expert a, its GPU p

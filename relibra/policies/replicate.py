@@ -202,9 +202,11 @@ def _greedy_round(st: _GreedyState, tgt: np.ndarray, threshold: np.ndarray, wide
     else:
         rem_d = rem.reshape(-1).take(donor * (k * n) + (np.arange(k)[:, None] * n + col))  # [k, n]
         give = np.repeat(rem_d[None], gpn, axis=0)  # [gpn, k, n]
-        hit = np.flatnonzero(match)
+        hit = np.flatnonzero(match)  # flat (GPU h, slot, cell) of h's replicas of the donor's experts
         if len(hit):
-            give.reshape(-1)[(hit // (r * n) * k) * n + st.src_copy.reshape(-1)[hit] // n % k * n + hit % n] = -1
+            h, cell = hit // (r * n), hit % n
+            j = st.src_copy.reshape(-1)[hit] // n % k  # which of the donor's experts each one copies
+            give.reshape(-1)[(h * k + j) * n + cell] = -1  # give[h, j, cell]: h holds it already
         give_tok, give_j = _first_max(give, 1, wide)  # [gpn, n]
     # every move as one row of options: top-ups and chains (receiver, slot) first, so that ties keep
     # slots, then direct moves (receiver)
