@@ -105,9 +105,13 @@ def get_policy(name: str, **params) -> Policy:
     try:
         return cls(**params)
     except TypeError as exc:
-        fields = [f.name for f in dataclasses.fields(cls)]
         raise ConfigError(f"policy {name!r}: bad parameters {sorted(params)} ({exc}); "
-                          f"known parameters: {', '.join(fields) or 'none'}") from None
+                          f"known parameters: {', '.join(_factory_fields(cls)) or 'none'}") from None
+
+
+def _factory_fields(cls: type[Policy]) -> list[str]:
+    """The parameters of a registered policy class (its dataclass fields)."""
+    return [f.name for f in dataclasses.fields(cls)]
 
 
 # ---- shared checks -------------------------------------------------------------------------------
