@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from relibra.errors import PlanError
+from relibra.trace import rank_load, skewness
 
 REPLICA_SCOPES = ("none", "node", "any")
 
@@ -193,8 +194,6 @@ class StepPlan:
 
     def skewness(self) -> np.ndarray:
         """max / mean tokens per GPU: float64 [micro_batches, layers]."""
-        from relibra.trace import skewness
-
         return skewness(self.gpu_tokens())
 
     def homes_per_gpu(self) -> np.ndarray:
@@ -401,8 +400,6 @@ def gpu_tokens_from(expert_tokens: np.ndarray, home: np.ndarray, replica_expert:
                     replica_tokens: np.ndarray) -> np.ndarray:
     """Tokens each GPU computes: int64 [M, L, ep]: its homed experts' tokens (home_tokens_of) plus its
     replicas'. expert_tokens int [M, L, E]; home int [L, E]; replica_expert, replica_tokens int [M, L, ep, R]."""
-    from relibra.trace import rank_load
-
     ep = replica_expert.shape[2]
     at_home = rank_load(home_tokens_of(expert_tokens, replica_expert, replica_tokens), home, ep)
     return at_home + (np.asarray(replica_tokens, dtype=np.int64) * (replica_expert >= 0)).sum(axis=3)

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relibra.bench.gemm import fit_gemm_efficiency
 from relibra.cluster import ModelShape, Topology, get_model, get_topology, parse_topology
-from relibra.costs import (CostParams, collective_seconds, cost_plan, expert_flops_per_token, fit_gemm_efficiency,
+from relibra.costs import (CostParams, collective_seconds, cost_plan, expert_flops_per_token,
                            link_seconds, replica_memory)
 from relibra.errors import ConfigError, PlanError
 from relibra.metrics import METRIC_COLUMNS

@@ -14,11 +14,10 @@ replicas, token flow) and its flags (`transfers_on_critical_path`, `uniform_rout
 
 Per-token FLOPs and bytes are defined on relibra.cluster.ModelShape and rates on Topology, the same
 definitions the planners use. Imports: relibra.cluster, relibra.plan, relibra.trace, relibra.errors
-(and, for calibration only, relibra.workloads and relibra.policies).
+(calibration reads the measured planner table; relibra.bench measures it and fits the GEMM curve).
 """
 
-from relibra.costs.calibration import (fit_gemm_efficiency, load_planner_table, measure_expert_gemm,
-                                       measure_planner_table, planner_seconds_per_cell)
+from relibra.costs.calibration import load_planner_table, planner_seconds_per_cell
 from relibra.costs.flops import (attention_core_flops, attention_flops_per_token, dense_params_per_gpu,
                                  expert_flops_per_token, gemm_seconds, moe_layer_dense_flops_per_token)
 from relibra.costs.links import collective_seconds, distinct_tokens, link_seconds
@@ -37,6 +36,5 @@ __all__ = [
     "dispatch_seconds", "active_copies", "expert_seconds_per_gpu", "dense_seconds", "non_moe_seconds",
     "replica_moves", "replica_transfer_seconds", "replica_seconds", "exposed_seconds", "replica_memory",
     "planner_on_critical_path", "planner_seconds", "migration_seconds", "optimizer_seconds",
-    "fit_gemm_efficiency", "measure_expert_gemm", "measure_planner_table", "load_planner_table",
-    "planner_seconds_per_cell",
+    "load_planner_table", "planner_seconds_per_cell",
 ]

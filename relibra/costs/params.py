@@ -32,7 +32,7 @@ class CostParams:
         "planner_on_critical_path", else `transfers_on_critical_path`) is charged per (micro-batch,
         layer), on top of an all-gather of the expert counts:
           "table" (default): the planner's seconds per (micro-batch, layer) measured on this kit's
-            machine per EP size (data/planner_seconds.json, relibra.costs.calibration), interpolated
+            machine per EP size (data/planner_seconds.json, relibra.bench.planner_table), interpolated
             in log(EP); a planner the table lacks is charged as "measured";
           "measured": this step's measured planner CPU seconds / (micro-batches x layers) (noisy on
             a shared machine, so not the default);

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from relibra.cluster import ModelShape, Topology
+from relibra.costs.calibration import planner_seconds_per_cell
 from relibra.costs.flops import attention_core_flops, attention_core_seconds, gemm_seconds
 from relibra.costs.links import collective_seconds, layer_distinct_tokens, sparse_link_seconds
 from relibra.costs.params import REPLICA_BUFFERS, CostParams
@@ -274,8 +275,6 @@ def planner_seconds(plan: StepPlan, topology: Topology, params: CostParams,
     gather = float(collective_seconds(counts, plan.gpus_per_node, topology, route_of(topology, params)))
     charge = params.runtime_plan_s
     if charge == "table":
-        from relibra.costs.calibration import planner_seconds_per_cell
-
         per_cell = planner_seconds_per_cell(plan.policy, ep)
         if per_cell is not None:
             return np.full((m, l), gather + per_cell), "table"

@@ -7,7 +7,7 @@
    repeats, at several token counts, for the `tiny` and `small` shapes. relibra.costs charges a
    GEMM of t rows f * (t + half_tokens) / rate forward and twice that backward, so forward + backward
    = 3 f (t + h) / rate: a line in t whose slope gives the rate and whose intercept gives h (fit with
-   relibra.costs.fit_gemm_efficiency on 3 f FLOPs per token).
+   relibra.bench.gemm.fit_gemm_efficiency on 3 f FLOPs per token).
 2. gloo all-to-all: equal splits over 4 local ranks, several sizes; t = latency + bytes sent per
    rank / bandwidth (the cost model's collective: slowest rank's bytes over the link plus one latency).
    Also one-way point-to-point (the replica push path) between two ranks.
@@ -105,7 +105,7 @@ def expert_curve(hidden: int, ffn: int, token_counts: list[int], repeats: int = 
                  samples: list[list[float]] | None = None) -> dict:
     """Median forward + backward seconds per token count and the GEMM fit; `samples` (one list of seconds
     per token count) when measured elsewhere (runtime_modules_worker), else a bare SwiGLU (time_expert)."""
-    from relibra.costs import fit_gemm_efficiency
+    from relibra.bench.gemm import fit_gemm_efficiency
 
     if samples is None:
         samples = [time_expert(hidden, ffn, n, repeats) for n in token_counts]
@@ -245,7 +245,7 @@ def fit_cpu_preset(model: str = "moe-cpu", world: int = 2, repeats: int = 7, qui
 
     - routed expert: forward + backward of one expert of `model` as the runtime runs it (its
       megatron-core expert module, gradients accumulating, experts in rotation) at several token
-      counts -> matmul_tflops and gemm_half_tokens (relibra.costs.fit_gemm_efficiency on 3 x forward FLOPs);
+      counts -> matmul_tflops and gemm_half_tokens (relibra.bench.gemm.fit_gemm_efficiency on 3 x forward FLOPs);
     - gloo all-to-all over `world` ranks (equal splits) -> nvlink_GBps = rdma_GBps (one loopback link)
       and collective_latency_s; gloo point-to-point (the replica and migration path) is reported;
     - AdamW step over 1M..8M float32 parameters -> memory_GBps under the cost model's optimizer

@@ -10,7 +10,7 @@ are plain `torchrun ... -m relibra.runtime.train` and `relibra run` calls in the
 gemm: one SwiGLU routed expert as megatron-core's SequentialMLP runs it (fc1 to 2 x ffn, SiLU gate,
 fc2, times the routing probability), forward + backward, bf16, CUDA events, median of repeats, at the
 expert shapes of Qwen3-30B-A3B, GLM-4.5-Air and Qwen3-235B-A22B (relibra.cluster presets) over 64 to
-65536 tokens. preset: fits relibra.costs.fit_gemm_efficiency on 3 x forward FLOPs per token to each
+65536 tokens. preset: fits relibra.bench.gemm.fit_gemm_efficiency on 3 x forward FLOPs per token to each
 shape and writes a cluster preset (the `paper` cluster's links, the fitted matmul_tflops and
 gemm_half_tokens of the shape named by --shape) that relibra.cluster loads from data/device/.
 """
@@ -82,7 +82,7 @@ def fit_preset(gemm: dict, shape: str, base: str = "paper", name: str | None = N
     """A cluster preset (Topology fields) from gemm_curves output: `base`'s links and sizes, the fitted
     expert rate and half-saturation tokens of `shape` (forward + backward = 3 x forward FLOPs)."""
     from relibra.cluster import get_topology
-    from relibra.costs import fit_gemm_efficiency
+    from relibra.bench.gemm import fit_gemm_efficiency
     from relibra.errors import ConfigError
 
     if shape not in gemm.get("shapes", {}):
