@@ -229,3 +229,21 @@ def test_runtime_result_round_trips_through_json():
     assert back == res and back.records[0].wait_s == pytest.approx(0.07) and back.equivalence["relibra"].ok()
     rows = back.metric_rows("tiny", "math")
     assert {r["component"] for r in rows} == {"dispatch", "dispatch_wait", "replica_grad_wait", "step_cpu"}
+
+
+def test_runtime_spec_is_megatrons_moe_layer_with_relibras_router_and_slots():
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    from relibra.runtime.model import transformer_config
+    from relibra.runtime.config import ModelConfig
+    from relibra.runtime.router import PlacementRouter
+    from relibra.runtime.spec import OccupiedSequentialMLP, gpt_layer_spec, moe_layer_spec, physical_config
+
+    spec = moe_layer_spec(num_experts=16)
+    assert spec.module is MoELayer and spec.submodules.experts.module is OccupiedSequentialMLP
+    assert spec.submodules.router.func is PlacementRouter and spec.submodules.router.keywords == {"num_experts": 16}
+    assert gpt_layer_spec(16).submodules.mlp.module is MoELayer
+    config = transformer_config(ModelConfig.from_preset("tiny"))
+    assert physical_config(config, ep=4, replica_slots=2).num_moe_experts == 4 * (16 // 4 + 2)
+    with pytest.raises(ConfigError, match="do not divide"):
+        physical_config(config, ep=3, replica_slots=0)
