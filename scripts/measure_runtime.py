@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"load {run['load_average_1min'][0]:.1f}-{run['load_average_1min'][1]:.1f}")
             if r["policy"] != "megatron" and r.get("speedup_ci_low") is not None:
                 line += (f" | x{r['speedup_vs_megatron']:.3f} [{r['speedup_ci_low']:.3f}, {r['speedup_ci_high']:.3f}] "
-                         f"sim x{r['sim_speedup_vs_megatron']:.3f}")
+                         f"sim x{r['sim_speedup_vs_megatron']:.3f} cpu x{r['cpu_speedup_vs_megatron']:.3f} "
+                         f"[{r['cpu_speedup_ci_low']:.3f}, {r['cpu_speedup_ci_high']:.3f}]")
             print(line + ("  OVERSUBSCRIBED" if r["oversubscribed"] else ""))
     print(f"wrote {args.out}")
     return 0

@@ -284,7 +284,7 @@ def test_select_notebooks():
 def test_gpu_profile_reads_measured_runs(tmp_path):
     import json
 
-    fields = {"step_s": [0.2, 0.21], "step_s_median": 0.205, "step_s_min": 0.2, "step_s_max": 0.21, "sim_step_s": 0.19,
+    fields = {"step_s": [0.2, 0.21], "cpu_step_s": [0.15, 0.16], "step_s_median": 0.205, "step_s_min": 0.2, "step_s_max": 0.21, "sim_step_s": 0.19,
               "cpu_s_per_rank": [0.2] * 4, "wall_s_per_rank": [0.2] * 4, "wait_s_per_rank": [0.01] * 4,
               "segments_s": {"expert compute": 0.1}, "sim_segments_s": {"expert compute": 0.09}, "token_skew": 1.2,
               "plan_skewness": 1.1, "static_skewness": 1.5, "replica_slots": 0, "plan_seconds": 0.01,

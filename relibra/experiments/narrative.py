@@ -336,6 +336,9 @@ def runtime_agreement(results: pd.DataFrame, step_tolerance: float = 0.15) -> st
                      f"(95% interval {r['speedup_ci_low']:.2f}-{r['speedup_ci_high']:.2f}, width "
                      f"{r['speedup_ci_high'] - r['speedup_ci_low']:.2f}), simulated {r['sim_speedup_vs_megatron']:.2f}x, "
                      + ("inside" if inside else "outside") + " the interval.")
+            if "cpu_speedup_ci_low" in results and not pd.isna(r["cpu_speedup_ci_low"]):
+                text += (f" On process CPU time (the busiest rank per step) {r['cpu_speedup_vs_megatron']:.2f}x "
+                         f"({r['cpu_speedup_ci_low']:.2f}-{r['cpu_speedup_ci_high']:.2f}).")
     steps_ok = all(abs(r["sim"] / r["measured"] - 1) <= step_tolerance for _, r in g.iterrows())
     text += ("\n\nOn these numbers the simulator " + ("agrees with" if steps_ok else "does not agree with")
              + f" the measured step times to {100 * step_tolerance:.0f}%.")

@@ -249,15 +249,18 @@ def paired_ratio_ci(reference_s, policy_s, resamples: int = 2000, level: float =
 class PolicySummary:
     """One policy of one launch, measured and simulated. Seconds per training step.
 
-    step_s: per timed step, the slowest rank's wall seconds; cpu_s_per_rank / wall_s_per_rank: median
-    over steps of each rank's process CPU and wall seconds; wait_s_per_rank: median seconds each rank
+    step_s: per timed step, the slowest rank's wall seconds; cpu_step_s: per timed step, the largest
+    rank's process CPU seconds (what a step would take with free waiting and a core per rank: on a
+    shared machine the steadier figure); cpu_s_per_rank / wall_s_per_rank: median over steps of each
+    rank's process CPU and wall seconds; wait_s_per_rank: median seconds each rank
     waited at the barriers before collectives and transfers; segments_s / sim_segments_s: SEGMENTS,
     measured (mean over ranks, median over steps) and simulated (median over steps), plus waiting and
     the rest of the step (measured only); speed-ups are megatron's median over this policy's, with the
-    paired bootstrap 95% interval."""
+    paired bootstrap 95% interval; cpu_speedup_* the same on cpu_step_s."""
 
     policy: str
     step_s: list[float]
+    cpu_step_s: list[float]
     step_s_median: float
     step_s_min: float
     step_s_max: float
@@ -286,6 +289,9 @@ class PolicySummary:
     speedup_ci_low: float | None = None
     speedup_ci_high: float | None = None
     sim_speedup_vs_megatron: float | None = None
+    cpu_speedup_vs_megatron: float | None = None
+    cpu_speedup_ci_low: float | None = None
+    cpu_speedup_ci_high: float | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -332,7 +338,8 @@ def summarise(result: RunResult, prepared: Prepared, request: RuntimeRequest) ->
                         for name, (_, sim) in SEGMENTS.items()}
         timed = run.plans[m.warmup_steps:]
         out.append(PolicySummary(
-            policy=run.policy, step_s=step_s, step_s_median=float(np.median(step_s)), step_s_min=float(min(step_s)),
+            policy=run.policy, step_s=step_s, cpu_step_s=[max(r.cpu_s for r in by_step[s]) for s in steps],
+            step_s_median=float(np.median(step_s)), step_s_min=float(min(step_s)),
             step_s_max=float(max(step_s)), sim_step_s=float(np.median([c.step_seconds for c in costs])),
             cpu_s_per_rank=[float(np.median([r.cpu_s for r in per_rank[g]])) for g in ranks],
             wall_s_per_rank=[float(np.median([r.wall_s for r in per_rank[g]])) for g in ranks],
@@ -351,6 +358,8 @@ def summarise(result: RunResult, prepared: Prepared, request: RuntimeRequest) ->
         for s in out:
             s.speedup_vs_megatron, s.speedup_ci_low, s.speedup_ci_high = paired_ratio_ci(ref.step_s, s.step_s)
             s.sim_speedup_vs_megatron = ref.sim_step_s / s.sim_step_s
+            s.cpu_speedup_vs_megatron, s.cpu_speedup_ci_low, s.cpu_speedup_ci_high = paired_ratio_ci(ref.cpu_step_s,
+                                                                                                      s.cpu_step_s)
     return out
 
 
@@ -412,7 +421,8 @@ def report(result: RunResult, prepared: Prepared, request: RuntimeRequest, as_js
         table = summary_frame(summaries)
         cols = ["policy", "step_s_median", "step_s_min", "step_s_max", "sim_step_s", "token_skew", "plan_skewness",
                 "replica_slots"]
-        cols += [c for c in ("speedup_vs_megatron", "speedup_ci_low", "speedup_ci_high", "sim_speedup_vs_megatron")
+        cols += [c for c in ("speedup_vs_megatron", "speedup_ci_low", "speedup_ci_high", "sim_speedup_vs_megatron",
+                             "cpu_speedup_vs_megatron", "cpu_speedup_ci_low", "cpu_speedup_ci_high")
                  if c in table and table[c].notna().any()]
         with pd.option_context("display.width", 200, "display.max_columns", 30):
             print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
