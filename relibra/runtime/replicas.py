@@ -30,19 +30,6 @@ import torch.distributed as dist
 from relibra.errors import PlanError
 
 
-def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
-def _unflat_into(flat: torch.Tensor, targets: list[torch.Tensor], add: bool = False) -> None:
-    offset = 0
-    for t in targets:
-        n = t.numel()
-        chunk = flat[offset: offset + n].view_as(t)
-        t.add_(chunk) if add else t.copy_(chunk)
-        offset += n
-
-
 class ReplicaBuffer:
     """Moves weights and gradients between home slots and the shared replica slots of one model.
 
@@ -99,23 +86,20 @@ class ReplicaBuffer:
         return self.slots.home_mlps(layer)[int(np.flatnonzero(local == expert)[0])]
 
     def push(self, layer: int, phase: str) -> None:
-        """Copy `layer`'s home weights into the replica buffers of the ranks that replicate them."""
+        """Copy `layer`'s home weights into the replica buffers of the ranks that replicate them: each
+        weight tensor straight from the home parameter into the buffer, one message per tensor."""
         self.timer.wait(phase, "replica_push")
         t0 = time.perf_counter()
-        sends, recvs = [], []
-        for tag, (e, h, g, r) in enumerate(self.transfers(layer)):
+        works = []
+        for i, (e, h, g, r) in enumerate(self.transfers(layer)):
             if self.rank == h:
-                buf = _flat([p.data for p in self.slots.mlp_params(self._home_mlp(layer, e))])
-                sends.append((dist.isend(buf, g, tag=tag), buf))
-                self.bytes_pushed += buf.numel() * buf.element_size()
+                for j, p in enumerate(self.slots.mlp_params(self._home_mlp(layer, e))):
+                    works.append(dist.isend(p.data, g, tag=2 * i + j))
+                    self.bytes_pushed += p.numel() * p.element_size()
             elif self.rank == g:
-                targets = self.buffers[r]
-                buf = torch.empty(sum(t.numel() for t in targets), dtype=targets[0].dtype, device=targets[0].device)
-                recvs.append((dist.irecv(buf, h, tag=tag), buf, targets))
-        for work, buf, targets in recvs:
-            work.wait()
-            _unflat_into(buf, [t.data for t in targets])
-        for work, _ in sends:
+                for j, buf in enumerate(self.buffers[r]):
+                    works.append(dist.irecv(buf, h, tag=2 * i + j))
+        for work in works:
             work.wait()
         self.loaded_layer = layer
         self.timer.add(phase, "replica_push", time.perf_counter() - t0)
@@ -137,7 +121,8 @@ class ReplicaBuffer:
         return None
 
     def pull_gradients(self) -> None:
-        """Add every layer's replica gradients into the home experts' gradients; drop the leaves."""
+        """Add every layer's replica gradients into the home experts' gradients (one message per
+        tensor, received into a scratch tensor per home tensor); drop the leaves."""
         self.timer.wait("backward", "replica_grad")
         t0 = time.perf_counter()
         sends, recvs = [], []
@@ -145,21 +130,23 @@ class ReplicaBuffer:
         for layer in sorted(self.leaves):
             for e, h, g, r in self.transfers(layer):
                 if self.rank == g:
-                    leaves = self.leaves[layer][r]
-                    buf = _flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in leaves])
-                    sends.append((dist.isend(buf, h, tag=tag), buf))
-                    self.bytes_pulled += buf.numel() * buf.element_size()
+                    for p in self.leaves[layer][r]:
+                        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                        sends.append((dist.isend(grad, h, tag=tag), grad))
+                        self.bytes_pulled += grad.numel() * grad.element_size()
+                        tag += 1
                 elif self.rank == h:
-                    params = self.slots.mlp_params(self._home_mlp(layer, e))
-                    for p in params:
+                    for p in self.slots.mlp_params(self._home_mlp(layer, e)):
                         if p.grad is None:
                             p.grad = torch.zeros_like(p)
-                    buf = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
-                    recvs.append((dist.irecv(buf, g, tag=tag), buf, params))
-                tag += 1
-        for work, buf, params in recvs:
+                        buf = torch.empty_like(p)
+                        recvs.append((dist.irecv(buf, g, tag=tag), buf, p))
+                        tag += 1
+                else:
+                    tag += 2
+        for work, buf, p in recvs:
             work.wait()
-            _unflat_into(buf, [p.grad for p in params], add=True)
+            p.grad.add_(buf)
         for work, _ in sends:
             work.wait()
         self.leaves = {}
