@@ -52,12 +52,11 @@ class Engine:
         sync = torch.cuda.synchronize if self.device.type == "cuda" else None
         self.timer = Timer(wait_group=self.ep_group if split_waiting and self.ep > 1 else None, synchronize=sync)
         self.model = build_model(cfg, pg_collection, max_tokens).to(self.device)
-        self.hook = ReLibraHook(self.model, self.ep_group, ranks_per_node, timer=self.timer,
+        self.hook = ReLibraHook(self.model, self.ep_group, ranks_per_node, home=home, timer=self.timer,
                                 on_migration_failure=on_migration_failure)
         slots = self.hook.slots
         expert_ids = {id(p) for p in slots.home_expert_parameters() + slots.replica_parameters()}
         init_dense_weights(self.model, cfg.seed, expert_ids)
-        slots.home = np.asarray(home, dtype=np.int64).copy()
         slots.load_logical_weights(lambda layer, expert: logical_expert_weights(cfg, layer, expert))
         self.dense = [p for p in self.model.parameters() if id(p) not in expert_ids]
         instrument(self.model, slots, self.timer)

@@ -31,7 +31,8 @@ from relibra.runtime.placement import (check_plan_for_runtime, home_slot_index, 
                                        slot_experts)
 from relibra.runtime.replicas import ReplicaBuffer
 from relibra.runtime.router import make_layer_route
-from relibra.runtime.slots import ExpertSlots
+from relibra.runtime.plans import static_plan
+from relibra.runtime.slots import ExpertSlots, moe_layers
 from relibra.runtime.timing import Timer
 from relibra.trace import static_placement
 
@@ -39,17 +40,15 @@ from relibra.trace import static_placement
 class ReLibraHook:
     """Executes StepPlans on a model built from relibra.runtime.spec.
 
-    optimizer: the torch optimizer over the dense and home-expert parameters (may be set later, before
-    the first migration); ep_group: the EP process group the MoE layers span; ranks_per_node: the node size (replicas stay in
-    a node); home: int [L, E] placement the weights are in now (default megatron's static contiguous
+    ep_group: the EP process group the MoE layers span; ranks_per_node: the node size (replicas stay in
+    a node); optimizer: the torch optimizer over the dense and home-expert parameters (may be set
+    later, before the first migration); home: int [L, E] placement the weights are in now (default megatron's static contiguous
     one); timer: a Timer (one is made when None); on_migration_failure: "continue" (a rolled-back
     migration leaves the old placement and the step runs on it without replicas) or "stop" (raise).
     """
 
     def __init__(self, model, ep_group, ranks_per_node: int, optimizer=None, home: np.ndarray | None = None,
                  timer: Timer | None = None, on_migration_failure: str = "continue"):
-        from relibra.runtime.slots import moe_layers
-
         first = moe_layers(model)[0]
         ep = ep_group.size()
         num_experts = first.router.weight.shape[0]
@@ -87,8 +86,6 @@ class ReLibraHook:
                 if self.on_migration_failure == "stop":
                     raise
                 error = str(exc)
-                from relibra.runtime.plans import static_plan
-
                 plan = static_plan(plan.loads, self.ranks_per_node, home=self.slots.home, policy=plan.policy)
             self.timer.add("step", "migration", time.perf_counter() - t0)
         self.plan = plan
