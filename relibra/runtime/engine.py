@@ -20,15 +20,16 @@ from relibra.runtime.timing import Timer, timed_region
 
 def instrument(model, slots, timer: Timer) -> None:
     """Time every MoE layer's route, permute, dispatch, expert compute (and its GEMMs alone), combine,
-    and every layer's self-attention; dispatch and combine also time their waiting (Timer.wait)."""
+    and every layer's self-attention; the collectives (the permute's count all-gather, dispatch and
+    combine) also time their waiting (Timer.wait)."""
     for moe in slots.moes:
         moe.route = timed_region(moe.route, timer, "router")
-        moe.preprocess = timed_region(moe.preprocess, timer, "permute")
-        moe.dispatch = timed_region(moe.dispatch, timer, "dispatch", collective=True)
+        moe.preprocess = timed_region(moe.preprocess, timer, "permute", collective=("forward",))  # count all-gather
+        moe.dispatch = timed_region(moe.dispatch, timer, "dispatch", collective=("forward", "backward"))
         moe.routed_experts_compute = timed_region(moe.routed_experts_compute, timer, "expert_compute",
                                                   count_tokens=True)
         moe.experts.forward = timed_region(moe.experts.forward, timer, "expert_gemm")
-        moe.combine = timed_region(moe.combine, timer, "combine", collective=True)
+        moe.combine = timed_region(moe.combine, timer, "combine", collective=("forward", "backward"))
     for layer in model.decoder.layers:
         layer.self_attention.forward = timed_region(layer.self_attention.forward, timer, "attention")
 

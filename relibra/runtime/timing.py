@@ -6,7 +6,8 @@ and one on its input (its backward runs when the input's gradient is ready: end)
 runs nodes one at a time, so the bracket measures the region's backward, give or take independent
 nodes the engine interleaves.
 
-Waiting: before each all-to-all and each replica transfer every rank enters a barrier of the EP
+Waiting: before each collective of the MoE layers (the token-count all-gather of the permute, the
+all-to-alls of dispatch and combine) and each replica transfer every rank enters a barrier of the EP
 group, timed as `<component>_wait`. What a rank spends there is the time it waits for the slowest
 rank to arrive; the collective after it then measures its own transfer. Every rank reaches these
 points in the same order (the same layers, micro-batches and plan), so the barriers match.
@@ -72,13 +73,14 @@ class _Mark(torch.autograd.Function):
 
 
 def timed_region(fn, timer: Timer, component: str, count_tokens: bool = False, tensor_arg: int = 0,
-                 collective: bool = False):
+                 collective: tuple = ()):
     """Wrap fn(..., tensor, *rest) -> tensor or tuple; time its forward and (bracketed) backward.
-    tensor_arg: position of the tensor input among the positional arguments. collective: the region
-    is a collective; its waiting is timed first (Timer.wait), forward and backward."""
+    tensor_arg: position of the tensor input among the positional arguments. collective: the phases
+    ("forward", "backward") in which the region runs a collective; its waiting is timed first there
+    (Timer.wait)."""
 
     def start_backward():
-        if collective:
+        if "backward" in collective:
             timer.wait("backward", component)
         timer.start_backward(component)
 
@@ -86,7 +88,7 @@ def timed_region(fn, timer: Timer, component: str, count_tokens: bool = False, t
         lead, x, rest = args[:tensor_arg], args[tensor_arg], args[tensor_arg + 1:]
         if x.requires_grad:
             x = _Mark.apply(x, lambda: timer.end_backward(component))
-        if collective:
+        if "forward" in collective:
             timer.wait("forward", component)
         t0 = time.perf_counter()
         out = fn(*lead, x, *rest, **kwargs)
