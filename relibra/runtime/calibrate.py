@@ -303,6 +303,13 @@ def fit_cpu_preset(model: str = "moe-cpu", world: int = 2, repeats: int = 7, qui
     }
 
 
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m relibra.runtime.calibrate")
     add_arguments(p)
@@ -331,8 +338,7 @@ def run(args) -> int:
         result = fit_cpu_preset(args.model, args.world, args.repeats, args.quick)
         text = json.dumps(result, indent=1)
         if args.out:
-            with open(args.out, "w") as f:
-                f.write(text + "\n")
+            _write_atomic(args.out, text + "\n")
         print(json.dumps({"expert_fit": result["expert"]["fit_forward_backward"],
                           "gloo_all_to_all_fit": result["gloo_all_to_all"]["fit"],
                           "gloo_p2p_fit": result["gloo_p2p"]["fit"], "optimizer_fit": result["optimizer"]["fit"],
@@ -343,8 +349,7 @@ def run(args) -> int:
     result = calibrate(repeats=args.repeats, quick=args.quick)
     text = json.dumps(result, indent=2)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        _write_atomic(args.out, text + "\n")
     print(json.dumps({"expert_tiny_fit": result["expert"]["tiny"]["fit_forward_backward"],
                       "expert_small_fit": result["expert"]["small"]["fit_forward_backward"],
                       "gloo_all_to_all_fit": result["gloo_all_to_all"]["fit"], "gloo_p2p_fit": result["gloo_p2p"]["fit"],
