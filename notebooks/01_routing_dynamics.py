@@ -16,10 +16,13 @@
 # %% [markdown]
 # # 01 - Routing dynamics: why history-based balancing misses in RL
 #
+# **The question: how far do hot experts move from one micro-batch to the next, and how much of a
+# micro-batch's load does a prediction from past steps put on the wrong experts?**
+#
 # Load balancers such as EPLB place experts (and replicas) from a **prediction** of expert load, usually
 # a moving average of past steps. That works when load is steady. In RL post-training each micro-batch
-# holds different prompts and responses, so **hot experts shift from one micro-batch to the next**,
-# while the whole-step total, summed over many sequences, moves slowly.
+# holds different prompts and responses, so hot experts can shift from one micro-batch to the next,
+# while the whole-step total, summed over many sequences, moves more slowly.
 #
 # ReLibra builds on a fact of RL: *routing replay* records, during rollout, which experts every token
 # chose, and replays them in training, so the exact load of every micro-batch is known **before** the
@@ -42,11 +45,37 @@ from relibra.experiments import narrative as nr
 run = ex.start("01_routing_dynamics", globals())  # unknown or out-of-range parameters fail here
 cfg = run.config
 print(cfg.scale_note())
-print("results go to", cfg.out_dir)
+result = run.compute()
+label = f"{cfg.trace_label()} | workloads {', '.join(cfg.workloads)}"
+
+# %% [markdown]
+# ## How far hot experts shift
+#
+# *Hot-expert overlap*: the share of one load vector's hottest 10% of experts that are also among the
+# other's hottest 10% (1 = the same hot set). *Load correlation*: Pearson correlation of the two load
+# vectors. The history prediction is the moving average of up to 4 previous whole steps.
 
 # %%
-result = run.compute()
-result.traces[cfg.workload].stats()
+shift = result.shift_stats
+fig = plots.shift_bars(shift, label)
+run.save_figure(fig, "shift", "Hot-expert overlap and load correlation between micro-batches, steps and a "
+                f"history prediction, per workload - {label}", source="synthetic",
+                hardware="the kit's RL trace generator")
+
+# %% [markdown]
+# ### What to notice
+
+# %%
+nr.show(run.story(result))
+
+# %% [markdown]
+# ### Try this
+#
+# Each suggestion says which way the result moves; `tests/test_lessons.py` makes exactly that change
+# (at the tiny profile) and checks the direction.
+
+# %%
+nr.show(run.try_this())
 
 # %% [markdown]
 # ## 1. Expert load, micro-batch by micro-batch
@@ -57,24 +86,11 @@ result.traces[cfg.workload].stats()
 # %%
 fig = plots.expert_load_heatmaps(result.expert_load, cfg.trace_label())
 run.save_figure(fig, "expert_load_heatmaps", "Share of token-slots per expert, per micro-batch (left) and per "
-                "whole step (right), MoE layer 0", source="synthetic", hardware="the kit's RL trace generator")
+                f"whole step (right), MoE layer 0 - {cfg.trace_label()}", source="synthetic",
+                hardware="the kit's RL trace generator")
 
 # %% [markdown]
-# ## 2. How far hot experts shift
-#
-# *Hot-expert overlap*: the share of one load vector's hottest 10% of experts that are also among the
-# other's hottest 10% (1 = the same hot set). *Load correlation*: Pearson correlation of the two load
-# vectors. The history prediction is the moving average of up to 4 previous whole steps.
-
-# %%
-shift = result.shift_stats
-fig = plots.shift_bars(shift, cfg.trace_label())
-run.save_figure(fig, "shift", "Hot-expert overlap and load correlation between micro-batches, steps and a "
-                "history prediction, per workload", source="synthetic", hardware="the kit's RL trace generator")
-shift.pivot_table(index="comparison", columns=["metric", "trace"], values="value").round(3)
-
-# %% [markdown]
-# ## 3. How wrong a prediction is
+# ## 2. How wrong a prediction is
 #
 # The error is the share of token-slots a prediction puts on the wrong experts (total-variation distance
 # between load shares). EPLB sees the history; EPLB+ is given the exact whole-step load; only replay
@@ -82,28 +98,30 @@ shift.pivot_table(index="comparison", columns=["metric", "trace"], values="value
 
 # %%
 errors = result.prediction_error
-fig = plots.prediction_error_plot(errors, cfg.trace_label())
+fig = plots.prediction_error_plot(errors, label)
 run.save_figure(fig, "prediction_error", "Share of token-slots predicted on the wrong experts: history vs oracle "
-                "step load, against whole steps and single micro-batches", source="synthetic",
+                f"step load, against whole steps and single micro-batches - {label}", source="synthetic",
                 hardware="the kit's RL trace generator")
-errors.groupby(["predictor", "target"])["error"].describe().round(3)
+errors.groupby(["predictor", "target"])["error"].describe().sort_values("mean", ascending=False).round(3)
 
 # %% [markdown]
-# ## 4. What static placement makes of it
+# ## 3. What static placement makes of it
 #
 # Rank skewness under Megatron's static contiguous placement, for every micro-batch and layer, and for
 # the whole step (counted from the trace's tokens per EP rank; no cost model).
 
 # %%
-skew = result.static_skewness
-fig = plots.static_skewness_plot(skew, cfg.trace_label())
-run.save_figure(fig, "static_skewness", "Rank skewness (max / mean tokens per GPU) under static placement",
+fig = plots.static_skewness_plot(result.static_skewness, label)
+run.save_figure(fig, "static_skewness", f"Rank skewness (max / mean tokens per GPU) under static placement - {label}",
                 source="synthetic", hardware="the kit's RL trace generator")
 
 # %% [markdown]
-# ## What the numbers say
+# The comparisons' values per workload, the comparisons whose hot sets overlap least first:
 
 # %%
-nr.show(run.story(result))
+shift.pivot_table(index="comparison", columns=["metric", "trace"], values="value").sort_values(
+    ("hot-expert overlap", shift["trace"].iloc[0])).round(3)
+
+# %%
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

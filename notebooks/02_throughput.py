@@ -16,20 +16,26 @@
 # %% [markdown]
 # # 02 - End-to-end training throughput: models x workloads x policies
 #
-# The paper's main result: training throughput (tokens per second) of three MoE models on five RL
-# workloads under every balancing policy, normalized to Megatron-LM's static placement.
+# **The question: how much faster does each balancing policy train than Megatron-LM's static
+# placement, per model and RL workload, and how close does it get to a perfectly balanced layer?**
 #
-# Policies (see `relibra.policies`):
+# This is the paper's main result: training throughput (tokens per second) of three MoE models on five
+# RL workloads under every balancing policy, normalized to Megatron's. Policies (see
+# `relibra.policies` and docs/policies.md for where each comes from):
+#
 # * `megatron` - static contiguous placement, no replicas;
 # * `eplb` - DeepSeek's EPLB fed with a moving average of past steps' loads (what it can know in practice);
 # * `eplb+` - EPLB given this step's exact loads (an oracle);
 # * `lplb+` - EPLB+'s replicas plus a linear program per micro-batch that moves tokens among them;
+# * `eplb+lp` - EPLB+'s replicas with an LP token split once per step;
 # * `llep` - least-loaded expert parallelism: spills overloaded experts to any GPU, weights moved on the critical path;
 # * `relibra` - inter-batch reordering across nodes + intra-batch replication inside nodes, from replayed routing;
-# * `balanced` - routing forced uniform: the ideal, not a system.
+# * `balanced` - an ideal, not a system: routing forced uniform, so every GPU gets the mean load;
+# * `balanced-compute` - an ideal: the real routing and its all-to-all, but every GPU's expert compute
+#   set to the mean (the best any placement of these tokens could reach).
 #
 # Every policy is priced by the same cost model (`relibra.sim`) on the same trace; the numbers are
-# **simulated**, for the cluster preset and EP size named in each figure.
+# **simulated**, for the cluster preset, EP size, models, workloads and scale named under each figure.
 
 # %% tags=["parameters"]
 profile = "laptop"  # tiny | laptop (default) | paper | gpu (see relibra.experiments.PROFILES)
@@ -50,30 +56,46 @@ run = ex.start("02_throughput", globals())  # unknown or out-of-range parameters
 cfg = run.config
 print(cfg.scale_note())
 print("models:", nr.model_differences(cfg.models))
-
-# %%
 result = run.compute()
 table = result.throughput
-table.pivot_table(index=["model", "workload"], columns="policy", values="speedup_vs_megatron").round(3)
 
 # %% [markdown]
-# ## Throughput normalized to Megatron
+# ## Throughput over Megatron's
 #
-# One panel per model (its title says how it differs from the others); bars per workload and policy;
-# 1.0 = Megatron. Balanced is the ceiling.
+# One panel per model (its title says how it differs from the others); one row per policy, sorted by
+# its mean speed-up; the large marker is the mean over workloads, each small dot one workload. The
+# axis spans the data, so a difference of one percent is visible; the line at 1.0 is Megatron.
 
 # %%
 fig = plots.throughput_bars(table, cfg.sim_subtitle())
-run.save_figure(fig, "throughput_normalized", "Simulated training throughput normalized to Megatron, per model, "
-                "workload and policy")
+run.save_figure(fig, "throughput_normalized", "Simulated training throughput over Megatron's per model and policy "
+                f"(mean over workloads, and each workload) - {cfg.sim_subtitle()}")
+
+# %% [markdown]
+# ### What to notice
+
+# %%
+nr.show(run.story(result))
+
+# %% [markdown]
+# ### Try this
+#
+# Each suggestion says which way the result moves; `tests/test_lessons.py` makes exactly that change
+# (at the tiny profile) and checks the direction.
+
+# %%
+nr.show(run.try_this())
 
 # %% [markdown]
 # ## Fraction of the balanced ideal
+#
+# The same runs against `balanced` (uniform routing): one row per system, sorted by its mean, one dot
+# per (model, workload), the model as the dot's shape.
 
 # %%
 fig = plots.fraction_of_balanced(table, cfg.sim_subtitle())
-run.save_figure(fig, "fraction_of_balanced", "Simulated throughput as a fraction of the balanced ideal, over "
-                "models and workloads")
+run.save_figure(fig, "fraction_of_balanced", "Simulated throughput as a fraction of the balanced ideal (mean over "
+                f"models and workloads, and each case) - {cfg.sim_subtitle()}")
 
 # %% [markdown]
 # ## Headline ratios next to the paper's
@@ -85,9 +107,11 @@ run.save_figure(fig, "fraction_of_balanced", "Simulated throughput as a fraction
 result.headline_ratios
 
 # %% [markdown]
-# ## What the numbers say
+# The throughput ratios per (model, workload), policies sorted by their mean speed-up (fastest first):
 
 # %%
-nr.show(run.story(result))
+nr.ranked(table, ["model", "workload"], "speedup_vs_megatron").round(3)
+
+# %%
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

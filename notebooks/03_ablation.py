@@ -16,7 +16,10 @@
 # %% [markdown]
 # # 03 - Ablation: what reordering and replication each contribute
 #
-# ReLibra has two mechanisms. Starting from Megatron's static placement:
+# **The question: how much of ReLibra's speed-up comes from moving expert homes across nodes, how
+# much from copying hot experts inside nodes, and do the two add up?**
+#
+# Starting from Megatron's static placement:
 #
 # * **+ reordering** (`relibra-reorder`): once per step, move expert homes across nodes so the step's
 #   load is balanced across nodes and GPUs. Cheap (once per step) but blind to each micro-batch.
@@ -25,7 +28,8 @@
 #   cannot move load between nodes.
 # * **both** (`relibra`): reordering balances the nodes, replication the GPUs inside them.
 #
-# Balanced is the ideal. Numbers are **simulated** on the named cluster preset.
+# Balanced (uniform routing) is the ideal. Numbers are **simulated** on the cluster preset named
+# under the figure.
 
 # %% tags=["parameters"]
 profile = "laptop"  # tiny | laptop (default) | paper | gpu (see relibra.experiments.PROFILES)
@@ -46,21 +50,43 @@ run = ex.start("03_ablation", globals())  # unknown or out-of-range parameters f
 cfg = run.config
 print(cfg.scale_note())
 print("models:", nr.model_differences(cfg.models))
-
-# %%
 result = run.compute()
 table = result.ablation
-table.pivot_table(index="policy", columns="model", values="speedup_vs_megatron").round(3)
+
+# %% [markdown]
+# ## Adding one mechanism at a time
+#
+# Left: throughput over Megatron's; right: rank skewness (max / mean tokens per GPU). Bars are the
+# mean over workloads, whiskers their range, one shade of grey per model.
 
 # %%
 fig = plots.ablation_plot(table, cfg.sim_subtitle())
 run.save_figure(fig, "ablation", "Simulated throughput (normalized to Megatron) and rank skewness as the "
-                "mechanisms are added; bars average over workloads, whiskers span them")
+                f"mechanisms are added; bars: mean over workloads, whiskers: range - {cfg.sim_subtitle()}")
 
 # %% [markdown]
-# ## What the numbers say
+# ### What to notice
 
 # %%
 nr.show(run.story(result))
+
+# %% [markdown]
+# ### Try this
+#
+# Each suggestion says which way the result moves; `tests/test_lessons.py` makes exactly that change
+# (at the tiny profile) and checks the direction.
+
+# %%
+nr.show(run.try_this())
+
+# %% [markdown]
+# ## The numbers
+#
+# Speed-up over Megatron per model, stages sorted by their mean (fastest first):
+
+# %%
+nr.ranked(table, "model", "speedup_vs_megatron").round(3)
+
+# %%
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

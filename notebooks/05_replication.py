@@ -14,18 +14,23 @@
 # ---
 
 # %% [markdown]
-# # 05 - Intra-batch replication: joint replication vs placement-only vs splitting-only
+# # 05 - Intra-batch replication: joint replication vs reordering only vs splitting only
+#
+# **The question: does deciding replicas and token splits jointly, per micro-batch, balance GPUs
+# better than no replicas or a fixed set of replicas, and how many spare slots per GPU are worth
+# their memory?**
 #
 # Inside a node, ReLibra decides per micro-batch and layer **which** hot experts get a copy in which
 # spare slot **and** how to split their tokens, jointly (an incremental greedy heuristic for the MILP).
 # Compared here, on the same reordered homes:
 #
 # * `relibra` - joint replica placement and token split;
-# * `relibra-reorder` - placement only (reordering, no replicas);
-# * `relibra-split` - splitting only: a fixed set of replicas chosen once per step, tokens re-split per micro-batch.
+# * `relibra-reorder` - reordering only: the same homes, no replicas;
+# * `relibra-split` - splitting only: a fixed set of replicas chosen once per step, tokens re-split per
+#   micro-batch;
+# * `megatron` - static homes and no replication, the reference of the speed-ups.
 #
-# Then the effect of the number of spare replica slots per GPU on ReLibra (the memory it costs is in
-# notebook 07). Numbers are **simulated**.
+# Numbers are **simulated** on the cluster preset named under each figure.
 
 # %% tags=["parameters"]
 profile = "laptop"  # tiny | laptop (default) | paper | gpu (see relibra.experiments.PROFILES)
@@ -46,33 +51,56 @@ from relibra.experiments import narrative as nr
 run = ex.start("05_replication", globals())  # unknown or out-of-range parameters fail here
 cfg = run.config
 print(cfg.scale_note())
-
-# %%
 result = run.compute()
 table = result.replication
-table.groupby("policy")[["speedup_vs_megatron", "gpu_skewness", "replicas_per_gpu"]].mean().round(3)
+
+# %% [markdown]
+# ## 1. Joint replication against reordering only and splitting only
+#
+# Per workload and policy: simulated throughput over Megatron's, GPU skewness (max / mean tokens per
+# GPU of each micro-batch and layer) and the replicas each GPU holds.
 
 # %%
 fig = plots.replication_plot(table, cfg.sim_subtitle())
-run.save_figure(fig, "replication", "Joint replication vs placement-only vs splitting-only: simulated throughput "
-                "and per-micro-batch GPU skewness")
+run.save_figure(fig, "replication", "Joint replication vs reordering only vs splitting only: simulated throughput, "
+                f"per-micro-batch GPU skewness and replicas per GPU - {cfg.sim_subtitle()}")
+
+# %% [markdown]
+# ### What to notice
+
+# %%
+nr.show(run.story(result))
+
+# %% [markdown]
+# ### Try this
+#
+# Each suggestion says which way the result moves; `tests/test_lessons.py` makes exactly that change
+# (at the tiny profile) and checks the direction.
+
+# %%
+nr.show(run.try_this())
+
+# %% [markdown]
+# The means over workloads, policies sorted by speed-up (fastest first):
+
+# %%
+table.groupby("policy")[["speedup_vs_megatron", "gpu_skewness", "replicas_per_gpu"]].mean().sort_values(
+    "speedup_vs_megatron", ascending=False).round(3)
 
 # %% [markdown]
 # ## 2. How many spare slots are worth it
 #
-# ReLibra with each count of `spare_slot_counts` spare replica slots per GPU (the kit's default is
-# circled). Each point is labelled with its value: the differences can be small.
+# ReLibra with each count of `spare_slot_counts` spare replica slots per GPU on the first workload
+# (the kit's default is circled). Each point is labelled with its value: the differences can be small.
 
 # %%
 sweep = result.spare_slots
-fig = plots.spare_slot_plot(sweep, cfg.sim_subtitle())
-run.save_figure(fig, "spare_slots", "Simulated ReLibra throughput and GPU skewness vs spare replica slots per GPU")
+subtitle = f"{cfg.simulated_label()}, EP {cfg.ep}, model {cfg.model}; workload {cfg.workload} | {cfg.scale_note()}"
+fig = plots.spare_slot_plot(sweep, subtitle)
+run.save_figure(fig, "spare_slots", "Simulated ReLibra throughput, GPU skewness and replica memory vs spare "
+                f"replica slots per GPU - {subtitle}")
 sweep
 
-# %% [markdown]
-# ## What the numbers say
-
 # %%
-nr.show(run.story(result))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

@@ -16,12 +16,14 @@
 # %% [markdown]
 # # 06 - Rank skewness per policy, across EP sizes and task domains
 #
-# Rank skewness = max tokens per GPU / mean tokens per GPU, averaged over micro-batches and layers: how
-# far each micro-batch's busiest GPU is above the average. The paper reports Megatron above 2.0,
-# growing with EP. More GPUs per EP group means fewer experts per GPU, so one hot expert weighs more.
+# **The question: how far above the mean is each micro-batch's busiest GPU under each policy, and
+# how does that grow with the EP size and change across task domains?**
 #
-# Left: the EP sizes of `ep_sizes` on one workload. Right: each task domain at `ep`. Computed from each
-# policy's plans (tokens per GPU), so no cost model is involved; the traces are synthetic.
+# Rank skewness = max tokens per GPU / mean tokens per GPU, averaged over micro-batches and layers. The
+# paper reports Megatron above 2.0, growing with EP: more GPUs per EP group means fewer experts per GPU,
+# so one hot expert weighs more. Left: the EP sizes of `ep_sizes` on one workload. Right: each task
+# domain at `ep`. Computed from each policy's plans (tokens per GPU), so no cost model is involved; the
+# traces are synthetic.
 
 # %% tags=["parameters"]
 profile = "laptop"  # tiny | laptop (default) | paper | gpu (see relibra.experiments.PROFILES)
@@ -42,21 +44,38 @@ from relibra.experiments import narrative as nr
 run = ex.start("06_skewness", globals())  # unknown or out-of-range parameters fail here
 cfg = run.config
 print(cfg.scale_note())
-
-# %%
 result = run.compute()
 table = result.skewness
-table.pivot_table(index=["sweep", "ep", "workload"], columns="policy", values="skewness").round(3)
 
 # %%
-fig = plots.skewness_plot(table, cfg.plan_label(ep=",".join(str(e) for e in cfg.ep_sizes)))
-run.save_figure(fig, "skewness", "Mean rank skewness per policy across EP sizes and task domains",
+label = cfg.plan_label(ep=",".join(str(e) for e in cfg.ep_sizes))
+fig = plots.skewness_plot(table, label)
+run.save_figure(fig, "skewness", f"Mean rank skewness per policy across EP sizes and task domains - {label}",
                 source="simulated", hardware="policy plans on synthetic traces")
 
 # %% [markdown]
-# ## What the numbers say
+# ### What to notice
 
 # %%
 nr.show(run.story(result))
+
+# %% [markdown]
+# ### Try this
+#
+# Each suggestion says which way the result moves; `tests/test_lessons.py` makes exactly that change
+# (at the tiny profile) and checks the direction.
+
+# %%
+nr.show(run.try_this())
+
+# %% [markdown]
+# ## The numbers
+#
+# Mean rank skewness per EP size (top rows) and per domain, policies sorted from the most balanced:
+
+# %%
+nr.ranked(table, ["sweep", "ep", "workload"], "skewness", ascending=True).round(3)
+
+# %%
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

@@ -16,7 +16,9 @@
 # %% [markdown]
 # # 07 - Overheads: planner time, migration, replica memory, transfer overlap
 #
-# Balancing is not free. This notebook measures what each policy costs:
+# **The question: what does each policy pay for its balance, in planner time, migrated weights,
+# replica memory and exposed replica transfers, and does the planner hide behind work the RL
+# pipeline does anyway?**
 #
 # * **planner time** per step, measured here on one CPU core, against the time it must hide behind.
 #   With routing replay the step's routing is known after rollout, and the planner runs while the RL
@@ -49,26 +51,39 @@ from relibra.experiments import narrative as nr
 run = ex.start("07_overheads", globals())  # unknown or out-of-range parameters fail here
 cfg = run.config
 print(cfg.scale_note())
-
-# %%
 result = run.compute()
 table = result.overheads
-table.round(4)
 
 # %%
 fig = plots.planner_time_plot(table, cfg.sim_subtitle())
 run.save_figure(fig, "planner_time", "Planner wall time per step (measured on this CPU) next to the simulated "
-                "forward-pass window it hides behind", source="measured", hardware=ex.this_machine())
+                f"forward-pass window it hides behind - {cfg.sim_subtitle()}", source="measured",
+                hardware=ex.this_machine())
+
+# %% [markdown]
+# ### What to notice
+
+# %%
+nr.show(run.story(result))
+
+# %% [markdown]
+# ### Try this
+#
+# Each suggestion says which way the result moves; `tests/test_lessons.py` makes exactly that change
+# (at the tiny profile) and checks the direction.
+
+# %%
+nr.show(run.try_this())
+
+# %% [markdown]
+# ## Migration, replica memory and transfer overlap
 
 # %%
 fig = plots.overhead_bars(table, cfg.sim_subtitle())
 run.save_figure(fig, "overheads", "Simulated migration share of step time, replica memory share and transfer "
-                "overlap per policy")
-
-# %% [markdown]
-# ## What the numbers say
+                f"overlap per policy - {cfg.sim_subtitle()}")
+table.sort_values("plan_s").round(4)
 
 # %%
-nr.show(run.story(result))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

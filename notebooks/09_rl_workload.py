@@ -16,14 +16,15 @@
 # %% [markdown]
 # # 09 - A real RL workload: reward and routing dynamics
 #
+# **The question: does a real RL run route like the kit's synthetic traces, and how do the policies
+# balance the routing it records?**
+#
 # The synthetic traces stand in for the paper's RL runs. Here the kit runs a **real** one on the CPU:
 # a tiny MoE language model trained with a GRPO-style loop on verifiable synthetic tasks
 # (`relibra.rl`). Rollout records every generated token's top-k experts per layer; training replays
-# them. The routing it records is a real RoutingTrace.
-#
-# We plot the reward over steps, then the same routing statistics as notebook 01 on the real trace,
-# next to the synthetic generator's, and finally how the policies balance it (simulated on the
-# `cpu-gloo` preset: the tiny model's scale).
+# them. The routing it records is a real RoutingTrace. Below: the reward over steps, the same routing
+# statistics as notebook 01 on the real trace next to the synthetic generator's, and how the policies
+# balance it (simulated on the `cpu-gloo` preset: the tiny model's scale).
 
 # %% tags=["parameters"]
 profile = "laptop"  # tiny | laptop (default) | paper | gpu: RL run sizes (see relibra.experiments.RL_OVERRIDES)
@@ -39,34 +40,8 @@ from relibra.experiments import narrative as nr
 run = ex.start("09_rl_workload", globals())  # unknown or out-of-range parameters fail here
 cfg = run.config
 print(cfg.scale_note())
-
-# %%
 result = run.compute()
 rl = result.rl
-result.rewards.tail()
-
-# %%
-fig = plots.reward_plot(rl["rewards"], rl["label"])
-run.save_figure(fig, "reward", "Mean reward per GRPO step of the tiny MoE policy", source="measured",
-                hardware=rl["hardware"])
-
-# %% [markdown]
-# ## Routing dynamics of the real trace
-#
-# Expert load per micro-batch and per step (layer 0), and how far hot experts shift, next to a
-# synthetic trace of the same model shape (at the generator's default tokens per micro-batch and rank).
-
-# %%
-fig = plots.expert_load_heatmaps(result.expert_load, rl["label"])
-run.save_figure(fig, "expert_load_heatmaps", "Expert load share of the real RL trace per micro-batch and per step",
-                source="real", hardware=rl["hardware"])
-
-# %%
-shift = result.shift_stats
-fig = plots.shift_bars(shift, rl["label"])
-run.save_figure(fig, "shift", "How far hot experts shift in the real RL trace vs a synthetic one", source="real",
-                hardware=rl["hardware"])
-shift.pivot_table(index="comparison", columns=["metric", "trace"], values="value").round(3)
 
 # %% [markdown]
 # ## Balancing the real trace
@@ -79,16 +54,58 @@ shift.pivot_table(index="comparison", columns=["metric", "trace"], values="value
 
 # %%
 sim = result.balancing
-fig = plots.policy_summary_plot(sim, rl["sim_label"], title="Balancing the real RL trace",
+fig = plots.policy_summary_plot(sim, result.sim_label, title="Balancing the real RL trace",
                                 components=nr.step_components(sim))
 run.save_figure(fig, "balancing", "Simulated throughput, rank skewness and step-time parts of each policy on the "
-                "real RL trace", source="simulated", hardware="cpu-gloo")
-sim
+                f"real RL trace - {result.sim_label}", source="simulated", hardware="cpu-gloo")
 
 # %% [markdown]
-# ## What the numbers say
+# ### What to notice
 
 # %%
 nr.show(run.story(result))
+
+# %% [markdown]
+# ### Try this
+#
+# The RL run is a measurement whose reward moves run to run, so this notebook makes no tested
+# directional claim; `seed` and `rl_steps` give another run to compare with the figures above.
+
+# %% [markdown]
+# ## The reward
+#
+# Mean reward per GRPO step of the tiny policy (measured on this machine).
+
+# %%
+fig = plots.reward_plot(result.rewards, result.label)
+run.save_figure(fig, "reward", f"Mean reward per GRPO step of the tiny MoE policy - {result.label}", source="measured",
+                hardware=result.hardware)
+result.rewards.tail()
+
+# %% [markdown]
+# ## Routing dynamics of the real trace
+#
+# Expert load per micro-batch and per step (layer 0), and how far hot experts shift, next to a
+# synthetic trace of the same model shape (at the generator's default tokens per micro-batch and rank).
+
+# %%
+fig = plots.expert_load_heatmaps(result.expert_load, result.label)
+run.save_figure(fig, "expert_load_heatmaps", "Expert load share of the real RL trace per micro-batch and per step - "
+                f"{result.label}", source="real", hardware=result.hardware)
+
+# %%
+shift = result.shift_stats
+fig = plots.shift_bars(shift, result.label)
+run.save_figure(fig, "shift", f"How far hot experts shift in the real RL trace vs a synthetic one - {result.label}",
+                source="real", hardware=result.hardware)
+shift.pivot_table(index="comparison", columns=["metric", "trace"], values="value").round(3)
+
+# %% [markdown]
+# The balancing numbers, policies sorted by speed-up (fastest first):
+
+# %%
+sim.sort_values("speedup_vs_megatron", ascending=False)
+
+# %%
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

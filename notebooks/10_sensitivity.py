@@ -16,6 +16,8 @@
 # %% [markdown]
 # # 10 - Sensitivity: how far does each headline ratio move with the set-up?
 #
+# **The question: which set-up choices does the headline depend on, and how far does each move it?**
+#
 # The headline ratios rest on choices nobody measured on the paper's cluster: how an RL framework
 # lays sequences into (micro-batch, rank) slots, how many tokens each slot holds, how peaked a
 # sequence's topics are, how many spare replica slots ReLibra gets, the link rates and the GEMM
@@ -35,8 +37,8 @@
 # | tokens per slot | tokens per (micro-batch, rank); `derived` = from the paper's batch of 1024 sequences |
 # | topic concentration | how peaked one sequence's topic mixture is (small: one or two topics) |
 # | spare slots | ReLibra's replica slots per GPU |
-# | NVLink rate, RDMA rate | the cluster's link rates (0.5x / 1x / 2x, NVLink up to the datasheet's 450 GB/s) |
-# | GEMM half-saturation | tokens at which an expert GEMM reaches half its peak rate |
+# | NVLink rate, RDMA rate | the cluster's link rates, moved by the factors printed below (NVLink up to the datasheet's rate) |
+# | GEMM half-saturation | tokens at which an expert GEMM reaches half its peak rate (same kind of factors) |
 # | sequence length | every generated sequence's length, scaled |
 # | cluster preset | `paper` (DeepEP-measured links), `paper-datasheet`, `h100` |
 #
@@ -63,35 +65,56 @@ cfg = run.config
 print(cfg.scale_note())
 print("model:", nr.model_differences([cfg.model]))
 
-# %% [markdown]
-# ## One knob at a time
-#
-# One row per (knob, value); `is_default` marks the default set-up, which is simulated once and
-# shared by every knob's default row.
-
 # %%
 result = run.compute()
-frame = result.sensitivity
-frame.drop(columns=["policy", "model", "ep"]).round(4)
+frame, tornado = result.sensitivity, result.tornado
+print("cost knobs move by these factors of the cluster preset's value:",
+      {k: " / ".join(f"{f:.3g}x" for f in v) for k, v in ex.sensitivity_cost_factors().items()})
 
 # %% [markdown]
 # ## The tornado
 #
-# Per ratio, one bar per knob from the lowest to the highest ratio over the knob's values; the black
-# line is the default set-up, each bar's end names the knob value that gives it. The widest bars, on
-# top, are the choices the headline depends on most.
+# Per ratio, one bar per knob from the lowest to the highest ratio over the knob's values, as the %
+# change from the default set-up (black line); every panel has the same scale, so equal lengths are
+# equal relative changes. Each bar's end names the knob value that gives it. The widest bars, on top,
+# are the choices the headline depends on most.
 
 # %%
-tornado = result.tornado
-fig = plots.tornado_plot(tornado, f"{cfg.sim_subtitle()} | {cfg.model}, {cfg.workload}")
+subtitle = f"{cfg.simulated_label()}, EP {cfg.ep}, model {cfg.model}; workload {cfg.workload} | {cfg.scale_note()}"
+fig = plots.tornado_plot(tornado, subtitle)
 run.save_figure(fig, "tornado", "Simulated ReLibra/Megatron, ReLibra/EPLB+ and ReLibra/balanced-compute with one "
-                "knob at a time moved around the default set-up, sorted by swing")
-tornado.round(4)
+                f"knob at a time moved around the default set-up, sorted by swing - {subtitle}")
 
 # %% [markdown]
-# ## What the numbers say
+# ### What to notice
 
 # %%
 nr.show(run.story(result))
+
+# %% [markdown]
+# ### Try this
+#
+# Each suggestion says which way the result moves; `tests/test_lessons.py` makes exactly that change
+# (at the tiny profile) and checks the direction.
+
+# %%
+nr.show(run.try_this())
+
+# %% [markdown]
+# ## The numbers
+#
+# Per ratio and knob, sorted by swing (the tornado's bars):
+
+# %%
+tornado.round(4)
+
+# %% [markdown]
+# One row per (knob, value); `is_default` marks the default set-up, which is simulated once and
+# shared by every knob's default row. Rows sorted by ReLibra / Megatron, highest first.
+
+# %%
+frame.drop(columns=["policy", "model", "ep"]).sort_values("relibra_over_megatron", ascending=False).round(4)
+
+# %%
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

@@ -16,6 +16,9 @@
 # %% [markdown]
 # # 11 - Beyond the paper's scale: EP16 to EP256, three model sizes, two cluster kinds
 #
+# **The question: where does in-node replication run out of room as EP grows, and do cross-node
+# replicas (`relibra-h`) win it back?**
+#
 # The paper stops at EP32 with 128-expert models on 8-GPU nodes. Here the same policies run from
 # EP16 to EP256 on:
 #
@@ -54,16 +57,9 @@ print(f"{cfg.profile} profile: first {sweep.layers or 'all'} MoE layers, {sweep.
       f"workload {cfg.workload}, seed {cfg.seed}")
 print("models:", nr.model_differences(sweep.models))
 
-# %% [markdown]
-# ## The sweep
-#
-# One row per (model, cluster, EP, policy), with the simulator's `balanced` and `balanced-compute`
-# references. A case that cannot exist (EP256 of a 128-expert model) is a row that says why.
-
 # %%
 result = run.compute()
-table = result.scale
-plots.ratio_pivot(table).round(3)
+table, comparison = result.scale, result.relibra_h_vs_best
 
 # %% [markdown]
 # ## Throughput over Megatron against EP
@@ -72,17 +68,42 @@ plots.ratio_pivot(table).round(3)
 # placement can pass (the real routing and its all-to-all, every GPU at the mean expert compute).
 
 # %%
-subtitle = f"simulated, {cfg.workload}, first {sweep.layers or 'all'} MoE layers, {sweep.micro_batches} micro-batches"
+subtitle = (f"simulated, workload {cfg.workload}, first {sweep.layers or 'all'} MoE layers, {sweep.micro_batches} "
+            f"micro-batches, seed {cfg.seed}")
 fig = plots.ep_sweep_plot(table, subtitle)
 run.save_figure(fig, "ep_sweep", "Simulated tokens/s over Megatron from EP16 to EP256 for three model sizes on "
-                "8-GPU nodes and on NVL72 racks; dashed: balanced-compute", source="simulated",
+                f"8-GPU nodes and on NVL72 racks; dashed: balanced-compute - {subtitle}", source="simulated",
                 hardware=", ".join(sweep.clusters))
+
+# %% [markdown]
+# ### What to notice
+
+# %%
+nr.show(run.story(result))
+
+# %% [markdown]
+# ### Try this
+#
+# Each suggestion says which way the result moves; `tests/test_lessons.py` makes exactly that change
+# (at the tiny profile) and checks the direction.
+
+# %%
+nr.show(run.try_this())
+
+# %% [markdown]
+# ## The sweep
+#
+# One row per (model, cluster, EP), one column per policy, sorted by mean speed-up over Megatron
+# (the simulator's `balanced` and `balanced-compute` references included). A case that cannot exist
+# (EP256 of a 128-expert model) is a row of the CSV that says why.
+
+# %%
+plots.ratio_pivot(table).round(3)
 
 # %% [markdown]
 # ## relibra-h against the best other policy
 
 # %%
-comparison = result.relibra_h_vs_best
 comparison.round(3)
 
 # %% [markdown]
@@ -94,15 +115,11 @@ comparison.round(3)
 
 # %%
 fig = plots.scale_planner_plot(table, f"measured on {ex.this_machine()}, first {sweep.layers or 'all'} MoE layers, "
-                               f"{sweep.micro_batches} micro-batches")
+                               f"{sweep.micro_batches} micro-batches, workload {cfg.workload}, seed {cfg.seed}")
 run.save_figure(fig, "planner_time", "Measured planner CPU seconds per step against EP (one core of this machine)",
                 source="measured", hardware=ex.this_machine())
 plots.ratio_pivot(table, "plan_cpu_s").round(3)
 
-# %% [markdown]
-# ## What the numbers say
-
 # %%
-nr.show(run.story(result))
 run.finish()
 print("figures:", [f["name"] for f in run.figures])

@@ -1,7 +1,7 @@
 """Progress bars (tqdm) that stay on the console.
 
 `relibra reproduce` runs each notebook in a kernel whose environment holds RELIBRA_PROGRESS=console
-and whose OS-level stderr is the console's (it starts the kernel without fd capture), so a bar
+(or off, with --quiet) and whose OS-level stderr is the console's (it starts the kernel without fd capture), so a bar
 written there shows in the terminal and never lands in the executed notebook. Elsewhere (a shell,
 JupyterLab) the bar is tqdm.auto's.
 """
@@ -15,7 +15,7 @@ ENV = "RELIBRA_PROGRESS"
 
 
 def _console() -> bool:
-    return os.environ.get(ENV) == "console"
+    return os.environ.get(ENV) in ("console", "off")
 
 
 def progress(iterable=None, **kwargs):
@@ -24,6 +24,8 @@ def progress(iterable=None, **kwargs):
         from tqdm.std import tqdm
 
         kwargs.setdefault("file", sys.__stderr__)
+        if os.environ[ENV] == "off":  # `relibra reproduce --quiet`
+            kwargs["disable"] = True
         return tqdm(iterable, **kwargs)
     from tqdm.auto import tqdm
 

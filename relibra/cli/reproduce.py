@@ -112,7 +112,7 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
     os.environ.setdefault("PYTHONHASHSEED", "0")
     saved_backend = os.environ.pop("MPLBACKEND", None)
     saved_progress = os.environ.get(ENV)
-    os.environ[ENV] = "console"
+    os.environ[ENV] = "console" if progress else "off"
     statuses: dict[str, dict] = {}
     bar = tqdm(names, desc=f"notebooks ({profile})", unit="nb", disable=not progress)
     try:

@@ -27,7 +27,8 @@ class Config(Scale):
     measured_dir: Path | None
     sizes: Profile
     extra: dict = field(default_factory=dict)
-    scale_kind: str = "profile"  # how scale_note describes the run: profile | toy (notebook 00) | grid (11)
+    scale_kind: str = "profile"  # how scale_note describes the run: profile | toy | runtime | rl | grid
+    single_model: bool = False   # the notebook studies cfg.model only (captions name it alone)
 
     def topology(self) -> Topology:
         return get_topology(self.cluster)
@@ -42,6 +43,15 @@ class Config(Scale):
             x = self.extra
             return (f"toy layer: 16 experts, top-2, EP {self.ep} as 2 nodes x {self.ep // 2} GPUs, "
                     f"{x.get('tokens_per_gpu')} tokens per GPU, {self.micro_batches} micro-batches, seed {self.seed}")
+        s, x = self.sizes, self.extra
+        if self.scale_kind == "runtime":  # notebook 08: the gloo run's own sizes
+            nproc, nodes = x.get("nproc") or s.runtime_nproc, x.get("nodes") or s.runtime_nodes
+            return (f"{self.profile} profile: model {s.runtime_model}, {nproc} ranks as {nodes} node(s), "
+                    f"{s.runtime_micro_batches} micro-batches x {s.runtime_tokens_per_rank} tokens per rank, "
+                    f"{s.runtime_steps} timed steps x {s.runtime_repeats} launch(es), seed {self.seed}")
+        if self.scale_kind == "rl":  # notebook 09: the RL run's own sizes
+            return (f"{self.profile} profile: the tiny MoE policy of relibra.rl, {x.get('rl_steps') or s.rl_steps} GRPO "
+                    f"steps after warm-up, seed {self.seed}")
         if self.scale_kind == "grid":  # its own grid (ScaleSweep)
             g = self.sizes.scale
             layers = "all MoE layers" if g.layers is None else f"first {g.layers} MoE layers"
@@ -66,9 +76,15 @@ class Config(Scale):
         return (f"simulated: policies' plans on synthetic RL traces of {self.model}, EP {ep or self.ep}, nodes of "
                 f"{topo.gpus_per_node} GPUs ({topo.name} cluster preset; no cost model) | {self.scale_note()}")
 
+    def cases_note(self) -> str:
+        """'model qwen3-235b-a22b; workloads math, code' (the notebook's models and workloads)."""
+        models = [self.model] if self.single_model else list(self.models)
+        return (f"model{'s' if len(models) > 1 else ''} {', '.join(models)}; workload"
+                f"{'s' if len(self.workloads) > 1 else ''} {', '.join(self.workloads)}")
+
     def sim_subtitle(self, ep: str | int | None = None) -> str:
-        """'simulated (<cluster>), EP <ep> | <scale note>' for figures of the simulator."""
-        return f"{self.simulated_label()}, EP {ep or self.ep} | {self.scale_note()}"
+        """'simulated (<cluster>), EP <ep>, <models and workloads> | <scale note>' for figures of the simulator."""
+        return f"{self.simulated_label()}, EP {ep or self.ep}, {self.cases_note()} | {self.scale_note()}"
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "sizes"}
@@ -119,11 +135,12 @@ def _as_tuple(value, cast=str) -> tuple | None:
 
 
 def resolve_config(notebook: str, default_policies: tuple[str, ...], scale_kind: str = "profile",
-                   profile: str = "laptop", out_dir: str | os.PathLike | None = None, model=None, workload=None,
+                   simulates_cluster: bool = True, single_model: bool = False, profile: str = "laptop", out_dir: str | os.PathLike | None = None, model=None, workload=None,
                    ep=None, cluster=None, policies=None, steps=None, seed: int = 0, micro_batches=None, layers=None,
                    ep_sizes=None, measured_dir=None, **extra) -> Config:
     """Fill a notebook's parameters from its profile; None means 'the profile's default' (policies:
-    `default_policies`).
+    `default_policies`). simulates_cluster: check that the cluster holds every EP size (a notebook
+    that only counts routing, 01, has no cluster).
 
     model / workload / policies / ep_sizes take one value, a list, or a comma-separated string
     (papermill -p passes strings). A list of models or workloads sets the grid of notebooks 02-05;
@@ -155,6 +172,7 @@ def resolve_config(notebook: str, default_policies: tuple[str, ...], scale_kind:
         sizes=sizes,
         extra={k: v for k, v in extra.items() if v is not None},
         scale_kind=scale_kind,
+        single_model=single_model,
     )
     from relibra.workloads import WORKLOADS
 
@@ -167,7 +185,8 @@ def resolve_config(notebook: str, default_policies: tuple[str, ...], scale_kind:
     if profile is not None:  # EP sizes the cluster and every model can hold
         for ep_size in dict.fromkeys((cfg.ep,) + tuple(cfg.ep_sizes)):
             try:
-                topo.ep_layout(ep_size)
+                if simulates_cluster:
+                    topo.ep_layout(ep_size)
             except ConfigError as exc:
                 raise ConfigError(f"{notebook}: ep={ep_size} on cluster {cfg.cluster!r}: {exc}") from None
             for m in cfg.models + (cfg.model,):

@@ -28,6 +28,13 @@ def show(text: str) -> None:
     print(text)
 
 
+def ranked(table: pd.DataFrame, index, values: str, columns: str = "policy", ascending: bool = False) -> pd.DataFrame:
+    """A pivot of `values` (mean) whose columns are sorted by their mean, best first (descending by
+    default): a table sorted by what it teaches, not alphabetically."""
+    wide = table.pivot_table(index=index, columns=columns, values=values)
+    return wide[wide.mean().sort_values(ascending=ascending).index]
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -142,11 +149,33 @@ def tutorial_grid_story(grid: pd.DataFrame) -> str:
             if np.isclose(ra["slowest_gpu_ms"], rb["slowest_gpu_ms"]) and rb["max_replicas_per_gpu"] <= a:
                 same.setdefault((a, b, int(rb["max_replicas_per_gpu"])), []).append(placement)
     for (a, b, used), placements in same.items():
-        text.append(f"With {' and '.join(placements)} placement, {a} and {b} spare slots give the same bars because "
+        text.append(f"With {', '.join(placements)} placement, {a} and {b} spare slots give the same bars because "
                     f"the planner filled at most {used} slot(s) per GPU even when given {b}, so the plans are "
                     f"identical: its water-filling stops once the GPUs of each node are level with the node's mean, "
                     f"and {used} copy per GPU got there.")
     return " ".join(text)
+
+
+def tutorial_skew_story(sweep: pd.DataFrame) -> str:
+    """What the skew slider shows (tutorial.tutorial_skew_sweep): where static placement's skewness
+    peaks, how far the chosen plan holds it down, and whether the gap opens with skew."""
+    is_static = (sweep["placement"] == "static") & (sweep["spare_slots"] == 0)
+    static, rest = sweep[is_static].set_index("skew")["skewness"], sweep[~is_static]
+    lo, peak = static.index.min(), static.idxmax()
+    text = (f"At skew {lo:g} static placement's skewness is {static[lo]:.2f}: with uniform routing there is little "
+            f"to fix. It peaks at {static[peak]:.2f} at skew {peak:g}")
+    if len(rest):
+        plan = rest.set_index("skew")["skewness"]
+        gap = static - plan
+        text += (f", where the chosen plan ({rest['placement'].iloc[0]}, {int(rest['spare_slots'].iloc[0])} spare "
+                 f"slot(s)) holds it to {plan[peak]:.2f}; the gap between them is widest at skew {gap.idxmax():g} "
+                 f"({gap.max():.2f})")
+    text += "."
+    if static.idxmax() < static.index.max() and static.iloc[-1] < static.max() - 0.05:
+        text += (f" Past skew {peak:g} static placement's skewness falls again (to {static.iloc[-1]:.2f} at "
+                 f"{static.index.max():g}): each token picks two distinct experts, so when nearly every token picks "
+                 "the same two, their two GPUs share the load.")
+    return text
 
 
 # ---- 01 routing dynamics ----------------------------------------------------------------------------
@@ -197,26 +226,28 @@ def throughput_story(table: pd.DataFrame) -> str:
 
 
 def ablation_story(table: pd.DataFrame) -> str:
+    """Each stage's speed-up and skewness, how much of ReLibra's gain each mechanism gives alone, and
+    whether the two add up."""
     s = table.groupby("policy")[["speedup_vs_megatron", "skewness"]].mean()
-    parts = []
-    for p in ("relibra-reorder", "relibra-replicate", "relibra"):
-        if p in s.index:
-            parts.append(f"{label(p)} {s.loc[p, 'speedup_vs_megatron']:.2f}x (skewness {s.loc[p, 'skewness']:.2f})")
-    text = "Averaged over models and workloads, relative to Megatron: " + "; ".join(parts) + "."
-    if {"relibra-reorder", "relibra-replicate", "relibra"} <= set(s.index):
-        ro, rp, both = (s.loc[p, "speedup_vs_megatron"] - 1 for p in ("relibra-reorder", "relibra-replicate", "relibra"))
-        kind = "more than" if both > ro + rp + 1e-9 else "less than" if both < ro + rp - 1e-9 else "exactly"
-        text += (f" Together the two mechanisms gain {_pct(both)}, {kind} the sum of their separate gains "
-                 f"({_pct(ro)} + {_pct(rp)}): reordering balances nodes, which is what lets in-node replication "
-                 f"finish the job." if kind == "more than" else
-                 f" Together the two mechanisms gain {_pct(both)}, {kind} the sum of their separate gains "
-                 f"({_pct(ro)} + {_pct(rp)}): they partly fix the same imbalance.")
-    return text
+    stages = [p for p in ("relibra-reorder", "relibra-replicate", "relibra") if p in s.index]
+    text = "Averaged over models and workloads, relative to Megatron: " + "; ".join(
+        f"{label(p)} {s.loc[p, 'speedup_vs_megatron']:.2f}x (skewness {s.loc[p, 'skewness']:.2f})" for p in stages) + "."
+    if len(stages) < 3:
+        return text
+    ro, rp, both = (s.loc[p, "speedup_vs_megatron"] - 1 for p in stages)
+    if both > 0:
+        text += (f" Of ReLibra's gain ({_pct(both)}), replication alone gives {_pct(rp / both)} and reordering alone "
+                 f"{_pct(ro / both)}.")
+    kind = "more than" if both > ro + rp + 1e-9 else "less than" if both < ro + rp - 1e-9 else "exactly"
+    why = ("reordering balances the nodes, which lets in-node replication finish the job" if kind == "more than" else
+           "they partly fix the same imbalance")
+    return text + f" Together they gain {kind} the sum of their separate gains ({_pct(ro)} + {_pct(rp)}): {why}."
 
 
 # ---- 04 reordering / 05 replication -------------------------------------------------------------------
 def reorder_story(table: pd.DataFrame) -> str:
     s = table.groupby("policy")[["speedup_vs_megatron", "node_skewness", "cross_node_share", "migration_gb"]].mean()
+    s = s.sort_values("speedup_vs_megatron", ascending=False)
     lines = [f"- {label(p)}: {r['speedup_vs_megatron']:.2f}x Megatron, node skewness {r['node_skewness']:.2f}, "
              f"{_pct(r['cross_node_share'])} of token-expert pairs cross nodes, {r['migration_gb']:.2f} GB migrated "
              f"per step" for p, r in s.iterrows() if p not in IDEALS]
@@ -228,11 +259,19 @@ def reorder_story(table: pd.DataFrame) -> str:
                  f"{b['speedup_vs_megatron']:.2f}x): its node skewness is {a['node_skewness']:.2f} vs "
                  f"{b['node_skewness']:.2f} and it sends {_pct(a['cross_node_share'])} vs {_pct(b['cross_node_share'])} "
                  f"of pairs across nodes.")
+    if {"relibra-lpt", "relibra-replicate"} <= set(s.index):
+        lpt, none = s.loc["relibra-lpt"], s.loc["relibra-replicate"]
+        if abs(lpt["speedup_vs_megatron"] / none["speedup_vs_megatron"] - 1) < 0.005:
+            text += (f" Greedy LPT placement runs as fast as no reordering at all ({lpt['speedup_vs_megatron']:.3f}x vs "
+                     f"{none['speedup_vs_megatron']:.3f}x) although it moves homes (node skewness "
+                     f"{lpt['node_skewness']:.2f} vs {none['node_skewness']:.2f}): what it changes, in-node replication "
+                     "already fixed.")
     return text
 
 
 def replication_story(table: pd.DataFrame, sweep: pd.DataFrame) -> str:
     s = table.groupby("policy")[["speedup_vs_megatron", "gpu_skewness", "replicas_per_gpu"]].mean()
+    s = s.sort_values("speedup_vs_megatron", ascending=False)
     lines = [f"- {label(p)}: {r['speedup_vs_megatron']:.2f}x Megatron, GPU skewness {r['gpu_skewness']:.2f}, "
              f"{r['replicas_per_gpu']:.2f} replicas per GPU" for p, r in s.iterrows() if p not in IDEALS]
     sp = sweep.sort_values("spare_slots_per_gpu")
@@ -345,12 +384,28 @@ def runtime_agreement(results: pd.DataFrame, step_tolerance: float = 0.15) -> st
     return text
 
 
+def reward_trend(rewards: pd.DataFrame) -> tuple[float, float]:
+    """(change of the fitted line over the run, spread of the rewards around it: the residuals' std)."""
+    steps, reward = rewards["step"].to_numpy(dtype=float), rewards["reward"].to_numpy(dtype=float)
+    if len(reward) < 3:
+        return float(reward[-1] - reward[0]), float("nan")
+    slope, icpt = np.polyfit(steps, reward, 1)
+    return float(slope * (steps[-1] - steps[0])), float(np.std(reward - (slope * steps + icpt), ddof=2))
+
 
 def rl_story(rewards: pd.DataFrame, sim: pd.DataFrame) -> str:
     first, last = rewards["reward"].iloc[0], rewards["reward"].iloc[-1]
+    change, spread = reward_trend(rewards)
     s = sim.set_index("policy")
     text = [f"Mean reward went from {first:.3f} at step {int(rewards['step'].iloc[0])} to {last:.3f} at step "
             f"{int(rewards['step'].iloc[-1])}."]
+    if np.isnan(spread) or abs(change) < 2 * spread:
+        text.append(f"That is no sign of learning: the fitted trend moves {change:+.3f} over the run, less than twice "
+                    f"the rewards' spread around it ({spread:.3f}); the run is long enough to record real routing, "
+                    "not to train the policy.")
+    else:
+        text.append(f"The fitted trend moves {change:+.3f} over the run, more than twice the rewards' spread around "
+                    f"it ({spread:.3f}).")
     if "relibra" in s.index and "megatron" in s.index:
         text.append(f"On the recorded routing, ReLibra runs {s.loc['relibra', 'speedup_vs_megatron']:.2f}x Megatron "
                     f"(skewness {s.loc['relibra', 'skewness']:.2f} vs {s.loc['megatron', 'skewness']:.2f}).")
@@ -369,6 +424,24 @@ def rl_story(rewards: pd.DataFrame, sim: pd.DataFrame) -> str:
 
 def _value(v) -> str:
     return f"{float(v):g}" if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) else str(v)
+
+
+def _slower_links(frame: pd.DataFrame) -> list[str]:
+    """Why a slower link raises ReLibra / Megatron, said only where the rows show it."""
+    out = []
+    for knob in ("NVLink rate", "RDMA rate"):
+        d = frame[frame["knob"] == knob]
+        if d.empty or "relibra_over_megatron" not in d or d["value"].nunique() < 2:
+            continue
+        d = d.assign(rate=pd.to_numeric(d["value"], errors="coerce")).dropna(subset=["rate"]).sort_values("rate")
+        slow, dflt = d.iloc[0], d[d["is_default"].astype(bool)]
+        if len(dflt) and slow["relibra_over_megatron"] > float(dflt["relibra_over_megatron"].iloc[0]) + 1e-9:
+            out.append(f"A slower {knob} ({_value(slow['value'])} GB/s) raises ReLibra / Megatron from "
+                       f"{float(dflt['relibra_over_megatron'].iloc[0]):.3f} to {slow['relibra_over_megatron']:.3f}: the "
+                       "all-to-all then takes a larger share of the step, and each all-to-all lasts as long as its "
+                       "busiest receiver's transfer, which balancing makes shorter; so the slower the link, the more "
+                       "Megatron's busiest GPU costs.")
+    return out
 
 
 def sensitivity_story(tornado: pd.DataFrame, frame: pd.DataFrame, flat: float = 0.005) -> str:
@@ -403,6 +476,7 @@ def sensitivity_story(tornado: pd.DataFrame, frame: pd.DataFrame, flat: float = 
     still = [k for k in knobs if all(t.loc[(r, k), "swing"] <= flat * default[r] for r in default if (r, k) in t.index)]
     if still:
         out.append(f"Knobs that move none of the three ratios by more than {_pct(flat)}: {', '.join(still)}.")
+    out += _slower_links(frame)
     for ratio, rival in (("relibra_over_megatron", "Megatron"), ("relibra_over_eplb_plus", "EPLB+")):
         if ratio not in frame:
             continue

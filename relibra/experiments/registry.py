@@ -9,6 +9,7 @@ defaults (tests/test_notebooks.py checks both).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -437,6 +438,48 @@ def _scale_rows(r: ScaleResult, man: dict) -> list[dict]:
                  f"**simulated** on each named cluster; {man['scale_note']}")]
 
 
+# ---- "Try this": a suggested change and the direction it moves a quantity, tested ------------------------
+@dataclass(frozen=True)
+class TryThis:
+    """A change a notebook suggests and what it claims the change does: `measure` (read from the
+    notebook's result by `value`) rises (direction +1) or falls (-1). The notebook prints `text`, and
+    tests/test_lessons.py runs the change at the tiny profile and checks the direction, so a claim
+    that does not hold fails CI."""
+
+    change: Callable[[Config], dict]  # the parameters to set, from the reader's resolved run
+    measure: str
+    value: Callable[[Result], float]
+    direction: int
+    why: str
+
+    def text(self, cfg: Config) -> str:
+        now = {**cfg.extra, **{k: getattr(cfg, k) for k in ("ep", "ep_sizes", "cluster", "seed") if hasattr(cfg, k)}}
+        parts = [f"`{k} = {v!r}`" + (f" (now {_show(now[k])})" if k in now else "")
+                 for k, v in self.change(cfg).items()]
+        return f"Set {' and '.join(parts)}: {self.measure} {'rises' if self.direction > 0 else 'falls'}; {self.why}."
+
+
+def _show(v) -> str:
+    return ",".join(map(str, v)) if isinstance(v, (tuple, list)) else repr(v)
+
+
+def _mean(t: pd.DataFrame, column: str, **where) -> float:
+    for k, v in where.items():
+        t = t[t[k] == v]
+    return float(t[column].mean())
+
+
+def _more_nodes(cluster: str) -> str:
+    """`cluster` with twice its nodes, so that twice the EP size fits."""
+    from relibra.cluster import resolve_topology
+
+    return f"{cluster.split(',')[0]},nodes={2 * resolve_topology(cluster).num_nodes}"
+
+
+def _double_ep(cfg: Config) -> dict:
+    return {"ep": 2 * cfg.ep}
+
+
 # ---- the specs ------------------------------------------------------------------------------------------
 MAIN_POLICIES = ("megatron", "eplb", "eplb+", "lplb+", "eplb+lp", "llep", "relibra", "balanced")
 
@@ -452,7 +495,8 @@ class NotebookSpec:
     narrative: Callable[[Result], str]          # markdown interpreting the result
     glance: Callable[[Result, dict], list[dict]] | None = None  # rows of the README table (result, manifest)
     single_model: bool = False                  # studies one model (a list is an error)
-    scale: str = "profile"                      # how captions describe the scale: profile | toy | grid
+    scale: str = "profile"                      # how captions describe the scale: profile|toy|runtime|rl|grid
+    tries: tuple[TryThis, ...] = ()             # its "Try this" suggestions, each tested
 
     @property
     def parameter_names(self) -> tuple[str, ...]:
@@ -462,6 +506,77 @@ class NotebookSpec:
     def defaults(self) -> dict:
         return {f.name: f.default for f in fields(self.params)}
 
+
+def _static_skewness(r: TutorialResult) -> float:
+    g = r.placement_replica_grid
+    return float(g[(g["placement"] == "static") & (g["spare_slots"] == 0)]["skewness"].iloc[0])
+
+
+def _largest_ep(t: pd.DataFrame, policy: str) -> float:
+    t = t[(t["sweep"] == "ep") & (t["policy"] == policy)]
+    return float(t[t["ep"] == t["ep"].max()]["skewness"].mean())
+
+
+def _nvl72_only(cfg: Config) -> dict:
+    from relibra.experiments.scale import sweep_of
+
+    racks = [c for c in sweep_of(cfg).clusters if "nvl72" in c]
+    return {"clusters": racks[0] if racks else "nvl72"}
+
+
+def _relibra_at_largest_ep(r: ScaleResult) -> float:
+    t = r.scale[(r.scale["status"] == "ok") & (r.scale["policy"] == "relibra")]
+    return float(t[t["ep"] == t.groupby("cluster")["ep"].transform("max")]["skewness"].mean())
+
+
+TRIES = {
+    "00_tutorial": (
+        TryThis(lambda c: {"skew": 0.0}, "static placement's rank skewness (section 4, no spare slots)",
+                _static_skewness, -1, "with uniform routing no expert is hot enough to pile tokens on one GPU"),
+        TryThis(lambda c: {"spare_slots": 0}, "the slowest GPU's expert time in this plan",
+                lambda r: _mean(r.case["summary"], "slowest_gpu_ms"), +1,
+                "without copies nothing takes tokens off the GPU that holds a hot expert"),
+        TryThis(lambda c: {"ep": 16}, "static placement's rank skewness (section 4)", _static_skewness, +1,
+                "at EP 16 each GPU holds one expert, so a hot expert is a hot GPU"),
+    ),
+    "01_routing_dynamics": (
+        TryThis(_double_ep, "the mean rank skewness of a micro-batch under static placement",
+                lambda r: _mean(r.static_skewness, "skewness", scope="micro-batch"), +1,
+                "with fewer experts per GPU one hot expert weighs more"),),
+    "02_throughput": (
+        TryThis(_double_ep, "Megatron's mean rank skewness", lambda r: _mean(r.throughput, "skewness", policy="megatron"),
+                +1, "fewer experts per GPU: the imbalance that balancing removes grows with EP"),),
+    "03_ablation": (
+        TryThis(_double_ep, "reordering-only's mean rank skewness",
+                lambda r: _mean(r.ablation, "skewness", policy="relibra-reorder"), +1,
+                "reordering places homes once per step and cannot follow a micro-batch's hot experts, which weigh "
+                "more on fewer experts per GPU"),),
+    "04_reordering": (
+        TryThis(lambda c: {"cluster": "nvl72"}, "the GPU skewness of replication without reordering "
+                "(`relibra-replicate`)", lambda r: _mean(r.reordering, "gpu_skewness", policy="relibra-replicate"), -1,
+                "in one 72-GPU NVLink domain every GPU shares the home's node, so in-node replication alone can level "
+                "them and reordering has little left to do"),),
+    "05_replication": (
+        TryThis(lambda c: {"cluster": "nvl72"}, "ReLibra's GPU skewness",
+                lambda r: _mean(r.replication, "gpu_skewness", policy="relibra"), -1,
+                "a copy may then go to any of the 72 GPUs of one NVLink domain, not only to the GPUs of its home's node"),),
+    "06_skewness": (
+        TryThis(lambda c: {"ep_sizes": ",".join(map(str, c.ep_sizes + (2 * max(c.ep_sizes),)))},
+                "Megatron's skewness at the largest EP size", lambda r: _largest_ep(r.skewness, "megatron"), +1,
+                "the trend of the left panel continues: fewer experts per GPU"),),
+    "07_overheads": (
+        TryThis(_double_ep, "ReLibra's replica buffer as a share of parameter memory per GPU",
+                lambda r: _mean(r.overheads, "replica_memory_share_full_model", policy="relibra"), +1,
+                "the buffer keeps its spare slots while each GPU's own experts halve"),),
+    "10_sensitivity": (
+        TryThis(_double_ep, "ReLibra / balanced-compute at the default set-up",
+                lambda r: _mean(r.sensitivity, "relibra_over_balanced_compute", is_default=True), -1,
+                "a node is then a smaller share of the EP group, so in-node replication has less room (notebook 11 "
+                "follows this to EP 256)"),),
+    "11_scale": (
+        TryThis(_nvl72_only, "ReLibra's rank skewness at the largest EP (mean over clusters)", _relibra_at_largest_ep,
+                -1, "a 72-GPU NVLink domain gives in-node replication room that 8-GPU nodes do not"),),
+}
 
 SPECS = (
     NotebookSpec("00_tutorial", "What is expert-parallel load imbalance, and how do a placement and replicas fix it?",
@@ -492,10 +607,10 @@ SPECS = (
     NotebookSpec("08_runtime", "Does the real runtime agree with the simulator?", RuntimeParams,
                  ("megatron", "relibra"), _runtime, RuntimeResult,
                  lambda r: nr.runtime_segments_story(r.step_segments, WAITING) + "\n\n"
-                 + nr.runtime_agreement(r.step_results), glance=_runtime_rows),
+                 + nr.runtime_agreement(r.step_results), glance=_runtime_rows, scale="runtime"),
     NotebookSpec("09_rl_workload", "Does a real RL run route like the synthetic traces, and how do the policies "
                  "balance it?", RLParams, ("megatron", "eplb", "eplb+", "relibra", "balanced"), _rl, RLResult,
-                 lambda r: nr.rl_story(r.rewards, r.balancing)),
+                 lambda r: nr.rl_story(r.rewards, r.balancing), scale="rl"),
     NotebookSpec("10_sensitivity", "How far does each headline ratio move with the set-up?", SensitivityParams,
                  ("megatron", "eplb+", "relibra", "balanced-compute"), _sensitivity, SensitivityResult,
                  lambda r: nr.sensitivity_story(r.tornado, r.sensitivity), glance=_sensitivity_rows,
@@ -504,6 +619,7 @@ SPECS = (
                  ("megatron", "eplb+", "llep", "relibra", "relibra-h"), _scale, ScaleResult,
                  lambda r: nr.scale_story(r.scale, r.relibra_h_vs_best), glance=_scale_rows, scale="grid"),
 )
+SPECS = tuple(dataclasses.replace(s, tries=TRIES.get(s.name, ())) for s in SPECS)
 BY_NAME = {s.name: s for s in SPECS}
 NOTEBOOKS = tuple(BY_NAME)
 NOTEBOOK_PARAMETERS = {s.name: s.parameter_names for s in SPECS}
@@ -526,7 +642,8 @@ def resolve(notebook: str, **params) -> Config:
     spec = get_spec(notebook)
     if spec.scale == "toy":
         params = {**params, "profile": None}
-    return resolve_config(notebook, spec.policies, spec.scale, **params)
+    return resolve_config(notebook, spec.policies, spec.scale, "cluster" in spec.parameter_names, spec.single_model,
+                          **params)
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,13 @@ class Run:
         return result
 
     def story(self, result) -> str:
-        """The spec's narrative of `result` (markdown)."""
+        """The spec's narrative of `result` (markdown): what to notice, computed from the numbers."""
         return self.spec.narrative(result)
+
+    def try_this(self) -> str:
+        """The spec's "Try this" suggestions for this run's parameters, as a markdown list (each one's
+        direction is checked by tests/test_lessons.py)."""
+        return "\n".join(f"- {t.text(self.config)}" for t in self.spec.tries)
 
     @property
     def out_dir(self) -> Path:

@@ -41,6 +41,11 @@ _COST_FACTORS = {"NVLink rate": (0.5, 1.0, 450.0 / 155.0), "RDMA rate": (0.5, 1.
 _COST_FIELDS = {"NVLink rate": "nvlink_GBps", "RDMA rate": "rdma_GBps", "GEMM half-saturation": "gemm_half_tokens"}
 
 
+def cost_factors() -> dict[str, tuple[float, ...]]:
+    """{cost knob: the factors of the cluster preset's own value it is moved by}."""
+    return dict(_COST_FACTORS)
+
+
 def knob_values(quick: bool = False, cluster: str = "paper", tokens_per_rank: int | None = None) -> dict[str, list]:
     """{knob: values}, every knob's default (see `defaults`) among them, in KNOBS order.
 

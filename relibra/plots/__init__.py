@@ -18,13 +18,13 @@ from relibra.plots.style import (POLICY_COLORS, POLICY_LABELS, POLICY_ORDER, mod
                                  save_figure, set_style, show_inline, titled)
 from relibra.plots.throughput import (ablation_plot, fraction_of_balanced, reorder_plot, replication_plot,
                                       skewness_plot, spare_slot_plot, throughput_bars)
-from relibra.plots.tutorial import phase_figure, plan_figure, tutorial_figure, tutorial_grid_figure
+from relibra.plots.tutorial import phase_figure, plan_figure, skew_sweep_figure, tutorial_figure, tutorial_grid_figure
 from relibra.plots.widgets import tutorial_interactive
 
 __all__ = [
     "POLICY_COLORS", "POLICY_LABELS", "POLICY_ORDER", "model_label", "policy_order", "policy_palette", "save_figure",
     "set_style", "show_inline", "titled", "expert_load_heatmaps", "prediction_error_plot", "shift_bars",
-    "static_skewness_plot", "phase_figure", "plan_figure", "tutorial_figure", "tutorial_grid_figure",
+    "static_skewness_plot", "phase_figure", "skew_sweep_figure", "plan_figure", "tutorial_figure", "tutorial_grid_figure",
     "tutorial_interactive", "ablation_plot", "fraction_of_balanced", "reorder_plot", "replication_plot",
     "skewness_plot", "spare_slot_plot", "throughput_bars", "overhead_bars", "planner_time_plot",
     "policy_summary_plot", "reward_plot", "runtime_rank_plot", "runtime_speedup_plot", "runtime_step_segments_plot", "tornado_plot",

@@ -16,20 +16,21 @@ def planner_time_plot(table: pd.DataFrame, subtitle: str):
     fig, ax = plt.subplots(figsize=(9, 4.4))
     x = np.arange(len(d))
     w = 0.38
-    ax.bar(x - w / 2, d["plan_s"], w, color=[palette[p] for p in d["policy"]])
-    ax.bar(x + w / 2, d["forward_s"], w, color="0.75")
+    ax.bar(x - w / 2, d["plan_s"], w, color=[palette[p] for p in d["policy"]], edgecolor="0.2", lw=0.6)
+    ax.bar(x + w / 2, d["forward_s"], w, color="0.88", edgecolor="0.4", hatch="//", lw=0.6)
     for xi, (p, crit) in enumerate(zip(d["plan_s"], d["planner_on_critical_path"])):
         if crit:
             ax.text(xi - w / 2, p, "on critical\npath", ha="center", va="bottom", fontsize=7)
     ax.set_yscale("log")
-    ax.set_xticks(x, [POLICY_LABELS.get(p, p) for p in d["policy"]], rotation=15, ha="right")
+    ax.set_xticks(x, [POLICY_LABELS.get(p, p) for p in d["policy"]], rotation=20, ha="right")
     ax.set_ylabel("seconds per training step (log)")
+    ax.set_ylim(top=ax.get_ylim()[1] * 8)  # room for the legend above the bars
     from matplotlib.patches import Patch
 
-    ax.legend([Patch(color="0.35"), Patch(color="0.75")],
-              ["left bar: planner, measured (wall s per step, policy colour)",
-               "right bar: one forward pass, simulated (s): the window"],
-              fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
+    ax.legend([Patch(facecolor="white", edgecolor="0.2"), Patch(facecolor="0.88", edgecolor="0.4", hatch="//")],
+              ["left bar (the policy's colour): planner, measured wall seconds per step",
+               "right bar: one forward pass, simulated: the window it hides behind"],
+              fontsize=8, loc="upper left", ncol=1)
     hardware = str(d["planner_hardware"].iloc[0]) if "planner_hardware" in d else "this machine"
     titled(fig, "Planner time per step vs the forward pass it hides behind",
            f"planner: measured ({hardware}) | window: {subtitle}")
@@ -40,20 +41,24 @@ def planner_time_plot(table: pd.DataFrame, subtitle: str):
 def overhead_bars(table: pd.DataFrame, subtitle: str):
     """Migration share of step time, replica memory share, transfer overlap per policy (percent)."""
     d, palette = policy_rows(table, drop=("megatron", "balanced", "balanced-compute"))
-    panels = [("migration_share", "migration / step time (%)", "migration share (paper: 1.4-2.1%)"),
-              ("replica_memory_share_full_model", "replica buffer / parameter memory (%)",
+    panels = [("migration_share", "% of step time", "migration share (paper: 1.4-2.1%)"),
+              ("replica_memory_share_full_model", "% of parameter memory per GPU",
                "replica memory, whole model (paper: 0.13-1.62%)"),
-              ("transfer_overlap", "replica transfers hidden (%)", "transfer overlap")]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+              ("transfer_overlap", "% of replica transfers hidden", "transfer overlap")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    critical = d["planner_on_critical_path"].astype(bool) if "planner_on_critical_path" in d else [False] * len(d)
     for ax, (col, ylabel, title) in zip(axes, panels):
         vals = 100 * d[col].astype(float).fillna(0.0)
         ax.bar(np.arange(len(d)), vals, color=[palette[p] for p in d["policy"]])
-        for xi, (v, raw) in enumerate(zip(vals, d[col])):
-            ax.text(xi, v, "n/a" if pd.isna(raw) else f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+        for xi, (v, raw, crit) in enumerate(zip(vals, d[col], critical)):
+            text = ("n/a" if pd.isna(raw) else "0 (moved on the\ncritical path)" if col == "transfer_overlap" and crit
+                    and v == 0 else f"{v:.2f}")
+            ax.text(xi, v, text, ha="center", va="bottom", fontsize=7)
         ax.set_xticks(np.arange(len(d)), [POLICY_LABELS.get(p, p) for p in d["policy"]], rotation=25, ha="right")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
-    titled(fig, "Overheads per policy (n/a: the policy moves no replicas)", subtitle)
+    titled(fig, "Overheads per policy (n/a: the policy moves no replica weights; a policy that moves them on the "
+           "critical path hides none)", subtitle)
     fig.tight_layout()
     return fig
 
@@ -80,8 +85,9 @@ def policy_summary_plot(summary: pd.DataFrame, subtitle: str, title: str = "Bala
         ax.set_title("step time by part")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         axes = axes[:2]
-    for ax, col, ylabel in ((axes[0], "speedup_vs_megatron", "throughput / Megatron's (tokens/s)"),
-                            (axes[1], "skewness", "rank skewness (max / mean tokens)")):
+    for ax, col, ylabel, name in ((axes[0], "speedup_vs_megatron", "throughput / Megatron's (tokens/s)", "throughput"),
+                                  (axes[1], "skewness", "rank skewness (max / mean tokens)", "rank skewness")):
+        ax.set_title(name)
         ax.bar(np.arange(len(d)), d[col], color=[palette[p] for p in d["policy"]])
         ax.axhline(1.0, color="0.2", ls="--", lw=1)
         ax.set_xticks(np.arange(len(d)), [POLICY_LABELS.get(p, p) for p in d["policy"]], rotation=25, ha="right")

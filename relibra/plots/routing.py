@@ -36,19 +36,30 @@ def expert_load_heatmaps(table: pd.DataFrame, subtitle: str, max_experts: int = 
     return fig
 
 
+def trace_palette(traces) -> dict:
+    """Colours of workloads (traces): cividis shades, which no policy uses."""
+    traces = list(dict.fromkeys(traces))
+    return dict(zip(traces, sns.color_palette("cividis", max(len(traces), 2))))
+
+
 def shift_bars(table: pd.DataFrame, subtitle: str):
-    """Bars of hot-expert overlap and load correlation per comparison, one colour per trace."""
+    """Bars of hot-expert overlap and load correlation per comparison, one colour per trace. Both
+    panels show the same comparisons in the same order; one a metric does not cover says so."""
     order = ["consecutive micro-batches", "micro-batch vs its own step", "micro-batch vs history prediction",
              "consecutive steps", "step vs history prediction"]
     metrics = [("hot-expert overlap", "hot-expert overlap (share of top 10%)"),
                ("load correlation", "load correlation (Pearson)")]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+    present = [o for o in order if o in set(table["comparison"])]
+    ticks = [o.replace(" vs ", "\nvs ") for o in present]
+    palette = trace_palette(table["trace"])
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.6))
     for ax, (metric, ylabel) in zip(axes, metrics):
         d = table[(table["metric"] == metric) & table["value"].notna()].copy()
-        present = [o for o in order if o in set(d["comparison"])]
         d["comparison"] = d["comparison"].str.replace(" vs ", "\nvs ", regex=False)
-        sns.barplot(d, x="comparison", y="value", hue="trace", order=[o.replace(" vs ", "\nvs ") for o in present],
-                    ax=ax)
+        sns.barplot(d, x="comparison", y="value", hue="trace", order=ticks, palette=palette, errorbar=None, ax=ax)
+        for i, tick in enumerate(ticks):
+            if tick not in set(d["comparison"]):
+                ax.text(i, 0.02, "not\ndefined", ha="center", va="bottom", fontsize=7, color="0.4")
         ax.set_ylim(0, 1.05)
         ax.set_xlabel("")
         ax.set_ylabel(ylabel)
@@ -57,8 +68,8 @@ def shift_bars(table: pd.DataFrame, subtitle: str):
         ax.get_legend().remove()
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, title="trace", loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    titled(fig, "How far hot experts shift: between micro-batches, between steps, and against a history prediction",
-           subtitle)
+    titled(fig, "How far hot experts shift: between micro-batches, between steps, and against a history prediction "
+           "(bars: mean over steps and layers)", subtitle)
     fig.tight_layout()
     return fig
 
@@ -71,11 +82,14 @@ def prediction_error_plot(table: pd.DataFrame, subtitle: str):
     order = [o for o in order if o in set(d["case"])]
     d["error_pct"] = 100 * d["error"]
     fig, ax = plt.subplots(figsize=(9, 4.2))
-    sns.boxplot(d, x="case", y="error_pct", hue="trace", order=order, ax=ax, showfliers=False)
+    sns.boxplot(d, x="case", y="error_pct", hue="trace", order=order, ax=ax, showfliers=False, showmeans=True,
+                palette=trace_palette(d["trace"]), meanprops={"marker": "D", "markerfacecolor": "white",
+                                                              "markeredgecolor": "black", "markersize": 4})
     ax.set_xlabel("predictor -> what it must predict")
     ax.set_ylabel("prediction error (% of token-slots on wrong experts)")
     ax.legend(title="workload", fontsize=7, title_fontsize=8)
-    titled(fig, "How wrong load predictions are: history (EPLB) and the exact step total (EPLB+) vs each micro-batch", subtitle)
+    titled(fig, "How wrong load predictions are: history (EPLB) and the exact step total (EPLB+) vs each micro-batch "
+           "(box: quartiles over steps, micro-batches and layers; diamond: mean)", subtitle)
     fig.tight_layout()
     return fig
 
@@ -83,11 +97,13 @@ def prediction_error_plot(table: pd.DataFrame, subtitle: str):
 def static_skewness_plot(table: pd.DataFrame, subtitle: str):
     """Distribution of rank skewness under static placement: per micro-batch versus per whole step."""
     fig, ax = plt.subplots(figsize=(8, 4))
-    sns.boxplot(table, x="trace", y="skewness", hue="scope", ax=ax, showfliers=False)
+    sns.boxplot(table, x="trace", y="skewness", hue="scope", ax=ax, showfliers=False, showmeans=True, palette="Greys",
+                meanprops={"marker": "D", "markerfacecolor": "white", "markeredgecolor": "black", "markersize": 4})
     ax.axhline(1.0, color="0.3", lw=1, ls="--")
     ax.set_xlabel("workload")
     ax.set_ylabel("rank skewness (max / mean tokens per GPU)")
     ax.legend(title="load summed over", fontsize=8)
-    titled(fig, "Static expert placement: rank skewness per micro-batch and per whole step", subtitle)
+    titled(fig, "Static expert placement: rank skewness per micro-batch and per whole step (box: quartiles over "
+           "micro-batches and layers; diamond: mean)", subtitle)
     fig.tight_layout()
     return fig

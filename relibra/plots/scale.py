@@ -9,6 +9,19 @@ import pandas as pd
 from relibra.plots.style import POLICY_LABELS, policy_order, policy_palette, titled
 
 IDEAL = "balanced-compute"
+MODEL_GREYS = ("0.15", "0.45", "0.7")
+
+
+def cluster_label(spec: str) -> str:
+    """'32 nodes x 8 GPUs (paper links)' for a cluster preset or spec; the spec itself if unknown."""
+    from relibra.cluster import resolve_topology
+    from relibra.errors import RelibraError
+
+    try:
+        topo = resolve_topology(spec)
+    except RelibraError:
+        return spec
+    return f"{topo.num_nodes} node{'s' if topo.num_nodes > 1 else ''} x {topo.gpus_per_node} GPUs ({spec.split(',')[0]} preset)"
 
 
 def ep_sweep_plot(table: pd.DataFrame, subtitle: str):
@@ -33,7 +46,7 @@ def ep_sweep_plot(table: pd.DataFrame, subtitle: str):
                 g = d[d["policy"] == policy].sort_values("ep")
                 if g.empty:
                     continue
-                style = dict(color="0.45", ls="--", marker="") if policy == IDEAL else dict(
+                style = dict(color=palette[policy], ls="--", marker="") if policy == IDEAL else dict(
                     color=palette[policy], marker="o", ms=4)
                 ax.plot(g["ep"], g["speedup_vs_megatron"], label=POLICY_LABELS.get(policy, policy), **style)
             ax.axhline(1.0, color="0.7", lw=0.8)
@@ -43,7 +56,7 @@ def ep_sweep_plot(table: pd.DataFrame, subtitle: str):
             ax.minorticks_off()
             missing = table[(table["model"] == model) & (table["cluster"] == cluster) & (table["status"] != "ok")]
             note = f"\n(EP {', '.join(str(e) for e in missing['ep'])}: not possible)" if len(missing) else ""
-            ax.set_title(f"{model} on {cluster}{note}", fontsize=9)
+            ax.set_title(f"{model} on {cluster_label(cluster)}{note}", fontsize=9)
             ax.set_xlabel("EP size")
             if j == 0:
                 ax.set_ylabel("tokens/s over Megatron")
@@ -63,10 +76,11 @@ def scale_planner_plot(table: pd.DataFrame, subtitle: str, policies=("relibra", 
     shown = [p for p in policies if p in set(d["policy"])]
     fig, axes = plt.subplots(1, max(1, len(shown)), figsize=(3.6 * max(1, len(shown)), 3.4), squeeze=False, sharey=True)
     markers = dict(zip(dict.fromkeys(d["model"]), "osD^v"))
+    greys = dict(zip(dict.fromkeys(d["model"]), MODEL_GREYS * 3))
     for ax, policy in zip(axes[0], shown):
         for model, g in d[d["policy"] == policy].groupby("model", sort=False):
             g = g.sort_values("ep")
-            ax.plot(g["ep"], g["plan_cpu_s"], marker=markers[model], ms=4, label=model)
+            ax.plot(g["ep"], g["plan_cpu_s"], marker=markers[model], ms=4, color=greys[model], label=model)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         eps = sorted(set(d["ep"]))
@@ -76,13 +90,15 @@ def scale_planner_plot(table: pd.DataFrame, subtitle: str, policies=("relibra", 
         ax.set_xlabel("EP size")
     axes[0][0].set_ylabel("planner CPU seconds per step")
     axes[0][0].legend(fontsize=7)
-    titled(fig, f"Planner time per training step on {cluster} (measured, one core of this machine)", subtitle)
+    titled(fig, f"Planner time per training step on {cluster_label(cluster)} (measured, one core of this machine)",
+           subtitle)
     fig.tight_layout()
     return fig
 
 
 def ratio_pivot(table: pd.DataFrame, value: str = "speedup_vs_megatron") -> pd.DataFrame:
-    """`value` as a (model, cluster, ep) x policy table, for display."""
+    """`value` as a (model, cluster, ep) x policy table, for display; policies sorted by their mean,
+    the best first (highest speed-up, lowest planner seconds)."""
     ok = table[table["status"] == "ok"]
     wide = ok.pivot_table(index=["model", "cluster", "ep"], columns="policy", values=value, sort=False)
-    return wide[[p for p in policy_order(wide.columns) if p in wide.columns]].replace({np.nan: None})
+    return wide[list(wide.mean().sort_values(ascending=value != "plan_cpu_s").index)].replace({np.nan: None})

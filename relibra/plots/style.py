@@ -66,7 +66,8 @@ def titled(fig, title: str, subtitle: str) -> None:
 
     width = max(40, int(fig.get_figwidth() * 12))
     lines = textwrap.wrap(title, width) + textwrap.wrap(subtitle, int(width * 1.1))
-    fig.suptitle("\n".join(lines), fontsize=11, y=1.0 + 0.02 * len(lines))
+    # at the figure's top edge, so that tight_layout makes room under it (and nothing above it)
+    fig.suptitle("\n".join(lines), fontsize=11, y=0.995, va="top")
 
 
 def save_figure(fig, stem: str | Path) -> tuple[Path, Path]:

@@ -10,43 +10,68 @@ from relibra.plots.style import POLICY_COLORS, POLICY_LABELS, figure_policy_lege
 
 
 # ---- 02 throughput / 03 ablation ----------------------------------------------------------------
+MODEL_MARKERS = ("o", "s", "^", "D", "v", "P")
+MODEL_GREYS = ("0.25", "0.5", "0.72", "0.15", "0.6", "0.85")  # models, in greys: no policy's colour
+
+
+def _ranked(d: pd.DataFrame, column: str) -> list[str]:
+    """Policies by their mean `column`, highest first."""
+    return list(d.groupby("policy")[column].mean().sort_values(ascending=False).index)
+
+
+def _dots_and_means(ax, d: pd.DataFrame, column: str, order: list[str], marker_of=None) -> None:
+    """One row per policy of `order` (top: first): a small dot per case (marker: model) and the
+    policy's mean as a large marker in its colour with its value written beside it."""
+    from relibra.labels import colour
+
+    for y, policy in enumerate(order):
+        rows = d[d["policy"] == policy]
+        for model, g in rows.groupby("model", sort=False):
+            ax.scatter(g[column], [y] * len(g), s=14, color="0.35", alpha=0.8,
+                       marker=(marker_of or {}).get(model, "o"), zorder=2)
+        mean = float(rows[column].mean())
+        ax.scatter([mean], [y], s=110, color=colour(policy), edgecolor="black", lw=0.6, zorder=3)
+        ax.annotate(f"{mean:.3f}", (mean, y), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7)
+    ax.set_yticks(range(len(order)), [POLICY_LABELS.get(p, p) for p in order])
+    ax.set_ylim(len(order) - 0.5, -0.7)
+
+
 def throughput_bars(table: pd.DataFrame, subtitle: str):
-    """Tokens/s normalized to Megatron: one panel per model, bars per workload (x) and policy (hue)."""
+    """Tokens/s over Megatron's: one panel per model, one row per policy sorted by its mean speed-up
+    (large marker, in the policy's colour, with its value), a small dot per workload. The x axis spans
+    the data, so differences of a percent stay visible; the line at 1.0 is Megatron."""
     models = list(dict.fromkeys(table["model"]))
-    order, palette = policy_hue(table["policy"].unique())
-    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models) + 1.5, 4.2), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(4.4 * len(models) + 2.2, 0.42 * table["policy"].nunique() + 1.8),
+                             sharey=True, squeeze=False)
+    order = _ranked(table, "speedup_vs_megatron")
     for ax, model in zip(axes[0], models):
-        d = table[table["model"] == model]
-        sns.barplot(d, x="workload", y="speedup_vs_megatron", hue="policy", hue_order=order, palette=palette, ax=ax)
-        ax.axhline(1.0, color="0.2", lw=1)
+        _dots_and_means(ax, table[table["model"] == model], "speedup_vs_megatron", order)
+        ax.axvline(1.0, color="0.2", lw=1)
         ax.set_title(model_label(model).replace(" (", "\n(", 1), fontsize=9)
-        ax.set_xlabel("workload")
-        ax.set_ylabel("throughput / Megatron's (tokens/s ratio)")
-        ax.get_legend().remove()
-    figure_policy_legend(fig, axes[0][0])
-    titled(fig, "Training throughput normalized to Megatron (higher is better)", subtitle)
+        ax.set_xlabel("throughput / Megatron's (tokens/s ratio)")
+    titled(fig, "Training throughput over Megatron's, per policy (large marker: mean over workloads; dots: one "
+           "workload each; policies sorted by mean)", subtitle)
     fig.tight_layout()
     return fig
 
 
 def fraction_of_balanced(table: pd.DataFrame, subtitle: str):
-    """Box per policy of tokens/s as a fraction of the balanced ideal, over models and workloads."""
+    """Tokens/s as a fraction of the balanced ideal, one row per policy sorted by its mean (large
+    marker), a small dot per (model, workload) case with the model as the dot's shape."""
     d = table[~table["policy"].isin(("balanced", "balanced-compute"))]
-    order, palette = policy_hue(d["policy"].unique())
-    fig, ax = plt.subplots(figsize=(10, 4.4))
-    sns.boxplot(d, x="policy", y="frac_of_balanced", order=order, hue="policy", hue_order=order, palette=palette,
-                ax=ax, legend=False)
-    dots = d.assign(model=d["model"].map(model_label)) if "model" in d else d
-    sns.stripplot(dots, x="policy", y="frac_of_balanced", order=order, hue="model" if "model" in d else None,
-                  palette="dark:0.2" if "model" not in d else "crest", size=3.5, ax=ax, dodge=False)
-    if "model" in d:
-        ax.legend(title="model (dots)", fontsize=7, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.axhline(1.0, color="0.2", ls="--", lw=1)
-    ax.text(len(order) - 0.5, 1.0, "balanced ideal", ha="right", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(order)), [POLICY_LABELS.get(p, p) for p in order], rotation=20, ha="right")
-    ax.set_xlabel("")
-    ax.set_ylabel("throughput / balanced ideal's")
-    titled(fig, "How close each policy gets to the balanced ideal (each dot: one model x workload)", subtitle)
+    models = list(dict.fromkeys(d["model"]))
+    markers = dict(zip(models, MODEL_MARKERS))
+    order = _ranked(d, "frac_of_balanced")
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(order) + 1.9))
+    _dots_and_means(ax, d, "frac_of_balanced", order, markers)
+    ax.axvline(1.0, color="0.2", ls="--", lw=1)
+    ax.text(1.0, len(order) - 0.6, " balanced ideal", ha="left", va="bottom", fontsize=8)
+    ax.set_xlabel("throughput / the balanced ideal's (tokens/s ratio)")
+    handles = [plt.Line2D([], [], ls="", marker=markers[m], color="0.35", label=model_label(m)) for m in models]
+    fig.legend(handles=handles, title="dots: one workload of model", fontsize=7, title_fontsize=8, loc="upper center",
+               bbox_to_anchor=(0.5, 0.0), ncol=min(3, len(models)), frameon=False)
+    titled(fig, "How close each policy gets to the balanced ideal (large marker: mean over models and workloads; "
+           "policies sorted by mean)", subtitle)
     fig.tight_layout()
     return fig
 
@@ -63,12 +88,13 @@ def ablation_plot(table: pd.DataFrame, subtitle: str):
     d["stage"] = d["policy"].map(ABLATION_STAGES)
     order = [ABLATION_STAGES[p] for p in stages]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    sns.barplot(d, x="stage", y="speedup_vs_megatron", hue="model", order=order, ax=axes[0], palette="crest",
+    greys = dict(zip(dict.fromkeys(d["model"]), MODEL_GREYS))
+    sns.barplot(d, x="stage", y="speedup_vs_megatron", hue="model", order=order, ax=axes[0], palette=greys,
                 errorbar=("pi", 100))
     axes[0].axhline(1.0, color="0.2", lw=1)
     axes[0].set_ylabel("throughput / Megatron's (tokens/s ratio)")
     axes[0].set_title("throughput")
-    sns.barplot(d, x="stage", y="skewness", hue="model", order=order, ax=axes[1], palette="crest", errorbar=("pi", 100))
+    sns.barplot(d, x="stage", y="skewness", hue="model", order=order, ax=axes[1], palette=greys, errorbar=("pi", 100))
     axes[1].axhline(1.0, color="0.2", ls="--", lw=1)
     axes[1].set_ylabel("rank skewness (max / mean tokens per GPU)")
     axes[1].set_title("rank skewness")
@@ -86,14 +112,16 @@ def ablation_plot(table: pd.DataFrame, subtitle: str):
 
 # ---- 04 reordering / 05 replication ---------------------------------------------------------------
 def _workload_panels(fig, axes, table: pd.DataFrame, panels) -> None:
-    """Bars per workload (x) and policy (hue; Balanced left out), one panel per (column, y label, title)
-    of `panels`; a line at 1.0 on the first panel (Megatron's throughput) and a dashed one on the second
-    (perfect balance); one policy legend for the figure."""
+    """Bars per workload (x) and policy (hue; the ideals left out), one panel per (column, y label,
+    title) of `panels`: the mean over steps and layers, whiskers their range (deterministic, unlike a
+    bootstrap interval); a line at 1.0 on the first panel (Megatron's throughput) and a dashed one on
+    the second (perfect balance); one policy legend for the figure."""
     order, palette = policy_hue(table["policy"].unique())
     order = [p for p in order if p not in ("balanced", "balanced-compute")]
     d = table[table["policy"].isin(order)]
     for ax, (col, ylabel, title) in zip(axes, panels):
-        sns.barplot(d, x="workload", y=col, hue="policy", hue_order=order, palette=palette, ax=ax)
+        sns.barplot(d, x="workload", y=col, hue="policy", hue_order=order, palette=palette, ax=ax,
+                    errorbar=("pi", 100), err_kws={"linewidth": 1})
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.set_xlabel("workload")
@@ -113,7 +141,7 @@ def reorder_plot(table: pd.DataFrame, subtitle: str):
     fig, grid = plt.subplots(2, 2, figsize=(13, 7.5))
     _workload_panels(fig, grid.ravel(), table, panels)
     titled(fig, "Reordering: annealing search vs greedy LPT vs static homes (all with intra-node replication; "
-           "bars: mean over steps)", subtitle)
+           "bars: mean over steps, whiskers: their range)", subtitle)
     fig.tight_layout()
     return fig
 
@@ -125,18 +153,19 @@ def replication_plot(table: pd.DataFrame, subtitle: str):
               ("replicas_per_gpu", "replicas per GPU", "replicas held per GPU, per micro-batch x layer")]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     _workload_panels(fig, axes, table, panels)
-    titled(fig, "Replication: joint placement + split vs placement only vs splitting only", subtitle)
+    titled(fig, "Replication: joint replica placement + token split vs reordering only (no replicas) vs splitting "
+           "only (one bar per workload: its mean over steps and layers)", subtitle)
     fig.tight_layout()
     return fig
 
 
 def spare_slot_plot(sweep: pd.DataFrame, subtitle: str):
     """ReLibra's speedup, skewness and replica memory share against spare slots per GPU."""
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.0))
     x = sweep["spare_slots_per_gpu"]
     for ax, col, ylabel in ((axes[0], "speedup_vs_megatron", "throughput / Megatron's"),
                             (axes[1], "skewness", "rank skewness (max / mean)"),
-                            (axes[2], "replica_memory_share_full_model", "replica buffer / parameters, whole model (%)")):
+                            (axes[2], "replica_memory_share_full_model", "replica buffer / parameters (%)")):
         pct = col.startswith("replica_memory_share")
         y = sweep[col] * (100 if pct else 1)
         ax.plot(x, y, marker="o", color=POLICY_COLORS["relibra"], label="ReLibra")
@@ -155,7 +184,8 @@ def spare_slot_plot(sweep: pd.DataFrame, subtitle: str):
         ax.set_ylabel(ylabel)
         ax.set_xticks(list(x))
         ax.legend(fontsize=7, loc="lower right")
-    titled(fig, "ReLibra vs the number of spare replica slots per GPU", subtitle)
+    titled(fig, "ReLibra vs the number of spare replica slots per GPU (mean over the workload's steps; replica "
+           "buffer counted against the whole model's parameters)", subtitle)
     fig.tight_layout()
     return fig
 

@@ -229,9 +229,10 @@ def phase_figure(case: dict, micro_batch: int = 0):
     return fig
 
 
-def tutorial_grid_figure(grid: pd.DataFrame):
+def tutorial_grid_figure(grid: pd.DataFrame, scale_note: str = ""):
     """Rank skewness and slowest-GPU ms for each placement (x) and number of spare slots (hue); each
-    bar is labelled with the replica slots the planner filled per GPU at most."""
+    bar is labelled with the replica slots the planner filled per GPU at most. One legend above the
+    panels, clear of the bars."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     d = grid.copy()
     d["spare slots per GPU"] = d["spare_slots"].astype(str)
@@ -247,10 +248,39 @@ def tutorial_grid_figure(grid: pd.DataFrame):
         ax.set_title(title)
         ax.set_xlabel("expert placement: static (Megatron), search (ReLibra), lpt (greedy)")
         ax.set_ylim(0, 1.2 * float(d[col].max()))
-        ax.legend(title="spare slots per GPU", fontsize=7, title_fontsize=8, loc="lower right")
+        ax.get_legend().remove()
     axes[0].axhline(1.0, color="0.2", ls="--", lw=1)
     axes[1].axhline(float(d["balanced_ms"].mean()), color="0.2", ls="--", lw=1)
+    handles, labels = axes[0].get_legend_handles_labels()
     titled(fig, "Toy layer: every placement x number of spare replica slots (bar label: most slots any GPU "
-           "actually filled; dashed: balanced)", f"simulated ({d['hardware'].iloc[0]}); synthetic Zipf routing")
+           "actually filled; dashed: balanced)", f"simulated ({d['hardware'].iloc[0]}); synthetic Zipf routing"
+           + (f" | {scale_note}" if scale_note else ""))
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    fig.legend(handles, labels, title="spare slots per GPU", ncol=len(labels), loc="upper center",
+               bbox_to_anchor=(0.5, 1.0), fontsize=8, title_fontsize=8, frameon=False)
+    return fig
+
+
+def skew_sweep_figure(sweep: pd.DataFrame, scale_note: str = ""):
+    """The skew slider, drawn: rank skewness and slowest-GPU ms against the Zipf exponent, for static
+    placement without replicas and for the chosen plan (relibra.experiments.tutorial_skew_sweep)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharex=True)
+    styles = {}
+    for (placement, slots), d in sweep.groupby(["placement", "spare_slots"], sort=False):
+        label = f"{placement} placement, {slots} spare slot(s)"
+        styles[label] = dict(color="0.45" if placement == "static" else HOME_COLOR, marker="o")
+        axes[0].plot(d["skew"], d["skewness"], label=label, **styles[label])
+        axes[1].plot(d["skew"], d["slowest_gpu_ms"], label=label, **styles[label])
+    axes[0].axhline(1.0, color="0.2", ls="--", lw=1)
+    axes[1].plot(sweep["skew"].unique(), sweep.groupby("skew", sort=False)["balanced_ms"].mean(), color="0.2", ls="--",
+                 lw=1, label="balanced")
+    axes[0].set_ylabel("rank skewness (max / mean tokens)")
+    axes[1].set_ylabel("slowest GPU, expert compute (ms)")
+    for ax in axes:
+        ax.set_xlabel("skew (Zipf exponent of expert popularity)")
+        ax.set_ylim(bottom=0)
+    axes[1].legend(fontsize=8, loc="lower right")
+    titled(fig, "What the skew slider shows: imbalance as expert popularity gets more peaked (dashed: balanced)",
+           "simulated (the paper's GPUs and links); synthetic Zipf routing" + (f" | {scale_note}" if scale_note else ""))
     fig.tight_layout()
     return fig
