@@ -141,12 +141,15 @@ class RouterCapture:
 
     def save(self, directory: str) -> list[str]:
         """Write step{s}_mb{m}_rank{rank}.npz files (arrays layer_0.., step, micro_batch, rank)."""
+        from relibra.paths import atomic_open
+
         os.makedirs(directory, exist_ok=True)
         out = []
         for s, mbs in enumerate(self._closed_steps()):
             for m, ids in enumerate(mbs):
                 path = os.path.join(directory, f"step{s}_mb{m}_rank{self.rank}.npz")
-                np.savez(path, step=np.array(s), micro_batch=np.array(m), rank=np.array(self.rank),
-                         **{f"layer_{i}": ids[:, i] for i in range(ids.shape[1])})
+                with atomic_open(path, "wb") as f:
+                    np.savez(f, step=np.array(s), micro_batch=np.array(m), rank=np.array(self.rank),
+                             **{f"layer_{i}": ids[:, i] for i in range(ids.shape[1])})
                 out.append(path)
         return out

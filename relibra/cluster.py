@@ -40,9 +40,16 @@ class ModelShape:
     optimizer_bytes_per_param: int = 12  # fp32 master copy + Adam m and v
 
     def __post_init__(self):
-        for field in ("num_layers", "num_experts", "top_k", "hidden", "moe_ffn"):
-            if getattr(self, field) <= 0:
-                raise ConfigError(f"model {self.name!r}: {field} must be positive, got {getattr(self, field)}")
+        if not isinstance(self.name, str) or not self.name or not self.name.isprintable():
+            raise ConfigError(f"model name {self.name!r}: must be a non-empty string of printable characters "
+                              f"(no control characters such as ESC, CR or LF)")
+        for field in ("num_layers", "num_experts", "top_k", "hidden", "moe_ffn", "num_attention_heads",
+                      "num_kv_heads", "head_dim", "vocab_size", "bytes_per_param", "optimizer_bytes_per_param",
+                      "num_shared_experts", "num_dense_layers", "dense_ffn"):
+            value = getattr(self, field)
+            low = 0 if field in ("num_shared_experts", "num_dense_layers", "dense_ffn") else 1
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise ConfigError(f"model {self.name!r}: {field} must be an integer >= {low}, got {value!r}")
         if self.top_k > self.num_experts:
             raise ConfigError(f"model {self.name!r}: top_k={self.top_k} exceeds num_experts={self.num_experts}")
 
@@ -399,16 +406,46 @@ TOPOLOGY_PRESETS: dict[str, Topology] = {
 }
 
 
+def read_preset_file(path: str, where: str | None = None) -> Topology:
+    """The Topology in the "preset" entry of a fit file (`relibra calibrate`, scripts/device_check.sh).
+    Any problem (unreadable JSON, no "preset", an unknown or mistyped field) is a ConfigError naming
+    the file (and `where`, e.g. the environment variable that pointed to it)."""
+    import json
+
+    name = f"{where}={path}" if where else str(path)
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ConfigError(f"{name}: cannot read a preset file ({type(exc).__name__}: {exc})") from None
+    preset = doc.get("preset") if isinstance(doc, dict) else None
+    if not isinstance(preset, dict):
+        raise ConfigError(f"{name}: expected a JSON object with a \"preset\" object (relibra calibrate --out)")
+    known = {f.name for f in dataclasses.fields(Topology)}
+    unknown = sorted(set(preset) - known)
+    if unknown:
+        raise ConfigError(f"{name}: preset field {unknown[0]!r} is unknown (fields: {', '.join(sorted(known))})")
+    try:
+        return Topology(**preset)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
 def _load_fitted_preset(path) -> None:
     """Add the preset fitted on a machine by `relibra calibrate --model ...` (its "preset" entry) when the
     file exists: `cpu-gloo-fit` from data/cpu_gloo_fit.json (docs/runtime.md says which machine)."""
-    import json
     import os
 
     if os.path.exists(path):
-        with open(path) as f:
-            preset = Topology(**json.load(f)["preset"])
+        try:
+            preset = read_preset_file(path)
+        except ConfigError as exc:  # said when a preset is looked up, not at every command's start
+            UNREADABLE_PRESET_FILES.append(str(exc))
+            return
         TOPOLOGY_PRESETS[preset.name] = preset
+
+
+UNREADABLE_PRESET_FILES: list[str] = []  # fitted preset files under data/ that could not be read, and why
 
 
 _DATA = __import__("os").path.join(__import__("os").path.dirname(__file__), "..", "data")
@@ -422,7 +459,8 @@ def get_topology(name: str) -> Topology:
     try:
         return TOPOLOGY_PRESETS[name]
     except KeyError:
-        raise ConfigError(f"unknown cluster preset {name!r}; known: {', '.join(TOPOLOGY_PRESETS)}") from None
+        unreadable = f" (not loaded: {'; '.join(UNREADABLE_PRESET_FILES)})" if UNREADABLE_PRESET_FILES else ""
+        raise ConfigError(f"unknown cluster preset {name!r}; known: {', '.join(TOPOLOGY_PRESETS)}{unreadable}") from None
 
 
 # Short names accepted by parse_topology for the Topology fields.

@@ -1,9 +1,19 @@
-"""Checks on paths the kit will write, made before any work so that a bad `--out` fails at once
-instead of after minutes of simulation or training."""
+"""Paths the kit writes: checked before any work, so that a bad `--out` fails at once instead of
+after minutes of simulation or training; and written atomically, so that no fault leaves a half-written
+file or destroys the one it was replacing.
+
+`atomic_path(path)` yields a temporary name in the same folder (same suffix, so writers that choose a
+format by it still do) and renames it over `path` only when the block finished; on any failure the
+temporary file is removed and the old file, if any, is left as it was. An OSError that names no file
+(a full disk, mid-write) or the temporary one is raised again naming `path`.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import secrets
 
 from relibra.errors import ConfigError
 
@@ -42,3 +52,43 @@ def check_output_path(path: str | os.PathLike, kind: str | None = None, flag: st
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {text}: the folder {parent} is not writable")
     return text
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike):
+    """Yield a temporary path beside `path`; rename it to `path` when the block ends without error."""
+    final = os.fspath(path)
+    folder, name = os.path.split(os.path.abspath(final))
+    stem, suffix = os.path.splitext(name)
+    tmp = os.path.join(folder, f".{stem}.{secrets.token_hex(4)}.partial{suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    except OSError as exc:
+        _remove(tmp)
+        if exc.filename is None or os.path.abspath(exc.filename) == tmp:  # name the file the caller asked for
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno or errno.EIO), final) from exc
+        raise
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs):
+    """open() for writing through atomic_path: the file appears complete at `path`, or not at all."""
+    with atomic_path(path) as tmp:
+        with open(tmp, mode, **kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)

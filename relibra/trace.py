@@ -20,6 +20,7 @@ import itertools
 import json
 import math
 import os
+import sys
 import zipfile
 from dataclasses import dataclass, field
 
@@ -234,8 +235,17 @@ class RoutingTrace:
         return float(skewness(self.rank_load()).mean())
 
     def stats(self) -> dict:
-        """Summary statistics as plain JSON-serializable numbers (see `shift_stats`)."""
-        skew = skewness(self.rank_load())
+        """Summary statistics as plain JSON-serializable numbers (see `shift_stats`).
+
+        Computed in blocks of steps and layers (STATS_BLOCK_BYTES), never as whole-trace float copies,
+        so memory stays near the size of the loads themselves.
+        """
+        s, m, l, ep, e = self.loads.shape
+        skew = np.empty((s, m, l))
+        rows = _block_rows(m * l * e * 8, s)
+        for s0 in range(0, s, rows):  # static contiguous placement: rank r homes experts [r E/ep, (r+1) E/ep)
+            per_rank = self.loads[s0:s0 + rows].reshape(-1, m, l, ep, ep, e // ep).sum(axis=(3, 5), dtype=np.int64)
+            skew[s0:s0 + rows] = skewness(per_rank)
         out = {
             "model": self.model.name,
             "ep": self.ep,
@@ -250,7 +260,8 @@ class RoutingTrace:
             "static_skewness_p95": float(np.percentile(skew, 95)),
             "provenance": self.provenance,
         }
-        out.update(shift_stats(self.expert_load()))
+        out.update(_shift_stats(lambda s0, s1, l0, l1: self.loads[s0:s1, :, l0:l1].sum(axis=3, dtype=np.int64),
+                                (s, m, l, e)))
         return out
 
     # ---- disk --------------------------------------------------------------------------------
@@ -277,10 +288,11 @@ class RoutingTrace:
         path = os.fspath(path)
         if not path.endswith(".npz"):
             raise TraceError(f"{path}: a trace file must end in .npz")
-        from relibra.paths import check_output_path
+        from relibra.paths import atomic_open, check_output_path
 
         check_output_path(path, kind="file", flag="trace file")
-        np.savez_compressed(path, **arrays)
+        with atomic_open(path, "wb") as f:
+            np.savez_compressed(f, **arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike, max_bytes: int | None = None) -> "RoutingTrace":
@@ -308,6 +320,8 @@ class RoutingTrace:
         obj.token_experts, obj.token_src_rank = arrays.get("token_experts"), arrays.get("token_src_rank")
         obj.seq_lens = arrays.get("seq_lens")
         obj.validate(path)
+        if not obj.loads.any():  # nothing to balance; every consumer would fail later, further from the cause
+            raise TraceError(f"{path}: field 'loads' is all zero; the trace routes no tokens")
         return obj
 
     def select_steps(self, steps: slice | list[int]) -> "RoutingTrace":
@@ -424,11 +438,61 @@ def max_trace_bytes(max_bytes: int | None = None) -> int:
             return DEFAULT_MAX_TRACE_BYTES
         try:
             max_bytes = int(float(env)) if "e" in env.lower() else int(env)
-        except ValueError:
-            raise ConfigError(f"{MAX_TRACE_BYTES_ENV}={env!r}: give a number of bytes, e.g. 17179869184") from None
+        except (ValueError, OverflowError):  # "lots", "nan", "1e400" (infinite)
+            raise ConfigError(f"{MAX_TRACE_BYTES_ENV}={env!r}: give a finite number of bytes, e.g. "
+                              f"17179869184") from None
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, (int, np.integer)) or max_bytes <= 0:
         raise ConfigError(f"max_bytes must be a positive integer, got {max_bytes!r}")
     return int(max_bytes)
+
+
+# Python objects parsed from JSON take up to about this many bytes per character of text (measured:
+# nested lists of small lists and ints >= 256, 8-byte pointers, 28-byte ints, 56+ byte lists).
+JSON_BYTES_PER_CHAR = 40
+
+
+def check_decoded_bytes(nbytes: int, where: str, what: str, max_bytes: int | None = None) -> None:
+    """Refuse, before decoding, input whose decoded form would take more than the loader's limit
+    (max_trace_bytes): the one limit every input format shares."""
+    limit = max_trace_bytes(max_bytes)
+    if nbytes > limit:
+        raise TraceError(f"{where}: {what} would take about {nbytes} bytes, over the loader's limit of {limit} "
+                         f"bytes; raise it with {MAX_TRACE_BYTES_ENV} or max_bytes= if the file is trusted")
+
+
+def parse_json(text: bytes | str, where: str, max_bytes: int | None = None):
+    """Untrusted JSON -> Python objects, or one TraceError naming `where`.
+
+    Refused: text whose parsed objects could pass the loader's limit (JSON_BYTES_PER_CHAR per
+    character), text that is not UTF-8 or not JSON, nesting deeper than the parser's recursion limit,
+    a key repeated within one object (JSON leaves it undefined; Python would keep the last silently),
+    and NaN / Infinity (not JSON).
+    """
+    check_decoded_bytes(len(text) * JSON_BYTES_PER_CHAR, where, f"parsing {len(text)} bytes of JSON", max_bytes)
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"{where}: not UTF-8 text (byte {exc.start}); truncated or corrupted?") from None
+
+    def unique_keys(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise TraceError(f"{where}: key {key!r} appears twice in one JSON object")
+            seen.add(key)
+        return dict(pairs)
+
+    def no_constant(name):
+        raise TraceError(f"{where}: {name} is not a JSON number")
+
+    try:
+        return json.loads(text, object_pairs_hook=unique_keys, parse_constant=no_constant)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+                         f"truncated or corrupted?") from None
+    except RecursionError:
+        raise TraceError(f"{where}: JSON nested too deeply to read (over ~{sys.getrecursionlimit()} levels)") from None
 
 
 def _npy_header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, name: str):
@@ -527,10 +591,7 @@ def _parse_meta(arr: np.ndarray, path: str) -> tuple[ModelShape, int, int, dict]
     where = f"{path}: field 'meta_json'"
     if arr.shape != () or arr.dtype.kind != "U":
         raise TraceError(f"{where} must be one string, got {arr.dtype} of shape {arr.shape}")
-    try:
-        meta = json.loads(str(arr.item()))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise TraceError(f"{where} is not valid JSON ({exc})") from None
+    meta = parse_json(str(arr.item()), where)
     if not isinstance(meta, dict):
         raise TraceError(f"{where} must be a JSON object, got {type(meta).__name__}")
     unknown = sorted(set(meta) - set(META_KEYS))
@@ -601,13 +662,18 @@ def skewness(per_rank: np.ndarray) -> np.ndarray:
 
 
 def hot_overlap(a: np.ndarray, b: np.ndarray, frac: float = 0.1) -> np.ndarray:
-    """Share of a's hottest `frac` experts that are also among b's hottest. [..., E] -> [...]."""
+    """Share of a's hottest `frac` experts that are also among b's hottest. [..., E] -> [...].
+
+    Memory: a few arrays of a's size (b's hottest marked in a boolean mask, looked up at a's hottest).
+    """
+    a, b = np.broadcast_arrays(a, b)
     e = a.shape[-1]
     k = max(1, int(round(frac * e)))
     ta = np.argsort(-a, axis=-1, kind="stable")[..., :k]
     tb = np.argsort(-b, axis=-1, kind="stable")[..., :k]
-    hits = (ta[..., :, None] == tb[..., None, :]).any(-1).sum(-1)
-    return hits / k
+    hot_b = np.zeros(a.shape, dtype=bool)
+    np.put_along_axis(hot_b, tb, True, axis=-1)
+    return np.take_along_axis(hot_b, ta, axis=-1).sum(-1) / k
 
 
 def load_correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -632,6 +698,16 @@ def history_prediction(step_load: np.ndarray, window: int) -> np.ndarray:
     return np.stack(preds)
 
 
+# Working memory of one block of trace statistics (float64 loads of some steps x layers; the
+# temporaries of one block take a few times this).
+STATS_BLOCK_BYTES = 32 * 2**20
+
+
+def _block_rows(bytes_per_row: int, rows: int) -> int:
+    """How many rows of `bytes_per_row` fit STATS_BLOCK_BYTES (at least 1, at most `rows`)."""
+    return int(max(1, min(rows, STATS_BLOCK_BYTES // max(bytes_per_row, 1))))
+
+
 def shift_stats(expert_load: np.ndarray, hot_frac: float = 0.1, history_window: int = 4) -> dict:
     """How far hot experts move, from expert loads [steps, micro_batches, layers, experts].
 
@@ -641,29 +717,55 @@ def shift_stats(expert_load: np.ndarray, hot_frac: float = 0.1, history_window: 
     - history_hot_overlap / history_corr: a step against the moving average of up to
       `history_window` previous steps (what a history-based balancer such as EPLB predicts from).
     - history_mb_hot_overlap: each micro-batch against that history prediction.
-    Values are means; NaN where the trace is too short (one step, one micro-batch).
+    Values are means; NaN where the trace is too short (one step, one micro-batch). Computed in blocks
+    of steps and layers (STATS_BLOCK_BYTES).
     """
-    el = expert_load.astype(np.float64)
-    step = el.sum(axis=1)  # [S, L, E]
+    return _shift_stats(lambda s0, s1, l0, l1: expert_load[s0:s1, :, l0:l1], expert_load.shape, hot_frac,
+                        history_window)
+
+
+def _shift_stats(block, shape: tuple, hot_frac: float = 0.1, history_window: int = 4) -> dict:
+    """shift_stats over `block(s0, s1, l0, l1)` -> expert loads [s1 - s0, M, l1 - l0, E], taken a block of
+    layers at a time and, within it, a block of steps at a time; the last `history_window` step totals of a
+    layer block are carried from one step block to the next."""
+    steps, mbs, layers, experts = shape
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+
+    def add(key: str, values: np.ndarray) -> None:
+        sums[key] = sums.get(key, 0.0) + float(values.sum())
+        counts[key] = counts.get(key, 0) + values.size
+
+    per_step_layer = mbs * experts * 8 * 4  # float64 loads and the block's temporaries
+    cl = _block_rows(per_step_layer, layers)
+    cs = _block_rows(per_step_layer * cl, steps)
+    for l0 in range(0, layers, cl):
+        l1 = min(layers, l0 + cl)
+        history = np.zeros((0, l1 - l0, experts))  # the step totals before this block, at most history_window
+        for s0 in range(0, steps, cs):
+            s1 = min(steps, s0 + cs)
+            el = block(s0, s1, l0, l1).astype(np.float64)  # [cs, M, cl, E]
+            step = el.sum(axis=1)  # [cs, cl, E]
+            if mbs > 1:
+                add("mb_hot_overlap", hot_overlap(el[:, 1:], el[:, :-1], hot_frac))
+                add("mb_corr", load_correlation(el[:, 1:], el[:, :-1]))
+            add("mb_vs_step_hot_overlap", hot_overlap(el, step[:, None], hot_frac))
+            add("mb_vs_step_corr", load_correlation(el, step[:, None]))
+            series = np.concatenate([history, step])  # the carried totals, then this block's
+            first = len(history) if s0 else 1  # step 0 has no predecessor
+            if len(series) > first:
+                now, before = series[first:], series[first - 1:-1]
+                pred = history_prediction(series, history_window)[first - 1:]  # [n, cl, E]
+                add("step_hot_overlap", hot_overlap(now, before, hot_frac))
+                add("step_corr", load_correlation(now, before))
+                add("history_hot_overlap", hot_overlap(now, pred, hot_frac))
+                add("history_corr", load_correlation(now, pred))
+                add("history_mb_hot_overlap", hot_overlap(el[first - len(history):], pred[:, None], hot_frac))
+            history = series[-history_window:]
     out: dict[str, float] = {"hot_frac": hot_frac, "history_window": history_window}
-    nan = float("nan")
-    if el.shape[1] > 1:
-        out["mb_hot_overlap"] = float(hot_overlap(el[:, 1:], el[:, :-1], hot_frac).mean())
-        out["mb_corr"] = float(load_correlation(el[:, 1:], el[:, :-1]).mean())
-    else:
-        out["mb_hot_overlap"] = out["mb_corr"] = nan
-    out["mb_vs_step_hot_overlap"] = float(hot_overlap(el, step[:, None], hot_frac).mean())
-    out["mb_vs_step_corr"] = float(load_correlation(el, step[:, None]).mean())
-    if el.shape[0] > 1:
-        out["step_hot_overlap"] = float(hot_overlap(step[1:], step[:-1], hot_frac).mean())
-        out["step_corr"] = float(load_correlation(step[1:], step[:-1]).mean())
-        pred = history_prediction(step, history_window)  # [S-1, L, E]
-        out["history_hot_overlap"] = float(hot_overlap(step[1:], pred, hot_frac).mean())
-        out["history_corr"] = float(load_correlation(step[1:], pred).mean())
-        out["history_mb_hot_overlap"] = float(hot_overlap(el[1:], pred[:, None], hot_frac).mean())
-    else:
-        for key in ("step_hot_overlap", "step_corr", "history_hot_overlap", "history_corr", "history_mb_hot_overlap"):
-            out[key] = nan
+    for key in ("mb_hot_overlap", "mb_corr", "mb_vs_step_hot_overlap", "mb_vs_step_corr", "step_hot_overlap",
+                "step_corr", "history_hot_overlap", "history_corr", "history_mb_hot_overlap"):
+        out[key] = sums[key] / counts[key] if counts.get(key) else float("nan")
     return out
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 import time
 import zlib
 from dataclasses import dataclass
@@ -121,6 +122,12 @@ class WorkloadConfig:
     mixed_domain_weights: tuple[float, float, float, float] = (0.25, 0.25, 0.25, 0.25)
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"workload config: {f.name} must be a finite number, got {value}")
+        if not all(math.isfinite(x) for x in self.mixed_domain_weights):
+            raise ConfigError(f"workload config: mixed_domain_weights must be finite, got {self.mixed_domain_weights}")
         if self.batch_layout not in BATCH_LAYOUTS:
             raise ConfigError(f"workload config: batch_layout must be one of {', '.join(BATCH_LAYOUTS)}, "
                               f"got {self.batch_layout!r}")
@@ -464,6 +471,8 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
     for name, value in (("ep", ep), ("steps", steps), ("micro_batches", micro_batches)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
             raise ConfigError(f"generate_trace: {name} must be a positive integer, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"generate_trace: the seed must be an integer >= 0, got {seed!r}")
     if shape.num_experts % ep:
         near = [d for d in allowed_ep(shape.num_experts) if ep / 4 <= d <= ep * 4]
         raise ConfigError(f"generate_trace: ep={ep} does not divide the {shape.num_experts} experts of {shape.name!r} "
@@ -474,6 +483,12 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
         raise ConfigError(f"generate_trace: tokens_per_rank must be a positive integer, got {target!r}")
     l, e, k = shape.num_layers, shape.num_experts, shape.top_k
     num_slots = micro_batches * ep
+    if target is not None and num_slots * target > np.iinfo(np.int32).max:
+        # refused before any work: a micro-batch's tokens are counted in int32, and drawing them would
+        # take memory in proportion
+        raise ConfigError(f"generate_trace: {micro_batches} micro-batches x {ep} ranks x {target} tokens per rank "
+                          f"= {num_slots * target} tokens per step, beyond the int32 counts of a trace "
+                          f"({np.iinfo(np.int32).max})")
     layout = cfg.batch_layout
     if target is not None and target < _mean_length(cfg, workload):
         # fewer tokens per slot than one mean sequence: shorten every sequence so a slot still holds about

@@ -19,6 +19,8 @@ DEST="${OUT:-.}/data/device"; mkdir -p "$DEST"
 LOG="$DEST/device_check.log"; : > "$LOG"
 DRY=0; [ "${1:-}" = "--dry-run" ] && DRY=1
 say() { echo "== $* ($(date -u +%H:%M:%S))" | tee -a "$LOG"; }
+# A command's output goes to FILE.partial and is renamed to FILE only when the command succeeded.
+land() { if [ "$1" = 0 ]; then mv "$2.partial" "$2"; else echo "$2.partial kept: exit $1" | tee -a "$LOG"; fi; }
 export OMP_NUM_THREADS=1
 start=$(date +%s)
 $PY - <<'PY' 2>&1 | tee -a "$LOG"
@@ -31,8 +33,8 @@ say "(a) runtime on CUDA, world size 1, equivalence check"
 if [ $DRY = 1 ]; then A_SIZE=(--model tiny --tokens-per-rank 16 --micro-batches 1 --steps 1 --warmup-steps 0)
 else A_SIZE=(--model moe-cpu --tokens-per-rank 2048 --micro-batches 2 --steps 3 --warmup-steps 1); fi
 timeout 150 "$TORCHRUN" --standalone --nproc-per-node 1 -m relibra run --torchrun "${A_SIZE[@]}" \
-    --policies megatron,relibra --check-equivalence --json > "$DEST/runtime_cuda_world1.json" 2>> "$LOG"
-echo "(a) exit $?" | tee -a "$LOG"
+    --policies megatron,relibra --check-equivalence --json > "$DEST/runtime_cuda_world1.json.partial" 2>> "$LOG"
+rc=$?; echo "(a) exit $rc" | tee -a "$LOG"; land $rc "$DEST/runtime_cuda_world1.json"
 
 say "(b) expert GEMMs"
 if [ $DRY = 1 ]; then
@@ -51,6 +53,6 @@ CUDA_VISIBLE_DEVICES="" timeout 120 $PY -m relibra calibrate --model moe-cpu --w
     $([ $DRY = 1 ] && echo --quick --repeats 2) --out "$DEST/cpu16_gloo_fit.json" >> "$LOG" 2>&1
 echo "calibrate exit $?" | tee -a "$LOG"
 CUDA_VISIBLE_DEVICES="" RELIBRA_CPU_FIT="$DEST/cpu16_gloo_fit.json" timeout 240 $PY -m relibra run \
-    --nproc $C_RANKS --nodes 1 "${C_SIZE[@]}" --policies megatron,relibra --json > "$DEST/cpu_ep8.json" 2>> "$LOG"
-echo "(c) exit $?" | tee -a "$LOG"
+    --nproc $C_RANKS --nodes 1 "${C_SIZE[@]}" --policies megatron,relibra --json > "$DEST/cpu_ep8.json.partial" 2>> "$LOG"
+rc=$?; echo "(c) exit $rc" | tee -a "$LOG"; land $rc "$DEST/cpu_ep8.json"
 say "done in $(( $(date +%s) - start )) s"

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import tempfile
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -108,6 +111,7 @@ def test_one_notebook_rebuilds_the_report_from_every_result(executed, tmp_path, 
                              extra_parameters={"placement": "lpt", "spare_slots": 1})
     assert statuses["00_tutorial"]["status"] == "ok", statuses["00_tutorial"].get("error")
     assert "without encryption" not in capfd.readouterr().err  # the kernel talks over IPC, not plain TCP
+    assert not list(Path(tempfile.gettempdir()).glob(f"relibra-kernel-{os.getpid()}-*"))  # its folder removed
     # changing a parameter changes the output
     assert (copy / "00_tutorial" / "gpu_load.csv").read_text() != before
     text = write_report(copy, "tiny", statuses).read_text()
@@ -124,7 +128,9 @@ def test_unknown_parameter_fails_before_any_work(tmp_path):
     status = statuses["02_throughput"]
     assert status["status"] == "failed"
     assert "unknown parameter 'seeed'" in status["error"] and "seed" in status["error"].split("takes:")[1]
-    assert not list((tmp_path / "02_throughput").glob("*.csv"))  # it stopped before any experiment
+    failed = tmp_path / "02_throughput.failed"  # a failed run never takes the notebook's own folder
+    assert not (tmp_path / "02_throughput").exists() and (failed / "02_throughput.ipynb").exists()
+    assert not list(failed.glob("*.csv"))  # it stopped before any experiment
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

@@ -59,6 +59,7 @@ def _failed_launch(fate: str, timeout_s: float, folder) -> tuple[str, float, lis
     pids, stamp = [], str(folder / f"{fate}.time")
     with pytest.raises(RankFailure) as info:
         launch(_barriers, 2, fate, stamp, timeout_s=timeout_s, on_start=pids.extend)
+    assert os.path.exists(stamp), info.value
     with open(stamp) as f:
         return str(info.value), time.time() - float(f.read()), pids
 
@@ -75,7 +76,7 @@ def test_runtime_failed_rank_stops_the_run_in_bounded_time(tmp_path):
         assert "\n" not in message and "none left running" in message, message
         assert seconds < 10 + timeout_s, (fate, seconds)  # detection and stop (+ the collective timeout)
         assert _pids_gone(pids), fate
-    assert f"after {timeout_s:g} s" in runs["stop"][0]
+    assert "--collective-timeout" in runs["stop"][0]
 
 
 # A migration that fails mid-transfer inside a training step (communication error, continue / stop) is
@@ -92,6 +93,12 @@ def test_runtime_failed_rank_stops_the_run_in_bounded_time(tmp_path):
     (["--policies", "megatron,megatron"], "twice"),
     (["--collective-timeout", "0"], "--collective-timeout"),
     (["--policy-param", "nosuch=3"], "nosuch"),
+    (["--lr", "inf"], "--lr"),
+    (["--lr", "nan"], "--lr"),
+    (["--seed", "-1"], "--seed"),
+    (["--collective-timeout", "inf"], "--collective-timeout"),
+    (["--collective-timeout", "nan"], "--collective-timeout"),
+    (["--tokens-per-rank", str(10**12)], "tokens per step"),
 ])
 def test_runtime_run_bad_options_give_one_error_line(argv, field, capsys):
     from relibra.cli import main
@@ -99,6 +106,27 @@ def test_runtime_run_bad_options_give_one_error_line(argv, field, capsys):
     assert main(["run", "--model", "tiny", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and field in err[0], err
+
+
+def _tiny_trace_with(path, **model_changes):
+    import dataclasses
+
+    from relibra.cluster import get_model
+    from relibra.workloads import generate_trace
+
+    shape = dataclasses.replace(get_model("tiny"), **model_changes)  # still named "tiny"
+    generate_trace(shape, "math", ep=2, steps=3, micro_batches=1, tokens_per_rank=16, token_level=True).save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("change, field", [({"top_k": 1}, "top_k"), ({"vocab_size": 99}, "vocab_size")])
+def test_runtime_refuses_a_trace_shaped_unlike_its_model(change, field, tmp_path, capsys):
+    from relibra.cli import main
+
+    path = _tiny_trace_with(tmp_path / "t.npz", **change)
+    assert main(["run", "--trace", path, "--steps", "1", "--warmup-steps", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0] and "t.npz" in err[0], err
 
 
 def test_runtime_run_checks_out_path_before_work(tmp_path, capsys):
@@ -112,13 +140,14 @@ def test_runtime_run_checks_out_path_before_work(tmp_path, capsys):
     assert "error:" in capsys.readouterr().err
 
 
+TORCHRUN = [sys.executable, "-m", "relibra.runtime.torchrun", "--standalone", "--nproc-per-node", "2", "-m",
+            "relibra", "run", "--torchrun", "--model", "tiny", "--policies", "megatron", "--steps", "1",
+            "--warmup-steps", "0", "--micro-batches", "1", "--tokens-per-rank", "16"]
+
+
 def test_runtime_under_torchrun_prints_json():
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", "-m", "relibra", "run", "--torchrun", "--model", "tiny",
-           "--policies", "megatron", "--steps", "1", "--warmup-steps", "0", "--micro-batches", "1",
-           "--tokens-per-rank", "16", "--json"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run([*TORCHRUN, "--json"], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     assert len(line) == 1, proc.stdout
@@ -126,3 +155,12 @@ def test_runtime_under_torchrun_prints_json():
     assert [r["policy"] for r in res] == ["megatron"]
     assert res[0]["ranks"] == 2 and res[0]["step_s_median"] > 0 and res[0]["sim_step_s"] > 0
     assert len(res[0]["cpu_s_per_rank"]) == 2 and all(c > 0 for c in res[0]["cpu_s_per_rank"])
+
+
+def test_runtime_under_torchrun_fails_in_one_line(tmp_path):
+    """A clean error on every rank: one `error:` line, no torchrun traceback or failure report."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*TORCHRUN, "--trace", str(tmp_path / "none.npz")], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: {tmp_path / 'none.npz'}: no such file"], proc.stderr

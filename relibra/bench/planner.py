@@ -44,10 +44,11 @@ def benchmark_planner(model: str, ep: int, seed: int = 0, policies=("relibra", "
     mean_gap_to_bound (relibra.bounds, reference "policy"; computed after the planner's clock stops),
     trace (where the loads came from).
     """
+    topology = resolve_topology(cluster)
+    topology.ep_layout(ep if trace is None else trace.ep)  # an EP the cluster cannot hold fails before any work
     if trace is None:
         trace = benchmark_trace(model, ep, seed)
     step = trace.num_steps - 1
-    topology = resolve_topology(cluster)
     cells = trace.num_microbatches * trace.num_layers
     rows = []
     for name in policies:

@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import pkgutil
+import signal
 import sys
+import threading
 
 from relibra.errors import RelibraError
 
@@ -43,12 +46,53 @@ def _check_outputs(args: argparse.Namespace) -> None:
             check_output_path(value, flag="--" + name.replace("_", "-"))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised like SIGINT's KeyboardInterrupt so that every clean-up on the way out
+    runs (ranks stopped, temporary folders and notebook kernels removed)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _ending_signals_interrupt():
+    """SIGTERM and SIGHUP end the command like SIGINT while it runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
+
+    def command() -> int:
         _check_outputs(args)
         return int(args.func(args) or 0)
+
+    return run_command(command)
+
+
+def run_command(command) -> int:
+    """Run command() -> exit code; every failure the kit expects becomes one `error:` line on stderr
+    and its exit code. SIGTERM and SIGHUP stop it like SIGINT."""
+    try:
+        with _ending_signals_interrupt():
+            return command()
+    except Terminated as exc:
+        print(f"error: stopped by {signal.Signals(exc.signum).name}", file=sys.stderr)
+        return 128 + exc.signum
     except RelibraError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -61,12 +63,70 @@ def _kernel_manager():
     from jupyter_client.manager import KernelManager
 
     class IpcKernelManager(KernelManager):
+        """Sockets and connection file in one private folder, removed with the kernel's resources."""
+
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
+            self.folder = Path(tempfile.mkdtemp(prefix=f"relibra-kernel-{os.getpid()}-"))
             self.transport = "ipc"
-            self.ip = str(Path(tempfile.mkdtemp(prefix="relibra-kernel-")) / "kernel")
+            self.ip = str(self.folder / "kernel")
+            self.connection_file = str(self.folder / "kernel.json")
 
+        async def _async_cleanup_resources(self, restart: bool = False) -> None:  # what shutdown_kernel calls
+            await super()._async_cleanup_resources(restart=restart)
+            if not restart:
+                shutil.rmtree(self.folder, ignore_errors=True)
+
+    _remove_orphan_kernel_folders()
     return IpcKernelManager
+
+
+def _remove_orphan_kernel_folders() -> None:
+    """Kernel folders of reproduce processes that no longer run (killed outright, e.g. by SIGKILL)."""
+    import tempfile
+
+    for folder in Path(tempfile.gettempdir()).glob("relibra-kernel-*-*"):
+        pid = folder.name.split("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _start_notebook_folder(nb_out: Path) -> Path:
+    """Make `nb_out` empty for a new run, its previous content moved aside to .<name>.previous (returned).
+    A .previous left by a run that was killed means `nb_out` is that run's incomplete folder: the
+    previous, whole one is put back first."""
+    previous = nb_out.with_name(f".{nb_out.name}.previous")
+    if previous.exists():
+        shutil.rmtree(nb_out, ignore_errors=True)
+        previous.rename(nb_out)
+    if nb_out.exists():
+        nb_out.rename(previous)
+    nb_out.mkdir(parents=True)
+    return previous
+
+
+def _end_notebook_folder(nb_out: Path, previous: Path, finished: bool) -> Path:
+    """A finished run's folder replaces the previous one; an unfinished one moves to <name>.failed (its
+    executed copy shows the failing cell) and the previous folder comes back. Returns where the run is."""
+    if finished:
+        shutil.rmtree(previous, ignore_errors=True)
+        return nb_out
+    failed = nb_out.with_name(f"{nb_out.name}.failed")
+    shutil.rmtree(failed, ignore_errors=True)
+    nb_out.rename(failed)
+    if previous.exists():
+        previous.rename(nb_out)
+    return failed
 
 
 def select_notebooks(names: list[str] | None) -> list[str]:
@@ -94,8 +154,9 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
     Each notebook gets profile, seed and measured_dir only where its parameters cell declares them
     (the tutorial reads no profile), plus out_dir and `extra_parameters` (passed to every notebook:
     one it does not declare makes it fail with a message naming it). A failing notebook is recorded
-    and the others still run. Executed copies go to <out_dir>/<nb>/<nb>.ipynb (with the error cell,
-    when one failed) and, with html, an HTML export beside them.
+    and the others still run. Executed copies go to <out_dir>/<nb>/<nb>.ipynb and, with html, an HTML
+    export beside them. <out_dir>/<nb>/ is replaced only by a run that finished: a failed run goes to
+    <out_dir>/<nb>.failed/ (with the error cell), and an interrupted one leaves the previous folder.
     """
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
@@ -119,7 +180,7 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
         for name in bar:
             bar.set_postfix_str(name)
             nb_out = out_dir / name
-            nb_out.mkdir(parents=True, exist_ok=True)
+            previous = _start_notebook_folder(nb_out)
             declared = NOTEBOOK_PARAMETERS[name]
             params = {"out_dir": str(nb_out)}
             for key, value in (("profile", profile), ("seed", int(seed)), ("measured_dir", measured_dir)):
@@ -132,25 +193,32 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
             status = {"status": "ok", "profile": profile if "profile" in declared else "none"}
             executed = nb_out / f"{name}.ipynb"
             try:
-                # no fd capture: what the kernel process and its children write to the OS-level stderr
-                # (progress bars, worker processes) goes to the console, not into the notebook
-                pm.execute_notebook(load_notebook(name), str(executed), parameters=params,
-                                    kernel_name=kernel_name, progress_bar=False, cwd=str(project_root()),
-                                    kernel_manager_class=_kernel_manager(),
-                                    extra_arguments=["--IPKernelApp.capture_fd_output=False"])
-            except PapermillExecutionError as exc:
-                status.update(status="failed", error=f"{exc.ename}: {str(exc.evalue)[:300]}")
-            except Exception as exc:  # the kernel died, the notebook file is missing...
-                status.update(status="failed", error=f"{type(exc).__name__}: {str(exc)[:300]}")
-            if html and executed.exists():
-                export_html(executed)
+                try:
+                    # no fd capture: what the kernel process and its children write to the OS-level
+                    # stderr (progress bars, worker processes) goes to the console, not into the notebook
+                    pm.execute_notebook(load_notebook(name), str(executed), parameters=params,
+                                        kernel_name=kernel_name, progress_bar=False, cwd=str(project_root()),
+                                        kernel_manager_class=_kernel_manager(),
+                                        extra_arguments=["--IPKernelApp.capture_fd_output=False"])
+                except PapermillExecutionError as exc:
+                    status.update(status="failed", error=f"{exc.ename}: {str(exc.evalue)[:300]}")
+                except Exception as exc:  # the kernel died, the notebook file is missing...
+                    status.update(status="failed", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                if html and executed.exists():
+                    export_html(executed)
+            except BaseException:  # interrupted: the previous results stay as they were
+                shutil.rmtree(nb_out, ignore_errors=True)
+                if previous.exists():
+                    previous.rename(nb_out)
+                raise
+            where = _end_notebook_folder(nb_out, previous, status["status"] == "ok")
             status["wall_seconds"] = round(time.perf_counter() - started, 1)
             statuses[name] = status
-            msg = f"{name}: {status['status']} in {status['wall_seconds']:.1f} s"
-            if status["status"] != "ok":
-                msg += f"  ({status['error']})"
-            if progress:
-                bar.write(msg)
+            if status["status"] != "ok":  # said even with --quiet, on stderr
+                bar.write(f"error: {name}: failed in {status['wall_seconds']:.1f} s ({status['error']}); "
+                          f"executed copy in {where}", file=sys.stderr)
+            elif progress:
+                bar.write(f"{name}: ok in {status['wall_seconds']:.1f} s")
     finally:
         if saved_backend is not None:
             os.environ["MPLBACKEND"] = saved_backend
@@ -188,6 +256,27 @@ def output_folder(out: str | None, seed: int, parameters: dict) -> str:
     return str(Path(DEFAULT_OUT) / "runs" / re.sub(r"[^A-Za-z0-9_.,=+-]", "_", slug))
 
 
+def check_output_folder(out: str) -> None:
+    """Refuse an output folder inside the repository other than results/ when git tracks anything in it
+    (docs/ holds the tracked glance.md, notebooks/ the sources): a run rewrites what it finds there."""
+    import subprocess
+
+    from relibra.experiments import project_root
+
+    root = project_root().resolve()
+    path = Path(out).resolve()
+    if not path.is_relative_to(root) or path.is_relative_to(root / DEFAULT_OUT):
+        return
+    try:
+        tracked = subprocess.run(["git", "-C", str(root), "ls-files", "--", str(path)], capture_output=True,
+                                 text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        tracked = "(git unavailable: every folder of the repository counts as tracked)"
+    if tracked:
+        raise ConfigError(f"--out {out}: inside the repository's tracked files ({tracked.splitlines()[0]}, ...); "
+                          f"give a folder under {DEFAULT_OUT}/ or outside the repository")
+
+
 def _reproduce(args) -> int:
     from relibra.experiments import project_root
     from relibra.glance import glance_notebooks, glance_rows, readme_block, update_readme, write_glance
@@ -196,6 +285,7 @@ def _reproduce(args) -> int:
     names = select_notebooks(args.notebooks)
     parameters = parse_parameters(args.parameter)
     args.out = output_folder(args.out, args.seed, parameters)
+    check_output_folder(args.out)
     readme = project_root() / "README.md"
     if args.update_readme:  # a README without its markers fails now, not after the notebooks ran
         readme_block(readme.read_text(), str(readme))
@@ -213,9 +303,11 @@ def _reproduce(args) -> int:
     print(f"{len(names) - len(failed)}/{len(names)} notebooks ok in {total / 60:.1f} min; report: {report}; "
           f"results table: {glance}")
     if failed:
-        print(f"error: failed notebooks: {', '.join(failed)} (their executed copies under {args.out} show the cell)")
+        print(f"error: failed notebooks: {', '.join(failed)} (their executed copies in {args.out}/<notebook>.failed "
+              f"show the cell)", file=sys.stderr)
         if args.update_readme:
-            print("error: README.md and docs/glance.md left as they were: a run with failed notebooks updates neither")
+            print("error: README.md and docs/glance.md left as they were: a run with failed notebooks updates "
+                  "neither", file=sys.stderr)
         return 1
     if args.update_readme:
         if glance_rows(args.out).empty:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 
@@ -114,7 +113,9 @@ def _rl(args) -> int:
         out = {"config": cfg.to_dict(), "history": result.history, "eval_before": result.eval_before,
                "eval_after": result.eval_after, "warmup_loss": result.warmup_loss, "seconds": result.seconds,
                "shift_statistics": rows}
-        with open(args.metrics, "w") as f:
-            json.dump(out, f, indent=1)
+        from relibra.display import json_text
+        from relibra.paths import write_text
+
+        write_text(args.metrics, json_text(out, indent=1))
         print(f"wrote {args.metrics}", file=sys.stderr)
     return 0

@@ -2,6 +2,7 @@
 
     relibra run --nproc 2 --nodes 1 --model moe-cpu --policies megatron,relibra --json   # local gloo ranks
     torchrun --nproc-per-node 8 -m relibra run --torchrun --model ... --out DIR          # one process per rank
+    python -m relibra.runtime.torchrun --nproc-per-node 8 -m relibra run --torchrun ...  # the same, failures in one line
 
 Policies alternate step by step on the same data in one launch; the JSON holds each policy's median
 step seconds, process CPU seconds per rank, the whole step split into segments with waiting apart,
@@ -138,12 +139,23 @@ def _under_torchrun(args) -> int:
     from relibra.runtime.results import RunResult
     from relibra.runtime.train import worker
 
-    request = request_from_args(args)
+    first = os.environ.get("RANK", "0") == "0"  # errors every rank meets alike are printed once, by rank 0
+    try:
+        request = request_from_args(args)
+    except RelibraError:
+        if first:
+            raise
+        return 2
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     rank, world = init_distributed(timeout_s=request.run.faults.collective_timeout_s)
     try:
-        prepared = prepare(request, world)
+        try:
+            prepared = prepare(request, world)  # the same on every rank
+        except RelibraError as exc:
+            if first:
+                print(f"error: {exc}", file=sys.stderr)
+            return 2
         result = worker(rank, world, request.run, prepared.runs)
         code = report(RunResult.from_dict(result), prepared, request, as_json=args.json, out=args.out) \
             if rank == 0 else 0

@@ -6,6 +6,7 @@ import json
 import math
 import sys
 
+from relibra.display import json_text, printable
 from relibra.errors import ConfigError
 
 
@@ -87,9 +88,16 @@ def register(subparsers) -> None:
     cal.set_defaults(func=_calibrate)
 
 
+def _check_trace_out(path: str) -> None:
+    """Refuse a trace path before any work is done, not when saving."""
+    if not path.endswith(".npz"):
+        raise ConfigError(f"--out {path}: a trace file must end in .npz")
+
+
 def _generate(args) -> int:
     from relibra.workloads import WorkloadConfig, generate_trace
 
+    _check_trace_out(args.out)
     config = WorkloadConfig(length_scale=args.length_scale, batch_layout=args.layout)
     trace = generate_trace(args.model, args.workload, args.ep, args.steps, seed=args.seed,
                            micro_batches=args.micro_batches, tokens_per_rank=args.tokens_per_rank,
@@ -99,17 +107,6 @@ def _generate(args) -> int:
           f"{trace.num_layers} layers x EP{trace.ep} x {trace.num_experts} experts; "
           f"static skewness {trace.static_skewness():.3f}")
     return 0
-
-
-def _json_safe(obj):
-    """NaN and infinities -> None, so the output is strict JSON."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 # Rows of the readable table: (key, label).
@@ -135,17 +132,17 @@ def _stats(args) -> int:
 
     stats = RoutingTrace.load(args.file).stats()
     if args.json:
-        print(json.dumps(_json_safe(stats), sort_keys=True))
+        print(json_text(stats, sort_keys=True))
         return 0
     width = max(len(label) for _, label in _STAT_ROWS)
-    print(f"{args.file}  (hot experts = hottest {stats['hot_frac']:.0%}; history = last "
+    print(f"{printable(args.file)}  (hot experts = hottest {stats['hot_frac']:.0%}; history = last "
           f"{stats['history_window']} steps)")
     for key, label in _STAT_ROWS:
         value = stats.get(key)
         if isinstance(value, float):
             text = "n/a (trace too short)" if math.isnan(value) else f"{value:.3f}"
         else:
-            text = str(value)
+            text = printable(value)
         print(f"  {label:<{width}}  {text}")
     print(f"  {'provenance':<{width}}  {json.dumps(stats['provenance'], sort_keys=True)[:200]}")
     return 0
@@ -154,6 +151,7 @@ def _stats(args) -> int:
 def _import(args) -> int:
     from relibra.importers import import_trace, resolve_model
 
+    _check_trace_out(args.out)
     sequences = ("verl", "sglang", "vllm", "slime")
     if args.format not in sequences and (args.micro_batches != 1 or args.order != "rank-major"):
         raise ConfigError(f"--micro-batches and --order apply to {', '.join(sequences)}; {args.format} files carry "
@@ -203,7 +201,7 @@ def _calibrate(args) -> int:
                              steps=args.steps, micro_batches=args.micro_batches, seed=args.seed,
                              tokens_per_rank=args.tokens_per_rank, progress=sys.stderr.isatty())
     if args.json:
-        print(json.dumps(_json_safe(rows)))
+        print(json_text(rows))
         return 0
     cols = ["model", "workload", "ep", "static_skewness", "static_skewness_p95", *SHIFT_KEYS, "seconds"]
     short = {"static_skewness": "skew", "static_skewness_p95": "skew_p95", "mb_hot_overlap": "mb_hot",

@@ -95,6 +95,7 @@ def load_or_make_trace(request: RuntimeRequest, ep: int) -> RoutingTrace:
         trace = RoutingTrace.load(data.trace)
         if trace.ep != ep:
             raise ConfigError(f"trace {data.trace} was recorded at EP {trace.ep}; launch it with --nproc {trace.ep}")
+        check_trace_fits_model(trace, data.trace, run.model.name)
         return trace
     from relibra.workloads import generate_trace
 
@@ -104,19 +105,35 @@ def load_or_make_trace(request: RuntimeRequest, ep: int) -> RoutingTrace:
     return hot_first(trace) if data.expert_order == "hot-first" else trace
 
 
+def check_trace_fits_model(trace: RoutingTrace, where: str, model: str) -> None:
+    """Raise ConfigError unless the runtime's model (--model) has the trace's shape: the fields the runtime
+    builds from (layers, experts, top-k, vocabulary) must agree."""
+    from relibra.cluster import get_model
+
+    preset = get_model(model)
+    theirs_of = {"num_layers": trace.num_layers, "num_experts": trace.num_experts, "top_k": trace.model.top_k,
+                 "vocab_size": trace.model.vocab_size}
+    for name, theirs in theirs_of.items():
+        ours = getattr(preset, name)
+        if ours != theirs:
+            raise ConfigError(f"trace {where}: {name} is {theirs}, but the runtime's model {preset.name!r} has {ours}")
+    if trace.token_experts is not None and trace.token_experts.shape[-1] != preset.top_k:
+        raise ConfigError(f"trace {where}: token ids hold top-{trace.token_experts.shape[-1]} routing, but the "
+                          f"runtime's model {preset.name!r} routes top-{preset.top_k}")
+
+
 def runtime_topology(ep: int, gpus_per_node: int):
     """The rates the runtime's machine runs at, cut to the launch's nodes x ranks: on GPUs the paper's
     Hopper cluster; on CPU the preset fitted here from micro-benchmarks (`cpu-gloo-fit`, data/) when
     present (or the file RELIBRA_CPU_FIT names: a fit taken on another machine), else `cpu-gloo`."""
     import torch
 
-    from relibra.cluster import TOPOLOGY_PRESETS, Topology, get_topology
+    from relibra.cluster import TOPOLOGY_PRESETS, get_topology, read_preset_file
 
     if torch.cuda.is_available():
         base = get_topology("paper")
     elif os.environ.get("RELIBRA_CPU_FIT"):
-        with open(os.environ["RELIBRA_CPU_FIT"]) as f:
-            base = Topology(**json.load(f)["preset"])
+        base = read_preset_file(os.environ["RELIBRA_CPU_FIT"], where="RELIBRA_CPU_FIT")
     else:
         base = get_topology("cpu-gloo-fit" if "cpu-gloo-fit" in TOPOLOGY_PRESETS else "cpu-gloo")
     return base.with_changes(num_nodes=ep // gpus_per_node, gpus_per_node=gpus_per_node)
@@ -381,42 +398,44 @@ def segment_frame(summaries: list[PolicySummary]) -> pd.DataFrame:
 
 
 # ---- reports ----------------------------------------------------------------------------------------------
-def _write_atomic(path: str, write) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def write_outputs(result: RunResult, summaries: list[PolicySummary], request: RuntimeRequest, out: str) -> None:
     """metrics.csv (relibra.metrics rows of every rank and step) and summary.json in `out`."""
     from relibra.metrics import frame
 
+    from relibra.display import json_text
+    from relibra.paths import atomic_path, write_text
+
     os.makedirs(out, exist_ok=True)
     model = request.run.model.name
     rows = result.metric_rows(model, request.data.workload)
-    _write_atomic(os.path.join(out, "metrics.csv"), lambda p: frame(rows).to_csv(p, index=False))
-
-    def dump(p):
-        with open(p, "w") as f:
-            json.dump({"results": [s.to_dict() for s in summaries],
-                       "equivalence": {k: dataclasses.asdict(v) for k, v in result.equivalence.items()}},
-                      f, indent=2, default=float)
-
-    _write_atomic(os.path.join(out, "summary.json"), dump)
+    with atomic_path(os.path.join(out, "metrics.csv")) as tmp:
+        frame(rows).to_csv(tmp, index=False)
+    write_text(os.path.join(out, "summary.json"), json_text(
+        {"results": [s.to_dict() for s in summaries],
+         "equivalence": {k: dataclasses.asdict(v) for k, v in result.equivalence.items()}}, indent=2))
 
 
 def report(result: RunResult, prepared: Prepared, request: RuntimeRequest, as_json: bool = False,
            out: str | None = None) -> int:
-    """Print the summaries (a table, or one JSON object) and the equivalence lines; write outputs.
-    Returns the exit code (1 when the equivalence check fails)."""
+    """Print the summaries (a table, or one JSON object) and the equivalence lines, then write outputs
+    (printed first: an --out that fails loses nothing). Returns the exit code (1 when the equivalence
+    check fails)."""
     summaries = summarise(result, prepared, request)
+    code = _print_report(result, summaries, request, as_json)
     if out:
         write_outputs(result, summaries, request, out)
+        print(f"wrote {out}/metrics.csv and summary.json", file=sys.stderr if as_json else sys.stdout)
+    return code
+
+
+def _print_report(result: RunResult, summaries: list, request: RuntimeRequest, as_json: bool) -> int:
+    from relibra.display import json_text
+
     check = request.run.measurement.check_equivalence
     if as_json:
-        print(json.dumps({"results": [s.to_dict() for s in summaries],
-                          **({"equivalence": {k: dataclasses.asdict(v) for k, v in result.equivalence.items()}}
-                             if check else {})}, default=float))
+        print(json_text({"results": [s.to_dict() for s in summaries],
+                         **({"equivalence": {k: dataclasses.asdict(v) for k, v in result.equivalence.items()}}
+                            if check else {})}))
     else:
         table = summary_frame(summaries)
         cols = ["policy", "step_s_median", "step_s_min", "step_s_max", "sim_step_s", "token_skew", "plan_skewness",
@@ -438,8 +457,6 @@ def report(result: RunResult, prepared: Prepared, request: RuntimeRequest, as_js
         if summaries and summaries[0].oversubscribed:
             print(f"note: OVERSUBSCRIBED ({result.world} ranks x {result.threads_per_rank} threads > cores): times "
                   "say nothing about speed")
-        if out:
-            print(f"wrote {out}/metrics.csv and summary.json")
     if check:
         code = 0
         for policy, eq in result.equivalence.items():

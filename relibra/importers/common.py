@@ -68,11 +68,21 @@ def to_numpy(obj, path: str):
     import torch
 
     if isinstance(obj, torch.Tensor):
+        kind = str(obj.dtype).replace("torch.", "")
+        if obj.layout != torch.strided:
+            raise TraceError(f"{path}: holds a {str(obj.layout).replace('torch.', '')} tensor; save dense tensors")
+        if obj.is_meta:
+            raise TraceError(f"{path}: holds a meta tensor (a shape without data)")
+        if obj.is_quantized:
+            raise TraceError(f"{path}: holds a quantized {kind} tensor, not integer expert ids")
         if obj.is_complex():
-            raise TraceError(f"{path}: holds a {obj.dtype} tensor, not integer expert ids")
+            raise TraceError(f"{path}: holds a {kind} tensor, not integer expert ids")
         if obj.dtype == torch.bfloat16:  # numpy has no bfloat16; float32 holds every value exactly
             obj = obj.float()
-        return obj.detach().cpu().numpy()
+        try:
+            return obj.detach().cpu().numpy()
+        except (TypeError, RuntimeError):  # float8 and other dtypes numpy lacks
+            raise TraceError(f"{path}: holds a {kind} tensor, which has no numpy form; ids are integers") from None
     if isinstance(obj, (list, tuple)):
         return [to_numpy(x, path) for x in obj]
     if isinstance(obj, dict):
@@ -95,6 +105,7 @@ def load_container(path: str):
 
         import torch
 
+        check_pt_size(path)
         try:
             obj = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
@@ -106,6 +117,31 @@ def load_container(path: str):
             raise TraceError(f"{path}: truncated or corrupted ({type(exc).__name__}: {exc})") from None
         return to_numpy(obj, path)
     raise TraceError(f"{path}: unknown file type; expected .pt or .npz")
+
+
+# The pickled object tree of a .pt file (lists, dicts, ints) takes up to about this many bytes in memory per
+# byte of pickle: an int pickles to 2-5 bytes and lives as a 28-byte object behind an 8-byte pointer.
+PICKLE_BYTES_PER_BYTE = 16
+
+
+def check_pt_size(path: str) -> None:
+    """Bound a .pt file by the loader's limit (relibra.trace.max_trace_bytes) before torch.load reads it:
+    the uncompressed sizes its zip archive declares (tensor storages, and the pickle at
+    PICKLE_BYTES_PER_BYTE), or the file's own size for the legacy format."""
+    import zipfile
+
+    from relibra.trace import check_decoded_bytes
+
+    if not zipfile.is_zipfile(path):
+        check_decoded_bytes(os.path.getsize(path) * PICKLE_BYTES_PER_BYTE, path, "loading this legacy .pt file")
+        return
+    try:
+        with zipfile.ZipFile(path) as zf:
+            members = zf.infolist()
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise TraceError(f"{path}: truncated or corrupted ({exc})") from None
+    total = sum(m.file_size * (PICKLE_BYTES_PER_BYTE if m.filename.endswith(".pkl") else 1) for m in members)
+    check_decoded_bytes(total, path, f"loading the {len(members)} members of this .pt archive")
 
 
 # ---- checking ids --------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ recompute="drop". Layers and top-k come from the file; the expert count from the
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from collections import defaultdict
@@ -34,7 +33,7 @@ from relibra.cluster import ModelShape
 from relibra.errors import ConfigError, TraceError
 from relibra.importers.common import (TraceBuilder, as_count, check_ep, check_ids, expand_paths, load_container,
                                       natural_index, resolve_model, source_provenance)
-from relibra.trace import RoutingTrace, expert_ids_from_json
+from relibra.trace import RoutingTrace, expert_ids_from_json, parse_json
 
 _KEY_PATTERNS = {
     "step": re.compile(r"(?:^|[^a-z])step[_-]?(\d+)", re.I),
@@ -151,17 +150,9 @@ def _jsonl_records(path: str):
     any_record = False
     with open(path, "rb") as fh:
         for n, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise TraceError(f"{path}: line {n}: not UTF-8 text (byte {exc.start}); corrupted?") from None
-            if not line.strip():
+            if not raw.strip():
                 continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceError(f"{path}: line {n}: not valid JSON ({exc.msg} at column {exc.colno}); "
-                                 f"truncated or corrupted?") from None
+            rec = parse_json(raw, f"{path}: line {n}")
             if not isinstance(rec, dict):
                 raise TraceError(f"{path}: line {n}: a record must be a JSON object")
             any_record = True

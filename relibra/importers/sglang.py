@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
+import os
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from relibra.cluster import ModelShape
 from relibra.errors import TraceError
 from relibra.importers.common import (as_count, check_ep, check_sequence, expand_paths, import_sequences,
                                       load_container, natural_index, resolve_model, source_provenance)
-from relibra.trace import RoutingTrace
+from relibra.trace import JSON_BYTES_PER_CHAR, RoutingTrace, check_decoded_bytes, parse_json
 
 DTYPES = {"int32": np.int32, "int16": np.int16, "uint16": np.uint16, "uint8": np.uint8}
 
@@ -41,12 +41,13 @@ def decode_routed_experts(meta: dict, model: ModelShape, where: str, start_len: 
                              f"return_routed_experts=True?)" if key == "routed_experts" else
                              f"{where}: field 'meta_info.{key}' is missing")
     name = meta.get("routed_experts_dtype", "int32")
-    if name not in DTYPES:
+    if not isinstance(name, str) or name not in DTYPES:
         raise TraceError(f"{where}: field 'meta_info.routed_experts_dtype' is {name!r}; known: {', '.join(DTYPES)}")
     payload = meta["routed_experts"]
     if not isinstance(payload, str):
         raise TraceError(f"{where}: field 'meta_info.routed_experts' must be a base64 string, got "
                          f"{type(payload).__name__}")
+    check_decoded_bytes(len(payload) * 3 // 4, where, "decoding field 'meta_info.routed_experts'")
     try:
         raw = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -78,17 +79,11 @@ def _responses(path: str):
             for n, raw in enumerate(fh, start=1):
                 if not raw.strip():
                     continue
-                try:
-                    obj = json.loads(raw.decode("utf-8"))
-                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                    raise TraceError(f"{path}: line {n}: not valid JSON ({exc}); truncated or corrupted?") from None
-                yield f"{path}: line {n}", obj
+                yield f"{path}: line {n}", parse_json(raw, f"{path}: line {n}")
         return
-    try:
-        with open(path, "rb") as fh:
-            obj = json.loads(fh.read().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TraceError(f"{path}: not valid JSON ({exc}); truncated or corrupted?") from None
+    check_decoded_bytes(os.path.getsize(path) * JSON_BYTES_PER_CHAR, path, "parsing the JSON file")
+    with open(path, "rb") as fh:
+        obj = parse_json(fh.read(), path)
     items = obj if isinstance(obj, list) else [obj]
     for i, item in enumerate(items):
         yield f"{path}: response {i}", item

@@ -32,7 +32,9 @@ def _get_field(obj, path: str, key: str) -> np.ndarray:
         raise TraceError(f"{path}: expected a dict of tensors with field {key!r}, got {type(obj).__name__}")
     if key not in obj:
         raise TraceError(f"{path}: field {key!r} is missing (fields: {', '.join(map(str, obj))})")
-    return np.asarray(obj[key])
+    if not isinstance(obj[key], np.ndarray):  # a ragged list, a number, a string, ...
+        raise TraceError(f"{path}: field {key!r} must be a tensor, got {type(obj[key]).__name__}")
+    return obj[key]
 
 
 def routed_positions(ids: np.ndarray, mask: np.ndarray, prompt_len: int | None, path: str,
@@ -94,7 +96,11 @@ def import_verl(paths, model: str | ModelShape, ep: int, micro_batches: int = 1,
                              f"{np.asarray(mask)[tuple(bad)].item()!r}; a mask holds 0 or 1")
         prompt_len = None
         if "prompts" in obj and "responses" in obj:
-            prompt_len, response_len = np.asarray(obj["prompts"]).shape[-1], np.asarray(obj["responses"]).shape[-1]
+            prompts, responses = _get_field(obj, path, "prompts"), _get_field(obj, path, "responses")
+            if prompts.ndim != 2 or responses.ndim != 2:
+                raise TraceError(f"{path}: fields 'prompts' and 'responses' must be [batch, positions], got shapes "
+                                 f"{prompts.shape} and {responses.shape}")
+            prompt_len, response_len = prompts.shape[-1], responses.shape[-1]
             if prompt_len + response_len != ids.shape[1]:
                 raise TraceError(f"{path}: 'prompts' ({prompt_len}) + 'responses' ({response_len}) positions do not "
                                  f"add up to the {ids.shape[1]} positions of {ids_key!r}")

@@ -75,8 +75,12 @@ def save_figure(fig, stem: str | Path) -> tuple[Path, Path]:
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
-    fig.savefig(png, metadata={"Software": None})
-    fig.savefig(svg, metadata={"Date": None, "Creator": None})
+    from relibra.paths import atomic_path
+
+    with atomic_path(png) as tmp:  # the temporary name keeps the suffix that picks the format
+        fig.savefig(tmp, metadata={"Software": None})
+    with atomic_path(svg) as tmp:
+        fig.savefig(tmp, metadata={"Date": None, "Creator": None})
     show_inline(fig, png)
     return png, svg
 

@@ -4,6 +4,7 @@ what one engine is built from."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from relibra.cluster import ModelShape, get_model
@@ -28,8 +29,10 @@ class ModelOptions:
     def validate(self) -> None:
         if self.dtype not in ("float32", "float64"):
             raise ConfigError(f"--dtype must be float32 or float64, got {self.dtype!r}")
-        if not (self.lr > 0):
-            raise ConfigError(f"--lr must be positive, got {self.lr!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ConfigError(f"--seed must be an integer in [0, 2^63), got {self.seed!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"--lr must be a finite positive number, got {self.lr!r}")
 
 
 @dataclass(frozen=True)
@@ -64,15 +67,17 @@ class MeasurementOptions:
 
 @dataclass(frozen=True)
 class FaultOptions:
-    """collective_timeout_s: gloo/NCCL timeout of every collective (a stalled rank ends the run after it);
+    """collective_timeout_s: gloo/NCCL timeout of every collective, and how long a local launch's rank may go
+    without a heartbeat (relibra.runtime.watchdog): a stalled rank ends the run after it;
     on_migration_failure: "continue" (keep the old placement, one warning line) or "stop"."""
 
     collective_timeout_s: float = 120.0
     on_migration_failure: str = "continue"
 
     def validate(self) -> None:
-        if not (self.collective_timeout_s > 0):
-            raise ConfigError(f"--collective-timeout must be positive seconds, got {self.collective_timeout_s!r}")
+        if not (math.isfinite(self.collective_timeout_s) and self.collective_timeout_s > 0):
+            raise ConfigError(f"--collective-timeout must be a finite positive number of seconds, got "
+                              f"{self.collective_timeout_s!r}")
         if self.on_migration_failure not in ("continue", "stop"):
             raise ConfigError(f"--on-migration-failure must be continue or stop, got {self.on_migration_failure!r}")
 

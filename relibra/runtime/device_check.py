@@ -98,6 +98,8 @@ def fit_preset(gemm: dict, shape: str, base: str = "paper", name: str | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
+    from relibra.paths import write_text
+
     p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m relibra.runtime.device_check")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("gemm", help="(b) time expert GEMMs on the GPU")
@@ -116,16 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             res = gemm_curves("cuda", repeats=args.repeats)
         path = os.path.join(args.out, "expert_gemm.json")
-        with open(path, "w") as fh:
-            json.dump(res, fh, indent=1)
+        write_text(path, json.dumps(res, indent=1))
         print(f"wrote {path}")
         return 0
     with open(args.gemm) as fh:
         gemm = json.load(fh)
     res = fit_preset(gemm, args.shape)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(res, fh, indent=1)
+    write_text(args.out, json.dumps(res, indent=1))  # whole or not at all: relibra.cluster reads it at import
     print(json.dumps(res["fit"]), f"-> {args.out}")
     return 0
 

@@ -49,13 +49,16 @@ class RuntimeGroups:
         return pgc
 
 
-def init_distributed(backend: str | None = None, timeout_s: float = 300.0) -> tuple[int, int]:
-    """Join the job described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
+def init_distributed(backend: str | None = None, timeout_s: float = 300.0,
+                     store_file: str | None = None) -> tuple[int, int]:
+    """Join the job described by torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT), or with
+    `store_file` the ranks meeting through a FileStore at that path (no rendezvous socket at all)."""
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     if not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        dist.init_process_group(backend, rank=rank, world_size=world,
+        store = dist.FileStore(store_file, world) if store_file else None
+        dist.init_process_group(backend, rank=rank, world_size=world, store=store,
                                 timeout=datetime.timedelta(seconds=timeout_s))
     return rank, world
 

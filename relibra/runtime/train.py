@@ -115,6 +115,11 @@ def worker(rank: int, world: int, options: RunOptions, runs: list[PolicyPlans], 
             loss = torch.tensor([out["loss"]], dtype=torch.float64, device=run.engine.device)
             dist.all_reduce(loss)
             run.losses.append(float(loss.item()))
+            if not np.isfinite(run.losses[-1]):  # the same all-reduced value on every rank: all stop here alike
+                from relibra.errors import ConfigError
+
+                raise ConfigError(f"{run.label}: the loss of step {s} is {run.losses[-1]}; training diverged "
+                                  f"(lower --lr)")
             if s >= warmup and not run.label.startswith("static:"):
                 timer = run.engine.timer
                 records.append(StepRecord(
