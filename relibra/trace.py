@@ -310,7 +310,7 @@ class RoutingTrace:
         if arrays["loads"].dtype.kind not in "iu":  # a float count may already have been rounded
             raise TraceError(f"{path}: field 'loads' has dtype {arrays['loads'].dtype}; a trace file stores integer "
                              f"counts (int32)")
-        model, ep, tpm, provenance = _parse_meta(arrays["meta_json"], path)
+        model, ep, tpm, provenance = _parse_meta(arrays["meta_json"], path, max_bytes)
         for name in ("token_experts", "token_src_rank"):
             if name in arrays:
                 check_id_dtype(arrays[name], path, name)
@@ -586,12 +586,12 @@ def _check_format_version(arr: np.ndarray, path: str) -> None:
         raise TraceError(f"{where} is {value}; this kit reads version {FORMAT_VERSION}")
 
 
-def _parse_meta(arr: np.ndarray, path: str) -> tuple[ModelShape, int, int, dict]:
+def _parse_meta(arr: np.ndarray, path: str, max_bytes: int | None = None) -> tuple[ModelShape, int, int, dict]:
     """meta_json (a 0-d string array) -> (model, ep, tokens_per_microbatch, provenance), types checked."""
     where = f"{path}: field 'meta_json'"
     if arr.shape != () or arr.dtype.kind != "U":
         raise TraceError(f"{where} must be one string, got {arr.dtype} of shape {arr.shape}")
-    meta = parse_json(str(arr.item()), where)
+    meta = parse_json(str(arr.item()), where, max_bytes)
     if not isinstance(meta, dict):
         raise TraceError(f"{where} must be a JSON object, got {type(meta).__name__}")
     unknown = sorted(set(meta) - set(META_KEYS))
