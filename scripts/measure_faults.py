@@ -86,7 +86,7 @@ def _listeners(timeout_s: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--timeout", type=float, default=5.0, help="--collective-timeout of every run (default 5)")
     p.add_argument("--repeats", type=int, default=1)
     args = p.parse_args(argv)
