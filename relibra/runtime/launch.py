@@ -52,7 +52,7 @@ def loopback_interface() -> str:
     """Name of the loopback network interface (gloo binds its connections to it)."""
     names = [name for _, name in socket.if_nameindex()]
     for name in names:
-        if name == "lo" or name.startswith("lo"):
+        if name.startswith("lo"):  # lo on Linux, lo0 on macOS
             return name
     raise RelibraError(f"no loopback network interface among {', '.join(names)}; the runtime listens on "
                        "loopback only")

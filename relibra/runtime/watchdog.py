@@ -89,8 +89,7 @@ class Heartbeats:
 
     A rank is silent once its file has not changed for `silent_s` (measured on the launcher's monotonic
     clock, so a wall-clock jump is no stall). Before its first beat a rank gets `start_s` more to start
-    (interpreter start-up, imports; a rank stalled there also fails its peers' rendezvous after
-    `silent_s`).
+    (interpreter start-up, imports of torch; its peers wait for it in `start_together` as long).
     """
 
     def __init__(self, folder: str, ranks: int, silent_s: float, start_s: float = 120.0):
