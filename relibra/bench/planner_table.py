@@ -87,9 +87,10 @@ def main(argv=None) -> int:
                                   eps=tuple(int(x) for x in args.eps.split(",")), repeats=args.repeats)
     table["note"] = ("process CPU seconds on this machine, which other processes may share; charged: "
                      "seconds_per_cell (the step's cells planned together)")
-    with open(args.out, "w") as f:
-        json.dump(table, f, indent=1)
-    print(json.dumps(table["policies"]))
+    print(json.dumps(table["policies"]))  # printed first: a failing --out loses nothing
+    from relibra.paths import write_text
+
+    write_text(args.out, json.dumps(table, indent=1))
     return 0
 
 
