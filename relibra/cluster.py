@@ -8,8 +8,11 @@ DeepEP's published measurements (see docs/cost-model.md).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -406,12 +409,15 @@ TOPOLOGY_PRESETS: dict[str, Topology] = {
 }
 
 
+FITTED_CPU_PRESET = Path(__file__).resolve().parent.parent / "data" / "cpu_gloo_fit.json"
+
+
 def read_preset_file(path: str, where: str | None = None) -> Topology:
-    """The Topology in the "preset" entry of a fit file (`relibra calibrate`, scripts/device_check.sh).
+    """The Topology in the "preset" entry of a fit file (`relibra calibrate` writes data/cpu_gloo_fit.json,
+    scripts/device_check.sh data/device/<gpu>_preset.json). Fitted presets are loaded only by this call
+    or by a --cluster spec that names the file; the preset list never depends on which files exist.
     Any problem (unreadable JSON, no "preset", an unknown or mistyped field) is a ConfigError naming
     the file (and `where`, e.g. the environment variable that pointed to it)."""
-    import json
-
     name = f"{where}={path}" if where else str(path)
     try:
         with open(path) as f:
@@ -431,36 +437,13 @@ def read_preset_file(path: str, where: str | None = None) -> Topology:
         raise ConfigError(f"{name}: {exc}") from None
 
 
-def _load_fitted_preset(path) -> None:
-    """Add the preset fitted on a machine by `relibra calibrate --model ...` (its "preset" entry) when the
-    file exists: `cpu-gloo-fit` from data/cpu_gloo_fit.json (docs/runtime.md says which machine)."""
-    import os
-
-    if os.path.exists(path):
-        try:
-            preset = read_preset_file(path)
-        except ConfigError as exc:  # said when a preset is looked up, not at every command's start
-            UNREADABLE_PRESET_FILES.append(str(exc))
-            return
-        TOPOLOGY_PRESETS[preset.name] = preset
-
-
-UNREADABLE_PRESET_FILES: list[str] = []  # fitted preset files under data/ that could not be read, and why
-
-
-_DATA = __import__("os").path.join(__import__("os").path.dirname(__file__), "..", "data")
-for _path in [__import__("os").path.join(_DATA, "cpu_gloo_fit.json")] + sorted(
-        __import__("glob").glob(__import__("os").path.join(_DATA, "device", "*_preset.json"))):
-    _load_fitted_preset(_path)  # GPU presets fitted by scripts/device_check.sh, when a GPU run was committed
-
-
 def get_topology(name: str) -> Topology:
     """The preset called `name`; a ConfigError lists the known ones otherwise."""
     try:
         return TOPOLOGY_PRESETS[name]
     except KeyError:
-        unreadable = f" (not loaded: {'; '.join(UNREADABLE_PRESET_FILES)})" if UNREADABLE_PRESET_FILES else ""
-        raise ConfigError(f"unknown cluster preset {name!r}; known: {', '.join(TOPOLOGY_PRESETS)}{unreadable}") from None
+        raise ConfigError(f"unknown cluster preset {name!r}; known: {', '.join(TOPOLOGY_PRESETS)} (a fitted preset is "
+                          f"named by its file: --cluster data/cpu_gloo_fit.json)") from None
 
 
 # Short names accepted by parse_topology for the Topology fields.
@@ -477,7 +460,8 @@ def resolve_topology(topology: "Topology | str") -> Topology:
 def parse_topology(spec: str) -> Topology:
     """A topology from a preset name, a preset with changes, or a full custom description.
 
-    spec: comma-separated items. An item without '=' names a preset to start from (at most one, first);
+    spec: comma-separated items. An item without '=' names a preset to start from (at most one, first),
+    or a fitted-preset file ending in .json (read_preset_file);
     the others are field=value (Topology field names, or the short aliases nodes, gpus, nvlink, rdma,
     tflops, half_tokens, latency_s). Examples: "paper"; "paper,rdma_GBps=25";
     "nodes=4,gpus_per_node=8,nvlink_GBps=450,rdma_GBps=50,matmul_tflops=790". Without a preset the
@@ -498,7 +482,7 @@ def parse_topology(spec: str) -> Topology:
         if "=" not in item:
             if i != 0:
                 raise ConfigError(f"cluster {spec!r}: preset name {item!r} must come first")
-            base = get_topology(item)
+            base = read_preset_file(item) if item.endswith(".json") else get_topology(item)
             continue
         key, _, raw = (part.strip() for part in item.partition("="))
         key = _TOPOLOGY_ALIASES.get(key, key)

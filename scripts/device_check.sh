@@ -6,7 +6,7 @@
 #                                 NCCL, world size 1, float64, with its equivalence check
 #   (b) expert_gemm.json          expert GEMMs (bf16, forward + backward) at the expert shapes of
 #                                 Qwen3-30B-A3B, GLM-4.5-Air and Qwen3-235B-A22B, 64..65536 tokens
-#       <gpu>_preset.json         the cluster preset fitted from (b) (relibra.cluster loads it)
+#       <gpu>_preset.json         the cluster preset fitted from (b) (use it as --cluster <path>)
 #   (c) cpu16_gloo_fit.json       micro-benchmarks of the 16-core host (the simulator's CPU preset there)
 #       cpu_ep8.json              the CPU gloo runtime at EP8 (8 ranks, 1 thread each), megatron and relibra
 #   device_check.log              everything printed

@@ -700,3 +700,18 @@ def test_sensitivity_quick_rows(capsys):
         assert ((g["low"] <= g["default"]) & (g["default"] <= g["high"])).all()
     assert main(["sensitivity", "--model", "small", "--ep", "8", "--knobs", "NVLink", "--json"]) == 2
     assert "unknown sensitivity knob" in capsys.readouterr().err
+
+
+def test_fitted_presets_load_only_when_named(tmp_path):
+    from relibra.cluster import FITTED_CPU_PRESET, TOPOLOGY_PRESETS, read_preset_file
+
+    assert FITTED_CPU_PRESET.exists()  # the committed fit, yet not a preset of its own
+    fitted = json.loads(FITTED_CPU_PRESET.read_text())["preset"]
+    assert fitted["name"] not in TOPOLOGY_PRESETS
+    topo = parse_topology(f"{FITTED_CPU_PRESET},nodes=2")
+    assert (topo.num_nodes, topo.matmul_tflops) == (2, fitted["matmul_tflops"])
+    assert read_preset_file(FITTED_CPU_PRESET) == Topology(**fitted)
+    bad = tmp_path / "bad_preset.json"
+    bad.write_text(json.dumps({"preset": {"name": "x", "no_such_field": 1}}))
+    with pytest.raises(ConfigError, match="bad_preset.json"):
+        parse_topology(str(bad))

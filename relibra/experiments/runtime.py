@@ -128,14 +128,14 @@ def runtime_topology(ep: int, gpus_per_node: int):
     present (or the file RELIBRA_CPU_FIT names: a fit taken on another machine), else `cpu-gloo`."""
     import torch
 
-    from relibra.cluster import TOPOLOGY_PRESETS, get_topology, read_preset_file
+    from relibra.cluster import FITTED_CPU_PRESET, get_topology, read_preset_file
 
     if torch.cuda.is_available():
         base = get_topology("paper")
     elif os.environ.get("RELIBRA_CPU_FIT"):
         base = read_preset_file(os.environ["RELIBRA_CPU_FIT"], where="RELIBRA_CPU_FIT")
     else:
-        base = get_topology("cpu-gloo-fit" if "cpu-gloo-fit" in TOPOLOGY_PRESETS else "cpu-gloo")
+        base = read_preset_file(FITTED_CPU_PRESET) if FITTED_CPU_PRESET.exists() else get_topology("cpu-gloo")
     return base.with_changes(num_nodes=ep // gpus_per_node, gpus_per_node=gpus_per_node)
 
 
