@@ -529,7 +529,7 @@ def _check_runs(name: str, plan: StepPlan, mi, li, gi, ri, ex) -> None:
     m, l, ep, e = plan.loads.shape
     start = plan.replica_start[mi, li, gi, ri].astype(np.int64)
     end = start + plan.replica_tokens[mi, li, gi, ri]
-    routed = plan.loads[mi, li, :, ex].sum(axis=1, dtype=np.int64)  # [n] the expert's tokens
+    routed = plan.loads.sum(axis=2, dtype=np.int64)[mi, li, ex]  # [n] the expert's tokens
     over = end > routed
     if over.any():
         i = int(np.argmax(over))

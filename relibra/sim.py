@@ -22,6 +22,7 @@ from relibra.errors import ConfigError
 from relibra.metrics import METRIC_COLUMNS
 from relibra.plan import StepPlan
 from relibra.policies import get_policy
+from relibra.progress import progress as tqdm
 from relibra.trace import RoutingTrace, static_placement
 
 REFERENCE_POLICIES = ("megatron", "balanced")
@@ -119,9 +120,6 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     model = trace.model
     static = static_placement(model.num_layers, model.num_experts, trace.ep)
     seq_lens = getattr(trace, "seq_lens", None)
-
-    from relibra.progress import progress as tqdm
-
     columns: list[dict] = []
     step_rows: list[dict] = []
     kept: dict[str, list[PlanCost]] = {}

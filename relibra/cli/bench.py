@@ -1,5 +1,8 @@
 """`relibra bench {workload,planner,sim}`: benchmarks that print their figures (speed targets are
-measured here, never in timed unit tests)."""
+measured here, never in timed unit tests).
+
+The benchmarks are imported inside the commands: `relibra` imports every command module to build
+its parser, and numpy, pandas and the policies would add seconds to every `relibra --help`."""
 
 from __future__ import annotations
 
