@@ -380,6 +380,10 @@ def _speedups(d: pd.DataFrame, g: pd.DataFrame) -> str:
             measured = ", ".join(f"{y.speedup_vs_megatron:.2f}x [{y.speedup_ci_low:.2f}, {y.speedup_ci_high:.2f}]"
                                  for y in rows.itertuples())
             measured += " measured (95% interval" + (" per launch)" if len(rows) > 1 else ")")
+            if "cpu_speedup_ci_low" in d and rows["cpu_speedup_ci_low"].notna().all():
+                measured += ", on process CPU time " + ", ".join(
+                    f"{y.cpu_speedup_vs_megatron:.2f}x [{y.cpu_speedup_ci_low:.2f}, {y.cpu_speedup_ci_high:.2f}]"
+                    for y in rows.itertuples())
         else:
             measured = f"{ref.measured / x.measured:.2f}x measured"
         out += f"; {short(p)} / Megatron {measured}, {ref.sim / x.sim:.2f}x simulated"
