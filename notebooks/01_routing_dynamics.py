@@ -46,7 +46,7 @@ run = ex.start("01_routing_dynamics", globals())  # unknown or out-of-range para
 cfg = run.config
 print(cfg.scale_note())
 result = run.compute()
-label = f"{cfg.trace_label()} | workloads {', '.join(cfg.workloads)}"
+label = f"{cfg.trace_label()} | workloads {', '.join(result.traces)}"
 
 # %% [markdown]
 # ## How far hot experts shift

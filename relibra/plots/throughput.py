@@ -178,8 +178,9 @@ def spare_slot_plot(sweep: pd.DataFrame, subtitle: str):
         # Ratios start at 1.0 (Megatron / perfect balance) and memory at 0, so that a spread of a
         # few thousandths looks like what it is instead of filling the axis.
         floor = 0.0 if pct else 1.0
-        top = float(max(y.max(), floor))
-        ax.set_ylim(min(floor, float(y.min())), top + 0.15 * max(top - floor, 0.05 * max(top, 1e-9)))
+        lo, hi = min(floor, float(y.min())), max(floor, float(y.max()))
+        pad = 0.15 * max(hi - lo, 0.05 * max(abs(hi), 1e-9))
+        ax.set_ylim(lo if pct else lo - pad, hi + pad)
         ax.set_xlabel("spare replica slots per GPU")
         ax.set_ylabel(ylabel)
         ax.set_xticks(list(x))
@@ -194,7 +195,7 @@ def spare_slot_plot(sweep: pd.DataFrame, subtitle: str):
 def skewness_plot(table: pd.DataFrame, subtitle: str):
     """Left: mean rank skewness vs EP size per policy; right: per task domain at one EP size."""
     order, palette = policy_hue(table["policy"].unique())
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.3))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.3), sharey=True)  # one scale: both panels from 0
     ep = table[table["sweep"] == "ep"]
     sns.lineplot(ep, x="ep", y="skewness", hue="policy", hue_order=order, palette=palette, marker="o", ax=axes[0])
     axes[0].set_xscale("log", base=2)
@@ -202,13 +203,15 @@ def skewness_plot(table: pd.DataFrame, subtitle: str):
     axes[0].set_xlabel("EP size (GPUs per expert-parallel group)")
     axes[0].set_title(f"across EP sizes ({ep['workload'].iloc[0] if len(ep) else ''} workload)")
     dom = table[table["sweep"] == "workload"]
-    sns.barplot(dom, x="workload", y="skewness", hue="policy", hue_order=order, palette=palette, ax=axes[1])
+    sns.barplot(dom, x="workload", y="skewness", hue="policy", hue_order=order, palette=palette, ax=axes[1],
+                errorbar=None)
     axes[1].set_xlabel("workload (task domain)")
     axes[1].set_title(f"across domains (EP {dom['ep'].iloc[0] if len(dom) else ''})")
     for ax in axes:
         ax.axhline(1.0, color="0.2", ls="--", lw=1)
         ax.set_ylabel("rank skewness (max / mean tokens per GPU)")
         ax.get_legend().remove()
+    axes[0].set_ylim(bottom=0)
     figure_policy_legend(fig, axes[0])
     titled(fig, "Rank skewness per policy (mean over micro-batches and layers; 1.0 = perfectly balanced)", subtitle)
     fig.tight_layout()
