@@ -71,9 +71,10 @@ table, comparison = result.scale, result.relibra_h_vs_best
 subtitle = (f"simulated, workload {cfg.workload}, first {sweep.layers or 'all'} MoE layers, {sweep.micro_batches} "
             f"micro-batches, seed {cfg.seed}")
 fig = plots.ep_sweep_plot(table, subtitle)
-run.save_figure(fig, "ep_sweep", "Simulated tokens/s over Megatron from EP16 to EP256 for three model sizes on "
-                f"8-GPU nodes and on NVL72 racks; dashed: balanced-compute - {subtitle}", source="simulated",
-                hardware=", ".join(sweep.clusters))
+run.save_figure(fig, "ep_sweep", f"Simulated tokens/s over Megatron from EP{min(sweep.ep_sizes)} to "
+                f"EP{max(sweep.ep_sizes)} for {', '.join(sweep.models)} on "
+                f"{'; '.join(plots.cluster_label(c) for c in sweep.clusters)}; dashed: balanced-compute - {subtitle}",
+                source="simulated", hardware=", ".join(sweep.clusters))
 
 # %% [markdown]
 # ### What to notice

@@ -70,8 +70,8 @@ def explain_gap(summary: pd.DataFrame, slower: str, faster: str) -> str:
     if slower not in c.index or faster not in c.index:
         return ""
     diff = (c.loc[slower] - c.loc[faster]).drop("step")
-    worse = diff[diff > 0].sort_values(ascending=False)
-    better = diff[diff < 0].sort_values()
+    worse = diff[diff > 5e-6].sort_values(ascending=False)  # parts that differ by at least 0.01 ms
+    better = diff[diff < -5e-6].sort_values()
     parts = [f"{k} +{1e3 * v:.2f} ms" for k, v in worse.head(2).items()]
     gains = [f"{k} {1e3 * v:.2f} ms" for k, v in better.head(1).items()]
     return (f"per step, {label(slower)} spends " + ", ".join(parts) + " more than " + label(faster)

@@ -12,7 +12,7 @@ One module per notebook group: style (colours, labels, titles, saving), routing 
 from relibra.plots.overheads import overhead_bars, planner_time_plot, policy_summary_plot
 from relibra.plots.routing import expert_load_heatmaps, prediction_error_plot, shift_bars, static_skewness_plot
 from relibra.plots.runtime import reward_plot, runtime_rank_plot, runtime_speedup_plot, runtime_step_segments_plot
-from relibra.plots.scale import ep_sweep_plot, ratio_pivot, scale_planner_plot
+from relibra.plots.scale import cluster_label, ep_sweep_plot, ratio_pivot, scale_planner_plot
 from relibra.plots.sensitivity import tornado_plot
 from relibra.plots.style import (POLICY_COLORS, POLICY_LABELS, POLICY_ORDER, model_label, policy_order, policy_palette,
                                  save_figure, set_style, show_inline, titled)
@@ -28,5 +28,5 @@ __all__ = [
     "tutorial_interactive", "ablation_plot", "fraction_of_balanced", "reorder_plot", "replication_plot",
     "skewness_plot", "spare_slot_plot", "throughput_bars", "overhead_bars", "planner_time_plot",
     "policy_summary_plot", "reward_plot", "runtime_rank_plot", "runtime_speedup_plot", "runtime_step_segments_plot", "tornado_plot",
-    "ep_sweep_plot", "scale_planner_plot", "ratio_pivot",
+    "ep_sweep_plot", "scale_planner_plot", "ratio_pivot", "cluster_label",
 ]

@@ -70,7 +70,7 @@ def policy_summary_plot(summary: pd.DataFrame, subtitle: str, title: str = "Bala
     each policy's simulated step time by part, which shows why lower skewness can still run slower."""
     d, palette = policy_rows(summary)
     ncols = 3 if components is not None else 2
-    fig, axes = plt.subplots(1, ncols, figsize=(6 * ncols, 4.2))
+    fig, axes = plt.subplots(1, ncols, figsize=(6 * ncols, 5.6))
     if components is not None:
         ax = axes[2]
         comp = components.drop(columns=["step"]).reindex(d["policy"])

@@ -81,12 +81,12 @@ def prediction_error_plot(table: pd.DataFrame, subtitle: str):
     order = ["history -> whole step", "history -> micro-batch", "this step (oracle) -> micro-batch"]
     order = [o for o in order if o in set(d["case"])]
     d["error_pct"] = 100 * d["error"]
-    fig, ax = plt.subplots(figsize=(9, 4.2))
+    fig, ax = plt.subplots(figsize=(10, 5.0))
     sns.boxplot(d, x="case", y="error_pct", hue="trace", order=order, ax=ax, showfliers=False, showmeans=True,
                 palette=trace_palette(d["trace"]), meanprops={"marker": "D", "markerfacecolor": "white",
                                                               "markeredgecolor": "black", "markersize": 4})
     ax.set_xlabel("predictor -> what it must predict")
-    ax.set_ylabel("prediction error (% of token-slots on wrong experts)")
+    ax.set_ylabel("% of token-slots on wrong experts")
     ax.legend(title="workload", fontsize=7, title_fontsize=8)
     titled(fig, "How wrong load predictions are: history (EPLB) and the exact step total (EPLB+) vs each micro-batch "
            "(box: quartiles over steps, micro-batches and layers; diamond: mean)", subtitle)

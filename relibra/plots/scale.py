@@ -62,7 +62,9 @@ def ep_sweep_plot(table: pd.DataFrame, subtitle: str):
                 ax.set_ylabel("tokens/s over Megatron")
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=8, bbox_to_anchor=(0.5, 0.0))
-    titled(fig, "Beyond the paper's scale: throughput over Megatron from EP16 to EP256", subtitle)
+    eps = sorted(set(table["ep"]))
+    titled(fig, f"Beyond the paper's scale: throughput over Megatron from EP{eps[0]} to EP{eps[-1]} (dashed: "
+           "balanced-compute, the ceiling)", subtitle)
     fig.tight_layout(rect=(0, 0.45 / (3.2 * len(models)), 1, 1))
     return fig
 

@@ -140,8 +140,9 @@ def reorder_plot(table: pd.DataFrame, subtitle: str):
               ("migration_gb", "migration per step (GB)", "migration: expert weights + optimizer state moved")]
     fig, grid = plt.subplots(2, 2, figsize=(13, 7.5))
     _workload_panels(fig, grid.ravel(), table, panels)
-    titled(fig, "Reordering: annealing search vs greedy LPT vs static homes (all with intra-node replication; "
-           "bars: mean over steps, whiskers: their range)", subtitle)
+    titled(fig, "Reordering: annealing search vs greedy LPT vs static homes (the three ReLibra variants all "
+           "replicate inside nodes; Megatron: static homes, no replicas; bars: mean over steps, whiskers: their range)",
+           subtitle)
     fig.tight_layout()
     return fig
 
