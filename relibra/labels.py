@@ -24,6 +24,19 @@ class PolicyLook:
 RATIO_LABELS = {"relibra_over_megatron": "ReLibra / Megatron", "relibra_over_eplb_plus": "ReLibra / EPLB+",
                 "relibra_over_balanced_compute": "ReLibra / balanced-compute"}
 
+# Batch layouts (relibra.workloads.BATCH_LAYOUTS) as text: the layout `megatron` is Megatron-LM's way of
+# filling micro-batches, not the Megatron baseline policy.
+LAYOUT_LABELS = {"megatron": "Megatron-LM's layout", "verl": "verl's layout", "slime": "slime's layout"}
+
+
+def knob_value(value, knob: str = "") -> str:
+    """A sensitivity knob's value as text: numbers in %g, batch layouts by LAYOUT_LABELS."""
+    try:
+        return f"{float(value):g}"
+    except (TypeError, ValueError):
+        return LAYOUT_LABELS.get(str(value), str(value)) if knob == "batch layout" else str(value)
+
+
 POLICY_TABLE = (
     PolicyLook("megatron", "Megatron (static)", "Megatron", "#1f77b4"),
     PolicyLook("eplb", "EPLB (history)", "EPLB", "#ff7f0e"),

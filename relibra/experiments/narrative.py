@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from relibra.cluster import get_model
-from relibra.labels import IDEALS, RATIO_LABELS
+from relibra.labels import IDEALS, RATIO_LABELS, knob_value
 from relibra.labels import short as label
 
 def show(text: str) -> None:
@@ -422,10 +422,6 @@ def rl_story(rewards: pd.DataFrame, sim: pd.DataFrame) -> str:
 # ---- 10 sensitivity -------------------------------------------------------------------------------------
 
 
-def _value(v) -> str:
-    return f"{float(v):g}" if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) else str(v)
-
-
 def _slower_links(frame: pd.DataFrame) -> list[str]:
     """Why a slower link raises ReLibra / Megatron, said only where the rows show it."""
     out = []
@@ -436,7 +432,7 @@ def _slower_links(frame: pd.DataFrame) -> list[str]:
         d = d.assign(rate=pd.to_numeric(d["value"], errors="coerce")).dropna(subset=["rate"]).sort_values("rate")
         slow, dflt = d.iloc[0], d[d["is_default"].astype(bool)]
         if len(dflt) and slow["relibra_over_megatron"] > float(dflt["relibra_over_megatron"].iloc[0]) + 1e-9:
-            out.append(f"A slower {knob} ({_value(slow['value'])} GB/s) raises ReLibra / Megatron from "
+            out.append(f"A slower {knob} ({knob_value(slow['value'])} GB/s) raises ReLibra / Megatron from "
                        f"{float(dflt['relibra_over_megatron'].iloc[0]):.3f} to {slow['relibra_over_megatron']:.3f}: the "
                        "all-to-all then takes a larger share of the step, and each all-to-all lasts as long as its "
                        "busiest receiver's transfer, which balancing makes shorter; so the slower the link, the more "
@@ -465,7 +461,8 @@ def sensitivity_story(tornado: pd.DataFrame, frame: pd.DataFrame, flat: float = 
             continue
         lead = f"The headline, {name}," if ratio == "relibra_over_megatron" else name
         line = (f"- {lead} moves most with **{top['knob']}**: from {top['low']:.3f} ({top['knob']} = "
-                f"{_value(top['low_value'])}) to {top['high']:.3f} ({_value(top['high_value'])}), a swing of "
+                f"{knob_value(top['low_value'], top['knob'])}) to {top['high']:.3f} "
+                f"({knob_value(top['high_value'], top['knob'])}), a swing of "
                 f"{_pct(top['swing'] / default[ratio])} of its default")
         rest = d.iloc[1:3]
         rest = rest[rest["swing"] > flat * default[ratio]]
@@ -483,13 +480,13 @@ def sensitivity_story(tornado: pd.DataFrame, frame: pd.DataFrame, flat: float = 
         moved = frame[~frame["is_default"].astype(bool)]
         if default[ratio] < 1.0:
             ahead = moved[moved[ratio] >= 1.0]
-            cases = ", ".join(f"{r['knob']} = {_value(r['value'])} ({r[ratio]:.3f})" for _, r in ahead.iterrows())
+            cases = ", ".join(f"{r['knob']} = {knob_value(r['value'], r['knob'])} ({r[ratio]:.3f})" for _, r in ahead.iterrows())
             out.append(f"ReLibra is slower than {rival} at the default set-up ({default[ratio]:.3f}x); "
                        + (f"it gets ahead only at: {cases}." if cases else "no knob value tried puts it ahead."))
         else:
             behind = moved[moved[ratio] < 1.0]
             if len(behind):
-                cases = ", ".join(f"{r['knob']} = {_value(r['value'])} ({r[ratio]:.3f})" for _, r in behind.iterrows())
+                cases = ", ".join(f"{r['knob']} = {knob_value(r['value'], r['knob'])} ({r[ratio]:.3f})" for _, r in behind.iterrows())
                 out.append(f"ReLibra falls behind {rival} at: {cases}.")
     return "\n\n".join(out)
 

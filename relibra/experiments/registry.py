@@ -21,7 +21,7 @@ from relibra.experiments import narrative as nr
 from relibra.experiments.config import Config
 from relibra.experiments.results import Result, live, table, value
 from relibra.experiments.runtime import WAITING
-from relibra.labels import short
+from relibra.labels import knob_value, short
 
 
 # ---- parameters: one dataclass per parameters cell -------------------------------------------------
@@ -420,7 +420,8 @@ def _sensitivity_rows(r: SensitivityResult, man: dict) -> list[dict]:
     t = r.tornado[r.tornado["ratio"] == "relibra_over_megatron"].sort_values("swing", ascending=False, kind="stable")
     if t.empty:
         return []
-    knobs = "; then ".join(f"{k.knob}: {k.low:.2f}x ({k.low_value}) to {k.high:.2f}x ({k.high_value})"
+    knobs = "; then ".join(f"{k.knob}: {k.low:.2f}x ({knob_value(k.low_value, k.knob)}) to {k.high:.2f}x "
+                           f"({knob_value(k.high_value, k.knob)})"
                            for k in t.head(2).itertuples(index=False))
     cfg = man["config"]
     return [_row("what moves ReLibra / Megatron most (one knob at a time)",

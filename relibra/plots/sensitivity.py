@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from relibra.labels import RATIO_LABELS
+from relibra.labels import RATIO_LABELS, knob_value
 from relibra.plots.style import titled
 
 KNOB_UNITS = {"tokens per slot": "tokens", "topic concentration": "Dirichlet", "spare slots": "per GPU",
@@ -15,17 +15,9 @@ KNOB_UNITS = {"tokens per slot": "tokens", "topic concentration": "Dirichlet", "
 LOW_COLOR, HIGH_COLOR = (0.27, 0.51, 0.71), (0.84, 0.37, 0.30)
 
 
-LAYOUT_NAMES = {"megatron": "Megatron-LM's layout", "verl": "verl's layout", "slime": "slime's layout"}
-
-
 def value_label(value, knob: str = "") -> str:
-    """A knob value as shown at a bar's end: numbers in %g, batch layouts as "<framework>'s layout" (so
-    the layout `megatron` is not read as the Megatron baseline), other names as they are."""
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
-        return f"{float(value):g}"
-    if knob == "batch layout":
-        return LAYOUT_NAMES.get(str(value), f"{value}'s layout")
-    return str(value)
+    """A knob value as shown at a bar's end (relibra.labels.knob_value)."""
+    return knob_value(value, knob)
 
 
 def knob_label(knob: str) -> str:
