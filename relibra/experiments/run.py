@@ -58,8 +58,10 @@ class Run:
         self.tables.append({"file": path.name, "rows": int(len(table)), "description": description})
         return path
 
-    def save_figure(self, fig, name: str, caption: str, source: str = "simulated", hardware: str | None = None) -> list[Path]:
-        """Write `fig` as <name>.png and <name>.svg; source is 'simulated' or 'measured'."""
+    def save_figure(self, fig, name: str, caption: str, source: str = "simulated", hardware: str | None = None) -> None:
+        """Write `fig` as <name>.png and <name>.svg and record it in the manifest; source is 'simulated',
+        'measured', 'synthetic' or 'real'. Returns nothing, so a notebook cell ending with it shows the
+        figure only (not the paths)."""
         from relibra.plots import save_figure
 
         if source not in ("simulated", "measured", "synthetic", "real"):
@@ -69,7 +71,6 @@ class Run:
         self.figures.append({"name": name, "png": paths[0].name, "svg": paths[1].name, "caption": caption,
                              "source": source, "hardware": hardware})
         self.sources.setdefault(f"{source}|{hardware}", {"source": source, "hardware": hardware})
-        return paths
 
     def finish(self) -> Path:
         """Write manifest.json (parameters, figures, tables, sources, wall seconds)."""
