@@ -96,12 +96,12 @@ def prediction_error_plot(table: pd.DataFrame, subtitle: str):
 
 def static_skewness_plot(table: pd.DataFrame, subtitle: str):
     """Distribution of rank skewness under static placement: per micro-batch versus per whole step."""
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(10, 5))
     sns.boxplot(table, x="trace", y="skewness", hue="scope", ax=ax, showfliers=False, showmeans=True, palette="Greys",
                 meanprops={"marker": "D", "markerfacecolor": "white", "markeredgecolor": "black", "markersize": 4})
     ax.axhline(1.0, color="0.3", lw=1, ls="--")
     ax.set_xlabel("workload")
-    ax.set_ylabel("rank skewness (max / mean tokens per GPU)")
+    ax.set_ylabel("rank skewness (max / mean per GPU)")
     ax.legend(title="load summed over", fontsize=8)
     titled(fig, "Static expert placement: rank skewness per micro-batch and per whole step (box: quartiles over "
            "micro-batches and layers; diamond: mean)", subtitle)
