@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from relibra.analysis import trace_stats
 from relibra.cluster import ModelShape, get_model
 from relibra.errors import ConfigError
 from relibra.trace import RoutingTrace, loads_from_tokens
@@ -664,7 +665,7 @@ def calibration_table(models: tuple[str, ...] = ("qwen3-30b-a3b", "glm-4.5-air",
 
     Each row: model, workload, ep, static_skewness (mean over micro-batches and layers of max/mean
     tokens per rank under static contiguous placement), static_skewness_p95, the SHIFT_KEYS of
-    `relibra.trace.shift_stats`, and seconds (generation time of the whole trace).
+    `relibra.analysis.shift_stats`, and seconds (generation time of the whole trace).
     """
     grid = [(m, w, ep) for m in models for w in workloads for ep in eps]
     if progress:
@@ -675,7 +676,7 @@ def calibration_table(models: tuple[str, ...] = ("qwen3-30b-a3b", "glm-4.5-air",
         t0 = time.perf_counter()
         trace = generate_trace(model, workload, ep, steps, seed, micro_batches, tokens_per_rank, config=config)
         seconds = time.perf_counter() - t0
-        st = trace.stats()
+        st = trace_stats(trace)
         rows.append({"model": model, "workload": workload, "ep": ep,
                      "static_skewness": st["static_skewness"], "static_skewness_p95": st["static_skewness_p95"],
                      **{key: st[key] for key in SHIFT_KEYS}, "seconds": seconds})

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 
+from relibra import analysis as analysis_mod
 from relibra import trace as trace_mod
 from relibra.cli import main
 from relibra.cluster import ModelShape, get_model
@@ -57,7 +58,7 @@ def _reference_shift_stats(el: np.ndarray, hot_frac=0.1, window=4) -> dict:
 
     el = el.astype(np.float64)
     step = el.sum(axis=1)
-    corr = trace_mod.load_correlation
+    corr = analysis_mod.load_correlation
     out = {"mb_vs_step_hot_overlap": hot(el, step[:, None]).mean(), "mb_vs_step_corr": corr(el, step[:, None]).mean()}
     if el.shape[1] > 1:
         out.update(mb_hot_overlap=hot(el[:, 1:], el[:, :-1]).mean(), mb_corr=corr(el[:, 1:], el[:, :-1]).mean())
@@ -77,12 +78,12 @@ STATS_SHAPES = [  # steps, micro-batches, layers, ep, experts
 ]
 
 
-@pytest.mark.parametrize("block_bytes", [1, 700, trace_mod.STATS_BLOCK_BYTES])
+@pytest.mark.parametrize("block_bytes", [1, 700, analysis_mod.STATS_BLOCK_BYTES])
 @pytest.mark.parametrize("shape", STATS_SHAPES)
 def test_trace_stats_in_blocks_equal_the_whole_array_reference(shape, block_bytes, monkeypatch):
-    monkeypatch.setattr(trace_mod, "STATS_BLOCK_BYTES", block_bytes)  # 1: one step of one layer per block
+    monkeypatch.setattr(analysis_mod, "STATS_BLOCK_BYTES", block_bytes)  # 1: one step of one layer per block
     t = _random_trace(*shape, seed=sum(shape))
-    got = t.stats()
+    got = analysis_mod.trace_stats(t)
     want = _reference_shift_stats(t.expert_load())
     for key in ("mb_hot_overlap", "mb_corr", "mb_vs_step_hot_overlap", "step_hot_overlap", "step_corr",
                 "history_hot_overlap", "history_corr", "history_mb_hot_overlap"):
@@ -113,11 +114,11 @@ def test_trace_stats_peak_memory_stays_near_the_loads(tmp_path):
     t = RoutingTrace.load(path)
     tracemalloc.start()
     try:
-        t.stats()
+        analysis_mod.trace_stats(t)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < t.loads.nbytes + 12 * trace_mod.STATS_BLOCK_BYTES, peak
+    assert peak < t.loads.nbytes + 12 * analysis_mod.STATS_BLOCK_BYTES, peak
 
 
 def _deflated_pt(path, obj) -> str:

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relibra.analysis import trace_stats
 from relibra.cli import main
 from relibra.errors import ConfigError
 from relibra.rl import grpo
@@ -239,7 +240,7 @@ def test_trace_is_valid_and_laid_out_as_documented(tiny_run, tmp_path):
     t.save(tmp_path / "rl.npz")
     back = RoutingTrace.load(tmp_path / "rl.npz")
     assert np.array_equal(back.token_experts, t.token_experts) and back.provenance == t.provenance
-    assert np.isfinite(t.stats()["static_skewness"])
+    assert np.isfinite(trace_stats(t)["static_skewness"])
 
 
 def test_micro_batch_order_shuffles_only_when_asked():

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relibra.analysis import trace_stats
 from relibra.cluster import ModelShape, get_model
 from relibra.errors import ConfigError, TraceError
 from relibra.trace import RoutingTrace
@@ -207,7 +208,7 @@ def test_static_skewness_above_two_and_growing_with_ep():
 
 def test_hot_experts_shift_more_between_micro_batches_than_steps():
     t = generate_trace(PAPER_LIKE, "mixed", ep=16, steps=3, micro_batches=16)
-    s = t.stats()
+    s = trace_stats(t)
     assert s["mb_hot_overlap"] < s["step_hot_overlap"] - 0.05
     assert s["mb_corr"] < s["step_corr"]
     assert s["mb_vs_step_hot_overlap"] < 0.9  # micro-batches differ from their step

@@ -97,7 +97,7 @@ def _rl(args) -> int:
     block = max(1, len(rewards) // 4)
     quarters = [float(rewards[i:i + block].mean()) for i in range(0, len(rewards), block)]
     print(f"wrote {args.out}: {result.trace.num_steps} steps x {result.trace.num_microbatches} micro-batches, "
-          f"{result.trace.stats()['total_tokens']} routed tokens, {result.seconds:.1f} s")
+          f"{int(result.trace.loads[:, :, 0].sum()) // result.trace.model.top_k} routed tokens, {result.seconds:.1f} s")
     print("mean sampled reward per quarter of the run: " + ", ".join(f"{q:.3f}" for q in quarters))
     if result.eval_before:
         print(f"greedy reward on {cfg.eval_prompts} held-out prompts: {result.eval_before['reward']:.3f} after warm-up, "

@@ -128,9 +128,10 @@ _STAT_ROWS = [
 
 
 def _stats(args) -> int:
+    from relibra.analysis import trace_stats
     from relibra.trace import RoutingTrace
 
-    stats = RoutingTrace.load(args.file).stats()
+    stats = trace_stats(RoutingTrace.load(args.file))
     if args.json:
         print(json_text(stats, sort_keys=True))
         return 0

@@ -30,7 +30,7 @@ def expert_load_table(trace, step: int = 0, layer: int = 0) -> pd.DataFrame:
 
 
 SHIFT_COMPARISONS = {
-    # key in trace.shift_stats -> (comparison, metric)
+    # key in analysis.shift_stats -> (comparison, metric)
     "mb_hot_overlap": ("consecutive micro-batches", "hot-expert overlap"),
     "mb_corr": ("consecutive micro-batches", "load correlation"),
     "mb_vs_step_hot_overlap": ("micro-batch vs its own step", "hot-expert overlap"),
@@ -49,7 +49,7 @@ def shift_table(traces: dict[str, object], hot_frac: float = 0.1, history_window
     traces: {label: RoutingTrace}. Columns: trace, comparison, metric, value (hot-expert overlap is
     the share of the hottest `hot_frac` experts found again among the other's hottest; 1 = same).
     """
-    from relibra.trace import shift_stats
+    from relibra.analysis import shift_stats
 
     rows = []
     for label, trace in traces.items():
@@ -77,7 +77,7 @@ def prediction_error_table(traces: dict[str, object], history_window: int = 4) -
     'whole step' and 'micro-batch'. error = total-variation distance of the load shares (share of
     token-slots predicted on the wrong experts). Steps from 1 on (step 0 has no history).
     """
-    from relibra.trace import history_prediction
+    from relibra.analysis import history_prediction
 
     frames = []
     for label, trace in traces.items():

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from relibra.analysis import trace_stats
 from relibra.cluster import ModelShape
 from relibra.errors import ConfigError
 from relibra.trace import RoutingTrace, loads_from_tokens
@@ -67,7 +68,7 @@ SHIFT_COLUMNS = ("static_skewness", "mb_hot_overlap", "mb_corr", "mb_vs_step_hot
 
 def shift_row(name: str, trace: RoutingTrace) -> dict:
     """One row of routing-shift statistics (RoutingTrace.stats) for a comparison table."""
-    stats = trace.stats()
+    stats = trace_stats(trace)
     row = {"trace": name, "model": trace.model.name, "ep": trace.ep, "steps": trace.num_steps,
            "micro_batches": trace.num_microbatches,
            "tokens_per_rank": int(round(trace.tokens_per_microbatch / trace.ep))}

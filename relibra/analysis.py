@@ -1,0 +1,149 @@
+"""Routing-dynamics statistics of traces: how far hot experts move between micro-batches and steps,
+and how well a history of steps predicts the next (notebook 01, `relibra trace stats`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relibra.trace.core import skewness
+
+
+def hot_overlap(a: np.ndarray, b: np.ndarray, frac: float = 0.1) -> np.ndarray:
+    """Share of a's hottest `frac` experts that are also among b's hottest. [..., E] -> [...].
+
+    Memory: a few arrays of a's size (b's hottest marked in a boolean mask, looked up at a's hottest).
+    """
+    a, b = np.broadcast_arrays(a, b)
+    e = a.shape[-1]
+    k = max(1, int(round(frac * e)))
+    ta = np.argsort(-a, axis=-1, kind="stable")[..., :k]
+    tb = np.argsort(-b, axis=-1, kind="stable")[..., :k]
+    hot_b = np.zeros(a.shape, dtype=bool)
+    np.put_along_axis(hot_b, tb, True, axis=-1)
+    return np.take_along_axis(hot_b, ta, axis=-1).sum(-1) / k
+
+
+def load_correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pearson correlation of load vectors along the last axis ([..., E] -> [...]); 0 where constant."""
+    a = a - a.mean(-1, keepdims=True)
+    b = b - b.mean(-1, keepdims=True)
+    den = np.sqrt((a * a).sum(-1) * (b * b).sum(-1))
+    return np.where(den > 0, (a * b).sum(-1) / np.where(den > 0, den, 1.0), 0.0)
+
+
+def history_prediction(step_load: np.ndarray, window: int) -> np.ndarray:
+    """Moving-average prediction of each step's load from the `window` steps before it.
+
+    step_load: [steps, ...]. Returns [steps - 1, ...] predictions for steps 1.. (step 0 has no history).
+    """
+    cums = np.cumsum(step_load.astype(np.float64), axis=0)
+    preds = []
+    for s in range(1, step_load.shape[0]):
+        lo = max(0, s - window)
+        total = cums[s - 1] - (cums[lo - 1] if lo > 0 else 0)
+        preds.append(total / (s - lo))
+    return np.stack(preds)
+
+
+# Working memory of one block of trace statistics (float64 loads of some steps x layers; the
+# temporaries of one block take a few times this).
+STATS_BLOCK_BYTES = 32 * 2**20
+
+
+def _block_rows(bytes_per_row: int, rows: int) -> int:
+    """How many rows of `bytes_per_row` fit STATS_BLOCK_BYTES (at least 1, at most `rows`)."""
+    return int(max(1, min(rows, STATS_BLOCK_BYTES // max(bytes_per_row, 1))))
+
+
+def shift_stats(expert_load: np.ndarray, hot_frac: float = 0.1, history_window: int = 4) -> dict:
+    """How far hot experts move, from expert loads [steps, micro_batches, layers, experts].
+
+    - mb_hot_overlap / mb_corr: consecutive micro-batches of one step.
+    - mb_vs_step_hot_overlap / mb_vs_step_corr: a micro-batch against its own step's total.
+    - step_hot_overlap / step_corr: consecutive whole steps.
+    - history_hot_overlap / history_corr: a step against the moving average of up to
+      `history_window` previous steps (what a history-based balancer such as EPLB predicts from).
+    - history_mb_hot_overlap: each micro-batch against that history prediction.
+    Values are means; NaN where the trace is too short (one step, one micro-batch). Computed in blocks
+    of steps and layers (STATS_BLOCK_BYTES).
+    """
+    return _shift_stats(lambda s0, s1, l0, l1: expert_load[s0:s1, :, l0:l1], expert_load.shape, hot_frac,
+                        history_window)
+
+
+def _shift_stats(block, shape: tuple, hot_frac: float = 0.1, history_window: int = 4) -> dict:
+    """shift_stats over `block(s0, s1, l0, l1)` -> expert loads [s1 - s0, M, l1 - l0, E], taken a block of
+    layers at a time and, within it, a block of steps at a time; the last `history_window` step totals of a
+    layer block are carried from one step block to the next."""
+    steps, mbs, layers, experts = shape
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+
+    def add(key: str, values: np.ndarray) -> None:
+        sums[key] = sums.get(key, 0.0) + float(values.sum())
+        counts[key] = counts.get(key, 0) + values.size
+
+    per_step_layer = mbs * experts * 8 * 4  # float64 loads and the block's temporaries
+    cl = _block_rows(per_step_layer, layers)
+    cs = _block_rows(per_step_layer * cl, steps)
+    for l0 in range(0, layers, cl):
+        l1 = min(layers, l0 + cl)
+        history = np.zeros((0, l1 - l0, experts))  # the step totals before this block, at most history_window
+        for s0 in range(0, steps, cs):
+            s1 = min(steps, s0 + cs)
+            el = block(s0, s1, l0, l1).astype(np.float64)  # [cs, M, cl, E]
+            step = el.sum(axis=1)  # [cs, cl, E]
+            if mbs > 1:
+                add("mb_hot_overlap", hot_overlap(el[:, 1:], el[:, :-1], hot_frac))
+                add("mb_corr", load_correlation(el[:, 1:], el[:, :-1]))
+            add("mb_vs_step_hot_overlap", hot_overlap(el, step[:, None], hot_frac))
+            add("mb_vs_step_corr", load_correlation(el, step[:, None]))
+            series = np.concatenate([history, step])  # the carried totals, then this block's
+            first = len(history) if s0 else 1  # step 0 has no predecessor
+            if len(series) > first:
+                now, before = series[first:], series[first - 1:-1]
+                pred = history_prediction(series, history_window)[first - 1:]  # [n, cl, E]
+                add("step_hot_overlap", hot_overlap(now, before, hot_frac))
+                add("step_corr", load_correlation(now, before))
+                add("history_hot_overlap", hot_overlap(now, pred, hot_frac))
+                add("history_corr", load_correlation(now, pred))
+                add("history_mb_hot_overlap", hot_overlap(el[first - len(history):], pred[:, None], hot_frac))
+            history = series[-history_window:]
+    out: dict[str, float] = {"hot_frac": hot_frac, "history_window": history_window}
+    for key in ("mb_hot_overlap", "mb_corr", "mb_vs_step_hot_overlap", "mb_vs_step_corr", "step_hot_overlap",
+                "step_corr", "history_hot_overlap", "history_corr", "history_mb_hot_overlap"):
+        out[key] = sums[key] / counts[key] if counts.get(key) else float("nan")
+    return out
+
+
+def trace_stats(trace) -> dict:
+    """A trace's summary statistics as plain JSON-serializable numbers: its size, static skewness and
+    shift_stats.
+
+    Computed in blocks of steps and layers (STATS_BLOCK_BYTES), never as whole-trace float copies,
+    so memory stays near the size of the loads themselves.
+    """
+    s, m, l, ep, e = trace.loads.shape
+    skew = np.empty((s, m, l))
+    rows = _block_rows(m * l * e * 8, s)
+    for s0 in range(0, s, rows):  # static contiguous placement: rank r homes experts [r E/ep, (r+1) E/ep)
+        per_rank = trace.loads[s0:s0 + rows].reshape(-1, m, l, ep, ep, e // ep).sum(axis=(3, 5), dtype=np.int64)
+        skew[s0:s0 + rows] = skewness(per_rank)
+    out = {
+        "model": trace.model.name,
+        "ep": trace.ep,
+        "steps": trace.num_steps,
+        "micro_batches": trace.num_microbatches,
+        "layers": trace.num_layers,
+        "experts": trace.num_experts,
+        "top_k": trace.model.top_k,
+        "tokens_per_microbatch": trace.tokens_per_microbatch,
+        "total_tokens": int(trace.loads[:, :, 0].sum(dtype=np.int64) // trace.model.top_k),
+        "static_skewness": float(skew.mean()),
+        "static_skewness_p95": float(np.percentile(skew, 95)),
+        "provenance": trace.provenance,
+    }
+    out.update(_shift_stats(lambda s0, s1, l0, l1: trace.loads[s0:s1, :, l0:l1].sum(axis=3, dtype=np.int64),
+                            (s, m, l, e)))
+    return out
+
