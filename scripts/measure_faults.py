@@ -22,7 +22,7 @@ import time
 import psutil
 
 RUN = [sys.executable, "-m", "relibra", "run", "--nproc", "2", "--model", "tiny", "--policies", "megatron",
-       "--steps", "100000", "--warmup-steps", "0", "--micro-batches", "1", "--tokens-per-rank", "16"]
+       "--steps", "3000", "--warmup-steps", "0", "--micro-batches", "1", "--tokens-per-rank", "16"]
 
 
 def _start(timeout_s: float, temp: str):
@@ -32,7 +32,7 @@ def _start(timeout_s: float, temp: str):
     launcher = psutil.Process(proc.pid)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:  # training has started once both ranks have a heartbeat file
-        ranks = launcher.children()
+        ranks = [c for c in launcher.children() if "spawn_main" in " ".join(c.cmdline())]  # not the resource tracker
         beats = [f for d in os.listdir(temp) if d.startswith("relibra-run-")
                  for f in os.listdir(os.path.join(temp, d)) if f.startswith("heartbeat")]
         if len(ranks) == 2 and len(beats) == 2:

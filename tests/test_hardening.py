@@ -258,25 +258,30 @@ def test_reproduce_refuses_an_output_folder_among_tracked_files(out, refused):
     check_output_folder(str(Path(tempfile.gettempdir()) / "elsewhere"))  # outside the repository: fine
 
 
+@pytest.mark.parametrize("before", [True, False])
 @pytest.mark.parametrize("ending", ["finished", "failed", "killed"])
-def test_a_notebook_folder_is_replaced_only_by_a_finished_run(ending, tmp_path):
-    """finished: the new folder replaces the old; failed: it goes to <name>.failed, the old one stays;
-    killed outright: the next run's start discards the half-written folder and keeps the old one aside."""
+def test_a_notebook_folder_is_replaced_only_by_a_finished_run(ending, before, tmp_path):
+    """finished: the new folder replaces the old; failed: it goes to <name>.failed, the old one (or none)
+    stays; killed outright: the next run's start discards the half-written folder, keeping the old one."""
     from relibra.cli.reproduce import _end_notebook_folder, _start_notebook_folder
 
     nb = tmp_path / "02_x"
-    nb.mkdir()
-    (nb / "old.csv").write_text("old")
+    if before:
+        nb.mkdir()
+        (nb / "old.csv").write_text("old")
+    old = ["old.csv"] if before else None
     previous = _start_notebook_folder(nb)
     (nb / "new.csv").write_text("new")
     if ending == "killed":
-        previous = _start_notebook_folder(nb)
-        assert os.listdir(nb) == [] and os.listdir(previous) == ["old.csv"]
-        return
-    _end_notebook_folder(nb, previous, ending == "finished")
-    assert os.listdir(nb) == ["new.csv" if ending == "finished" else "old.csv"]
+        previous = _start_notebook_folder(nb)  # the next run
+        assert os.listdir(nb) == [] and os.listdir(previous) == (old or [])
+        _end_notebook_folder(nb, previous, finished=False)  # ... which fails as well
+    else:
+        _end_notebook_folder(nb, previous, ending == "finished")
+    kept = ["new.csv"] if ending == "finished" else old
+    assert (os.listdir(nb) if nb.exists() else None) == kept
     assert not previous.exists()
-    assert (tmp_path / "02_x.failed").exists() == (ending == "failed")
+    assert (tmp_path / "02_x.failed").exists() == (ending != "finished")
 
 
 # ---- family: accepted silently ---------------------------------------------------------------------

@@ -102,17 +102,27 @@ def _alive(pid: int) -> bool:
 
 
 def _start_notebook_folder(nb_out: Path) -> Path:
-    """Make `nb_out` empty for a new run, its previous content moved aside to .<name>.previous (returned).
-    A .previous left by a run that was killed means `nb_out` is that run's incomplete folder: the
-    previous, whole one is put back first."""
+    """Make `nb_out` empty for a new run, its previous content moved aside to .<name>.previous (returned;
+    an empty one when there was none). A .previous left by a run that was killed means `nb_out` is that
+    run's incomplete folder: the previous, whole one is put back first."""
     previous = nb_out.with_name(f".{nb_out.name}.previous")
     if previous.exists():
-        shutil.rmtree(nb_out, ignore_errors=True)
-        previous.rename(nb_out)
+        _restore_notebook_folder(nb_out, previous)
     if nb_out.exists():
         nb_out.rename(previous)
-    nb_out.mkdir(parents=True)
+    else:
+        previous.mkdir(parents=True)
+    nb_out.mkdir()
     return previous
+
+
+def _restore_notebook_folder(nb_out: Path, previous: Path) -> None:
+    """Discard `nb_out`; put the previous folder back (or none, when there was none)."""
+    shutil.rmtree(nb_out, ignore_errors=True)
+    if any(previous.iterdir()):
+        previous.rename(nb_out)
+    else:
+        previous.rmdir()
 
 
 def _end_notebook_folder(nb_out: Path, previous: Path, finished: bool) -> Path:
@@ -124,8 +134,7 @@ def _end_notebook_folder(nb_out: Path, previous: Path, finished: bool) -> Path:
     failed = nb_out.with_name(f"{nb_out.name}.failed")
     shutil.rmtree(failed, ignore_errors=True)
     nb_out.rename(failed)
-    if previous.exists():
-        previous.rename(nb_out)
+    _restore_notebook_folder(nb_out, previous)
     return failed
 
 
@@ -207,9 +216,7 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
                 if html and executed.exists():
                     export_html(executed)
             except BaseException:  # interrupted: the previous results stay as they were
-                shutil.rmtree(nb_out, ignore_errors=True)
-                if previous.exists():
-                    previous.rename(nb_out)
+                _restore_notebook_folder(nb_out, previous)
                 raise
             where = _end_notebook_folder(nb_out, previous, status["status"] == "ok")
             status["wall_seconds"] = round(time.perf_counter() - started, 1)
