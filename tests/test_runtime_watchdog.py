@@ -155,23 +155,38 @@ def _launcher(tmp_path):
     return proc, temp, [int(x) for x in pids.read_text().split()], listeners.read_text()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
-def test_ending_the_launcher_ends_its_ranks_and_removes_its_folder(sig, tmp_path):
-    proc, temp, pids, _ = _launcher(tmp_path)
+ENDINGS = [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL]
+
+
+def _end_launcher(sig, folder) -> tuple[float, list, str, int, list]:
+    """(seconds until its ranks are gone, ranks still alive, stderr, exit code, what is left in its temp)."""
+    folder.mkdir()
+    proc, temp, pids, _ = _launcher(folder)
     t0 = time.monotonic()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     while not _gone(pids) and time.monotonic() - t0 < 10:
         time.sleep(0.05)
     seconds = time.monotonic() - t0
-    assert _gone(pids), f"ranks alive after {seconds:.1f} s"
-    assert seconds < 5, seconds
     while os.listdir(temp) and time.monotonic() - t0 < 10:
         time.sleep(0.05)
-    assert os.listdir(temp) == [], os.listdir(temp)
-    assert "resource_tracker" not in err, err
-    if sig != signal.SIGKILL:
-        assert proc.returncode == 128 + sig and err.strip().endswith(f"stopped by {sig.name}"), err[-500:]
+    alive = [p for p in pids if not _gone([p])]
+    return seconds, alive, err, proc.returncode, os.listdir(temp)
+
+
+def test_ending_the_launcher_ends_its_ranks_and_removes_its_folder(tmp_path):
+    """SIGTERM and SIGHUP (handled like SIGINT) and SIGKILL (the ranks see their parent's pipe close);
+    three launchers side by side."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(ENDINGS)) as pool:
+        ends = list(pool.map(lambda sig: _end_launcher(sig, tmp_path / sig.name), ENDINGS))
+    for sig, (seconds, alive, err, code, left) in zip(ENDINGS, ends):
+        assert not alive and seconds < 5, (sig.name, seconds, alive)
+        assert left == [], (sig.name, left)
+        assert "resource_tracker" not in err, err
+        if sig != signal.SIGKILL:
+            assert code == 128 + sig and err.strip().endswith(f"stopped by {sig.name}"), err[-500:]
 
 
 # ---- family: listeners -----------------------------------------------------------------------------------
