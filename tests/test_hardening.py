@@ -393,6 +393,8 @@ GEN = ["trace", "generate", "--model", "tiny", "--workload", "math", "--ep", "2"
     (["trace", "stats", "x.npz"], {"RELIBRA_MAX_TRACE_BYTES": "1e400"}, "RELIBRA_MAX_TRACE_BYTES"),
     (["trace", "stats", "x.npz"], {"RELIBRA_MAX_TRACE_BYTES": "nan"}, "RELIBRA_MAX_TRACE_BYTES"),
     (["run", "--model", "tiny", "--steps", "1"], {"RELIBRA_CPU_FIT": "fit.json"}, "nosuch_field"),
+    (["rl", "--seed", "-1", "--steps", "1", "--out", "rl.npz"], {}, "seed"),
+    (["rl", "--lr", "inf", "--steps", "1", "--out", "rl.npz"], {}, "lr"),
 ])
 def test_bad_settings_give_one_line_naming_them(argv, env, said, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -83,8 +84,10 @@ class RLConfig:
             if getattr(self, name) < 0:
                 raise ConfigError(f"rl: {name} must be >= 0, got {getattr(self, name)}")
         for name in ("lr", "warmup_lr", "temperature", "grad_clip", "clip_eps"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"rl: {name} must be positive, got {getattr(self, name)}")
+            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
+                raise ConfigError(f"rl: {name} must be positive and finite, got {getattr(self, name)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"rl: the seed must be an integer >= 0, got {self.seed!r}")
         if self.rollout_dtype not in ROLLOUT_DTYPES:
             raise ConfigError(f"rl: rollout_dtype must be one of {', '.join(ROLLOUT_DTYPES)}, got {self.rollout_dtype!r}")
         if self.aux_loss_coeff < 0:

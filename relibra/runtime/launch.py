@@ -124,10 +124,21 @@ def _cause(rank: int, exitcode: int, tmp: str) -> str:
     return f"exited with code {exitcode}"
 
 
+def _stopped(pid: int) -> bool:
+    """Whether a process is stopped (SIGSTOP, a debugger): it cannot act on SIGTERM until continued."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def _stop(procs: list) -> None:
-    """SIGTERM every live rank, SIGKILL what is left after a second; join all."""
+    """SIGTERM every live rank (SIGKILL a stopped one at once), SIGKILL what is left after a second; join all."""
     for p in procs:
-        if p.is_alive():
+        if p.is_alive() and _stopped(p.pid):
+            p.kill()
+        elif p.is_alive():
             p.terminate()
     deadline = time.monotonic() + 1.0
     for p in procs:
