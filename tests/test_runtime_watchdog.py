@@ -118,7 +118,8 @@ def test_stalled_rank_in_any_collective_is_named_within_timeout(tmp_path):
     for (op, stalled), (message, seconds, pids) in zip(STALLS, runs):
         assert message.startswith(f"rank {stalled} stalled"), (op, stalled, message)
         assert "\n" not in message and "none left running" in message, message
-        assert timeout_s <= seconds < timeout_s + 10, (op, stalled, seconds)
+        # silence counts from the rank's last beat, which may precede its stamp by one beat interval
+        assert timeout_s - 0.5 <= seconds < timeout_s + 10, (op, stalled, seconds)
         assert _gone(pids), (op, stalled)
 
 
