@@ -14,62 +14,41 @@
 # ---
 
 # %% [markdown]
-# # 02 - End-to-end training throughput: models x workloads x policies
+# # 02 - The headline: does ReLibra deliver what the paper claims?
 #
-# **The question: how much faster does each balancing policy train than Megatron-LM's static
-# placement, per model and RL workload, and how close does it get to a perfectly balanced layer?**
+# The paper's abstract: ReLibra trains up to **1.6x** faster than Megatron-LM, up to **1.2x** faster
+# than EPLB even when EPLB is given the exact loads (EPLB+), and within **6-10%** of a balanced ideal.
+# This notebook answers with the kit's figures at **full scale** (every MoE layer, every micro-batch of
+# the paper's 1024-sequence batch, EP 32 on 20 x 8 Hopper GPUs) over several seeds, on the set-up
+# card (`relibra setup show paper`): every input sourced, the batch packed into token-budget
+# micro-batches as slime and verl pack it. Every number is **simulated** (`relibra.sim`) on synthetic
+# RL routing traces; the `tiny` profile (tests) runs a toy grid instead and says so in every caption.
 #
-# This is the paper's main result: training throughput (tokens per second) of three MoE models on five
-# RL workloads under every balancing policy, normalized to Megatron's. Policies (see
-# `relibra.policies` and docs/policies.md for where each comes from):
-#
-# * `megatron` - static contiguous placement, no replicas;
-# * `eplb` - DeepSeek's EPLB fed with a moving average of past steps' loads (what it can know in practice);
-# * `eplb+` - EPLB given this step's exact loads (an oracle);
-# * `lplb+` - EPLB+'s replicas plus a linear program per micro-batch that moves tokens among them;
-# * `eplb+lp` - EPLB+'s replicas with an LP token split once per step;
-# * `llep` - least-loaded expert parallelism: spills overloaded experts to any GPU, weights moved on the critical path;
-# * `relibra` - inter-batch reordering across nodes + intra-batch replication inside nodes, from replayed routing;
-# * `balanced` - an ideal, not a system: routing forced uniform, so every GPU gets the mean load;
-# * `balanced-compute` - an ideal: the real routing and its all-to-all, but every GPU's expert compute
-#   set to the mean (the best any placement of these tokens could reach).
-#
-# Every policy is priced by the same cost model (`relibra.sim`) on the same trace; the numbers are
-# **simulated**, for the cluster preset, EP size, models, workloads and scale named under each figure.
+# Policies (`relibra.policies`, docs/policies.md): `megatron` static placement; `eplb` EPLB on past
+# loads; `eplb+` EPLB on this step's exact loads; `lplb+` LPLB's linear program on exact loads;
+# `eplb+lp` EPLB+'s copies with an LP token split; `llep` least-loaded EP; `relibra` and its ablations;
+# `relibra-h` (cross-node replicas); `balanced` (routing forced uniform, the paper's ideal) and
+# `balanced-compute` (the real routing with every GPU at the mean expert compute).
 
 # %% tags=["parameters"]
-profile = "laptop"  # tiny | laptop (default) | paper | gpu (see relibra.experiments.PROFILES)
-model = None        # model preset, or several for the grid: "qwen3-30b-a3b,glm-4.5-air,qwen3-235b-a22b"
-workload = None     # math | science | instruct | code | mixed, or several: "math,code"
-ep = None           # expert-parallel size (GPUs in one EP group)
-cluster = None      # cluster preset: paper | h800 | nvl72 | cpu-gloo (see relibra.cluster)
-policies = None     # comma-separated policy names, e.g. "megatron,eplb+,relibra"
-steps = None        # training steps per routing trace (the first only gives EPLB its history)
-seed = 0            # same seed, same numbers
+profile = "laptop"  # tiny | laptop (default) | paper | gpu: the headline is full scale in all but tiny
+setup = "paper"     # set-up card: paper | one-sequence | a .toml path (relibra setup list)
+tokens_per_microbatch = None  # token budget per GPU per micro-batch instead of the card's (e.g. 4096)
 out_dir = None      # default: results/02_throughput
 
 # %%
 from relibra import experiments as ex, plots
 from relibra.experiments import narrative as nr
+from relibra.plots import headline as hplots
 
 run = ex.start("02_throughput", globals())  # unknown or out-of-range parameters fail here
 cfg = run.config
-print(cfg.scale_note())
-print("models:", nr.model_differences(cfg.models))
-result = run.compute()
-table = result.throughput
-
-# %% [markdown]
-# ## Throughput over Megatron's
-#
-# One panel per model (its title says how it differs from the others); one row per policy, sorted by
-# its mean speed-up; the large marker is the mean over workloads, each small dot one workload. The
-# axis spans the data, so a difference of one percent is visible; the line at 1.0 is Megatron.
 
 # %%
-fig = plots.throughput_bars(table, cfg.sim_subtitle())
-run.save_figure(fig, "throughput_normalized", "Simulated training throughput over Megatron's per model and policy "
-                f"(mean over workloads, and each workload) - {cfg.sim_subtitle()}")
+result = run.compute()  # the grid, the budget sweep and the alternatives, in worker processes (one per core)
+caption = result.caption
+print(caption)
+result.verdict.drop(columns=["why"])
 
 # %% [markdown]
 # ### What to notice
@@ -87,24 +66,49 @@ nr.show(run.story(result))
 nr.show(run.try_this())
 
 # %% [markdown]
-# ## Fraction of the balanced ideal
+# ## The verdict, claim by claim
 #
-# The same runs against `balanced` (uniform routing): one row per system, sorted by its mean, one dot
-# per (model, workload), the model as the dot's shape.
+# `mean`, `low`, `high`: over every model, workload and seed; `best_case` names the "up to";
+# `seeds_of_best_*`: the same model and workload over the seeds; `alternatives_*`: the other batch
+# layouts and link rates on one case (the sweep below).
 
 # %%
-fig = plots.fraction_of_balanced(table, cfg.sim_subtitle())
-run.save_figure(fig, "fraction_of_balanced", "Simulated throughput as a fraction of the balanced ideal (mean over "
-                f"models and workloads, and each case) - {cfg.sim_subtitle()}")
+fig = hplots.headline_cases_plot(result.case_ratios, caption)
+run.save_figure(fig, "headline_cases", f"ReLibra / Megatron and ReLibra / EPLB+ per model and workload, mean and "
+                f"range over seeds; {caption}")
 
 # %% [markdown]
-# ## Headline ratios next to the paper's
+# ## What the layout does: the ratios against the tokens per micro-batch
 #
-# The paper's abstract: ReLibra up to 1.6x over Megatron-LM, up to 1.2x over EPLB+ and within 6-10% of
-# Balanced. The same ratios from this run:
+# The same model and workload with the batch packed to budgets of 4k-32k tokens per GPU (blue), and
+# laid out one whole sequence per (micro-batch, rank) with sequences scaled to the same mean (red).
 
 # %%
-result.headline_ratios
+grid_spec = cfg.sizes.headline
+fig = hplots.budget_plot(result.ratio_vs_budget, f"{grid_spec.sweep_model}, {grid_spec.sweep_workload}, seed 0; "
+                         f"{caption}")
+run.save_figure(fig, "ratio_vs_budget", f"Simulated ReLibra / Megatron and ReLibra / EPLB+ against tokens per "
+                f"micro-batch, token-budget packing and one sequence per micro-batch; {grid_spec.sweep_model}, "
+                f"{grid_spec.sweep_workload}, seed 0")
+result.alternatives.round(3)
+
+# %% [markdown]
+# ## Every policy, normalized to Megatron (mean over seeds)
+
+# %%
+mean = result.throughput.groupby(["model", "workload", "policy"], sort=False, as_index=False).mean(numeric_only=True)
+fig = plots.throughput_bars(mean, caption)
+run.save_figure(fig, "throughput_normalized", f"Simulated training throughput normalized to Megatron, per model, "
+                f"workload and policy, mean over seeds; {caption}")
+fig = plots.fraction_of_balanced(mean, caption)
+run.save_figure(fig, "fraction_of_balanced", f"Simulated throughput as a fraction of the balanced ideal over models "
+                f"and workloads, mean over seeds; {caption}")
+
+# %% [markdown]
+# ## ReLibra's overheads beside the paper's
+
+# %%
+result.overheads
 
 # %% [markdown]
 # The throughput ratios per (model, workload), policies sorted by their mean speed-up (fastest first):

@@ -18,29 +18,34 @@
 #
 # **The question: which set-up choices does the headline depend on, and how far does each move it?**
 #
-# The headline ratios rest on choices nobody measured on the paper's cluster: how an RL framework
-# lays sequences into (micro-batch, rank) slots, how many tokens each slot holds, how peaked a
-# sequence's topics are, how many spare replica slots ReLibra gets, the link rates and the GEMM
-# efficiency curve, sequence lengths and the cluster itself. This notebook moves **one knob at a
-# time** around the default set-up and records three ratios of simulated tokens per second:
+# The headline ratios rest on the set-up card (`relibra setup show paper`, data/setups/paper.toml):
+# every input has a value and a source, and the assumed ones a range. This notebook moves **one
+# input at a time** over its range (assumed inputs) or its alternatives (measured and published
+# ones: other link measurements, other batch layouts), the others at the card's values, and records
+# three ratios of simulated tokens per second:
 #
 # * ReLibra / Megatron (the paper's "up to 1.6x");
 # * ReLibra / EPLB+ (EPLB given this step's exact loads; the paper's "up to 1.2x");
 # * ReLibra / balanced-compute (the real routing and its all-to-all, every GPU at the mean expert
 #   compute: the best any placement could reach).
 #
-# Knobs and where they act (`relibra.experiments.sensitivity`):
+# Knobs and where they act (`relibra.experiments.sensitivity.KNOBS`):
 #
-# | knob | what moves |
-# |---|---|
-# | batch layout | how sequences reach slots (`relibra.workloads.BATCH_LAYOUTS`: verl, slime, Megatron-LM) |
-# | tokens per slot | tokens per (micro-batch, rank); `derived` = from the paper's batch of 1024 sequences |
-# | topic concentration | how peaked one sequence's topic mixture is (small: one or two topics) |
-# | spare slots | ReLibra's replica slots per GPU |
-# | NVLink rate, RDMA rate | the cluster's link rates, moved by the factors printed below (NVLink up to the datasheet's rate) |
-# | GEMM half-saturation | tokens at which an expert GEMM reaches half its peak rate (same kind of factors) |
-# | sequence length | every generated sequence's length, scaled |
-# | cluster preset | `paper` (DeepEP-measured links), `paper-datasheet`, `h100` |
+# | knob | card entry | what moves |
+# |---|---|---|
+# | batch layout | batch.layout | how sequences reach (micro-batch, rank) slots: token-budget packing (slime, verl) or one sequence per slot |
+# | tokens per micro-batch | batch.tokens_per_gpu_per_microbatch | the token budget (4k-32k covers budget / TP of the recipes) |
+# | data-parallel size | batch.data_parallel_size | sequences per rank per step |
+# | samples per prompt | batch.responses_per_prompt | 8 (slime) or 16 (verl) responses per prompt |
+# | sequence length | lengths.* | every generated sequence's length, scaled |
+# | topic concentration | (routing calibration) | how peaked one sequence's topic mixture is |
+# | spare slots | training.spare_slots_per_gpu | ReLibra's replica slots per GPU |
+# | optimizer sharding | training.distributed_optimizer | what a migrated expert carries |
+# | NVLink rate, RDMA rate | cluster.* | H800's re-counted rates to the datasheet's |
+# | GEMM rate, half-saturation | compute.* | the expert GEMM's speed and its fixed cost per copy |
+# | attention efficiency | compute.attention_efficiency | the dense window the transfers hide behind |
+# | collective latency | compute.collective_latency_s | the fixed cost of every exchange and replica transfer |
+# | cluster preset | - | the card's cluster against `h800`, `paper-datasheet`, `h100` |
 #
 # Every number is **simulated** (`relibra.sim`) on synthetic RL traces; the profile sets the scale
 # and, in `tiny`, a small knob set.
@@ -50,7 +55,7 @@ profile = "laptop"  # tiny | laptop (default) | paper | gpu (see relibra.experim
 model = None        # one model preset (default: the profile's)
 workload = None     # math | science | instruct | code | mixed
 ep = None           # expert-parallel size of the default set-up
-cluster = None      # cluster preset of the default set-up: paper | h800 | nvl72 | cpu-gloo (see relibra.cluster)
+setup = "paper"     # set-up card of the default: paper | one-sequence | a .toml path (relibra setup list)
 steps = None        # training steps per trace (the first only gives history)
 knobs = None        # comma-separated subset, e.g. "batch layout,NVLink rate" (default: the profile's; all in laptop)
 seed = 0            # same seed, same numbers
@@ -68,8 +73,7 @@ print("model:", nr.model_differences([cfg.model]))
 # %%
 result = run.compute()
 frame, tornado = result.sensitivity, result.tornado
-print("cost knobs move by these factors of the cluster preset's value:",
-      {k: " / ".join(f"{f:.3g}x" for f in v) for k, v in ex.sensitivity_cost_factors().items()})
+print("each knob's values, from the set-up card's ranges:", ex.sensitivity_knob_values(setup=setup))
 
 # %% [markdown]
 # ## The tornado

@@ -55,16 +55,18 @@ def _missing(name: str, what: str) -> str:
 
 
 def headline_section(r: ReportInput) -> str:
-    head = "## Headline ratios next to the paper's claims\n\n"
+    """The verdict: each paper claim beside the kit's figure at the set-up card's default (mean and range over
+    cases and seeds), its best case and seed, the range over the alternatives and why they differ."""
+    from relibra.experiments.headline import verdict_cells
+
+    head = "## The verdict: the paper's claims against the kit's figures\n\n"
     x = r.results.get("02_throughput")
     if x is None:
-        return head + _missing("02_throughput", "throughput table")
-    cfg = x.manifest["config"]
-    shown = x.result.headline_ratios.rename(columns={"claim": "ratio", "paper": "paper (abstract)", "kit": "this run",
-                                                     "range": "range over cases", "where_best": "best case"})
-    return (f"{head}From notebook 02 (simulated on the `{cfg.get('cluster', '?')}` cluster preset at EP "
-            f"{cfg.get('ep', '?')}, {x.manifest['scale_note']}). Ratios of simulated tokens/s per (model, workload); "
-            f"`gap to balanced` is 1 - ReLibra / Balanced.\n\n{md_table(shown)}\n")
+        return head + _missing("02_throughput", "verdict")
+    shown = pd.DataFrame([verdict_cells(v) for _, v in x.result.verdict.iterrows()])
+    return (f"{head}From notebook 02: **{x.result.caption}**, every policy; the set-up card's every input with its "
+            f"source: `relibra setup show {x.result.setup}` (docs/setup.md). The alternatives are the other batch "
+            f"layouts and link-rate measurements on one case (notebook 02's `alternatives.csv`).\n\n{md_table(shown)}\n")
 
 
 def sensitivity_section(r: ReportInput) -> str:
@@ -130,7 +132,7 @@ def figures_section(r: ReportInput) -> str:
     return "\n".join(parts)
 
 
-SECTIONS = (headline_section, sensitivity_section, sources_section, environment_section, figures_section)
+SECTIONS = (sensitivity_section, sources_section, environment_section, figures_section)
 
 
 def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | None = None,
@@ -147,7 +149,7 @@ def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | 
              "own." if profiles and profiles != [profile] else "")
     wall = (f" Wall time of this run: {total_seconds / 60:.1f} min ({total_seconds:.0f} s) for {len(r.statuses)} "
             "notebook(s)." if total_seconds is not None else "")
-    head = (f"# ReLibra kit: reproduction report\n\nLast run: profile **{profile}**: "
+    head = (f"# ReLibra kit: reproduction report\n\n{headline_section(r)}\nLast run: profile **{profile}**: "
             f"{get_profile(profile).description}.{mixed}\nWritten {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
             f"{wall}\n\nPaper's claims (abstract): ReLibra {PAPER_CLAIMS['relibra_vs_megatron']} over Megatron-LM, "
             f"{PAPER_CLAIMS['relibra_vs_eplb+']} over EPLB given oracle loads, "

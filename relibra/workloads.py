@@ -56,8 +56,11 @@ from relibra.trace import RoutingTrace, loads_from_tokens
 
 WORKLOADS = ("math", "science", "instruct", "code", "mixed")
 # How a step's sequences reach (micro-batch, rank) slots; see layout_slots and docs/traces.md.
-BATCH_LAYOUTS = ("verl-balance", "verl", "verl-dynamic", "slime", "slime-dynamic", "megatron")
-DEFAULT_BATCH_LAYOUT = "verl-balance"
+BATCH_LAYOUTS = ("token-budget", "verl-balance", "verl", "verl-dynamic", "slime", "slime-dynamic", "megatron")
+DEFAULT_BATCH_LAYOUT = "token-budget"
+# The layouts that deal a fixed number of whole sequences to every (micro-batch, rank) slot; the paper's
+# 32 micro-batches per step is their default count (token-budget derives its count from the budget).
+FIXED_COUNT_MICRO_BATCHES = 32
 DOMAINS = ("math", "science", "instruct", "code")
 
 
@@ -91,8 +94,15 @@ class WorkloadConfig:
         where ep x micro_batches exceeds it, and rounded up to a multiple of the slots.
     tokens_per_rank: None (default) = derived from the batch and the sequence lengths; a number =
         draw sequences until the step holds about that many tokens per slot (small test configs and
-        the sensitivity knob), with as many whole sequences per slot as that takes.
-    batch_layout: how sequences reach slots, one of BATCH_LAYOUTS (default "verl-balance").
+        the sensitivity knob), with as many whole sequences per slot as that takes. Under
+        `token-budget` a number replaces tokens_per_microbatch as the budget.
+    batch_layout: how sequences reach slots, one of BATCH_LAYOUTS (default "token-budget").
+    tokens_per_microbatch: the `token-budget` layout's budget, tokens per GPU per micro-batch
+        (slime's --max-tokens-per-gpu, verl's ppo_max_token_len_per_gpu); the sequence-parallel
+        split over tensor-parallel ranks is the caller's (relibra.setups: budget / TP).
+    data_parallel_size: data-parallel ranks the global batch is split over under `token-budget`
+        (each EP rank is one of them and holds global_batch_sequences / data_parallel_size sequences
+        per step); None = the EP size.
     max_sequence_tokens: cap on prompt + response (DAPO-style 20k-token limit).
     length_scale: multiplies every sequence length (and the cap); below 1 for small test configs
         with few tokens per slot, so a slot still holds whole sequences.
@@ -105,6 +115,7 @@ class WorkloadConfig:
         x topic frequency); small values give one or two dominant topics per sequence.
     drift_per_step: 1 - correlation of every logit between consecutive steps (AR(1), stationary).
     mixed_domain_weights: share of sequences from (math, science, instruct, code) in `mixed`.
+    domain_profiles: sequence lengths of (math, science, instruct, code); None = DOMAIN_PROFILES.
     """
 
     global_batch_sequences: int = 1024
@@ -120,6 +131,9 @@ class WorkloadConfig:
     drift_per_step: float = 0.01
     responses_per_prompt: int = 16
     batch_layout: str = DEFAULT_BATCH_LAYOUT
+    tokens_per_microbatch: int = 16384
+    data_parallel_size: int | None = None
+    domain_profiles: tuple[DomainProfile, ...] | None = None
     mixed_domain_weights: tuple[float, float, float, float] = (0.25, 0.25, 0.25, 0.25)
 
     def __post_init__(self):
@@ -136,22 +150,34 @@ class WorkloadConfig:
                                                  or self.tokens_per_rank <= 0):
             raise ConfigError(f"workload config: tokens_per_rank must be None or a positive integer, "
                               f"got {self.tokens_per_rank!r}")
-        for name in ("global_batch_sequences", "max_sequence_tokens", "topics_per_domain", "responses_per_prompt"):
+        for name in ("global_batch_sequences", "max_sequence_tokens", "topics_per_domain", "responses_per_prompt",
+                     "tokens_per_microbatch"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"workload config: {name} must be positive, got {getattr(self, name)}")
         for name in ("shared_logit_std", "domain_logit_std", "topic_logit_std", "topic_prior_std"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"workload config: {name} must be >= 0, got {getattr(self, name)}")
+        if self.data_parallel_size is not None and (isinstance(self.data_parallel_size, bool) or not isinstance(
+                self.data_parallel_size, (int, np.integer)) or self.data_parallel_size <= 0):
+            raise ConfigError(f"workload config: data_parallel_size must be None or a positive integer, "
+                              f"got {self.data_parallel_size!r}")
         if not self.length_scale > 0:
             raise ConfigError(f"workload config: length_scale must be positive, got {self.length_scale}")
         if not self.topic_concentration > 0:
             raise ConfigError(f"workload config: topic_concentration must be positive, got {self.topic_concentration}")
         if not 0 <= self.drift_per_step <= 1:
             raise ConfigError(f"workload config: drift_per_step must lie in [0, 1], got {self.drift_per_step}")
+        if self.domain_profiles is not None and (len(self.domain_profiles) != len(DOMAINS) or any(
+                not isinstance(p, DomainProfile) or p.name != d for p, d in zip(self.domain_profiles, DOMAINS))):
+            raise ConfigError(f"workload config: domain_profiles must be DomainProfiles of {', '.join(DOMAINS)} in order")
         w = np.asarray(self.mixed_domain_weights, dtype=np.float64)
         if w.shape != (len(DOMAINS),) or (w < 0).any() or not w.sum() > 0:
             raise ConfigError(f"workload config: mixed_domain_weights must be {len(DOMAINS)} non-negative "
                               f"weights, got {self.mixed_domain_weights}")
+
+    def profile(self, domain: str) -> DomainProfile:
+        """Sequence lengths of one task domain."""
+        return DOMAIN_PROFILES[domain] if self.domain_profiles is None else self.domain_profiles[DOMAINS.index(domain)]
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -282,6 +308,70 @@ def karmarkar_karp(lengths: np.ndarray, k: int, equal_size: bool) -> list[np.nda
     if any(len(p) == 0 for p in parts):
         raise ConfigError(f"karmarkar_karp: a part came out empty ({n} items, {k} parts)")
     return parts
+
+
+def first_fit_bins(lengths: np.ndarray, budget: int) -> list[list[int]]:
+    """Pack sequences in their order into bins of at most `budget` tokens, first fit.
+
+    lengths: int [n]. Each sequence goes into the first bin whose tokens plus its own stay within the
+    budget, else opens a new bin; a sequence longer than the budget sits alone in its own bin (the
+    contract of slime's `first_fit_pack`, slime/utils/seqlen_balancing.py). Returns the bins as lists
+    of sequence indices, in opening order.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    room = np.empty(len(lengths), dtype=np.int64)  # free tokens of each open bin (at most n bins)
+    bins: list[list[int]] = []
+    for i, length in enumerate(lengths.tolist()):
+        fits = np.flatnonzero(room[:len(bins)] >= length)
+        if fits.size:
+            j = int(fits[0])
+            bins[j].append(i)
+            room[j] -= length
+        else:
+            room[len(bins)] = budget - length  # negative for an over-long sequence: nothing else fits
+            bins.append([i])
+    return bins
+
+
+def split_largest_bins(bins: list[list[int]], count: int, lengths: np.ndarray) -> list[list[int]]:
+    """Split bins until there are `count`: the bin of most tokens holding two or more sequences (ties: the
+    later bin) is cut where its running token sum first reaches half, its second part appended as a new
+    bin (slime's expand_bins_by_splitting). Raises ConfigError when no bin can be split further."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    bins = [list(b) for b in bins]
+    while len(bins) < count:
+        sums = [(int(lengths[b].sum()), j) for j, b in enumerate(bins) if len(b) > 1]
+        if not sums:
+            raise ConfigError(f"token-budget layout: {len(bins)} micro-batches of single sequences cannot be "
+                              f"split into {count}")
+        total, j = max(sums)
+        running = np.cumsum(lengths[bins[j]])
+        cut = int(np.clip(np.searchsorted(running, total / 2) + 1, 1, len(bins[j]) - 1))
+        bins.append(bins[j][cut:])
+        bins[j] = bins[j][:cut]
+    return bins
+
+
+def token_budget_slots(bins: list[list[int]], weights: np.ndarray, ep: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rank, micro_batch) of every packed sequence: the bins dealt over `ep` data-parallel ranks.
+
+    bins: len(bins) a multiple of ep; weights: int [n] estimated work of each sequence. The bins'
+    summed work is partitioned by Karmarkar-Karp into ep parts of equal bin count (slime's
+    --balance-data: `get_seqlen_balanced_partitions` on estimated FLOPs); part r runs on rank r,
+    its bins in ascending order as micro-batches 0, 1, .... Sequences in no bin get rank -1.
+    Returns int64 [n] each.
+    """
+    weights = np.asarray(weights, dtype=np.int64)
+    if len(bins) % ep:
+        raise ConfigError(f"token-budget layout: {len(bins)} micro-batches do not split over ep={ep} ranks")
+    bin_work = np.array([int(weights[b].sum()) for b in bins], dtype=np.int64)
+    rank = np.full(len(weights), -1, dtype=np.int64)
+    mb = np.full(len(weights), -1, dtype=np.int64)
+    for r, part in enumerate(karmarkar_karp(bin_work, ep, equal_size=True)):
+        for m, j in enumerate(part.tolist()):
+            rank[bins[j]] = r
+            mb[bins[j]] = m
+    return rank, mb
 
 
 def layout_slots(lengths: np.ndarray, group: np.ndarray, ep: int, micro_batches: int, layout: str
@@ -415,7 +505,7 @@ def _draw_sequences(rng: np.random.Generator, domains: np.ndarray, weights: np.n
     batch order (a group's responses are adjacent, as RL frameworks lay out a rollout batch):
     (prompt group index, domain index, length in tokens = prompt + response), int64 [n] each.
     """
-    prof = [DOMAIN_PROFILES[DOMAINS[i]] for i in domains]
+    prof = [cfg.profile(DOMAINS[i]) for i in domains]
     g = cfg.responses_per_prompt
     scale = cfg.length_scale
     mean_len = scale * sum(w * (p.prompt_tokens_median + p.response_tokens_median) for w, p in zip(weights, prof))
@@ -439,6 +529,50 @@ def _draw_sequences(rng: np.random.Generator, domains: np.ndarray, weights: np.n
     return np.arange(len(seq_len)) // g, seq_domain, seq_len
 
 
+def _token_budget_batches(shape: ModelShape, cfg: WorkloadConfig, domains: np.ndarray, weights: np.ndarray, ep: int,
+                          steps: int, seed: int, budget: int, micro_batches: int | None) -> tuple[list, int]:
+    """Every step's batch under the `token-budget` layout, packed and dealt over the EP group's ranks.
+
+    A step holds global_batch_sequences x ep / data_parallel_size sequences (each EP rank is one
+    data-parallel rank), drawn as prompt groups from their own random stream (seed, model, 1), so the
+    routing stream stays the generator's. They are packed first-fit into micro-batches of at most
+    `budget` tokens (first_fit_bins); the trace's one micro-batch count per rank is the largest
+    ceil(bins / ep) over its steps, and steps with fewer bins split their largest ones to reach it
+    (split_largest_bins; slime splits likewise to reach a multiple of the DP size); the bins are dealt
+    to ranks by Karmarkar-Karp on estimated forward FLOPs (token_budget_slots). micro_batches (a
+    cut-down batch for small profiles): instead draw about micro_batches x ep x budget tokens and keep
+    the first micro_batches x ep bins.
+    Returns ([(group, domain, length, rank, micro_batch) int64 [n] each, per step], micro-batches per rank).
+    """
+    rng = np.random.default_rng([int(seed), model_seed(shape), 1])
+    dp = cfg.data_parallel_size or ep
+    sequences = -(-cfg.global_batch_sequences * ep // dp)
+    if micro_batches is None and sequences < ep:
+        raise ConfigError(f"token-budget layout: {sequences} sequences per step (global batch "
+                          f"{cfg.global_batch_sequences} x ep {ep} / data_parallel_size {dp}) cannot give each of "
+                          f"{ep} ranks a micro-batch")
+    per_token = (shape.attention_projection_flops_per_token + shape.moe_layer_dense_flops_per_token
+                 + shape.top_k * shape.expert_flops_per_token)
+    drawn = []
+    for _ in range(steps):
+        if micro_batches is None:
+            group, domain, length = (x[:sequences] for x in
+                                     _draw_sequences(rng, domains, weights, 0, cfg, min_sequences=sequences))
+        else:
+            group, domain, length = _draw_sequences(rng, domains, weights, micro_batches * ep * budget, cfg,
+                                                    min_sequences=micro_batches * ep)
+        drawn.append((group, domain, length, first_fit_bins(length, budget)))
+    if micro_batches is None:
+        micro_batches = max(-(-len(bins) // ep) for *_, bins in drawn)
+    out = []
+    for group, domain, length, bins in drawn:
+        bins = split_largest_bins(bins[:micro_batches * ep], micro_batches * ep, length)
+        work = np.rint(length * per_token + shape.attention_core_flops(length[:, None])).astype(np.int64)
+        rank, mb = token_budget_slots(bins, work, ep)
+        out.append((group, domain, length, rank, mb))
+    return out, micro_batches
+
+
 def _topic_weights(rng: np.random.Generator, domain: np.ndarray, freq: np.ndarray, cfg: WorkloadConfig) -> np.ndarray:
     """Topic mixture of each prompt: float64 [n, domains * topics], non-zero only in its domain."""
     d, t = freq.shape
@@ -453,13 +587,17 @@ def _topic_weights(rng: np.random.Generator, domain: np.ndarray, freq: np.ndarra
 
 
 def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, seed: int = 0,
-                   micro_batches: int = 32, tokens_per_rank: int | None = None, progress: bool = False,
+                   micro_batches: int | None = None, tokens_per_rank: int | None = None, progress: bool = False,
                    config: WorkloadConfig | None = None, token_level: bool = False) -> RoutingTrace:
     """A synthetic RL routing trace: loads int32 [steps, micro_batches, layers, ep, experts], with seq_lens.
 
     model: preset name, shape spec or ModelShape; workload: one of WORKLOADS; ep: EP size (divides
-    experts); tokens_per_rank: None = config.tokens_per_rank (None: derived from the global batch of
-    config.global_batch_sequences sequences), else about that many tokens per (micro-batch, rank);
+    experts); micro_batches: per step; None = derived (token-budget: the packed count of the global
+    batch, the largest over the steps; other layouts: FIXED_COUNT_MICRO_BATCHES); under token-budget a
+    number sizes a cut-down batch that fills that many micro-batches per rank.
+    tokens_per_rank: None = config.tokens_per_rank (None: derived from the global batch of
+    config.global_batch_sequences sequences), else about that many tokens per (micro-batch, rank)
+    (the budget, under token-budget);
     config: generator knobs (WorkloadConfig()), config.batch_layout says how sequences reach slots;
     token_level: also keep per-token top-k ids (successive sampling per token; only for small configs).
     The random stream is seeded by (seed, model_seed(model)): same arguments, same trace; two models
@@ -469,7 +607,13 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
     cfg = config or WorkloadConfig()
     if workload not in WORKLOADS:
         raise ConfigError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
+    layout = cfg.batch_layout
+    budgeted = layout == "token-budget"
+    if micro_batches is None and not budgeted:
+        micro_batches = FIXED_COUNT_MICRO_BATCHES
     for name, value in (("ep", ep), ("steps", steps), ("micro_batches", micro_batches)):
+        if name == "micro_batches" and value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
             raise ConfigError(f"generate_trace: {name} must be a positive integer, got {value!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -483,34 +627,38 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
     if target is not None and (isinstance(target, bool) or not isinstance(target, (int, np.integer)) or target <= 0):
         raise ConfigError(f"generate_trace: tokens_per_rank must be a positive integer, got {target!r}")
     l, e, k = shape.num_layers, shape.num_experts, shape.top_k
-    num_slots = micro_batches * ep
-    if target is not None and num_slots * target > np.iinfo(np.int32).max:
+    if target is not None and micro_batches is not None and micro_batches * ep * target > np.iinfo(np.int32).max:
         # refused before any work: a micro-batch's tokens are counted in int32, and drawing them would
         # take memory in proportion
         raise ConfigError(f"generate_trace: {micro_batches} micro-batches x {ep} ranks x {target} tokens per rank "
-                          f"= {num_slots * target} tokens per step, beyond the int32 counts of a trace "
+                          f"= {micro_batches * ep * target} tokens per step, beyond the int32 counts of a trace "
                           f"({np.iinfo(np.int32).max})")
-    layout = cfg.batch_layout
-    if target is not None and target < _mean_length(cfg, workload):
+    if target is not None and target < mean_sequence_tokens(cfg, workload):
         # fewer tokens per slot than one mean sequence: shorten every sequence so a slot still holds about
         # one whole sequence (small test configs; the sensitivity knob below the derived size)
-        cfg = dataclasses.replace(cfg, length_scale=cfg.length_scale * target / _mean_length(cfg, workload))
-    if target is None:
-        sequences = num_slots * -(-cfg.global_batch_sequences // num_slots)
-    else:
-        sequences = None
-    if token_level:
-        est = target if target is not None else sequences // num_slots * _mean_length(cfg, workload)
-        if steps * micro_batches * ep * est * l * e > 4e8:
-            raise ConfigError("generate_trace: token_level is for small configs (steps x micro_batches x ep x "
-                              "tokens per slot x layers x experts <= 4e8)")
-
+        cfg = dataclasses.replace(cfg, length_scale=cfg.length_scale * target / mean_sequence_tokens(cfg, workload))
     if workload == "mixed":
         domains = np.arange(len(DOMAINS))
         weights = np.asarray(cfg.mixed_domain_weights, dtype=np.float64)
         domains, weights = domains[weights > 0], weights[weights > 0] / weights.sum()
     else:
         domains, weights = np.array([DOMAINS.index(workload)]), np.array([1.0])
+    budget_batches = None
+    if budgeted:  # every step's batch first: they fix the trace's one micro-batch count
+        budget = int(target) if target is not None else cfg.tokens_per_microbatch
+        budget_batches, micro_batches = _token_budget_batches(shape, cfg, domains, weights, ep, steps, seed, budget,
+                                                              micro_batches)
+    num_slots = micro_batches * ep
+    if target is None and not budgeted:
+        sequences = num_slots * -(-cfg.global_batch_sequences // num_slots)
+    else:
+        sequences = None
+    if token_level:
+        est = (target if target is not None else cfg.tokens_per_microbatch if budgeted
+               else sequences // num_slots * mean_sequence_tokens(cfg, workload))
+        if steps * micro_batches * ep * est * l * e > 4e8:
+            raise ConfigError("generate_trace: token_level is for small configs (steps x micro_batches x ep x "
+                              "tokens per slot x layers x experts <= 4e8)")
 
     rng = np.random.default_rng([int(seed), model_seed(shape)])
     state = _WorkloadState(rng, shape, cfg)
@@ -525,37 +673,43 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
         if s:
             state.advance()
         topic_p = state.topic_distributions()  # [D*T, L, E]
-        seq_group, seq_domain, seq_len = _draw_sequences(
-            rng, domains, weights, num_slots * target if target is not None else 0, cfg,
-            min_sequences=sequences if sequences is not None else num_slots)
-        group_domain = seq_domain[:: cfg.responses_per_prompt]
-        group_topics = _topic_weights(rng, group_domain, state.topic_frequencies(), cfg)
-        if layout == "megatron":
-            # Megatron-LM's pretraining sampler: the stream packed into equal samples, one per slot, dealt
-            # micro-batch major (micro-batch m's ranks take consecutive samples).
-            if sequences is not None:
-                seq_group, seq_len = seq_group[:sequences], seq_len[:sequences]
-            per_slot = target if target is not None else int(seq_len.sum()) // num_slots
-            stream_slot, seq, piece_tokens = pack_sequences(seq_len, per_slot, num_slots)
-            mb_i, rank_i = np.divmod(stream_slot, ep)
-            slot = mb_i * ep + rank_i
+        if budgeted:
+            seq_group, seq_domain, seq_len, rank_i, mb_i = budget_batches[s]
+            group_topics = _topic_weights(rng, seq_domain[:: cfg.responses_per_prompt], state.topic_frequencies(), cfg)
+            seq = np.flatnonzero(rank_i >= 0)  # sequences a cut-down batch left out are in no slot
+            slot, piece_tokens = mb_i[seq] * ep + rank_i[seq], seq_len[seq]
         else:
-            unit = ep if layout.endswith("-dynamic") else num_slots  # sequences must split evenly
-            if sequences is not None:
-                n = sequences
-            else:  # the fewest whole units of sequences that reach the token target
-                n = int(np.searchsorted(np.cumsum(seq_len), num_slots * target)) + 1
-                n = max(num_slots, unit * -(-n // unit))
-                if n > len(seq_len):
-                    extra = _draw_sequences(rng, domains, weights, 0, cfg, min_sequences=n - len(seq_len))
-                    seq_group = np.concatenate([seq_group, extra[0] + seq_group[-1] + 1])
-                    seq_len = np.concatenate([seq_len, extra[2]])
-                    group_topics = np.concatenate([group_topics, _topic_weights(
-                        rng, extra[1][:: cfg.responses_per_prompt], state.topic_frequencies(), cfg)])
-            seq_group, seq_len = seq_group[:n], seq_len[:n]
-            rank_i, mb_i = layout_slots(seq_len, seq_group, ep, micro_batches, layout)
-            seq = np.arange(n)
-            slot, piece_tokens = mb_i * ep + rank_i, seq_len
+            seq_group, seq_domain, seq_len = _draw_sequences(
+                rng, domains, weights, num_slots * target if target is not None else 0, cfg,
+                min_sequences=sequences if sequences is not None else num_slots)
+            group_domain = seq_domain[:: cfg.responses_per_prompt]
+            group_topics = _topic_weights(rng, group_domain, state.topic_frequencies(), cfg)
+            if layout == "megatron":
+                # Megatron-LM's pretraining sampler: the stream packed into equal samples, one per slot, dealt
+                # micro-batch major (micro-batch m's ranks take consecutive samples).
+                if sequences is not None:
+                    seq_group, seq_len = seq_group[:sequences], seq_len[:sequences]
+                per_slot = target if target is not None else int(seq_len.sum()) // num_slots
+                stream_slot, seq, piece_tokens = pack_sequences(seq_len, per_slot, num_slots)
+                mb_i, rank_i = np.divmod(stream_slot, ep)
+                slot = mb_i * ep + rank_i
+            else:
+                unit = ep if layout.endswith("-dynamic") else num_slots  # sequences must split evenly
+                if sequences is not None:
+                    n = sequences
+                else:  # the fewest whole units of sequences that reach the token target
+                    n = int(np.searchsorted(np.cumsum(seq_len), num_slots * target)) + 1
+                    n = max(num_slots, unit * -(-n // unit))
+                    if n > len(seq_len):
+                        extra = _draw_sequences(rng, domains, weights, 0, cfg, min_sequences=n - len(seq_len))
+                        seq_group = np.concatenate([seq_group, extra[0] + seq_group[-1] + 1])
+                        seq_len = np.concatenate([seq_len, extra[2]])
+                        group_topics = np.concatenate([group_topics, _topic_weights(
+                            rng, extra[1][:: cfg.responses_per_prompt], state.topic_frequencies(), cfg)])
+                seq_group, seq_len = seq_group[:n], seq_len[:n]
+                rank_i, mb_i = layout_slots(seq_len, seq_group, ep, micro_batches, layout)
+                seq = np.arange(n)
+                slot, piece_tokens = mb_i * ep + rank_i, seq_len
         slot_tokens = np.bincount(slot, weights=piece_tokens, minlength=num_slots).astype(np.int64)
         slot_tokens_all[s] = slot_tokens
         step_lens.append(slot_seq_lens(slot, piece_tokens, num_slots))
@@ -606,14 +760,14 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
     return RoutingTrace(loads, shape, ep, tokens_per_mb, provenance, token_experts, token_src, seq_lens)
 
 
-def _mean_length(cfg: WorkloadConfig, workload: str) -> float:
-    """Expected tokens of one sequence of a workload (log-normal means, before the cap)."""
+def mean_sequence_tokens(cfg: WorkloadConfig, workload: str) -> float:
+    """Expected tokens of one sequence of a workload (log-normal means of prompt and response, before the cap)."""
     names = DOMAINS if workload == "mixed" else (workload,)
     w = np.asarray(cfg.mixed_domain_weights, dtype=np.float64) if workload == "mixed" else np.array([1.0])
     w = w / w.sum()
-    means = [DOMAIN_PROFILES[d].prompt_tokens_median * np.exp(DOMAIN_PROFILES[d].prompt_tokens_sigma ** 2 / 2)
-             + DOMAIN_PROFILES[d].response_tokens_median * np.exp(DOMAIN_PROFILES[d].response_tokens_sigma ** 2 / 2)
-             for d in names]
+    profiles = [cfg.profile(d) for d in names]
+    means = [p.prompt_tokens_median * np.exp(p.prompt_tokens_sigma ** 2 / 2)
+             + p.response_tokens_median * np.exp(p.response_tokens_sigma ** 2 / 2) for p in profiles]
     return float(cfg.length_scale * np.dot(w, means))
 
 
@@ -659,7 +813,7 @@ SHIFT_KEYS = ("mb_hot_overlap", "mb_corr", "mb_vs_step_hot_overlap", "step_hot_o
 
 def calibration_table(models: tuple[str, ...] = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b"),
                       workloads: tuple[str, ...] = ("mixed",), eps: tuple[int, ...] = (8, 16, 32, 64),
-                      steps: int = 4, micro_batches: int = 32, seed: int = 0, tokens_per_rank: int | None = None,
+                      steps: int = 4, micro_batches: int | None = None, seed: int = 0, tokens_per_rank: int | None = None,
                       config: WorkloadConfig | None = None, progress: bool = False) -> list[dict]:
     """Static-placement skewness and shift statistics of generated traces, one row per (model, workload, EP).
 

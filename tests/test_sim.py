@@ -665,6 +665,7 @@ def test_sensitivity_quick_rows(capsys):
     from relibra.cli import main
     from relibra.experiments.config import scaled_model
     from relibra.experiments.sensitivity import RATIOS, knob_values, tornado_table
+    from relibra.setups import load_card
     from relibra.sim import simulate
     from relibra.workloads import generate_trace
 
@@ -674,24 +675,27 @@ def test_sensitivity_quick_rows(capsys):
     assert main(args) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
     values = knob_values(quick=True)
-    assert values["NVLink rate"] == [77.5, 155.0] and values["spare slots"] == [1, 2]
+    assert values["NVLink rate"] == [135.6, 295.2] and values["spare slots"] == [1, 2]  # the card's range and default
     assert [(r["knob"], r["value"], r["policy"]) for r in rows] == [(k, v, "relibra") for k in knobs
                                                                    for v in values[k]]
     assert all(np.isfinite(r[c]) and r[c] > 0 for r in rows for c in RATIOS)
     defaults = [r for r in rows if r["is_default"]]
     assert [r["knob"] for r in defaults] == list(knobs)
     assert all(r[c] == defaults[0][c] for r in defaults for c in RATIOS)
-    trace = generate_trace(scaled_model("small", 1), "mixed", 8, steps=1, seed=0, micro_batches=2)
-    s = simulate(trace, "paper", ["relibra", "eplb+", "megatron", "balanced-compute"], progress=False,
-                 references=False).summary.set_index("policy")["tokens_per_s"]
+    card = load_card("paper")
+    trace = generate_trace(scaled_model("small", 1), "mixed", 8, steps=1, seed=0, micro_batches=2,
+                           config=card.workload_config())
+    s = simulate(trace, card.topology(), ["relibra", "eplb+", "megatron", "balanced-compute"], progress=False,
+                 references=False, params=card.cost_params(8), policy_params=card.policy_params()
+                 ).summary.set_index("policy")["tokens_per_s"]
     d = defaults[0]
     assert d["relibra_over_megatron"] == pytest.approx(s["relibra"] / s["megatron"], rel=1e-12)
     assert d["relibra_over_eplb_plus"] == pytest.approx(s["relibra"] / s["eplb+"], rel=1e-12)
     assert d["relibra_over_balanced_compute"] == pytest.approx(s["relibra"] / s["balanced-compute"], rel=1e-12)
     assert all(r["relibra_over_balanced_compute"] <= 1 + 1e-12 for r in rows)
-    slow = next(r for r in rows if r["knob"] == "NVLink rate" and r["value"] == 77.5)
-    assert slow["cluster"] == "paper,nvlink_GBps=77.5"
-    assert slow["relibra_over_megatron"] != d["relibra_over_megatron"]  # halving NVLink changes the step
+    slow = next(r for r in rows if r["knob"] == "NVLink rate" and r["value"] == 135.6)
+    assert slow["cluster"] == "paper,nvlink_GBps=135.6"
+    assert slow["relibra_over_megatron"] != d["relibra_over_megatron"]  # H800's NVLink changes the step
     # the tornado: one bar per (ratio, knob), spanning the knob's values, sorted by swing within a ratio
     t = tornado_table(pd.DataFrame(rows))
     assert len(t) == len(RATIOS) * len(knobs)

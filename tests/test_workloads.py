@@ -11,7 +11,8 @@ from relibra.analysis import trace_stats
 from relibra.cluster import ModelShape, get_model
 from relibra.errors import ConfigError, TraceError
 from relibra.trace import RoutingTrace
-from relibra.workloads import (BATCH_LAYOUTS, DEFAULT_BATCH_LAYOUT, WORKLOADS, WorkloadConfig, allowed_ep,
+from relibra.workloads import (BATCH_LAYOUTS, DEFAULT_BATCH_LAYOUT, first_fit_bins, split_largest_bins,
+                               token_budget_slots, WORKLOADS, WorkloadConfig, allowed_ep,
                                benchmark_generate, generate_trace, karmarkar_karp, layout_slots, model_seed,
                                pack_sequences, sample_topk_counts, water_fill)
 
@@ -66,12 +67,13 @@ def test_token_level_ids_match_loads_and_are_distinct():
 
 
 def test_batch_derived_from_paper_batch():
-    """1024 sequences in 32 micro-batches: 1 whole sequence per slot at EP32, 2 at EP16."""
+    """Fixed-count layouts: 1024 sequences in 32 micro-batches: 1 whole sequence per slot at EP32, 2 at EP16."""
     shape = dataclasses.replace(get_model("qwen3-30b-a3b"), name="q-1l", num_layers=1)
     for ep, per_slot in ((32, 1), (16, 2)):
-        t = generate_trace(shape, "mixed", ep=ep, steps=1, micro_batches=32)
+        t = generate_trace(shape, "mixed", ep=ep, steps=1, config=WorkloadConfig(batch_layout="verl-balance"))
+        assert t.num_microbatches == 32
         assert ((t.seq_lens > 0).sum(axis=3) == per_slot).all()
-        assert t.provenance["batch_layout"] == DEFAULT_BATCH_LAYOUT == "verl-balance"
+        assert t.provenance["batch_layout"] == "verl-balance"
         assert t.provenance["sequences_per_step"] == 1024
     assert 1500 < t.seq_lens.sum(axis=3).mean() / 2 < 6000  # mean sequence length of the mixed workload
 
@@ -93,7 +95,41 @@ def test_karmarkar_karp_balances_better_than_chunks():
         karmarkar_karp(lengths[:10], 4, equal_size=True)
 
 
-@pytest.mark.parametrize("layout", [b for b in BATCH_LAYOUTS if b != "megatron"])
+def test_token_budget_batch_packs_whole_sequences_within_the_budget():
+    """The default layout: the whole 1024-sequence batch, packed first-fit to the budget, every rank the same
+    micro-batch count, a sequence over the budget alone in its micro-batch, every sequence placed once."""
+    shape = dataclasses.replace(get_model("qwen3-30b-a3b"), name="q-1l", num_layers=1)
+    assert DEFAULT_BATCH_LAYOUT == "token-budget"
+    budget = 8192
+    cfg = WorkloadConfig(tokens_per_microbatch=budget, data_parallel_size=32, responses_per_prompt=8)
+    t = generate_trace(shape, "mixed", ep=16, steps=2, config=cfg)
+    slot_tokens = t.seq_lens.sum(axis=3)  # [steps, M, ep]
+    pieces = (t.seq_lens > 0).sum(axis=3)
+    assert ((slot_tokens <= budget) | (pieces == 1)).all()  # over budget only when alone
+    assert (pieces >= 1).all()  # every rank runs every micro-batch
+    assert (slot_tokens > budget).any()  # the 20k cap exceeds the budget: such sequences sit alone
+    assert t.provenance["sequences_per_step"] == 1024 * 16 // 32  # global batch x ep / dp
+    assert 0.7 * budget < slot_tokens.mean() < 1.2 * budget  # first fit fills the micro-batches
+    assert t.provenance["batch_layout"] == "token-budget"
+
+
+def test_first_fit_bins_and_splitting_follow_slime():
+    """First fit in order, an over-long sequence alone; splitting cuts the largest multi-sequence bin at half."""
+    lengths = np.array([6, 5, 3, 12, 2, 4])
+    bins = first_fit_bins(lengths, 10)
+    assert bins == [[0, 2], [1, 4], [3], [5]]  # 6+3, 5+2, 12 alone (over budget), 4 (fits nowhere else: 9+4, 7+4)
+    assert split_largest_bins(bins, 5, lengths) == [[0], [1, 4], [3], [5], [2]]
+    with pytest.raises(ConfigError, match="cannot be split"):
+        split_largest_bins([[0], [1]], 3, lengths)
+    # bin work 9, 7, 12, 4: Karmarkar-Karp pairs {9, 7} and {12, 4} (16 each); micro-batches in bin order
+    rank, mb = token_budget_slots([[0, 2], [1, 4], [3], [5]], lengths, 2)
+    assert rank[0] == rank[2] == rank[1] == rank[4] != rank[3] == rank[5]
+    assert mb.tolist() == [0, 1, 0, 0, 1, 1]
+    rank, _ = token_budget_slots([[0], [1]], lengths, 1)
+    assert rank.tolist() == [0, 0, -1, -1, -1, -1]  # sequences in no bin are in no slot
+
+
+@pytest.mark.parametrize("layout", [b for b in BATCH_LAYOUTS if b not in ("megatron", "token-budget")])
 def test_layout_slots_deal_every_sequence(layout):
     rng = np.random.default_rng(1)
     ep, mb = 4, 3
@@ -207,11 +243,15 @@ def test_static_skewness_above_two_and_growing_with_ep():
 
 
 def test_hot_experts_shift_more_between_micro_batches_than_steps():
-    t = generate_trace(PAPER_LIKE, "mixed", ep=16, steps=3, micro_batches=16)
-    s = trace_stats(t)
-    assert s["mb_hot_overlap"] < s["step_hot_overlap"] - 0.05
-    assert s["mb_corr"] < s["step_corr"]
-    assert s["mb_vs_step_hot_overlap"] < 0.9  # micro-batches differ from their step
+    """Clearly with one sequence per slot; still, though less, with token-budget micro-batches of ~4 sequences."""
+    one = trace_stats(generate_trace(PAPER_LIKE, "mixed", ep=16, steps=3, micro_batches=16,
+                         config=WorkloadConfig(batch_layout="verl-balance")))
+    assert one["mb_hot_overlap"] < one["step_hot_overlap"] - 0.05
+    assert one["mb_corr"] < one["step_corr"]
+    assert one["mb_vs_step_hot_overlap"] < 0.9  # micro-batches differ from their step
+    packed = trace_stats(generate_trace(PAPER_LIKE, "mixed", ep=16, steps=3, micro_batches=16))
+    assert packed["mb_hot_overlap"] < packed["step_hot_overlap"] and packed["mb_corr"] < packed["step_corr"]
+    assert packed["mb_vs_step_hot_overlap"] > one["mb_vs_step_hot_overlap"]  # larger micro-batches: closer to the step
 
 
 def test_domains_have_their_own_hot_experts():

@@ -9,11 +9,13 @@ DEFAULT_STEPS = 2
 
 
 def _simulate(args) -> int:
+    from relibra.cli.setup import card_with_overrides
     from relibra.cluster import get_model, parse_topology
     from relibra.errors import ConfigError
     from relibra.trace import RoutingTrace
 
-    topology = parse_topology(args.cluster)
+    card = card_with_overrides(args.setup, args.layout, args.tokens_per_microbatch)
+    topology = card.topology() if args.cluster is None else parse_topology(args.cluster)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         raise ConfigError("--policies names no policy")
@@ -42,21 +44,23 @@ def _simulate(args) -> int:
             raise ConfigError("without --trace, give --model, --workload and --ep to generate a synthetic trace")
         get_model(args.model)  # a clear error for an unknown preset before any work
         topology.ep_layout(args.ep)
-        if args.micro_batches <= 0:
+        if args.micro_batches is not None and args.micro_batches <= 0:
             raise ConfigError(f"--micro-batches must be positive, got {args.micro_batches}")
         steps = DEFAULT_STEPS if args.steps is None else args.steps
         trace = generate_trace(args.model, args.workload, args.ep, steps=args.warmup_steps + steps,
-                               seed=args.seed, micro_batches=args.micro_batches,
-                               tokens_per_rank=args.tokens_per_rank, progress=not args.json)
+                               seed=args.seed, micro_batches=args.micro_batches or card.micro_batches,
+                               tokens_per_rank=args.tokens_per_rank, progress=not args.json,
+                               config=card.workload_config())
         workload = args.workload
     topology.ep_layout(trace.ep)  # a clear error for a bad (cluster, EP) combination
     from relibra.costs import CostParams  # imported after the input checks: bad input fails fast
     from relibra.sim import simulate
 
-    params = CostParams(seq_len=args.seq_len, replica_buffer=args.replica_buffer, route=args.route,
-                        dedup=None if args.dedup is None else args.dedup == "on")
+    params = card.cost_params(trace.ep, seq_len=args.seq_len, route=args.route,
+                              dedup=None if args.dedup is None else args.dedup == "on",
+                              **({} if args.replica_buffer is None else {"replica_buffer": args.replica_buffer}))
     result = simulate(trace, topology, policies, steps=steps, params=params, workload=workload,
-                      progress=not args.json)
+                      policy_params=card.policy_params(), progress=not args.json)
     rows = result.summary.to_dict(orient="records")
     if args.json:
         clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()} for row in rows]
@@ -85,20 +89,23 @@ def _plain(value):
 
 
 def register(sub) -> None:
+    from relibra.cli.setup import add_setup_arguments
     from relibra.cluster import TOPOLOGY_PRESETS
 
-    p = sub.add_parser("simulate", help="simulate policies on a cluster from a routing trace",
+    p = sub.add_parser("simulate", help="simulate policies on a cluster from a routing trace", allow_abbrev=False,
                        description="Plan every simulated step of a routing trace with each policy and cost the "
-                                   "plans on a cluster (relibra.sim). Without --trace, a synthetic trace of "
+                                   "plans on a cluster (relibra.sim); every input not given is the set-up card's "
+                                   "(relibra setup show). Without --trace, a synthetic trace of "
                                    "--workload is generated from --seed (--warmup-steps extra steps come first, "
                                    "so history-based policies have a history).")
     p.add_argument("--model", help="model preset (required without --trace)")
     p.add_argument("--workload", help="math, science, instruct, code or mixed (required without --trace)")
     p.add_argument("--ep", type=int, help="expert-parallel size (required without --trace)")
-    p.add_argument("--cluster", default="paper",
-                   help=f"cluster preset ({', '.join(TOPOLOGY_PRESETS)}), a preset with changes such as "
-                        "'paper,rdma_GBps=25', or a custom 'nodes=4,gpus_per_node=8,nvlink_GBps=450,rdma_GBps=50,"
-                        "matmul_tflops=790' (default paper)")
+    add_setup_arguments(p)
+    p.add_argument("--cluster", default=None,
+                   help="cluster instead of the card's: a preset (" + ", ".join(TOPOLOGY_PRESETS) + "), a preset "
+                        "with changes such as 'paper,rdma_GBps=25', or a custom 'nodes=4,gpus_per_node=8,"
+                        "nvlink_GBps=450,rdma_GBps=50,matmul_tflops=790' (default: the set-up card's cluster)")
     p.add_argument("--policies", default="megatron,eplb,eplb+,lplb+,llep,relibra,balanced",
                    help="comma-separated policy names (megatron and balanced are always added as references)")
     p.add_argument("--steps", type=int, default=None,
@@ -108,12 +115,13 @@ def register(sub) -> None:
                    help="generated steps before the simulated ones, history for eplb (default 4)")
     p.add_argument("--trace", help="a trace file (.npz) instead of a synthetic one")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--micro-batches", type=int, default=32, help="micro-batches per step (default 32)")
+    p.add_argument("--micro-batches", type=int, default=None,
+                   help="micro-batches per step (default: the card's; token-budget derives them from the budget)")
     p.add_argument("--tokens-per-rank", type=int, default=None,
                    help="tokens per micro-batch and EP rank of the synthetic trace (default: the generator's)")
     p.add_argument("--seq-len", type=int, default=4096, help="sequence length for attention's cost (default 4096)")
-    p.add_argument("--replica-buffer", default="layer-shared", choices=["layer-shared", "per-layer"],
-                   help="replica buffer of the overlapped policies (default layer-shared)")
+    p.add_argument("--replica-buffer", default=None, choices=["layer-shared", "per-layer"],
+                   help="replica buffer of the overlapped policies (default: the card's, layer-shared)")
     p.add_argument("--route", default=None, choices=["rail", "direct"],
                    help="how bytes cross nodes: rail (DeepEP: sender's NIC to the same-index GPU of the "
                         "destination node, then NVLink) or direct (NIC to NIC) (default: the cluster's, "

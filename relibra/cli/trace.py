@@ -22,13 +22,14 @@ def register(subparsers) -> None:
     gen.add_argument("--ep", type=int, required=True, help="expert-parallel size (divides the expert count)")
     gen.add_argument("--steps", type=int, required=True, help="training steps")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same trace")
-    gen.add_argument("--micro-batches", type=int, default=32, help="micro-batches per step (default 32)")
+    gen.add_argument("--micro-batches", type=int, default=None,
+                     help="micro-batches per step (default: the card's; token-budget derives them from the budget, "
+                          "a number sizes a cut-down batch)")
     gen.add_argument("--tokens-per-rank", type=int, default=None,
-                     help="about this many tokens per micro-batch and EP rank (default: derived from a "
-                          "1024-sequence batch and the sequence lengths)")
-    gen.add_argument("--layout", default="verl-balance",
-                     help="batch layout: verl-balance (default), verl, verl-dynamic, slime, slime-dynamic, megatron "
-                          "(docs/traces.md)")
+                     help="about this many tokens per micro-batch and EP rank (default: the card's budget, or derived "
+                          "from its batch for the fixed-count layouts)")
+    from relibra.cli.setup import add_setup_arguments
+    add_setup_arguments(gen)
     gen.add_argument("--length-scale", type=float, default=1.0,
                      help="multiply sequence lengths (default 1; e.g. 1/32 with --tokens-per-rank 256)")
     gen.add_argument("--token-level", action="store_true",
@@ -81,8 +82,10 @@ def register(subparsers) -> None:
     cal.add_argument("--workloads", default="mixed", help="comma-separated workloads (default mixed)")
     cal.add_argument("--eps", default="8,16,32,64", help="comma-separated EP sizes (default 8,16,32,64)")
     cal.add_argument("--steps", type=int, default=4, help="steps per trace (default 4)")
-    cal.add_argument("--micro-batches", type=int, default=32, help="micro-batches per step (default 32)")
-    cal.add_argument("--tokens-per-rank", type=int, default=None, help="tokens per micro-batch and rank (default: derived from the batch of 1024 sequences)")
+    cal.add_argument("--micro-batches", type=int, default=None,
+                     help="micro-batches per step (default: the card's; token-budget derives them from the budget)")
+    cal.add_argument("--tokens-per-rank", type=int, default=None, help="tokens per micro-batch and rank (default: the card's)")
+    add_setup_arguments(cal)
     cal.add_argument("--seed", type=int, default=0)
     cal.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     cal.set_defaults(func=_calibrate)
@@ -95,12 +98,14 @@ def _check_trace_out(path: str) -> None:
 
 
 def _generate(args) -> int:
-    from relibra.workloads import WorkloadConfig, generate_trace
+    from relibra.cli.setup import card_with_overrides
+    from relibra.workloads import generate_trace
 
     _check_trace_out(args.out)
-    config = WorkloadConfig(length_scale=args.length_scale, batch_layout=args.layout)
+    card = card_with_overrides(args.setup, args.layout, args.tokens_per_microbatch)
+    config = card.workload_config(length_scale=args.length_scale)
     trace = generate_trace(args.model, args.workload, args.ep, args.steps, seed=args.seed,
-                           micro_batches=args.micro_batches, tokens_per_rank=args.tokens_per_rank,
+                           micro_batches=args.micro_batches or card.micro_batches, tokens_per_rank=args.tokens_per_rank,
                            progress=sys.stderr.isatty(), config=config, token_level=args.token_level)
     trace.save(args.out)
     print(f"wrote {args.out}: {trace.num_steps} steps x {trace.num_microbatches} micro-batches x "
@@ -195,12 +200,15 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 
 def _calibrate(args) -> int:
+    from relibra.cli.setup import card_with_overrides
     from relibra.workloads import SHIFT_KEYS, calibration_table
 
+    card = card_with_overrides(args.setup, args.layout, args.tokens_per_microbatch)
     rows = calibration_table(tuple(m for m in args.models.split(",") if m),
                              tuple(w for w in args.workloads.split(",") if w), _ints(args.eps, "--eps"),
-                             steps=args.steps, micro_batches=args.micro_batches, seed=args.seed,
-                             tokens_per_rank=args.tokens_per_rank, progress=sys.stderr.isatty())
+                             steps=args.steps, micro_batches=args.micro_batches or card.micro_batches, seed=args.seed,
+                             tokens_per_rank=args.tokens_per_rank, progress=sys.stderr.isatty(),
+                             config=card.workload_config())
     if args.json:
         print(json_text(rows))
         return 0

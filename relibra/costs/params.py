@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from relibra.errors import ConfigError
@@ -46,6 +47,9 @@ class CostParams:
     dedup: send a token once per destination node (RDMA) and GPU (NVLink) as DeepEP does, with the
         distinct tokens estimated from counts (links.distinct_tokens), or (False) one row per
         token-expert pair as Megatron's alltoall dispatcher; None (default) = the topology's.
+    attention_backward_factor: backward FLOPs of the attention core as a multiple of its forward
+        FLOPs (2.5: FlashAttention's backward recomputes Q K^T; Dao-AILab/flash-attention
+        benchmarks/benchmark_flash_attention.py counts it so); every GEMM's backward is twice its forward.
     overlap_transfers: True (default): replica pushes and gradient pulls of plans made ahead of the
         step run on a side stream behind the layer's attention (GPUs: copy engines, NCCL kernels on
         spare SMs); False: they run in line, on the critical path, as the kit's runtime does them
@@ -61,6 +65,7 @@ class CostParams:
     route: str | None = None
     dedup: bool | None = None
     overlap_transfers: bool = True
+    attention_backward_factor: float = 2.5
 
     def __post_init__(self):
         if self.seq_len <= 0:
@@ -77,5 +82,8 @@ class CostParams:
                                   f"{PLANNER_CHARGES}, got {self.runtime_plan_s!r}")
         elif not self.runtime_plan_s >= 0:
             raise ConfigError(f"cost model: runtime_plan_s must be >= 0, got {self.runtime_plan_s}")
+        if not (math.isfinite(self.attention_backward_factor) and self.attention_backward_factor > 0):
+            raise ConfigError(f"cost model: attention_backward_factor must be positive and finite, "
+                              f"got {self.attention_backward_factor}")
         if self.dp_size is not None and (not isinstance(self.dp_size, int) or self.dp_size <= 0):
             raise ConfigError(f"cost model: dp_size must be a positive integer or None, got {self.dp_size!r}")

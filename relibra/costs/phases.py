@@ -4,7 +4,8 @@ In the order one MoE layer runs for one micro-batch:
 
   forward:  dense (attention, router, shared experts) | replica weight push, hidden behind attention
             -> [run-time planner] -> dispatch all-to-all -> routed-expert GEMMs -> combine all-to-all
-  backward: the same in reverse at twice the FLOPs; dispatch and combine mirrored; replica weights
+  backward: the same in reverse at twice the FLOPs (the attention core at CostParams.attention_backward_factor
+            times its forward); dispatch and combine mirrored; replica weights
             pushed again (layer-shared buffer) and replica gradients pulled to the home, each hidden
             behind a layer's attention backward
 
@@ -88,33 +89,37 @@ def expert_seconds_per_gpu(gpu_tokens: np.ndarray, copies: np.ndarray, model: Mo
 
 # ---- dense parts ---------------------------------------------------------------------------------
 def dense_seconds(src_tokens: np.ndarray, model: ModelShape, topology: Topology, params: CostParams,
-                  seq_lens: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Forward seconds of one MoE layer's dense parts on each source rank: (attention, router + shared
-    experts), float64 [M, ep] each. Attention (projections and causal core) is the window replica
-    transfers hide behind.
+                  seq_lens: np.ndarray | None = None, backward: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of one MoE layer's dense parts on each source rank: (attention, router + shared experts),
+    float64 [M, ep] each. Attention (projections and causal core) is the window replica transfers hide
+    behind.
 
     seq_lens: int [M, ep, max_seqs] sequence lengths per (micro-batch, rank) from the trace, or None
-    for params.seq_len (see flops.attention_core_flops).
+    for params.seq_len (see flops.attention_core_flops). backward: the backward pass, GEMMs at twice
+    their forward FLOPs and the attention core at params.attention_backward_factor times its own.
     """
-    core = attention_core_flops(model, src_tokens, params.seq_len, seq_lens)
-    attention = gemm_seconds(src_tokens, model.attention_projection_flops_per_token, topology) \
+    gemm_factor, core_factor = (2.0, params.attention_backward_factor) if backward else (1.0, 1.0)
+    core = core_factor * attention_core_flops(model, src_tokens, params.seq_len, seq_lens)
+    attention = gemm_seconds(src_tokens, gemm_factor * model.attention_projection_flops_per_token, topology) \
         + attention_core_seconds(core, topology)
-    other = gemm_seconds(src_tokens, model.moe_layer_dense_flops_per_token, topology)
+    other = gemm_seconds(src_tokens, gemm_factor * model.moe_layer_dense_flops_per_token, topology)
     return attention, other
 
 
 def non_moe_seconds(src_tokens: np.ndarray, model: ModelShape, topology: Topology, params: CostParams,
-                    seq_lens: np.ndarray | None = None) -> np.ndarray:
-    """Forward seconds of the parts outside the MoE layers per micro-batch (slowest rank): float64 [M].
+                    seq_lens: np.ndarray | None = None, backward: bool = False) -> np.ndarray:
+    """Seconds of the parts outside the MoE layers per micro-batch (slowest rank): float64 [M].
 
     The num_dense_layers leading dense layers (attention + a dense SwiGLU FFN) and, with
-    params.include_lm_head, the LM-head GEMM (2 * hidden * vocab FLOPs per token).
+    params.include_lm_head, the LM-head GEMM (2 * hidden * vocab FLOPs per token). backward: as in
+    dense_seconds.
     """
+    gemm_factor, core_factor = (2.0, params.attention_backward_factor) if backward else (1.0, 1.0)
     fpt = model.num_dense_layers * (model.attention_projection_flops_per_token + 2.0 * 3 * model.hidden * model.dense_ffn)
     if params.include_lm_head:
         fpt += 2.0 * model.hidden * model.vocab_size
-    core = model.num_dense_layers * attention_core_flops(model, src_tokens, params.seq_len, seq_lens)
-    return (gemm_seconds(src_tokens, fpt, topology) + attention_core_seconds(core, topology)).max(axis=1)
+    core = core_factor * model.num_dense_layers * attention_core_flops(model, src_tokens, params.seq_len, seq_lens)
+    return (gemm_seconds(src_tokens, gemm_factor * fpt, topology) + attention_core_seconds(core, topology)).max(axis=1)
 
 
 # ---- replicas ------------------------------------------------------------------------------------
@@ -204,14 +209,18 @@ def exposed_seconds(transfer_gpu: np.ndarray, attention: np.ndarray, other: np.n
 
 
 def replica_seconds(plan: StepPlan, push_gpu: np.ndarray, pull_gpu: np.ndarray, attention: np.ndarray,
-                    other: np.ndarray, params: CostParams) -> dict:
+                    other: np.ndarray, params: CostParams, attention_backward: np.ndarray | None = None,
+                    other_backward: np.ndarray | None = None) -> dict:
     """Replica transfers on the critical path: {"push_forward", "push_backward", "pull_backward"}, each
     float64 [M, L], plus "unhidden_s": the step's push and pull seconds if none were hidden.
 
-    Critical-path plans (LLEP) pay the slowest GPU's push before the experts and its pull after
-    backward; others overlap each with the layer's attention (forward: attention; backward: twice),
-    unless params.overlap_transfers is False: then they pay every push and pull in line.
+    attention, other: [M, ep] the forward dense parts; attention_backward, other_backward: the backward
+    ones (default: twice the forward). Critical-path plans (LLEP) pay the slowest GPU's push before
+    the experts and its pull after backward; others overlap each with the layer's attention (forward
+    and backward), unless params.overlap_transfers is False: then they pay every push and pull in line.
     """
+    attention_backward = 2 * attention if attention_backward is None else attention_backward
+    other_backward = 2 * other if other_backward is None else other_backward
     again = pushes_again_for_backward(plan, params)
     unhidden = (2 if again else 1) * push_gpu.max(axis=2).sum() + pull_gpu.max(axis=2).sum()
     zeros = np.zeros(push_gpu.shape[:2])
@@ -221,9 +230,10 @@ def replica_seconds(plan: StepPlan, push_gpu: np.ndarray, pull_gpu: np.ndarray, 
     if not params.overlap_transfers:
         return {"push_forward": push_gpu.max(axis=2), "push_backward": push_gpu.max(axis=2) if again else zeros,
                 "pull_backward": pull_gpu.max(axis=2), "unhidden_s": float(unhidden)}
-    push_bwd = exposed_seconds(push_gpu, 2 * attention, 2 * other) if again else zeros
+    push_bwd = exposed_seconds(push_gpu, attention_backward, other_backward) if again else zeros
     return {"push_forward": exposed_seconds(push_gpu, attention, other), "push_backward": push_bwd,
-            "pull_backward": exposed_seconds(pull_gpu, 2 * attention, 2 * other), "unhidden_s": float(unhidden)}
+            "pull_backward": exposed_seconds(pull_gpu, attention_backward, other_backward),
+            "unhidden_s": float(unhidden)}
 
 
 def replica_memory(model: ModelShape, ep: int, slots_per_layer, buffer: str,

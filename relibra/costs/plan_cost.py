@@ -186,22 +186,26 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
 
     # dense parts (the overlap window), replicas, run-time planner
     attention, other = phases.dense_seconds(src_tokens, model, topology, params, seq_lens)
+    attention_b, other_b = phases.dense_seconds(src_tokens, model, topology, params, seq_lens, backward=True)
     dense = np.broadcast_to((attention + other).max(axis=1)[:, None], (m, l)).copy()
+    dense_b = np.broadcast_to((attention_b + other_b).max(axis=1)[:, None], (m, l)).copy()
     zeros = np.zeros((m, l))
     replicas = {"push_forward": zeros, "push_backward": zeros, "pull_backward": zeros, "unhidden_s": 0.0}
     if (plan.replica_expert >= 0).any():
         push_gpu, pull_gpu = phases.replica_transfer_seconds(plan, model, topology, params)
-        replicas = phases.replica_seconds(plan, push_gpu, pull_gpu, attention, other, params)
+        replicas = phases.replica_seconds(plan, push_gpu, pull_gpu, attention, other, params, attention_b, other_b)
     planner_fwd, planner_charge = phases.planner_seconds(
         plan, topology, params, planner_s if critical_planner_s is None else critical_planner_s)
     extra = phases.non_moe_seconds(src_tokens, model, topology, params, seq_lens)
+    extra_b = phases.non_moe_seconds(src_tokens, model, topology, params, seq_lens, backward=True)
 
     forward = {"dispatch": a2a, "expert_compute": expert, "combine": a2a.copy(), "dense_compute": dense,
                "replica_push": replicas["push_forward"], "replica_grad": zeros.copy(), "planner": planner_fwd}
     # Backward mirrors the exchanges (combine's gradient goes out like dispatch and back like combine;
-    # the per-GPU time is the same under the transpose) at twice the FLOPs.
+    # the per-GPU time is the same under the transpose) at twice the FLOPs, the attention core at
+    # CostParams.attention_backward_factor (FlashAttention's backward recomputes Q K^T).
     backward = {"dispatch": a2a.copy(), "expert_compute": 2 * expert, "combine": a2a.copy(),
-                "dense_compute": 2 * dense, "replica_push": replicas["push_backward"],
+                "dense_compute": dense_b, "replica_push": replicas["push_backward"],
                 "replica_grad": replicas["pull_backward"], "planner": zeros.copy()}
 
     # once per step
@@ -213,7 +217,7 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     buffer = "autograd" if plan.transfers_on_critical_path else params.replica_buffer
     memory = phases.replica_memory(model, ep, slots_per_layer, buffer, homes, params.grad_bytes_per_param)
     attention_note = "trace seq_lens" if seq_lens is not None else f"assumed seq_len={params.seq_len}"
-    return PlanCost(forward=forward, backward=backward, extra_forward=extra, extra_backward=2 * extra,
+    return PlanCost(forward=forward, backward=backward, extra_forward=extra, extra_backward=extra_b,
                     expert_seconds_per_gpu=expert_gpu, gpu_tokens=gpu_tokens, migration_s=migration_s,
                     migration_bytes=migration_bytes, optimizer_s=optimizer_s, planner_s=float(planner_s),
                     tokens=int(round(float(src_tokens.sum()))), memory=memory,

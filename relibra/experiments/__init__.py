@@ -100,7 +100,7 @@ from relibra.experiments.simulation import (
 )
 from relibra.experiments.scale import SCALE_POLICIES, best_other, scale_cases, scale_sweep, scale_table, sweep_of
 from relibra.experiments.sensitivity import KNOBS, config_sensitivity, sensitivity, tornado_table
-from relibra.experiments.sensitivity import cost_factors as sensitivity_cost_factors
+from relibra.experiments.sensitivity import knob_values as sensitivity_knob_values
 from relibra.experiments.skewness import plan_skewness, skewness_sweep
 from relibra.experiments.traces import _TRACE_CACHE, make_trace, plan_steps, workload_traces  # noqa: F401  (tests clear the cache)
 from relibra.experiments.tutorial import (
@@ -143,7 +143,7 @@ __all__ = [
     "SEGMENTS", "runtime_request", "measured_runtime", "runtime_comparison", "recorded_runtime", "paired_ratio_ci",
     "RL_OVERRIDES", "RL_TORCH_THREADS", "rl_workload",
     # 10 sensitivity
-    "KNOBS", "sensitivity", "config_sensitivity", "tornado_table", "sensitivity_cost_factors",
+    "KNOBS", "sensitivity", "config_sensitivity", "tornado_table", "sensitivity_knob_values",
     # 11 scale
     "ScaleSweep", "SCALE_POLICIES", "scale_cases", "scale_sweep", "scale_table", "sweep_of", "best_other",
 ]

@@ -58,7 +58,8 @@ class Config(Scale):
             return (f"{self.profile} profile: {layers}, {g.micro_batches} micro-batches, the last of {g.steps} steps "
                     f"simulated, seed {self.seed}")
         layers = "all MoE layers" if self.layers is None else f"first {self.layers} MoE layers"
-        return f"{self.profile} profile: {layers}, {self.micro_batches} micro-batches x {self.steps} steps, seed {self.seed}"
+        mbs = "every micro-batch of the batch" if self.micro_batches is None else f"{self.micro_batches} micro-batches"
+        return f"{self.profile} profile: {layers}, {mbs} x {self.steps} steps, seed {self.seed}"
 
     def simulated_label(self) -> str:
         """'simulated (<cluster preset>: nodes x GPUs)' for titles."""
@@ -180,7 +181,7 @@ def resolve_config(notebook: str, default_policies: tuple[str, ...], scale_kind:
         if w not in WORKLOADS:
             raise ConfigError(f"unknown workload {w!r}; known: {', '.join(WORKLOADS)}")
     topo = get_topology(cfg.cluster)
-    if cfg.steps < 1 or cfg.micro_batches < 1:
+    if cfg.steps < 1 or (cfg.micro_batches is not None and cfg.micro_batches < 1):
         raise ConfigError(f"steps and micro_batches must be >= 1, got {cfg.steps} and {cfg.micro_batches}")
     if profile is not None:  # EP sizes the cluster and every model can hold
         for ep_size in dict.fromkeys((cfg.ep,) + tuple(cfg.ep_sizes)):

@@ -120,6 +120,9 @@ def check_values(notebook: str, params: dict) -> dict:
     for name in ("steps", "nproc", "nodes", "rl_steps", "tokens_per_gpu", "micro_batches"):
         if name in p:
             p[name] = _int(notebook, name, p[name], low=1)
+    for name in ("tokens_per_microbatch",):  # None: the set-up card's
+        if p.get(name) is not None:
+            p[name] = _int(notebook, name, p[name], low=1)
     if "seed" in p:
         p["seed"] = _int(notebook, "seed", p["seed"], low=0)
     if p.get("ep") is not None:
@@ -137,13 +140,17 @@ def check_values(notebook: str, params: dict) -> dict:
     if "ep_sizes" in p and p["ep_sizes"] is not None:
         p["ep_sizes"] = tuple(_int(notebook, "ep_sizes", v, low=1) for v in _names(p["ep_sizes"]))
     if "knobs" in p and p["knobs"] is not None:
-        from relibra.experiments.sensitivity import KNOBS
+        from relibra.experiments.sensitivity import KNOB_NAMES
 
         names = _names(p["knobs"])
-        unknown = [k for k in names if k not in KNOBS]
+        unknown = [k for k in names if k not in KNOB_NAMES]
         if unknown or not names:
             what = f"unknown sensitivity knob(s) {unknown}" if unknown else "knobs is empty"
-            raise ConfigError(f"{notebook}: {what}; known: {', '.join(KNOBS)}")
+            raise ConfigError(f"{notebook}: {what}; known: {', '.join(KNOB_NAMES)}")
+    if p.get("setup") is not None:
+        from relibra.setups import load_card
+
+        load_card(p["setup"])  # an unknown card fails here, naming the known ones
         p["knobs"] = tuple(dict.fromkeys(names))
     if p.get("models") is not None:  # notebook 11's grid
         from relibra.cluster import get_model

@@ -13,7 +13,8 @@ class Scale:
 
     models / workloads: the grid of notebooks 02, 03 and 05; model / workload: the single case of
     notebooks 01, 04 and 07. layers: keep only the first `layers` MoE layers of each model (None:
-    all). micro_batches and steps: per trace. ep_sizes: the EP sweep of notebook 06.
+    all). micro_batches and steps: per trace (micro_batches None: the set-up card's, every micro-batch
+    of its batch). ep_sizes: the EP sweep of notebook 06.
     tokens_per_rank: tokens per (micro-batch, rank) of each trace (None: the generator's default).
     """
 
@@ -25,7 +26,7 @@ class Scale:
     ep_sizes: tuple[int, ...]
     cluster: str
     steps: int
-    micro_batches: int
+    micro_batches: int | None
     layers: int | None
     tokens_per_rank: int | None = None
 
@@ -47,6 +48,30 @@ class ScaleSweep:
     steps: int = 2
 
 
+@dataclass(frozen=True)
+class HeadlineGrid:
+    """The grid of notebook 02's headline (relibra.experiments.headline): every case of models x
+    workloads x seeds at EP `ep` on the set-up card, at full scale unless layers / micro_batches cut it
+    (None: every MoE layer; the card's micro-batches). sweep_*: the tokens-per-micro-batch sweep (one
+    model and workload, seed 0); alternative: the card of the one-sequence family."""
+
+    models: tuple[str, ...] = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
+    workloads: tuple[str, ...] = ("math", "science", "instruct", "code", "mixed")
+    seeds: tuple[int, ...] = (0, 1, 2)
+    ep: int = 32
+    layers: int | None = None
+    micro_batches: int | None = None
+    steps: int = 3
+    sweep_model: str = "qwen3-235b-a22b"
+    sweep_workload: str = "mixed"
+    sweep_tokens: tuple[int, ...] = (4096, 8192, 16384, 32768)
+    alternative: str = "one-sequence"
+
+    @property
+    def full_scale(self) -> bool:
+        return self.layers is None and self.micro_batches is None
+
+
 # Notebook 11's grid: three model sizes, 8-GPU nodes against NVL72 racks, EP 16 to 256.
 SCALE_MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3")
 SCALE_CLUSTERS = ("paper,nodes=32", "gb200-nvl72x4")
@@ -63,6 +88,8 @@ class Profile(Scale):
     sensitivity_knobs: the knobs notebook 10 moves (None: all of relibra.experiments.sensitivity.KNOBS);
     sensitivity_quick: two values per knob (the default and one other) instead of all.
     scale: notebook 11's grid (ScaleSweep).
+    headline: notebook 02's grid (HeadlineGrid): at full scale in every profile but `tiny`, so no cut-down
+        figure ever stands beside a paper claim.
     """
 
     name: str
@@ -81,6 +108,7 @@ class Profile(Scale):
     sensitivity_knobs: tuple[str, ...] | None = None
     sensitivity_quick: bool = False
     scale: ScaleSweep = field(default_factory=lambda: ScaleSweep(SCALE_MODELS, SCALE_CLUSTERS, SCALE_EP_SIZES))
+    headline: HeadlineGrid = field(default_factory=HeadlineGrid)
 
 
 PROFILES: dict[str, Profile] = {
@@ -93,24 +121,26 @@ PROFILES: dict[str, Profile] = {
                 runtime_model="moe-cpu", runtime_tokens_per_rank=64, runtime_micro_batches=1,
                 runtime_repeats=1, rl_steps=2, sensitivity_knobs=("batch layout", "RDMA rate"),
                 sensitivity_quick=True, scale=ScaleSweep(("tiny",), ("cpu-gloo,nodes=4", "nvl72"), (4, 8, 32),
-                                                         layers=2, micro_batches=2)),
-        Profile("laptop", "minutes on 2 CPU cores: the paper's models, EP and cluster, cut to 4 MoE layers, "
-                "8 micro-batches per step and 4 steps", models=("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b"),
+                                                         layers=2, micro_batches=2),
+                headline=HeadlineGrid(models=("tiny",), workloads=("math", "mixed"), seeds=(0, 1), ep=4,
+                                      micro_batches=2, steps=2, sweep_model="tiny", sweep_tokens=(1024, 4096))),
+        Profile("laptop", "minutes on 2 CPU cores: the headline (02) at full scale over 3 seeds; the other "
+                "notebooks cut to 4 MoE layers, 8 micro-batches per step and 4 steps", models=("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b"),
                 workloads=("math", "science", "instruct", "code", "mixed"), model="qwen3-235b-a22b",
                 workload="mixed", ep=32, ep_sizes=(8, 16, 32, 64), cluster="paper", steps=4, micro_batches=8,
                 layers=4, runtime_steps=20, runtime_repeats=1, rl_steps=20),
-        Profile("paper", "the paper's scale: every MoE layer, 32 micro-batches per step, EP 32 on the paper's "
+        Profile("paper", "the paper's scale: every MoE layer, every micro-batch of the set-up card's batch, EP 32 on the paper's "
                 "cluster (20 nodes x 8 Hopper GPUs); hours on a CPU", models=("qwen3-30b-a3b", "glm-4.5-air",
                 "qwen3-235b-a22b"), workloads=("math", "science", "instruct", "code", "mixed"),
                 model="qwen3-235b-a22b", workload="mixed", ep=32, ep_sizes=(8, 16, 32, 64), cluster="paper",
-                steps=6, micro_batches=32, layers=None, planner_repeats=3, runtime_steps=30, runtime_repeats=3,
+                steps=6, micro_batches=None, layers=None, planner_repeats=3, runtime_steps=30, runtime_repeats=3,
                 rl_steps=60, scale=ScaleSweep(SCALE_MODELS, SCALE_CLUSTERS, SCALE_EP_SIZES, layers=None,
                                               micro_batches=32)),
         Profile("gpu", "the paper's scale for the simulations; measured results of real runs on GPU nodes are "
                 "read from `measured_dir` (default results/gpu_runs)", models=("qwen3-30b-a3b", "glm-4.5-air",
                 "qwen3-235b-a22b"), workloads=("math", "science", "instruct", "code", "mixed"),
                 model="qwen3-235b-a22b", workload="mixed", ep=32, ep_sizes=(8, 16, 32, 64), cluster="paper",
-                steps=6, micro_batches=32, layers=None, planner_repeats=3, rl_steps=60,
+                steps=6, micro_batches=None, layers=None, planner_repeats=3, rl_steps=60,
                 measured_dir="results/gpu_runs"),
     ]
 }

@@ -1,22 +1,13 @@
-"""Sensitivity of the headline ratios: one knob at a time around the default set-up.
+"""Sensitivity of the headline ratios: one input of the set-up card at a time, around the card's default.
 
-For each knob value the trace is generated (workload knobs) or kept (cost and cluster knobs), the
-policies are simulated (relibra.sim.simulate) and three ratios of tokens per second are kept:
-ReLibra / Megatron, ReLibra / EPLB+ and ReLibra / balanced-compute. `sensitivity` returns one tidy
-row per (knob, value), the default set-up simulated once; the `relibra sensitivity` command prints it
-as JSON or a table, and notebook 10 draws the tornado figure from `tornado_table` (per ratio and
-knob: lowest and highest ratio over the knob's values around the default, sorted by swing).
-
-Knobs and where they act:
-  batch layout          WorkloadConfig.batch_layout (relibra.workloads.BATCH_LAYOUTS)
-  tokens per slot       tokens per (micro-batch, rank) of the generated trace
-  topic concentration   WorkloadConfig.topic_concentration (how peaked a prompt group's topics are)
-  spare slots           ReLibra's spare_slots_per_gpu
-  NVLink rate, RDMA rate, GEMM half-saturation   the topology's nvlink_GBps, rdma_GBps, gemm_half_tokens,
-                        moved by fixed factors of the cluster preset's own values (_COST_FACTORS)
-  sequence length       WorkloadConfig.length_scale (generated sequence lengths; attention follows
-                        the trace's seq_lens)
-  cluster preset        relibra.cluster presets
+The default set-up is a set-up card (relibra.setups, data/setups/paper.toml). Every knob moves one of its
+inputs over the range the card gives (assumed inputs sweep their stated range; measured and published
+ones their alternatives: the link rates of other Hopper measurements, the other batch layouts); all the
+others stay at the card's values. For each knob value the trace is generated (batch and routing knobs)
+or kept (cost and cluster knobs), the policies are simulated (relibra.sim.simulate) and three ratios of
+tokens per second are kept: ReLibra / Megatron, ReLibra / EPLB+ and ReLibra / balanced-compute.
+`sensitivity` returns one tidy row per (knob, value), the default set-up simulated once; `relibra
+sensitivity` prints it, and notebook 10 draws the tornado from `tornado_table`.
 """
 
 from __future__ import annotations
@@ -28,69 +19,111 @@ import pandas as pd
 RATIOS = ("relibra_over_megatron", "relibra_over_eplb_plus", "relibra_over_balanced_compute")
 POLICIES = ("relibra", "eplb+", "megatron", "balanced-compute")
 SENSITIVITY_COLUMNS = ["knob", "value", "is_default", "policy", *RATIOS, "relibra_skewness", "model", "ep",
-                       "cluster"]
-KNOBS = ("batch layout", "tokens per slot", "topic concentration", "spare slots", "NVLink rate", "RDMA rate",
-         "GEMM half-saturation", "sequence length", "cluster preset")
-DERIVED = "derived"  # the "tokens per slot" value that means: derived from the global batch (WorkloadConfig)
-
-# Excursions of the cost knobs, as factors of the cluster preset's own value. On the `paper` preset they give
-# NVLink 77.5 / 155 / 450 GB/s (half DeepEP's measured rate, DeepEP's, the H800 datasheet), RDMA 25 / 50 /
-# 100 GB/s and GEMM half-saturation 256 / 512 / 1024 tokens; other presets move by the same factors.
-_COST_FACTORS = {"NVLink rate": (0.5, 1.0, 450.0 / 155.0), "RDMA rate": (0.5, 1.0, 2.0),
-                 "GEMM half-saturation": (0.5, 1.0, 2.0)}
-_COST_FIELDS = {"NVLink rate": "nvlink_GBps", "RDMA rate": "rdma_GBps", "GEMM half-saturation": "gemm_half_tokens"}
+                       "cluster", "setup"]
 
 
-def cost_factors() -> dict[str, tuple[float, ...]]:
-    """{cost knob: the factors of the cluster preset's own value it is moved by}."""
-    return dict(_COST_FACTORS)
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """One input the sensitivity study moves: its card entry (None: not a card entry), where it acts
+    ("workload", "topology", "cost", "policy", "cluster preset") and the field it sets there."""
+
+    name: str
+    entry: str | None
+    acts_on: str
+    field: str
+    unit: str = ""
 
 
-def knob_values(quick: bool = False, cluster: str = "paper", tokens_per_rank: int | None = None) -> dict[str, list]:
-    """{knob: values}, every knob's default (see `defaults`) among them, in KNOBS order.
+KNOBS: tuple[Knob, ...] = (
+    Knob("batch layout", "batch.layout", "workload", "batch_layout"),
+    Knob("tokens per micro-batch", "batch.tokens_per_gpu_per_microbatch", "workload", "tokens_per_microbatch",
+         "tokens"),
+    Knob("data-parallel size", "batch.data_parallel_size", "workload", "data_parallel_size", "ranks"),
+    Knob("samples per prompt", "batch.responses_per_prompt", "workload", "responses_per_prompt"),
+    Knob("sequence length", "lengths.math", "workload", "length_scale", "x"),
+    Knob("topic concentration", None, "workload", "topic_concentration"),
+    Knob("spare slots", "training.spare_slots_per_gpu", "policy", "spare_slots_per_gpu"),
+    Knob("optimizer sharding", "training.distributed_optimizer", "cost", "dp_size"),
+    Knob("NVLink rate", "cluster.nvlink_GBps", "topology", "nvlink_GBps", "GB/s"),
+    Knob("RDMA rate", "cluster.rdma_GBps", "topology", "rdma_GBps", "GB/s"),
+    Knob("GEMM rate", "compute.matmul_tflops", "topology", "matmul_tflops", "TFLOP/s"),
+    Knob("GEMM half-saturation", "compute.gemm_half_tokens", "topology", "gemm_half_tokens", "tokens"),
+    Knob("attention efficiency", "compute.attention_efficiency", "topology", "attention_efficiency"),
+    Knob("collective latency", "compute.collective_latency_s", "topology", "collective_latency_s", "s"),
+    Knob("cluster preset", None, "cluster preset", ""),
+)
+KNOB_NAMES = tuple(k.name for k in KNOBS)
+# The synthetic routing's calibration knob: how peaked one prompt group's topics are (no card entry;
+# relibra.workloads.WorkloadConfig, calibrated against the paper's skewness, docs/traces.md).
+TOPIC_CONCENTRATIONS = (0.1, 0.2, 0.4)
+OTHER_CLUSTERS = ("h800", "paper-datasheet", "h100")
 
-    cluster, tokens_per_rank: the default set-up (cost knobs move by fixed factors of the cluster's
-    rates; tokens per slot: "derived" or 4096 / 8192 / 16384 when the default derives it from the
-    batch, else 0.5x / 1x / 2x the given size). quick: two values per knob, the default and the first
-    other one (for tests and a first look).
+
+def _knob(name: str) -> Knob:
+    from relibra.errors import ConfigError
+
+    for k in KNOBS:
+        if k.name == name:
+            return k
+    raise ConfigError(f"unknown sensitivity knob {name!r}; known: {', '.join(KNOB_NAMES)}")
+
+
+def knob_values(quick: bool = False, setup: str = "paper") -> dict[str, list]:
+    """{knob: values}, the card's default first among them, in KNOBS order.
+
+    A numeric entry with a range sweeps low, default, high (tokens per micro-batch also 8192); the
+    batch layout every layout; optimizer sharding off and on; topic concentration 0.1 / 0.2 / 0.4; the
+    cluster preset the card's cluster and three presets. quick: the default and one other value.
     """
-    from relibra.cluster import get_topology
+    from relibra.setups import load_card
     from relibra.workloads import BATCH_LAYOUTS
 
-    topo = get_topology(cluster)
-    base = defaults(cluster, tokens_per_rank)
-    values = {
-        "batch layout": list(BATCH_LAYOUTS),
-        "tokens per slot": ([DERIVED, 4096, 8192, 16384] if tokens_per_rank is None else
-                            [max(1, tokens_per_rank // 2), tokens_per_rank, 2 * tokens_per_rank]),
-        "topic concentration": [0.1, 0.2, 0.4],
-        "spare slots": [1, 2, 4],
-        **{k: [round(f * getattr(topo, _COST_FIELDS[k]), 6) for f in fs] for k, fs in _COST_FACTORS.items()},
-        "sequence length": [0.5, 1.0, 2.0],
-        "cluster preset": list(dict.fromkeys([cluster, "paper", "paper-datasheet", "h100"])),
-    }
-    for knob, vals in values.items():
-        if base[knob] not in vals:
-            vals.insert(0, base[knob])
+    card = load_card(setup)
+    base = defaults(setup)
+    values: dict[str, list] = {}
+    for k in KNOBS:
+        if k.name == "batch layout":
+            vals = list(BATCH_LAYOUTS)
+        elif k.name == "sequence length":
+            vals = list(card.entries[k.entry].range)
+        elif k.name == "topic concentration":
+            vals = list(TOPIC_CONCENTRATIONS)
+        elif k.name == "cluster preset":
+            vals = list(OTHER_CLUSTERS)
+        elif k.name == "tokens per micro-batch":
+            low, high = card.entries[k.entry].range
+            vals = sorted({low, 8192, high})
+        else:
+            vals = list(card.entries[k.entry].range)
+        if k.name in ("batch layout", "cluster preset"):  # categories: the default first
+            vals = list(dict.fromkeys([base[k.name]] + vals))
+        else:
+            vals = sorted(set(vals) | {base[k.name]})
         if quick:
-            values[knob] = [v for v in vals if v == base[knob] or v == next(x for x in vals if x != base[knob])]
+            other = next(v for v in vals if v != base[k.name])
+            vals = [v for v in vals if v in (base[k.name], other)]
+        values[k.name] = vals
     return values
 
 
-def defaults(cluster: str = "paper", tokens_per_rank: int | None = None) -> dict:
-    """The default value of every knob (the generator's, ReLibra's and the cluster preset's)."""
-    from relibra.cluster import get_topology
-    from relibra.policies import get_policy
+def defaults(setup: str = "paper") -> dict:
+    """The default value of every knob: the card's (sequence length: scale 1; topic concentration: the
+    generator's; cluster preset: the card's own cluster)."""
+    from relibra.setups import load_card
     from relibra.workloads import WorkloadConfig
 
-    cfg = WorkloadConfig()
-    topo = get_topology(cluster)
-    tokens = tokens_per_rank if tokens_per_rank is not None else cfg.tokens_per_rank
-    return {"batch layout": cfg.batch_layout, "tokens per slot": DERIVED if tokens is None else tokens,
-            "topic concentration": cfg.topic_concentration,
-            "spare slots": get_policy("relibra").spare_slots_per_gpu, "NVLink rate": topo.nvlink_GBps,
-            "RDMA rate": topo.rdma_GBps, "GEMM half-saturation": topo.gemm_half_tokens,
-            "sequence length": cfg.length_scale, "cluster preset": cluster}
+    card = load_card(setup)
+    out = {}
+    for k in KNOBS:
+        if k.name == "sequence length":
+            out[k.name] = 1.0
+        elif k.name == "topic concentration":
+            out[k.name] = WorkloadConfig().topic_concentration
+        elif k.name == "cluster preset":
+            out[k.name] = card.name
+        else:
+            out[k.name] = card.value(k.entry)
+    return out
 
 
 def _ratios(summary: pd.DataFrame) -> dict:
@@ -101,78 +134,85 @@ def _ratios(summary: pd.DataFrame) -> dict:
             "relibra_skewness": float(summary.set_index("policy").loc["relibra", "skewness"])}
 
 
-def sensitivity(model: str, ep: int, cluster: str = "paper", workload: str = "mixed", micro_batches: int = 8,
-                layers: int | None = None, steps: int = 2, seed: int = 0, quick: bool = False,
-                knobs: list[str] | None = None, progress: bool = True,
-                tokens_per_rank: int | None = None) -> pd.DataFrame:
-    """Ratios per (knob, value), varying one knob at a time: a tidy DataFrame (SENSITIVITY_COLUMNS).
+def case_inputs(card, knob: Knob, value, ep: int, micro_batches: int | None = None):
+    """(WorkloadConfig, Topology, CostParams, policy params, micro-batches) of the card with one knob
+    moved to `value`."""
+    from relibra.cluster import get_topology
 
-    model, ep, cluster, workload, tokens_per_rank (None: derived from the global batch): the default
-    set-up; micro_batches, layers (None: all), steps: the trace's size (the last steps - 1 steps are
-    simulated, the first is history); knobs: a subset of KNOBS (None: all); quick: two values per
-    knob (knob_values). The default set-up is simulated once and its ratios fill every knob's default
-    row. Same arguments, same frame.
+    cfg_changes, topo_changes, cost_changes = {}, {}, {}
+    policy_params = card.policy_params()
+    if knob.acts_on == "workload":
+        cfg_changes[knob.field] = value
+    elif knob.acts_on == "topology":
+        topo_changes = {knob.field: float(value), "name": f"{card.name},{knob.field}={value}"}
+    elif knob.acts_on == "policy":
+        policy_params = {"relibra": {**policy_params.get("relibra", {}), knob.field: int(value)}}
+    elif knob.name == "optimizer sharding":
+        on = dataclasses.replace(card, entries={**card.entries, knob.entry: dataclasses.replace(
+            card.entries[knob.entry], value=bool(value))})
+        cost_changes["dp_size"] = on.expert_dp_size(ep)
+    cfg = card.workload_config(**cfg_changes)
+    if cfg.batch_layout != "token-budget" and micro_batches is None:
+        micro_batches = card.micro_batches  # None: the generator's fixed count for such layouts
+    topo = card.topology(**topo_changes) if knob.acts_on != "cluster preset" or value == card.name \
+        else get_topology(value)
+    return cfg, topo, card.cost_params(ep, **cost_changes), policy_params, micro_batches
+
+
+def sensitivity(model: str, ep: int, setup: str = "paper", workload: str = "mixed", micro_batches: int | None = None,
+                layers: int | None = None, steps: int = 2, seed: int = 0, quick: bool = False,
+                knobs: list[str] | None = None, progress: bool = True) -> pd.DataFrame:
+    """Ratios per (knob, value), varying one card input at a time: a tidy DataFrame (SENSITIVITY_COLUMNS).
+
+    model, ep, workload: the case; setup: the set-up card of the default (name or path);
+    micro_batches (None: the card's, derived from its budget under token-budget), layers (None: all),
+    steps: the trace's size (the last steps - 1 steps are simulated, the first is history); knobs: a
+    subset of KNOB_NAMES (None: all); quick: two values per knob (knob_values). The default set-up is
+    simulated once and its ratios fill every knob's default row. Same arguments, same frame.
     """
     from relibra.progress import progress as tqdm
 
-    from relibra.cluster import get_topology
     from relibra.errors import ConfigError
     from relibra.experiments.config import scaled_model
+    from relibra.setups import load_card
     from relibra.sim import simulate
-    from relibra.workloads import WorkloadConfig, generate_trace
+    from relibra.workloads import generate_trace
 
+    card = load_card(setup)
     shape = scaled_model(model, layers)
-    base = defaults(cluster, tokens_per_rank)
-    values = knob_values(quick, cluster, tokens_per_rank)
+    base = defaults(setup)
+    values = knob_values(quick, setup)
     chosen = list(values) if knobs is None else list(dict.fromkeys(knobs))
     unknown = [k for k in chosen if k not in values]
     if unknown or not chosen:
         raise ConfigError(f"unknown sensitivity knob(s) {unknown or chosen}; known: {', '.join(values)}")
-    default_cfg = WorkloadConfig(tokens_per_rank=tokens_per_rank)
     traces: dict = {}
 
-    def trace_for(cfg: WorkloadConfig):
-        key = dataclasses.astuple(cfg)
+    def trace_for(cfg, mbs):
+        key = (dataclasses.astuple(cfg), mbs)
         if key not in traces:
-            traces[key] = generate_trace(shape, workload, ep, steps=steps, seed=seed, micro_batches=micro_batches,
-                                         config=cfg)
+            traces[key] = generate_trace(shape, workload, ep, steps=steps, seed=seed, micro_batches=mbs, config=cfg)
         return traces[key]
 
     cases = [(k, v) for k in chosen for v in values[k]]
     rows = []
     default_ratios = None
-    for knob, value in tqdm(cases, desc="sensitivity", unit="case", disable=not progress):
-        cfg = default_cfg
-        topo = get_topology(cluster)
-        is_default = value == base[knob]
+    for name, value in tqdm(cases, desc="sensitivity", unit="case", disable=not progress):
+        knob = _knob(name)
+        is_default = value == base[name]
         if is_default and default_ratios is not None:  # the default set-up: simulated once
-            rows.append({"knob": knob, "value": value, "is_default": True, "policy": "relibra", **default_ratios,
-                         "model": shape.name, "ep": ep, "cluster": topo.name})
+            rows.append({"knob": name, "value": value, "is_default": True, "policy": "relibra", **default_ratios,
+                         "model": shape.name, "ep": ep, "cluster": card.name, "setup": card.name})
             continue
-        params = {}
-        if knob == "batch layout":
-            cfg = dataclasses.replace(cfg, batch_layout=value)
-        elif knob == "tokens per slot":
-            cfg = dataclasses.replace(cfg, tokens_per_rank=None if value == DERIVED else int(value))
-        elif knob == "topic concentration":
-            cfg = dataclasses.replace(cfg, topic_concentration=float(value))
-        elif knob == "sequence length":
-            cfg = dataclasses.replace(cfg, length_scale=float(value))
-        elif knob == "spare slots":
-            params = {"relibra": {"spare_slots_per_gpu": int(value)}}
-        elif knob in _COST_FIELDS and not is_default:
-            field = _COST_FIELDS[knob]
-            topo = topo.with_changes(name=f"{cluster},{field}={value}", **{field: float(value)})
-        elif knob == "cluster preset":
-            topo = get_topology(value)
-        trace = trace_for(cfg)
-        result = simulate(trace, topo, list(POLICIES), steps=steps - 1 if steps > 1 else None,
-                          policy_params=params, progress=False, references=False)
+        cfg, topo, params, policy_params, mbs = case_inputs(card, knob, value, ep, micro_batches)
+        trace = trace_for(cfg, mbs)
+        result = simulate(trace, topo, list(POLICIES), steps=steps - 1 if steps > 1 else None, params=params,
+                          policy_params=policy_params, progress=False, references=False)
         ratios = _ratios(result.summary)
         if is_default:
             default_ratios = ratios
-        rows.append({"knob": knob, "value": value, "is_default": is_default, "policy": "relibra", **ratios,
-                     "model": shape.name, "ep": ep, "cluster": topo.name})
+        rows.append({"knob": name, "value": value, "is_default": is_default, "policy": "relibra", **ratios,
+                     "model": shape.name, "ep": ep, "cluster": topo.name, "setup": card.name})
     frame = pd.DataFrame(rows, columns=SENSITIVITY_COLUMNS)
     frame["value"] = frame["value"].astype(object)
     return frame
@@ -205,11 +245,11 @@ def tornado_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def config_sensitivity(cfg, progress: bool = True) -> pd.DataFrame:
-    """`sensitivity` at a notebook Config's scale (notebook 10): its model, EP, cluster, workload,
-    micro-batches, layers, steps, tokens per slot and seed; knobs from the `knobs` parameter, else the
-    profile's `sensitivity_knobs` (None: all), and the profile's `sensitivity_quick`."""
+    """`sensitivity` at a notebook Config's scale (notebook 10): its model, EP, workload, micro-batches,
+    layers, steps and seed on the `setup` card (default paper); knobs from the `knobs` parameter, else
+    the profile's `sensitivity_knobs` (None: all), and the profile's `sensitivity_quick`."""
     knobs = cfg.extra.get("knobs") or cfg.sizes.sensitivity_knobs
-    return sensitivity(cfg.model, cfg.ep, cluster=cfg.cluster, workload=cfg.workload, micro_batches=cfg.micro_batches,
-                       layers=cfg.layers, steps=cfg.steps, seed=cfg.seed, quick=cfg.sizes.sensitivity_quick,
-                       knobs=None if knobs is None else list(knobs), progress=progress,
-                       tokens_per_rank=cfg.tokens_per_rank)
+    return sensitivity(cfg.model, cfg.ep, setup=cfg.extra.get("setup") or "paper", workload=cfg.workload,
+                       micro_batches=cfg.micro_batches, layers=cfg.layers, steps=cfg.steps, seed=cfg.seed,
+                       quick=cfg.sizes.sensitivity_quick, knobs=None if knobs is None else list(knobs),
+                       progress=progress)

@@ -24,17 +24,21 @@ def make_policy(name: str, **params):
 
 def simulate_trace(cfg: Config, trace, policies=None, cluster: str | None = None, workload: str | None = None,
                    policy_params: dict | None = None, keep_costs: bool = False, with_result: bool = False):
-    """Simulate `policies` (default cfg.policies) on `trace`; one summary row per policy.
+    """Simulate `policies` (default cfg.policies) on `trace` with the set-up card's cost knobs and
+    ReLibra parameters (parameter `setup`, default paper); one summary row per policy.
 
     Returns a DataFrame with relibra.sim.SUMMARY_COLUMNS plus model, workload, ep, cluster
     (and the SimResult too when with_result).
     """
+    from relibra.setups import load_card
     from relibra.sim import simulate
 
     policies = list(policies or cfg.policies)
     cluster = cluster or cfg.cluster
+    card = load_card(cfg.extra.get("setup") or "paper")
     res = simulate(trace, cluster, policies, steps=min(history_steps(cfg), trace.num_steps),
-                   policy_params=policy_params, progress=False,
+                   policy_params={**card.policy_params(), **(policy_params or {})}, progress=False,
+                   params=card.cost_params(trace.ep),
                    workload=workload or str(trace.provenance.get("workload", "")), keep_costs=keep_costs)
     summary = res.summary.copy()
     summary.insert(0, "cluster", res.config["cluster"])
@@ -97,9 +101,11 @@ def simulate_with_plans(cfg: Config, trace, policies, cluster: str | None = None
     with those plan figures averaged per policy.
     """
     from relibra.cluster import resolve_topology
+    from relibra.setups import load_card
     from relibra.sim import simulate
 
     topo = resolve_topology(cluster or cfg.cluster)
+    card = load_card(cfg.extra.get("setup") or "paper")
     _, gpn = topo.ep_layout(trace.ep)
 
     def extras(plan, cost) -> dict:
@@ -111,7 +117,8 @@ def simulate_with_plans(cfg: Config, trace, policies, cluster: str | None = None
         return row
 
     result = simulate(trace, topo, list(policies), steps=min(history_steps(cfg), trace.num_steps),
-                      policy_params=policy_params, progress=False, workload=workload, step_extras=extras)
+                      policy_params={**card.policy_params(), **(policy_params or {})}, progress=False,
+                      workload=workload, step_extras=extras, params=card.cost_params(trace.ep))
     per_step, summary = result.per_step, result.summary
     extra = per_step.groupby("policy")[["gpu_skewness", "node_skewness", "cross_node_share", "replicas_per_gpu",
                                         "migration_gb", "migration_inter_node_gb", "forward_s", "transfer_s",

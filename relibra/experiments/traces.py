@@ -11,18 +11,21 @@ _TRACE_CACHE: dict[tuple, object] = {}
 
 def make_trace(cfg: Config, model: str | None = None, workload: str | None = None, ep: int | None = None,
                steps: int | None = None, seed: int | None = None):
-    """The synthetic RL routing trace of (model, workload, ep) at the config's scale (cached per kernel).
+    """The synthetic RL routing trace of (model, workload, ep) at the config's scale (cached per kernel),
+    its batch laid out as the set-up card (parameter `setup`, default paper) says.
 
     Returns a RoutingTrace with loads int32 [steps, micro_batches, layers, ep, experts].
     """
+    from relibra.setups import load_card
     from relibra.workloads import generate_trace
 
     shape = cfg.model_shape(model)
+    setup = cfg.extra.get("setup") or "paper"
     key = (shape, workload or cfg.workload, int(ep or cfg.ep), int(steps or cfg.steps), cfg.micro_batches,
-           cfg.tokens_per_rank, int(cfg.seed if seed is None else seed))
+           cfg.tokens_per_rank, int(cfg.seed if seed is None else seed), setup)
     if key not in _TRACE_CACHE:
         _TRACE_CACHE[key] = generate_trace(shape, key[1], key[2], key[3], seed=key[6], micro_batches=key[4],
-                                           tokens_per_rank=key[5])
+                                           tokens_per_rank=key[5], config=load_card(setup).workload_config())
     return _TRACE_CACHE[key]
 
 

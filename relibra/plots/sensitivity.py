@@ -9,9 +9,10 @@ import pandas as pd
 from relibra.labels import RATIO_LABELS, knob_value
 from relibra.plots.style import titled
 
-KNOB_UNITS = {"tokens per slot": "tokens", "topic concentration": "Dirichlet", "spare slots": "per GPU",
-              "NVLink rate": "GB/s", "RDMA rate": "GB/s", "GEMM half-saturation": "tokens",
-              "sequence length": "x generator's"}
+KNOB_UNITS = {"tokens per micro-batch": "tokens", "data-parallel size": "ranks", "topic concentration": "Dirichlet",
+              "spare slots": "per GPU", "NVLink rate": "GB/s", "RDMA rate": "GB/s", "GEMM rate": "TFLOP/s",
+              "GEMM half-saturation": "tokens", "attention efficiency": "of the GEMM rate",
+              "collective latency": "s", "sequence length": "x the card's"}
 LOW_COLOR, HIGH_COLOR = (0.27, 0.51, 0.71), (0.84, 0.37, 0.30)
 
 

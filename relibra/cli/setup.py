@@ -1,0 +1,79 @@
+"""`relibra setup ...`: the set-up cards (data/setups/*.toml), every modelling input with its source."""
+
+from __future__ import annotations
+
+import json
+
+from relibra.errors import ConfigError
+
+
+def add_setup_arguments(p) -> None:
+    """--setup, --layout and --tokens-per-microbatch, shared by the commands that simulate a set-up."""
+    p.add_argument("--setup", default="paper",
+                   help="set-up card: a name under data/setups/ (paper, one-sequence) or a .toml path (default paper)")
+    p.add_argument("--layout", default=None,
+                   help="batch layout instead of the card's: token-budget, verl-balance, verl, verl-dynamic, slime, "
+                        "slime-dynamic, megatron (docs/traces.md)")
+    p.add_argument("--tokens-per-microbatch", type=int, default=None,
+                   help="token budget per GPU per micro-batch instead of the card's (token-budget layout)")
+
+
+def card_with_overrides(setup: str, layout: str | None, tokens_per_microbatch: int | None):
+    """The card `setup` with --layout and --tokens-per-microbatch applied (each re-sourced to the flag)."""
+    from relibra.setups import load_card
+
+    card = load_card(setup)
+    changes = {}
+    if layout is not None:
+        changes["batch__layout"] = layout
+    if tokens_per_microbatch is not None:
+        if isinstance(tokens_per_microbatch, bool) or tokens_per_microbatch <= 0:
+            raise ConfigError(f"--tokens-per-microbatch must be a positive integer, got {tokens_per_microbatch}")
+        changes["batch__tokens_per_gpu_per_microbatch"] = tokens_per_microbatch
+    if not changes:
+        return card
+    flags = " ".join(f"--{k.split('__')[1].replace('_', '-')}" for k in changes)
+    return card.with_values(f"command line ({flags})", **changes)
+
+
+def _show(args) -> int:
+    from relibra.setups import load_card
+
+    card = load_card(args.card)
+    rows = card.rows()
+    if args.json:
+        print(json.dumps({"name": card.name, "description": card.description, "path": card.path, "entries": rows},
+                         indent=2))
+        return 0
+    print(f"set-up card {card.name} ({card.path})\n{card.description}\n")
+    for row in rows:
+        value = row["value"]
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items())
+        rng = "" if row["range"] is None else f"  [sweep {row['range'][0]} .. {row['range'][1]}]"
+        print(f"{row['key']} = {value} {row['unit']}".rstrip() + f"  ({row['kind']}){rng}")
+        print(f"    source: {row['source']}")
+    return 0
+
+
+def _list(args) -> int:
+    from relibra.setups import card_names, load_card
+
+    for name in card_names():
+        card = load_card(name)
+        print(f"{name}: {card.description}")
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("setup", help="set-up cards: every input of a simulated set-up with its source",
+                                   description="Set-up cards (data/setups/*.toml): each modelling input of a "
+                                               "simulated set-up with its value, unit, kind (published, measured, "
+                                               "assumed) and source.", allow_abbrev=False)
+    sub = parser.add_subparsers(dest="setup_command", metavar="ACTION", required=True)
+    show = sub.add_parser("show", help="print a card", allow_abbrev=False)
+    show.add_argument("card", nargs="?", default="paper", help="card name or .toml path (default paper)")
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+    show.set_defaults(func=_show)
+    lst = sub.add_parser("list", help="the shipped cards", allow_abbrev=False)
+    lst.set_defaults(func=_list)
