@@ -252,9 +252,15 @@ def test_report_lists_figures_headline_and_environment(tmp_path):
 
     nb = tmp_path / "02_throughput"
     nb.mkdir()
-    t = pd.DataFrame([{"model": "m", "workload": "w", "policy": p, "tokens_per_s": v}
-                      for p, v in (("megatron", 1.0), ("eplb+", 1.2), ("relibra", 1.5), ("balanced", 1.6))])
-    result = ThroughputResult(throughput=t, headline_ratios=ex.headline_ratios(t))
+    from relibra.experiments.headline import verdict_table
+
+    t = pd.DataFrame([{"model": "m", "workload": "w", "seed": 0, "policy": p, "tokens_per_s": v}
+                      for p, v in (("megatron", 1.0), ("eplb+", 1.2), ("relibra", 1.5), ("balanced", 1.6),
+                                   ("balanced-compute", 1.55))])
+    verdict = verdict_table(t).assign(alternatives_low=1.1, alternatives_high=1.9, why="a reason", scale="full scale")
+    empty = pd.DataFrame()
+    result = ThroughputResult(throughput=t, case_ratios=empty, verdict=verdict, ratio_vs_budget=empty,
+                              alternatives=empty, overheads=empty, setup="paper", caption="simulated, fixture grid")
     result.save(type("Folder", (), {"out_dir": nb, "save_csv": lambda self, df, name, doc="": df.to_csv(
         nb / f"{name}.csv", index=False)})())
     manifest = {"notebook": "02_throughput", "config": {"profile": "tiny", "cluster": "paper", "ep": 32},
@@ -267,7 +273,9 @@ def test_report_lists_figures_headline_and_environment(tmp_path):
     text = write_report(tmp_path, "tiny", {"02_throughput": {"status": "ok", "wall_seconds": 1.0},
                                            "03_ablation": {"status": "failed", "error": "boom"}},
                         total_seconds=61.0).read_text()
-    assert "![tp](02_throughput/tp.png)" in text and "up to 1.50x" in text and "up to 1.6x" in text
+    assert "![tp](02_throughput/tp.png)" in text and "1.50x (m, w, seed 0)" in text and "up to 1.6x" in text
+    assert text.index("## The verdict") < text.index("Last run")  # the report opens with the verdict
+    assert "1.10x - 1.90x" in text and "a reason" in text
     assert "megatron-core" in text and "cpu_count" in text and "simulated (paper)" in text
     assert "03_ablation (boom)" in text and "| ep=32 |" in text  # a non-default run is marked
 

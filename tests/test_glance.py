@@ -10,11 +10,13 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from relibra.errors import ConfigError
-from relibra.experiments import headline_ratios, project_root
+from relibra.experiments import project_root
+from relibra.experiments.headline import verdict_table
 from relibra.experiments.registry import (OverheadResult, RuntimeResult, ScaleResult, SensitivityResult,
                                           SkewnessResult, ThroughputResult)
 from relibra.glance import (BEGIN, END, glance_markdown, glance_rows, readme_block, replace_block, update_readme,
@@ -48,8 +50,10 @@ def _runtime(step_results: pd.DataFrame | None = None, recorded: pd.DataFrame | 
                          label="fixture", hardware="fixture cpu")
 
 
-SPEEDS = {("m1", "w1"): {"megatron": 100.0, "eplb+": 125.0, "relibra": 137.0, "balanced": 150.0},
-          ("m1", "w2"): {"megatron": 100.0, "eplb+": 110.0, "relibra": 121.0, "balanced": 130.0}}
+POLICIES = ("megatron", "eplb+", "relibra", "balanced", "balanced-compute")
+SPEEDS = {("m1", "w1", 0): dict(zip(POLICIES, (100.0, 125.0, 137.0, 150.0, 140.0))),
+          ("m1", "w1", 1): dict(zip(POLICIES, (100.0, 120.0, 130.0, 150.0, 140.0))),
+          ("m1", "w2", 0): dict(zip(POLICIES, (100.0, 110.0, 121.0, 130.0, 125.0)))}
 
 
 def _numbers(text: str) -> list[float]:
@@ -59,10 +63,14 @@ def _numbers(text: str) -> list[float]:
 
 def _fixture_results(out: Path) -> None:
     """Made-up typed results in the layout the notebooks write (column names as in relibra.experiments)."""
-    t = pd.DataFrame([{"model": m, "workload": w, "ep": 32, "cluster": "paper", "policy": p, "tokens_per_s": v}
-                      for (m, w), d in SPEEDS.items() for p, v in d.items()])
-    _write(out, "02_throughput", ThroughputResult(throughput=t, headline_ratios=headline_ratios(t)),
-           config={"cluster": "paper", "ep": 32, "profile": "fixture"})
+    t = pd.DataFrame([{"model": m, "workload": w, "seed": seed, "policy": p, "tokens_per_s": v}
+                      for (m, w, seed), d in SPEEDS.items() for p, v in d.items()])
+    verdict = verdict_table(t).assign(alternatives_low=1.05, alternatives_high=1.45, why="fixture reason",
+                                      scale="full scale")
+    empty = pd.DataFrame()
+    _write(out, "02_throughput", ThroughputResult(
+        throughput=t, case_ratios=empty, verdict=verdict, ratio_vs_budget=empty, alternatives=empty, overheads=empty,
+        setup="paper", caption="simulated on the `paper` set-up card, EP 32; fixture grid"), config={"profile": "fixture"})
     _write(out, "06_skewness", SkewnessResult(skewness=pd.DataFrame(
         [{"sweep": "ep", "model": "m1", "workload": "w1", "ep": ep, "policy": p, "skewness": s, "skewness_p95": s}
          for ep, p, s in ((8, "megatron", 2.71), (64, "megatron", 3.14), (8, "relibra", 1.01), (64, "relibra", 1.07))]
@@ -93,16 +101,20 @@ def test_glance_values_flow_from_the_tables(tmp_path):
     rows = glance_rows(tmp_path)
     text = dict(zip(rows["what"], rows["figure"]))
     how = dict(zip(rows["what"], rows["how it was obtained"]))
-    # each figure shows the numbers computed from the fixture tables (words and layout are glance's own)
-    best = [SPEEDS[case]["relibra"] / SPEEDS[case]["megatron"] for case in SPEEDS]  # 1.37, 1.21
-    over_eplb = [SPEEDS[case]["relibra"] / SPEEDS[case]["eplb+"] for case in SPEEDS]
-    gap = [100 * (1 - SPEEDS[case]["relibra"] / SPEEDS[case]["balanced"]) for case in SPEEDS]
-    assert _numbers(text["ReLibra / Megatron"])[:5] == [round(max(best), 2), 32, round(min(best), 2),
-                                                        round(max(best), 2), len(SPEEDS)]
-    assert _numbers(text["ReLibra / EPLB+ (oracle)"])[0] == round(max(over_eplb), 2)
-    assert _numbers(text["gap to Balanced (1 - ReLibra / Balanced)"])[:2] == [round(min(gap), 1), round(max(gap), 1)]
-    assert how["ReLibra / Megatron"].startswith("**simulated**") and "fixture profile: made-up numbers" in how[
-        "ReLibra / Megatron"]
+    # 02: each figure shows the numbers computed from the fixture tables (words and layout are glance's own)
+    over_megatron = [d["relibra"] / d["megatron"] for d in SPEEDS.values()]  # 1.37, 1.30, 1.21
+    over_eplb = [d["relibra"] / d["eplb+"] for d in SPEEDS.values()]
+    gap = [100 * (1 - d["relibra"] / d["balanced"]) for d in SPEEDS.values()]
+    best = max(SPEEDS, key=lambda case: SPEEDS[case]["relibra"] / SPEEDS[case]["megatron"])
+    assert _numbers(text["ReLibra / Megatron"]) == [
+        round(float(np.mean(over_megatron)), 2), round(min(over_megatron), 2), round(max(over_megatron), 2),
+        len(SPEEDS), len({case[2] for case in SPEEDS}), round(max(over_megatron), 2), best[2], 1.05, 1.45, 1.6]
+    assert _numbers(text["ReLibra / EPLB+ (oracle loads)"])[:3] == [
+        round(float(np.mean(over_eplb)), 2), round(min(over_eplb), 2), round(max(over_eplb), 2)]
+    assert _numbers(text["gap to Balanced (1 - ReLibra / Balanced)"])[:3] == [
+        round(float(np.mean(gap)), 1), round(min(gap), 1), round(max(gap), 1)]
+    assert how["ReLibra / Megatron"].startswith("**simulated on the `paper` set-up card")
+    assert how["ReLibra / EPLB+ (oracle loads)"] == "same as above"
     # 06: the EP sweep only (the workload row's 9.99 stays out): per policy min-max over EP
     skew = text["rank skewness (max / mean tokens per GPU), mean over plans, EP 8-64"]
     assert _numbers(skew) == [2.71, 3.14, 1.01, 1.07] and "9.99" not in skew
@@ -131,10 +143,10 @@ def test_glance_skips_missing_tables_and_names_broken_ones(tmp_path):
     shutil.rmtree(tmp_path / "08_runtime")
     shutil.rmtree(tmp_path / "10_sensitivity")
     whats = list(glance_rows(tmp_path)["what"])
-    assert len(whats) == 6 and not any("runtime" in w or "knob" in w for w in whats)
+    assert len(whats) == 7 and not any("runtime" in w or "knob" in w for w in whats)  # 4 verdict rows, 06, 07 x 2
     assert "No reproduction results" in write_glance(tmp_path / "02_throughput").read_text()
-    (tmp_path / "02_throughput" / "headline_ratios.csv").unlink()
-    with pytest.raises(ConfigError, match=r"headline_ratios\.csv: missing; rerun notebook 02_throughput"):
+    (tmp_path / "02_throughput" / "verdict.csv").unlink()
+    with pytest.raises(ConfigError, match=r"verdict\.csv: missing; rerun notebook 02_throughput"):
         glance_rows(tmp_path)
 
 
