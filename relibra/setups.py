@@ -135,9 +135,11 @@ class SetupCard:
         fields.update(changes)
         return CostParams(**fields)
 
-    def policy_params(self) -> dict:
-        """{policy: {param: value}} for relibra.sim.simulate: ReLibra's replica slots per GPU."""
-        return {"relibra": {"spare_slots_per_gpu": self.value("training.spare_slots_per_gpu")}}
+    def policy_params(self, policies=None) -> dict:
+        """{policy: {param: value}} for relibra.sim.simulate: ReLibra's replica slots per GPU; only for the
+        policies simulated when `policies` is given (the simulator refuses parameters of others)."""
+        params = {"relibra": {"spare_slots_per_gpu": self.value("training.spare_slots_per_gpu")}}
+        return params if policies is None else {k: v for k, v in params.items() if k in set(policies)}
 
     def with_values(self, source: str, **values) -> "SetupCard":
         """This card with some entries' values replaced (keys with "__" for "."), each re-sourced to `source`

@@ -70,7 +70,7 @@ def test_report_names_every_notebook(executed):
     text = (out / "REPORT.md").read_text()
     for name in NOTEBOOKS:
         assert f"### {name}" in text and f"{name}/{name}.html" in text
-    assert "Headline ratios next to the paper's claims" in text and "## Environment" in text
+    assert text.startswith("# ReLibra kit: reproduction report\n\n## The verdict: the paper's claims") and "## Environment" in text
 
 
 def test_report_shows_sensitivity_beside_the_headline(executed):
@@ -90,7 +90,7 @@ def test_report_shows_sensitivity_beside_the_headline(executed):
     assert len(defaults) == len(knobs) and (defaults[list(RATIOS)].nunique() == 1).all()
     assert ((tornado["low"] <= tornado["default"]) & (tornado["default"] <= tornado["high"])).all()
     text = (out / "REPORT.md").read_text()
-    head, sens = text.index("## Headline ratios"), text.index("## How far the headline moves: sensitivity")
+    head, sens = text.index("## The verdict"), text.index("## How far the headline moves: sensitivity")
     assert head < sens < text.index("## What ran")
     section = text[sens:text.index("## What ran")]
     assert all(f"| {k} |" in section for k in knobs) and "10_sensitivity/tornado.png" in section
@@ -127,7 +127,7 @@ def test_unknown_parameter_fails_before_any_work(tmp_path):
                              extra_parameters={"seeed": 3})
     status = statuses["02_throughput"]
     assert status["status"] == "failed"
-    assert "unknown parameter 'seeed'" in status["error"] and "seed" in status["error"].split("takes:")[1]
+    assert "unknown parameter 'seeed'" in status["error"] and "setup" in status["error"].split("takes:")[1]
     failed = tmp_path / "02_throughput.failed"  # a failed run never takes the notebook's own folder
     assert not (tmp_path / "02_throughput").exists() and (failed / "02_throughput.ipynb").exists()
     assert not list(failed.glob("*.csv"))  # it stopped before any experiment
@@ -166,10 +166,13 @@ def test_notebooks_folder_holds_sources_only():
     ("00_tutorial", {"spare_slots": 9}, "spare_slots must be 0..4"),
     ("00_tutorial", {"ep": 6}, "ep must be one of"),
     ("00_tutorial", {"skew": -1}, "skew must be in"),
-    ("02_throughput", {"model": "qwen3-999b"}, "unknown model"),
+    ("03_ablation", {"model": "qwen3-999b"}, "unknown model"),
     ("02_throughput", {"profile": "huge"}, "unknown profile"),
-    ("02_throughput", {"policies": "relibra,eplbb"}, "unknown policy 'eplbb'"),
-    ("02_throughput", {"ep": 7}, "ep=7"),
+    ("02_throughput", {"setup": "nosuch"}, "unknown set-up card 'nosuch'"),
+    ("02_throughput", {"ep": 32}, "unknown parameter 'ep'"),  # the headline grid is the profile's
+    ("03_ablation", {"policies": "relibra,eplbb"}, "unknown policy 'eplbb'"),
+    ("03_ablation", {"ep": 7}, "ep=7"),
+    ("10_sensitivity", {"setup": "nosuch"}, "unknown set-up card"),
     ("04_reordering", {"model": "qwen3-30b-a3b,glm-4.5-air"}, "studies one model"),
     ("08_runtime", {"nproc": 4, "nodes": 3}, "must divide"),
     ("09_rl_workload", {"rl_steps": 0}, "rl_steps must be >= 1"),
@@ -202,7 +205,7 @@ _CHANGED = {"model": "qwen3-30b-a3b", "workload": "code", "ep": 8, "steps": 2, "
             "rl_steps": 3, "measured_dir": "elsewhere", "placement": "lpt", "spare_slots": 1, "skew": 0.5,
             "shift": 0.1, "tokens_per_gpu": 512, "micro_batches": 2, "micro_batch": 1, "profile": "tiny",
             "knobs": "spare slots,NVLink rate", "models": "tiny,qwen3-30b-a3b", "clusters": "paper,nodes=32;nvl72",
-            "eps": "8,16"}
+            "eps": "8,16", "setup": "one-sequence"}
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

@@ -100,6 +100,6 @@ def test_setup_show_prints_every_entry(capsys):
     assert [r["key"] for r in shown["entries"]] == list(card.entries) + ["batch.tokens_per_ep_rank"]
     assert main(["setup", "show", "paper"]) == 0
     text = capsys.readouterr().out
-    assert all(key in text for key in card.entries) and "DeepEP issue 16" in text
+    assert all(key in text for key in card.entries) and "deepseek-ai/DeepEP#16" in text
     assert main(["setup", "show", "nosuch"]) == 2
     assert "unknown set-up card 'nosuch'; known: one-sequence, paper" in capsys.readouterr().err

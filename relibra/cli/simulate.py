@@ -60,7 +60,7 @@ def _simulate(args) -> int:
                               dedup=None if args.dedup is None else args.dedup == "on",
                               **({} if args.replica_buffer is None else {"replica_buffer": args.replica_buffer}))
     result = simulate(trace, topology, policies, steps=steps, params=params, workload=workload,
-                      policy_params=card.policy_params(), progress=not args.json)
+                      policy_params=card.policy_params(policies), progress=not args.json)
     rows = result.summary.to_dict(orient="records")
     if args.json:
         clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()} for row in rows]

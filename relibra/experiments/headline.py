@@ -81,7 +81,7 @@ def simulate_case(case: Case) -> pd.DataFrame:
                            micro_batches=micro_batches, config=cfg)
     topology = card.topology()
     result = simulate(trace, topology, list(case.policies), steps=1, params=card.cost_params(case.ep),
-                      policy_params=card.policy_params(), progress=False, workload=case.workload,
+                      policy_params=card.policy_params(case.policies), progress=False, workload=case.workload,
                       step_extras=lambda plan, cost: overhead_extras(plan, cost, trace.model, topology))
     summary = result.summary.copy()
     extras = result.per_step.groupby("policy")[list(OVERHEAD_EXTRAS)].mean()

@@ -147,11 +147,11 @@ def check_values(notebook: str, params: dict) -> dict:
         if unknown or not names:
             what = f"unknown sensitivity knob(s) {unknown}" if unknown else "knobs is empty"
             raise ConfigError(f"{notebook}: {what}; known: {', '.join(KNOB_NAMES)}")
+        p["knobs"] = tuple(dict.fromkeys(names))
     if p.get("setup") is not None:
         from relibra.setups import load_card
 
         load_card(p["setup"])  # an unknown card fails here, naming the known ones
-        p["knobs"] = tuple(dict.fromkeys(names))
     if p.get("models") is not None:  # notebook 11's grid
         from relibra.cluster import get_model
 

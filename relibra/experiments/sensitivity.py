@@ -140,7 +140,7 @@ def case_inputs(card, knob: Knob, value, ep: int, micro_batches: int | None = No
     from relibra.cluster import get_topology
 
     cfg_changes, topo_changes, cost_changes = {}, {}, {}
-    policy_params = card.policy_params()
+    policy_params = card.policy_params(POLICIES)
     if knob.acts_on == "workload":
         cfg_changes[knob.field] = value
     elif knob.acts_on == "topology":

@@ -37,7 +37,7 @@ def simulate_trace(cfg: Config, trace, policies=None, cluster: str | None = None
     cluster = cluster or cfg.cluster
     card = load_card(cfg.extra.get("setup") or "paper")
     res = simulate(trace, cluster, policies, steps=min(history_steps(cfg), trace.num_steps),
-                   policy_params={**card.policy_params(), **(policy_params or {})}, progress=False,
+                   policy_params={**card.policy_params(policies), **(policy_params or {})}, progress=False,
                    params=card.cost_params(trace.ep),
                    workload=workload or str(trace.provenance.get("workload", "")), keep_costs=keep_costs)
     summary = res.summary.copy()
@@ -117,7 +117,7 @@ def simulate_with_plans(cfg: Config, trace, policies, cluster: str | None = None
         return row
 
     result = simulate(trace, topo, list(policies), steps=min(history_steps(cfg), trace.num_steps),
-                      policy_params={**card.policy_params(), **(policy_params or {})}, progress=False,
+                      policy_params={**card.policy_params(policies), **(policy_params or {})}, progress=False,
                       workload=workload, step_extras=extras, params=card.cost_params(trace.ep))
     per_step, summary = result.per_step, result.summary
     extra = per_step.groupby("policy")[["gpu_skewness", "node_skewness", "cross_node_share", "replicas_per_gpu",
