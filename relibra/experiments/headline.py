@@ -115,7 +115,7 @@ def overhead_extras(plan, cost, model, topology) -> dict:
     """
     import numpy as np
 
-    replicas = (plan.replica_tokens() > 0).sum(axis=3) if plan.replica_slots else np.zeros(cost.gpu_tokens.shape)
+    replicas = (plan.occupied_replica_tokens() > 0).sum(axis=3) if plan.replica_slots else np.zeros(cost.gpu_tokens.shape)
     fixed = model.expert_flops_per_token * topology.gemm_half_tokens * replicas / topology.matmul_flops_per_s
     expert = cost.expert_seconds_per_gpu
     fragmentation = 3.0 * float((expert.max(axis=2) - (expert - fixed).max(axis=2)).sum())  # forward + 2x backward
