@@ -48,7 +48,11 @@ cfg = run.config
 result = run.compute()  # the grid, the budget sweep and the alternatives, in worker processes (one per core)
 caption = result.caption
 print(caption)
-result.verdict.drop(columns=["why"])
+
+# %%
+fig = hplots.headline_cases_plot(result.case_ratios, caption)
+run.save_figure(fig, "headline_cases", f"ReLibra / Megatron and ReLibra / EPLB+ per model and workload, mean and "
+                f"range over seeds; {caption}")
 
 # %% [markdown]
 # ### What to notice
@@ -73,9 +77,7 @@ nr.show(run.try_this())
 # layouts and link rates on one case (the sweep below).
 
 # %%
-fig = hplots.headline_cases_plot(result.case_ratios, caption)
-run.save_figure(fig, "headline_cases", f"ReLibra / Megatron and ReLibra / EPLB+ per model and workload, mean and "
-                f"range over seeds; {caption}")
+result.verdict.drop(columns=["why"])
 
 # %% [markdown]
 # ## What the layout does: the ratios against the tokens per micro-batch
@@ -114,7 +116,7 @@ result.overheads
 # The throughput ratios per (model, workload), policies sorted by their mean speed-up (fastest first):
 
 # %%
-nr.ranked(table, ["model", "workload"], "speedup_vs_megatron").round(3)
+nr.ranked(mean, ["model", "workload"], "speedup_vs_megatron").round(3)
 
 # %%
 run.finish()
