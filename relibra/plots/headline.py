@@ -35,16 +35,19 @@ def headline_cases_plot(ratios: pd.DataFrame, subtitle: str):
                         capsize=3, label=model_label(model))
         paper_x = float(paper.split()[-1].rstrip("x"))
         ax.axhline(paper_x, color="0.3", ls="--", lw=1)
-        ax.text(len(workloads) - 0.5, paper_x, f"paper: {paper}", ha="right", va="bottom", fontsize=8)
+        ax.text(0.99, paper_x, f"paper: {paper}", ha="right", va="bottom", fontsize=8,
+                transform=ax.get_yaxis_transform())
         ax.axhline(1.0, color="0.2", lw=0.8)
         ax.set_xticks(range(len(workloads)), workloads)
         ax.set_xlabel("workload")
-        ax.set_ylabel(f"{label} (tokens/s ratio)")
+        ax.set_ylabel("tokens/s ratio")
         ax.set_title(label, fontsize=10)
-    axes[0][0].legend(fontsize=7, loc="upper left", title="model (dot: mean over seeds, bar: range)",
-                      title_fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=min(3, len(labels)), frameon=False,
+               title="model (dot: mean over seeds, bar: range over seeds)", title_fontsize=8,
+               bbox_to_anchor=(0.5, -0.02))
     titled(fig, "The headline: ReLibra's throughput over Megatron and over EPLB+ with oracle loads", subtitle)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     return fig
 
 
@@ -54,7 +57,7 @@ def budget_plot(sweep: pd.DataFrame, subtitle: str):
 
     sweep: relibra.experiments.headline.budget_ratios rows with a `family` column.
     """
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.0), squeeze=False)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), squeeze=False)
     for ax, (col, label, paper) in zip(axes[0], RATIO_PANELS):
         for family, (color, marker, ls) in FAMILY_STYLE.items():
             d = sweep[sweep["family"] == family].sort_values("tokens_per_microbatch")
@@ -65,10 +68,11 @@ def budget_plot(sweep: pd.DataFrame, subtitle: str):
         ax.set_xscale("log", base=2)
         ticks = sorted(sweep["tokens_per_microbatch"].unique())
         ax.set_xticks(ticks, [f"{t // 1024}k" for t in ticks])
-        ax.set_xlabel("tokens per micro-batch and EP rank (budget, or the mean sequence)")
-        ax.set_ylabel(f"{label} (tokens/s ratio)")
+        ax.set_xlabel("tokens per micro-batch and rank")
+        ax.set_ylabel("tokens/s ratio")
         ax.set_title(f"{label}; paper: {paper}", fontsize=10)
     axes[0][0].legend(fontsize=8, loc="best")
-    titled(fig, "How the batch layout and its micro-batch size move the headline ratios", subtitle)
-    fig.tight_layout()
+    titled(fig, "How the batch layout and its micro-batch size move the headline ratios (token-budget: the budget; "
+           "one sequence per micro-batch: sequences scaled to that mean)", subtitle)
+    fig.tight_layout(w_pad=3.0)
     return fig
