@@ -627,11 +627,11 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
     if target is not None and (isinstance(target, bool) or not isinstance(target, (int, np.integer)) or target <= 0):
         raise ConfigError(f"generate_trace: tokens_per_rank must be a positive integer, got {target!r}")
     l, e, k = shape.num_layers, shape.num_experts, shape.top_k
-    if target is not None and micro_batches is not None and micro_batches * ep * target > np.iinfo(np.int32).max:
+    if target is not None and (micro_batches or 1) * ep * target > np.iinfo(np.int32).max:
         # refused before any work: a micro-batch's tokens are counted in int32, and drawing them would
         # take memory in proportion
-        raise ConfigError(f"generate_trace: {micro_batches} micro-batches x {ep} ranks x {target} tokens per rank "
-                          f"= {micro_batches * ep * target} tokens per step, beyond the int32 counts of a trace "
+        raise ConfigError(f"generate_trace: {micro_batches or 1} micro-batches x {ep} ranks x {target} tokens per rank "
+                          f"= {(micro_batches or 1) * ep * target} tokens per step, beyond the int32 counts of a trace "
                           f"({np.iinfo(np.int32).max})")
     if target is not None and target < mean_sequence_tokens(cfg, workload):
         # fewer tokens per slot than one mean sequence: shorten every sequence so a slot still holds about
