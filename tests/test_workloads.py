@@ -8,12 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relibra.analysis import trace_stats
+from relibra.bench.workload import benchmark_generate
 from relibra.cluster import ModelShape, get_model
 from relibra.errors import ConfigError, TraceError
 from relibra.trace import RoutingTrace
 from relibra.workloads import (BATCH_LAYOUTS, DEFAULT_BATCH_LAYOUT, first_fit_bins, split_largest_bins,
                                token_budget_slots, WORKLOADS, WorkloadConfig, allowed_ep,
-                               benchmark_generate, generate_trace, karmarkar_karp, layout_slots, model_seed,
+                               generate_trace, karmarkar_karp, layout_slots, model_seed,
                                pack_sequences, sample_topk_counts, water_fill)
 
 # A paper-like layer (128 experts, top-8) with few layers keeps the calibration checks cheap:

@@ -19,7 +19,7 @@ def _print(rows: list[dict], as_json: bool) -> None:
 
 
 def _workload(args) -> int:
-    from relibra.workloads import benchmark_generate
+    from relibra.bench.workload import benchmark_generate
 
     _print([benchmark_generate(model=args.model, workload=args.workload, ep=args.ep, steps=args.steps,
                                seed=args.seed)], args.json)

@@ -201,7 +201,7 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 def _calibrate(args) -> int:
     from relibra.cli.setup import card_with_overrides
-    from relibra.workloads import SHIFT_KEYS, calibration_table
+    from relibra.bench.workload import SHIFT_KEYS, calibration_table
 
     card = card_with_overrides(args.setup, args.layout, args.tokens_per_microbatch)
     rows = calibration_table(tuple(m for m in args.models.split(",") if m),
