@@ -400,7 +400,7 @@ TOPOLOGY_PRESETS: dict[str, Topology] = {
         Topology("gb200-nvl72x4", num_nodes=4, gpus_per_node=72, nvlink_GBps=900.0, rdma_GBps=50.0,
                  matmul_tflops=2250.0, memory_GBps=8000.0, hbm_bytes=186e9),
         # This machine running the gloo runtime (2 simulated nodes x 2 ranks, one thread per rank), measured
-        # by relibra.runtime.calibrate into data/cpu_gloo_calibration.json: the `tiny` expert's forward +
+        # by relibra.bench.cpu_preset into data/cpu_gloo_calibration.json: the `tiny` expert's forward +
         # backward fit, and gloo's all-to-all over loopback (one shared link, no relay). The expert fit was
         # taken by one rank alone; the runtime runs 4 ranks on this machine's 2 cores, so each rank gets
         # half a core: the preset's rate is the single-rank fit x 2 cores / 4 ranks.

@@ -38,11 +38,11 @@ rc=$?; echo "(a) exit $rc" | tee -a "$LOG"; land $rc "$DEST/runtime_cuda_world1.
 
 say "(b) expert GEMMs"
 if [ $DRY = 1 ]; then
-  timeout 120 $PY -m relibra.runtime.device_check gemm --out "$DEST" --dry-run 2>&1 | tee -a "$LOG"
+  timeout 120 $PY -m relibra.bench.device gemm --out "$DEST" --dry-run 2>&1 | tee -a "$LOG"
 else
-  timeout 180 $PY -m relibra.runtime.device_check gemm --out "$DEST" 2>&1 | tee -a "$LOG"
+  timeout 180 $PY -m relibra.bench.device gemm --out "$DEST" 2>&1 | tee -a "$LOG"
   GPU=$($PY -c "import json; print(json.load(open('$DEST/expert_gemm.json'))['device'].lower().replace('nvidia ','').split()[0])")
-  $PY -m relibra.runtime.device_check preset --gemm "$DEST/expert_gemm.json" --shape qwen3-30b-a3b \
+  $PY -m relibra.bench.device preset --gemm "$DEST/expert_gemm.json" --shape qwen3-30b-a3b \
       --out "$DEST/${GPU}_preset.json" 2>&1 | tee -a "$LOG"
 fi
 

@@ -163,7 +163,7 @@ def test_runtime_cli_rejects_bad_layout(capsys):
 # ---- calibration and the notebook-08 text (no processes) ------------------------------------------
 def test_runtime_attention_fit_recovers_a_known_efficiency():
     from relibra.cluster import get_model
-    from relibra.runtime.calibrate import fit_attention_efficiency
+    from relibra.bench.runtime_modules import fit_attention_efficiency
 
     shape, tflops, half = get_model("moe-cpu"), 0.05, 8.0
     tokens = [128, 512, 2048]

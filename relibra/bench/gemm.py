@@ -1,14 +1,17 @@
 """GEMM calibration: time a SwiGLU expert at several token counts and fit the cost model's GEMM curve
 (Topology.matmul_tflops and gemm_half_tokens, relibra.costs.flops.gemm_seconds) by non-negative least
-squares. `relibra calibrate` (relibra.runtime.calibrate) and the device checks
-(relibra.runtime.device_check) fit their presets with it."""
+squares. `relibra calibrate` (relibra.bench.cpu_preset) and the device checks (relibra.bench.device)
+fit their presets with it."""
 
 from __future__ import annotations
 
 import os
 import platform
+import time
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 from scipy.optimize import nnls
 
 from relibra.errors import ConfigError
@@ -51,10 +54,6 @@ def measure_expert_gemm(hidden: int, ffn: int, token_counts, device: str = "cpu"
     Returns {"tokens": [...], "seconds": [...] (median of `repeats`), "flops_per_token": 6 * hidden * ffn,
     "device", "dtype", "threads"}; feed it to fit_gemm_efficiency to calibrate a topology.
     """
-    import time
-
-    import torch
-
     if threads is not None and device == "cpu":
         torch.set_num_threads(threads)
     dt = getattr(torch, dtype)
@@ -74,7 +73,7 @@ def measure_expert_gemm(hidden: int, ffn: int, token_counts, device: str = "cpu"
         for i in range(repeats + 1):
             sync()
             t0 = time.perf_counter()
-            y = (torch.nn.functional.silu(x @ w_gate) * (x @ w_up)) @ w_down
+            y = (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
             sync()
             if i:  # the first run warms caches and allocators
                 times.append(time.perf_counter() - t0)
@@ -82,6 +81,41 @@ def measure_expert_gemm(hidden: int, ffn: int, token_counts, device: str = "cpu"
         seconds.append(float(np.median(times)))
     return {"tokens": [int(n) for n in token_counts], "seconds": seconds, "flops_per_token": 6 * hidden * ffn,
             "device": device, "dtype": dtype, "threads": threads}
+
+
+def time_expert_forward_backward(hidden: int, ffn: int, tokens: int, device: str = "cpu", dtype: str = "float32",
+                                  repeats: int = 7) -> list[float]:
+    """Seconds of one routed SwiGLU expert, forward + backward, at `tokens` rows: fc1 [2 * ffn, hidden] to
+    gate and up, SiLU(gate) * up, fc2 [hidden, ffn], times the routing probability, as megatron-core's
+    SequentialMLP runs an expert. One entry per repeat, the first (warm-up) run dropped; on CUDA timed
+    by events, elsewhere by the wall clock."""
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    fc1 = (torch.randn(2 * ffn, hidden, generator=g) / hidden**0.5).to(device, dt).requires_grad_()
+    fc2 = (torch.randn(hidden, ffn, generator=g) / ffn**0.5).to(device, dt).requires_grad_()
+    x = torch.randn(tokens, hidden, generator=g).to(device, dt).requires_grad_()
+    prob = torch.rand(tokens, 1, generator=g).to(device, dt)
+    grad_out = torch.ones(tokens, hidden, device=device, dtype=dt)
+    cuda = device.startswith("cuda")
+    seconds = []
+    for i in range(repeats + 1):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        gate, up = F.linear(x, fc1).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, fc2) * prob
+        y.backward(grad_out)
+        if cuda:
+            end.record()
+            end.synchronize()
+            run_s = start.elapsed_time(end) / 1e3
+        else:
+            run_s = time.perf_counter() - t0
+        x.grad = fc1.grad = fc2.grad = None
+        if i:  # the first run warms caches and allocators
+            seconds.append(run_s)
+    return seconds
 
 
 def machine_description() -> str:

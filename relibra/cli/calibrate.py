@@ -1,16 +1,16 @@
-"""`relibra calibrate`: fit a cluster preset for this machine from micro-benchmarks (relibra.runtime.calibrate)."""
+"""`relibra calibrate`: fit a cluster preset for this machine from micro-benchmarks (relibra.bench.calibrate)."""
 
 from __future__ import annotations
 
 
 def _run(args) -> int:
-    from relibra.runtime.calibrate import run
+    from relibra.bench.calibrate import run
 
     return run(args)
 
 
 def register(sub) -> None:
-    from relibra.runtime.calibrate import add_arguments
+    from relibra.bench.calibrate import add_arguments
 
     p = sub.add_parser("calibrate", help="micro-benchmark this machine (expert GEMM, gloo all-to-all and "
                        "point-to-point, AdamW) and fit the cpu-gloo-fit cluster preset")

@@ -6,5 +6,6 @@ Modules: spec (ReLibra's MoE submodule spec), hook (the step hook: begin_step, b
 after_backward), slots (physical expert slots), router, placement (every read of a plan), replicas,
 migration, model (the GPTModel), engine (one rank's step), train (interleaved policies), results,
 timing, config, groups, collect, data, plans (hand-built plans), launch (local launcher), verify
-(numerical checks), compat (the CPU patches), quiet, calibrate, device_check.
+(numerical checks), compat (the CPU patches), quiet. The runtime's calibration and GPU checks live in
+relibra.bench (calibrate, cpu_preset, gloo, runtime_modules, device).
 """

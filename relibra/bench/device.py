@@ -1,18 +1,19 @@
 """Parts of scripts/device_check.sh, the prepared check for a GPU machine (one H200, 16 CPU cores).
-Nothing in the kit depends on it; it has NOT been run on a GPU in the session that wrote it.
+Nothing in the kit depends on it; it has NOT been run on a GPU yet.
 
-    python -m relibra.runtime.device_check gemm --out DIR [--dry-run]   # (b) expert GEMMs, bf16, fwd + bwd
-    python -m relibra.runtime.device_check preset --gemm DIR/expert_gemm.json --out data/device/X_preset.json
+    python -m relibra.bench.device gemm --out DIR [--dry-run]   # (b) expert GEMMs, bf16, fwd + bwd
+    python -m relibra.bench.device preset --gemm DIR/expert_gemm.json --out data/device/X_preset.json
 
 (a) the runtime on CUDA at world size 1 with its equivalence check and (c) the CPU gloo runtime at EP8
 are plain `torchrun ... -m relibra.runtime.train` and `relibra run` calls in the shell script.
 
-gemm: one SwiGLU routed expert as megatron-core's SequentialMLP runs it (fc1 to 2 x ffn, SiLU gate,
-fc2, times the routing probability), forward + backward, bf16, CUDA events, median of repeats, at the
+gemm: one SwiGLU routed expert as megatron-core's SequentialMLP runs it
+(relibra.bench.gemm.time_expert_forward_backward), bf16, CUDA events, median of repeats, at the
 expert shapes of Qwen3-30B-A3B, GLM-4.5-Air and Qwen3-235B-A22B (relibra.cluster presets) over 64 to
 65536 tokens. preset: fits relibra.bench.gemm.fit_gemm_efficiency on 3 x forward FLOPs per token to each
 shape and writes a cluster preset (the `paper` cluster's links, the fitted matmul_tflops and
-gemm_half_tokens of the shape named by --shape) that relibra.cluster loads from data/device/.
+gemm_half_tokens of the shape named by --shape), used by naming the file (--cluster FILE.json or
+relibra.cluster.read_preset_file).
 """
 
 from __future__ import annotations
@@ -22,56 +23,25 @@ import json
 import os
 import time
 
+import numpy as np
+import torch
+
+from relibra.bench.gemm import fit_gemm_efficiency, time_expert_forward_backward
+from relibra.cluster import get_model, get_topology
+from relibra.errors import ConfigError
+from relibra.paths import write_text
+
 SHAPES = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
 TOKENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 
-def time_expert_gemm(hidden: int, ffn: int, tokens: int, device: str = "cuda", dtype: str = "bfloat16",
-                     repeats: int = 10) -> list[float]:
-    """Seconds of one expert's forward + backward at `tokens` rows (first run dropped)."""
-    import torch
-    import torch.nn.functional as F
-
-    dt = getattr(torch, dtype)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    fc1 = (torch.randn(2 * ffn, hidden, generator=g) / hidden**0.5).to(device, dt).requires_grad_()
-    fc2 = (torch.randn(hidden, ffn, generator=g) / ffn**0.5).to(device, dt).requires_grad_()
-    x = torch.randn(tokens, hidden, generator=g).to(device, dt).requires_grad_()
-    prob = torch.rand(tokens, 1, generator=g).to(device, dt)
-    grad = torch.ones(tokens, hidden, device=device, dtype=dt)
-    cuda = device.startswith("cuda")
-    out = []
-    for i in range(repeats + 1):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        gate, up = F.linear(x, fc1).chunk(2, dim=-1)
-        y = F.linear(F.silu(gate) * up, fc2) * prob
-        y.backward(grad)
-        if cuda:
-            end.record()
-            end.synchronize()
-            dt_s = start.elapsed_time(end) / 1e3
-        else:
-            dt_s = time.perf_counter() - t0
-        x.grad = fc1.grad = fc2.grad = None
-        if i:
-            out.append(dt_s)
-    return out
-
-
 def gemm_curves(device: str = "cuda", tokens=TOKENS, repeats: int = 10, shapes=SHAPES) -> dict:
-    import numpy as np
-    import torch
-
-    from relibra.cluster import get_model
-
+    """Median bf16 forward + backward seconds of one expert of each shape at each token count."""
     out = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu", "dtype": "bfloat16",
            "torch": torch.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "shapes": {}}
     for name in shapes:
         m = get_model(name)
-        samples = [time_expert_gemm(m.hidden, m.moe_ffn, t, device, repeats=repeats) for t in tokens]
+        samples = [time_expert_forward_backward(m.hidden, m.moe_ffn, t, device, "bfloat16", repeats) for t in tokens]
         out["shapes"][name] = {"hidden": m.hidden, "ffn": m.moe_ffn, "tokens": list(tokens),
                                "median_s": [float(np.median(s)) for s in samples],
                                "forward_flops_per_token": 6 * m.hidden * m.moe_ffn}
@@ -81,10 +51,6 @@ def gemm_curves(device: str = "cuda", tokens=TOKENS, repeats: int = 10, shapes=S
 def fit_preset(gemm: dict, shape: str, base: str = "paper", name: str | None = None) -> dict:
     """A cluster preset (Topology fields) from gemm_curves output: `base`'s links and sizes, the fitted
     expert rate and half-saturation tokens of `shape` (forward + backward = 3 x forward FLOPs)."""
-    from relibra.cluster import get_topology
-    from relibra.bench.gemm import fit_gemm_efficiency
-    from relibra.errors import ConfigError
-
     if shape not in gemm.get("shapes", {}):
         raise ConfigError(f"--shape {shape!r}: the GEMM file holds {sorted(gemm.get('shapes', {}))}")
     c = gemm["shapes"][shape]
@@ -92,15 +58,13 @@ def fit_preset(gemm: dict, shape: str, base: str = "paper", name: str | None = N
     device = str(gemm.get("device", "gpu")).lower().replace("nvidia ", "").split()[0]
     preset = {**get_topology(base).to_dict(), "name": name or f"{device}-fit",
               "matmul_tflops": fit["matmul_tflops"], "gemm_half_tokens": fit["gemm_half_tokens"]}
-    return {"how": f"relibra.runtime.device_check preset: {base} links, expert GEMM fit of {shape} "
+    return {"how": f"relibra.bench.device preset: {base} links, expert GEMM fit of {shape} "
                    f"(bf16, forward + backward) measured on {gemm.get('device')} at {gemm.get('when')}",
             "fit": fit, "preset": preset}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from relibra.paths import write_text
-
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m relibra.runtime.device_check")
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m relibra.bench.device")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("gemm", help="(b) time expert GEMMs on the GPU")
     g.add_argument("--out", required=True)
@@ -125,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         gemm = json.load(fh)
     res = fit_preset(gemm, args.shape)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    write_text(args.out, json.dumps(res, indent=1))  # whole or not at all: relibra.cluster reads it at import
+    write_text(args.out, json.dumps(res, indent=1))  # whole or not at all: a broken preset breaks only its reader
     print(json.dumps(res["fit"]), f"-> {args.out}")
     return 0
 
