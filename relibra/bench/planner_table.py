@@ -17,6 +17,7 @@ import numpy as np
 from relibra.bench.gemm import machine_description
 from relibra.cluster import get_model, get_topology
 from relibra.costs.calibration import PLANNER_TABLE, runtime_cpu_seconds
+from relibra.paths import write_text
 from relibra.policies import get_policy
 from relibra.progress import progress as tqdm
 from relibra.trace import RoutingTrace
@@ -88,8 +89,6 @@ def main(argv=None) -> int:
     table["note"] = ("process CPU seconds on this machine, which other processes may share; charged: "
                      "seconds_per_cell (the step's cells planned together)")
     print(json.dumps(table["policies"]))  # printed first: a failing --out loses nothing
-    from relibra.paths import write_text
-
     write_text(args.out, json.dumps(table, indent=1))
     return 0
 

@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from relibra.runtime.config import ModelConfig, NodeLayout
+
 
 def runtime_modules_worker(rank: int, world: int, model: str, expert_tokens: list[int], attention_tokens: list[int],
                            repeats: int) -> dict:
@@ -27,7 +29,6 @@ def runtime_modules_worker(rank: int, world: int, model: str, expert_tokens: lis
     # warning filters and one-line error report.
     import torch
 
-    from relibra.runtime.config import ModelConfig, NodeLayout
     from relibra.runtime.groups import build_groups
     from relibra.runtime.model import build_model
     from relibra.runtime.slots import ExpertSlots

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from megatron.core import package_info
 
 from relibra.errors import ConfigError
 
@@ -62,8 +63,6 @@ def _split_sizes_as_list(sizes):
 
 
 def megatron_version() -> str:
-    from megatron.core import package_info
-
     return package_info.__version__
 
 
@@ -90,7 +89,8 @@ def apply() -> bool:
     torch.cuda.current_stream = lambda *args, **kwargs: _HOST_STREAM
     torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()
 
-    # (3): the dispatcher's all-to-all gets split sizes as lists.
+    # (3): the dispatcher's all-to-all gets split sizes as lists. megatron-core's private modules are
+    # imported here, after the version check, so another release fails with its one clear error.
     from megatron.core.tensor_parallel import mappings
     from megatron.core.transformer.moe import token_dispatcher
 

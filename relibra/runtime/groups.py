@@ -38,6 +38,8 @@ class RuntimeGroups:
 
     def collection(self, ep_group: dist.ProcessGroup | None = None):
         """megatron-core ProcessGroupCollection with `ep_group` (default: all ranks) as EP."""
+        # megatron-core (seconds to import) loads only in ranks that build a model: every launched rank
+        # imports this module for init_distributed, the gloo benchmarks' ranks too.
         from megatron.core.process_groups_config import ProcessGroupCollection
 
         ep_group = ep_group or self.ep

@@ -35,8 +35,12 @@ import tempfile
 import threading
 import time
 
+import numpy as np
+from tqdm import tqdm
+
 from relibra.errors import RelibraError
 from relibra.runtime import watchdog
+from relibra.runtime.quiet import quiet_known_warnings
 
 # How often the launcher looks at its ranks' exits and heartbeats.
 POLL_S = 0.1
@@ -59,8 +63,6 @@ def loopback_interface() -> str:
 
 
 def _jsonable(x):
-    import numpy as np
-
     if isinstance(x, np.generic):
         return x.item()
     if isinstance(x, np.ndarray):
@@ -71,17 +73,15 @@ def _jsonable(x):
 def _worker(rank: int, world_size: int, interface: str, threads: int, timeout_s: float, tmp: str, fn,
             args) -> None:
     watchdog.exit_with_parent(tmp)
-    from relibra.runtime.quiet import quiet_known_warnings
-
     quiet_known_warnings()
     # Progress bars lock with a thread lock: a multiprocessing one is a named semaphore that a rank
     # stopped by the launcher could not release, and Python's resource tracker then warns about it.
-    from tqdm import tqdm
-
     tqdm.set_lock(threading.RLock())
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       GLOO_SOCKET_IFNAME=interface)
     try:
+        # torch loads in the rank only, inside the one-line error report: the launcher's own process
+        # never needs it.
         import torch
         import torch.distributed as dist
 

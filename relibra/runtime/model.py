@@ -16,9 +16,13 @@ import zlib
 import numpy as np
 import torch
 import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import random as megatron_random
+from megatron.core.transformer.transformer_config import TransformerConfig
 
 from relibra.runtime import compat
 from relibra.runtime.config import ModelConfig
+from relibra.runtime.spec import gpt_layer_spec, physical_config
 
 
 def _generator(*key: int) -> torch.Generator:
@@ -39,8 +43,6 @@ def logical_expert_weights(cfg: ModelConfig, layer: int, expert: int) -> tuple[t
 
 def transformer_config(cfg: ModelConfig):
     """megatron-core TransformerConfig of the logical model (num_moe_experts = E), no dropout."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
     shape = cfg.shape
     return TransformerConfig(
         num_layers=cfg.num_layers, hidden_size=shape.hidden, num_attention_heads=shape.num_attention_heads,
@@ -60,10 +62,9 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int):
     holding E / ep home slots and cfg.replica_slots replica slots per layer. Weights are initialized
     (init_weights) for the static contiguous placement; max_tokens: longest sequence (rotary table)."""
     compat.apply()
-    from megatron.core import parallel_state
+    # megatron-core's GPT model warns at import (no Apex); it loads here, once a rank has set its warning
+    # filters (relibra.runtime.quiet): ranks import this module while unpickling their function.
     from megatron.core.models.gpt.gpt_model import GPTModel
-
-    from relibra.runtime.spec import gpt_layer_spec, physical_config
 
     if parallel_state._GLOBAL_MEMORY_BUFFER is None:
         # megatron's local attention takes its scratch tensors from this buffer; initialize_model_parallel
@@ -71,8 +72,6 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int):
         parallel_state._set_global_memory_buffer()
     # The model has no dropout, so megatron's attention needs no seeded CUDA RNG streams: its own no-op
     # tracker serves the fork around its (zero) attention dropout, on the host and on GPUs alike.
-    from megatron.core.tensor_parallel import random as megatron_random
-
     megatron_random.initialize_rng_tracker(inference_rng_tracker=True)
     ep = pg_collection.ep.size()
     config = physical_config(transformer_config(cfg), ep, cfg.replica_slots)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from megatron.core.transformer.moe.moe_layer import MoELayer
 
 from relibra.errors import ConfigError
 from relibra.runtime.placement import local_home_experts
@@ -18,8 +19,6 @@ from relibra.runtime.router import PlacementRouter
 
 def moe_layers(model) -> list:
     """megatron-core MoELayers of `model` whose router is ReLibra's, in module order."""
-    from megatron.core.transformer.moe.moe_layer import MoELayer
-
     layers = [m for m in model.modules() if isinstance(m, MoELayer) and isinstance(m.router, PlacementRouter)]
     if not layers:
         raise ConfigError("the model holds no MoELayer built from relibra.runtime.spec.moe_layer_spec")

@@ -66,6 +66,8 @@ def moe_layer_spec(num_experts: int) -> ModuleSpec:
 
 def gpt_layer_spec(num_experts: int) -> ModuleSpec:
     """megatron-core's local GPT layer spec (RMSNorm, causal self-attention) with moe_layer_spec as its MLP."""
+    # megatron-core's GPT layer specs warn at import (no Apex); they load here, once a rank has set its
+    # warning filters (relibra.runtime.quiet): ranks import this module while unpickling their function.
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(num_experts=num_experts, normalization="RMSNorm")

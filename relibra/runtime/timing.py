@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 
 import torch
+import torch.distributed as dist
 
 
 class Timer:
@@ -35,8 +36,6 @@ class Timer:
         """Barrier of wait_group, its seconds added to (phase, component + "_wait")."""
         if self.wait_group is None:
             return
-        import torch.distributed as dist
-
         if self.synchronize is not None:
             self.synchronize()
         t0 = time.perf_counter()

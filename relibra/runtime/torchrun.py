@@ -13,13 +13,13 @@ import logging
 import signal
 import sys
 
+from torch.distributed import run as torch_run
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
 CLEAN_ERROR_EXIT = 2  # `relibra run --torchrun` exits with 2 after printing its one `error:` line
 
 
 def main(argv: list[str] | None = None) -> int:
-    from torch.distributed import run as torch_run
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed"):
             logging.getLogger(name).setLevel(logging.CRITICAL)

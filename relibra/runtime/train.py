@@ -17,9 +17,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from relibra.runtime.config import RunOptions
+from relibra.errors import ConfigError
+from relibra.progress import progress as tqdm
+from relibra.runtime.config import ModelConfig, NodeLayout, RunOptions, TrainConfig
+from relibra.runtime.data import TraceData
+from relibra.runtime.plans import static_plan
 from relibra.runtime.results import Equivalence, RunResult, StepRecord
 from relibra.trace import RoutingTrace
+
+# torch and megatron-core (seconds to import) load inside the functions below, in the ranks: the
+# launcher's process and relibra.experiments import this module without them, and a spawned rank
+# imports it (to unpickle `worker`) before relibra.runtime.launch sets up its watchdog, warning filters
+# and one-line error report.
 
 
 @dataclass
@@ -32,7 +41,7 @@ class PolicyPlans:
 
 
 def hardware(world: int, threads: int) -> str:
-    import torch
+    import torch  # see the note at the top
 
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name()} x{world} (nccl)"
@@ -43,9 +52,7 @@ class _PolicyRun:
     """One policy's engine and data on this rank."""
 
     def __init__(self, run: PolicyPlans, options: RunOptions, groups, device: str):
-        from relibra.runtime.config import ModelConfig, TrainConfig
-        from relibra.runtime.data import TraceData
-        from relibra.runtime.engine import Engine
+        from relibra.runtime.engine import Engine  # megatron-core: see the note at the top
 
         trace = run.trace
         m = options.model
@@ -54,8 +61,6 @@ class _PolicyRun:
         self.replica_slots = max(p.replica_slots for p in run.plans)
         cfg = ModelConfig.from_preset(m.name, replica_slots=self.replica_slots, seed=m.seed, dtype=m.dtype)
         if cfg.num_layers != trace.num_layers:
-            from relibra.errors import ConfigError
-
             raise ConfigError(f"the trace has {trace.num_layers} layers; model {m.name!r} has {cfg.num_layers}")
         self.data = TraceData(trace, cfg.shape.vocab_size, m.seed)
         self.layers = cfg.num_layers
@@ -71,13 +76,11 @@ class _PolicyRun:
 def worker(rank: int, world: int, options: RunOptions, runs: list[PolicyPlans], failure=None) -> dict:
     """Body of one rank: every policy of `runs`, interleaved step by step. Rank 0 returns
     RunResult.to_dict(); others {}. failure: a migration.InjectedFailure for tests of the rollback path."""
-    import torch
+    import torch  # torch: see the note at the top
     import torch.distributed as dist
 
-    from relibra.runtime.config import NodeLayout
-    from relibra.runtime.groups import build_groups
-    from relibra.runtime.plans import static_plan
     from relibra.runtime.collect import gather_arrays, gather_list
+    from relibra.runtime.groups import build_groups
 
     options.validate()
     torch.set_num_threads(options.parallelism.threads_per_rank)
@@ -94,15 +97,11 @@ def worker(rank: int, world: int, options: RunOptions, runs: list[PolicyPlans], 
         policies[0].engine.hook.failure = failure
     total = len(runs[0].plans)
     if any(len(r.plans) != total for r in runs):
-        from relibra.errors import ConfigError
-
         raise ConfigError("every policy needs the same number of plans")
     warmup = options.measurement.warmup_steps
     records = []
     steps = range(total)
     if rank == 0 and total > 2:
-        from relibra.progress import progress as tqdm
-
         steps = tqdm(steps, desc=f"{'/'.join(r.label for r in policies)} x{world}", unit="step", file=sys.stderr,
                      leave=False)
     for s in steps:
@@ -116,8 +115,6 @@ def worker(rank: int, world: int, options: RunOptions, runs: list[PolicyPlans], 
             dist.all_reduce(loss)
             run.losses.append(float(loss.item()))
             if not np.isfinite(run.losses[-1]):  # the same all-reduced value on every rank: all stop here alike
-                from relibra.errors import ConfigError
-
                 raise ConfigError(f"{run.label}: the loss of step {s} is {run.losses[-1]}; training diverged "
                                   f"(lower --lr)")
             if s >= warmup and not run.label.startswith("static:"):

@@ -20,7 +20,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from relibra.cluster import get_topology
 from relibra.errors import PlanError
+from relibra.policies import get_policy
 from relibra.runtime.config import ModelConfig, NodeLayout, TrainConfig
 from relibra.runtime.data import TraceData
 from relibra.runtime.engine import Engine
@@ -29,6 +31,7 @@ from relibra.runtime.groups import build_groups
 from relibra.runtime.migration import InjectedFailure, MigrationError, migrate_homes
 from relibra.runtime.plans import cross_node_replica_plan, in_node_replica_plan, reordered_home, static_plan
 from relibra.trace import static_placement
+from relibra.workloads import generate_trace
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -47,8 +50,6 @@ def _snapshot(engine: Engine, sources: list[int]) -> dict:
 
 
 def _make_trace(model: str, ep: int, steps: int, micro_batches: int, tokens_per_rank: int, seed: int):
-    from relibra.workloads import generate_trace
-
     return generate_trace(model, "math", ep=ep, steps=steps, seed=seed, micro_batches=micro_batches,
                           tokens_per_rank=tokens_per_rank, token_level=True)
 
@@ -66,9 +67,6 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
     L, E = cfg.num_layers, cfg.num_experts
     home0 = static_placement(L, E, world)
     max_tokens = world * tokens_per_rank  # the reference runs one rank's tokens at a time; bound generously
-
-    from relibra.cluster import get_topology
-    from relibra.policies import get_policy
 
     relibra_policy = get_policy("relibra", spare_slots_per_gpu=replica_slots, min_replica_tokens=1,
                                 iterations=50, seed=seed)

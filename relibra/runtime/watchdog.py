@@ -14,6 +14,8 @@ run's private folder and exits at once, so no rank trains on as an orphan and no
 
 from __future__ import annotations
 
+import multiprocessing.connection
+import multiprocessing.process
 import os
 import shutil
 import threading
@@ -69,9 +71,6 @@ def exit_with_parent(folder: str) -> None:
 
     Uses the sentinel multiprocessing gives a spawned child; does nothing outside one.
     """
-    import multiprocessing.connection
-    import multiprocessing.process
-
     parent = multiprocessing.process.parent_process()
     if parent is None:
         return
