@@ -6,6 +6,9 @@ The multi-rank tests each start one local launch (2 or 4 ranks) that runs every 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -115,6 +118,16 @@ def test_runtime_compat_refuses_other_megatron_versions(monkeypatch):
     monkeypatch.setattr(compat, "megatron_version", lambda: "0.99.0")
     with pytest.raises(ConfigError, match="0.16.1"):
         compat.apply()
+
+
+def test_runtime_launcher_side_and_command_line_load_without_torch():
+    """The launcher's process (planning, the launcher, the modules a rank unpickles its function from)
+    and `relibra`'s parser never import torch or megatron-core: the ranks load them."""
+    code = ("import sys, relibra.cli, relibra.experiments.runtime, relibra.runtime.launch, relibra.runtime.train, "
+            "relibra.bench.gloo, relibra.bench.runtime_modules; relibra.cli.build_parser(); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
 
 
 # ---- multi-rank launches ---------------------------------------------------------------------------
