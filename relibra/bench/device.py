@@ -5,7 +5,7 @@ Nothing in the kit depends on it; it has NOT been run on a GPU yet.
     python -m relibra.bench.device preset --gemm DIR/expert_gemm.json --out data/device/X_preset.json
 
 (a) the runtime on CUDA at world size 1 with its equivalence check and (c) the CPU gloo runtime at EP8
-are plain `torchrun ... -m relibra.runtime.train` and `relibra run` calls in the shell script.
+are plain `torchrun ... -m relibra run --torchrun` and `relibra run` calls in the shell script.
 
 gemm: one SwiGLU routed expert as megatron-core's SequentialMLP runs it
 (relibra.bench.gemm.time_expert_forward_backward), bf16, CUDA events, median of repeats, at the
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("gemm", help="(b) time expert GEMMs on the GPU")
     g.add_argument("--out", required=True)
     g.add_argument("--repeats", type=int, default=10)
-    g.add_argument("--dry-run", action="store_true", help="CPU, float32-sized smoke run of the same code (tiny sizes)")
+    g.add_argument("--dry-run", action="store_true",
+                   help="CPU smoke run of the same code (the `tiny` shape, three token counts)")
     f = sub.add_parser("preset", help="fit a cluster preset from `gemm` output")
     f.add_argument("--gemm", required=True)
     f.add_argument("--shape", default="qwen3-30b-a3b", choices=SHAPES)
