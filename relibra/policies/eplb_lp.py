@@ -1,8 +1,8 @@
 """`eplb+lp`: EPLB+'s copies (EPLB on the step's exact loads, with replication), then per micro-batch
 and layer a linear program that moves tokens among those copies to minimize the maximum GPU load.
 
-This is the kit's earlier `lplb+`, kept under an honest name: LPLB itself (relibra/policies/lplb.py)
-reorders without replication and places one copy along a fixed topology. `relibra-split` reuses the
+The kit's own policy, not LPLB: LPLB (relibra/policies/lplb.py) reorders without replication and
+places one copy along a fixed topology. `relibra-split` reuses the
 LP below over its step-fixed replicas.
 
 LP per (micro_batch, layer): one variable y_c >= 0 per copy (home included) of every expert with
