@@ -31,11 +31,12 @@ import numpy as np
 from relibra.cluster import ModelShape
 from relibra.errors import ConfigError, TraceError
 from relibra.importers.common import TraceBuilder, check_ids
+from relibra.paths import atomic_open
 
 
 def find_routers(model) -> list[tuple[str, object]]:
     """(qualified name, TopKRouter) of every MoE router of a model (or list of model chunks), in module order."""
-    from megatron.core.transformer.moe.router import TopKRouter
+    from megatron.core.transformer.moe.router import TopKRouter  # optional dependency: only capture needs megatron-core
 
     chunks = model if isinstance(model, (list, tuple)) else [model]
     out = []
@@ -67,7 +68,7 @@ class RouterCapture:
         self._added = []
 
     def __enter__(self) -> "RouterCapture":
-        from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
+        from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction  # optional dependency
 
         self._previous = []
         for _, router in self.routers:
@@ -80,7 +81,7 @@ class RouterCapture:
         return self
 
     def __exit__(self, *exc) -> None:
-        from megatron.core.transformer.moe.router_replay import RouterReplay
+        from megatron.core.transformer.moe.router_replay import RouterReplay  # optional dependency
 
         for (_, router), action in zip(self.routers, self._previous):
             router.router_replay.router_replay_action = action
@@ -141,8 +142,6 @@ class RouterCapture:
 
     def save(self, directory: str) -> list[str]:
         """Write step{s}_mb{m}_rank{rank}.npz files (arrays layer_0.., step, micro_batch, rank)."""
-        from relibra.paths import atomic_open
-
         os.makedirs(directory, exist_ok=True)
         out = []
         for s, mbs in enumerate(self._closed_steps()):

@@ -18,6 +18,9 @@ from pathlib import Path
 import pandas as pd
 
 from relibra.errors import ConfigError
+from relibra.experiments.registry import SPECS, load_results
+from relibra.paths import write_text
+from relibra.report import md_table
 
 BEGIN = "<!-- glance:begin -->"
 END = "<!-- glance:end -->"
@@ -27,15 +30,11 @@ HEADER = ("<!-- written by `relibra reproduce` (relibra/glance.py) from the resu
 
 def glance_notebooks() -> list[str]:
     """The notebooks whose results feed the README table."""
-    from relibra.experiments.registry import SPECS
-
     return [s.name for s in SPECS if s.glance is not None]
 
 
 def glance_rows(out_dir: str | Path) -> pd.DataFrame:
     """Every row of the notebooks present under out_dir: columns what, figure, how it was obtained."""
-    from relibra.experiments.registry import load_results
-
     rows = [row for x in load_results(out_dir).values() if x.spec.glance
             for row in x.spec.glance(x.result, x.manifest)]
     hows = [row["how it was obtained"] for row in rows]
@@ -47,8 +46,6 @@ def glance_rows(out_dir: str | Path) -> pd.DataFrame:
 
 def glance_markdown(out_dir: str | Path) -> str:
     """The glance file's text: a header comment and the table (or a line saying nothing has run)."""
-    from relibra.report import md_table
-
     rows = glance_rows(out_dir)
     body = md_table(rows) if len(rows) else (f"No reproduction results under {out_dir} yet (from notebooks "
                                              f"{', '.join(glance_notebooks())}): run ./reproduce.sh.")
@@ -57,10 +54,8 @@ def glance_markdown(out_dir: str | Path) -> str:
 
 def write_glance(out_dir: str | Path) -> Path:
     """Write <out_dir>/glance.md (see the module docstring); returns its path."""
-    from relibra.experiments.results import write_text_atomic
-
     path = Path(out_dir) / "glance.md"
-    write_text_atomic(path, glance_markdown(out_dir))
+    write_text(path, glance_markdown(out_dir))
     return path
 
 
@@ -88,5 +83,5 @@ def update_readme(glance: str | Path, readme: str | Path, docs_copy: str | Path)
         block += "\n"
     text = replace_block(readme.read_text(), block, str(readme))
     docs_copy.parent.mkdir(parents=True, exist_ok=True)
-    docs_copy.write_text(block)
-    readme.write_text(text)
+    write_text(docs_copy, block)
+    write_text(readme, text)

@@ -19,7 +19,9 @@ def _console() -> bool:
 
 
 def progress(iterable=None, **kwargs):
-    """tqdm(iterable, **kwargs), on the console when the kit runs a notebook headless."""
+    """tqdm(iterable, **kwargs), on the console when the kit runs a notebook headless.
+
+    tqdm is imported here because the kind (std or auto) depends on the environment at call time."""
     if _console():
         from tqdm.std import tqdm
 

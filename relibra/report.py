@@ -16,9 +16,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from relibra.experiments import NOTEBOOKS, PAPER_CLAIMS, environment
+from relibra.experiments import NOTEBOOKS, PAPER_CLAIMS, environment, get_profile
+from relibra.experiments.headline import verdict_cells
 from relibra.experiments.registry import Loaded, load_results
+from relibra.experiments.sensitivity import RATIOS
 from relibra.labels import RATIO_LABELS
+from relibra.paths import write_text
 
 
 @dataclass
@@ -57,8 +60,6 @@ def _missing(name: str, what: str) -> str:
 def headline_section(r: ReportInput) -> str:
     """The verdict: each paper claim beside the kit's figure at the set-up card's default (mean and range over
     cases and seeds), its best case and seed, the range over the alternatives and why they differ."""
-    from relibra.experiments.headline import verdict_cells
-
     head = "## The verdict: the paper's claims against the kit's figures\n\n"
     x = r.results.get("02_throughput")
     if x is None:
@@ -71,8 +72,6 @@ def headline_section(r: ReportInput) -> str:
 
 def sensitivity_section(r: ReportInput) -> str:
     """How far each headline ratio moves with one knob at a time (notebook 10's tornado), per knob."""
-    from relibra.experiments.sensitivity import RATIOS
-
     head = "## How far the headline moves: sensitivity\n\n"
     x = r.results.get("10_sensitivity")
     if x is None:
@@ -138,9 +137,6 @@ SECTIONS = (sensitivity_section, sources_section, environment_section, figures_s
 def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | None = None,
                  total_seconds: float | None = None) -> Path:
     """Write <out_dir>/REPORT.md from the results found there; returns its path."""
-    from relibra.experiments import get_profile
-    from relibra.experiments.results import write_text_atomic
-
     out_dir = Path(out_dir)
     r = ReportInput(out_dir, profile, load_results(out_dir), read_manifests(out_dir), statuses or {})
     failed = [n for n, s in r.statuses.items() if s.get("status") not in (None, "ok")]
@@ -159,5 +155,5 @@ def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | 
     if failed:
         head += "**Failed notebooks:** " + ", ".join(f"{n} ({r.statuses[n].get('error', '')})" for n in failed) + "\n\n"
     path = out_dir / "REPORT.md"
-    write_text_atomic(path, head + "\n".join(section(r) for section in SECTIONS))
+    write_text(path, head + "\n".join(section(r) for section in SECTIONS))
     return path

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from relibra.errors import ConfigError
+from relibra.paths import write_text
 
 
 def notebook_dir() -> Path:
@@ -47,11 +48,9 @@ def export_html(executed: Path) -> Path:
     import nbformat
     from nbconvert import HTMLExporter
 
-    from relibra.experiments.results import write_text_atomic
-
     body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
     html = executed.with_suffix(".html")
-    write_text_atomic(html, _REMOTE_SCRIPT.sub("", body))
+    write_text(html, _REMOTE_SCRIPT.sub("", body))
     return html
 
 

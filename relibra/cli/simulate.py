@@ -53,7 +53,6 @@ def _simulate(args) -> int:
                                config=card.workload_config())
         workload = args.workload
     topology.ep_layout(trace.ep)  # a clear error for a bad (cluster, EP) combination
-    from relibra.costs import CostParams  # imported after the input checks: bad input fails fast
     from relibra.sim import simulate
 
     params = card.cost_params(trace.ep, seq_len=args.seq_len, route=args.route,

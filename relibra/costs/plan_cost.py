@@ -11,6 +11,7 @@ from relibra.cluster import ModelShape, Topology
 from relibra.costs import phases
 from relibra.costs.params import CostParams
 from relibra.errors import PlanError
+from relibra.metrics import METRIC_COLUMNS
 from relibra.plan import StepPlan, gpu_tokens_from, home_tokens_of
 from relibra.trace import skewness
 
@@ -123,9 +124,8 @@ class PlanCost:
 
     def frame(self, **labels):
         """rows() as a DataFrame with exactly relibra.metrics.METRIC_COLUMNS."""
-        import pandas as pd
+        import pandas as pd  # only this table view needs pandas; the planners and the simulator do not
 
-        from relibra.metrics import METRIC_COLUMNS
 
         defaults = {"source": "simulated", "hardware": "", "policy": "", "model": "", "workload": "", "ep": -1,
                     "step": -1}

@@ -13,6 +13,8 @@ import numpy as np
 from relibra.cluster import ModelShape, Topology, get_model, get_topology
 from relibra.errors import ConfigError
 from relibra.experiments.profiles import Profile, Scale, get_profile
+from relibra.workloads import WORKLOADS
+
 
 @dataclass(frozen=True)
 class Config(Scale):
@@ -175,7 +177,6 @@ def resolve_config(notebook: str, default_policies: tuple[str, ...], scale_kind:
         scale_kind=scale_kind,
         single_model=single_model,
     )
-    from relibra.workloads import WORKLOADS
 
     for w in cfg.workloads + (cfg.workload,):
         if w not in WORKLOADS:

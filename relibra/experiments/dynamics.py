@@ -6,6 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from relibra.analysis import history_prediction, shift_stats
+from relibra.trace import skewness
+
 
 def expert_load_table(trace, step: int = 0, layer: int = 0) -> pd.DataFrame:
     """Tokens per expert in every micro-batch of one (step, layer), and in every whole step of that layer.
@@ -49,8 +52,6 @@ def shift_table(traces: dict[str, object], hot_frac: float = 0.1, history_window
     traces: {label: RoutingTrace}. Columns: trace, comparison, metric, value (hot-expert overlap is
     the share of the hottest `hot_frac` experts found again among the other's hottest; 1 = same).
     """
-    from relibra.analysis import shift_stats
-
     rows = []
     for label, trace in traces.items():
         stats = shift_stats(trace.expert_load(), hot_frac=hot_frac, history_window=history_window)
@@ -77,8 +78,6 @@ def prediction_error_table(traces: dict[str, object], history_window: int = 4) -
     'whole step' and 'micro-batch'. error = total-variation distance of the load shares (share of
     token-slots predicted on the wrong experts). Steps from 1 on (step 0 has no history).
     """
-    from relibra.analysis import history_prediction
-
     frames = []
     for label, trace in traces.items():
         el = trace.expert_load().astype(np.float64)  # [S, M, L, E]
@@ -105,8 +104,6 @@ def prediction_error_table(traces: dict[str, object], history_window: int = 4) -
 def static_skewness_table(traces: dict[str, object]) -> pd.DataFrame:
     """Rank skewness (max / mean tokens per EP rank) under static contiguous placement, per
     (trace, step, micro_batch, layer), and of the whole step ('micro_batch' = -1)."""
-    from relibra.trace import skewness
-
     frames = []
     for label, trace in traces.items():
         rl = trace.rank_load()  # [S, M, L, ep]

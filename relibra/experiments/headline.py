@@ -13,10 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
 import pandas as pd
+
+from relibra.cluster import get_model
+from relibra.experiments.config import scaled_model
+from relibra.progress import progress as tqdm
+from relibra.setups import load_card
+from relibra.sim import simulate
+from relibra.workloads import BATCH_LAYOUTS, generate_trace, mean_sequence_tokens
 
 # The paper's headline claims (abstract), next to which REPORT.md puts the kit's figures.
 PAPER_CLAIMS = {
@@ -56,11 +63,6 @@ class Case:
 
 def simulate_case(case: Case) -> pd.DataFrame:
     """Every policy of `case` simulated on its trace: one summary row per policy with the case's keys."""
-    from relibra.experiments.config import scaled_model
-    from relibra.setups import load_card
-    from relibra.sim import simulate
-    from relibra.workloads import generate_trace, mean_sequence_tokens
-
     card = load_card(case.setup)
     if case.card_changes:
         card = card.with_values(f"headline case: {case.label}",
@@ -113,8 +115,6 @@ def overhead_extras(plan, cost, model, topology) -> dict:
     gradient pulls per step (the layer-shared buffer pushes twice, pulls once), each one collective
     launch; launch_s: those launches at the cluster's collective latency, had they not overlapped.
     """
-    import numpy as np
-
     replicas = (plan.occupied_replica_tokens() > 0).sum(axis=3) if plan.replica_slots else np.zeros(cost.gpu_tokens.shape)
     fixed = model.expert_flops_per_token * topology.gemm_half_tokens * replicas / topology.matmul_flops_per_s
     expert = cost.expert_seconds_per_gpu
@@ -171,8 +171,6 @@ def run_cases(cases: list[Case], workers: int | None = None, progress: bool = Tr
               ) -> pd.DataFrame:
     """simulate_case over `cases`, in `workers` processes (default: one per core, at most len(cases)); rows
     in the cases' order whatever the workers' timing, so the same cases give the same frame."""
-    from relibra.progress import progress as tqdm
-
     workers = max(1, min(workers or os.cpu_count() or 1, len(cases)))
     bar = tqdm(total=len(cases), desc=desc, unit="case", disable=not progress)
     frames: list = [None] * len(cases)
@@ -187,8 +185,6 @@ def run_cases(cases: list[Case], workers: int | None = None, progress: bool = Tr
         try:
             with ProcessPoolExecutor(max_workers=workers) as pool:
                 futures = {pool.submit(simulate_case, case): i for i, case in enumerate(cases)}
-                from concurrent.futures import as_completed
-
                 for fut in as_completed(futures):
                     frames[futures[fut]] = fut.result()
                     bar.update()
@@ -209,8 +205,6 @@ def headline_cases(setup: str = "paper", models=HEADLINE_MODELS, workloads=HEADL
                    micro_batches: int | None = None) -> list[Case]:
     """The full-scale grid: every (model, workload, seed) of the card, largest models first (they take
     longest, so two workers finish together)."""
-    from relibra.cluster import get_model
-
     order = sorted(models, key=lambda m: -get_model(m).num_layers)
     return [Case(setup, m, w, int(s), ep, steps=steps, layers=layers, micro_batches=micro_batches,
                  policies=tuple(policies)) for m in order for w in workloads for s in seeds]
@@ -334,9 +328,6 @@ LINK_ALTERNATIVES = (
 def alternative_cases(setup: str, model: str, workload: str, seed: int = 0, ep: int = 32,
                       layers: int | None = None, policies=("megatron", "eplb+", "relibra", "balanced")) -> list[Case]:
     """One case per other batch layout and per other link-rate pair, each on the card's other inputs."""
-    from relibra.setups import load_card
-    from relibra.workloads import BATCH_LAYOUTS
-
     default = load_card(setup).value("batch.layout")
     cases = [Case(setup, model, workload, seed, ep, layout=layout, layers=layers, policies=tuple(policies),
                   label=f"layout {layout}") for layout in BATCH_LAYOUTS if layout != default]

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
+from importlib import metadata
 
 from relibra.experiments.config import project_root
 
 
 def environment() -> dict:
     """The software and hardware a run used: versions, CPU count, GPU if any."""
-    from importlib import metadata
-
     def version(pkg: str) -> str:
         try:
             return metadata.version(pkg)
@@ -42,8 +42,6 @@ def environment() -> dict:
         "load_average_1min": round(os.getloadavg()[0], 2),  # other work inflates every measured time
     }
     try:  # the kit's revision, when run from a git checkout (read-only)
-        import subprocess
-
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=project_root(), capture_output=True,
                              text=True, timeout=5)
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=project_root(), capture_output=True, text=True,
@@ -53,7 +51,7 @@ def environment() -> dict:
     except (OSError, subprocess.SubprocessError):
         pass
     try:
-        import torch
+        import torch  # heavy: imported only when a run records its environment
 
         env["cuda_available"] = bool(torch.cuda.is_available())
         env["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"

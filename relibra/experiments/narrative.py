@@ -11,13 +11,13 @@ import numpy as np
 import pandas as pd
 
 from relibra.cluster import get_model
-from relibra.labels import IDEALS, RATIO_LABELS, knob_value
-from relibra.labels import short as label
+from relibra.labels import IDEALS, RATIO_LABELS, knob_value, short as label
+
 
 def show(text: str) -> None:
     """Display markdown in a notebook; print it elsewhere."""
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # notebook-only dependency
         from IPython.display import Markdown, display
 
         if get_ipython() is not None:

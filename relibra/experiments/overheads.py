@@ -8,16 +8,17 @@ import numpy as np
 import pandas as pd
 
 from relibra.cluster import get_model
+from relibra.costs import dense_params_per_gpu
 from relibra.experiments.config import Config
 from relibra.experiments.machine import this_machine
 from relibra.experiments.simulation import make_policy, simulate_with_plans
 from relibra.experiments.traces import make_trace
+from relibra.sim import resolve_topology
+from relibra.trace import static_placement
 
 
 def planner_seconds(trace, policy: str, step: int, repeats: int = 1, cluster: str = "paper") -> float:
     """Best-of-`repeats` wall seconds of one step's plan on `cluster` (one thread, this machine)."""
-    from relibra.trace import static_placement
-
     pol = make_policy(policy)
     prev = static_placement(trace.num_layers, trace.num_experts, trace.ep)
     best = float("inf")
@@ -32,8 +33,6 @@ def full_model_memory_share(model: str, ep: int, simulated_layers: int, buffer_b
     """Replica buffer bytes per GPU as a share of the parameter bytes per GPU of the *whole* model
     (all its MoE layers), whatever layers the profile simulated: a layer-shared buffer does not grow
     with layers; a per-layer one (plans with transfers on the critical path, LLEP) grows with them."""
-    from relibra.costs import dense_params_per_gpu
-
     full = get_model(model)
     param_bytes = ((full.num_experts // ep) * full.num_layers * full.expert_params
                    + dense_params_per_gpu(full)) * full.bytes_per_param
@@ -50,9 +49,8 @@ def overhead_table(cfg: Config) -> pd.DataFrame:
     migration_share, migration_gb, replica_memory_share, transfer_s (replica transfers if none were
     hidden), exposed_transfer_s and transfer_overlap (share hidden behind attention).
     """
-    import torch
+    import torch  # heavy: only the replica-memory figure needs it
 
-    from relibra.sim import resolve_topology
 
     trace = make_trace(cfg)
     topo = resolve_topology(cfg.cluster)

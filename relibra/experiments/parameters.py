@@ -18,9 +18,16 @@ import ast
 import re
 from pathlib import Path
 
+from relibra.cluster import get_model, resolve_topology
 from relibra.errors import ConfigError
 from relibra.experiments.config import project_root
-from relibra.experiments.registry import NOTEBOOKS, get_spec, resolve
+from relibra.experiments.registry import get_spec, resolve
+from relibra.experiments.run import Run
+from relibra.experiments.sensitivity import KNOB_NAMES
+from relibra.experiments.tutorial import TUTORIAL_EP_SIZES, TUTORIAL_MAX_SPARE_SLOTS, TUTORIAL_PLACEMENTS
+from relibra.plots import set_style
+from relibra.policies import POLICY_NAMES
+from relibra.setups import load_card
 
 _IPYTHON_INJECTED_HEADER = "# Parameters"  # papermill's PythonTranslator.codify(..., comment="Parameters")
 
@@ -114,8 +121,6 @@ def _names(value) -> list[str]:
 
 def check_values(notebook: str, params: dict) -> dict:
     """Range checks of every parameter value; returns the values with integers parsed."""
-    from relibra.policies import POLICY_NAMES
-
     p = dict(params)
     for name in ("steps", "nproc", "nodes", "rl_steps", "tokens_per_gpu", "micro_batches"):
         if name in p:
@@ -140,8 +145,6 @@ def check_values(notebook: str, params: dict) -> dict:
     if "ep_sizes" in p and p["ep_sizes"] is not None:
         p["ep_sizes"] = tuple(_int(notebook, "ep_sizes", v, low=1) for v in _names(p["ep_sizes"]))
     if "knobs" in p and p["knobs"] is not None:
-        from relibra.experiments.sensitivity import KNOB_NAMES
-
         names = _names(p["knobs"])
         unknown = [k for k in names if k not in KNOB_NAMES]
         if unknown or not names:
@@ -149,18 +152,13 @@ def check_values(notebook: str, params: dict) -> dict:
             raise ConfigError(f"{notebook}: {what}; known: {', '.join(KNOB_NAMES)}")
         p["knobs"] = tuple(dict.fromkeys(names))
     if p.get("setup") is not None:
-        from relibra.setups import load_card
-
         load_card(p["setup"])  # an unknown card fails here, naming the known ones
     if p.get("models") is not None:  # notebook 11's grid
-        from relibra.cluster import get_model
 
         p["models"] = tuple(_names(p["models"]))
         for m in p["models"]:
             get_model(m)
     if p.get("clusters") is not None:
-        from relibra.cluster import resolve_topology
-
         raw = p["clusters"]  # ';'-separated: a cluster spec holds commas ("paper,nodes=32")
         p["clusters"] = tuple(c.strip() for c in raw.split(";") if c.strip()) if isinstance(raw, str) else tuple(raw)
         for c in p["clusters"]:
@@ -173,7 +171,6 @@ def check_values(notebook: str, params: dict) -> dict:
     if p.get("nproc") is not None and p.get("nodes") is not None and p["nproc"] % p["nodes"]:
         raise ConfigError(f"{notebook}: nodes={p['nodes']} must divide nproc={p['nproc']}")
     if notebook == "00_tutorial":  # the toy layer's own ranges (tutorial.py)
-        from relibra.experiments.tutorial import TUTORIAL_EP_SIZES, TUTORIAL_MAX_SPARE_SLOTS, TUTORIAL_PLACEMENTS
 
         if p["ep"] not in TUTORIAL_EP_SIZES:
             raise ConfigError(f"00_tutorial: ep must be one of {TUTORIAL_EP_SIZES} (16 experts over 2 nodes), "
@@ -197,9 +194,6 @@ def start(notebook: str, namespace: dict | None = None, **params):
     papermill injected are checked against them. Or pass the parameters as keywords (tests, scripts):
     the spec's defaults fill the rest, and any keyword the notebook does not take is an error.
     """
-    from relibra.experiments.run import Run
-    from relibra.plots import set_style
-
     spec = get_spec(notebook)
     names = spec.parameter_names
     if namespace is not None:

@@ -17,11 +17,24 @@ from typing import Callable
 
 import pandas as pd
 
+from relibra.cluster import resolve_topology
+from relibra.errors import ConfigError, RelibraError
 from relibra.experiments import narrative as nr
-from relibra.experiments.config import Config
-from relibra.experiments.headline import verdict_story
+from relibra.experiments.config import Config, resolve_config
+from relibra.experiments.dynamics import expert_load_table, prediction_error_table, shift_table, static_skewness_table
+from relibra.experiments.headline import config_headline, verdict_cells, verdict_story
+from relibra.experiments.overheads import overhead_table
+from relibra.experiments.reordering import reorder_table
+from relibra.experiments.replication import replication_table, spare_slot_sweep
 from relibra.experiments.results import Result, live, table, value
-from relibra.experiments.runtime import WAITING
+from relibra.experiments.rl import rl_workload
+from relibra.experiments.runtime import WAITING, recorded_runtime, runtime_comparison
+from relibra.experiments.scale import best_other, scale_table, sweep_of
+from relibra.experiments.sensitivity import config_sensitivity, tornado_table
+from relibra.experiments.simulation import simulate_trace, throughput_grid
+from relibra.experiments.skewness import skewness_sweep
+from relibra.experiments.traces import workload_traces
+from relibra.experiments.tutorial import tutorial_args, tutorial_case, tutorial_grid, tutorial_skew_sweep
 from relibra.labels import knob_value, short
 
 
@@ -224,8 +237,6 @@ class ScaleResult(Result):
 
 # ---- compute: one function per notebook ---------------------------------------------------------------
 def _tutorial(cfg: Config) -> TutorialResult:
-    from relibra.experiments.tutorial import tutorial_args, tutorial_case, tutorial_grid, tutorial_skew_sweep
-
     args = tutorial_args(cfg)
     case = tutorial_case(**args)
     grid_args = {k: args[k] for k in ("skew", "shift", "seed", "ep", "tokens_per_gpu", "micro_batches")}
@@ -235,18 +246,13 @@ def _tutorial(cfg: Config) -> TutorialResult:
 
 
 def _dynamics(cfg: Config) -> DynamicsResult:
-    from relibra.experiments import dynamics as d
-    from relibra.experiments.traces import workload_traces
-
     traces = workload_traces(cfg)
-    return DynamicsResult(expert_load=d.expert_load_table(traces[cfg.workload], step=0, layer=0),
-                          shift_stats=d.shift_table(traces), prediction_error=d.prediction_error_table(traces),
-                          static_skewness=d.static_skewness_table(traces), traces=traces)
+    return DynamicsResult(expert_load=expert_load_table(traces[cfg.workload], step=0, layer=0),
+                          shift_stats=shift_table(traces), prediction_error=prediction_error_table(traces),
+                          static_skewness=static_skewness_table(traces), traces=traces)
 
 
 def _throughput(cfg: Config) -> ThroughputResult:
-    from relibra.experiments.headline import config_headline
-
     h = config_headline(cfg)
     return ThroughputResult(throughput=h.grid, case_ratios=h.ratios, verdict=h.verdict_with_alternatives(),
                             ratio_vs_budget=h.sweep, alternatives=h.alternatives, overheads=h.overheads,
@@ -254,39 +260,27 @@ def _throughput(cfg: Config) -> ThroughputResult:
 
 
 def _ablation(cfg: Config) -> AblationResult:
-    from relibra.experiments.simulation import throughput_grid
-
     return AblationResult(ablation=throughput_grid(cfg))
 
 
 def _reordering(cfg: Config) -> ReorderResult:
-    from relibra.experiments.reordering import reorder_table
-
     return ReorderResult(reordering=reorder_table(cfg))
 
 
 def _replication(cfg: Config) -> ReplicationResult:
-    from relibra.experiments.replication import replication_table, spare_slot_sweep
-
     return ReplicationResult(replication=replication_table(cfg),
                              spare_slots=spare_slot_sweep(cfg, slots=cfg.extra["spare_slot_counts"]))
 
 
 def _skewness(cfg: Config) -> SkewnessResult:
-    from relibra.experiments.skewness import skewness_sweep
-
     return SkewnessResult(skewness=skewness_sweep(cfg))
 
 
 def _overheads(cfg: Config) -> OverheadResult:
-    from relibra.experiments.overheads import overhead_table
-
     return OverheadResult(overheads=overhead_table(cfg))
 
 
 def _runtime(cfg: Config) -> RuntimeResult:
-    from relibra.experiments.runtime import recorded_runtime, runtime_comparison
-
     r = runtime_comparison(cfg)
     recorded, where = recorded_runtime()
     return RuntimeResult(measured=r["metrics"], step_results=r["results"], step_segments=r["segments"],
@@ -296,10 +290,6 @@ def _runtime(cfg: Config) -> RuntimeResult:
 
 
 def _rl(cfg: Config) -> RLResult:
-    from relibra.experiments.dynamics import expert_load_table, shift_table
-    from relibra.experiments.rl import rl_workload
-    from relibra.experiments.simulation import simulate_trace
-
     rl = rl_workload(cfg)
     sim = simulate_trace(cfg, rl["trace"], cluster="cpu-gloo", workload="rl", policy_params=rl["sim_policy_params"])
     return RLResult(rewards=rl["rewards"], expert_load=expert_load_table(rl["trace"], step=0, layer=0),
@@ -308,15 +298,11 @@ def _rl(cfg: Config) -> RLResult:
 
 
 def _sensitivity(cfg: Config) -> SensitivityResult:
-    from relibra.experiments.sensitivity import config_sensitivity, tornado_table
-
     frame = config_sensitivity(cfg)
     return SensitivityResult(sensitivity=frame, tornado=tornado_table(frame))
 
 
 def _scale(cfg: Config) -> ScaleResult:
-    from relibra.experiments.scale import best_other, scale_table
-
     t = scale_table(cfg)
     return ScaleResult(scale=t, relibra_h_vs_best=best_other(t))
 
@@ -324,9 +310,6 @@ def _scale(cfg: Config) -> ScaleResult:
 # ---- the README table's rows, from a typed result and its run's manifest --------------------------------
 def _cluster(name) -> str:
     """'`paper` cluster preset (20 x 8 GPUs)', or the bare name for a spec the kit cannot parse."""
-    from relibra.cluster import resolve_topology
-    from relibra.errors import RelibraError
-
     try:
         topo = resolve_topology(str(name))
     except RelibraError:
@@ -349,8 +332,6 @@ def _row(what: str, figure: str, how: str) -> dict:
 
 def _throughput_rows(r: ThroughputResult, man: dict) -> list[dict]:
     """The verdict per paper claim: the kit's mean and range over cases and seeds, best case, alternatives."""
-    from relibra.experiments.headline import verdict_cells
-
     how = f"**{r.caption}** (relibra setup show {r.setup})"
     rows = []
     for _, v in r.verdict.iterrows():
@@ -498,8 +479,6 @@ def _mean(t: pd.DataFrame, column: str, **where) -> float:
 
 def _more_nodes(cluster: str) -> str:
     """`cluster` with twice its nodes, so that twice the EP size fits."""
-    from relibra.cluster import resolve_topology
-
     return f"{cluster.split(',')[0]},nodes={2 * resolve_topology(cluster).num_nodes}"
 
 
@@ -545,8 +524,6 @@ def _largest_ep(t: pd.DataFrame, policy: str) -> float:
 
 
 def _nvl72_only(cfg: Config) -> dict:
-    from relibra.experiments.scale import sweep_of
-
     racks = [c for c in sweep_of(cfg).clusters if "nvl72" in c]
     return {"clusters": racks[0] if racks else "nvl72"}
 
@@ -656,8 +633,6 @@ NOTEBOOK_POLICIES = {s.name: s.policies for s in SPECS}
 
 
 def get_spec(notebook: str) -> NotebookSpec:
-    from relibra.errors import ConfigError
-
     if notebook not in BY_NAME:
         raise ConfigError(f"unknown notebook {notebook!r}; known: {', '.join(NOTEBOOKS)}")
     return BY_NAME[notebook]
@@ -666,8 +641,6 @@ def get_spec(notebook: str) -> NotebookSpec:
 def resolve(notebook: str, **params) -> Config:
     """The notebook's parameters resolved against its profile (config.resolve_config) with the spec's
     default policies; the tutorial reads no profile (its toy layer sets every size)."""
-    from relibra.experiments.config import resolve_config
-
     spec = get_spec(notebook)
     if spec.scale == "toy":
         params = {**params, "profile": None}

@@ -9,6 +9,7 @@ from relibra.experiments.config import Config
 from relibra.experiments.overheads import full_model_memory_share
 from relibra.experiments.simulation import simulate_trace, simulate_workloads
 from relibra.experiments.traces import make_trace
+from relibra.policies import get_policy
 
 
 def replication_table(cfg: Config, progress: bool = True) -> pd.DataFrame:
@@ -19,8 +20,6 @@ def replication_table(cfg: Config, progress: bool = True) -> pd.DataFrame:
 
 def default_spare_slots(policy: str = "relibra") -> int:
     """The policy's default number of spare replica slots per GPU."""
-    from relibra.policies import get_policy
-
     return int(get_policy(policy).params().get("spare_slots_per_gpu", 0))
 
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import pandas as pd
 
 from relibra.errors import ConfigError
+from relibra.experiments.config import jsonable
+from relibra.paths import write_text
 
 RESULT_FILE = "result.json"
 
@@ -31,13 +32,6 @@ def live(default=None):
     return dataclasses.field(default=default, metadata={"saved": False})
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temporary name beside `path`, then rename it over `path`."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 @dataclasses.dataclass(kw_only=True)
 class Result:
     """Base of every notebook's result (one subclass per notebook, see registry.py)."""
@@ -53,9 +47,8 @@ class Result:
                 run.save_csv(getattr(self, f.name), f.name, f.metadata["doc"])
             elif f.metadata.get("saved", True):
                 plain[f.name] = getattr(self, f.name)
-        from relibra.experiments.config import jsonable
 
-        write_text_atomic(run.out_dir / RESULT_FILE, json.dumps(jsonable(plain), indent=2, sort_keys=True))
+        write_text(run.out_dir / RESULT_FILE, json.dumps(jsonable(plain), indent=2, sort_keys=True))
 
     @classmethod
     def load(cls, folder: str | Path):

@@ -10,7 +10,8 @@ import pandas as pd
 
 from relibra.errors import ConfigError
 from relibra.experiments.config import Config, jsonable
-from relibra.experiments.results import write_text_atomic
+from relibra.paths import atomic_path, write_text
+from relibra.plots import save_figure
 
 
 class Run:
@@ -52,9 +53,8 @@ class Run:
     def save_csv(self, table: pd.DataFrame, name: str, description: str = "") -> Path:
         """Write `table` as results/<notebook>/<name>.csv (tidy: one row per observation)."""
         path = self.out_dir / f"{name}.csv"
-        tmp = path.with_name(f".{path.name}.tmp")
-        table.to_csv(tmp, index=False, float_format="%.6g")
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            table.to_csv(tmp, index=False, float_format="%.6g")
         self.tables.append({"file": path.name, "rows": int(len(table)), "description": description})
         return path
 
@@ -62,8 +62,6 @@ class Run:
         """Write `fig` as <name>.png and <name>.svg and record it in the manifest; source is 'simulated',
         'measured', 'synthetic' or 'real'. Returns nothing, so a notebook cell ending with it shows the
         figure only (not the paths)."""
-        from relibra.plots import save_figure
-
         if source not in ("simulated", "measured", "synthetic", "real"):
             raise ConfigError(f"figure source must be simulated, measured, synthetic or real, got {source!r}")
         hardware = hardware or (self.config.cluster if source == "simulated" else "this machine")
@@ -85,5 +83,5 @@ class Run:
             "wall_seconds": round(time.perf_counter() - self.started, 2),
         }
         path = self.out_dir / "manifest.json"
-        write_text_atomic(path, json.dumps(manifest, indent=2, sort_keys=True))
+        write_text(path, json.dumps(manifest, indent=2, sort_keys=True))
         return path

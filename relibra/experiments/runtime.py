@@ -19,12 +19,23 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from relibra.cluster import FITTED_CPU_PRESET, get_model, get_topology, read_preset_file
+from relibra.costs import CostParams, cost_plan
+from relibra.display import json_text
 from relibra.errors import ConfigError
-from relibra.experiments.config import Config
-from relibra.runtime.config import RunOptions
-from relibra.runtime.results import WAIT_SUFFIX, RunResult
-from relibra.runtime.train import PolicyPlans
+from relibra.experiments.config import Config, project_root
+from relibra.metrics import frame
+from relibra.paths import atomic_path, write_text
+from relibra.policies import get_policy
+from relibra.policies.base import _REGISTRY, _factory_fields
+from relibra.progress import progress as tqdm
+from relibra.runtime.config import MeasurementOptions, ModelOptions, NodeLayout, ParallelismOptions, RunOptions
+from relibra.runtime.launch import launch
+from relibra.runtime.plans import static_plan
+from relibra.runtime.results import RunResult
+from relibra.runtime.train import PolicyPlans, worker
 from relibra.trace import RoutingTrace
+from relibra.workloads import generate_trace
 
 
 # ---- what to run --------------------------------------------------------------------------------------
@@ -97,7 +108,6 @@ def load_or_make_trace(request: RuntimeRequest, ep: int) -> RoutingTrace:
             raise ConfigError(f"trace {data.trace} was recorded at EP {trace.ep}; launch it with --nproc {trace.ep}")
         check_trace_fits_model(trace, data.trace, run.model.name)
         return trace
-    from relibra.workloads import generate_trace
 
     steps = run.measurement.steps + run.measurement.warmup_steps
     trace = generate_trace(run.model.name, data.workload, ep=ep, steps=steps, seed=run.model.seed,
@@ -108,8 +118,6 @@ def load_or_make_trace(request: RuntimeRequest, ep: int) -> RoutingTrace:
 def check_trace_fits_model(trace: RoutingTrace, where: str, model: str) -> None:
     """Raise ConfigError unless the runtime's model (--model) has the trace's shape: the fields the runtime
     builds from (layers, experts, top-k, vocabulary) must agree."""
-    from relibra.cluster import get_model
-
     preset = get_model(model)
     theirs_of = {"num_layers": trace.num_layers, "num_experts": trace.num_experts, "top_k": trace.model.top_k,
                  "vocab_size": trace.model.vocab_size}
@@ -126,9 +134,8 @@ def runtime_topology(ep: int, gpus_per_node: int):
     """The rates the runtime's machine runs at, cut to the launch's nodes x ranks: on GPUs the paper's
     Hopper cluster; on CPU the preset fitted here from micro-benchmarks (`cpu-gloo-fit`, data/) when
     present (or the file RELIBRA_CPU_FIT names: a fit taken on another machine), else `cpu-gloo`."""
-    import torch
+    import torch  # heavy: only to ask whether a GPU is present
 
-    from relibra.cluster import FITTED_CPU_PRESET, get_topology, read_preset_file
 
     if torch.cuda.is_available():
         base = get_topology("paper")
@@ -141,11 +148,7 @@ def runtime_topology(ep: int, gpus_per_node: int):
 
 def policy_params(policy: str, params: dict) -> dict:
     """The subset of `params` that `policy` takes (one --policy-param list serves several policies)."""
-    from relibra.policies.base import _REGISTRY, _factory_fields
-
     if policy not in _REGISTRY:
-        from relibra.policies import get_policy
-
         get_policy(policy)  # raises the ConfigError listing the known names
     known = set(_factory_fields(_REGISTRY[policy]))
     return {k: v for k, v in params.items() if k in known}
@@ -153,8 +156,6 @@ def policy_params(policy: str, params: dict) -> dict:
 
 def make_plans(trace: RoutingTrace, policy: str, params: dict, gpus_per_node: int, steps: int) -> list:
     """One StepPlan per step, each seeing the previous step's placement (rates: runtime_topology)."""
-    from relibra.policies import get_policy
-
     topology = runtime_topology(trace.ep, gpus_per_node)
     pol = get_policy(policy, **params)
     plans, prev = [], None
@@ -184,9 +185,6 @@ class Prepared:
 
 def prepare(request: RuntimeRequest, world: int) -> Prepared:
     """Trace and plans of every policy: the same on every rank, so a launcher computes them once."""
-    from relibra.cluster import get_model
-    from relibra.runtime.config import NodeLayout
-
     request.validate()
     layout = NodeLayout(world, request.run.parallelism.nodes)
     if request.data.trace is None:
@@ -219,8 +217,6 @@ def simulated_costs(run: PolicyPlans, warmup: int, ranks_per_node: int, topology
     each step after the previous step's placement, priced as the runtime runs it: each rank's tokens of
     a micro-batch as one sequence, fp32 gradients, the layer-shared replica buffer filled in line
     (blocking point-to-point before each layer, nothing hidden behind attention)."""
-    from relibra.costs import CostParams, cost_plan
-
     trace = run.trace
     topology = topology or runtime_topology(trace.ep, ranks_per_node)
     seq = int(trace.loads[0, 0, 0].sum(axis=1).max() // trace.model.top_k)
@@ -329,8 +325,6 @@ def _component_sum(seconds: dict[str, float], names) -> float:
 
 def summarise(result: RunResult, prepared: Prepared, request: RuntimeRequest) -> list[PolicySummary]:
     """One PolicySummary per policy of the launch (speed-ups when megatron is among them)."""
-    from relibra.runtime.plans import static_plan
-
     m = request.run.measurement
     ranks_per_node = result.world // result.nodes
     out = []
@@ -400,11 +394,6 @@ def segment_frame(summaries: list[PolicySummary]) -> pd.DataFrame:
 # ---- reports ----------------------------------------------------------------------------------------------
 def write_outputs(result: RunResult, summaries: list[PolicySummary], request: RuntimeRequest, out: str) -> None:
     """metrics.csv (relibra.metrics rows of every rank and step) and summary.json in `out`."""
-    from relibra.metrics import frame
-
-    from relibra.display import json_text
-    from relibra.paths import atomic_path, write_text
-
     os.makedirs(out, exist_ok=True)
     model = request.run.model.name
     rows = result.metric_rows(model, request.data.workload)
@@ -429,8 +418,6 @@ def report(result: RunResult, prepared: Prepared, request: RuntimeRequest, as_js
 
 
 def _print_report(result: RunResult, summaries: list, request: RuntimeRequest, as_json: bool) -> int:
-    from relibra.display import json_text
-
     check = request.run.measurement.check_equivalence
     if as_json:
         print(json_text({"results": [s.to_dict() for s in summaries],
@@ -476,8 +463,6 @@ def _print_report(result: RunResult, summaries: list, request: RuntimeRequest, a
 # ---- notebook 08 ------------------------------------------------------------------------------------------
 def runtime_request(cfg: Config) -> RuntimeRequest:
     """Notebook 08's launch at the profile's runtime sizes: every policy of the config, alternating."""
-    from relibra.runtime.config import MeasurementOptions, ModelOptions, ParallelismOptions
-
     s = cfg.sizes
     nodes = int(cfg.extra.get("nodes") or s.runtime_nodes)
     steps = int(cfg.extra.get("runtime_steps") or s.runtime_steps)
@@ -495,8 +480,6 @@ def measured_runtime(cfg: Config) -> dict:
     policy], "launches": [launch index per summary], "metrics": relibra.metrics rows with `repeat`,
     "hardware"}. The gpu profile reads summary.json files written by `relibra run --torchrun --out DIR`
     on GPU nodes under cfg.measured_dir instead."""
-    from relibra.metrics import frame
-
     if cfg.profile == "gpu":
         if cfg.measured_dir is None or not cfg.measured_dir.exists():
             raise ConfigError(f"gpu profile: no measured runs in {cfg.measured_dir}; run the GPU script of "
@@ -512,10 +495,7 @@ def measured_runtime(cfg: Config) -> dict:
                     launches.append(i)
         return {"summaries": summaries, "launches": launches, "metrics": pd.DataFrame(),
                 "hardware": summaries[0].hardware}
-    from relibra.progress import progress as tqdm
 
-    from relibra.runtime.launch import launch
-    from relibra.runtime.train import worker
 
     nproc = int(cfg.extra.get("nproc") or cfg.sizes.runtime_nproc)
     request = runtime_request(cfg)
@@ -542,8 +522,6 @@ def recorded_runtime(path=None) -> tuple[pd.DataFrame, dict]:
     one row per (command, launch, policy) with the launch's scalar fields (step_s_median/min/max,
     sim_step_s, speedup_vs_megatron with its CI, ...) plus `command`, `launch`, `nodes_x_ranks` and the
     machine's 1-min load average before and after the command; and the file's {"machine", "date"}."""
-    from relibra.experiments.config import project_root
-
     path = project_root() / "data" / "runtime_measured.json" if path is None else path
     with open(path) as f:
         record = json.load(f)

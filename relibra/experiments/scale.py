@@ -11,16 +11,19 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from relibra.cluster import get_model, resolve_topology
 from relibra.errors import ConfigError
+from relibra.experiments.config import scaled_model
 from relibra.experiments.profiles import ScaleSweep
+from relibra.progress import progress as tqdm
+from relibra.sim import simulate
+from relibra.workloads import generate_trace
 
 SCALE_POLICIES = ("megatron", "eplb+", "llep", "relibra", "relibra-h")
 
 
 def why_impossible(model: str, cluster: str, ep: int) -> str | None:
     """None when `cluster` can hold EP `ep` of `model`; else the reason, as the kit's errors say it."""
-    from relibra.cluster import get_model, resolve_topology
-
     experts = get_model(model).num_experts
     if experts % ep:
         return f"EP {ep} does not divide the {experts} experts"
@@ -56,13 +59,6 @@ def scale_sweep(sweep: ScaleSweep, policies=SCALE_POLICIES, workload: str = "mix
     replication_cpu_us_per_cell; status "ok". An impossible case is one row with policy "-" and
     status "impossible: <why>".
     """
-    from relibra.progress import progress as tqdm
-
-    from relibra.cluster import resolve_topology
-    from relibra.experiments.config import scaled_model
-    from relibra.sim import simulate
-    from relibra.workloads import generate_trace
-
     cases = scale_cases(sweep)
     rows = []
     for model, cluster, ep, reason in tqdm(cases, desc="models x clusters x EP", disable=not progress):

@@ -16,6 +16,14 @@ import dataclasses
 
 import pandas as pd
 
+from relibra.cluster import get_topology
+from relibra.errors import ConfigError
+from relibra.experiments.config import scaled_model
+from relibra.progress import progress as tqdm
+from relibra.setups import load_card
+from relibra.sim import simulate
+from relibra.workloads import BATCH_LAYOUTS, WorkloadConfig, generate_trace
+
 RATIOS = ("relibra_over_megatron", "relibra_over_eplb_plus", "relibra_over_balanced_compute")
 POLICIES = ("relibra", "eplb+", "megatron", "balanced-compute")
 SENSITIVITY_COLUMNS = ["knob", "value", "is_default", "policy", *RATIOS, "relibra_skewness", "model", "ep",
@@ -60,8 +68,6 @@ OTHER_CLUSTERS = ("h800", "paper-datasheet", "h100")
 
 
 def _knob(name: str) -> Knob:
-    from relibra.errors import ConfigError
-
     for k in KNOBS:
         if k.name == name:
             return k
@@ -75,9 +81,6 @@ def knob_values(quick: bool = False, setup: str = "paper") -> dict[str, list]:
     batch layout every layout; optimizer sharding off and on; topic concentration 0.1 / 0.2 / 0.4; the
     cluster preset the card's cluster and three presets. quick: the default and one other value.
     """
-    from relibra.setups import load_card
-    from relibra.workloads import BATCH_LAYOUTS
-
     card = load_card(setup)
     base = defaults(setup)
     values: dict[str, list] = {}
@@ -109,9 +112,6 @@ def knob_values(quick: bool = False, setup: str = "paper") -> dict[str, list]:
 def defaults(setup: str = "paper") -> dict:
     """The default value of every knob: the card's (sequence length: scale 1; topic concentration: the
     generator's; cluster preset: the card's own cluster)."""
-    from relibra.setups import load_card
-    from relibra.workloads import WorkloadConfig
-
     card = load_card(setup)
     out = {}
     for k in KNOBS:
@@ -137,8 +137,6 @@ def _ratios(summary: pd.DataFrame) -> dict:
 def case_inputs(card, knob: Knob, value, ep: int, micro_batches: int | None = None):
     """(WorkloadConfig, Topology, CostParams, policy params, micro-batches) of the card with one knob
     moved to `value`."""
-    from relibra.cluster import get_topology
-
     cfg_changes, topo_changes, cost_changes = {}, {}, {}
     policy_params = card.policy_params(POLICIES)
     if knob.acts_on == "workload":
@@ -170,14 +168,6 @@ def sensitivity(model: str, ep: int, setup: str = "paper", workload: str = "mixe
     subset of KNOB_NAMES (None: all); quick: two values per knob (knob_values). The default set-up is
     simulated once and its ratios fill every knob's default row. Same arguments, same frame.
     """
-    from relibra.progress import progress as tqdm
-
-    from relibra.errors import ConfigError
-    from relibra.experiments.config import scaled_model
-    from relibra.setups import load_card
-    from relibra.sim import simulate
-    from relibra.workloads import generate_trace
-
     card = load_card(setup)
     shape = scaled_model(model, layers)
     base = defaults(setup)
@@ -225,8 +215,6 @@ def tornado_table(frame: pd.DataFrame) -> pd.DataFrame:
     frame: `sensitivity`'s rows (each knob holds its default row). Columns: ratio, knob, default,
     low, high, low_value, high_value, swing.
     """
-    from relibra.errors import ConfigError
-
     missing = [k for k, d in frame.groupby("knob", sort=False) if not d["is_default"].any()]
     if missing:
         raise ConfigError(f"tornado_table: knob(s) {missing} have no default row")

@@ -6,8 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from relibra.cluster import resolve_topology
 from relibra.experiments.config import Config
 from relibra.experiments.traces import make_trace
+from relibra.policies import get_policy
+from relibra.progress import progress as tqdm
+from relibra.setups import load_card
+from relibra.sim import simulate
+from relibra.trace import skewness
 
 
 def history_steps(cfg: Config) -> int:
@@ -17,8 +23,6 @@ def history_steps(cfg: Config) -> int:
 
 def make_policy(name: str, **params):
     """get_policy(name, **params); its plans take the cluster as an argument."""
-    from relibra.policies import get_policy
-
     return get_policy(name, **params)
 
 
@@ -30,9 +34,6 @@ def simulate_trace(cfg: Config, trace, policies=None, cluster: str | None = None
     Returns a DataFrame with relibra.sim.SUMMARY_COLUMNS plus model, workload, ep, cluster
     (and the SimResult too when with_result).
     """
-    from relibra.setups import load_card
-    from relibra.sim import simulate
-
     policies = list(policies or cfg.policies)
     cluster = cluster or cfg.cluster
     card = load_card(cfg.extra.get("setup") or "paper")
@@ -56,8 +57,6 @@ def throughput_grid(cfg: Config, models=None, workloads=None, policies=None, pro
     Returns one row per (model, workload, policy): tokens_per_s, speedup_vs_megatron, frac_of_balanced,
     skewness and the rest of relibra.sim.SUMMARY_COLUMNS.
     """
-    from relibra.progress import progress as tqdm
-
     cases = [(m, w) for m in (models or cfg.models) for w in (workloads or cfg.workloads)]
     frames = []
     for model, workload in tqdm(cases, desc="model x workload", disable=not progress):
@@ -73,8 +72,6 @@ def plan_metrics(plan, gpus_per_node: int) -> dict:
     same per GPU; cross_node_share: share of dispatched token-expert pairs whose destination GPU is
     in another node than their source rank; replicas_per_gpu: mean occupied replica slots per GPU.
     """
-    from relibra.trace import skewness
-
     matrix = plan.flows()[0]  # the plan's one token flow
     gpu = np.rint(matrix.sum(axis=2)).astype(np.int64)  # [M, L, ep] tokens each GPU computes
     m, l, ep = gpu.shape
@@ -100,10 +97,6 @@ def simulate_with_plans(cfg: Config, trace, policies, cluster: str | None = None
     bytes, forward seconds and unhidden replica-transfer seconds; summary is the simulator's summary
     with those plan figures averaged per policy.
     """
-    from relibra.cluster import resolve_topology
-    from relibra.setups import load_card
-    from relibra.sim import simulate
-
     topo = resolve_topology(cluster or cfg.cluster)
     card = load_card(cfg.extra.get("setup") or "paper")
     _, gpn = topo.ep_layout(trace.ep)
@@ -144,8 +137,6 @@ def simulate_workloads(cfg: Config, progress: bool = True) -> tuple[pd.DataFrame
     Returns (per_step, summary), each concatenated over workloads (one row per (workload, policy,
     step) and per (workload, policy)).
     """
-    from relibra.progress import progress as tqdm
-
     per_step, summary = [], []
     for workload in tqdm(cfg.workloads, desc="workloads", disable=not progress):
         trace = make_trace(cfg, workload=workload)

@@ -8,6 +8,8 @@ import pandas as pd
 from relibra.experiments.config import Config
 from relibra.experiments.simulation import history_steps, make_policy
 from relibra.experiments.traces import make_trace
+from relibra.progress import progress as tqdm
+from relibra.trace import static_placement
 
 
 def plan_skewness(trace, policy: str, steps: list[int], cluster: str = "paper") -> np.ndarray:
@@ -15,8 +17,6 @@ def plan_skewness(trace, policy: str, steps: list[int], cluster: str = "paper") 
 
     Placements chain from the static one through the steps before steps[0] (as the simulator's warm-up).
     """
-    from relibra.trace import static_placement
-
     pol = make_policy(policy)
     prev = static_placement(trace.num_layers, trace.num_experts, trace.ep)
     if steps[0] > 0:
@@ -35,8 +35,6 @@ def skewness_sweep(cfg: Config, progress: bool = True) -> pd.DataFrame:
 
     Columns: sweep ('ep' or 'workload'), model, workload, ep, policy, skewness, skewness_p95.
     """
-    from relibra.progress import progress as tqdm
-
     topo = cfg.topology()
     cases = [("ep", cfg.workload, ep) for ep in cfg.ep_sizes] + [("workload", w, cfg.ep) for w in cfg.workloads]
     rows = []

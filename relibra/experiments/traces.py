@@ -5,6 +5,9 @@ from __future__ import annotations
 import time
 
 from relibra.experiments.config import Config
+from relibra.policies import get_policy
+from relibra.setups import load_card
+from relibra.workloads import generate_trace
 
 _TRACE_CACHE: dict[tuple, object] = {}
 
@@ -16,9 +19,6 @@ def make_trace(cfg: Config, model: str | None = None, workload: str | None = Non
 
     Returns a RoutingTrace with loads int32 [steps, micro_batches, layers, ep, experts].
     """
-    from relibra.setups import load_card
-    from relibra.workloads import generate_trace
-
     shape = cfg.model_shape(model)
     setup = cfg.extra.get("setup") or "paper"
     key = (shape, workload or cfg.workload, int(ep or cfg.ep), int(steps or cfg.steps), cfg.micro_batches,
@@ -43,8 +43,6 @@ def plan_steps(trace, policy: str, cluster, steps: list[int] | None = None, **pa
 
     Returns a list of (step, plan, plan_seconds) with plan_seconds the measured wall time of planning.
     """
-    from relibra.policies import get_policy
-
     pol = get_policy(policy, **params)
     out = []
     prev_home = None

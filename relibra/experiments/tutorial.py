@@ -7,7 +7,11 @@ import numpy as np
 import pandas as pd
 
 from relibra.cluster import ModelShape, Topology, get_topology
+from relibra.costs import cost_plan, expert_flops_per_token, gemm_seconds
 from relibra.errors import ConfigError
+from relibra.policies import get_policy
+from relibra.trace import RoutingTrace, skewness
+from relibra.workloads import sample_topk_counts
 
 TUTORIAL_MODEL = ModelShape("tutorial", num_layers=1, num_experts=16, top_k=2, hidden=2048, moe_ffn=768,
                             num_attention_heads=32, num_kv_heads=4, head_dim=128)
@@ -36,9 +40,6 @@ def tutorial_trace(skew: float = 1.2, shift: float = 0.5, seed: int = 0, micro_b
     Every src rank's `tokens_per_rank` tokens pick top-k distinct experts from that micro-batch's shares.
     Returns a RoutingTrace with loads int32 [1, micro_batches, 1, ep, 16].
     """
-    from relibra.trace import RoutingTrace
-    from relibra.workloads import sample_topk_counts
-
     if skew < 0 or not 0 <= shift <= 1:
         raise ConfigError(f"tutorial: skew must be >= 0 and shift in [0, 1], got skew={skew}, shift={shift}")
     e, k = TUTORIAL_MODEL.num_experts, TUTORIAL_MODEL.top_k
@@ -101,10 +102,6 @@ def tutorial_case(placement: str = "static", spare_slots: int = 0, skew: float =
     direction, phase) the slowest GPU's simulated seconds, "summary": one row per micro-batch
     (skewness, slowest and balanced ms), "plan" (the StepPlan), "policy", "hardware", "ep", ...}.
     """
-    from relibra.costs import cost_plan, expert_flops_per_token, gemm_seconds
-    from relibra.policies import get_policy
-    from relibra.trace import skewness
-
     trace = tutorial_trace(skew, shift, seed, micro_batches=micro_batches, tokens_per_rank=tokens_per_gpu, ep=ep)
     topo = tutorial_topology(ep)
     name, params = tutorial_policy(placement, spare_slots)

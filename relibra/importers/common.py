@@ -10,13 +10,15 @@ token ids at a time.
 from __future__ import annotations
 
 import os
+import pickle
 import re
+import zipfile
 
 import numpy as np
 
 from relibra.cluster import ModelShape, get_model
 from relibra.errors import ConfigError, TraceError
-from relibra.trace import RoutingTrace, check_id_dtype
+from relibra.trace import RoutingTrace, check_decoded_bytes, check_id_dtype, read_npz
 
 ORDERS = ("rank-major", "microbatch-major")
 
@@ -65,7 +67,7 @@ def expand_paths(paths, suffixes: tuple[str, ...]) -> list[str]:
 
 def to_numpy(obj, path: str):
     """Tensors (also inside lists, tuples and dicts) -> numpy arrays; ints and strings kept."""
-    import torch
+    import torch  # heavy: only .pt inputs need it
 
     if isinstance(obj, torch.Tensor):
         kind = str(obj.dtype).replace("torch.", "")
@@ -97,13 +99,9 @@ def load_container(path: str):
     .pt, the saved object with tensors turned into numpy arrays. Errors name the file.
     """
     if path.endswith(".npz"):
-        from relibra.trace import read_npz
-
         return read_npz(path)  # headers checked and sizes bounded before anything is allocated
     if path.endswith(".pt") or path.endswith(".pth"):
-        import pickle
-
-        import torch
+        import torch  # heavy: only .pt inputs need it
 
         check_pt_size(path)
         try:
@@ -128,10 +126,6 @@ def check_pt_size(path: str) -> None:
     """Bound a .pt file by the loader's limit (relibra.trace.max_trace_bytes) before torch.load reads it:
     the uncompressed sizes its zip archive declares (tensor storages, and the pickle at
     PICKLE_BYTES_PER_BYTE), or the file's own size for the legacy format."""
-    import zipfile
-
-    from relibra.trace import check_decoded_bytes
-
     if not zipfile.is_zipfile(path):
         check_decoded_bytes(os.path.getsize(path) * PICKLE_BYTES_PER_BYTE, path, "loading this legacy .pt file")
         return

@@ -6,8 +6,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.patches import Patch
 
 from relibra.plots.style import POLICY_LABELS, policy_rows, titled
+
 
 # ---- 07 overheads ------------------------------------------------------------------------------
 def planner_time_plot(table: pd.DataFrame, subtitle: str):
@@ -25,8 +27,6 @@ def planner_time_plot(table: pd.DataFrame, subtitle: str):
     ax.set_xticks(x, [POLICY_LABELS.get(p, p) for p in d["policy"]], rotation=20, ha="right")
     ax.set_ylabel("seconds per training step (log)")
     ax.set_ylim(top=ax.get_ylim()[1] * 8)  # room for the legend above the bars
-    from matplotlib.patches import Patch
-
     ax.legend([Patch(facecolor="white", edgecolor="0.2"), Patch(facecolor="0.88", edgecolor="0.4", hatch="//")],
               ["left bar (the policy's colour): planner, measured wall seconds per step",
                "right bar: one forward pass, simulated: the window it hides behind"],

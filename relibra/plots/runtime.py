@@ -7,8 +7,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.patches import Patch
 
 from relibra.plots.style import POLICY_COLORS, POLICY_LABELS, policy_hue, policy_order, titled
+
 
 # ---- 09 RL workload ------------------------------------------------------------------------------
 def reward_plot(rewards: pd.DataFrame, subtitle: str):
@@ -79,8 +81,6 @@ def runtime_step_segments_plot(segments: pd.DataFrame, subtitle: str, waiting: s
         ax.set_yticks(y, ["whole step"] + names)
         ax.set_xlabel("ms per training step (mean over ranks, median over timed steps)")
         ax.set_title(POLICY_LABELS.get(p, p))
-    from matplotlib.patches import Patch
-
     fig.legend([Patch(facecolor="0.6", edgecolor="0.2"), Patch(facecolor="0.8", edgecolor="0.2", hatch="//"),
                 Patch(facecolor=WAIT_COLOR, edgecolor="0.2")],
                ["measured (upper bar)", "simulated (lower bar, hatched)",

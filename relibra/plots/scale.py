@@ -6,6 +6,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from relibra.cluster import resolve_topology
+from relibra.errors import RelibraError
 from relibra.plots.style import POLICY_LABELS, policy_order, policy_palette, titled
 
 IDEAL = "balanced-compute"
@@ -14,9 +16,6 @@ MODEL_GREYS = ("0.15", "0.45", "0.7")
 
 def cluster_label(spec: str) -> str:
     """'32 nodes x 8 GPUs (paper links)' for a cluster preset or spec; the spec itself if unknown."""
-    from relibra.cluster import resolve_topology
-    from relibra.errors import RelibraError
-
     try:
         topo = resolve_topology(spec)
     except RelibraError:

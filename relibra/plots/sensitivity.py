@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.lines import Line2D
 
 from relibra.labels import RATIO_LABELS, knob_value
 from relibra.plots.style import titled
@@ -65,8 +66,6 @@ def tornado_plot(table: pd.DataFrame, subtitle: str):
         ax.set_title(f"{RATIO_LABELS[ratio]}: default {default:.3f}")
     for ax in axes[0][1:]:
         ax.tick_params(axis="y", labelsize=8)
-    from matplotlib.lines import Line2D
-
     handles, labels = axes[0][0].get_legend_handles_labels()
     handles += [Line2D([], [], color="0.15", lw=1.0), Line2D([], [], color="0.55", lw=0.8, ls="--")]
     labels += ["default set-up", "ratio 1.0 (parity)"]

@@ -14,12 +14,16 @@ if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.b
     if not os.environ.get("DISPLAY"):
         matplotlib.use("Agg")
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import matplotlib.ticker  # noqa: F401  (integer step axes)
 import pandas as pd
 import seaborn as sns
 
 from relibra import labels as _labels
+from relibra.cluster import get_model
+from relibra.paths import atomic_path
 
 # Policy colours and labels: the kit's one table (relibra.labels).
 POLICY_ORDER = _labels.POLICY_ORDER
@@ -31,8 +35,6 @@ _TAB = sns.color_palette("tab10", 10)
 def model_label(name: str) -> str:
     """'<preset> (E experts, top-k, L MoE layers, hidden H)': how model presets differ, for per-model figures."""
     try:
-        from relibra.cluster import get_model
-
         m = get_model(name)
     except Exception:  # a label only: an unknown name stays as it is
         return name
@@ -62,8 +64,6 @@ def policy_palette(policies) -> dict:
 
 def titled(fig, title: str, subtitle: str) -> None:
     """Title on the first line, provenance (simulated / measured, scale) below, wrapped to the width."""
-    import textwrap
-
     width = max(40, int(fig.get_figwidth() * 12))
     lines = textwrap.wrap(title, width) + textwrap.wrap(subtitle, int(width * 1.1))
     # at the figure's top edge, so that tight_layout makes room under it (and nothing above it)
@@ -75,7 +75,6 @@ def save_figure(fig, stem: str | Path) -> tuple[Path, Path]:
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
-    from relibra.paths import atomic_path
 
     with atomic_path(png) as tmp:  # the temporary name keeps the suffix that picks the format
         fig.savefig(tmp, metadata={"Software": None})
@@ -90,7 +89,7 @@ def show_inline(fig, png: Path) -> None:
     inline backend does not draw it a second time); elsewhere do nothing. Works whatever the
     matplotlib backend, so executed notebooks hold every figure even under MPLBACKEND=Agg."""
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # notebook-only dependency
         from IPython.display import Image, display
     except ImportError:
         return

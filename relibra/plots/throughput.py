@@ -6,8 +6,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from relibra.plots.style import POLICY_COLORS, POLICY_LABELS, figure_policy_legend, policy_hue, model_label, titled
-
+from relibra.labels import colour
+from relibra.plots.style import POLICY_COLORS, POLICY_LABELS, figure_policy_legend, model_label, policy_hue, titled
 
 # ---- 02 throughput / 03 ablation ----------------------------------------------------------------
 MODEL_MARKERS = ("o", "s", "^", "D", "v", "P")
@@ -22,8 +22,6 @@ def _ranked(d: pd.DataFrame, column: str) -> list[str]:
 def _dots_and_means(ax, d: pd.DataFrame, column: str, order: list[str], marker_of=None) -> None:
     """One row per policy of `order` (top: first): a small dot per case (marker: model) and the
     policy's mean as a large marker in its colour with its value written beside it."""
-    from relibra.labels import colour
-
     for y, policy in enumerate(order):
         rows = d[d["policy"] == policy]
         for model, g in rows.groupby("model", sort=False):

@@ -6,8 +6,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.patches import FancyBboxPatch, Patch, PathPatch, Rectangle
+from matplotlib.path import Path as MPath
 
-from relibra.plots.style import POLICY_LABELS, _TAB, titled
+from relibra.plots.style import _TAB, POLICY_LABELS, titled
 
 # ---- 00 tutorial -------------------------------------------------------------------------------
 # One meaning per colour in the tutorial: blue = tokens at an expert's home, orange = tokens a replica
@@ -85,9 +87,6 @@ def plan_figure(case: dict, micro_batch: int = 0):
     diagram: every expert (left column, height ~ its tokens) sends its tokens to its home GPU (blue
     band) and, if replicated, part of them to the replica's GPU (orange band, labelled).
     """
-    from matplotlib.patches import FancyBboxPatch, PathPatch, Rectangle
-    from matplotlib.path import Path as MPath
-
     plan, ep, gpn = case["plan"], case["ep"], case["gpus_per_node"]
     et = case["expert_tokens"]
     et = et[et["micro_batch"] == micro_batch].set_index("expert")["tokens"]
@@ -188,8 +187,6 @@ def plan_figure(case: dict, micro_batch: int = 0):
     fx.set_ylim(max(y, yy), 0)
     fx.axis("off")
     fx.set_title("token split: expert (left, height = tokens) -> GPU that computes them (right)")
-    from matplotlib.patches import Patch
-
     fx.legend([Patch(color=HOME_COLOR, alpha=0.55), Patch(color=REPLICA_COLOR, alpha=0.55)],
               ["computed at the expert's home", "sent to a replica (copy) in the same node"], fontsize=7,
               loc="lower center", bbox_to_anchor=(0.5, -0.1), ncol=2)

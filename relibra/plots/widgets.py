@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 
 from relibra.plots.tutorial import plan_figure, tutorial_figure
 
+
 def tutorial_interactive(compute, choices: dict, enabled: bool = True, **params):
     """ipywidgets controls for EP, spare slots, skew (and placement, shift, micro-batch) that recompute
     the plan with `compute` (tutorial_case) and redraw the tokens-per-GPU and plan figures.
@@ -18,7 +19,7 @@ def tutorial_interactive(compute, choices: dict, enabled: bool = True, **params)
     if not enabled:
         return None
     try:
-        import ipywidgets as widgets
+        import ipywidgets as widgets  # notebook-only dependencies
         from IPython import get_ipython
         from IPython.display import display
     except ImportError:

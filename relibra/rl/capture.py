@@ -21,6 +21,7 @@ from relibra.analysis import trace_stats
 from relibra.cluster import ModelShape
 from relibra.errors import ConfigError
 from relibra.trace import RoutingTrace, loads_from_tokens
+from relibra.workloads import generate_trace
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 DEFAULT_RL_TRACE = DATA_DIR / "rl_tiny_seed0.npz"  # written by `relibra rl --steps 40 --seed 0`
@@ -84,8 +85,6 @@ def synthetic_comparison(trace: RoutingTrace, model: str = "small", workload: st
     rank derived from the paper's batch and sequence lengths), and the real trace's tokens per rank
     (the generator shortens sequences when a slot holds less than one mean sequence).
     """
-    from relibra.workloads import generate_trace
-
     rows = [shift_row("real RL (relibra rl)", trace)]
     shape = dict(seed=seed, micro_batches=trace.num_microbatches)
     default = generate_trace(model, workload, trace.ep, trace.num_steps, **shape)
