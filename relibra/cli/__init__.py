@@ -1,5 +1,9 @@
 """The `relibra` command line. Each module in this package adds its subcommands through a
-`register(subparsers)` function, found at start-up, so a new command is one new file."""
+`register(subparsers)` function, found at start-up, so a new command is one new file.
+
+Every command module is imported to build the parser, so each imports its work (numpy, pandas, torch,
+the experiments) inside the function that runs the command: `relibra --help` and a mistyped flag
+answer without loading them."""
 
 from __future__ import annotations
 
