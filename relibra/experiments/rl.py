@@ -7,7 +7,6 @@ import pandas as pd
 from relibra.cluster import get_topology
 from relibra.experiments.config import Config
 from relibra.experiments.machine import this_machine
-from relibra.rl.grpo import RLConfig, run_rl
 from relibra.workloads import generate_trace
 
 # RLConfig overrides per profile (relibra.rl.grpo.RLConfig); the step count is Profile.rl_steps.
@@ -27,8 +26,9 @@ def rl_workload(cfg: Config) -> dict:
     RoutingTrace it recorded, "traces": {label: trace} with a synthetic trace of the same shape,
     "config": the RLConfig as a dict, "label"/"sim_label": figure subtitles, "hardware"}.
     """
-    import torch  # heavy: only the RL run needs it
+    import torch  # heavy, as relibra.rl is: only the RL run loads them
 
+    from relibra.rl.grpo import RLConfig, run_rl
 
     steps = int(cfg.extra.get("rl_steps") or cfg.sizes.rl_steps)
     rl_cfg = RLConfig(steps=steps, seed=cfg.seed, **RL_OVERRIDES.get(cfg.profile, {}))

@@ -34,10 +34,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
-import torch
 
 from relibra.cluster import Topology
 from relibra.errors import ConfigError
@@ -45,6 +44,9 @@ from relibra.plan import StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, register
 from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import RoutingTrace
+
+if TYPE_CHECKING:  # annotations only
+    import torch
 
 
 # ---- EPLB's algorithm ------------------------------------------------------------------------------
@@ -104,6 +106,8 @@ def rebalance_hierarchical(weight: torch.Tensor, num_physical: int, num_groups: 
     weight: float32 tensor [L, E]. Returns (phy2log int64 [L, P], copy rank int64 [L, P], logcnt
     int64 [L, E]) with P = num_physical slots, GPU-major.
     """
+    import torch  # heavy: EPLB's tensors; other policies and `relibra --help` load without it
+
     layers, experts = weight.shape
     group_size = experts // num_groups
     experts_per_node = experts // num_nodes
@@ -164,6 +168,8 @@ def check_rebalance_args(layers_experts: tuple[int, ...], num_replicas: int, num
 def rebalance_experts(weight, num_replicas: int, num_groups: int, num_nodes: int,
                       num_gpus: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """EPLB's entry point; see the module docstring for shapes. ConfigError outside its contract."""
+    import torch  # heavy: EPLB's tensors; other policies and `relibra --help` load without it
+
     w = torch.as_tensor(weight).detach().to("cpu", torch.float32).contiguous()
     hierarchical = check_rebalance_args(tuple(w.shape), num_replicas, num_groups, num_nodes, num_gpus)
     if hierarchical:
@@ -248,6 +254,8 @@ def plan_from_copies(policy: str, loads: np.ndarray, held: np.ndarray, home: np.
 def eplb_copies(weight: np.ndarray, ep: int, gpus_per_node: int, redundant_slots_per_gpu: int,
                 num_groups: int | None) -> tuple[np.ndarray, np.ndarray, str, int]:
     """Run EPLB on weight [L, E]; return (held [L, E, ep], home [L, E], replica_scope, slots_per_gpu)."""
+    import torch  # heavy: EPLB's tensors; other policies and `relibra --help` load without it
+
     layers, experts = weight.shape
     num_nodes = ep // gpus_per_node
     groups = experts if num_groups is None else num_groups

@@ -39,7 +39,6 @@ from typing import ClassVar
 
 import numpy as np
 import scipy.sparse as sp
-import torch
 from scipy.optimize import linprog
 
 from relibra.cluster import Topology
@@ -92,6 +91,8 @@ def lplb_reorder(weight: np.ndarray, ep: int, num_nodes: int, num_groups: int) -
     weight: float [L, E]. Returns (home int64 [L, E], by_load int64 [L, ep, E / ep]: GPU g's experts,
     most loaded first).
     """
+    import torch  # heavy: EPLB's tensors; other policies and `relibra --help` load without it
+
     layers, experts = weight.shape
     w = torch.as_tensor(np.asarray(weight, dtype=np.float64))
     phy2log = rebalance_experts(w, experts, num_groups, num_nodes, ep)[0].numpy()  # [L, E], GPU-major
