@@ -48,6 +48,7 @@ class AnnealConfig:
     migration_weight: float = 1.0  # times r_mig
 
 
+# ---- small numeric kernels ------------------------------------------------------------------------
 def _pow(y: np.ndarray, p: int, out: np.ndarray | None = None) -> np.ndarray:
     """y ** p for a positive integer p, by repeated multiplication (faster than np.power).
 
@@ -95,276 +96,6 @@ def _root(y: np.ndarray, p: int, out: np.ndarray | None = None) -> np.ndarray:
     return np.power(y, 1.0 / p, out=out)
 
 
-def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_home: np.ndarray, ep: int,
-                 gpus_per_node: int, config: AnnealConfig, rng: np.random.Generator, comm_ratio: float = 0.0,
-                 migration_cost: np.ndarray | None = None, prev_home: np.ndarray | None = None,
-                 check_state: bool = False) -> tuple[np.ndarray, dict]:
-    """Swap-based simulated annealing over home placements, all layers at once.
-
-    expert_tokens: int [M, L, E] tokens per expert per micro-batch.
-    src_node_tokens: int [M, L, E, nodes] of those, the tokens coming from each node's ranks.
-    init_home: int [L, E] or [starts, L, E] starting placements (equal homes per GPU; swaps keep it
-        so); each layer starts from the one that scores best.
-    comm_ratio: compute tokens one cross-node token costs (0 = ignore communication).
-    migration_cost: float [2] cost of moving one expert inside a node / across nodes, in the same
-        unit (used only with prev_home).
-    check_state: after every accepted iteration, compare the incrementally kept state (GPU loads,
-        node compute and received tokens, their power sums and maxima) with a full recomputation
-        from the placement; the largest relative difference is info["state_check_max_rel_error"]
-        (slow: for tests).
-    Returns (home int64 [L, E], info with the mean relative score before and after).
-
-    The score of a layer is reference.layer_scores (node_power p, comm_ratio r, gpu_weight); every
-    term decomposes over nodes and GPUs, so a swap is scored incrementally: it touches two GPUs and at
-    most two nodes. After annealing, `polish_iterations` of greedy descent use the exact maxima.
-    reference.anneal_homes_reference is this search one swap at a time, with the whole objective
-    recomputed per candidate; both give the same homes for a seed (tests/test_planner_reference.py).
-
-    Node state is kept as one array Y [L, nodes, terms, M] (terms: C, and R when r > 0) so that
-    both terms move through the same few numpy calls. Speed (docs/policies.md, relibra section):
-    every gather is a row take from a flat [rows, M] view (one index per (layer, candidate)); a
-    swap's two sides are the halves of [2, L, K] arrays; the polish takes the maximum over the
-    nodes a swap leaves untouched from those nodes (up to 6) or from each (layer, term, m)'s three
-    largest nodes. GPU loads and node state are whole token counts held in float32, exact below
-    2^24 tokens per node and micro-batch, so regrouping their sums changes no bit; the smoothed
-    terms keep their order of operations, so a seed gives the same homes as the plain version.
-    """
-    m, layers, experts = expert_tokens.shape
-    nodes = ep // gpus_per_node
-    gpn = gpus_per_node
-    p_node = int(config.node_power)
-    r = float(comm_ratio)
-    use_comm = r > 0 and nodes > 1
-    terms = 2 if use_comm else 1
-    # float32 halves the memory traffic of the gathers (integers stay exact up to 2^24 tokens per node)
-    x = np.ascontiguousarray(expert_tokens.transpose(1, 2, 0), dtype=np.float32)  # [L, E, M]
-    xf = x.reshape(layers * experts, m)
-    # what expert e adds to node n's received tokens if homed there: [L, E, nodes, M], one row per
-    # (layer, expert, node); while small (in cache) rows of both terms (compute, received) instead,
-    # so that a candidate's two node rows come from two gathers, else from x and recv separately
-    # (half the table: fewer cache misses)
-    stacked = use_comm and layers * experts * nodes * terms * m * 4 <= _STACKED_BYTES
-    if use_comm:
-        contrib = np.empty((layers, experts, nodes, terms if stacked else 1, m), dtype=np.float32)
-        if stacked:
-            contrib[:, :, :, 0] = x[:, :, None, :]
-        src = np.asarray(src_node_tokens)
-        for li in range(layers):  # one layer at a time: the transposed reads stay in cache
-            np.subtract(x[li, :, None, :], src[:, li].transpose(1, 2, 0), out=contrib[li, :, :, -1], casting="unsafe")
-        contrib_f = contrib.reshape(layers * experts * nodes, -1)
-    total = x.sum(axis=1, dtype=np.float64)  # [L, M]
-    inv_total = np.where(total > 0, 1.0 / np.maximum(total, 1), 0.0).astype(np.float32)  # [L, M]
-    scale = np.maximum(total.sum(axis=1) / ep, 1.0)  # [L] sum over m of the mean GPU load
-    lidx = np.arange(layers)
-    li2 = lidx[:, None]
-    row_e, row_g, row_n = li2 * experts, li2 * ep, li2 * nodes  # first flat row of each layer
-    # placement-free normalisers: mean node compute, mean received when sources spread evenly
-    mu = np.stack([np.maximum(total / nodes, 1.0), np.maximum(total * (nodes - 1) / nodes ** 2, 1.0)][:terms],
-                  axis=1)  # [L, terms, M]
-    inv_mu = (1.0 / mu).astype(np.float32)
-    mu32 = mu.astype(np.float32)
-    weight = np.array([1.0, r][:terms], dtype=np.float32)  # of each term
-    w_gpu = config.gpu_weight
-    use_mig = prev_home is not None and migration_cost is not None and config.migration_weight > 0
-    if use_mig:
-        mig = np.asarray(migration_cost, dtype=np.float64) * config.migration_weight
-        prev_node = prev_home // gpn
-        prev_home_f, prev_node_f = np.ravel(prev_home), np.ravel(prev_node)
-
-    def smax(ps, mu_rows):  # power sums [..., terms, M] -> weighted smooth maxima summed over m: [...]
-        per_term = (mu_rows * _root(np.maximum(ps, 0.0) * (1.0 / nodes), p_node)).sum(axis=-1)
-        return (per_term * weight).sum(axis=-1) / gpn
-
-    def smax32(ps, mu_rows):  # smax of float32 power sums, through one scratch array (same values)
-        # max(ps, 0) up to the sign of a zero, which changes no comparison downstream (np.maximum
-        # is several times slower)
-        v = np.multiply(ps, ps > 0)
-        v *= 1.0 / nodes
-        v = _root(v, p_node, out=v)
-        v *= mu_rows
-        return (v.sum(axis=-1) * weight).sum(axis=-1) / gpn
-
-    def moved(ie, to_gpu, to_node):  # migration cost of the experts at flat rows ie [L, K] landing on to_gpu
-        return np.where(to_node != prev_node_f[ie], mig[1], np.where(to_gpu != prev_home_f[ie], mig[0], 0.0))
-
-    def state(h):
-        """GPU loads [L, ep, M] and node state Y [L, nodes, terms, M] of placement h (sums of whole
-        token counts: exact in float32 whatever the order)."""
-        node_of = h // gpn
-        y = np.empty((layers, nodes, terms, m), dtype=np.float32)
-        gl = _group_sum(x, h, ep)
-        y[:, :, 0] = gl.reshape(layers, nodes, gpn, m).sum(axis=2)
-        if use_comm:
-            rows = ((row_e + np.arange(experts)) * nodes + node_of).ravel()
-            y[:, :, 1] = _group_sum(contrib_f[rows, -m:].reshape(layers, experts, m), node_of, nodes)
-        return gl, y
-
-    def powers(y):  # (y / mu)^p: [L, nodes, terms, M]
-        return _pow(y * inv_mu[:, None], p_node)
-
-    def score(h):  # the objective itself, recomputed (reference.layer_scores): float64 [L]
-        return layer_scores(expert_tokens, src_node_tokens, h, ep, gpn, p_node, r, w_gpu,
-                            mig if use_mig else None, prev_home)
-
-    def candidates():
-        """k random swaps per layer, as the halves of [2, L, K] arrays (half 0: expert a, its GPU p
-        and node pn; half 1: b, q, qn): experts ab, GPUs pq, nodes pqn; the tokens d [L, K, M] GPU
-        p gains (q loses); the GPU and migration part of the score change delta [L, K]; the rows
-        of Y of nodes pn and qn ([2, L, K]) and their new values new_y [2, L, K, terms, M]."""
-        ab = rng.integers(0, experts, size=(2, layers, k))  # the same draws as a, then b, of shape [L, K]
-        iab = row_e + ab  # flat expert rows
-        pq = home_f[iab]
-        pqn = pq // gpn
-        rows = row_n + pqn
-        if stacked:  # what nodes pn and qn gain, both terms: [2, L, K, terms * M]
-            plus = contrib_f.take(iab[::-1] * nodes + pqn, axis=0, mode="clip")
-            plus -= contrib_f.take(iab * nodes + pqn, axis=0, mode="clip")
-            d = plus[0, :, :, :m]  # [L, K, M] tokens GPU p gains (q loses): x_b - x_a
-        else:
-            xab = xf.take(iab, axis=0, mode="clip")
-            gain = xab[::-1] - xab  # [2, L, K, M]: x_b - x_a (what GPU p, node pn gain), x_a - x_b
-            d = gain[0]  # [L, K, M] tokens GPU p gains (q loses)
-        gpq = gl_f.take(row_g + pq, axis=0, mode="clip")
-        t = gpq[0] - gpq[1]
-        t += d
-        t *= d
-        t *= inv_t2  # (t * d) * (2 / T) rounds as (t * 2d) * (1 / T): doubling is exact
-        delta = w_gpu * t.sum(axis=2)
-        if use_mig:
-            (ia, ib), (p, q), (pn, qn) = iab, pq, pqn
-            delta += moved(ia, q, qn) - moved(ia, p, pn) + moved(ib, p, pn) - moved(ib, q, qn)
-        new_y = y_f.take(rows, axis=0, mode="clip")
-        if stacked:
-            new_y += plus
-        else:
-            new_y = new_y.reshape(2, layers, k, terms, m)
-            new_y[:, :, :, 0] += gain
-            if use_comm:  # received tokens: rows (b, pn), (a, pn), (a, qn), (b, qn) of recv
-                (ia, ib), (pn, qn) = iab, pqn
-                recv = contrib_f.take(np.stack([ib * nodes + pn, ia * nodes + pn, ia * nodes + qn, ib * nodes + qn]),
-                                      axis=0, mode="clip").reshape(2, 2, layers, k, m)
-                new_y[:, :, :, 1] += recv[:, 0] - recv[:, 1]
-        return ab, pq, pqn, rows, d, delta, new_y.reshape(2, layers, k, terms, m)
-
-    def apply(la, kb, ab, pq, pqn, rows, d, new_y):
-        """Make the chosen swaps (layers la, candidates kb). Returns the cross-node ones (lc, kc)
-        and, for those, the changed rows of Y (flat: pn's, then qn's)."""
-        ba, bb, bp, bq = ab[0, la, kb], ab[1, la, kb], pq[0, la, kb], pq[1, la, kb]
-        bd = d[la, kb]  # [n, M]
-        gl_f[la * ep + bp] += bd
-        gl_f[la * ep + bq] -= bd
-        cn = pqn[0, la, kb] != pqn[1, la, kb]
-        lc, kc = la[cn], kb[cn]
-        changed = rows[:, lc, kc].reshape(-1)
-        y_f[changed] = new_y.reshape(2, layers, k, terms * m)[:, lc, kc].reshape(-1, terms * m)
-        home_f[la * experts + ba] = bq
-        home_f[la * experts + bb] = bp
-        return lc, kc, changed
-
-    # start, per layer, from the best-scoring of the given placements
-    starts = np.asarray(init_home, dtype=np.int64).reshape(-1, layers, experts)
-    scores = np.stack([score(h) for h in starts])  # [starts, L]
-    home = starts[np.argmin(scores, axis=0), lidx].copy()
-    home_f = home.reshape(-1)  # a view: swaps made on home show here
-    before = scores.min(axis=0)
-    g_load, y_node = state(home)
-    gl_f, y_f = g_load.reshape(layers * ep, m), y_node.reshape(layers * nodes, terms * m)  # views
-    pw = powers(y_node)  # [L, nodes, terms, M]
-    pw_f = pw.reshape(layers * nodes, terms * m)
-    ps = pw.sum(axis=1)  # [L, terms, M]
-    current = smax(ps, mu32)  # [L]
-    k = config.candidates
-    iters = config.iterations
-    temps = config.initial_temperature * (config.final_temperature / config.initial_temperature) ** (
-        np.arange(iters) / max(iters - 1, 1))
-    inv_t2 = 2 * inv_total[:, None, :]  # [L, 1, M]
-    inv_mu4 = inv_mu[:, None]  # [L, 1, terms, M] (broadcast over [2, L, K, terms, M] too)
-    mu_k = mu32[:, None]  # [L, 1, terms, M]
-    accepted = 0
-    worst = 0.0  # check_state: largest relative difference between kept and recomputed state
-    for it in range(iters):
-        ab, pq, pqn, rows, d, delta, new_y = candidates()
-        new_pw = new_y * inv_mu4
-        new_pw = _pow(new_pw, p_node, out=new_pw)  # [2, L, K, terms, M]
-        change = pw_f.take(rows, axis=0, mode="clip").reshape(new_pw.shape)
-        np.subtract(new_pw, change, out=change)
-        change = change[0] + change[1]
-        same = np.flatnonzero(pqn[0] == pqn[1])
-        if len(same):  # a swap inside a node leaves the node terms as they are
-            change.reshape(layers * k, terms * m)[same] = 0.0
-        new_ps = change
-        new_ps += ps[:, None]  # [L, K, terms, M]
-        new_node = smax32(new_ps, mu_k)  # [L, K]
-        delta += new_node - current[:, None]
-        delta = np.where(pq[0] != pq[1], delta / scale[:, None], np.inf)
-        best = np.argmin(delta, axis=1)
-        best_delta = delta[lidx, best]
-        take = best_delta < 0
-        warm = np.isfinite(best_delta) & ~take
-        take[warm] = rng.random(int(warm.sum())) < np.exp(-best_delta[warm] / temps[it])
-        if not take.any():
-            continue
-        la, kb = lidx[take], best[take]
-        lc, kc, changed = apply(la, kb, ab, pq, pqn, rows, d, new_y)
-        pw_f[changed] = new_pw.reshape(2, layers, k, terms * m)[:, lc, kc].reshape(-1, terms * m)
-        ps[lc] = new_ps[lc, kc]
-        current[lc] = new_node[lc, kc]
-        accepted += len(la)
-        if check_state:
-            gl, yy = state(home)
-            fresh = powers(yy).sum(axis=1)
-            worst = max(worst, _rel_error(g_load, gl), _rel_error(y_node, yy), _rel_error(ps, fresh),
-                        _rel_error(current, smax(fresh, mu32)))
-    # Polish: greedy descent on the exact objective, the summed maxima over nodes (no smoothing),
-    # with the same GPU and migration terms. Swaps inside a node leave the node maxima unchanged.
-    g_load, y_node = state(home)
-    gl_f, y_f = g_load.reshape(layers * ep, m), y_node.reshape(layers * nodes, terms * m)
-    node_max = y_node.max(axis=1)  # [L, terms, M]
-    complement = _complements(nodes) if nodes <= 6 else None  # [nodes, nodes, nodes - 2] or None
-    top_v, top_i = _top3(y_node) if complement is None else (None, None)  # [L, 3, terms, M]: the three largest
-    polished = 0
-    for it in range(config.polish_iterations):
-        ab, pq, pqn, rows, d, delta, new_y = candidates()
-        pn, qn = pqn
-        # the largest node other than pn and qn (node loads are >= 0: with none left, 0)
-        if complement is not None:  # few nodes: the max over the others, gathered
-            others = np.zeros((layers, k, terms * m), dtype=np.float32)
-            for j in range(complement.shape[2]):
-                np.maximum(others, y_f.take(row_n + complement[pn, qn, j], axis=0, mode="clip"), out=others)
-            others = others.reshape(layers, k, terms, m)
-        else:  # the largest of the three largest nodes that is neither (one left out counts as 0)
-            pnb, qnb = pn.astype(top_i.dtype)[:, :, None, None], qn.astype(top_i.dtype)[:, :, None, None]
-            others = None
-            for j in range(3):
-                ij = top_i[:, None, j]
-                v = top_v[:, None, j] * ((ij != pnb) & (ij != qnb))
-                others = v if others is None else np.maximum(others, v, out=others)  # [L, K, terms, M]
-        new_max = np.maximum(others, np.maximum(new_y[0], new_y[1]))  # [L, K, terms, M]
-        node_delta = ((new_max - node_max[:, None]).sum(axis=3) * weight).sum(axis=2) / gpn
-        delta += np.where(pn != qn, node_delta, 0.0)
-        delta = np.where(pq[0] != pq[1], delta / scale[:, None], np.inf)
-        best = np.argmin(delta, axis=1)
-        take = delta[lidx, best] < -1e-9
-        if not take.any():
-            continue
-        la, kb = lidx[take], best[take]
-        lc, kc, _ = apply(la, kb, ab, pq, pqn, rows, d, new_y)
-        node_max[lc] = new_max[lc, kc]
-        if complement is None:
-            top_v[lc], top_i[lc] = _top3(y_node[lc])
-        polished += len(la)
-        if check_state:
-            gl, yy = state(home)
-            worst = max(worst, _rel_error(g_load, gl), _rel_error(y_node, yy), _rel_error(node_max, yy.max(axis=1)),
-                        _rel_error(top_v[:, 0], yy.max(axis=1)) if complement is None else 0.0)
-    after = score(home)
-    info = {"anneal_score_before": float(before.mean()), "anneal_score_after": float(after.mean()),
-            "anneal_accepted_swaps": int(accepted), "polish_accepted_swaps": int(polished)}
-    if check_state:
-        info["state_check_max_rel_error"] = float(worst)
-    return home, info
-
-
 def _group_sum(values: np.ndarray, group: np.ndarray, groups: int) -> np.ndarray:
     """Per layer, the rows of values summed by group: values [L, E, M], group int [L, E] in
     [0, groups) -> [L, groups, M]. Equal groups (the placements here) sort and reshape; others
@@ -377,9 +108,6 @@ def _group_sum(values: np.ndarray, group: np.ndarray, groups: int) -> np.ndarray
     out = np.zeros((layers, groups, m), dtype=values.dtype)
     np.add.at(out, (np.arange(layers)[:, None], group), values)
     return out
-
-
-_STACKED_BYTES = 32 << 20  # anneal_homes stacks both node terms per (expert, node) row up to this size
 
 
 def _complements(nodes: int) -> np.ndarray:
@@ -419,6 +147,406 @@ def _rel_error(kept: np.ndarray, fresh: np.ndarray) -> float:
     """Largest |kept - fresh| / max(|fresh|, 1) over all entries."""
     kept, fresh = np.asarray(kept, dtype=np.float64), np.asarray(fresh, dtype=np.float64)
     return float((np.abs(kept - fresh) / np.maximum(np.abs(fresh), 1.0)).max()) if fresh.size else 0.0
+
+
+# ---- the annealer: what no swap changes, the state swaps change, one batch of swaps ----------------
+# Shapes: L layers, E experts, M micro-batches, K candidate swaps per layer, T node terms (1: the
+# node's compute; 2: compute and the tokens it receives from other nodes). Token counts are whole
+# numbers held in float32 (exact below 2^24 tokens per node and micro-batch, so the order of their
+# sums changes no bit); "rows" are flat views, one row per (layer, expert), (layer, GPU) or
+# (layer, node), so that every gather is one take with one index per (layer, candidate).
+
+_STACKED_BYTES = 32 << 20  # up to this size the node gain table holds both terms per (expert, node) row
+
+
+@dataclass
+class _Problem:
+    """Everything the search reads that no swap changes (normalisers, weights, token tables)."""
+
+    micro_batches: int
+    layers: int
+    experts: int
+    ep: int
+    gpus_per_node: int
+    nodes: int
+    node_power: int  # p of the smooth maximum over nodes
+    terms: int  # T
+    stacked: bool  # node_gain_rows holds both terms of a row (else the received term only)
+    tokens: np.ndarray  # float32 [L, E, M] tokens per expert
+    token_rows: np.ndarray  # float32 [L * E, M], a view of tokens
+    node_gain_rows: np.ndarray | None  # float32 [L * E * nodes, T * M or M]: what expert (l, e) adds to node n's
+    #   terms when homed there (its tokens, then those not from node n's ranks); None with T = 1
+    two_over_total: np.ndarray  # float32 [L, 1, M] 2 / the layer's tokens (0 where it has none)
+    score_scale: np.ndarray  # float64 [L] the layer's mean GPU tokens summed over micro-batches (>= 1)
+    node_norm: np.ndarray  # float32 [L, 1, T, M] placement-free normaliser mu of each term
+    inv_node_norm: np.ndarray  # float32 [L, 1, T, M] 1 / node_norm
+    term_weight: np.ndarray  # float32 [T]: 1, then comm_ratio
+    gpu_weight: float
+    migration_cost: np.ndarray | None  # float64 [2] per expert moved inside / across nodes (times its weight)
+    prev_gpu_rows: np.ndarray | None  # int [L * E] each expert's previous home GPU
+    prev_node_rows: np.ndarray | None  # int [L * E] and node
+    layer_index: np.ndarray  # int [L] 0 .. L - 1
+    first_expert_row: np.ndarray  # int [L, 1] each layer's first flat (layer, expert) row
+    first_gpu_row: np.ndarray  # int [L, 1] (layer, GPU) row
+    first_node_row: np.ndarray  # int [L, 1] (layer, node) row
+
+
+def _problem(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, ep: int, gpus_per_node: int,
+             config: AnnealConfig, comm_ratio: float, migration_cost: np.ndarray | None,
+             prev_home: np.ndarray | None) -> _Problem:
+    """The search's fixed inputs from expert_tokens int [M, L, E] and src_node_tokens int [M, L, E,
+    nodes] (see anneal_homes for the other arguments)."""
+    m, layers, experts = expert_tokens.shape
+    nodes = ep // gpus_per_node
+    use_comm = comm_ratio > 0 and nodes > 1
+    terms = 2 if use_comm else 1
+    # float32 halves the memory traffic of the gathers
+    tokens = np.ascontiguousarray(expert_tokens.transpose(1, 2, 0), dtype=np.float32)  # [L, E, M]
+    # stacked while small (in cache): a candidate's two node rows then come from two gathers; else
+    # the tokens and the received term are gathered apart (half the table: fewer cache misses)
+    stacked = use_comm and layers * experts * nodes * terms * m * 4 <= _STACKED_BYTES
+    node_gain_rows = _node_gain_rows(tokens, src_node_tokens, nodes, terms, stacked) if use_comm else None
+    total = tokens.sum(axis=1, dtype=np.float64)  # [L, M]
+    inv_total = np.where(total > 0, 1.0 / np.maximum(total, 1), 0.0).astype(np.float32)  # [L, M]
+    # mu: mean node compute; mean received tokens when sources spread evenly
+    node_norm = np.stack([np.maximum(total / nodes, 1.0), np.maximum(total * (nodes - 1) / nodes ** 2, 1.0)][:terms],
+                         axis=1)  # [L, T, M]
+    use_migration = prev_home is not None and migration_cost is not None and config.migration_weight > 0
+    layer_index = np.arange(layers)
+    return _Problem(
+        micro_batches=m, layers=layers, experts=experts, ep=ep, gpus_per_node=gpus_per_node, nodes=nodes,
+        node_power=int(config.node_power), terms=terms, stacked=stacked,
+        tokens=tokens, token_rows=tokens.reshape(layers * experts, m), node_gain_rows=node_gain_rows,
+        two_over_total=2 * inv_total[:, None, :],
+        score_scale=np.maximum(total.sum(axis=1) / ep, 1.0),
+        node_norm=node_norm.astype(np.float32)[:, None], inv_node_norm=(1.0 / node_norm).astype(np.float32)[:, None],
+        term_weight=np.array([1.0, comm_ratio][:terms], dtype=np.float32), gpu_weight=config.gpu_weight,
+        migration_cost=np.asarray(migration_cost, dtype=np.float64) * config.migration_weight if use_migration else None,
+        prev_gpu_rows=np.ravel(prev_home) if use_migration else None,
+        prev_node_rows=np.ravel(prev_home // gpus_per_node) if use_migration else None,
+        layer_index=layer_index, first_expert_row=layer_index[:, None] * experts,
+        first_gpu_row=layer_index[:, None] * ep, first_node_row=layer_index[:, None] * nodes)
+
+
+def _node_gain_rows(tokens: np.ndarray, src_node_tokens: np.ndarray, nodes: int, terms: int,
+                    stacked: bool) -> np.ndarray:
+    """What each expert adds to each node's terms when homed there: float32 [L * E * nodes, T * M]
+    (stacked: its tokens, then those not from that node's ranks) or [L * E * nodes, M] (only the
+    latter). tokens: float32 [L, E, M]; src_node_tokens: int [M, L, E, nodes]."""
+    layers, experts, m = tokens.shape
+    gain = np.empty((layers, experts, nodes, terms if stacked else 1, m), dtype=np.float32)
+    if stacked:
+        gain[:, :, :, 0] = tokens[:, :, None, :]
+    src = np.asarray(src_node_tokens)
+    for layer in range(layers):  # one layer at a time: the transposed reads stay in cache
+        np.subtract(tokens[layer, :, None, :], src[:, layer].transpose(1, 2, 0), out=gain[layer, :, :, -1],
+                    casting="unsafe")
+    return gain.reshape(layers * experts * nodes, -1)
+
+
+@dataclass
+class _Placement:
+    """A placement and its loads, changed in place by each accepted swap."""
+
+    home: np.ndarray  # int64 [L, E] home GPU of each expert
+    home_rows: np.ndarray  # int64 [L * E], a view of home
+    gpu_tokens: np.ndarray  # float32 [L, ep, M] tokens per GPU
+    gpu_rows: np.ndarray  # float32 [L * ep, M], a view of gpu_tokens
+    node_load: np.ndarray  # float32 [L, nodes, T, M] each node's terms: compute, received tokens
+    node_rows: np.ndarray  # float32 [L * nodes, T * M], a view of node_load
+
+
+def _placement(problem: _Problem, home: np.ndarray) -> _Placement:
+    """GPU tokens and node terms of home int64 [L, E], summed afresh (home is shared, not copied)."""
+    pr = problem
+    m, layers, nodes, gpn = pr.micro_batches, pr.layers, pr.nodes, pr.gpus_per_node
+    node_of = home // gpn
+    node_load = np.empty((layers, nodes, pr.terms, m), dtype=np.float32)
+    gpu_tokens = _group_sum(pr.tokens, home, pr.ep)
+    node_load[:, :, 0] = gpu_tokens.reshape(layers, nodes, gpn, m).sum(axis=2)
+    if pr.terms == 2:
+        rows = ((pr.first_expert_row + np.arange(pr.experts)) * nodes + node_of).ravel()
+        received = pr.node_gain_rows[rows, -m:].reshape(layers, pr.experts, m)
+        node_load[:, :, 1] = _group_sum(received, node_of, nodes)
+    return _Placement(home=home, home_rows=home.reshape(-1), gpu_tokens=gpu_tokens,
+                      gpu_rows=gpu_tokens.reshape(layers * pr.ep, m), node_load=node_load,
+                      node_rows=node_load.reshape(layers * nodes, pr.terms * m))
+
+
+def _node_powers(problem: _Problem, node_load: np.ndarray) -> np.ndarray:
+    """(node_load / mu) ** p: node_load float32 [..., L, nodes or K, T, M] -> the same shape."""
+    powers = node_load * problem.inv_node_norm
+    return _pow(powers, problem.node_power, out=powers)
+
+
+def _smooth_max(problem: _Problem, power_sums: np.ndarray) -> np.ndarray:
+    """The smooth-maximum part of the score, summed over terms and micro-batches: power_sums
+    float32 [L, K, T, M] (sums over nodes of _node_powers) -> float32 [L, K]."""
+    # a product with (power_sums > 0) instead of a maximum with 0 (several times faster): only the
+    # sign of a zero differs, which changes no comparison downstream
+    norm_pow = np.multiply(power_sums, power_sums > 0)
+    norm_pow *= 1.0 / problem.nodes
+    smooth = _root(norm_pow, problem.node_power, out=norm_pow)
+    smooth *= problem.node_norm
+    return (smooth.sum(axis=-1) * problem.term_weight).sum(axis=-1) / problem.gpus_per_node
+
+
+def _migration_cost(problem: _Problem, expert_rows: np.ndarray, to_gpu: np.ndarray, to_node: np.ndarray
+                    ) -> np.ndarray:
+    """Cost of the experts at flat rows expert_rows [L, K] being homed on to_gpu (in node to_node)."""
+    pr = problem
+    return np.where(to_node != pr.prev_node_rows[expert_rows], pr.migration_cost[1],
+                    np.where(to_gpu != pr.prev_gpu_rows[expert_rows], pr.migration_cost[0], 0.0))
+
+
+@dataclass
+class _Swaps:
+    """K random swaps per layer. Pair arrays are [2, L, K], side 0 the expert a on GPU p in node pn,
+    side 1 the expert b on GPU q in node qn; the swap homes a on q and b on p."""
+
+    experts: np.ndarray  # int [2, L, K] a, b
+    gpus: np.ndarray  # int [2, L, K] p, q
+    nodes: np.ndarray  # int [2, L, K] pn, qn
+    node_rows: np.ndarray  # int [2, L, K] flat rows of nodes pn and qn in node_rows / powers
+    gpu_gain: np.ndarray  # float32 [L, K, M] tokens GPU p gains (q loses): x_b - x_a
+    delta: np.ndarray  # float32 [L, K] change of the GPU and migration terms
+    new_node_load: np.ndarray  # float32 [2, L, K, T, M] terms of nodes pn and qn after the swap
+
+
+def _draw_swaps(problem: _Problem, placement: _Placement, rng: np.random.Generator, k: int) -> _Swaps:
+    """Draw k swaps per layer and score their GPU and migration terms; the node terms after each swap."""
+    pr = problem
+    layers, m, nodes, terms = pr.layers, pr.micro_batches, pr.nodes, pr.terms
+    experts = rng.integers(0, pr.experts, size=(2, layers, k))  # the same draws as a, then b, of shape [L, K]
+    expert_rows = pr.first_expert_row + experts
+    gpus = placement.home_rows[expert_rows]
+    nodes_of = gpus // pr.gpus_per_node
+    node_rows = pr.first_node_row + nodes_of
+    if pr.stacked:  # what nodes pn and qn gain, both terms: [2, L, K, T * M]
+        node_gain = pr.node_gain_rows.take(expert_rows[::-1] * nodes + nodes_of, axis=0, mode="clip")
+        node_gain -= pr.node_gain_rows.take(expert_rows * nodes + nodes_of, axis=0, mode="clip")
+        gpu_gain = node_gain[0, :, :, :m]
+    else:
+        swapped_tokens = pr.token_rows.take(expert_rows, axis=0, mode="clip")  # [2, L, K, M]: x_a, x_b
+        token_gain = swapped_tokens[::-1] - swapped_tokens  # [2, L, K, M]: x_b - x_a, x_a - x_b
+        gpu_gain = token_gain[0]
+    # GPU term sum_m (G_p + d)^2 + (G_q - d)^2 - G_p^2 - G_q^2 = sum_m 2 d (G_p - G_q + d), over T
+    gpu_pq = placement.gpu_rows.take(pr.first_gpu_row + gpus, axis=0, mode="clip")  # [2, L, K, M]
+    gpu_term = gpu_pq[0] - gpu_pq[1]
+    gpu_term += gpu_gain
+    gpu_term *= gpu_gain
+    gpu_term *= pr.two_over_total  # (t * d) * (2 / T) rounds as (t * 2d) * (1 / T): doubling is exact
+    delta = pr.gpu_weight * gpu_term.sum(axis=2)
+    if pr.migration_cost is not None:
+        (row_a, row_b), (p, q), (pn, qn) = expert_rows, gpus, nodes_of
+        delta += (_migration_cost(pr, row_a, q, qn) - _migration_cost(pr, row_a, p, pn)
+                  + _migration_cost(pr, row_b, p, pn) - _migration_cost(pr, row_b, q, qn))
+    new_node_load = placement.node_rows.take(node_rows, axis=0, mode="clip")
+    if pr.stacked:
+        new_node_load += node_gain
+    else:
+        new_node_load = new_node_load.reshape(2, layers, k, terms, m)
+        new_node_load[:, :, :, 0] += token_gain
+        if terms == 2:  # received tokens: rows (b, pn), (a, pn), (a, qn), (b, qn) of the gain table
+            (row_a, row_b), (pn, qn) = expert_rows, nodes_of
+            received = pr.node_gain_rows.take(
+                np.stack([row_b * nodes + pn, row_a * nodes + pn, row_a * nodes + qn, row_b * nodes + qn]),
+                axis=0, mode="clip").reshape(2, 2, layers, k, m)
+            new_node_load[:, :, :, 1] += received[:, 0] - received[:, 1]
+    return _Swaps(experts=experts, gpus=gpus, nodes=nodes_of, node_rows=node_rows, gpu_gain=gpu_gain, delta=delta,
+                  new_node_load=new_node_load.reshape(2, layers, k, terms, m))
+
+
+def _make_swaps(placement: _Placement, swaps: _Swaps, layer: np.ndarray, pick: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Make swap pick[i] of layer layer[i] (one per layer at most) on placement.
+
+    Returns the swaps across nodes, as (their layers, their picks), and the flat rows of the node
+    terms they changed (nodes pn of every such swap, then nodes qn)."""
+    layers, experts = placement.home.shape
+    ep = placement.gpu_tokens.shape[1]
+    a, b = swaps.experts[:, layer, pick]
+    p, q = swaps.gpus[:, layer, pick]
+    gain = swaps.gpu_gain[layer, pick]  # [n, M]
+    placement.gpu_rows[layer * ep + p] += gain
+    placement.gpu_rows[layer * ep + q] -= gain
+    across = swaps.nodes[0, layer, pick] != swaps.nodes[1, layer, pick]
+    across_layer, across_pick = layer[across], pick[across]
+    changed = swaps.node_rows[:, across_layer, across_pick].reshape(-1)
+    k = swaps.experts.shape[2]
+    new_rows = swaps.new_node_load.reshape(2, layers, k, -1)[:, across_layer, across_pick]
+    placement.node_rows[changed] = new_rows.reshape(-1, new_rows.shape[-1])
+    placement.home_rows[layer * experts + a] = q
+    placement.home_rows[layer * experts + b] = p
+    return across_layer, across_pick, changed
+
+
+# ---- the two phases --------------------------------------------------------------------------------
+def _anneal(problem: _Problem, placement: _Placement, config: AnnealConfig, rng: np.random.Generator,
+            check_state: bool) -> tuple[int, float]:
+    """Simulated annealing on the smooth score, swaps made on placement in place.
+
+    Each iteration draws `candidates` swaps per layer and scores them incrementally: a swap changes
+    the power sums over nodes only through its two nodes. Per layer the best swap is taken when it
+    lowers the score, else with probability exp(-increase / temperature).
+    Returns (accepted swaps, largest relative error of the kept state (check_state; else 0))."""
+    pr = problem
+    layers, k, tm = pr.layers, config.candidates, pr.terms * pr.micro_batches
+    powers = _node_powers(pr, placement.node_load)  # [L, nodes, T, M]
+    power_rows = powers.reshape(layers * pr.nodes, tm)
+    power_sums = powers.sum(axis=1)  # [L, T, M]
+    smooth = _smooth_max(pr, power_sums[:, None])[:, 0]  # [L]
+    iterations = config.iterations
+    temperatures = config.initial_temperature * (config.final_temperature / config.initial_temperature) ** (
+        np.arange(iterations) / max(iterations - 1, 1))
+    accepted, worst = 0, 0.0
+    for it in range(iterations):
+        swaps = _draw_swaps(pr, placement, rng, k)
+        new_powers = _node_powers(pr, swaps.new_node_load)  # [2, L, K, T, M]
+        change = power_rows.take(swaps.node_rows, axis=0, mode="clip").reshape(new_powers.shape)
+        np.subtract(new_powers, change, out=change)
+        change = change[0] + change[1]  # [L, K, T, M]
+        inside = np.flatnonzero(swaps.nodes[0] == swaps.nodes[1])
+        if len(inside):  # a swap inside a node leaves the node terms as they are
+            change.reshape(layers * k, tm)[inside] = 0.0
+        new_sums = change
+        new_sums += power_sums[:, None]  # [L, K, T, M]
+        new_smooth = _smooth_max(pr, new_sums)  # [L, K]
+        delta = swaps.delta
+        delta += new_smooth - smooth[:, None]
+        delta = np.where(swaps.gpus[0] != swaps.gpus[1], delta / pr.score_scale[:, None], np.inf)
+        best = np.argmin(delta, axis=1)
+        best_delta = delta[pr.layer_index, best]
+        take = best_delta < 0
+        uphill = np.isfinite(best_delta) & ~take
+        take[uphill] = rng.random(int(uphill.sum())) < np.exp(-best_delta[uphill] / temperatures[it])
+        if not take.any():
+            continue
+        layer, pick = pr.layer_index[take], best[take]
+        across_layer, across_pick, changed = _make_swaps(placement, swaps, layer, pick)
+        power_rows[changed] = new_powers.reshape(2, layers, k, tm)[:, across_layer, across_pick].reshape(-1, tm)
+        power_sums[across_layer] = new_sums[across_layer, across_pick]
+        smooth[across_layer] = new_smooth[across_layer, across_pick]
+        accepted += len(layer)
+        if check_state:
+            fresh = _placement(pr, placement.home)
+            fresh_sums = _node_powers(pr, fresh.node_load).sum(axis=1)
+            worst = max(worst, _rel_error(placement.gpu_tokens, fresh.gpu_tokens),
+                        _rel_error(placement.node_load, fresh.node_load), _rel_error(power_sums, fresh_sums),
+                        _rel_error(smooth, _smooth_max(pr, fresh_sums[:, None])[:, 0]))
+    return accepted, worst
+
+
+def _polish(problem: _Problem, placement: _Placement, config: AnnealConfig, rng: np.random.Generator,
+            check_state: bool) -> tuple[int, float]:
+    """Greedy descent on the exact score: the summed maxima over nodes (no smoothing), with the same
+    GPU and migration terms; a swap is taken when it lowers the score by more than 1e-9.
+
+    A swap changes the maximum over nodes through its two nodes and the largest of the others: with
+    up to 6 nodes those are gathered (_complements), else kept as each (layer, term, m)'s three
+    largest nodes (_top3). Returns (accepted swaps, largest relative error of the kept state)."""
+    pr = problem
+    node_max = placement.node_load.max(axis=1)  # [L, T, M]
+    complement = _complements(pr.nodes) if pr.nodes <= 6 else None  # [nodes, nodes, nodes - 2]
+    top = _top3(placement.node_load) if complement is None else None  # values, nodes [L, 3, T, M]
+    polished, worst = 0, 0.0
+    for _ in range(config.polish_iterations):
+        swaps = _draw_swaps(pr, placement, rng, config.candidates)
+        others = _largest_other_node(pr, placement, swaps, complement, top)  # [L, K, T, M]
+        new_max = np.maximum(others, np.maximum(swaps.new_node_load[0], swaps.new_node_load[1]))  # [L, K, T, M]
+        node_delta = ((new_max - node_max[:, None]).sum(axis=3) * pr.term_weight).sum(axis=2) / pr.gpus_per_node
+        delta = swaps.delta
+        delta += np.where(swaps.nodes[0] != swaps.nodes[1], node_delta, 0.0)
+        delta = np.where(swaps.gpus[0] != swaps.gpus[1], delta / pr.score_scale[:, None], np.inf)
+        best = np.argmin(delta, axis=1)
+        take = delta[pr.layer_index, best] < -1e-9
+        if not take.any():
+            continue
+        layer, pick = pr.layer_index[take], best[take]
+        across_layer, across_pick, _ = _make_swaps(placement, swaps, layer, pick)
+        node_max[across_layer] = new_max[across_layer, across_pick]
+        if top is not None:
+            top[0][across_layer], top[1][across_layer] = _top3(placement.node_load[across_layer])
+        polished += len(layer)
+        if check_state:
+            fresh = _placement(pr, placement.home)
+            fresh_max = fresh.node_load.max(axis=1)
+            worst = max(worst, _rel_error(placement.gpu_tokens, fresh.gpu_tokens),
+                        _rel_error(placement.node_load, fresh.node_load), _rel_error(node_max, fresh_max),
+                        _rel_error(top[0][:, 0], fresh_max) if top is not None else 0.0)
+    return polished, worst
+
+
+def _largest_other_node(problem: _Problem, placement: _Placement, swaps: _Swaps, complement: np.ndarray | None,
+                        top: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """Per swap, each term's largest node other than pn and qn: float32 [L, K, T, M] (node terms are
+    >= 0: with no node left, 0). complement: _complements(nodes), or top: _top3 of the node terms."""
+    pr = problem
+    pn, qn = swaps.nodes
+    layers, k = pn.shape
+    if complement is not None:  # few nodes: the maximum over the others, gathered
+        others = np.zeros((layers, k, pr.terms * pr.micro_batches), dtype=np.float32)
+        for j in range(complement.shape[2]):
+            other_rows = pr.first_node_row + complement[pn, qn, j]
+            np.maximum(others, placement.node_rows.take(other_rows, axis=0, mode="clip"), out=others)
+        return others.reshape(layers, k, pr.terms, pr.micro_batches)
+    # the largest of the three largest nodes that is neither (one left out counts as 0)
+    top_load, top_node = top
+    pn, qn = pn.astype(top_node.dtype)[:, :, None, None], qn.astype(top_node.dtype)[:, :, None, None]
+    others = None
+    for j in range(3):
+        node = top_node[:, None, j]
+        load = top_load[:, None, j] * ((node != pn) & (node != qn))
+        others = load if others is None else np.maximum(others, load, out=others)
+    return others
+
+
+# ---- the annealer ----------------------------------------------------------------------------------
+def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_home: np.ndarray, ep: int,
+                 gpus_per_node: int, config: AnnealConfig, rng: np.random.Generator, comm_ratio: float = 0.0,
+                 migration_cost: np.ndarray | None = None, prev_home: np.ndarray | None = None,
+                 check_state: bool = False) -> tuple[np.ndarray, dict]:
+    """Swap-based simulated annealing over home placements, all layers at once.
+
+    expert_tokens: int [M, L, E] tokens per expert per micro-batch.
+    src_node_tokens: int [M, L, E, nodes] of those, the tokens coming from each node's ranks.
+    init_home: int [L, E] or [starts, L, E] starting placements (equal homes per GPU; swaps keep it
+        so); each layer starts from the one that scores best.
+    comm_ratio: compute tokens one cross-node token costs (0 = ignore communication).
+    migration_cost: float [2] cost of moving one expert inside a node / across nodes, in the same
+        unit (used only with prev_home).
+    check_state: after every accepted iteration, compare the incrementally kept state (GPU loads,
+        node compute and received tokens, their power sums and maxima) with a full recomputation
+        from the placement; the largest relative difference is info["state_check_max_rel_error"]
+        (slow: for tests).
+    Returns (home int64 [L, E], info with the mean relative score before and after).
+
+    The score of a layer is reference.layer_scores (node_power p, comm_ratio r, gpu_weight); every
+    term decomposes over nodes and GPUs, so a swap is scored incrementally: it touches two GPUs and at
+    most two nodes. 1. Each layer starts from its best start. 2. Annealing on the smooth score
+    (_anneal). 3. Greedy descent on the exact maxima (_polish). reference.anneal_homes_reference is
+    this search one swap at a time, with the whole objective recomputed per candidate; both give the
+    same homes for a seed (tests/test_planner_reference.py): the draws are the same, and the kept
+    sums of whole token counts are exact.
+    """
+    layers, experts = expert_tokens.shape[1:]
+    problem = _problem(expert_tokens, src_node_tokens, ep, gpus_per_node, config, float(comm_ratio),
+                       migration_cost, prev_home)
+
+    def score(home: np.ndarray) -> np.ndarray:  # the objective itself, recomputed: float64 [L]
+        return layer_scores(expert_tokens, src_node_tokens, home, ep, gpus_per_node, problem.node_power,
+                            float(comm_ratio), config.gpu_weight, problem.migration_cost, prev_home)
+
+    starts = np.asarray(init_home, dtype=np.int64).reshape(-1, layers, experts)
+    start_scores = np.stack([score(h) for h in starts])  # [starts, L]
+    home = starts[np.argmin(start_scores, axis=0), problem.layer_index].copy()
+    accepted, anneal_error = _anneal(problem, _placement(problem, home), config, rng, check_state)
+    polished, polish_error = _polish(problem, _placement(problem, home), config, rng, check_state)
+    info = {"anneal_score_before": float(start_scores.min(axis=0).mean()), "anneal_score_after": float(score(home).mean()),
+            "anneal_accepted_swaps": int(accepted), "polish_accepted_swaps": int(polished)}
+    if check_state:
+        info["state_check_max_rel_error"] = max(anneal_error, polish_error)
+    return home, info
 
 
 def equal_homes(home: np.ndarray, ep: int) -> bool:
