@@ -59,18 +59,24 @@ POLICY_ORDER = tuple(p.name for p in POLICY_TABLE)
 IDEALS = tuple(p.name for p in POLICY_TABLE if p.ideal)
 
 
+def _look(policy: str, field: str, unknown: str) -> str:
+    """The table's `field` of `policy`, or `unknown` when the table does not know the policy."""
+    return getattr(LOOKS[policy], field) if policy in LOOKS else unknown
+
+
 def label(policy: str) -> str:
     """Legend label of `policy` (its own name when the table does not know it)."""
-    return LOOKS[policy].label if policy in LOOKS else policy
+    return _look(policy, "label", policy)
 
 
 def short(policy: str) -> str:
-    """Name of `policy` in running text."""
-    return LOOKS[policy].short if policy in LOOKS else policy
+    """Name of `policy` in running text (its own name when the table does not know it)."""
+    return _look(policy, "short", policy)
 
 
 def colour(policy: str) -> str:
-    return LOOKS[policy].colour if policy in LOOKS else "#7f7f7f"
+    """Colour of `policy` (a grey no policy has when the table does not know it)."""
+    return _look(policy, "colour", "#7f7f7f")
 
 
 def policy_order(policies) -> list[str]:

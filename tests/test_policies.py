@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from relibra import labels
 from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan, gpu_tokens_from
 from relibra.policies import POLICY_NAMES, get_policy
@@ -226,6 +227,33 @@ IMPOSSIBLE = [
 def test_impossible_requests_raise_clear_errors(make, error, message):
     with pytest.raises(error, match=message):
         make()
+
+
+ABLATIONS = [("relibra-reorder", "replicate", "none", "micro_batch"),
+             ("relibra-replicate", "reorder", "static", "anneal"),
+             ("relibra-lpt", "reorder", "lpt", "anneal"),
+             ("relibra-split", "replicate", "step", "micro_batch")]
+
+
+@pytest.mark.parametrize("name, key, pinned, other", ABLATIONS, ids=[a[0] for a in ABLATIONS])
+def test_each_ablation_pins_one_parameter(name, key, pinned, other):
+    policy = get_policy(name)
+    mine, relibra = policy.params(), get_policy("relibra").params()
+    assert getattr(policy, key) == pinned and relibra[key] == other
+    assert {k for k in relibra if mine[k] != relibra[k]} == {key}
+    assert get_policy(name, **{key: pinned}).params() == mine
+    with pytest.raises(ConfigError, match=f"policy '{name}' fixes {key}='{pinned}'; use 'relibra'"):
+        get_policy(name, **{key: other})
+
+
+def test_every_policy_has_a_label_short_name_and_colour_of_its_own():
+    assert set(POLICY_NAMES) <= set(labels.LOOKS)
+    looks = [(labels.label(p), labels.short(p), labels.colour(p)) for p in labels.LOOKS]
+    assert [look[2] for look in looks] == [labels.LOOKS[p].colour for p in labels.LOOKS]
+    assert len({look[0] for look in looks}) == len({look[2] for look in looks}) == len(labels.LOOKS)
+    unknown = (labels.label("no-such"), labels.short("no-such"), labels.colour("no-such"))
+    assert unknown == ("no-such", "no-such", "#7f7f7f")
+    assert "#7f7f7f" not in {look[2] for look in looks}
 
 
 def test_possible_corner_requests_plan():

@@ -36,7 +36,7 @@ eplb+lp).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 import numpy as np
@@ -171,7 +171,6 @@ class ReLibraPolicy(Policy):
     """
 
     name: ClassVar[str] = "relibra"
-    fixed: ClassVar[dict] = {}  # parameters an ablation pins
     reorder: str = "anneal"
     replicate: str = "micro_batch"
     spare_slots_per_gpu: int = 2
@@ -189,9 +188,9 @@ class ReLibraPolicy(Policy):
     migration_weight: float = 1.0
 
     def __post_init__(self):
-        for key, value in self.fixed.items():
-            if getattr(self, key) != value:
-                raise ConfigError(f"policy {self.name!r} fixes {key}={value!r}; use 'relibra' to change it")
+        for f in fields(self):
+            if f.metadata.get("pinned") and getattr(self, f.name) != f.default:
+                raise ConfigError(f"policy {self.name!r} fixes {f.name}={f.default!r}; use 'relibra' to change it")
         if self.reorder not in REORDERS:
             raise ConfigError(f"policy {self.name!r}: reorder must be one of {REORDERS}, got {self.reorder!r}")
         if self.replicate not in REPLICATIONS:
@@ -303,14 +302,18 @@ class _Clock:
 
 
 # ---- the ablations: ReLibra with one stage pinned ------------------------------------------------------
+def _pinned(value: str):
+    """A parameter an ablation pins to `value`: its default, and the only value its __post_init__ accepts."""
+    return field(default=value, metadata={"pinned": True})
+
+
 @register
 @dataclass
 class ReLibraReorderPolicy(ReLibraPolicy):
     """relibra-reorder: the reordering alone, no replicas."""
 
     name: ClassVar[str] = "relibra-reorder"
-    fixed: ClassVar[dict] = {"replicate": "none"}
-    replicate: str = "none"
+    replicate: str = _pinned("none")
 
 
 @register
@@ -319,8 +322,7 @@ class ReLibraReplicatePolicy(ReLibraPolicy):
     """relibra-replicate: in-node replication on Megatron's static homes."""
 
     name: ClassVar[str] = "relibra-replicate"
-    fixed: ClassVar[dict] = {"reorder": "static"}
-    reorder: str = "static"
+    reorder: str = _pinned("static")
 
 
 @register
@@ -329,8 +331,7 @@ class ReLibraLptPolicy(ReLibraPolicy):
     """relibra-lpt: LPT homes on the step totals (no annealing), then in-node replication."""
 
     name: ClassVar[str] = "relibra-lpt"
-    fixed: ClassVar[dict] = {"reorder": "lpt"}
-    reorder: str = "lpt"
+    reorder: str = _pinned("lpt")
 
 
 @register
@@ -339,5 +340,4 @@ class ReLibraSplitPolicy(ReLibraPolicy):
     """relibra-split: replicas fixed for the whole step; only their token split changes per micro-batch."""
 
     name: ClassVar[str] = "relibra-split"
-    fixed: ClassVar[dict] = {"replicate": "step"}
-    replicate: str = "step"
+    replicate: str = _pinned("step")

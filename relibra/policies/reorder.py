@@ -212,6 +212,7 @@ def _problem(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, ep: int, gp
     node_norm = np.stack([np.maximum(total / nodes, 1.0), np.maximum(total * (nodes - 1) / nodes ** 2, 1.0)][:terms],
                          axis=1)  # [L, T, M]
     use_migration = prev_home is not None and migration_cost is not None and config.migration_weight > 0
+    migration = np.asarray(migration_cost, dtype=np.float64) * config.migration_weight if use_migration else None
     layer_index = np.arange(layers)
     return _Problem(
         micro_batches=m, layers=layers, experts=experts, ep=ep, gpus_per_node=gpus_per_node, nodes=nodes,
@@ -221,7 +222,7 @@ def _problem(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, ep: int, gp
         score_scale=np.maximum(total.sum(axis=1) / ep, 1.0),
         node_norm=node_norm.astype(np.float32)[:, None], inv_node_norm=(1.0 / node_norm).astype(np.float32)[:, None],
         term_weight=np.array([1.0, comm_ratio][:terms], dtype=np.float32), gpu_weight=config.gpu_weight,
-        migration_cost=np.asarray(migration_cost, dtype=np.float64) * config.migration_weight if use_migration else None,
+        migration_cost=migration,
         prev_gpu_rows=np.ravel(prev_home) if use_migration else None,
         prev_node_rows=np.ravel(prev_home // gpus_per_node) if use_migration else None,
         layer_index=layer_index, first_expert_row=layer_index[:, None] * experts,
@@ -542,7 +543,8 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     home = starts[np.argmin(start_scores, axis=0), problem.layer_index].copy()
     accepted, anneal_error = _anneal(problem, _placement(problem, home), config, rng, check_state)
     polished, polish_error = _polish(problem, _placement(problem, home), config, rng, check_state)
-    info = {"anneal_score_before": float(start_scores.min(axis=0).mean()), "anneal_score_after": float(score(home).mean()),
+    info = {"anneal_score_before": float(start_scores.min(axis=0).mean()),
+            "anneal_score_after": float(score(home).mean()),
             "anneal_accepted_swaps": int(accepted), "polish_accepted_swaps": int(polished)}
     if check_state:
         info["state_check_max_rel_error"] = max(anneal_error, polish_error)

@@ -52,9 +52,12 @@ def replicate_in_node(expert_tokens: np.ndarray, home: np.ndarray, ep: int, gpus
                            ).astype(np.int32)  # [B]
     # tokens per node stay far below 2^31: int32 halves the memory traffic; the (value, index) keys of
     # the first-argmax need a few bits more, else int64
-    wide = (int(node_tokens.max(initial=0)) + 1) << max(_bits(gpn * r + gpn), _bits(k)) >= 2 ** 31
-    # where a cell's node-local (GPU, j) sits in hosted: layer * E + node * gpn * k
-    base = (np.arange(b) // nodes % layers * experts + np.arange(b) % nodes * (gpn * k))
+    index_bits = max(_bits(gpn * r + gpn), _bits(k))  # a move among the options, an expert among k
+    wide = (int(node_tokens.max(initial=0)) + 1) << index_bits >= 2 ** 31
+    # cells run over (micro_batch, layer, node); where a cell's node-local copy (GPU, j) sits in hosted
+    cell = np.arange(b)
+    cell_layer, cell_node = cell // nodes % layers, cell % nodes
+    first_copy = cell_layer * experts + cell_node * (gpn * k)  # [B]
     rexp_cells, rtok_cells = rexp.reshape(b, gpn, r), rtok.reshape(b, gpn, r)  # views
     for lo in range(0, b, _BLOCK):  # blocks of cells: a block's arrays stay in cache through its rounds
         hi = min(b, lo + _BLOCK)
@@ -62,9 +65,9 @@ def replicate_in_node(expert_tokens: np.ndarray, home: np.ndarray, ep: int, gpus
         st = _greedy(st, target[lo:hi], threshold[lo:hi], 3 * gpn * r, wide)
         n = hi - lo
         occupied = st.src_copy < gpn * k * n  # [gpn, R, n]
-        copy = np.minimum(st.src_copy // n, gpn * k - 1)  # node-local h * k + j
-        ids = hosted.reshape(-1).take(base[lo:hi] + copy)
-        rexp_cells[lo:hi] = (ids * occupied + (occupied - 1)).transpose(2, 0, 1)  # -1 where empty
+        copy = np.minimum(st.src_copy // n, gpn * k - 1)  # node-local h * k + j (any, where empty)
+        ids = hosted.reshape(-1).take(first_copy[lo:hi] + copy)
+        rexp_cells[lo:hi] = np.where(occupied, ids, -1).transpose(2, 0, 1)
         rtok_cells[lo:hi] = st.rep_tok.transpose(2, 0, 1)
     return rexp, rtok
 
@@ -75,6 +78,12 @@ _BLOCK = 8192  # node cells per block of replicate_in_node (measured best at EP3
 def _bits(count: int) -> int:
     """Bits that index `count` items: the smallest s with 2^s >= count."""
     return max(count - 1, 0).bit_length()
+
+
+def _renumber(flat: np.ndarray, n: int, new_n: int, new_cell: np.ndarray) -> np.ndarray:
+    """Flat indices (row * n + cell) of arrays over n cells, as indices of the same rows over new_n
+    cells (row * new_n + new_cell). An index at or past the end stays so."""
+    return flat // n * new_n + new_cell
 
 
 class _GreedyState:
@@ -107,8 +116,9 @@ class _GreedyState:
         rem, load, nrep, rep_tok = (np.ascontiguousarray(getattr(self, f)[..., cells]) for f in self._FIELDS[:4])
         # renumbered for new_n cells (an empty slot's index stays at or above the end of rem); C order,
         # since the updates write through flat views
-        src_copy = np.ascontiguousarray(self.src_copy[..., cells] // n * new_n + np.arange(new_n))
-        src_gpu = src_copy if k == 1 else np.ascontiguousarray(self.src_gpu[..., cells] // n * new_n + np.arange(new_n))
+        new_cell = np.arange(new_n)
+        src_copy = np.ascontiguousarray(_renumber(self.src_copy[..., cells], n, new_n, new_cell))
+        src_gpu = src_copy if k == 1 else np.ascontiguousarray(_renumber(self.src_gpu[..., cells], n, new_n, new_cell))
         return _GreedyState(rem, rep_tok.shape[1], load, nrep, rep_tok, src_copy, src_gpu)
 
     def put(self, cells: np.ndarray, other: "_GreedyState") -> None:
@@ -117,18 +127,19 @@ class _GreedyState:
         for f in self._FIELDS[:4]:
             getattr(self, f)[..., cells] = getattr(other, f)
         other_n = other.rem.shape[2]
-        self.src_copy[..., cells] = other.src_copy // other_n * n + cells
+        self.src_copy[..., cells] = _renumber(other.src_copy, other_n, n, cells)
         if self.src_gpu is not self.src_copy:
-            self.src_gpu[..., cells] = other.src_gpu // other_n * n + cells
+            self.src_gpu[..., cells] = _renumber(other.src_gpu, other_n, n, cells)
 
     def new_replica(self, cells, gpu, donor, j, amount) -> None:
         """GPU `gpu` of each cell takes `amount` of the donor's expert j in its next free slot
         (cells distinct; flat indices)."""
         gpn, k, n = self.rem.shape
         r = self.rep_tok.shape[1]
-        at_gpu, at_donor = gpu * n + cells, donor * n + cells
-        slot = (gpu * r + self.nrep.reshape(-1)[at_gpu]) * n + cells
-        copy = (donor * k + j) * n + cells
+        at_gpu, at_donor = gpu * n + cells, donor * n + cells  # flat (GPU, cell) in [gpn, n]
+        free_slot = self.nrep.reshape(-1)[at_gpu]
+        slot = (gpu * r + free_slot) * n + cells  # flat (GPU, slot, cell) in [gpn, R, n]
+        copy = (donor * k + j) * n + cells  # flat (donor, j, cell) in [gpn, k, n]
         self.rem.reshape(-1)[copy] -= amount
         self.load.reshape(-1)[at_donor] -= amount
         self.load.reshape(-1)[at_gpu] += amount
@@ -200,7 +211,8 @@ def _greedy_round(st: _GreedyState, tgt: np.ndarray, threshold: np.ndarray, wide
         give_tok = rem_d - match.any(axis=1) * (rem_d + 1)  # [gpn, n]; -1 where h holds it
         give_j = None
     else:
-        rem_d = rem.reshape(-1).take(donor * (k * n) + (np.arange(k)[:, None] * n + col))  # [k, n]
+        donor_copies = (donor * k + np.arange(k)[:, None]) * n + col  # flat (donor, j, cell) [k, n] in rem
+        rem_d = rem.reshape(-1).take(donor_copies)  # [k, n]
         give = np.repeat(rem_d[None], gpn, axis=0)  # [gpn, k, n]
         hit = np.flatnonzero(match)  # flat (GPU h, slot, cell) of h's replicas of the donor's experts
         if len(hit):
@@ -240,9 +252,9 @@ def _greedy_round(st: _GreedyState, tgt: np.ndarray, threshold: np.ndarray, wide
     t = np.flatnonzero(~is_direct)
     if len(t):
         ct, amt, dn = c[t], amount[t], donor[t]
-        slot = choice[t] * n + ct  # flat (receiver, slot, cell)
+        slot = choice[t] * n + ct  # flat (receiver, slot, cell); choice[t] = receiver * R + slot
         recv = choice[t] // r
-        copy = st.src_copy.reshape(-1)[slot]
+        copy = st.src_copy.reshape(-1)[slot]  # flat (h, j, cell) of the replica's source copy
         h = copy // n // k
         rem.reshape(-1)[copy] -= amt  # the receiver's replica takes more of h's expert
         st.rep_tok.reshape(-1)[slot] += amt
