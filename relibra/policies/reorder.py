@@ -1,6 +1,11 @@
 """ReLibra's inter-batch reordering: where every expert is homed for one step.
 
-See relibra/policies/relibra.py for the score and the search, and docs/policies.md for the choices.
+lpt_homes gives a start; anneal_homes searches from it. The annealer reads top to bottom: small
+numeric kernels, what no swap changes (_problem), a placement's loads (_placement), one batch of
+candidate swaps (_draw_swaps, _make_swaps), the two phases (_anneal, _polish), then anneal_homes,
+which runs them. The score is relibra.policies.reference.layer_scores; reference.anneal_homes_reference
+is the same search one swap at a time. See relibra/policies/relibra.py for where this sits in the
+policy, and docs/policies.md for the choices.
 """
 
 from __future__ import annotations
@@ -259,19 +264,18 @@ class _Placement:
 
 def _placement(problem: _Problem, home: np.ndarray) -> _Placement:
     """GPU tokens and node terms of home int64 [L, E], summed afresh (home is shared, not copied)."""
-    pr = problem
-    m, layers, nodes, gpn = pr.micro_batches, pr.layers, pr.nodes, pr.gpus_per_node
+    m, layers, nodes, gpn = problem.micro_batches, problem.layers, problem.nodes, problem.gpus_per_node
     node_of = home // gpn
-    node_load = np.empty((layers, nodes, pr.terms, m), dtype=np.float32)
-    gpu_tokens = _group_sum(pr.tokens, home, pr.ep)
+    node_load = np.empty((layers, nodes, problem.terms, m), dtype=np.float32)
+    gpu_tokens = _group_sum(problem.tokens, home, problem.ep)
     node_load[:, :, 0] = gpu_tokens.reshape(layers, nodes, gpn, m).sum(axis=2)
-    if pr.terms == 2:
-        rows = ((pr.first_expert_row + np.arange(pr.experts)) * nodes + node_of).ravel()
-        received = pr.node_gain_rows[rows, -m:].reshape(layers, pr.experts, m)
+    if problem.terms == 2:
+        rows = ((problem.first_expert_row + np.arange(problem.experts)) * nodes + node_of).ravel()
+        received = problem.node_gain_rows[rows, -m:].reshape(layers, problem.experts, m)
         node_load[:, :, 1] = _group_sum(received, node_of, nodes)
     return _Placement(home=home, home_rows=home.reshape(-1), gpu_tokens=gpu_tokens,
-                      gpu_rows=gpu_tokens.reshape(layers * pr.ep, m), node_load=node_load,
-                      node_rows=node_load.reshape(layers * nodes, pr.terms * m))
+                      gpu_rows=gpu_tokens.reshape(layers * problem.ep, m), node_load=node_load,
+                      node_rows=node_load.reshape(layers * nodes, problem.terms * m))
 
 
 def _node_powers(problem: _Problem, node_load: np.ndarray) -> np.ndarray:
@@ -295,9 +299,8 @@ def _smooth_max(problem: _Problem, power_sums: np.ndarray) -> np.ndarray:
 def _migration_cost(problem: _Problem, expert_rows: np.ndarray, to_gpu: np.ndarray, to_node: np.ndarray
                     ) -> np.ndarray:
     """Cost of the experts at flat rows expert_rows [L, K] being homed on to_gpu (in node to_node)."""
-    pr = problem
-    return np.where(to_node != pr.prev_node_rows[expert_rows], pr.migration_cost[1],
-                    np.where(to_gpu != pr.prev_gpu_rows[expert_rows], pr.migration_cost[0], 0.0))
+    return np.where(to_node != problem.prev_node_rows[expert_rows], problem.migration_cost[1],
+                    np.where(to_gpu != problem.prev_gpu_rows[expert_rows], problem.migration_cost[0], 0.0))
 
 
 @dataclass
@@ -316,41 +319,41 @@ class _Swaps:
 
 def _draw_swaps(problem: _Problem, placement: _Placement, rng: np.random.Generator, k: int) -> _Swaps:
     """Draw k swaps per layer and score their GPU and migration terms; the node terms after each swap."""
-    pr = problem
-    layers, m, nodes, terms = pr.layers, pr.micro_batches, pr.nodes, pr.terms
-    experts = rng.integers(0, pr.experts, size=(2, layers, k))  # the same draws as a, then b, of shape [L, K]
-    expert_rows = pr.first_expert_row + experts
+    layers, m, nodes, terms = problem.layers, problem.micro_batches, problem.nodes, problem.terms
+    experts = rng.integers(0, problem.experts, size=(2, layers, k))  # the same draws as a, then b, of shape [L, K]
+    expert_rows = problem.first_expert_row + experts
     gpus = placement.home_rows[expert_rows]
-    nodes_of = gpus // pr.gpus_per_node
-    node_rows = pr.first_node_row + nodes_of
-    if pr.stacked:  # what nodes pn and qn gain, both terms: [2, L, K, T * M]
-        node_gain = pr.node_gain_rows.take(expert_rows[::-1] * nodes + nodes_of, axis=0, mode="clip")
-        node_gain -= pr.node_gain_rows.take(expert_rows * nodes + nodes_of, axis=0, mode="clip")
+    nodes_of = gpus // problem.gpus_per_node
+    node_rows = problem.first_node_row + nodes_of
+    if problem.stacked:  # what nodes pn and qn gain, both terms: [2, L, K, T * M]
+        node_gain = problem.node_gain_rows.take(expert_rows[::-1] * nodes + nodes_of, axis=0, mode="clip")
+        node_gain -= problem.node_gain_rows.take(expert_rows * nodes + nodes_of, axis=0, mode="clip")
         gpu_gain = node_gain[0, :, :, :m]
     else:
-        swapped_tokens = pr.token_rows.take(expert_rows, axis=0, mode="clip")  # [2, L, K, M]: x_a, x_b
+        swapped_tokens = problem.token_rows.take(expert_rows, axis=0, mode="clip")  # [2, L, K, M]: x_a, x_b
         token_gain = swapped_tokens[::-1] - swapped_tokens  # [2, L, K, M]: x_b - x_a, x_a - x_b
         gpu_gain = token_gain[0]
-    # GPU term sum_m (G_p + d)^2 + (G_q - d)^2 - G_p^2 - G_q^2 = sum_m 2 d (G_p - G_q + d), over T
-    gpu_pq = placement.gpu_rows.take(pr.first_gpu_row + gpus, axis=0, mode="clip")  # [2, L, K, M]
+    # the GPU term sum_m sum_g G^2 / tokens changes by sum_m ((G_p + d)^2 + (G_q - d)^2 - G_p^2 - G_q^2)
+    # / tokens = sum_m 2 d (G_p - G_q + d) / tokens
+    gpu_pq = placement.gpu_rows.take(problem.first_gpu_row + gpus, axis=0, mode="clip")  # [2, L, K, M]
     gpu_term = gpu_pq[0] - gpu_pq[1]
     gpu_term += gpu_gain
     gpu_term *= gpu_gain
-    gpu_term *= pr.two_over_total  # (t * d) * (2 / T) rounds as (t * 2d) * (1 / T): doubling is exact
-    delta = pr.gpu_weight * gpu_term.sum(axis=2)
-    if pr.migration_cost is not None:
+    gpu_term *= problem.two_over_total  # (t d) (2 / tokens) rounds as (2 t d) (1 / tokens): doubling is exact
+    delta = problem.gpu_weight * gpu_term.sum(axis=2)
+    if problem.migration_cost is not None:
         (row_a, row_b), (p, q), (pn, qn) = expert_rows, gpus, nodes_of
-        delta += (_migration_cost(pr, row_a, q, qn) - _migration_cost(pr, row_a, p, pn)
-                  + _migration_cost(pr, row_b, p, pn) - _migration_cost(pr, row_b, q, qn))
+        delta += (_migration_cost(problem, row_a, q, qn) - _migration_cost(problem, row_a, p, pn)
+                  + _migration_cost(problem, row_b, p, pn) - _migration_cost(problem, row_b, q, qn))
     new_node_load = placement.node_rows.take(node_rows, axis=0, mode="clip")
-    if pr.stacked:
+    if problem.stacked:
         new_node_load += node_gain
     else:
         new_node_load = new_node_load.reshape(2, layers, k, terms, m)
         new_node_load[:, :, :, 0] += token_gain
         if terms == 2:  # received tokens: rows (b, pn), (a, pn), (a, qn), (b, qn) of the gain table
             (row_a, row_b), (pn, qn) = expert_rows, nodes_of
-            received = pr.node_gain_rows.take(
+            received = problem.node_gain_rows.take(
                 np.stack([row_b * nodes + pn, row_a * nodes + pn, row_a * nodes + qn, row_b * nodes + qn]),
                 axis=0, mode="clip").reshape(2, 2, layers, k, m)
             new_node_load[:, :, :, 1] += received[:, 0] - received[:, 1]
@@ -391,19 +394,18 @@ def _anneal(problem: _Problem, placement: _Placement, config: AnnealConfig, rng:
     the power sums over nodes only through its two nodes. Per layer the best swap is taken when it
     lowers the score, else with probability exp(-increase / temperature).
     Returns (accepted swaps, largest relative error of the kept state (check_state; else 0))."""
-    pr = problem
-    layers, k, tm = pr.layers, config.candidates, pr.terms * pr.micro_batches
-    powers = _node_powers(pr, placement.node_load)  # [L, nodes, T, M]
-    power_rows = powers.reshape(layers * pr.nodes, tm)
+    layers, k, tm = problem.layers, config.candidates, problem.terms * problem.micro_batches
+    powers = _node_powers(problem, placement.node_load)  # [L, nodes, T, M]
+    power_rows = powers.reshape(layers * problem.nodes, tm)
     power_sums = powers.sum(axis=1)  # [L, T, M]
-    smooth = _smooth_max(pr, power_sums[:, None])[:, 0]  # [L]
+    smooth = _smooth_max(problem, power_sums[:, None])[:, 0]  # [L] each layer's smooth node term now
     iterations = config.iterations
     temperatures = config.initial_temperature * (config.final_temperature / config.initial_temperature) ** (
         np.arange(iterations) / max(iterations - 1, 1))
     accepted, worst = 0, 0.0
     for it in range(iterations):
-        swaps = _draw_swaps(pr, placement, rng, k)
-        new_powers = _node_powers(pr, swaps.new_node_load)  # [2, L, K, T, M]
+        swaps = _draw_swaps(problem, placement, rng, k)
+        new_powers = _node_powers(problem, swaps.new_node_load)  # [2, L, K, T, M]
         change = power_rows.take(swaps.node_rows, axis=0, mode="clip").reshape(new_powers.shape)
         np.subtract(new_powers, change, out=change)
         change = change[0] + change[1]  # [L, K, T, M]
@@ -412,29 +414,29 @@ def _anneal(problem: _Problem, placement: _Placement, config: AnnealConfig, rng:
             change.reshape(layers * k, tm)[inside] = 0.0
         new_sums = change
         new_sums += power_sums[:, None]  # [L, K, T, M]
-        new_smooth = _smooth_max(pr, new_sums)  # [L, K]
+        new_smooth = _smooth_max(problem, new_sums)  # [L, K]
         delta = swaps.delta
         delta += new_smooth - smooth[:, None]
-        delta = np.where(swaps.gpus[0] != swaps.gpus[1], delta / pr.score_scale[:, None], np.inf)
+        delta = np.where(swaps.gpus[0] != swaps.gpus[1], delta / problem.score_scale[:, None], np.inf)
         best = np.argmin(delta, axis=1)
-        best_delta = delta[pr.layer_index, best]
+        best_delta = delta[problem.layer_index, best]
         take = best_delta < 0
         uphill = np.isfinite(best_delta) & ~take
         take[uphill] = rng.random(int(uphill.sum())) < np.exp(-best_delta[uphill] / temperatures[it])
         if not take.any():
             continue
-        layer, pick = pr.layer_index[take], best[take]
+        layer, pick = problem.layer_index[take], best[take]
         across_layer, across_pick, changed = _make_swaps(placement, swaps, layer, pick)
         power_rows[changed] = new_powers.reshape(2, layers, k, tm)[:, across_layer, across_pick].reshape(-1, tm)
         power_sums[across_layer] = new_sums[across_layer, across_pick]
         smooth[across_layer] = new_smooth[across_layer, across_pick]
         accepted += len(layer)
         if check_state:
-            fresh = _placement(pr, placement.home)
-            fresh_sums = _node_powers(pr, fresh.node_load).sum(axis=1)
+            fresh = _placement(problem, placement.home)
+            fresh_sums = _node_powers(problem, fresh.node_load).sum(axis=1)
             worst = max(worst, _rel_error(placement.gpu_tokens, fresh.gpu_tokens),
                         _rel_error(placement.node_load, fresh.node_load), _rel_error(power_sums, fresh_sums),
-                        _rel_error(smooth, _smooth_max(pr, fresh_sums[:, None])[:, 0]))
+                        _rel_error(smooth, _smooth_max(problem, fresh_sums[:, None])[:, 0]))
     return accepted, worst
 
 
@@ -446,31 +448,31 @@ def _polish(problem: _Problem, placement: _Placement, config: AnnealConfig, rng:
     A swap changes the maximum over nodes through its two nodes and the largest of the others: with
     up to 6 nodes those are gathered (_complements), else kept as each (layer, term, m)'s three
     largest nodes (_top3). Returns (accepted swaps, largest relative error of the kept state)."""
-    pr = problem
     node_max = placement.node_load.max(axis=1)  # [L, T, M]
-    complement = _complements(pr.nodes) if pr.nodes <= 6 else None  # [nodes, nodes, nodes - 2]
+    complement = _complements(problem.nodes) if problem.nodes <= 6 else None  # [nodes, nodes, nodes - 2]
     top = _top3(placement.node_load) if complement is None else None  # values, nodes [L, 3, T, M]
     polished, worst = 0, 0.0
     for _ in range(config.polish_iterations):
-        swaps = _draw_swaps(pr, placement, rng, config.candidates)
-        others = _largest_other_node(pr, placement, swaps, complement, top)  # [L, K, T, M]
+        swaps = _draw_swaps(problem, placement, rng, config.candidates)
+        others = _largest_other_node(problem, placement, swaps, complement, top)  # [L, K, T, M]
         new_max = np.maximum(others, np.maximum(swaps.new_node_load[0], swaps.new_node_load[1]))  # [L, K, T, M]
-        node_delta = ((new_max - node_max[:, None]).sum(axis=3) * pr.term_weight).sum(axis=2) / pr.gpus_per_node
+        node_delta = (new_max - node_max[:, None]).sum(axis=3)  # [L, K, T]
+        node_delta = (node_delta * problem.term_weight).sum(axis=2) / problem.gpus_per_node
         delta = swaps.delta
         delta += np.where(swaps.nodes[0] != swaps.nodes[1], node_delta, 0.0)
-        delta = np.where(swaps.gpus[0] != swaps.gpus[1], delta / pr.score_scale[:, None], np.inf)
+        delta = np.where(swaps.gpus[0] != swaps.gpus[1], delta / problem.score_scale[:, None], np.inf)
         best = np.argmin(delta, axis=1)
-        take = delta[pr.layer_index, best] < -1e-9
+        take = delta[problem.layer_index, best] < -1e-9
         if not take.any():
             continue
-        layer, pick = pr.layer_index[take], best[take]
+        layer, pick = problem.layer_index[take], best[take]
         across_layer, across_pick, _ = _make_swaps(placement, swaps, layer, pick)
         node_max[across_layer] = new_max[across_layer, across_pick]
         if top is not None:
             top[0][across_layer], top[1][across_layer] = _top3(placement.node_load[across_layer])
         polished += len(layer)
         if check_state:
-            fresh = _placement(pr, placement.home)
+            fresh = _placement(problem, placement.home)
             fresh_max = fresh.node_load.max(axis=1)
             worst = max(worst, _rel_error(placement.gpu_tokens, fresh.gpu_tokens),
                         _rel_error(placement.node_load, fresh.node_load), _rel_error(node_max, fresh_max),
@@ -482,15 +484,14 @@ def _largest_other_node(problem: _Problem, placement: _Placement, swaps: _Swaps,
                         top: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
     """Per swap, each term's largest node other than pn and qn: float32 [L, K, T, M] (node terms are
     >= 0: with no node left, 0). complement: _complements(nodes), or top: _top3 of the node terms."""
-    pr = problem
     pn, qn = swaps.nodes
     layers, k = pn.shape
     if complement is not None:  # few nodes: the maximum over the others, gathered
-        others = np.zeros((layers, k, pr.terms * pr.micro_batches), dtype=np.float32)
+        others = np.zeros((layers, k, problem.terms * problem.micro_batches), dtype=np.float32)
         for j in range(complement.shape[2]):
-            other_rows = pr.first_node_row + complement[pn, qn, j]
+            other_rows = problem.first_node_row + complement[pn, qn, j]
             np.maximum(others, placement.node_rows.take(other_rows, axis=0, mode="clip"), out=others)
-        return others.reshape(layers, k, pr.terms, pr.micro_batches)
+        return others.reshape(layers, k, problem.terms, problem.micro_batches)
     # the largest of the three largest nodes that is neither (one left out counts as 0)
     top_load, top_node = top
     pn, qn = pn.astype(top_node.dtype)[:, :, None, None], qn.astype(top_node.dtype)[:, :, None, None]
