@@ -15,6 +15,7 @@ from relibra.policies import replicate as replicate_mod
 from relibra.policies.base import experts_by_gpu
 from relibra.policies.reference import anneal_homes_reference, layer_scores, replicate_in_node_reference
 from relibra.policies.relibra_h import cross_node_replicate
+from relibra.policies import reorder
 from relibra.policies.reorder import AnnealConfig, _complements, _group_sum, _pow, _root, _top3, anneal_homes, lpt_homes
 from relibra.policies.replicate import replicate_in_node
 from relibra.policies.split import replica_runs
@@ -222,11 +223,9 @@ def test_group_sum_pow_root_and_the_merged_draws():
 
 
 # ---- the annealer against its reference (whole objective recomputed per candidate swap) --------------
-@pytest.mark.parametrize("ep,gpn,experts,comm", [(4, 2, 8, 0.0), (8, 2, 16, 0.3), (32, 4, 32, 0.0), (16, 2, 32, 0.3)])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_anneal_homes_matches_the_reference(ep, gpn, experts, comm, seed):
-    """Same seed, same homes; 32 / 4 and 16 / 2 have 8 nodes (the polish's top-3 path), the others
-    few (its complement path); both starts (LPT, a random previous placement) and migration count."""
+def _anneal_case(ep: int, gpn: int, experts: int, comm: float, seed: int):
+    """A random case with both starts (LPT, a random previous placement) and migration: (expert
+    tokens, source-node tokens, starts, config, keyword arguments)."""
     rng = np.random.default_rng(seed)
     m, layers, nodes = 3, 3, ep // gpn
     src = rng.integers(0, 30, size=(m, layers, experts, nodes)) * (rng.random((m, layers, experts, 1)) < 0.8)
@@ -234,11 +233,42 @@ def test_anneal_homes_matches_the_reference(ep, gpn, experts, comm, seed):
     prev = np.stack([rng.permutation(np.arange(experts) % ep) for _ in range(layers)])
     starts = np.stack([lpt_homes(x.sum(axis=0).astype(float), ep), prev])
     config = AnnealConfig(iterations=60, polish_iterations=30, candidates=6, initial_temperature=1e-2)
-    kw = dict(comm_ratio=comm, migration_cost=np.array([0.5, 2.0]), prev_home=prev)
+    return x, src, starts, config, dict(comm_ratio=comm, migration_cost=np.array([0.5, 2.0]), prev_home=prev)
+
+
+@pytest.mark.parametrize("ep,gpn,experts,comm", [(4, 2, 8, 0.0), (8, 2, 16, 0.3), (32, 4, 32, 0.0), (16, 2, 32, 0.3)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_anneal_homes_matches_the_reference(ep, gpn, experts, comm, seed):
+    """Same seed, same homes; 32 / 4 and 16 / 2 have 8 nodes (the polish's top-3 path), the others
+    few (its complement path); both starts and migration count.
+
+    The fast annealer keeps the smooth node term in float32, the reference in float64, so a
+    Metropolis draw that falls within that rounding can go the other way: of 48 cases (these four
+    shapes, seeds 0-11) one differs, _anneal_case(8, 2, 16, 0.3, seed=2), in one layer, from an
+    uphill swap of score change 4.356e-6 (reference) / 4.250e-6 (fast) at iteration 36. These
+    seeds are ones where no draw falls there."""
+    x, src, starts, config, kw = _anneal_case(ep, gpn, experts, comm, seed)
     fast, info = anneal_homes(x, src, starts, ep, gpn, config, np.random.default_rng(seed), **kw)
     reference = anneal_homes_reference(x, src, starts, ep, gpn, config, np.random.default_rng(seed), **kw)
     assert np.array_equal(fast, reference)
     assert info["anneal_accepted_swaps"] > 0 and (fast != starts[0]).any()  # the search does move
+
+
+@pytest.mark.parametrize("ep,gpn,experts", [(8, 2, 16), (16, 2, 32)])
+@pytest.mark.parametrize("seed", [0, 2])
+def test_anneal_homes_gathering_the_terms_apart_changes_nothing(ep, gpn, experts, seed, monkeypatch):
+    """Above reorder._STACKED_BYTES (large models) a swap gathers its tokens and its nodes' received
+    tokens from separate tables instead of one stacked row: the same homes and figures, bit for bit."""
+    x, src, starts, config, kw = _anneal_case(ep, gpn, experts, 0.3, seed)
+    args = (x, src, ep, gpn, config, kw["comm_ratio"], kw["migration_cost"], kw["prev_home"])
+    assert reorder._problem(*args).stacked
+    stacked, stacked_info = anneal_homes(x, src, starts, ep, gpn, config, np.random.default_rng(seed), **kw)
+    monkeypatch.setattr(reorder, "_STACKED_BYTES", 0)
+    problem = reorder._problem(*args)
+    assert problem.terms == 2 and not problem.stacked
+    apart, apart_info = anneal_homes(x, src, starts, ep, gpn, config, np.random.default_rng(seed), **kw)
+    assert np.array_equal(apart, stacked) and apart_info == stacked_info
+    assert stacked_info["anneal_accepted_swaps"] > 0 and (stacked != starts[0]).any()
 
 
 def test_layer_scores_by_hand():

@@ -1,7 +1,9 @@
 """Plain references of ReLibra's two planners, one (micro_batch, layer, node) or one swap at a time.
 
-They define what the vectorised planners compute (relibra.policies.replicate, relibra.policies.reorder),
-which must give the same plans; tests/test_planner_reference.py checks that on seeded random cases.
+They define what the vectorised planners compute (relibra.policies.replicate, relibra.policies.reorder).
+The replication greedy gives the same plans exactly; the annealer gives the same homes unless a
+Metropolis draw falls within the fast one's float32 rounding of its smooth term (see anneal_homes).
+tests/test_planner_reference.py checks both on seeded random cases.
 Read these first: the fast versions are the same steps, batched over every cell at once.
 """
 
