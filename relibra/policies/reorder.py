@@ -164,7 +164,7 @@ def _rel_error(kept: np.ndarray, fresh: np.ndarray) -> float:
 _STACKED_BYTES = 32 << 20  # up to this size the node gain table holds both terms per (expert, node) row
 
 
-@dataclass
+@dataclass(slots=True)
 class _Problem:
     """Everything the search reads that no swap changes (normalisers, weights, token tables)."""
 
@@ -250,7 +250,7 @@ def _node_gain_rows(tokens: np.ndarray, src_node_tokens: np.ndarray, nodes: int,
     return gain.reshape(layers * experts * nodes, -1)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Placement:
     """A placement and its loads, changed in place by each accepted swap."""
 
@@ -303,7 +303,7 @@ def _migration_cost(problem: _Problem, expert_rows: np.ndarray, to_gpu: np.ndarr
                     np.where(to_gpu != problem.prev_gpu_rows[expert_rows], problem.migration_cost[0], 0.0))
 
 
-@dataclass
+@dataclass(slots=True)
 class _Swaps:
     """K random swaps per layer. Pair arrays are [2, L, K], side 0 the expert a on GPU p in node pn,
     side 1 the expert b on GPU q in node qn; the swap homes a on q and b on p."""
