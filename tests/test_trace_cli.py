@@ -94,3 +94,21 @@ def test_python_m_relibra_trace_stats(tmp_path):
     assert proc.returncode == 0, proc.stderr
     stats = json.loads(proc.stdout)
     assert stats["ep"] == 4 and stats["static_skewness"] >= 1.0 and stats["micro_batches"] == 2
+
+
+@pytest.mark.parametrize("name", ["small_math_ep4", "tiny_math_ep4"])
+def test_shipped_trace_is_what_its_readme_command_writes(name, tmp_path):
+    """data/README.md names the command that made each shipped synthetic trace; it writes the same arrays."""
+    from relibra.experiments import project_root
+
+    readme = (project_root() / "data" / "README.md").read_text()
+    command = next(line for line in readme.splitlines() if f"`{name}.npz`" in line).split("`")[3]
+    argv = command.split()
+    assert argv[:3] == ["relibra", "trace", "generate"] and argv[-2:] == ["--out", f"data/{name}.npz"]
+    out = tmp_path / f"{name}.npz"
+    assert main(argv[1:-1] + [str(out)]) == 0
+    shipped, fresh = RoutingTrace.load(project_root() / "data" / f"{name}.npz"), RoutingTrace.load(out)
+    for field in ("loads", "seq_lens", "token_experts", "token_src_rank"):
+        a, b = getattr(shipped, field), getattr(fresh, field)
+        assert (a is None and b is None) or np.array_equal(a, b), field
+    assert shipped.provenance == fresh.provenance

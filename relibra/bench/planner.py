@@ -18,18 +18,24 @@ from relibra.cluster import resolve_topology
 from relibra.plan import StepPlan
 from relibra.policies import get_policy
 from relibra.trace import RoutingTrace
-from relibra.workloads import generate_trace
+from relibra.workloads import WorkloadConfig, generate_trace
 
 MB = 1e6
 
 
-def benchmark_trace(model: str, ep: int, seed: int = 0, steps: int = 2) -> RoutingTrace:
-    """The paper-scale synthetic trace (relibra.workloads, `mixed` workload) the benchmark plans."""
-    return generate_trace(model, "mixed", ep, steps, seed=seed)
+def benchmark_trace(model: str, ep: int, seed: int = 0, steps: int = 2, layout: str | None = None,
+                    micro_batches: int | None = None) -> RoutingTrace:
+    """The paper-scale synthetic trace (relibra.workloads, `mixed` workload) the benchmark plans.
+
+    layout: a batch layout (relibra.workloads.BATCH_LAYOUTS), None = the generator's default;
+    micro_batches: per step, None = the layout's own count (generate_trace)."""
+    config = None if layout is None else WorkloadConfig(batch_layout=layout)
+    return generate_trace(model, "mixed", ep, steps, seed=seed, micro_batches=micro_batches, config=config)
 
 
 def benchmark_planner(model: str, ep: int, seed: int = 0, policies=("relibra", "eplb"), cluster: str = "paper",
-                      trace: RoutingTrace | None = None) -> list[dict]:
+                      trace: RoutingTrace | None = None, layout: str | None = None,
+                      micro_batches: int | None = None) -> list[dict]:
     """Plan the last step of a trace with each policy on `cluster` (preset or spec); one row per policy.
 
     Rows: policy, model, ep, micro_batches, layers, experts, step_plan_s (whole step, wall seconds)
@@ -42,12 +48,13 @@ def benchmark_planner(model: str, ep: int, seed: int = 0, policies=("relibra", "
     besides the trace's loads it shares), validate_s / validate_cpu_s (StepPlan.validate against
     the trace's loads), mean_skewness,
     mean_gap_to_bound (relibra.bounds, reference "policy"; computed after the planner's clock stops),
-    trace (where the loads came from).
+    trace (where the loads came from). Without `trace`, benchmark_trace(model, ep, seed, layout=layout,
+    micro_batches=micro_batches) is planned.
     """
     topology = resolve_topology(cluster)
     topology.ep_layout(ep if trace is None else trace.ep)  # an EP the cluster cannot hold fails before any work
     if trace is None:
-        trace = benchmark_trace(model, ep, seed)
+        trace = benchmark_trace(model, ep, seed, layout=layout, micro_batches=micro_batches)
     step = trace.num_steps - 1
     cells = trace.num_microbatches * trace.num_layers
     rows = []

@@ -30,8 +30,8 @@ def _planner(args) -> int:
     from relibra.bench.planner import benchmark_planner
 
     policies = tuple(p for p in args.policies.split(",") if p)
-    _print(benchmark_planner(args.model, args.ep, seed=args.seed, policies=policies,
-                             cluster=args.cluster), args.json)
+    _print(benchmark_planner(args.model, args.ep, seed=args.seed, policies=policies, cluster=args.cluster,
+                             layout=args.layout, micro_batches=args.micro_batches), args.json)
     return 0
 
 
@@ -39,7 +39,7 @@ def _sim(args) -> int:
     from relibra.bench.sim import benchmark_sim
 
     _print([benchmark_sim(model=args.model, ep=args.ep, policy=args.policy, cluster=args.cluster,
-                          seed=args.seed)], args.json)
+                          seed=args.seed, micro_batches=args.micro_batches)], args.json)
     return 0
 
 
@@ -63,10 +63,16 @@ def register(sub) -> None:
     common(p)
     p.add_argument("--policies", default="relibra,eplb", help="comma-separated policy names")
     p.add_argument("--cluster", default="paper", help="cluster preset or spec the plans are made for")
+    p.add_argument("--layout", default=None,
+                   help="batch layout of the planned trace (token-budget, verl-balance, ...; default: the generator's, "
+                        "token-budget); verl-balance gives 32 micro-batches per step, the planner targets' count")
+    p.add_argument("--micro-batches", type=int, default=None,
+                   help="micro-batches per step (default: the layout's own count)")
     p.set_defaults(func=_planner)
 
     p = bsub.add_parser("sim", help="seconds to simulate one step for one policy (planning excluded)")
     common(p)
     p.add_argument("--policy", default="relibra")
     p.add_argument("--cluster", default="paper")
+    p.add_argument("--micro-batches", type=int, default=32, help="micro-batches of the simulated step (default 32)")
     p.set_defaults(func=_sim)
