@@ -398,7 +398,7 @@ def _runtime_rows(r: RuntimeResult, man: dict) -> list[dict]:
     measured speed-up's interval."""
     rows = []
     rec = r.recorded_step_results
-    recorded_how = ("" if rec.empty else f"**measured** on a shared {_unique(rec, 'cpus')}-core machine, "
+    recorded_how = ("" if rec.empty else f"**measured** on a {_unique(rec, 'cpus')}-core machine, "
                     f"{_unique(rec, 'date')}, 1-min load {rec['load_before'].min():.1f}-{rec['load_after'].max():.1f}, "
                     f"{rec['launch'].nunique()} launch(es) x {_unique(rec, 'steps')} timed steps per policy, policies "
                     "alternating step by step; simulated on the CPU preset fitted just before "
