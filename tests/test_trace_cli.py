@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from relibra.cli import main
+from relibra.experiments import project_root
 from relibra.trace import RoutingTrace
 
 
@@ -99,8 +100,6 @@ def test_python_m_relibra_trace_stats(tmp_path):
 @pytest.mark.parametrize("name", ["small_math_ep4", "tiny_math_ep4"])
 def test_shipped_trace_is_what_its_readme_command_writes(name, tmp_path):
     """data/README.md names the command that made each shipped synthetic trace; it writes the same arrays."""
-    from relibra.experiments import project_root
-
     readme = (project_root() / "data" / "README.md").read_text()
     command = next(line for line in readme.splitlines() if f"`{name}.npz`" in line).split("`")[3]
     argv = command.split()

@@ -74,8 +74,9 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
     return _assemble(shape, cfg, workload, ep, seed, target, loads, slot_tokens, step_lens, step_ids or None)
 
 
-def _positive_int(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value > 0
+def _int_at_least(value, low: int) -> bool:
+    """An integer (not a bool) of at least `low`."""
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= low
 
 
 def _checked(shape: ModelShape, cfg: WorkloadConfig, workload: str, ep: int, steps: int, seed: int,
@@ -88,9 +89,9 @@ def _checked(shape: ModelShape, cfg: WorkloadConfig, workload: str, ep: int, ste
     if micro_batches is None and cfg.batch_layout != "token-budget":
         micro_batches = FIXED_COUNT_MICRO_BATCHES
     for name, value in (("ep", ep), ("steps", steps), ("micro_batches", micro_batches)):
-        if not (name == "micro_batches" and value is None) and not _positive_int(value):
+        if not (name == "micro_batches" and value is None) and not _int_at_least(value, 1):
             raise ConfigError(f"generate_trace: {name} must be a positive integer, got {value!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    if not _int_at_least(seed, 0):
         raise ConfigError(f"generate_trace: the seed must be an integer >= 0, got {seed!r}")
     if shape.num_experts % ep:
         near = [d for d in allowed_ep(shape.num_experts) if ep / 4 <= d <= ep * 4]
@@ -100,7 +101,7 @@ def _checked(shape: ModelShape, cfg: WorkloadConfig, workload: str, ep: int, ste
     target = tokens_per_rank if tokens_per_rank is not None else cfg.tokens_per_rank
     if target is None:
         return cfg, None, micro_batches
-    if not _positive_int(target):
+    if not _int_at_least(target, 1):
         raise ConfigError(f"generate_trace: tokens_per_rank must be a positive integer, got {target!r}")
     step_tokens = (micro_batches or 1) * ep * target
     if step_tokens > _INT32_MAX:  # a micro-batch's tokens are counted in int32; drawing them takes memory in proportion
