@@ -86,12 +86,9 @@ result.verdict.drop(columns=["why"])
 # laid out one whole sequence per (micro-batch, rank) with sequences scaled to the same mean (red).
 
 # %%
-grid_spec = cfg.sizes.headline
-fig = hplots.budget_plot(result.ratio_vs_budget, f"{grid_spec.sweep_model}, {grid_spec.sweep_workload}, seed 0; "
-                         f"{caption}")
-run.save_figure(fig, "ratio_vs_budget", f"Simulated ReLibra / Megatron and ReLibra / EPLB+ against tokens per "
-                f"micro-batch, token-budget packing and one sequence per micro-batch; {grid_spec.sweep_model}, "
-                f"{grid_spec.sweep_workload}, seed 0")
+fig = hplots.budget_plot(result.ratio_vs_budget, result.sweep_caption)
+run.save_figure(fig, "ratio_vs_budget", f"ReLibra / Megatron and ReLibra / EPLB+ against tokens per micro-batch, "
+                f"token-budget packing and one sequence per micro-batch; {result.sweep_caption}")
 result.alternatives.round(3)
 
 # %% [markdown]

@@ -371,6 +371,7 @@ class HeadlineResult:
     setup: str
     full_scale: bool
     caption: str = ""
+    sweep_caption: str = ""
 
     def verdict_with_alternatives(self) -> pd.DataFrame:
         """The verdict table with the range over the alternatives (other layouts and link rates) per claim."""
@@ -413,9 +414,12 @@ def config_headline(cfg, progress: bool = True, workers: int | None = None) -> H
     card_text = f"`{setup}` set-up card" + ("" if budget is None else f" with {budget} tokens per micro-batch")
     caption = (f"simulated on the {card_text}, EP {g.ep}; {len(g.models)} models x {len(g.workloads)} "
                f"workloads x {len(g.seeds)} seeds ({', '.join(map(str, g.seeds))}); {scale}")
+    # the sweep is one case at each budget: its caption names that case, not the grid
+    sweep_caption = (f"simulated on the `{setup}` and `{g.alternative}` set-up cards, EP {g.ep}; {g.sweep_model}, "
+                     f"{g.sweep_workload}, seed 0, {len(g.sweep_tokens)} budgets; {scale}")
     return HeadlineResult(grid=grid, ratios=case_ratios(grid), verdict=verdict_table(grid), sweep=sweep,
                           alternatives=alternative_ratios(alternatives), overheads=overheads_table(grid),
-                          setup=setup, full_scale=g.full_scale, caption=caption)
+                          setup=setup, full_scale=g.full_scale, caption=caption, sweep_caption=sweep_caption)
 
 
 def why_they_differ(result: HeadlineResult) -> dict[str, str]:

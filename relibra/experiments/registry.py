@@ -160,6 +160,7 @@ class ThroughputResult(Result):
                                     "obtains it")
     setup: str = value("paper")
     caption: str = value("")
+    sweep_caption: str = value("")
 
 
 @dataclass(kw_only=True)
@@ -256,7 +257,7 @@ def _throughput(cfg: Config) -> ThroughputResult:
     h = config_headline(cfg)
     return ThroughputResult(throughput=h.grid, case_ratios=h.ratios, verdict=h.verdict_with_alternatives(),
                             ratio_vs_budget=h.sweep, alternatives=h.alternatives, overheads=h.overheads,
-                            setup=h.setup, caption=h.caption)
+                            setup=h.setup, caption=h.caption, sweep_caption=h.sweep_caption)
 
 
 def _ablation(cfg: Config) -> AblationResult:
