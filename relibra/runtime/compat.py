@@ -9,6 +9,8 @@ megatron-core 0.16.1 assumes CUDA in a few spots that the kit's CPU runtime reac
    tensors (on GPU they are numpy arrays); gloo rejects tensors there, so they become lists of ints.
 4. `moe_utils.te_general_gemm` must be None when Transformer Engine is absent (it is, in 0.16.1,
    because the import sits in a try block; we check rather than assume).
+5. Distributed checkpointing (`dist_checkpointing.save`, strategies/filesystem_async.py) calls
+   `torch.cuda.synchronize()` before it writes; on the host there is nothing to wait for.
 The CUDA RNG tracker is not patched: the kit initializes expert weights itself and uses no dropout
 or random router logits, so megatron's RNG tracker is never forked.
 
@@ -88,6 +90,8 @@ def apply() -> bool:
     torch.cuda.Event = lambda *args, **kwargs: _HostStream()
     torch.cuda.current_stream = lambda *args, **kwargs: _HOST_STREAM
     torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()
+    # (5): device syncs (distributed checkpointing) have nothing to wait for.
+    torch.cuda.synchronize = lambda *args, **kwargs: None
 
     # (3): the dispatcher's all-to-all gets split sizes as lists. megatron-core's private modules are
     # imported here, after the version check, so another release fails with its one clear error.

@@ -1,9 +1,16 @@
 """A megatron-core TopKRouter that routes over logical experts and emits a routing map over the
 plan's PHYSICAL slots (homes and replicas), following the plan's token split for this rank.
 
-The router scores the E logical experts (its weight is [E, hidden]); top-k ids come from its own
-scores or, under routing replay, from megatron's RouterReplay (REPLAY_FORWARD: the given ids, with
-probabilities recomputed from the router's scores so router gradients still flow). Each (token,
+The router scores the E logical experts (its weight is [E, hidden]). Its top-k ids come, in order:
+  1. from the step hook (`route.replay_ids`, ReLibraHook.before_microbatch(m, replay)): the given ids,
+     probabilities gathered from the router's scores so router gradients still flow; the router's
+     `router_replay` object is not touched;
+  2. else from whatever replay object the training stack installed as `router_replay`, exactly as
+     megatron-core's TopKRouter would consult it: megatron-core's RouterReplay (verl and NeMo-RL call
+     RouterReplay.set_replay_data and REPLAY_FORWARD; RECORD records the logical ids) or slime's own
+     bridge object (relibra.integrations.slime);
+  3. else from the router's own scores.
+Each (token,
 expert) pair then goes to exactly one physical slot: of this rank's tokens routed to expert e, the
 first n_1 (in token order) go to the first replica that the plan gives this rank for e, the next n_2
 to the second, ..., the rest to e's home slot. Probabilities follow the pair to its slot, so the
@@ -19,9 +26,55 @@ import numpy as np
 import torch
 
 from megatron.core.transformer.moe.router import TopKRouter
-from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
-from relibra.errors import PlanError
+from relibra.errors import ConfigError, PlanError
+
+# The token dispatchers whose routing map the router may answer over physical slots: both take any
+# boolean [tokens, slots] map and send each marked pair to the rank owning the slot.
+SUPPORTED_DISPATCHERS = ("alltoall", "allgather")
+
+
+def check_config(config) -> None:
+    """Refuse (ConfigError) the megatron-core options a ReLibra MoE layer cannot run, at build time.
+
+    A capacity factor drops tokens after routing, so the plan's token split (made from the replayed
+    routing) would name tokens that never reach their slot; the flex (DeepEP) dispatcher and grouped
+    GEMM are not wired to the physical slots."""
+    if getattr(config, "moe_expert_capacity_factor", None) is not None or getattr(
+            config, "moe_pad_expert_input_to_capacity", False):
+        raise ConfigError(
+            f"ReLibra MoE layers need every routed token to reach its expert: the model config sets "
+            f"moe_expert_capacity_factor={config.moe_expert_capacity_factor!r} (token dropping); "
+            "leave it None and moe_pad_expert_input_to_capacity False")
+    dispatcher = getattr(config, "moe_token_dispatcher_type", "alltoall")
+    if dispatcher not in SUPPORTED_DISPATCHERS:
+        raise ConfigError(f"ReLibra MoE layers run on megatron-core's {' or '.join(SUPPORTED_DISPATCHERS)} token "
+                          f"dispatcher; the model config sets moe_token_dispatcher_type={dispatcher!r}")
+    if getattr(config, "moe_grouped_gemm", False):
+        raise ConfigError("ReLibra MoE layers need one MLP module per expert slot (SequentialMLP); the model config "
+                          "sets moe_grouped_gemm=True (GroupedMLP / TEGroupedMLP keep every local expert in one "
+                          "weight, so replica slots cannot be masked); set moe_grouped_gemm=False")
+
+
+class _GivenTopk:
+    """Stands in for a router's replay object for one routing call: top-k = the given ids [T, K].
+
+    Follows megatron-core's get_replay_topk contract (scores, topk, num_groups, group_topk,
+    default_compute_topk) -> (probs [T, K] gathered from the scores, ids [T, K])."""
+
+    def __init__(self, ids: torch.Tensor, layer):
+        self.ids = ids
+        self.layer = layer
+
+    def get_replay_topk(self, scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):
+        ids = self.ids.to(device=scores.device, dtype=torch.int64)
+        if ids.dim() != 2 or ids.shape[0] != scores.shape[0] or ids.shape[1] != topk:
+            raise PlanError(f"MoE layer {self.layer}: replayed ids have shape {tuple(ids.shape)}; the router "
+                            f"routes {scores.shape[0]} tokens to top-{topk}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= scores.shape[1]):
+            raise PlanError(f"MoE layer {self.layer}: replayed ids span [{int(ids.min())}, {int(ids.max())}]; "
+                            f"the router has {scores.shape[1]} experts")
+        return scores.gather(1, ids), ids
 
 
 @dataclass
@@ -87,23 +140,35 @@ class PlacementRouter(TopKRouter):
     """
 
     def __init__(self, config, pg_collection=None, *, num_experts: int):
+        check_config(config)
+        if config.num_moe_experts < num_experts:
+            raise ConfigError(f"the model config counts {config.num_moe_experts} expert slots, fewer than the "
+                              f"{num_experts} logical experts: build it with relibra.runtime.spec.physical_config")
         super().__init__(config=dataclasses.replace(config, num_moe_experts=num_experts), pg_collection=pg_collection)
         self.num_slots = config.num_moe_experts
         self.route: LayerRoute | None = None
+
+    def _topk_routing(self, logits: torch.Tensor, padding_mask: torch.Tensor | None):
+        # megatron-core 0.16 added padding_mask to TopKRouter.routing; a stack that patches routing with
+        # the older one-argument signature (verl's router_replay_patch) still gets a plain call.
+        if padding_mask is None:
+            return super().routing(logits)
+        return super().routing(logits, padding_mask=padding_mask)
 
     def routing(self, logits: torch.Tensor, padding_mask: torch.Tensor | None = None):
         route = self.route
         if route is None:
             raise PlanError(f"MoE layer {self.layer_number}: no route set; call the step hook's before_microbatch "
                             "before the forward")
-        if self.router_replay is not None:
-            self.router_replay.clear_indices()
-            if route.replay_ids is not None:
-                self.router_replay.set_target_indices(route.replay_ids)
-                self.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
-            else:
-                self.router_replay.clear_router_replay_action()
-        probs, routing_map = super().routing(logits, padding_mask=padding_mask)  # [T, E] each
+        if route.replay_ids is not None:
+            installed = self.router_replay
+            self.router_replay = _GivenTopk(route.replay_ids, self.layer_number)
+            try:
+                probs, routing_map = self._topk_routing(logits, padding_mask)  # [T, E] each
+            finally:
+                self.router_replay = installed
+        else:
+            probs, routing_map = self._topk_routing(logits, padding_mask)
         physical_map = physical_routing_map(routing_map, route, self.num_slots)
         # Every slot reads its logical expert's probability; the map keeps one slot per pair.
         expert_of_slot = route.slot_expert.clamp(min=0)

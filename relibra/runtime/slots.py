@@ -15,14 +15,75 @@ from megatron.core.transformer.moe.moe_layer import MoELayer
 from relibra.errors import ConfigError
 from relibra.runtime.placement import local_home_experts
 from relibra.runtime.router import PlacementRouter
+from relibra.runtime.spec import OccupiedSequentialMLP
 
 
 def moe_layers(model) -> list:
     """megatron-core MoELayers of `model` whose router is ReLibra's, in module order."""
-    layers = [m for m in model.modules() if isinstance(m, MoELayer) and isinstance(m.router, PlacementRouter)]
+    return [m for _, m in _named_moe_layers(model)]
+
+
+def _named_moe_layers(model) -> list:
+    layers = [(name, m) for name, m in model.named_modules()
+              if isinstance(m, MoELayer) and isinstance(m.router, PlacementRouter)]
     if not layers:
-        raise ConfigError("the model holds no MoELayer built from relibra.runtime.spec.moe_layer_spec")
+        raise ConfigError("the model holds no MoELayer built from a spec wrapped by relibra.runtime.spec.wrap_moe_spec")
+    for name, m in layers:
+        if not isinstance(m.experts, OccupiedSequentialMLP):
+            raise ConfigError(f"{name or 'the model'}: the experts are {type(m.experts).__name__}, not "
+                              "OccupiedSequentialMLP (wrap the spec with relibra.runtime.spec.wrap_moe_spec)")
     return layers
+
+
+def logical_state_dict(model, gather: bool = False) -> dict:
+    """The model's state dict named as a stock megatron-core model of the same spec names it at EP 1:
+    every routed expert under `<layer>.experts.local_experts.<e>.` with e its LOGICAL id, replica slots
+    left out. This is what a per-step weight push to a rollout engine (SGLang, vLLM) or a
+    Hugging Face conversion reads: the slot an expert sits in never shows.
+
+    gather=False: this rank's home experts (and every dense tensor), a rank's share of the push;
+    gather=True: every logical expert on every rank, all-gathered over each layer's EP group
+    (collective: every EP rank calls it). Values are detached (the live tensors when not gathered)."""
+    layers = _named_moe_layers(model)
+    state = model.state_dict(keep_vars=False)
+    out = {}
+    expert_prefixes = [f"{name}.experts.local_experts." if name else "experts.local_experts." for name, _ in layers]
+    for key, value in state.items():
+        if not any(key.startswith(p) for p in expert_prefixes):
+            out[key] = value
+    for (name, moe), prefix in zip(layers, expert_prefixes):
+        experts = moe.experts
+        if experts.logical_experts is None:
+            raise ConfigError(f"{name}: its slots have no logical labels yet; build relibra.runtime.hook.ReLibraHook "
+                              "(or relibra.runtime.slots.ExpertSlots) on the model first")
+        ids, _ = experts.logical_experts
+        local = {}  # parameter suffix -> [tensor of each home slot]
+        for slot in range(len(ids)):
+            for suffix, t in experts.local_experts[slot].state_dict(keep_vars=False).items():
+                local.setdefault(suffix, []).append(t)
+        if not gather or experts.ep_group.size() == 1:
+            for suffix, tensors in local.items():
+                for e, t in zip(ids, tensors):
+                    out[f"{prefix}{int(e)}.{suffix}"] = t
+            continue
+        group = experts.ep_group
+        size = group.size()
+        mine = torch.tensor(ids, dtype=torch.int64, device=next(iter(local.values()))[0].device)
+        all_ids = [torch.empty_like(mine) for _ in range(size)]
+        torch.distributed.all_gather(all_ids, mine, group=group)
+        all_ids = torch.cat(all_ids).tolist()
+        for suffix, tensors in local.items():
+            if not all(torch.is_tensor(t) and t.shape == tensors[0].shape for t in tensors):
+                # per-module extra state (None for megatron's local linear layers): not expert data
+                for e in all_ids:
+                    out[f"{prefix}{int(e)}.{suffix}"] = tensors[0]
+                continue
+            stacked = torch.stack([t.detach() for t in tensors]).contiguous()
+            parts = [torch.empty_like(stacked) for _ in range(size)]
+            torch.distributed.all_gather(parts, stacked, group=group)
+            for e, t in zip(all_ids, torch.cat(parts)):
+                out[f"{prefix}{int(e)}.{suffix}"] = t
+    return out
 
 
 class ExpertSlots:
@@ -37,8 +98,7 @@ class ExpertSlots:
         self.routers = [m.router for m in self.moes]
         self.ep = ep_group.size()
         self.rank = ep_group.rank()
-        self.home = np.asarray(home, dtype=np.int64).copy()
-        self.num_layers, self.num_experts = self.home.shape
+        self.num_layers, self.num_experts = np.shape(home)
         if len(self.moes) != self.num_layers:
             raise ConfigError(f"the model has {len(self.moes)} ReLibra MoE layers; the placement has {self.num_layers}")
         self.homes_per_rank = self.num_experts // self.ep
@@ -55,6 +115,20 @@ class ExpertSlots:
         with torch.no_grad():
             for p in self.replica_parameters():
                 p.zero_()
+        self.home = home
+
+    @property
+    def home(self) -> np.ndarray:
+        """int64 [L, E]: the rank homing each logical expert now."""
+        return self._home
+
+    @home.setter
+    def home(self, home: np.ndarray) -> None:
+        # Every change of placement (a migration commits here) relabels the home slots, so checkpoints
+        # (OccupiedSequentialMLP.sharded_state_dict) and logical_state_dict name the experts they hold.
+        self._home = np.asarray(home, dtype=np.int64).copy()
+        for layer, moe in enumerate(self.moes):
+            moe.experts.logical_experts = ([int(e) for e in self.local_experts(layer)], self.num_experts)
 
     def home_mlps(self, layer: int) -> list:
         """This rank's home-slot MLP modules of `layer`, in slot order."""

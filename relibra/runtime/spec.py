@@ -1,43 +1,55 @@
-"""ReLibra as megatron-core module specs: the MoE submodule a Megatron-LM user drops into a layer spec.
+"""ReLibra in a megatron-core module spec: it wraps the MoE submodule of the spec the user already has.
 
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    layer_spec = get_gpt_layer_local_spec(num_experts=E, normalization="RMSNorm")
-    layer_spec.submodules.mlp = moe_layer_spec(num_experts=E)
+    layer_spec = wrap_moe_spec(get_gpt_layer_local_spec(num_experts=E), num_experts=E)
     model = GPTModel(physical_config(config, ep, replica_slots), layer_spec, ...)
 
-The layer is megatron-core's own MoELayer (alltoall dispatcher), so TransformerLayer builds it with the
-model's process groups as it builds any MoELayer. Two parts differ from megatron's local MoE spec:
+`wrap_moe_spec` takes a layer spec (get_gpt_layer_local_spec, a TE layer spec), a block spec
+(get_gpt_decoder_block_spec: its MoE layers, dense layers untouched) or a bare MoE spec, and returns a
+copy in which every megatron-core MoELayer keeps its own submodules (shared experts, linear layer
+classes, activation, metainfo) except two:
   router   PlacementRouter: scores the E logical experts, answers over the physical slots (every
            rank's E / ep home slots, then its R replica slots) as the step's plan says
            (relibra.runtime.router);
-  experts  OccupiedSequentialMLP: megatron's SequentialMLP that skips slots holding no tokens, so an
-           empty replica slot costs nothing.
-The model's config therefore counts physical slots (`physical_config`); the router sizes itself by E.
+  experts  SequentialMLP becomes OccupiedSequentialMLP: the same per-expert MLPs (built from the
+           user's linear layer classes), skipping slots that hold no tokens, so an empty replica slot
+           costs nothing, and saving a checkpoint under logical expert ids (never replica slots).
+Grouped-GEMM experts (GroupedMLP, TEGroupedMLP) keep all local experts in one weight tensor, so a
+replica slot could not get weights of its own nor its gradient be pulled home; they are refused with
+one error that names the fix (moe_grouped_gemm=False). `check_config` refuses, at build time, the
+config options the plans cannot honour (token dropping, the flex dispatcher, grouped GEMM).
+The model's config counts physical slots (`physical_config`); the router sizes itself by E.
 Which expert each slot holds, and the replica weights, are the step hook's business
-(relibra.runtime.hook).
+(relibra.runtime.hook, relibra.runtime.slots).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 
 import torch
-from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from megatron.core.transformer.mlp import MLPSubmodules
-from megatron.core.transformer.moe.experts import SequentialMLP
-from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
+from megatron.core.transformer.moe.experts import GroupedMLP, SequentialMLP, TEGroupedMLP
+from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from relibra.errors import ConfigError
-from relibra.runtime.router import PlacementRouter
+from relibra.runtime.router import SUPPORTED_DISPATCHERS, PlacementRouter, check_config
+
+__all__ = ["SUPPORTED_DISPATCHERS", "OccupiedSequentialMLP", "check_config", "gpt_layer_spec", "moe_layer_spec",
+           "physical_config", "wrap_moe_spec"]
 
 
 class OccupiedSequentialMLP(SequentialMLP):
     """SequentialMLP that runs only the local slots with tokens (an empty slot adds no GEMM).
 
     forward(hidden [T, H] sorted by slot, tokens_per_expert int [slots], probs [T]) -> ([T, H], None).
+    `logical_experts` (set by relibra.runtime.slots.ExpertSlots) names the logical expert of each home
+    slot and the number E of logical experts; until it is set the slots keep megatron's static labels.
     """
+
+    logical_experts: tuple[list[int], int] | None = None
 
     def forward(self, permuted_local_hidden_states: torch.Tensor, tokens_per_expert: torch.Tensor,
                 permuted_probs: torch.Tensor):
@@ -51,35 +63,119 @@ class OccupiedSequentialMLP(SequentialMLP):
             return permuted_local_hidden_states[:0] * 0.0, None
         return torch.cat(outputs, dim=0), None
 
+    def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
+        """megatron's distributed-checkpoint view of the home slots under their LOGICAL expert ids
+        (an axis of E experts), so a checkpoint loads into a stock SequentialMLP of the same E at any
+        EP size; replica slots are left out (their weights are copies, their optimizer state none).
 
-def moe_layer_spec(num_experts: int) -> ModuleSpec:
-    """megatron-core MoELayer spec with ReLibra's placement router and slot experts.
+        Keys and replica ids are megatron's own (SequentialMLP.sharded_state_dict); only the expert
+        offset differs: slot i holds logical expert logical_experts[0][i] instead of ep_rank * n + i."""
+        if self.logical_experts is None:
+            return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
+        from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 
-    num_experts: logical experts E (the router's width). The model config's num_moe_experts must count
-    physical slots, ep * (E / ep + replica_slots) (see physical_config).
-    """
-    experts = ModuleSpec(module=OccupiedSequentialMLP,
-                         submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
-    router = functools.partial(PlacementRouter, num_experts=num_experts)
-    return ModuleSpec(module=MoELayer, submodules=MoESubmodules(experts=experts, router=router))
+        metadata = ensure_metadata_has_dp_cp_group(metadata)
+        singleton = (metadata or {}).get("singleton_local_shards", False)
+        ids, num_experts = self.logical_experts
+        out = {}
+        for slot, expert in enumerate(ids):
+            local_prefix = f"{prefix}local_experts.{slot}."
+            if singleton:
+                sharded_prefix, offsets = f"{prefix}experts.{int(expert)}.", sharded_offsets
+            else:
+                sharded_prefix = f"{prefix}experts."
+                offsets = (*sharded_offsets, (len(sharded_offsets), int(expert), num_experts))
+            part = self.local_experts[slot].sharded_state_dict(local_prefix, offsets, metadata)
+            replace_prefix_for_sharding(part, local_prefix, sharded_prefix)
+            for sh in part.values():  # experts are replicated over expert-DP only
+                sh.replica_id = (*sh.replica_id[:2], self.dp_group.rank())
+            out.update(part)
+        return out
+
+
+def _wrap_experts(experts, where: str):
+    module = experts.module if isinstance(experts, ModuleSpec) else experts
+    if isinstance(module, type) and issubclass(module, (GroupedMLP, TEGroupedMLP)):
+        raise ConfigError(f"{where}: the experts are {module.__name__} (grouped GEMM); ReLibra needs one MLP module "
+                          "per expert slot: build the spec with moe_grouped_gemm=False (SequentialMLP)")
+    if isinstance(module, type) and issubclass(module, OccupiedSequentialMLP):
+        return experts  # wrapped already
+    if module is not SequentialMLP:
+        raise ConfigError(f"{where}: the experts are {getattr(module, '__name__', module)!r}; ReLibra wraps "
+                          "megatron-core's SequentialMLP experts (it relabels their checkpoint by logical expert)")
+    if not isinstance(experts, ModuleSpec):
+        raise ConfigError(f"{where}: the experts are the bare class SequentialMLP; give them as a ModuleSpec with "
+                          "their MLPSubmodules (linear_fc1, linear_fc2), as megatron-core's specs do")
+    return dataclasses.replace(experts, module=OccupiedSequentialMLP)
+
+
+def wrap_moe_spec(spec, num_experts: int):
+    """A copy of `spec` with every megatron-core MoELayer spec in it made ReLibra's (see the module doc).
+
+    spec: a ModuleSpec (a TransformerLayer spec, or a MoELayer spec itself) or a TransformerBlockSubmodules
+    (get_gpt_decoder_block_spec); num_experts: logical experts E (the router's width). The model config's
+    num_moe_experts must count physical slots, ep * (E / ep + replica_slots) (physical_config).
+    Raises ConfigError when the spec holds no MoE layer or its experts are grouped-GEMM ones."""
+    if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts <= 0:
+        raise ConfigError(f"num_experts must be a positive integer, got {num_experts!r}")
+    spec = copy.deepcopy(spec)
+    found = []
+
+    def visit(node, where):
+        if isinstance(node, ModuleSpec):
+            if isinstance(node.module, type) and issubclass(node.module, MoELayer):
+                sub = node.submodules
+                if sub is None:
+                    raise ConfigError(f"{where}: the MoELayer spec has no submodules")
+                sub.experts = _wrap_experts(sub.experts, where)
+                sub.router = functools.partial(PlacementRouter, num_experts=num_experts)
+                found.append(where)
+                return
+            visit(node.submodules, where + ".submodules")
+        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+            for f in dataclasses.fields(node):
+                visit(getattr(node, f.name), f"{where}.{f.name}")
+        elif isinstance(node, (list, tuple)):
+            for i, item in enumerate(node):
+                visit(item, f"{where}[{i}]")
+
+    visit(spec, "spec")
+    if not found:
+        raise ConfigError("the spec holds no megatron-core MoELayer spec to wrap (build it with num_experts set)")
+    return spec
+
+
+def moe_layer_spec(num_experts: int, shared_experts: bool = True) -> ModuleSpec:
+    """megatron-core's local MoE spec (get_moe_module_spec, no Transformer Engine), wrapped.
+
+    Its shared-expert submodule is megatron's own; it is built when the config sets
+    moe_shared_expert_intermediate_size."""
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+
+    spec = get_moe_module_spec(use_te=False, num_experts=num_experts)
+    if not shared_experts:
+        spec.submodules.shared_experts = None
+    return wrap_moe_spec(spec, num_experts)
 
 
 def gpt_layer_spec(num_experts: int) -> ModuleSpec:
-    """megatron-core's local GPT layer spec (RMSNorm, causal self-attention) with moe_layer_spec as its MLP."""
+    """megatron-core's local GPT layer spec (RMSNorm, causal self-attention, MoE MLP), wrapped."""
     # megatron-core's GPT layer specs warn at import (no Apex); they load here, once a rank has set its
     # warning filters (relibra.runtime.quiet): ranks import this module while unpickling their function.
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    spec = get_gpt_layer_local_spec(num_experts=num_experts, normalization="RMSNorm")
-    spec.submodules.mlp = moe_layer_spec(num_experts)
-    return spec
+    return wrap_moe_spec(get_gpt_layer_local_spec(num_experts=num_experts, normalization="RMSNorm"), num_experts)
 
 
 def physical_config(config, ep: int, replica_slots: int):
-    """`config` (logical: num_moe_experts = E) with num_moe_experts = ep * (E / ep + replica_slots)."""
+    """`config` (logical: num_moe_experts = E) with num_moe_experts = ep * (E / ep + replica_slots).
+
+    Refuses (check_config) the options a ReLibra MoE layer cannot run."""
     experts = config.num_moe_experts
     if experts is None or experts % ep:
         raise ConfigError(f"{ep} EP ranks do not divide the {experts} experts of the model config")
     if replica_slots < 0:
         raise ConfigError(f"replica slots must be >= 0, got {replica_slots}")
+    check_config(config)
     return dataclasses.replace(config, num_moe_experts=ep * (experts // ep + replica_slots))

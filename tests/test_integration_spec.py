@@ -1,0 +1,185 @@
+"""relibra.runtime.spec wraps the user's own megatron-core spec: what it keeps, what it refuses.
+
+Specs are plain data, so most checks build none of megatron's modules; one builds a GPTModel with
+shared experts on a single gloo rank from get_gpt_decoder_block_spec (a dense first layer, then MoE).
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec  # noqa: E402
+from megatron.core.transformer.mlp import MLPSubmodules  # noqa: E402
+from megatron.core.transformer.moe.experts import SequentialMLP, TEGroupedMLP  # noqa: E402
+from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules  # noqa: E402
+from megatron.core.transformer.moe.shared_experts import SharedExpertMLP  # noqa: E402
+from megatron.core.transformer.spec_utils import ModuleSpec  # noqa: E402
+from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
+
+from relibra.errors import ConfigError  # noqa: E402
+from relibra.runtime.router import PlacementRouter  # noqa: E402
+from relibra.runtime.spec import OccupiedSequentialMLP, check_config, physical_config, wrap_moe_spec  # noqa: E402
+
+
+def _config(**changes):
+    base = dict(num_layers=3, hidden_size=16, num_attention_heads=2, num_moe_experts=4, moe_router_topk=2,
+                moe_ffn_hidden_size=8, ffn_hidden_size=32, moe_layer_freq=[0, 1, 1],
+                moe_shared_expert_intermediate_size=32, moe_token_dispatcher_type="alltoall",
+                moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, use_cpu_initialization=True,
+                add_bias_linear=False, bias_activation_fusion=False, moe_router_dtype="fp32", hidden_dropout=0.0,
+                attention_dropout=0.0)
+    base.update(changes)
+    return TransformerConfig(**base)
+
+
+def test_wrap_keeps_the_layer_spec_but_router_and_experts():
+    user = get_gpt_layer_local_spec(num_experts=4)
+    wrapped = wrap_moe_spec(user, num_experts=4)
+    moe, original = wrapped.submodules.mlp, user.submodules.mlp
+    assert moe.module is MoELayer and moe.metainfo == original.metainfo
+    assert moe.submodules.router.func is PlacementRouter and moe.submodules.router.keywords == {"num_experts": 4}
+    assert moe.submodules.experts.module is OccupiedSequentialMLP
+    assert moe.submodules.experts.submodules == original.submodules.experts.submodules  # the user's linear layers
+    assert moe.submodules.shared_experts == original.submodules.shared_experts
+    assert moe.submodules.shared_experts.module is SharedExpertMLP
+    assert wrapped.submodules.self_attention == user.submodules.self_attention
+    assert original.submodules.router.__name__ == "TopKRouter"  # the user's spec is not changed
+    assert original.submodules.experts.module is SequentialMLP
+
+
+def test_wrap_block_spec_wraps_moe_layers_only():
+    block = get_gpt_decoder_block_spec(_config(), use_transformer_engine=False, pp_rank=0)
+    wrapped = wrap_moe_spec(block, num_experts=4)
+    kinds = [layer.submodules.mlp.module.__name__ for layer in wrapped.layer_specs]
+    assert kinds == ["MLP", "MoELayer", "MoELayer"]
+    for layer in wrapped.layer_specs[1:]:
+        assert layer.submodules.mlp.submodules.experts.module is OccupiedSequentialMLP
+    assert wrapped.layer_specs[0].submodules.mlp == block.layer_specs[0].submodules.mlp
+
+
+def test_wrap_keeps_te_linear_classes_and_refuses_grouped_gemm():
+    class TELikeColumn:  # stands in for TEColumnParallelLinear (Transformer Engine needs CUDA)
+        pass
+
+    class TELikeRow:
+        pass
+
+    te_sequential = ModuleSpec(module=MoELayer, submodules=MoESubmodules(
+        experts=ModuleSpec(module=SequentialMLP, submodules=MLPSubmodules(linear_fc1=TELikeColumn, linear_fc2=TELikeRow)),
+        shared_experts=ModuleSpec(module=SharedExpertMLP, submodules=MLPSubmodules(linear_fc1=TELikeColumn,
+                                                                                    linear_fc2=TELikeRow))))
+    experts = wrap_moe_spec(te_sequential, 8).submodules.experts
+    assert experts.module is OccupiedSequentialMLP and experts.submodules.linear_fc1 is TELikeColumn
+    te_grouped = ModuleSpec(module=MoELayer, submodules=MoESubmodules(
+        experts=ModuleSpec(module=TEGroupedMLP, submodules=MLPSubmodules(linear_fc1=TELikeColumn, linear_fc2=TELikeRow))))
+    with pytest.raises(ConfigError, match="TEGroupedMLP.*moe_grouped_gemm=False"):
+        wrap_moe_spec(te_grouped, 8)
+    with pytest.warns(UserWarning, match="legacy GroupedMLP"):  # megatron's own deprecation notice
+        grouped = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=True)
+    with pytest.raises(ConfigError, match="GroupedMLP.*moe_grouped_gemm=False"):
+        wrap_moe_spec(grouped, 4)
+
+
+def test_wrap_refuses_a_spec_without_moe_and_bad_expert_counts():
+    with pytest.raises(ConfigError, match="no megatron-core MoELayer"):
+        wrap_moe_spec(get_gpt_layer_local_spec(), 4)
+    with pytest.raises(ConfigError, match="num_experts"):
+        wrap_moe_spec(get_gpt_layer_local_spec(num_experts=4), 0)
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(moe_expert_capacity_factor=1.0), "moe_expert_capacity_factor=1.0"),
+    (dict(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True), "token dropping"),
+    (dict(moe_token_dispatcher_type="flex"), "moe_token_dispatcher_type='flex'"),
+    (dict(moe_grouped_gemm=True), "moe_grouped_gemm=True"),
+])
+def test_build_time_refusals(changes, match):
+    try:
+        config = _config(**changes)
+    except Exception as exc:  # megatron's own check of the combination came first
+        pytest.skip(f"megatron-core refuses {changes} itself: {exc}")
+    with pytest.raises(ConfigError, match=match):
+        check_config(config)
+    with pytest.raises(ConfigError, match=match):
+        physical_config(config, ep=1, replica_slots=1)
+
+
+@pytest.fixture(scope="module")
+def single_rank():
+    import torch.distributed as dist
+
+    from relibra.runtime import compat
+
+    compat.apply()
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import random as mrandom
+
+    owned = not dist.is_initialized()
+    if owned:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    saved = mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED
+    mrandom.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    yield
+    mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = saved
+    parallel_state.destroy_model_parallel()
+    if owned:
+        dist.destroy_process_group()
+
+
+def test_shared_expert_model_from_the_stock_block_spec(single_rank):
+    """A GPTModel from get_gpt_decoder_block_spec with shared experts, wrapped: it builds, keeps its
+    shared experts, and computes what the stock model computes with the same weights."""
+    import torch
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    from relibra.runtime.hook import ReLibraHook
+    from relibra.runtime.plans import static_plan
+
+    config = _config()
+    torch.manual_seed(0)
+    stock = GPTModel(config, get_gpt_decoder_block_spec(config, use_transformer_engine=False, pp_rank=0), vocab_size=32,
+                     max_sequence_length=16, position_embedding_type="rope")
+    physical = physical_config(config, ep=1, replica_slots=1)
+    relibra = GPTModel(physical, wrap_moe_spec(get_gpt_decoder_block_spec(config, use_transformer_engine=False, pp_rank=0), 4),
+                       vocab_size=32, max_sequence_length=16, position_embedding_type="rope")
+    RouterReplay.clear_global_router_replay_instances()
+    shared = [layer.mlp.shared_experts for layer in relibra.decoder.layers[1:]]
+    assert all(isinstance(s, SharedExpertMLP) for s in shared)
+    assert shared[0].linear_fc1.weight.shape == (32, 16)  # moe_shared_expert_intermediate_size x hidden
+    hook = ReLibraHook(relibra, parallel_state_ep(), ranks_per_node=1)
+    # the stock weights, slot by slot: dense and shared parameters by name, routed experts by logical id
+    stock_state = stock.state_dict()
+    relibra_state = relibra.state_dict()
+    with torch.no_grad():
+        for name, t in relibra_state.items():
+            if torch.is_tensor(t) and ".experts.local_experts." not in name:
+                t.copy_(stock_state[name])
+
+    def weights(layer, expert):
+        mlp = stock.decoder.layers[layer + 1].mlp.experts.local_experts[expert]
+        return mlp.linear_fc1.weight, mlp.linear_fc2.weight
+
+    hook.slots.load_logical_weights(weights)
+    hook.begin_step(static_plan(torch.zeros(1, 2, 1, 4, dtype=torch.int64).numpy(), 1, replica_slots=1))
+    hook.before_microbatch(0)
+    ids = torch.arange(10).view(1, 10) % 32
+    pos = torch.arange(10).view(1, 10)
+    mask = torch.triu(torch.ones(10, 10, dtype=torch.bool), 1).view(1, 1, 10, 10)
+    with torch.no_grad():
+        diff = (relibra(ids, pos, mask) - stock(ids, pos, mask)).abs().max().item()
+    assert diff < 1e-5, diff
+
+
+def parallel_state_ep():
+    from megatron.core import parallel_state
+
+    return parallel_state.get_expert_model_parallel_group()
