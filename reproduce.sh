@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # ./reproduce.sh [--profile laptop|paper|gpu] [NOTEBOOK...]   run every (or the named) notebook, write results/
 # ./reproduce.sh test [PYTEST ARGS...]                        run the test suite
-# Both first make sure .venv holds the pinned environment; a second run skips the install.
+# Both first make sure .venv holds the tested environment (constraints.txt); a second run skips the install.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 VENV=.venv
 STAMP=$VENV/.relibra-installed
 
-fingerprint() { cat pyproject.toml | sha256sum | cut -d' ' -f1; }
+fingerprint() { cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1; }
 
 setup() {
     if [ ! -x "$VENV/bin/python" ]; then
@@ -16,10 +16,11 @@ setup() {
         "$PY" -m venv "$VENV"
     fi
     if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$(fingerprint)" ]; then
-        echo "[setup] installing pinned dependencies into $VENV (first run takes a few minutes)"
+        echo "[setup] installing the tested versions (constraints.txt) into $VENV (first run takes a few minutes)"
         # torch first and exactly pinned, so nothing can pull a CUDA build in its place.
-        "$VENV/bin/python" -m pip install --quiet torch==2.13.0
-        "$VENV/bin/python" -m pip install --quiet -e .
+        "$VENV/bin/python" -m pip install --quiet -c constraints.txt torch==2.13.0
+        # pyproject.toml declares ranges; constraints.txt holds the exact versions the kit is tested with.
+        "$VENV/bin/python" -m pip install --quiet -c constraints.txt -e ".[notebooks,test]"
         "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
         fingerprint > "$STAMP"
     fi

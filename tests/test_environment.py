@@ -13,35 +13,75 @@ from relibra.cli import build_parser, main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _pins_from_pyproject() -> dict[str, str]:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pins = {}
+def _requirements_from_pyproject() -> dict[str, str]:
+    """{name: specifier} of the library's requirements and of every extra."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = list(project["dependencies"])
+    for extra in project.get("optional-dependencies", {}).values():
+        deps += extra
+    reqs = {}
     for dep in deps:
-        name, _, version = dep.partition("==")
-        assert version, f"pyproject.toml dependency {dep!r} is not pinned exactly"
-        pins[name.strip().lower()] = version.strip()
+        m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$", dep)
+        reqs[m.group(1).lower()] = m.group(2).strip()
+    return reqs
+
+
+def _pins(lines) -> dict[str, str]:
+    pins = {}
+    for line in lines:
+        m = re.match(r"^\s*(?:-\s*)?([A-Za-z0-9_.\-]+)==([^\s#]+)", line)
+        if m:
+            pins[m.group(1).lower().replace("_", "-")] = m.group(2)
     return pins
+
+
+def _pins_from_constraints() -> dict[str, str]:
+    return _pins((ROOT / "constraints.txt").read_text().splitlines())
 
 
 def _pins_from_environment_yml() -> dict[str, str]:
-    pins = {}
-    for line in (ROOT / "environment.yml").read_text().splitlines():
-        m = re.match(r"^\s*-\s*([A-Za-z0-9_.\-]+)==([^\s#]+)", line)
-        if m:
-            pins[m.group(1).lower()] = m.group(2)
-    return pins
+    return _pins((ROOT / "environment.yml").read_text().splitlines())
 
 
-def test_environment_yml_matches_pyproject():
-    assert _pins_from_environment_yml() == _pins_from_pyproject()
+def test_pyproject_declares_ranges_that_admit_the_tested_pins():
+    from packaging.specifiers import SpecifierSet
+
+    reqs = _requirements_from_pyproject()
+    pins = _pins_from_constraints()
+    for name, spec in reqs.items():
+        assert spec and "==" not in spec, f"pyproject.toml pins {name} exactly ({spec}); declare a range"
+        assert name in pins, f"constraints.txt does not pin {name}"
+        assert SpecifierSet(spec).contains(pins[name]), f"{name} {pins[name]} (constraints.txt) is outside {spec}"
+    assert SpecifierSet(reqs["megatron-core"]).contains("0.16.0")
+    assert not SpecifierSet(reqs["megatron-core"]).contains("0.15.3")  # no RouterReplay
+
+
+def test_environment_yml_matches_the_constraints():
+    yml = _pins_from_environment_yml()
+    assert set(yml) == set(_requirements_from_pyproject())  # the direct requirements, all of them
+    constraints = _pins_from_constraints()
+    assert {name: constraints[name] for name in yml} == yml
+
+
+def test_megatron_range_is_what_compat_accepts():
+    from packaging.specifiers import SpecifierSet
+
+    from relibra.runtime.compat import TESTED_MEGATRON_CORE
+
+    spec = SpecifierSet(_requirements_from_pyproject()["megatron-core"])
+    assert all(spec.contains(v) for v in TESTED_MEGATRON_CORE)
+    assert _pins_from_constraints()["megatron-core"] in TESTED_MEGATRON_CORE
 
 
 def test_torch_pin_is_what_reproduce_installs_and_what_runs():
     from importlib.metadata import version
 
-    pin = _pins_from_pyproject()["torch"]
-    installed = re.findall(r"pip install --quiet torch==([^\s]+)", (ROOT / "reproduce.sh").read_text())
+    pin = _pins_from_constraints()["torch"]
+    text = (ROOT / "reproduce.sh").read_text()
+    installed = re.findall(r"pip install --quiet -c constraints.txt torch==([^\s]+)", text)
     assert installed == [pin]
+    # torch alone and first, then the kit under the same constraints
+    assert text.index("torch==") < text.index('-e ".[notebooks,test]"')
     assert version("torch").split("+")[0] == pin
 
 

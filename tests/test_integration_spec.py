@@ -183,3 +183,19 @@ def parallel_state_ep():
     from megatron.core import parallel_state
 
     return parallel_state.get_expert_model_parallel_group()
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_compat_checks_megatron_version_on_every_device(monkeypatch, cuda):
+    from relibra.runtime import compat
+
+    monkeypatch.setattr(compat, "_applied", False)
+    monkeypatch.setattr(compat, "cuda_absent", lambda: not cuda)
+    monkeypatch.setattr(compat, "megatron_version", lambda: "0.15.3")
+    with pytest.raises(ConfigError, match="tested with megatron-core 0.16.0 and 0.16.1; found 0.15.3"):
+        compat.apply()
+    with pytest.raises(ConfigError, match="found 0.15.3"):
+        PlacementRouter(_config(), None, num_experts=4)  # the router checks too, whoever builds it
+    if cuda:
+        monkeypatch.setattr(compat, "megatron_version", lambda: "0.16.0")
+        assert compat.apply() is False  # a tested release on a CUDA machine: checked, nothing patched

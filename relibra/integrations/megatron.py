@@ -110,3 +110,16 @@ def replay_trace(model, ids_per_microbatch: list[list[torch.Tensor]], ep_group, 
     tokens = int(loads[:, 0].sum(axis=(1, 2)).max()) // shape.top_k
     return RoutingTrace(loads[None].astype(np.int32), shape, loads.shape[2], max(tokens, 1),
                         {"importer": source, "source": "in-process"})
+
+
+def current_placement_plan(hook, micro_batches: int):
+    """A StepPlan that keeps the hook's current placement and makes no replicas, for a forward whose
+    routing is not known before it runs (the recording log-prob forward): hook.begin_step(it) moves
+    nothing and every token goes to its expert's home."""
+    from relibra.runtime.plans import static_plan
+
+    if not isinstance(micro_batches, int) or isinstance(micro_batches, bool) or micro_batches <= 0:
+        raise PlanError(f"micro_batches must be a positive integer, got {micro_batches!r}")
+    layers, experts = hook.home.shape
+    loads = np.zeros((micro_batches, layers, hook.ep, experts), dtype=np.int64)
+    return static_plan(loads, hook.ranks_per_node, hook.replica_slots, home=hook.home, policy="current-placement")

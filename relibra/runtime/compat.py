@@ -14,9 +14,17 @@ megatron-core 0.16.1 assumes CUDA in a few spots that the kit's CPU runtime reac
 The CUDA RNG tracker is not patched: the kit initializes expert weights itself and uses no dropout
 or random router logits, so megatron's RNG tracker is never forked.
 
-`apply()` is idempotent, does nothing when CUDA is available (the same code then runs on NCCL
-unpatched), and refuses a megatron-core version other than the pinned one, because the patches
-name private call sites that move between releases.
+`apply()` is idempotent. On every device it first checks megatron-core's version
+(`check_megatron_version`) and refuses one the kit was not tested with: the kit subclasses
+TopKRouter (its `routing` signature gained `padding_mask` in 0.16), reads RouterReplay (new in 0.16;
+0.15 has none) and SequentialMLP's checkpoint layout, and the CPU patches name private call sites
+that move between releases. With CUDA available nothing is patched (the same code then runs on
+NCCL); on the host the patches below are applied.
+
+Tested releases: 0.16.0 and 0.16.1, whose files that the kit reaches are identical
+(transformer/moe/router.py, router_replay.py, moe_utils.py, experts.py, moe_layer.py,
+token_dispatcher.py, tensor_parallel/mappings.py, models/gpt/gpt_layer_specs.py,
+process_groups_config.py, dist_checkpointing/strategies/filesystem_async.py).
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ from megatron.core import package_info
 
 from relibra.errors import ConfigError
 
-PINNED_MEGATRON_CORE = "0.16.1"
+# The megatron-core releases the kit's tests ran against (pyproject.toml declares the same range).
+TESTED_MEGATRON_CORE = ("0.16.0", "0.16.1")
 
 _applied = False
 
@@ -72,17 +81,25 @@ def cuda_absent() -> bool:
     return not torch.cuda.is_available()
 
 
+def check_megatron_version() -> str:
+    """megatron-core's version, or ConfigError when it is not one the kit was tested with."""
+    version = megatron_version()
+    if version not in TESTED_MEGATRON_CORE:
+        raise ConfigError(f"ReLibra's runtime is tested with megatron-core {' and '.join(TESTED_MEGATRON_CORE)}; "
+                          f"found {version}: the router subclass, routing replay and the CPU patches name call "
+                          "sites that differ between releases (relibra/runtime/compat.py lists them)")
+    return version
+
+
 def apply() -> bool:
-    """Patch torch.cuda and megatron-core for a CPU-only run. Returns True when patches are active."""
+    """Check megatron-core's version (every device), then patch torch.cuda and megatron-core for a
+    CPU-only run. Returns True when the CPU patches are active, False on a CUDA machine."""
     global _applied
     if _applied:
         return True
+    check_megatron_version()
     if not cuda_absent():
         return False
-    version = megatron_version()
-    if version != PINNED_MEGATRON_CORE:
-        raise ConfigError(f"relibra.runtime.compat patches megatron-core {PINNED_MEGATRON_CORE} for CPU; "
-                          f"found {version}; re-check the call sites listed in the module docstring")
 
     # (1) and (2): CUDA device and stream calls become host no-ops.
     torch.cuda.current_device = lambda: torch.device("cpu")

@@ -28,6 +28,7 @@ import torch
 from megatron.core.transformer.moe.router import TopKRouter
 
 from relibra.errors import ConfigError, PlanError
+from relibra.runtime import compat
 
 # The token dispatchers whose routing map the router may answer over physical slots: both take any
 # boolean [tokens, slots] map and send each marked pair to the rank owning the slot.
@@ -140,6 +141,7 @@ class PlacementRouter(TopKRouter):
     """
 
     def __init__(self, config, pg_collection=None, *, num_experts: int):
+        compat.check_megatron_version()  # on every device: the subclass depends on TopKRouter's internals
         check_config(config)
         if config.num_moe_experts < num_experts:
             raise ConfigError(f"the model config counts {config.num_moe_experts} expert slots, fewer than the "
