@@ -23,6 +23,7 @@ a time where it is needed (simulator, runtime, validator, tests).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -30,6 +31,43 @@ from relibra.errors import PlanError
 from relibra.trace import rank_load, skewness
 
 REPLICA_SCOPES = ("none", "node", "any")
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """What a planner reports about one plan: its clocks and its own counters.
+
+    plan_seconds, plan_cpu_seconds: wall seconds and process-CPU seconds of the whole plan (Policy.plan
+    times the policy's planner, not the interface's checks; 0 for a plan built by hand). A policy
+    that times its stages or counts what its search did subclasses this record beside its planner
+    (relibra.policies.relibra.ReLibraInfo, eplb.EplbInfo, ...).
+    """
+
+    plan_seconds: float = 0.0
+    plan_cpu_seconds: float = 0.0
+
+    @property
+    def balancing_seconds(self) -> tuple[float, float]:
+        """(wall, CPU) seconds of the stage that balances the loads: the whole plan here; a policy that
+        times that stage apart (ReLibra's replication, EPLB's rebalance) returns its clocks."""
+        return self.plan_seconds, self.plan_cpu_seconds
+
+
+@dataclass(frozen=True)
+class RuntimePlanner:
+    """The part of a plan that a real run makes between routing and dispatch (lplb+'s LP, LLEP's spill
+    assignment), timed apart by the policy; the cost model charges it per (micro-batch, layer).
+
+    seconds, cpu_seconds: its wall and process-CPU seconds over the whole step; cells: the (micro-batch,
+    layer) cells it planned; collective: how every rank's int32 expert counts reach the planner first;
+    collective_bytes: what one rank contributes (4 x experts).
+    """
+
+    seconds: float
+    cpu_seconds: float
+    cells: int
+    collective: Literal["all_gather", "all_reduce"]
+    collective_bytes: int
 
 
 @dataclass
@@ -52,7 +90,13 @@ class StepPlan:
     transfers_on_critical_path: replica weights move on the critical path (LLEP) instead of being
         overlapped with attention compute (ReLibra, and the replication baselines given its buffer).
     uniform_routing: routing was forced uniform (the `balanced` ideal); loads differ from the trace.
-    info: free-form planner figures (e.g. {"plan_seconds": ...}).
+    planner_on_critical_path: part of the plan is made at run time, between routing and dispatch
+        (lplb+, LLEP), so a real run waits for it.
+    runtime_planner: that part's clocks and collective (RuntimePlanner) when the policy times it
+        apart; None charges the whole plan's time (relibra.costs.phases.planner_seconds).
+    prev_home: int [layers, experts] the placement the plan was made from (Policy.plan's prev_home):
+        migration moves experts from it to `home`; None when none was given.
+    info: the planner's clocks and counters (PlanInfo or a policy's subclass of it).
     """
 
     policy: str
@@ -67,7 +111,10 @@ class StepPlan:
     equal_homes: bool = True
     transfers_on_critical_path: bool = False
     uniform_routing: bool = False
-    info: dict = field(default_factory=dict)
+    planner_on_critical_path: bool = False
+    runtime_planner: RuntimePlanner | None = None
+    prev_home: np.ndarray | None = None
+    info: PlanInfo = field(default_factory=PlanInfo)
 
     # ---- shape -------------------------------------------------------------------------------
     @property
@@ -448,6 +495,19 @@ def validate_plan(plan: StepPlan, trace_loads: np.ndarray | None = None) -> None
     if ((plan.home < 0) | (plan.home >= ep)).any():
         bad = _first((plan.home < 0) | (plan.home >= ep))
         raise PlanError(f"{name}: home of [layer, expert]={bad} is GPU {int(plan.home[bad])}, outside [0, {ep})")
+    if plan.prev_home is not None:
+        prev = np.asarray(plan.prev_home)
+        if prev.shape != (l, e) or prev.dtype.kind not in "iu" or ((prev < 0) | (prev >= ep)).any():
+            raise PlanError(f"{name}: prev_home must be integer GPUs in [0, {ep}) of shape [layers, experts]=({l}, {e}), "
+                            f"got shape {prev.shape} of {prev.dtype}")
+    if not isinstance(plan.info, PlanInfo):
+        raise PlanError(f"{name}: info must be a relibra.plan.PlanInfo, got {type(plan.info).__name__}")
+    if plan.runtime_planner is not None:
+        if not plan.planner_on_critical_path:
+            raise PlanError(f"{name}: it times a run-time planner (runtime_planner) but planner_on_critical_path "
+                            f"is False")
+        if plan.runtime_planner.cells <= 0:
+            raise PlanError(f"{name}: runtime_planner.cells is {plan.runtime_planner.cells}; it must be positive")
     homes = homes_per_gpu(plan.home, ep)  # [L, ep]
     if plan.equal_homes and (homes != e // ep).any():
         li, g = _first(homes != e // ep)

@@ -251,7 +251,7 @@ def test_anneal_homes_matches_the_reference(ep, gpn, experts, comm, seed):
     fast, info = anneal_homes(x, src, starts, ep, gpn, config, np.random.default_rng(seed), **kw)
     reference = anneal_homes_reference(x, src, starts, ep, gpn, config, np.random.default_rng(seed), **kw)
     assert np.array_equal(fast, reference)
-    assert info["anneal_accepted_swaps"] > 0 and (fast != starts[0]).any()  # the search does move
+    assert info.accepted_swaps > 0 and (fast != starts[0]).any()  # the search does move
 
 
 @pytest.mark.parametrize("ep,gpn,experts", [(8, 2, 16), (16, 2, 32)])
@@ -268,7 +268,7 @@ def test_anneal_homes_gathering_the_terms_apart_changes_nothing(ep, gpn, experts
     assert problem.terms == 2 and not problem.stacked
     apart, apart_info = anneal_homes(x, src, starts, ep, gpn, config, np.random.default_rng(seed), **kw)
     assert np.array_equal(apart, stacked) and apart_info == stacked_info
-    assert stacked_info["anneal_accepted_swaps"] > 0 and (stacked != starts[0]).any()
+    assert stacked_info.accepted_swaps > 0 and (stacked != starts[0]).any()
 
 
 def test_layer_scores_by_hand():

@@ -34,7 +34,7 @@ def test_every_policy_plan_is_valid(topo, seed, tokens):
         plan = plan_of(name, trace, 1, gpn)
         plan.validate(trace.loads[1])
         assert plan.policy == name
-        assert plan.info["plan_seconds"] >= 0
+        assert plan.info.plan_seconds >= 0 and plan.info.plan_cpu_seconds >= 0
         if name != "balanced":
             assert (plan.gpu_tokens().sum(axis=2) == trace.loads[1].sum(axis=(2, 3))).all()
 
@@ -54,7 +54,7 @@ def test_relibra_never_worse_than_relibra_replicate_per_layer(topo, seed):
         plan = plan_of(name, trace, 0, gpn)
         mine = plan.gpu_tokens().max(axis=2)
         assert (mine.sum(axis=0) <= replicate.sum(axis=0)).all(), name
-        assert plan.info["fallback_layers"] >= 0
+        assert plan.info.fallback_layers >= 0
     reorder = plan_of("relibra-reorder", trace, 0, gpn).gpu_tokens().max(axis=2)
     assert (reorder.sum(axis=0) <= megatron.sum(axis=0)).all()
 
@@ -63,7 +63,7 @@ def test_fallback_to_static_homes_is_observable_and_idle_on_normal_inputs():
     trace = random_skewed_trace("small", ep=8, micro_batches=4, tokens_per_rank=512, seed=3)
     for name in ("relibra", "relibra-reorder", "relibra-split"):  # the search; plain LPT may fall back
         plan = get_policy(name).plan(trace, 0, nodes_of(4))
-        assert plan.info["fallback_layers"] == 0, name
+        assert plan.info.fallback_layers == 0, name
     # a broken search (here: the hottest experts all homed in node 0) is caught and counted
     policy = get_policy("relibra")
     loads = trace.loads[0]
@@ -88,8 +88,8 @@ def test_annealer_bookkeeping_matches_a_full_recomputation():
     config = AnnealConfig(iterations=300, polish_iterations=100, initial_temperature=1e-2, migration_weight=0.5)
     home, info = anneal_homes(x, src, start, ep, gpn, config, np.random.default_rng(1), comm_ratio=0.3,
                               migration_cost=np.array([2.0, 5.0]), prev_home=prev, check_state=True)
-    assert info["anneal_accepted_swaps"] > 50 and info["polish_accepted_swaps"] > 0
-    assert info["state_check_max_rel_error"] < 1e-4
+    assert info.accepted_swaps > 50 and info.polish_accepted_swaps > 0
+    assert info.state_check_max_rel_error < 1e-4
     assert (np.stack([np.bincount(h, minlength=ep) for h in home]) == experts // ep).all()
 
 
@@ -176,9 +176,10 @@ def test_relibra_records_its_stage_times_and_slots():
     trace = make_trace(0, ep=4, experts=8)
     plan = get_policy("relibra", iterations=10).plan(trace, 0, nodes_of(2))
     info = plan.info
-    cells = trace.num_microbatches * trace.num_layers
-    assert 0 < info["reorder_seconds"] + info["replication_seconds"] <= info["plan_seconds"]
-    assert info["replication_us_per_microbatch_layer"] == pytest.approx(info["replication_seconds"] / cells * 1e6)
+    stages = (info.reorder_seconds + info.replication_seconds + info.fallback_seconds + info.flow_seconds)
+    assert 0 < info.reorder_seconds + info.replication_seconds and stages <= info.plan_seconds
+    assert info.balancing_seconds == (info.replication_seconds, info.replication_cpu_seconds)
+    assert info.anneal is not None and info.anneal.score_after <= info.anneal.score_before
     # 8 experts over 4 GPUs home 2 each, plus the default 2 spare slots; replicas stay in the node
     assert (plan.replica_scope, plan.slots_per_gpu, plan.replica_slots) == ("node", 2 + 2, 2)
 
@@ -186,10 +187,39 @@ def test_relibra_records_its_stage_times_and_slots():
 def test_llep_names_its_run_time_part():
     trace = make_trace(0, ep=4, experts=8)
     llep = get_policy("llep").plan(trace, 0, nodes_of(2))
-    assert llep.transfers_on_critical_path
+    assert llep.transfers_on_critical_path and llep.planner_on_critical_path
     # one all-gather of int32 counts per (micro-batch, layer): 3 x 2 cells, 4 bytes x 8 experts
-    assert (llep.info["runtime_planner_cells"], llep.info["runtime_collective"],
-            llep.info["runtime_collective_bytes"]) == (3 * 2, "all_gather", 4 * 8)
+    part = llep.runtime_planner
+    assert (part.cells, part.collective, part.collective_bytes) == (3 * 2, "all_gather", 4 * 8)
+    assert 0 <= part.cpu_seconds <= llep.info.plan_cpu_seconds + 1e-9
+
+
+def test_plan_steps_chains_homes_from_the_warm_up():
+    """plan_steps = the chain written out: warm-up plans from the static placement, then each step
+    from the previous step's homes; every plan names the placement it left."""
+    trace = make_trace(4, ep=4, experts=8, steps=5)
+    topo = nodes_of(2)
+    policy = get_policy("relibra", **FAST["relibra"])
+    plans = policy.plan_steps(trace, [3, 4], topo, warmup=2)
+    home = static_placement(trace.num_layers, trace.num_experts, trace.ep)
+    for step in (1, 2, 3, 4):
+        want = policy.plan(trace, step, topo, home)
+        if step >= 3:
+            got = plans[step - 3]
+            assert np.array_equal(got.prev_home, home) and np.array_equal(got.home, want.home)
+            assert np.array_equal(got.replica_tokens, want.replica_tokens)
+        home = want.home
+    # without warm-up the first step starts from the static placement; None: from no placement at all
+    first = policy.plan_steps(trace, [3], topo, warmup=0)[0]
+    assert np.array_equal(first.prev_home, static_placement(trace.num_layers, trace.num_experts, trace.ep))
+    free = policy.plan_steps(trace, [0, 1], topo, initial_home=None)
+    assert free[0].prev_home is None and np.array_equal(free[1].prev_home, free[0].home)
+    assert np.array_equal(free[0].home, policy.plan(trace, 0, topo).home)
+    for bad in ({"warmup": -1}, {"warmup": True}, {"initial_home": "megatron"}):
+        with pytest.raises(ConfigError, match="warmup|initial_home"):
+            policy.plan_steps(trace, [1], topo, **bad)
+    with pytest.raises(PlanError, match="step 5 is outside"):
+        policy.plan_steps(trace, [4, 5], topo)
 
 
 def test_balanced_forces_uniform_routing():

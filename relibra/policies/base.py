@@ -12,9 +12,13 @@ migration against compute (relibra), the link and matmul rates.
 
 History-based policies (eplb) read only trace.loads[:step]; oracle policies (eplb+, lplb+, llep,
 relibra and its ablations) read trace.loads[step], which routing replay makes known before the
-step runs. Every plan records its planner wall time in plan.info["plan_seconds"] (process CPU time
-in "plan_cpu_seconds"). Metrics of the plan (skewness, gap to its lower bound) are computed by the
-caller (relibra.bounds, relibra.sim), never inside the planner.
+step runs. Every plan records its planner wall time in plan.info.plan_seconds (process CPU time
+in plan_cpu_seconds; relibra.plan.PlanInfo, or the policy's subclass of it with its own clocks and
+counters). Metrics of the plan (skewness, gap to its lower bound) are computed by the caller
+(relibra.bounds, relibra.sim), never inside the planner.
+
+A run of steps, each planned from the previous step's homes, is Policy.plan_steps (iter_plans one
+plan at a time): the simulator, the experiments and the runtime's caller all plan through it.
 """
 
 from __future__ import annotations
@@ -23,15 +27,16 @@ import abc
 
 import dataclasses
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from relibra.cluster import Topology, resolve_topology
 from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan
-from relibra.trace import RoutingTrace
+from relibra.trace import RoutingTrace, static_placement
 
 
 @dataclass
@@ -58,10 +63,51 @@ class Policy(abc.ABC):
                                 f"({trace.num_layers}, {trace.num_experts}), got {prev_home.shape}")
         start, start_cpu = time.perf_counter(), time.process_time()
         plan = self._plan(trace, step, topology, gpus_per_node, prev_home)
-        plan.info["plan_seconds"] = time.perf_counter() - start
-        plan.info["plan_cpu_seconds"] = time.process_time() - start_cpu
-        plan.info.setdefault("params", self.params())
+        wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+        plan.info = dataclasses.replace(plan.info, plan_seconds=wall, plan_cpu_seconds=cpu)
+        plan.prev_home = prev_home
         return plan
+
+    def iter_plans(self, trace: RoutingTrace, steps: Sequence[int], topology: Topology | str, warmup: int = 1,
+                   initial_home: np.ndarray | None | Literal["static"] = "static") -> Iterator[StepPlan]:
+        """The plans of `steps` (step indices, planned in that order), one at a time, each made from
+        the previous one's homes (plan.prev_home); see plan_steps."""
+        steps = [int(s) for s in steps]
+        if not steps:
+            raise ConfigError(f"{self.name}: no steps to plan")
+        if isinstance(warmup, bool) or not isinstance(warmup, (int, np.integer)) or warmup < 0:
+            raise ConfigError(f"{self.name}: warmup must be a non-negative number of steps, got {warmup!r}")
+        for s in steps:
+            check_step(trace, s)
+        topology = resolve_topology(topology)
+        if isinstance(initial_home, str):
+            if initial_home != "static":
+                raise ConfigError(f"{self.name}: initial_home must be 'static', None or a placement, "
+                                  f"got {initial_home!r}")
+            initial_home = static_placement(trace.num_layers, trace.num_experts, trace.ep)
+        home = initial_home
+        for step in range(max(0, steps[0] - warmup), steps[0]):  # warm-up plans, not returned
+            home = self.plan(trace, step, topology, home).home
+        for step in steps:
+            plan = self.plan(trace, step, topology, home)
+            home = plan.home
+            yield plan
+
+    def plan_steps(self, trace: RoutingTrace, steps: Sequence[int], topology: Topology | str, warmup: int = 1,
+                   initial_home: np.ndarray | None | Literal["static"] = "static") -> list[StepPlan]:
+        """Plan each of `steps` from the previous step's homes, with warm-up.
+
+        steps: step indices of `trace`, planned in order (each from the plan before it, whatever the
+        gap between their indices). warmup: the steps just before steps[0] (as many as there are,
+        at most warmup) are planned first, in order, and not returned, so that the first returned
+        plan starts from the placement the policy would have had rather than from the initial one.
+        initial_home: where the first planned step starts: "static" (Megatron's placement: training
+        starts from it), an int [layers, experts] placement, or None (no previous placement: the
+        planner weighs no migration for that step, and plan.prev_home is None).
+        Returns one StepPlan per step; plan.prev_home is the placement it was made from, the one its
+        migration leaves (relibra.costs.cost_plan's prev_home).
+        """
+        return list(self.iter_plans(trace, steps, topology, warmup, initial_home))
 
     @abc.abstractmethod
     def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,

@@ -207,7 +207,7 @@ class ReLibraHierPolicy(ReLibraPolicy):
 
     def _beyond_node(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
                      expert_tokens: np.ndarray, home: np.ndarray, rexp: np.ndarray, rtok: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray, dict]:
+                     ) -> tuple[np.ndarray, np.ndarray, int, float]:
         """ReLibra's stages run unchanged (relibra.ReLibraPolicy._plan); this one adds the cross-node
         pass on the in-node plan's free slots plus cross_slots_per_gpu more, then drops replica
         slots no GPU uses."""
@@ -230,4 +230,4 @@ class ReLibraHierPolicy(ReLibraPolicy):
         order = np.argsort(rexp < 0, axis=3, kind="stable")  # occupied slots first
         rexp = np.take_along_axis(rexp, order, axis=3)[..., :used_slots]
         rtok = np.take_along_axis(rtok, order, axis=3)[..., :used_slots]
-        return rexp, rtok, {"cross_node_seconds": clock.lap()[0], "cross_node_replicas": int(added)}
+        return rexp, rtok, int(added), clock.lap()[0]

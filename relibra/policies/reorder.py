@@ -53,6 +53,19 @@ class AnnealConfig:
     migration_weight: float = 1.0  # times r_mig
 
 
+@dataclass(frozen=True)
+class AnnealStats:
+    """What one anneal_homes search did: the mean over layers of the score (layer_scores) of the best
+    start and of the result, the swaps the annealing and the polish accepted, and with check_state the
+    largest relative difference between the kept state and a recomputation (None without)."""
+
+    score_before: float
+    score_after: float
+    accepted_swaps: int
+    polish_accepted_swaps: int
+    state_check_max_rel_error: float | None = None
+
+
 # ---- small numeric kernels ------------------------------------------------------------------------
 def _pow(y: np.ndarray, p: int, out: np.ndarray | None = None) -> np.ndarray:
     """y ** p for a positive integer p, by repeated multiplication (faster than np.power).
@@ -507,7 +520,7 @@ def _largest_other_node(problem: _Problem, placement: _Placement, swaps: _Swaps,
 def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_home: np.ndarray, ep: int,
                  gpus_per_node: int, config: AnnealConfig, rng: np.random.Generator, comm_ratio: float = 0.0,
                  migration_cost: np.ndarray | None = None, prev_home: np.ndarray | None = None,
-                 check_state: bool = False) -> tuple[np.ndarray, dict]:
+                 check_state: bool = False) -> tuple[np.ndarray, AnnealStats]:
     """Swap-based simulated annealing over home placements, all layers at once.
 
     expert_tokens: int [M, L, E] tokens per expert per micro-batch.
@@ -519,9 +532,9 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
         unit (used only with prev_home).
     check_state: after every accepted iteration, compare the incrementally kept state (GPU loads,
         node compute and received tokens, their power sums and maxima) with a full recomputation
-        from the placement; the largest relative difference is info["state_check_max_rel_error"]
+        from the placement; the largest relative difference is AnnealStats.state_check_max_rel_error
         (slow: for tests).
-    Returns (home int64 [L, E], info with the mean relative score before and after).
+    Returns (home int64 [L, E], AnnealStats: the mean score before and after, the accepted swaps).
 
     The score of a layer is reference.layer_scores (node_power p, comm_ratio r, gpu_weight); every
     term decomposes over nodes and GPUs, so a swap is scored incrementally: it touches two GPUs and at
@@ -545,12 +558,9 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     home = starts[np.argmin(start_scores, axis=0), problem.layer_index].copy()
     accepted, anneal_error = _anneal(problem, _placement(problem, home), config, rng, check_state)
     polished, polish_error = _polish(problem, _placement(problem, home), config, rng, check_state)
-    info = {"anneal_score_before": float(start_scores.min(axis=0).mean()),
-            "anneal_score_after": float(score(home).mean()),
-            "anneal_accepted_swaps": int(accepted), "polish_accepted_swaps": int(polished)}
-    if check_state:
-        info["state_check_max_rel_error"] = max(anneal_error, polish_error)
-    return home, info
+    return home, AnnealStats(score_before=float(start_scores.min(axis=0).mean()), score_after=float(score(home).mean()),
+                             accepted_swaps=int(accepted), polish_accepted_swaps=int(polished),
+                             state_check_max_rel_error=max(anneal_error, polish_error) if check_state else None)
 
 
 def equal_homes(home: np.ndarray, ep: int) -> bool:
