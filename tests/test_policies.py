@@ -16,7 +16,7 @@ from relibra.policies.balanced import uniform_loads
 from relibra.bench.planner import benchmark_planner
 from relibra.policies.llep import llep_assign
 from relibra.policies.reorder import AnnealConfig, anneal_homes, lpt_homes
-from relibra.policies.replicate import replicate_in_node
+from relibra.policies.replicate import ReplicationConfig, replicate_in_node
 from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import rank_load, static_placement
 from conftest import FAST, make_trace, nodes_of, plan_of, random_skewed_trace
@@ -248,6 +248,11 @@ IMPOSSIBLE = [
      "needs a multiple of 8 GPUs"),
     (lambda: get_policy("llep", capacity_factor=0), ConfigError, "capacity_factor"),
     (lambda: get_policy("relibra", reorder="magic"), ConfigError, "reorder must be one of"),
+    (lambda: get_policy("relibra", iterations=-1), ConfigError, "policy 'relibra': AnnealConfig.iterations must be at"),
+    (lambda: get_policy("relibra-h", candidates=2.5), ConfigError, "AnnealConfig.candidates must be an integer"),
+    (lambda: get_policy("relibra", min_replica_fraction=0.0), ConfigError,
+     "ReplicationConfig.min_replica_fraction must be positive"),
+    (lambda: get_policy("relibra", anneal={"iterations": 5}), ConfigError, "anneal must be an instance of AnnealConfig"),
     (lambda: pack_replicas((1, 1, 2), np.array([0, 0]), np.array([0, 0]), np.array([1, 1]), np.array([0, 1]),
                            np.array([3, 3]), slots=1), PlanError, "needs 2 replica slots but only 1"),
 ]
@@ -274,6 +279,23 @@ def test_each_ablation_pins_one_parameter(name, key, pinned, other):
     assert get_policy(name, **{key: pinned}).params() == mine
     with pytest.raises(ConfigError, match=f"policy '{name}' fixes {key}='{pinned}'; use 'relibra'"):
         get_policy(name, **{key: other})
+
+
+def test_relibra_takes_its_configs_whole_or_their_fields_by_name():
+    """ReLibraPolicy(anneal: AnnealConfig, replication: ReplicationConfig): get_policy builds the same
+    policy from the configs or from their fields by name, and params() gives those names back."""
+    by_name = get_policy("relibra", iterations=60, candidates=4, spare_slots_per_gpu=1, min_replica_tokens=1)
+    whole = get_policy("relibra", anneal=AnnealConfig(iterations=60, candidates=4),
+                       replication=ReplicationConfig(spare_slots_per_gpu=1, min_replica_tokens=1))
+    assert by_name == whole and by_name.anneal == AnnealConfig(iterations=60, candidates=4)
+    assert get_policy("relibra", **by_name.params()) == by_name
+    assert {"iterations", "spare_slots_per_gpu", "reorder", "seed"} <= set(by_name.params())
+    # a config given whole and some of its fields by name: the names change that config
+    mixed = get_policy("relibra", anneal=AnnealConfig(iterations=60), candidates=4, replication=whole.replication)
+    assert mixed == whole
+    trace = make_trace(2, ep=4, experts=8)
+    a, b = by_name.plan(trace, 0, nodes_of(2)), whole.plan(trace, 0, nodes_of(2))
+    assert np.array_equal(a.home, b.home) and np.array_equal(a.replica_tokens, b.replica_tokens)
 
 
 def test_every_policy_has_a_label_short_name_and_colour_of_its_own():

@@ -37,22 +37,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from typing import ClassVar, Literal, get_args
 
 import numpy as np
 
 from relibra.cluster import Topology
 from relibra.errors import ConfigError, PlanError
 from relibra.plan import PlanInfo, StepPlan, gpu_tokens_from
-from relibra.policies.base import Policy, check_nonnegative_int, check_positive, register
+from relibra.policies.base import Policy, check_nonnegative_int, register
 from relibra.policies.eplb_lp import lp_copy_tokens
 from relibra.policies.reorder import AnnealConfig, AnnealStats, anneal_homes, cost_ratios, equal_homes, lpt_homes
-from relibra.policies.replicate import held_from_replicas, replicate_in_node
+from relibra.policies.replicate import ReplicationConfig, held_from_replicas, replicate_in_node
 from relibra.policies.split import replica_runs
 from relibra.trace import RoutingTrace, rank_load, static_placement
 
-REORDERS = ("anneal", "lpt", "static")
-REPLICATIONS = ("micro_batch", "step", "none")
+Reorder = Literal["anneal", "lpt", "static"]
+Replicate = Literal["micro_batch", "step", "none"]
+REORDERS: tuple[str, ...] = get_args(Reorder)
+REPLICATIONS: tuple[str, ...] = get_args(Replicate)
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class ReLibraInfo(PlanInfo):
 
 
 # ---- the algorithm, top to bottom ------------------------------------------------------------------
-def relibra_homes(loads: np.ndarray, shape, topology: Topology, gpus_per_node: int, reorder: str,
+def relibra_homes(loads: np.ndarray, shape, topology: Topology, gpus_per_node: int, reorder: Reorder,
                   config: AnnealConfig, rng: np.random.Generator, prev_home: np.ndarray | None = None,
                   expert_tokens: np.ndarray | None = None) -> tuple[np.ndarray, AnnealStats | None]:
     """(1) Inter-batch reordering: every expert's home for the step.
@@ -115,23 +117,23 @@ def relibra_homes(loads: np.ndarray, shape, topology: Topology, gpus_per_node: i
                         comm_ratio=comm * config.comm_weight, migration_cost=mig, prev_home=prev_home)
 
 
-def relibra_replicas(expert_tokens: np.ndarray, home: np.ndarray, ep: int, gpus_per_node: int, mode: str,
-                     spare_slots: int, min_replica_tokens: int, min_replica_fraction: float
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def relibra_replicas(expert_tokens: np.ndarray, home: np.ndarray, ep: int, gpus_per_node: int, mode: Replicate,
+                     config: ReplicationConfig) -> tuple[np.ndarray, np.ndarray]:
     """(2) Intra-batch replication inside each node.
 
     expert_tokens: int [M, L, E]; home: int [L, E]; mode: "micro_batch" (replicate_in_node per
     micro-batch and layer), "step" (per (layer, GPU) the spare_slots replicas that carry the most
     tokens over the step under the per-micro-batch greedy, fixed for the step; tokens split per
-    micro-batch by eplb+lp's LP) or "none". Returns (replica_expert int32, replica_tokens int64),
-    both [M, L, ep, R] with R = spare_slots (0 for "none").
+    micro-batch by eplb+lp's LP) or "none"; config: the spare slots and the smallest move. Returns
+    (replica_expert int32, replica_tokens int64), both [M, L, ep, R] with R = config.spare_slots_per_gpu
+    (0 for "none").
     """
     m, l, e = expert_tokens.shape
-    r = spare_slots if mode != "none" else 0
+    r = config.spare_slots_per_gpu if mode != "none" else 0
     if mode == "none":
         return np.full((m, l, ep, 0), -1, dtype=np.int32), np.zeros((m, l, ep, 0), dtype=np.int64)
-    rexp, rtok = replicate_in_node(expert_tokens, home, ep, gpus_per_node, r, min_replica_tokens,
-                                   min_replica_fraction)
+    rexp, rtok = replicate_in_node(expert_tokens, home, ep, gpus_per_node, r, config.min_replica_tokens,
+                                   config.min_replica_fraction)
     if mode == "micro_batch":
         return rexp, rtok
     carried = np.zeros((l, ep, e), dtype=np.int64)
@@ -192,31 +194,18 @@ class ReLibraPolicy(Policy):
     replicate: "micro_batch" (greedy per micro-batch and layer), "step" (replicas fixed for the step:
         per layer and GPU the ones carrying the most tokens over the step under the per-micro-batch
         greedy; tokens split per micro-batch by an LP) or "none".
-    spare_slots_per_gpu: replica slots per GPU per layer (the layer-shared buffer), default 2.
-    min_replica_tokens, min_replica_fraction: a move onto a replica must carry at least
-        min(min_replica_tokens, min_replica_fraction x the node's mean GPU tokens) tokens
-        (defaults 128 and 0.01: 128 at the paper scale, a few tokens for the tiny test models).
     seed: annealing seed (the step index is mixed in, so every step draws differently).
-    iterations, polish_iterations, candidates, initial_temperature, final_temperature, node_power, gpu_weight,
-    comm_weight, migration_weight: see AnnealConfig.
+    anneal: the search's knobs (AnnealConfig); replication: the spare slots and the smallest move
+        (ReplicationConfig). get_policy also takes their fields by name
+        (get_policy("relibra", iterations=60, spare_slots_per_gpu=1)).
     """
 
     name: ClassVar[str] = "relibra"
-    reorder: str = "anneal"
-    replicate: str = "micro_batch"
-    spare_slots_per_gpu: int = 2
-    min_replica_tokens: int = 128
-    min_replica_fraction: float = 0.01
+    reorder: Reorder = "anneal"
+    replicate: Replicate = "micro_batch"
     seed: int = 0
-    iterations: int = 1000
-    polish_iterations: int = 300
-    candidates: int = 8
-    initial_temperature: float = 1e-4
-    final_temperature: float = 1e-7
-    node_power: int = 8
-    gpu_weight: float = 0.1
-    comm_weight: float = 0.1
-    migration_weight: float = 1.0
+    anneal: AnnealConfig = field(default_factory=AnnealConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
 
     def __post_init__(self):
         for f in fields(self):
@@ -227,27 +216,14 @@ class ReLibraPolicy(Policy):
         if self.replicate not in REPLICATIONS:
             raise ConfigError(f"policy {self.name!r}: replicate must be one of {REPLICATIONS}, "
                               f"got {self.replicate!r}")
-        check_nonnegative_int(self.name, spare_slots_per_gpu=self.spare_slots_per_gpu,
-                              min_replica_tokens=self.min_replica_tokens, seed=self.seed,
-                              iterations=self.iterations, polish_iterations=self.polish_iterations,
-                              node_power=self.node_power)
-        if self.node_power < 1:
-            raise ConfigError(f"policy {self.name!r}: node_power must be a positive integer, got {self.node_power}")
-        check_positive(self.name, candidates=self.candidates, min_replica_fraction=self.min_replica_fraction,
-                       initial_temperature=self.initial_temperature, final_temperature=self.final_temperature)
-        for key in ("gpu_weight", "comm_weight", "migration_weight"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"policy {self.name!r}: {key} must be >= 0, got {getattr(self, key)}")
-        if self.replicate != "none" and self.spare_slots_per_gpu == 0:
+        check_nonnegative_int(self.name, seed=self.seed)
+        for key, kind in (("anneal", AnnealConfig), ("replication", ReplicationConfig)):
+            if not isinstance(getattr(self, key), kind):
+                raise ConfigError(f"policy {self.name!r}: {key} must be an instance of {kind.__name__}, "
+                                  f"got {type(getattr(self, key)).__name__}")
+        if self.replicate != "none" and self.replication.spare_slots_per_gpu == 0:
             raise ConfigError(f"policy {self.name!r}: replication needs spare slots, but spare_slots_per_gpu=0; "
                               f"use replicate='none' (relibra-reorder) for no replicas")
-
-    def anneal_config(self) -> AnnealConfig:
-        return AnnealConfig(iterations=self.iterations, polish_iterations=self.polish_iterations,
-                            candidates=self.candidates,
-                            initial_temperature=self.initial_temperature, final_temperature=self.final_temperature,
-                            node_power=self.node_power, gpu_weight=self.gpu_weight, comm_weight=self.comm_weight,
-                            migration_weight=self.migration_weight)
 
     def place(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
               prev_home: np.ndarray | None = None, expert_tokens: np.ndarray | None = None
@@ -259,14 +235,13 @@ class ReLibraPolicy(Policy):
             if ((prev_home < 0) | (prev_home >= trace.ep)).any():
                 raise PlanError(f"{self.name}: prev_home names GPUs outside [0, {trace.ep})")
         return relibra_homes(trace.loads[step], trace.model, topology, gpus_per_node, self.reorder,
-                             self.anneal_config(), np.random.default_rng([self.seed, step]), prev_home,
+                             self.anneal, np.random.default_rng([self.seed, step]), prev_home,
                              expert_tokens)
 
     def _replicas(self, loads: np.ndarray, expert_tokens: np.ndarray, home: np.ndarray, gpus_per_node: int
                   ) -> tuple[np.ndarray, np.ndarray]:
         """(replica_expert, replica_tokens) [M, L, ep, R] for these homes (see relibra_replicas)."""
-        return relibra_replicas(expert_tokens, home, loads.shape[2], gpus_per_node, self.replicate,
-                                self.spare_slots_per_gpu, self.min_replica_tokens, self.min_replica_fraction)
+        return relibra_replicas(expert_tokens, home, loads.shape[2], gpus_per_node, self.replicate, self.replication)
 
     def _no_worse_than_static(self, loads: np.ndarray, expert_tokens: np.ndarray, home: np.ndarray,
                               rexp: np.ndarray, rtok: np.ndarray, gpus_per_node: int) -> tuple[np.ndarray, ...]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from relibra.cluster import ModelShape, Topology
 from relibra.plan import homes_per_gpu
+from relibra.policies.base import check_config
 from relibra.policies.reference import layer_scores
 
 
@@ -38,19 +39,29 @@ def lpt_homes(step_tokens: np.ndarray, ep: int) -> np.ndarray:
     return home
 
 
-@dataclass
+@dataclass(frozen=True)
 class AnnealConfig:
-    """Simulated-annealing knobs (see the module docstring for the score)."""
+    """Simulated-annealing knobs (see the module docstring for the score; ReLibraPolicy.anneal)."""
 
     iterations: int = 1000
+    polish_iterations: int = 300  # greedy descent on the exact max after annealing
     candidates: int = 8  # swaps scored per layer per iteration
     initial_temperature: float = 1e-4  # relative to the layer's summed mean GPU load
     final_temperature: float = 1e-7
     node_power: int = 8  # p of the smooth max over nodes (2 = load-weighted mean, larger = closer to max)
-    polish_iterations: int = 300  # greedy descent on the exact max after annealing
     gpu_weight: float = 0.1
     comm_weight: float = 0.1  # times r_comm
     migration_weight: float = 1.0  # times r_mig
+
+    def __post_init__(self):
+        for key in ("iterations", "polish_iterations"):
+            check_config("AnnealConfig", getattr(self, key), key, integer=True, minimum=0)
+        for key in ("candidates", "node_power"):
+            check_config("AnnealConfig", getattr(self, key), key, integer=True, minimum=1)
+        for key in ("initial_temperature", "final_temperature"):
+            check_config("AnnealConfig", getattr(self, key), key, positive=True)
+        for key in ("gpu_weight", "comm_weight", "migration_weight"):
+            check_config("AnnealConfig", getattr(self, key), key, minimum=0)
 
 
 @dataclass(frozen=True)
