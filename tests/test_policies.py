@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 
 from relibra import labels
 from relibra.errors import ConfigError, PlanError
-from relibra.plan import StepPlan, gpu_tokens_from
+from relibra.flow import gpu_tokens_from
+from relibra.plan import StepPlan
 from relibra.policies import POLICY_NAMES, get_policy
 from relibra.policies.balanced import uniform_loads
 from relibra.bench.planner import benchmark_planner
 from relibra.policies.llep import llep_assign
+from relibra.policies.llep_reference import llep_assign_reference
 from relibra.policies.reorder import AnnealConfig, anneal_homes, lpt_homes
 from relibra.policies.replicate import ReplicationConfig, replicate_in_node
 from relibra.policies.split import pack_replicas, replica_runs
@@ -102,42 +104,7 @@ def test_llep_matches_a_slow_reference():
         cap, min_gemm, trigger = float(rng.choice([1.0, 1.1, 1.5])), int(rng.choice([1, 8, 64])), 1.3
         got = llep_assign(x, ep, cap, min_gemm, trigger)
         got = sorted(zip(*(a.tolist() for a in got)))
-        want = sorted(r for row in range(len(x)) for r in slow_llep_cell(row, x[row].tolist(), ep, cap, min_gemm,
-                                                                          trigger))
-        assert got == want, case
-
-
-def slow_llep_cell(row: int, x: list, ep: int, capacity_factor: float, min_tokens: int, trigger: float) -> list:
-    """LLEP's spill rule for one (micro_batch, layer), one expert at a time (see relibra/policies/llep.py):
-    experts in decreasing load stay native up to the capacity (counting native experts still to come),
-    the rest goes to the least-loaded other GPUs, each filled to the capacity; a chunk under
-    min_tokens, or the last GPU left, takes the whole remainder. Returns (row, gpu, expert, tokens)."""
-    per = len(x) // ep
-    native = [sum(x[g * per:(g + 1) * per]) for g in range(ep)]
-    mean = sum(native) / ep
-    if not max(native) >= trigger * max(mean, 1e-9):
-        return []
-    cap = max(int(np.floor(capacity_factor * mean)), 1)
-    pending, assigned, out = list(native), [0] * ep, []
-    for e in sorted(range(len(x)), key=lambda i: (-x[i], i)):
-        g = e // per
-        pending[g] -= x[e]
-        keep = min(max(cap - assigned[g] - pending[g], 0), x[e])
-        assigned[g] += keep
-        rem, used = x[e] - keep, {g}
-        while rem > 0 and ep > 1:
-            helper = min((h for h in range(ep) if h not in used), key=lambda h: (assigned[h] + pending[h], h))
-            room = cap - assigned[helper] - pending[helper]
-            chunk = min(rem, room) if room > 0 else rem
-            if chunk < min_tokens or len(used) == ep - 1:
-                chunk = rem
-            assigned[helper] += chunk
-            out.append((row, helper, e, chunk))
-            used.add(helper)
-            rem -= chunk
-        if rem > 0:  # ep == 1
-            assigned[g] += rem
-    return out
+        assert got == llep_assign_reference(x, ep, cap, min_gemm, trigger), case
 
 
 def test_relibra_balances_a_skewed_trace():

@@ -43,7 +43,8 @@ import numpy as np
 
 from relibra.cluster import Topology
 from relibra.errors import ConfigError, PlanError
-from relibra.plan import PlanInfo, StepPlan, gpu_tokens_from
+from relibra.flow import gpu_tokens_from
+from relibra.plan import PlanInfo, StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, register
 from relibra.policies.eplb_lp import lp_copy_tokens
 from relibra.policies.reorder import AnnealConfig, AnnealStats, anneal_homes, cost_ratios, equal_homes, lpt_homes

@@ -40,7 +40,7 @@ import numpy as np
 
 from relibra.cluster import Topology
 from relibra.errors import ConfigError
-from relibra.plan import gpu_tokens_from
+from relibra.flow import gpu_tokens_from
 from relibra.policies.base import check_nonnegative_int, experts_by_gpu, register
 from relibra.policies.relibra import ReLibraPolicy, _Clock
 from relibra.trace import RoutingTrace
