@@ -5,7 +5,7 @@ Two mechanisms, matched to the bandwidth hierarchy:
 1. Inter-batch reordering (once per step, across nodes): choose every expert's home GPU. Replication
    later moves load only inside a node, so what reordering must get right is the *node* balance of
    every micro-batch (not of the step total). The score of a layer's placement
-   (relibra.policies.reference.layer_scores, where it is written out) sums, over the step's
+   (relibra.policies.objective.layer_scores, where it is written out) sums, over the step's
    micro-batches, two smooth maxima over nodes (of the compute each node hosts, and of the tokens it
    receives from other nodes, weighted by comm_weight x r_comm compute tokens per cross-node token),
    a light GPU-balance term (gpu_weight) and the migration cost from prev_home (migration_weight x
