@@ -275,7 +275,8 @@ class ReLibraPolicy(Policy):
         r = rexp.shape[3]
         scope = "any" if cross_replicas else ("node" if r else "none")
         info = ReLibraInfo(reorder_seconds=reorder[0], reorder_cpu_seconds=reorder[1],
-                           replication_seconds=replicate[0] + beyond[0], replication_cpu_seconds=replicate[1] + beyond[1],
+                           replication_seconds=replicate[0] + beyond[0],
+                           replication_cpu_seconds=replicate[1] + beyond[1],
                            fallback_seconds=fallback[0], fallback_cpu_seconds=fallback[1],
                            flow_seconds=flow[0], flow_cpu_seconds=flow[1], fallback_layers=int(worse.sum()),
                            anneal=anneal, cross_node_seconds=cross_s, cross_node_replicas=cross_replicas)
