@@ -349,8 +349,8 @@ def validate_plan(plan: StepPlan, trace_loads: np.ndarray | None = None) -> None
     if plan.prev_home is not None:
         prev = np.asarray(plan.prev_home)
         if prev.shape != (l, e) or prev.dtype.kind not in "iu" or ((prev < 0) | (prev >= ep)).any():
-            raise PlanError(f"{name}: prev_home must be integer GPUs in [0, {ep}) of shape [layers, experts]=({l}, {e}), "
-                            f"got shape {prev.shape} of {prev.dtype}")
+            raise PlanError(f"{name}: prev_home must be integer GPUs in [0, {ep}) of shape [layers, experts]="
+                            f"({l}, {e}), got shape {prev.shape} of {prev.dtype}")
     if not isinstance(plan.info, PlanInfo):
         raise PlanError(f"{name}: info must be a relibra.plan.PlanInfo, got {type(plan.info).__name__}")
     if plan.runtime_planner is not None:

@@ -1,6 +1,6 @@
 """EPLB's public contract: the README example exactly, a differential test against the independent
-slow reference written from EPLB's description (relibra.policies.eplb_reference), the hierarchical/global split, and the plan built
-from its slots."""
+slow reference written from EPLB's description (relibra.policies.eplb_reference), the
+hierarchical/global split, and the plan built from its slots."""
 
 from __future__ import annotations
 

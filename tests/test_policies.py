@@ -219,7 +219,8 @@ IMPOSSIBLE = [
     (lambda: get_policy("relibra-h", candidates=2.5), ConfigError, "AnnealConfig.candidates must be an integer"),
     (lambda: get_policy("relibra", min_replica_fraction=0.0), ConfigError,
      "ReplicationConfig.min_replica_fraction must be positive"),
-    (lambda: get_policy("relibra", anneal={"iterations": 5}), ConfigError, "anneal must be an instance of AnnealConfig"),
+    (lambda: get_policy("relibra", anneal={"iterations": 5}), ConfigError,
+     "anneal must be an instance of AnnealConfig"),
     (lambda: pack_replicas((1, 1, 2), np.array([0, 0]), np.array([0, 0]), np.array([1, 1]), np.array([0, 1]),
                            np.array([3, 3]), slots=1), PlanError, "needs 2 replica slots but only 1"),
 ]

@@ -17,8 +17,8 @@ in plan_cpu_seconds; relibra.plan.PlanInfo, or the policy's subclass of it with 
 counters). Metrics of the plan (skewness, gap to its lower bound) are computed by the caller
 (relibra.bounds, relibra.sim), never inside the planner.
 
-A run of steps, each planned from the previous step's homes, is Policy.plan_steps (iter_plans one
-plan at a time): the simulator, the experiments and the runtime's caller all plan through it.
+A run of steps, each planned from the previous step's homes after a warm-up, is Policy.plan_steps
+(iter_plans: one plan at a time, as the simulator plans).
 """
 
 from __future__ import annotations
@@ -219,14 +219,10 @@ def check_nonnegative_int(policy: str, **values) -> None:
 
 
 def check_config(owner: str, value, key: str, *, integer: bool = False, minimum: float | None = None,
-                 positive: bool = False, choices: tuple | None = None) -> None:
-    """One field of a config dataclass: ConfigError "<owner>.<key> must be ..." when it is not an
-    integer (integer=True), below `minimum`, not > 0 (positive=True) or not one of `choices`."""
+                 positive: bool = False) -> None:
+    """One field of a config dataclass: ConfigError "<owner>.<key> must be ..." when it is not a
+    number (not an integer with integer=True), is below `minimum`, or is not > 0 (positive=True)."""
     where = f"{owner}.{key}"
-    if choices is not None:
-        if value not in choices:
-            raise ConfigError(f"{where} must be one of {choices}, got {value!r}")
-        return
     kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, kinds):
         raise ConfigError(f"{where} must be {'an integer' if integer else 'a number'}, got {value!r}")

@@ -5,7 +5,7 @@ Two mechanisms, matched to the bandwidth hierarchy:
 1. Inter-batch reordering (once per step, across nodes): choose every expert's home GPU. Replication
    later moves load only inside a node, so what reordering must get right is the *node* balance of
    every micro-batch (not of the step total). The score of a layer's placement
-   (relibra.policies.reference.layer_scores, where it is written out) sums, over the step's
+   (relibra.policies.objective.layer_scores, where it is written out) sums, over the step's
    micro-batches, two smooth maxima over nodes (of the compute each node hosts, and of the tokens it
    receives from other nodes, weighted by comm_weight x r_comm compute tokens per cross-node token),
    a light GPU-balance term (gpu_weight) and the migration cost from prev_home (migration_weight x
@@ -275,7 +275,8 @@ class ReLibraPolicy(Policy):
         r = rexp.shape[3]
         scope = "any" if cross_replicas else ("node" if r else "none")
         info = ReLibraInfo(reorder_seconds=reorder[0], reorder_cpu_seconds=reorder[1],
-                           replication_seconds=replicate[0] + beyond[0], replication_cpu_seconds=replicate[1] + beyond[1],
+                           replication_seconds=replicate[0] + beyond[0],
+                           replication_cpu_seconds=replicate[1] + beyond[1],
                            fallback_seconds=fallback[0], fallback_cpu_seconds=fallback[1],
                            flow_seconds=flow[0], flow_cpu_seconds=flow[1], fallback_layers=int(worse.sum()),
                            anneal=anneal, cross_node_seconds=cross_s, cross_node_replicas=cross_replicas)

@@ -223,8 +223,9 @@ class ReLibraHierPolicy(ReLibraPolicy):
             token_s = model.expert_train_flops_per_token / (topology.matmul_tflops * TFLOP)
             window = overlap_window_s(trace, step, topology)
             mean = expert_tokens.sum(axis=2) * 1.0 / ep  # [M, L] tokens per GPU
-            config = self.replication
-            min_tokens = np.maximum(np.minimum(config.min_replica_tokens, np.ceil(config.min_replica_fraction * mean)), 1)
+            smallest = np.minimum(self.replication.min_replica_tokens,
+                                  np.ceil(self.replication.min_replica_fraction * mean))
+            min_tokens = np.maximum(smallest, 1)
             rexp, rtok, added = cross_node_replicate(expert_tokens, home, rexp, rtok, gpus_per_node, window, push_s,
                                                      token_s, min_tokens.astype(np.int64), self.cross_rounds)
         used_slots = int((rexp >= 0).sum(axis=3).max(initial=0))

@@ -4,8 +4,9 @@ lpt_homes gives a start; anneal_homes searches from it. The annealer reads top t
 numeric kernels, what no swap changes (_problem), a placement's loads (_placement), one batch of
 candidate swaps (_draw_swaps, _make_swaps), the two phases (_anneal, _polish), then anneal_homes,
 which runs them. The score is relibra.policies.objective.layer_scores;
-relibra.policies.reorder_reference.anneal_homes_reference is the same search one swap at a time. See relibra/policies/relibra.py for where this sits in the
-policy, and docs/policies.md for the choices.
+relibra.policies.reorder_reference.anneal_homes_reference is the same search one swap at a time.
+See relibra/policies/relibra.py for where this sits in the policy, and docs/policies.md for the
+choices.
 """
 
 from __future__ import annotations
