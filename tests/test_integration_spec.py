@@ -199,3 +199,102 @@ def test_compat_checks_megatron_version_on_every_device(monkeypatch, cuda):
     if cuda:
         monkeypatch.setattr(compat, "megatron_version", lambda: "0.16.0")
         assert compat.apply() is False  # a tested release on a CUDA machine: checked, nothing patched
+
+
+def test_hook_given_ids_are_checked_against_the_router():
+    import torch
+
+    from relibra.errors import PlanError
+    from relibra.runtime.router import _GivenTopk
+
+    scores = torch.rand(3, 4)
+    probs, ids = _GivenTopk(torch.tensor([[0, 3], [1, 2], [2, 0]]), 1).get_replay_topk(scores, 2)
+    assert torch.equal(probs, scores.gather(1, ids))  # probabilities from the router's own scores
+    with pytest.raises(PlanError, match="shape \\(2, 2\\); the router routes 3 tokens to top-2"):
+        _GivenTopk(torch.tensor([[0, 3], [1, 2]]), 1).get_replay_topk(scores, 2)
+    with pytest.raises(PlanError, match="span \\[0, 4\\]; the router has 4 experts"):
+        _GivenTopk(torch.tensor([[0, 4], [1, 2], [2, 0]]), 1).get_replay_topk(scores, 2)
+
+
+def test_replay_loads_count_ids_and_refuse_bad_ones():
+    import numpy as np
+    import torch
+
+    from relibra.errors import PlanError
+    from relibra.integrations.megatron import replay_loads
+
+    ids = [[torch.tensor([[0, 1], [1, 3]]), torch.tensor([[2, 3], [2, 0]])]]  # one micro-batch, two layers
+    loads = replay_loads(ids, 4, None)
+    assert loads.shape == (1, 2, 1, 4)
+    assert loads[0, :, 0].tolist() == [[1, 2, 0, 1], [1, 0, 2, 1]]
+    assert loads.dtype == np.int64
+    with pytest.raises(PlanError, match="outside the 4 experts"):
+        replay_loads([[torch.tensor([[0, 4]])]], 4, None)
+    with pytest.raises(PlanError, match="micro-batch 1 has replay ids for 1 MoE layers, micro-batch 0 for 2"):
+        replay_loads(ids + [ids[0][:1]], 4, None)
+    with pytest.raises(PlanError, match=r"\[tokens, top_k\]"):
+        replay_loads([[torch.tensor([0, 1])]], 4, None)
+
+
+def test_slime_adapter_reads_ahead_without_consuming_and_refuses_what_it_cannot_read(single_rank):
+    import torch
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    from relibra.errors import PlanError
+    from relibra.integrations.slime import step_replay_ids
+
+    config = _config()
+    model = GPTModel(physical_config(config, ep=1, replica_slots=0),
+                     wrap_moe_spec(get_gpt_decoder_block_spec(config, use_transformer_engine=False, pp_rank=0), 4),
+                     vocab_size=32, max_sequence_length=16, position_embedding_type="rope")
+    RouterReplay.clear_global_router_replay_instances()
+    with pytest.raises(ConfigError, match="no slime RoutingReplay"):
+        step_replay_ids(model, 1)
+
+    class Replay:  # slime's RoutingReplay attributes
+        def __init__(self, entries):
+            self.top_indices_list, self.forward_index, self.backward_index = entries, 1, 0
+
+    entries = [torch.tensor([[m, 1]], dtype=torch.int32) for m in range(3)]
+    routers = [layer.mlp.router for layer in model.decoder.layers[1:]]
+    for router in routers:
+        router.routing_replay = Replay(list(entries))
+    got = step_replay_ids(model, 2)  # micro-batches 1 and 2: from forward_index on
+    assert [[t.tolist() for t in per_layer] for per_layer in got] == [[[[1, 1]]] * 2, [[[2, 1]]] * 2]
+    assert all(r.routing_replay.forward_index == 1 for r in routers)  # nothing consumed
+    with pytest.raises(PlanError, match="holds 2 unreplayed micro-batches from forward_index 1; the step needs 3"):
+        step_replay_ids(model, 3)
+
+
+def test_router_calls_a_one_argument_routing_patch_without_padding_mask(single_rank, monkeypatch):
+    """A stack that patches TopKRouter.routing with the older signature routing(self, logits) (verl's
+    verl/utils/megatron/router_replay_patch.py) still works under the ReLibra router."""
+    import numpy as np
+    import torch
+    from megatron.core.transformer.moe.router import TopKRouter
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+
+    from relibra.runtime.router import make_layer_route
+
+    calls = []
+
+    def one_argument_routing(self, logits):
+        calls.append(tuple(logits.shape))
+        flat = logits.reshape(-1, self.config.num_moe_experts)
+        routing_map = torch.zeros_like(flat, dtype=torch.bool)
+        routing_map[:, :2] = True
+        return flat.softmax(-1) * routing_map, routing_map
+
+    router = PlacementRouter(physical_config(_config(), ep=1, replica_slots=0), _single_rank_groups(), num_experts=4)
+    RouterReplay.clear_global_router_replay_instances()
+    monkeypatch.setattr(TopKRouter, "routing", one_argument_routing)
+    router.route = make_layer_route(np.arange(4), np.arange(4), [], None)
+    probs, physical = router.routing(torch.rand(3, 1, 4))
+    assert calls == [(3, 1, 4)] and physical[:, :2].all() and not physical[:, 2:].any()
+
+
+def _single_rank_groups():
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    return ProcessGroupCollection.use_mpu_process_groups()
