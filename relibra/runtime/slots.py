@@ -124,11 +124,12 @@ class ExpertSlots:
 
     @home.setter
     def home(self, home: np.ndarray) -> None:
-        # Every change of placement (a migration commits here) relabels the home slots, so checkpoints
-        # (OccupiedSequentialMLP.sharded_state_dict) and logical_state_dict name the experts they hold.
         self._home = np.asarray(home, dtype=np.int64).copy()
+        # Each layer's experts read their slots' logical ids from this placement whenever they are asked
+        # (OccupiedSequentialMLP.logical_experts), so checkpoints and logical_state_dict name the experts
+        # the slots hold now, after any migration.
         for layer, moe in enumerate(self.moes):
-            moe.experts.logical_experts = ([int(e) for e in self.local_experts(layer)], self.num_experts)
+            moe.experts.placement = (self, layer)
 
     def home_mlps(self, layer: int) -> list:
         """This rank's home-slot MLP modules of `layer`, in slot order."""

@@ -45,11 +45,19 @@ class OccupiedSequentialMLP(SequentialMLP):
     """SequentialMLP that runs only the local slots with tokens (an empty slot adds no GEMM).
 
     forward(hidden [T, H] sorted by slot, tokens_per_expert int [slots], probs [T]) -> ([T, H], None).
-    `logical_experts` (set by relibra.runtime.slots.ExpertSlots) names the logical expert of each home
-    slot and the number E of logical experts; until it is set the slots keep megatron's static labels.
+    `logical_experts` names the logical expert of each home slot and the number E of logical experts,
+    read from the placement of relibra.runtime.slots.ExpertSlots (which registers itself as `placement`
+    = (slots, layer)); before that the slots keep megatron's static labels.
     """
 
-    logical_experts: tuple[list[int], int] | None = None
+    placement = None  # (ExpertSlots, layer index), set by ExpertSlots
+
+    @property
+    def logical_experts(self) -> tuple[list[int], int] | None:
+        if self.placement is None:
+            return None
+        slots, layer = self.placement
+        return [int(e) for e in slots.local_experts(layer)], slots.num_experts
 
     def forward(self, permuted_local_hidden_states: torch.Tensor, tokens_per_expert: torch.Tensor,
                 permuted_probs: torch.Tensor):
