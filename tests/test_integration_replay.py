@@ -283,7 +283,8 @@ def test_user_spec_native_replay_slime_replay_and_logical_checkpoint(tmp_path):
     assert out["slime_forward_index"] == [MICRO] * LAYERS  # slime's replay consumed exactly once per forward
     assert out["home_rank0_layer0"] != [0, 0, 1, 1]  # the checkpoint is taken off the static placement
     assert out["stock_rank_expert0_fc1_equals_logical"]
-    assert out["exported_expert_weights"] == sorted(f"decoder.layers.{l}.mlp.experts.local_experts.{e}.linear_fc{i}.weight"
-                                                    for l in range(LAYERS) for e in range(E) for i in (1, 2))
+    assert out["exported_expert_weights"] == sorted(
+        f"decoder.layers.{l}.mlp.experts.local_experts.{e}.linear_fc{i}.weight"
+        for l in range(LAYERS) for e in range(E) for i in (1, 2))
     for rank_figures in out["per_rank_max_abs_diff"]:
         assert max(rank_figures) < TOL, out["per_rank_max_abs_diff"]

@@ -69,13 +69,15 @@ def test_wrap_keeps_te_linear_classes_and_refuses_grouped_gemm():
         pass
 
     te_sequential = ModuleSpec(module=MoELayer, submodules=MoESubmodules(
-        experts=ModuleSpec(module=SequentialMLP, submodules=MLPSubmodules(linear_fc1=TELikeColumn, linear_fc2=TELikeRow)),
+        experts=ModuleSpec(module=SequentialMLP,
+                           submodules=MLPSubmodules(linear_fc1=TELikeColumn, linear_fc2=TELikeRow)),
         shared_experts=ModuleSpec(module=SharedExpertMLP, submodules=MLPSubmodules(linear_fc1=TELikeColumn,
                                                                                     linear_fc2=TELikeRow))))
     experts = wrap_moe_spec(te_sequential, 8).submodules.experts
     assert experts.module is OccupiedSequentialMLP and experts.submodules.linear_fc1 is TELikeColumn
     te_grouped = ModuleSpec(module=MoELayer, submodules=MoESubmodules(
-        experts=ModuleSpec(module=TEGroupedMLP, submodules=MLPSubmodules(linear_fc1=TELikeColumn, linear_fc2=TELikeRow))))
+        experts=ModuleSpec(module=TEGroupedMLP,
+                           submodules=MLPSubmodules(linear_fc1=TELikeColumn, linear_fc2=TELikeRow))))
     with pytest.raises(ConfigError, match="TEGroupedMLP.*moe_grouped_gemm=False"):
         wrap_moe_spec(te_grouped, 8)
     with pytest.warns(UserWarning, match="legacy GroupedMLP"):  # megatron's own deprecation notice
@@ -149,8 +151,9 @@ def test_shared_expert_model_from_the_stock_block_spec(single_rank):
     stock = GPTModel(config, get_gpt_decoder_block_spec(config, use_transformer_engine=False, pp_rank=0), vocab_size=32,
                      max_sequence_length=16, position_embedding_type="rope")
     physical = physical_config(config, ep=1, replica_slots=1)
-    relibra = GPTModel(physical, wrap_moe_spec(get_gpt_decoder_block_spec(config, use_transformer_engine=False, pp_rank=0), 4),
-                       vocab_size=32, max_sequence_length=16, position_embedding_type="rope")
+    block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, pp_rank=0)
+    relibra = GPTModel(physical, wrap_moe_spec(block, 4), vocab_size=32, max_sequence_length=16,
+                       position_embedding_type="rope")
     RouterReplay.clear_global_router_replay_instances()
     shared = [layer.mlp.shared_experts for layer in relibra.decoder.layers[1:]]
     assert all(isinstance(s, SharedExpertMLP) for s in shared)

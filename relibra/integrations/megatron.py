@@ -66,12 +66,14 @@ def replay_loads(ids_per_microbatch: list[list[torch.Tensor]], num_experts: int,
     counts = []
     for m, per_layer in enumerate(ids_per_microbatch):
         if len(per_layer) != layers:
-            raise PlanError(f"micro-batch {m} has replay ids for {len(per_layer)} MoE layers, micro-batch 0 for {layers}")
+            raise PlanError(f"micro-batch {m} has replay ids for {len(per_layer)} MoE layers, "
+                            f"micro-batch 0 for {layers}")
         rows = []
         for l, ids in enumerate(per_layer):
             ids = torch.as_tensor(ids).to(torch.int64).cpu()
             if ids.dim() != 2:
-                raise PlanError(f"micro-batch {m} layer {l}: replay ids must be [tokens, top_k], got {tuple(ids.shape)}")
+                raise PlanError(f"micro-batch {m} layer {l}: replay ids must be [tokens, top_k], "
+                                f"got {tuple(ids.shape)}")
             if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_experts):
                 raise PlanError(f"micro-batch {m} layer {l}: replay ids span [{int(ids.min())}, {int(ids.max())}], "
                                 f"outside the {num_experts} experts")

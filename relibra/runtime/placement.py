@@ -53,7 +53,8 @@ def slot_experts(home: np.ndarray, replica_expert: np.ndarray) -> np.ndarray:
     return out
 
 
-def replica_routes(plan: StepPlan, micro_batch: int, layer: int, src: int, replica_slots: int) -> list[tuple[int, int, int]]:
+def replica_routes(plan: StepPlan, micro_batch: int, layer: int, src: int,
+                   replica_slots: int) -> list[tuple[int, int, int]]:
     """(expert, physical slot, tokens) for every replica src sends tokens to, in (rank, slot) order.
 
     Of src's tokens routed to `expert`, the first `tokens` not taken by an earlier entry (in token
