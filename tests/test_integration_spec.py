@@ -202,7 +202,12 @@ def test_compat_checks_megatron_version_on_every_device(monkeypatch, cuda):
         PlacementRouter(_config(), None, num_experts=4)  # the router checks too, whoever builds it
     if cuda:
         monkeypatch.setattr(compat, "megatron_version", lambda: "0.16.0")
-        assert compat.apply() is False  # a tested release on a CUDA machine: checked, nothing patched
+        from megatron.core.transformer.moe import moe_utils
+
+        # a CUDA machine without Transformer Engine: megatron-core leaves te_general_gemm unbound
+        monkeypatch.delattr(moe_utils, "te_general_gemm", raising=False)
+        assert compat.apply() is False  # a tested release on a CUDA machine: checked, host patches off
+        assert moe_utils.te_general_gemm is None  # the router GEMM's torch path, on every device
 
 
 def test_hook_given_ids_are_checked_against_the_router():

@@ -7,8 +7,9 @@ megatron-core 0.16.1 assumes CUDA in a few spots that the kit's CPU runtime reac
    records an `Event`; on CPU those become no-ops (everything is already on the host).
 3. The dispatcher then hands the split sizes to `torch.distributed.all_to_all_single` as CPU
    tensors (on GPU they are numpy arrays); gloo rejects tensors there, so they become lists of ints.
-4. `moe_utils.te_general_gemm` must be None when Transformer Engine is absent (it is, in 0.16.1,
-   because the import sits in a try block; we check rather than assume).
+4. `moe_utils.te_general_gemm` must be None when Transformer Engine is absent; 0.16.1 leaves the name
+   unbound when its import fails, so the router's GEMM raises NameError. This one is applied on every
+   device, CUDA included.
 5. Distributed checkpointing (`dist_checkpointing.save`, strategies/filesystem_async.py) calls
    `torch.cuda.synchronize()` before it writes; on the host there is nothing to wait for.
 The CUDA RNG tracker is not patched: the kit initializes expert weights itself and uses no dropout
@@ -18,7 +19,7 @@ or random router logits, so megatron's RNG tracker is never forked.
 (`check_megatron_version`) and refuses one the kit was not tested with: the kit subclasses
 TopKRouter (its `routing` signature gained `padding_mask` in 0.16), reads RouterReplay (new in 0.16;
 0.15 has none) and SequentialMLP's checkpoint layout, and the CPU patches name private call sites
-that move between releases. With CUDA available nothing is patched (the same code then runs on
+that move between releases. With CUDA available only patch 4 is applied (the rest then runs on
 NCCL); on the host the patches below are applied.
 
 Tested releases: 0.16.0 and 0.16.1, whose files that the kit reaches are identical
@@ -98,6 +99,7 @@ def apply() -> bool:
     if _applied:
         return True
     check_megatron_version()
+    _router_gemm_without_te()
     if not cuda_absent():
         return False
 
@@ -123,12 +125,15 @@ def apply() -> bool:
 
     token_dispatcher.all_to_all = all_to_all_with_list_splits
 
-    # (4): no Transformer Engine GEMM for the router.
-    from megatron.core.transformer.moe import moe_utils
-
-    if getattr(moe_utils, "te_general_gemm", None) is not None and not moe_utils.HAVE_TE:
-        moe_utils.te_general_gemm = None
-    if not hasattr(moe_utils, "te_general_gemm"):
-        moe_utils.te_general_gemm = None
     _applied = True
     return True
+
+
+def _router_gemm_without_te() -> None:
+    """(4) on every device: without Transformer Engine, megatron-core 0.16's router GEMM reads a
+    name `te_general_gemm` that its failed import never bound (seen on an H200: NameError in
+    moe_utils.router_gating_linear); None selects its torch path."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not getattr(moe_utils, "HAVE_TE", False) or not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
