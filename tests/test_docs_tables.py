@@ -41,6 +41,15 @@ def test_committed_records_come_from_the_listed_commands():
         assert all(run["output"]["results"] for run in record["runs"])
 
 
+def test_bench_readme_lists_every_record_command():
+    readme = (rec.BENCH_DIR / "README.md").read_text()
+    assert "relibra bench record --all" in readme
+    for spec in rec.RECORDS:
+        assert f"    {spec.name}: {spec.description}\n" in readme
+        for argv in spec.commands:
+            assert f"        {rec.command_line(argv)}\n" in readme, rec.command_line(argv)
+
+
 def _record(name: str, runs: list[tuple[str, dict]]) -> dict:
     return {"name": name, "description": "fixture", "command": f"relibra bench record {name}",
             "started_utc": "2000-01-01 00:00:00 UTC", "finished_utc": "2000-01-01 00:10:00 UTC",
