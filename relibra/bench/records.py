@@ -6,7 +6,7 @@ A record is a named list of `relibra` command lines, each of which prints one JS
 `relibra bench record NAME` runs them one after another and writes data/bench/NAME.json:
 
     {"name", "description", "command": "relibra bench record NAME",
-     "started_utc", "finished_utc", "machine": {cpu, logical_cpus, os, python, numpy, torch, ...},
+     "started_utc", "finished_utc", "machine": {cpu, logical_cpus, os, python, numpy, torch, kit_commit, ...},
      "load_average_start", "load_average_end": [1-min, 5-min, 15-min],
      "runs": [{"command": "relibra bench planner ...", "started_utc", "seconds", "load_average_start",
                "load_average_end", "output": <the command's JSON>}]}
@@ -23,6 +23,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 from relibra.errors import ConfigError
@@ -146,7 +147,20 @@ def machine() -> dict:
         pass
     return {"cpu": cpu, "logical_cpus": os.cpu_count(), "os": f"{platform.system()} {platform.release()}",
             "machine": platform.machine(), "python": platform.python_version(), "numpy": _version("numpy"),
-            "scipy": _version("scipy"), "torch": _version("torch")}
+            "scipy": _version("scipy"), "torch": _version("torch"), "kit_commit": kit_commit()}
+
+
+def kit_commit() -> str | None:
+    """The git commit of the kit's tree, "+changes" when it has uncommitted changes (None outside git)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+changes" if dirty else "")
 
 
 def write_record(record: dict, path: str | os.PathLike) -> Path:
