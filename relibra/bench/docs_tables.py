@@ -183,12 +183,13 @@ TABLES: dict[str, DocTable] = {
 
 
 def render_table(name: str, folder: str | Path = BENCH_DIR) -> str:
-    """The text between table NAME's markers: the table, a blank line, its provenance line(s)."""
+    """The text between table NAME's markers: the table, then each record's provenance line, each after a
+    blank line."""
     if name not in TABLES:
         raise ConfigError(f"unknown docs table {name!r}; tables: {', '.join(TABLES)}")
     spec = TABLES[name]
     records = {r: load_record(r, folder) for r in spec.records}
-    return spec.render(records) + "\n" + "".join(provenance(records[r]) for r in spec.records)
+    return spec.render(records) + "\n" + "\n".join(provenance(records[r]) for r in spec.records)
 
 
 def marked_tables(text: str, where: str) -> list[tuple[str, int, int]]:
