@@ -154,3 +154,18 @@ def test_bench_record_runs_its_commands_and_writes_the_record(tmp_path, monkeypa
     (tmp_path / "broken.json").write_text(json.dumps({"name": "broken"}))
     with pytest.raises(ConfigError, match=r"broken\.json: has no 'command'; run `relibra bench record broken`"):
         rec.load_record("broken", tmp_path)
+
+
+def test_planner_warm_up_trace_is_the_first_cell_of_every_step():
+    """The warm-up plan `relibra bench planner` makes before each timed plan reads one (micro-batch, layer)
+    cell of every step, so history-based policies warm up on the same steps."""
+    import numpy as np
+
+    from relibra.bench.planner import warm_up_trace
+    from relibra.workloads import generate_trace
+
+    trace = generate_trace("tiny", "mixed", 4, steps=3, seed=0, micro_batches=2)
+    warm = warm_up_trace(trace)
+    assert warm.loads.shape == (3, 1, 1, 4, trace.num_experts) and warm.model.num_layers == 1
+    assert np.array_equal(warm.loads, trace.loads[:, :1, :1])
+    assert warm.seq_lens is None or np.array_equal(warm.seq_lens, trace.seq_lens[:, :1])
