@@ -151,12 +151,14 @@ def machine() -> dict:
 
 
 def kit_commit() -> str | None:
-    """The git commit of the kit's tree, "+changes" when it has uncommitted changes (None outside git)."""
+    """The git commit of the kit's tree, "+changes" when files other than docs/ and data/bench/ (which the
+    records and their tables rewrite) have uncommitted changes (None outside git)."""
     root = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!docs", ":!data/bench"],
                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
