@@ -1,12 +1,17 @@
-"""`relibra bench {workload,planner,sim}`: benchmarks that print their figures (speed targets are
-measured here, never in timed unit tests).
+"""`relibra bench {workload,planner,sim,record}`: benchmarks that print their figures (speed targets are
+measured here, never in timed unit tests); `record` runs a named list of them and keeps their figures
+in data/bench/NAME.json (relibra.bench.records), from which the docs' measured tables are rendered.
 
 The benchmarks are imported inside the commands: `relibra` imports every command module to build
 its parser, and numpy, pandas and the policies would add seconds to every `relibra --help`."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import math
+from pathlib import Path
 
 
 def _print(rows: list[dict], as_json: bool) -> None:
@@ -43,6 +48,65 @@ def _sim(args) -> int:
     return 0
 
 
+def _clean(value):
+    """JSON-ready: NaN and infinities become None (the JSON standard has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def run_json_command(argv) -> dict:
+    """Run `relibra ARGV` (a command with --json) in this process; its printed JSON object."""
+    from relibra.cli import build_parser
+    from relibra.errors import ConfigError
+
+    args = build_parser().parse_args(list(argv))
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        code = int(args.func(args) or 0)
+    if code:
+        raise ConfigError(f"`relibra {' '.join(argv)}` exited with {code}")
+    return json.loads(text.getvalue())
+
+
+def _record(args) -> int:
+    import time
+
+    from relibra.bench import records as rec
+    from relibra.errors import ConfigError
+    from relibra.paths import check_output_path
+    from relibra.progress import progress as tqdm
+
+    if args.list:
+        for spec in rec.RECORDS:
+            print(f"{spec.name}: {spec.description}")
+            for argv in spec.commands:
+                print(f"    {rec.command_line(argv)}")
+        return 0
+    if args.all == bool(args.names):
+        raise ConfigError("relibra bench record: give record names or --all (--list shows them)")
+    specs = rec.RECORDS if args.all else tuple(rec.get_record_spec(n) for n in args.names)
+    out_dir = rec.BENCH_DIR if args.out_dir is None else Path(check_output_path(args.out_dir, "dir", "--out-dir"))
+    for spec in specs:
+        record = {"name": spec.name, "description": spec.description,
+                  "command": f"relibra bench record {spec.name}", "started_utc": rec.utc_now(),
+                  "machine": rec.machine(), "load_average_start": rec.load_average(), "runs": []}
+        for argv in tqdm(spec.commands, desc=spec.name, unit="command"):
+            started, load, t0 = rec.utc_now(), rec.load_average(), time.perf_counter()
+            output = run_json_command(argv)
+            record["runs"].append({"command": rec.command_line(argv), "started_utc": started,
+                                   "seconds": round(time.perf_counter() - t0, 2), "load_average_start": load,
+                                   "load_average_end": rec.load_average(), "output": _clean(output)})
+        record.update(finished_utc=rec.utc_now(), load_average_end=rec.load_average())
+        path = rec.write_record(record, out_dir / f"{spec.name}.json")
+        print(f"wrote {path}")
+    return 0
+
+
 def register(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks that print their figures")
     bsub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
@@ -76,3 +140,10 @@ def register(sub) -> None:
     p.add_argument("--cluster", default="paper")
     p.add_argument("--micro-batches", type=int, default=32, help="micro-batches of the simulated step (default 32)")
     p.set_defaults(func=_sim)
+
+    p = bsub.add_parser("record", help="run named benchmark lists and keep their figures in data/bench/NAME.json")
+    p.add_argument("names", nargs="*", metavar="NAME", help="records to run (see --list)")
+    p.add_argument("--all", action="store_true", help="run every record")
+    p.add_argument("--list", action="store_true", help="print each record's commands and exit")
+    p.add_argument("--out-dir", default=None, help="folder of the records (default data/bench/ of the kit)")
+    p.set_defaults(func=_record)

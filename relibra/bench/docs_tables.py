@@ -1,0 +1,262 @@
+"""The docs' measured tables, rendered from the benchmark records under data/bench/ (never typed).
+
+A doc holds each table between two marker lines:
+
+    <!-- table:NAME begin -->
+    ...what render_table(NAME) returns...
+    <!-- table:NAME end -->
+
+    python -m relibra.bench.docs_tables            # rewrite every marked table under docs/
+    python -m relibra.bench.docs_tables --check    # exit 1 naming each table that differs
+
+Each table comes from one or two records (relibra.bench.records) and ends with a line saying which
+record, the command that writes it, when it was measured and on what machine at what load average.
+tests/test_docs_tables.py checks that every marked table equals what this module renders from the
+committed records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from relibra.bench.records import BENCH_DIR, load_record
+from relibra.errors import ConfigError
+from relibra.paths import write_text
+
+DOCS_DIR = Path(__file__).resolve().parents[2] / "docs"
+MARKER = re.compile(r"^<!-- table:([a-z0-9-]+) (begin|end) -->$", re.MULTILINE)
+SHORT = {"qwen3-30b-a3b": "30B", "glm-4.5-air": "GLM-Air", "qwen3-235b-a22b": "235B"}
+
+
+def _rows(record: dict) -> list[tuple[dict, list[dict]]]:
+    """(the command's JSON, its result rows) per run of a record."""
+    return [(run["output"], run["output"]["results"]) for run in record["runs"]]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def provenance(record: dict) -> str:
+    """One line: which record, its command, when, on what, and the 1-minute load average over its runs."""
+    m = record["machine"]
+    loads = [x[0] for x in [record["load_average_start"], record["load_average_end"]]
+             + [r[k] for r in record["runs"] for k in ("load_average_start", "load_average_end")] if x]
+    load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "unknown"
+    return (f"Measured by `{record['command']}` (data/bench/{record['name']}.json), {record['started_utc']} to "
+            f"{record.get('finished_utc', '?')}, on {m['cpu']} ({m['logical_cpus']} logical CPUs, {m['os']}; "
+            f"Python {m['python']}, numpy {m['numpy']}, torch {m['torch']}); 1-minute load average {load} "
+            f"during the runs.\n")
+
+
+def _planner_grid(record: dict, column: str, fmt: Callable[[float], str]) -> str:
+    """policy x (model, EP) of one bench planner column."""
+    runs = _rows(record)
+    header = ["policy"] + [f"{SHORT.get(rows[0]['model'], rows[0]['model'])} EP{rows[0]['ep']}" for _, rows in runs]
+    policies = list(dict.fromkeys(r["policy"] for _, rows in runs for r in rows))
+    cells = [{r["policy"]: r[column] for r in rows} for _, rows in runs]
+    body = [[f"`{p}`"] + [fmt(c[p]) if p in c else "-" for c in cells] for p in policies]
+    return _table(header, body)
+
+
+def planner_skewness(records: dict) -> str:
+    return _planner_grid(records["planner-models"], "mean_skewness", lambda v: f"{v:.3f}")
+
+
+def planner_gap(records: dict) -> str:
+    return _planner_grid(records["planner-models"], "mean_gap_to_bound", lambda v: f"{100 * v:.2f}%")
+
+
+def planner_cpu(records: dict) -> str:
+    return _planner_grid(records["planner-models"], "step_plan_cpu_s", lambda v: f"{v:.2f}")
+
+
+def planner_speed(records: dict) -> str:
+    body = []
+    for _, rows in _rows(records["planner-speed"]):
+        for r in rows:
+            body.append([str(r["ep"]), f"`{r['policy']}`", f"{r['micro_batches']} x {r['layers']}",
+                         f"{r['step_plan_s']:.2f} / {r['step_plan_cpu_s']:.2f}",
+                         f"{r['replication_cpu_us_per_microbatch_layer']:.1f}",
+                         f"{r['peak_MB']:.0f}", f"{r['plan_MB']:.1f}",
+                         f"{r['validate_s']:.2f} / {r['validate_cpu_s']:.2f}", f"{r['mean_skewness']:.4f}"])
+    return _table(["EP", "policy", "micro-batches x layers", "step wall / CPU s", "balancing CPU us per cell",
+                   "peak MB", "plan MB", "validate wall / CPU s", "mean skewness"], body)
+
+
+def _case(output: dict, row: dict) -> tuple:
+    return (row["model"], int(row["ep"]), output.get("config", {}).get("cluster", row.get("cluster")))
+
+
+def planner_scale(records: dict) -> str:
+    """relibra and relibra-h side by side per (model, EP, cluster), from planner-scale and planner-speed."""
+    by_case: dict[tuple, dict] = {}
+    for name in ("planner-scale", "planner-speed"):
+        for run, (_, rows) in zip(records[name]["runs"], _rows(records[name])):
+            cluster = _arg(run["command"], "--cluster", "paper")
+            for r in rows:
+                by_case.setdefault((r["model"], int(r["ep"]), cluster), {})[r["policy"]] = r
+    body = []
+    for (model, ep, cluster), p in sorted(by_case.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
+        a, h = p.get("relibra"), p.get("relibra-h")
+        if a is None or h is None:
+            continue
+        body.append([f"{model}, EP{ep}, `{cluster}`", f"{a['micro_batches']} x {a['layers']}",
+                     f"{a['step_plan_s']:.2f} / {a['step_plan_cpu_s']:.2f}",
+                     f"{a['replication_cpu_us_per_microbatch_layer']:.1f}",
+                     f"{a['reorder_cpu_s']:.2f} / {a['flow_cpu_s']:.2f}",
+                     f"{h['step_plan_s']:.2f} / {h['step_plan_cpu_s']:.2f}",
+                     f"{h['replication_cpu_us_per_microbatch_layer']:.0f}",
+                     f"{a['mean_skewness']:.3f} -> {h['mean_skewness']:.3f}"])
+    return _table(["model, EP, cluster", "micro-batches x layers", "relibra step wall / CPU s",
+                   "relibra replication CPU us per cell", "relibra reorder / flow CPU s",
+                   "relibra-h step wall / CPU s", "relibra-h replication CPU us per cell",
+                   "skewness relibra -> relibra-h"], body)
+
+
+def _arg(command: str, flag: str, default: str) -> str:
+    words = command.split()
+    return words[words.index(flag) + 1] if flag in words else default
+
+
+def scale_sim(records: dict) -> str:
+    body = []
+    for output, rows in _rows(records["scale-sim"]):
+        cfg = output["config"]
+        by = {r["policy"]: r for r in rows}
+        h, a = by["relibra-h"], by["relibra"]
+        body.append([f"{cfg['model']}, EP{cfg['ep']}, `{cfg['cluster']}`", f"{by['megatron']['skewness']:.2f}",
+                     f"{by['llep']['speedup_vs_megatron']:.3f}", f"{a['speedup_vs_megatron']:.3f}",
+                     f"{h['speedup_vs_megatron']:.3f}", f"{h['frac_of_balanced_compute']:.3f}",
+                     f"{a['skewness']:.3f} -> {h['skewness']:.3f}"])
+    return _table(["model, EP, cluster", "megatron skewness", "llep / megatron", "relibra / megatron",
+                   "relibra-h / megatron", "relibra-h / balanced-compute", "skewness relibra -> relibra-h"], body)
+
+
+def sim_speed(records: dict) -> str:
+    body = []
+    for _, rows in _rows(records["sim-speed"]):
+        for r in rows:
+            body.append([f"{r['model']}, EP{r['ep']}, `{r['policy']}`", f"{r['micro_batches']} x {r['layers']}",
+                         f"{r['sim_s']:.2f} ({r['sim_s_min']:.2f})", f"{r['sim_cpu_s']:.2f}",
+                         f"{r['frame_rows']:,}", f"{r['simulated_step_s']:.3f}"])
+    return _table(["model, EP, policy", "micro-batches x layers", "sim wall s, median (min)", "sim CPU s, median",
+                   "tidy rows", "simulated step s"], body)
+
+
+def workload_scale(records: dict) -> str:
+    body = []
+    for _, rows in _rows(records["workload-scale"]):
+        for r in rows:
+            body.append([f"{r['model']}, EP{r['ep']}", f"{r['micro_batches']}", f"{r['tokens_per_rank']:,}",
+                         f"{r['load_cells'] / 1e6:.0f} M", f"{r['seconds']:.1f}", f"{r['cpu_seconds']:.1f}",
+                         f"{r['static_skewness']:.2f}"])
+    return _table(["model, EP", "micro-batches", "tokens per rank and micro-batch", "load cells", "wall s", "CPU s",
+                   "static skewness"], body)
+
+
+@dataclasses.dataclass(frozen=True)
+class DocTable:
+    """A rendered table: the records it reads (the first one's provenance line closes it)."""
+
+    records: tuple[str, ...]
+    render: Callable[[dict], str]
+
+
+TABLES: dict[str, DocTable] = {
+    "planner-speed": DocTable(("planner-speed",), planner_speed),
+    "planner-skewness": DocTable(("planner-models",), planner_skewness),
+    "planner-gap": DocTable(("planner-models",), planner_gap),
+    "planner-cpu": DocTable(("planner-models",), planner_cpu),
+    "planner-scale": DocTable(("planner-scale", "planner-speed"), planner_scale),
+    "scale-sim": DocTable(("scale-sim",), scale_sim),
+    "sim-speed": DocTable(("sim-speed",), sim_speed),
+    "workload-scale": DocTable(("workload-scale",), workload_scale),
+}
+
+
+def render_table(name: str, folder: str | Path = BENCH_DIR) -> str:
+    """The text between table NAME's markers: the table, then each record's provenance line, each after a
+    blank line."""
+    if name not in TABLES:
+        raise ConfigError(f"unknown docs table {name!r}; tables: {', '.join(TABLES)}")
+    spec = TABLES[name]
+    records = {r: load_record(r, folder) for r in spec.records}
+    return spec.render(records) + "\n" + "\n".join(provenance(records[r]) for r in spec.records)
+
+
+def marked_tables(text: str, where: str) -> list[tuple[str, int, int]]:
+    """(name, start, end) of each marked block: text[start:end] is what lies between the marker lines."""
+    found, open_name, start = [], None, 0
+    for m in MARKER.finditer(text):
+        name, kind = m.groups()
+        if kind == "begin":
+            if open_name is not None:
+                raise ConfigError(f"{where}: table {open_name!r} has no end marker before table {name!r} begins")
+            open_name, start = name, m.end() + 1
+        else:
+            if open_name != name:
+                raise ConfigError(f"{where}: end marker of table {name!r} without its begin marker")
+            found.append((name, start, m.start()))
+            open_name = None
+    if open_name is not None:
+        raise ConfigError(f"{where}: table {open_name!r} has no end marker")
+    for name, _, _ in found:
+        if name not in TABLES:
+            raise ConfigError(f"{where}: unknown docs table {name!r}; tables: {', '.join(TABLES)}")
+    return found
+
+
+def rendered_text(text: str, where: str, folder: str | Path = BENCH_DIR) -> str:
+    """`text` with every marked table replaced by its rendering."""
+    out, last = [], 0
+    for name, start, end in marked_tables(text, where):
+        out += [text[last:start], render_table(name, folder)]
+        last = end
+    return "".join(out) + text[last:]
+
+
+def update_docs(docs: str | Path = DOCS_DIR, folder: str | Path = BENCH_DIR, check: bool = False) -> list[str]:
+    """Rewrite (or with check=True only compare) every marked table of docs/*.md; the tables that differed,
+    as "file: name"."""
+    stale = []
+    for path in sorted(Path(docs).glob("*.md")):
+        text = path.read_text()
+        new = rendered_text(text, str(path), folder)
+        if new == text:
+            continue
+        old_blocks = {n: text[s:e] for n, s, e in marked_tables(text, str(path))}
+        new_blocks = {n: new[s:e] for n, s, e in marked_tables(new, str(path))}
+        stale += [f"{path}: {n}" for n in new_blocks if new_blocks[n] != old_blocks.get(n)]
+        if not check:
+            write_text(path, new)
+    return stale
+
+
+def main(argv=None) -> int:
+    """`python -m relibra.bench.docs_tables [--check]`."""
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m relibra.bench.docs_tables",
+                                description="Render the docs' measured tables from data/bench/*.json.")
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs")
+    p.add_argument("--docs", default=str(DOCS_DIR))
+    p.add_argument("--records", default=str(BENCH_DIR))
+    args = p.parse_args(argv)
+    try:
+        stale = update_docs(args.docs, args.records, check=args.check)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for line in stale:
+        print(("differs: " if args.check else "rewrote: ") + line)
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

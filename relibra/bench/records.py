@@ -1,0 +1,188 @@
+"""Benchmark records: the measured figures the docs tabulate, each kept as one JSON file under
+data/bench/ with the exact commands that produced it, the UTC date and the machine.
+
+A record is a named list of `relibra` command lines, each of which prints one JSON object
+(`relibra bench planner ... --json`, `relibra bench sim ... --json`, `relibra simulate ... --json`).
+`relibra bench record NAME` runs them one after another and writes data/bench/NAME.json:
+
+    {"name", "description", "command": "relibra bench record NAME",
+     "started_utc", "finished_utc", "machine": {cpu, logical_cpus, os, python, numpy, torch, kit_commit, ...},
+     "load_average_start", "load_average_end": [1-min, 5-min, 15-min],
+     "runs": [{"command": "relibra bench planner ...", "started_utc", "seconds", "load_average_start",
+               "load_average_end", "output": <the command's JSON>}]}
+
+relibra.bench.docs_tables renders the docs' measured tables from these files. Regenerate every
+record with `relibra bench record --all` (data/bench/README.md lists the same commands).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from relibra.errors import ConfigError
+from relibra.paths import write_text
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "data" / "bench"
+
+ALL_POLICIES = ("megatron,eplb,eplb+,lplb+,eplb+lp,llep,relibra,relibra-reorder,relibra-replicate,relibra-lpt,"
+                "relibra-split,relibra-h,balanced")
+PAPER_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordSpec:
+    """One record: its name (the JSON file's stem), what it measures, and its command lines (argv
+    after `relibra`, each printing one JSON object)."""
+
+    name: str
+    description: str
+    commands: tuple[tuple[str, ...], ...]
+
+
+def _planner(model: str, ep: int, policies: str, cluster: str | None = None,
+             layout: str | None = None) -> tuple[str, ...]:
+    argv = ["bench", "planner", "--model", model, "--ep", str(ep)]
+    if cluster is not None:
+        argv += ["--cluster", cluster]
+    if layout is not None:
+        argv += ["--layout", layout]
+    return tuple(argv + ["--policies", policies, "--json"])
+
+
+def _sim(model: str, ep: int, cluster: str, policy: str) -> tuple[str, ...]:
+    return ("bench", "sim", "--model", model, "--ep", str(ep), "--cluster", cluster, "--policy", policy, "--json")
+
+
+def _simulate(model: str, ep: int, cluster: str) -> tuple[str, ...]:
+    return ("simulate", "--model", model, "--workload", "mixed", "--ep", str(ep), "--cluster", cluster,
+            "--steps", "1", "--warmup-steps", "0", "--micro-batches", "8", "--seed", "0",
+            "--policies", "megatron,llep,relibra,relibra-h", "--json")
+
+
+def _workload(model: str, ep: int) -> tuple[str, ...]:
+    return ("bench", "workload", "--model", model, "--ep", str(ep), "--steps", "1", "--json")
+
+
+# (model, EP, cluster) of the scale tables: 8-GPU nodes up to EP256, and one NVLink domain
+SCALE_CASES = (("qwen3-235b-a22b", 16, "paper"), ("qwen3-235b-a22b", 32, "paper"),
+               ("deepseek-v3", 64, "paper,nodes=8"), ("deepseek-v3", 64, "gb200-nvl72"),
+               ("deepseek-v3", 128, "paper,nodes=16"), ("kimi-k2", 192, "paper,nodes=24"),
+               ("deepseek-v3", 256, "paper,nodes=32"))
+
+RECORDS: tuple[RecordSpec, ...] = (
+    RecordSpec("planner-models",
+               "every policy on the paper's three models at EP16 and EP32 (paper cluster, 2-step mixed trace at "
+               "the generator's defaults, last step planned): skewness, gap to bound, planner seconds",
+               tuple(_planner(m, ep, ALL_POLICIES) for m in PAPER_MODELS for ep in (16, 32))),
+    RecordSpec("planner-speed",
+               "planner speed and memory at EP32-EP256 on 8-GPU nodes (deepseek-v3, verl-balance layout: "
+               "32 micro-batches per step), against the planner targets",
+               tuple(_planner("deepseek-v3", ep, "relibra,relibra-h,eplb,llep", cluster, "verl-balance")
+                     for ep, cluster in ((32, "paper,nodes=4"), (64, "paper,nodes=8"), (256, "paper,nodes=32")))),
+    RecordSpec("planner-scale",
+               "relibra and relibra-h planner seconds at EP16-EP256 (verl-balance layout, 32 micro-batches)",
+               tuple(_planner(m, ep, "relibra,relibra-h", cluster, "verl-balance")
+                     for m, ep, cluster in SCALE_CASES if not (m == "deepseek-v3" and cluster.startswith("paper,")
+                                                              and ep in (64, 256)))),
+    RecordSpec("scale-sim",
+               "simulated throughput of megatron, llep, relibra and relibra-h beyond the paper's scale "
+               "(one step of 8 token-budget micro-batches, all MoE layers, seed 0, default set-up card)",
+               tuple(_simulate(m, ep, cluster) for m, ep, cluster in SCALE_CASES)),
+    RecordSpec("sim-speed",
+               "seconds the simulator takes to cost one planned step of 32 micro-batches (planning excluded)",
+               tuple(_sim(m, ep, cluster, p) for m, ep, cluster in (("deepseek-v3", 256, "paper,nodes=32"),
+                                                                    ("qwen3-235b-a22b", 32, "paper"))
+                     for p in ("relibra", "megatron"))),
+    RecordSpec("workload-scale",
+               "seconds to generate one step of 32 micro-batches at EP192-EP256",
+               (_workload("deepseek-v3", 256), _workload("kimi-k2", 192))),
+)
+
+
+def get_record_spec(name: str) -> RecordSpec:
+    for spec in RECORDS:
+        if spec.name == name:
+            return spec
+    raise ConfigError(f"unknown benchmark record {name!r}; records: {', '.join(s.name for s in RECORDS)}")
+
+
+def command_line(argv) -> str:
+    """The shell command for argv (after `relibra`)."""
+    return " ".join(["relibra", *argv])
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def load_average() -> list[float]:
+    """1-, 5- and 15-minute load averages, rounded to 0.01 (empty where the OS has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine() -> dict:
+    """What a figure was measured on: CPU model, logical CPUs, OS, Python and library versions."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "os": f"{platform.system()} {platform.release()}",
+            "machine": platform.machine(), "python": platform.python_version(), "numpy": _version("numpy"),
+            "scipy": _version("scipy"), "torch": _version("torch"), "kit_commit": kit_commit()}
+
+
+def kit_commit() -> str | None:
+    """The git commit of the kit's tree, "+changes" when files other than docs/ and data/bench/ (which the
+    records and their tables rewrite) have uncommitted changes (None outside git)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!docs", ":!data/bench"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+changes" if dirty else "")
+
+
+def write_record(record: dict, path: str | os.PathLike) -> Path:
+    """Write one record (atomically: a temporary file renamed over `path`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(record, indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def load_record(name: str, folder: str | os.PathLike = BENCH_DIR) -> dict:
+    """The record data/bench/NAME.json; a ConfigError naming the file and the command that writes it."""
+    path = Path(folder) / f"{name}.json"
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing; run `relibra bench record {name}`")
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc}); run `relibra bench record {name}` again") from exc
+    for key in ("name", "command", "started_utc", "machine", "load_average_start", "load_average_end", "runs"):
+        if key not in record:
+            raise ConfigError(f"{path}: has no {key!r}; run `relibra bench record {name}` again")
+    return record
