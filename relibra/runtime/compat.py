@@ -9,6 +9,13 @@ megatron-core 0.16.1 assumes CUDA in a few spots that the kit's CPU runtime reac
    tensors (on GPU they are numpy arrays); gloo rejects tensors there, so they become lists of ints.
 4. `moe_utils.te_general_gemm` must be None when Transformer Engine is absent (it is, in 0.16.1,
    because the import sits in a try block; we check rather than assume).
+5. megatron's optimizers, grad buffers and grad-norm helpers make scalars with `device='cuda'`
+   (optimizer.py, distrib_optimizer.py, clip_grads.py, param_and_grad_buffer.py, utils.py): in
+   those modules `torch` becomes a view of torch whose tensor / zeros / empty put 'cuda' on the host.
+6. Float16OptimizerWithFloat16Params and DistributedOptimizer sort parameters by `param.type()`
+   ('torch.cuda.FloatTensor', 'torch.cuda.BFloat16Tensor') and the gradient clip asserts
+   `grad.type()`: a host tensor's `type()` (no arguments) answers with the CUDA name; `type(dtype)`
+   casts as before.
 The CUDA RNG tracker is not patched: the kit initializes expert weights itself and uses no dropout
 or random router logits, so megatron's RNG tracker is never forked.
 
@@ -62,6 +69,41 @@ def _split_sizes_as_list(sizes):
     return [int(x) for x in sizes]
 
 
+def _host_device(device):
+    if device == "cuda" or (isinstance(device, torch.device) and device.type == "cuda"):
+        return "cpu"
+    return device
+
+
+class _HostTorch:
+    """torch, with tensor factories that put device 'cuda' on the host (patch 5)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def tensor(*args, device=None, **kwargs):
+        return torch.tensor(*args, device=_host_device(device), **kwargs)
+
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):
+        return torch.zeros(*args, device=_host_device(device), **kwargs)
+
+    @staticmethod
+    def empty(*args, device=None, **kwargs):
+        return torch.empty(*args, device=_host_device(device), **kwargs)
+
+
+_tensor_type = torch.Tensor.type
+
+
+def _cuda_type_name(self, dtype=None, non_blocking=False, **kwargs):
+    """Patch 6: a host tensor's type name as megatron's optimizers expect it on a GPU."""
+    if dtype is None and not kwargs and self.device.type == "cpu":
+        return _tensor_type(self).replace("torch.", "torch.cuda.", 1)
+    return _tensor_type(self, dtype, non_blocking, **kwargs)
+
+
 def megatron_version() -> str:
     return package_info.__version__
 
@@ -109,5 +151,14 @@ def apply() -> bool:
         moe_utils.te_general_gemm = None
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+
+    # (5) and (6): megatron's DDP and optimizers on the host.
+    from megatron.core import utils as megatron_utils
+    from megatron.core.distributed import param_and_grad_buffer
+    from megatron.core.optimizer import clip_grads, distrib_optimizer, optimizer
+
+    for module in (optimizer, distrib_optimizer, clip_grads, param_and_grad_buffer, megatron_utils):
+        module.torch = _HostTorch()
+    torch.Tensor.type = _cuda_type_name
     _applied = True
     return True
