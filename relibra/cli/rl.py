@@ -43,6 +43,16 @@ def register(subparsers) -> None:
     p.add_argument("--compare", default="small",
                    help="synthetic model preset to compare shift statistics with, or 'none' (default small)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar and no per-step lines")
+    p.add_argument("--trainer", default="torch", choices=("torch", "megatron"),
+                   help="torch: the plain-torch policy in this process (default); megatron: the policy as a "
+                        "megatron-core GPTModel under megatron DDP and optimizer on --nproc gloo ranks (EP = "
+                        "every rank), ReLibra planning between rollout and training (docs/rl.md)")
+    p.add_argument("--nproc", type=int, default=2, help="--trainer megatron: gloo ranks = EP size (default 2)")
+    p.add_argument("--policies", default="megatron,relibra",
+                   help="--trainer megatron: comma-separated balancing policies, each run from the same seed "
+                        "(default megatron,relibra)")
+    p.add_argument("--replica-slots", type=int, default=2,
+                   help="--trainer megatron: replica slots per rank for balancing policies (default 2)")
     p.set_defaults(func=_rl)
 
 
@@ -90,6 +100,8 @@ def _rl(args) -> int:
 
         get_model(args.compare)  # fail before the run, not after it
     progress = not args.no_progress
+    if args.trainer == "megatron":
+        return _rl_megatron(args, cfg, progress)
     result = run_rl(cfg, progress=progress, log=None if progress else (lambda _line: None))
     result.trace.save(args.out)
 
@@ -117,5 +129,56 @@ def _rl(args) -> int:
         from relibra.paths import write_text
 
         write_text(args.metrics, json_text(out, indent=1))
+        print(f"wrote {args.metrics}", file=sys.stderr)
+    return 0
+
+
+def _rl_megatron(args, cfg, progress: bool) -> int:
+    """`relibra rl --trainer megatron`: every policy's run on --nproc gloo ranks, step by step side by side."""
+    import numpy as np
+
+    from relibra.rl.megatron_loop import check_megatron_config, megatron_rl_worker
+    from relibra.runtime.launch import launch
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    check_megatron_config(cfg, args.nproc, policies)
+    if args.replica_slots < 0:
+        raise ConfigError(f"--replica-slots must be >= 0, got {args.replica_slots}")
+    out = launch(megatron_rl_worker, args.nproc, cfg, policies, args.replica_slots, args.out,
+                 threads_per_rank=args.threads, timeout_s=600.0)
+    history = out["history"]
+    print(f"wrote {args.out}: routing trace of policy {policies[0]} ({cfg.steps} steps x {cfg.micro_batches} "
+          f"micro-batches, EP {args.nproc}); routing identical across policies: "
+          f"{'yes' if out['routing_identical'] else 'no'}")
+    print("supervised warm-up loss (mean of the last 20 steps): "
+          + ", ".join(f"{p} {out['warmup_loss'][p]:.4f}" for p in policies))
+    rows = []
+    for s in range(cfg.steps):
+        for p in policies:
+            h = history[p][s]
+            total = h["rollout_s"] + h["planning_s"] + h["training_s"]
+            rows.append({"step": s, "policy": p, "reward": f"{h['reward']:.6f}", "loss": f"{h['loss']:.6e}", "grad_norm": f"{h['grad_norm']:.6e}",
+                         "moved": h["experts_moved"], "replicas": h["replicas"], "replica_tokens": h["replica_tokens"],
+                         "rollout_s": f"{h['rollout_s']:.2f}", "planning_s": f"{h['planning_s']:.3f}",
+                         "training_s": f"{h['training_s']:.2f}", "planning_share": f"{h['planning_s'] / total:.1%}"})
+    print(_table(rows))
+    base = policies[0]
+    for p in policies[1:]:
+        rewards = max(abs(a["reward"] - b["reward"]) for a, b in zip(history[p], history[base]))
+        losses = max(abs(a["loss"] - b["loss"]) for a, b in zip(history[p], history[base]))
+        norms = max(abs(a["grad_norm"] - b["grad_norm"]) for a, b in zip(history[p], history[base]))
+        print(f"{p} vs {base}: max |reward difference| {rewards:.3g}, max |loss difference| {losses:.3g}, "
+              f"max |grad-norm difference| {norms:.3g} over {cfg.steps} steps (float32; bound: docs/rl.md)")
+    for p in policies:
+        t = {k: float(np.sum([h[k] for h in history[p]])) for k in ("rollout_s", "planning_s", "training_s")}
+        total = sum(t.values())
+        print(f"{p}: rollout {t['rollout_s']:.2f} s, planning {t['planning_s']:.3f} s, training "
+              f"{t['training_s']:.2f} s; planning {t['planning_s'] / total:.1%} of the step")
+    if args.metrics:
+        from relibra.display import json_text
+        from relibra.paths import write_text
+
+        write_text(args.metrics, json_text({"config": cfg.to_dict(), "trainer": "megatron", "nproc": args.nproc,
+                                            "policies": policies, **out}, indent=1))
         print(f"wrote {args.metrics}", file=sys.stderr)
     return 0

@@ -85,14 +85,25 @@ def megatron_grid(ep: int):
     return ProcessGroupCollection.use_mpu_process_groups()
 
 
+def packed_forward(model, ids: np.ndarray, lengths: list[int] | None = None, device="cpu") -> torch.Tensor:
+    """Logits [T, vocab] of token ids int [T]: one sequence, or with `lengths` several sequences
+    packed back to back, each attending causally to itself only (a block-diagonal causal mask). RoPE
+    depends on position differences only, so a packed sequence computes what it would alone."""
+    t = len(ids)
+    ids_t = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device).view(1, t)
+    positions = torch.arange(t, device=device).view(1, t)
+    masked = torch.triu(torch.ones(t, t, dtype=torch.bool, device=device), 1)
+    if lengths is not None:
+        segment = torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                          torch.as_tensor(lengths, device=device))
+        masked |= segment[:, None] != segment[None, :]
+    return model(ids_t, positions, masked.view(1, 1, t, t)).view(t, -1)
+
+
 def token_loss(model, batch: SourceBatch, scale: float, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token cross-entropy (in float32 or wider) of one sequence times `scale`; and its logits."""
-    t = len(batch.ids)
-    ids = torch.as_tensor(batch.ids, device=device).view(1, t)
-    positions = torch.arange(t, device=device).view(1, t)
-    causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=device), 1).view(1, 1, t, t)
-    logits = model(ids, positions, causal)  # [1, T, vocab]
-    wide = logits.view(t, -1).to(torch.promote_types(logits.dtype, torch.float32))
+    logits = packed_forward(model, batch.ids, device=device)
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
     loss = F.cross_entropy(wide, torch.as_tensor(batch.labels, device=device), reduction="sum")
     return loss * scale, logits
 
@@ -142,16 +153,25 @@ class MegatronTrainer:
         self.hook.optimizer = self.optimizer
 
     def step(self, plan: StepPlan, batches: list[SourceBatch], tokens_per_microbatch: list[int]) -> dict:
-        """One training step on this rank's batches (one per micro-batch). Returns {"loss": this rank's
-        share, "grad_norm", "experts_moved", "migration_error", "wall_s"}."""
+        """One training step on this rank's batches (one sequence per micro-batch), summed next-token
+        cross-entropy over the micro-batch's tokens. Returns run()'s dict."""
+        def loss(m: int, batch: SourceBatch) -> torch.Tensor:
+            return token_loss(self.ddp, batch, 1.0 / (tokens_per_microbatch[m] * len(batches)), self.device)[0]
+
+        return self.run(plan, batches, loss)
+
+    def run(self, plan: StepPlan, micro_batches: list, loss_fn) -> dict:
+        """One step: micro_batches[m] has `.replay` (int [L, T, K] replayed ids or None); loss_fn(m,
+        micro_batch) runs the forward (through self.ddp) and returns the micro-batch's loss. Returns
+        {"loss": this rank's summed losses, "grad_norm", "experts_moved", "migration_error", "wall_s"}."""
         t0 = time.perf_counter()
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         start = self.hook.begin_step(plan)
         loss_total = 0.0
-        for m, batch in enumerate(batches):
+        for m, batch in enumerate(micro_batches):
             self.hook.before_microbatch(m, batch.replay)
-            loss, _ = token_loss(self.ddp, batch, 1.0 / (tokens_per_microbatch[m] * len(batches)), self.device)
+            loss = loss_fn(m, batch)
             loss.backward()
             self.hook.after_backward(m)
             loss_total += float(loss.detach())
@@ -160,6 +180,10 @@ class MegatronTrainer:
         if not ok:
             raise ConfigError("megatron's optimizer skipped the step (inf or nan gradients)")
         return {"loss": loss_total, "grad_norm": float(grad_norm), "wall_s": time.perf_counter() - t0, **start}
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
 
     # ---- inspection ----------------------------------------------------------------------------
     def logical_expert_state(self, what: str = "param") -> dict[tuple[int, int], np.ndarray]:
