@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("--prompts", type=int, default=32, help="prompts per step (default 32)")
     p.add_argument("--group-size", type=int, default=8, help="sampled responses per prompt (default 8)")
     p.add_argument("--micro-batches", type=int, default=8, help="micro-batches per step (default 8)")
-    p.add_argument("--ep", type=int, default=4, help="simulated EP source ranks per micro-batch (default 4)")
+    p.add_argument("--ep", type=int, default=None,
+                   help="simulated EP source ranks per micro-batch (default 4; with --trainer megatron: --nproc)")
     p.add_argument("--warmup-steps", type=int, default=300, help="supervised warm-up steps (default 300)")
     p.add_argument("--lr", type=float, default=5e-4, help="GRPO learning rate (default 5e-4)")
     p.add_argument("--layers", type=int, default=4, help="MoE layers (default 4)")
@@ -35,8 +36,9 @@ def register(subparsers) -> None:
     p.add_argument("--moe-ffn", type=int, default=128, help="expert FFN size (default 128)")
     p.add_argument("--shuffle", action="store_true",
                    help="shuffle a step's sequences before cutting micro-batches (default: rollout order)")
-    p.add_argument("--rollout-dtype", default="bfloat16", choices=("bfloat16", "float32"),
-                   help="precision of the rollout engine's copy of the policy (training is float32) (default bfloat16)")
+    p.add_argument("--rollout-dtype", default=None, choices=("bfloat16", "float32"),
+                   help="precision of the rollout engine's copy of the policy (training is float32) (default "
+                        "bfloat16; with --trainer megatron: float32, the only one it runs)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: the policy's GEMMs are too small to gain from more, "
                         "see docs/rl.md)")
@@ -88,10 +90,12 @@ def _rl(args) -> int:
     from relibra.rl.model import PolicyConfig
 
     torch.set_num_threads(args.threads)
+    megatron = args.trainer == "megatron"
     cfg = RLConfig(steps=args.steps, seed=args.seed, domains=tuple(d.strip() for d in args.domains.split(",") if d.strip()),
                    prompts_per_step=args.prompts, group_size=args.group_size, micro_batches=args.micro_batches,
-                   ep=args.ep, warmup_steps=args.warmup_steps, lr=args.lr, shuffle_sequences=args.shuffle,
-                   rollout_dtype=args.rollout_dtype,
+                   ep=args.ep if args.ep is not None else (args.nproc if megatron else 4),
+                   warmup_steps=args.warmup_steps, lr=args.lr, shuffle_sequences=args.shuffle,
+                   rollout_dtype=args.rollout_dtype or ("float32" if megatron else "bfloat16"),
                    policy=PolicyConfig(num_layers=args.layers, hidden=args.hidden, num_experts=args.experts,
                                        top_k=args.top_k, moe_ffn=args.moe_ffn))
     cfg.validate()
