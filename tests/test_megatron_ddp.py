@@ -91,3 +91,18 @@ def test_megatron_setup_refuses_what_megatron_cannot_run():
         MegatronSetup(dtype="float64", clip_grad=1.0).validate()
     with pytest.raises(ConfigError, match="dtype"):
         MegatronSetup(dtype="float16").validate()
+
+
+def test_megatron_hook_refuses_expert_weights_ddp_would_all_reduce():
+    import torch
+
+    from relibra.runtime.hook import ReLibraHook
+
+    p = torch.nn.Parameter(torch.zeros(2))
+    fake = SimpleNamespace(ep=2, slots=SimpleNamespace(home_expert_parameters=lambda: [p]))
+    ReLibraHook._check_ddp_marking(fake)  # no DDP (no main_grad): nothing to check
+    p.main_grad = torch.zeros(2)
+    with pytest.raises(ConfigError, match="expert_model_parallel_size=2"):
+        ReLibraHook._check_ddp_marking(fake)  # megatron marks it allreduce=True by default
+    p.allreduce = False
+    ReLibraHook._check_ddp_marking(fake)

@@ -49,11 +49,11 @@ def register(subparsers) -> None:
                    help="torch: the plain-torch policy in this process (default); megatron: the policy as a "
                         "megatron-core GPTModel under megatron DDP and optimizer on --nproc gloo ranks (EP = "
                         "every rank), ReLibra planning between rollout and training (docs/rl.md)")
-    p.add_argument("--nproc", type=int, default=2, help="--trainer megatron: gloo ranks = EP size (default 2)")
-    p.add_argument("--policies", default="megatron,relibra",
+    p.add_argument("--nproc", type=int, default=None, help="--trainer megatron: gloo ranks = EP size (default 2)")
+    p.add_argument("--policies", default=None,
                    help="--trainer megatron: comma-separated balancing policies, each run from the same seed "
                         "(default megatron,relibra)")
-    p.add_argument("--replica-slots", type=int, default=2,
+    p.add_argument("--replica-slots", type=int, default=None,
                    help="--trainer megatron: replica slots per rank for balancing policies (default 2)")
     p.set_defaults(func=_rl)
 
@@ -91,6 +91,16 @@ def _rl(args) -> int:
 
     torch.set_num_threads(args.threads)
     megatron = args.trainer == "megatron"
+    given = [f for f, v in (("--nproc", args.nproc), ("--policies", args.policies), ("--replica-slots", args.replica_slots))
+             if v is not None]
+    if given and not megatron:
+        raise ConfigError(f"{', '.join(given)} go with --trainer megatron")
+    if megatron:
+        args.nproc = 2 if args.nproc is None else args.nproc
+        args.policies = "megatron,relibra" if args.policies is None else args.policies
+        args.replica_slots = 2 if args.replica_slots is None else args.replica_slots
+        if args.nproc <= 0:
+            raise ConfigError(f"--nproc must be positive, got {args.nproc}")
     cfg = RLConfig(steps=args.steps, seed=args.seed, domains=tuple(d.strip() for d in args.domains.split(",") if d.strip()),
                    prompts_per_step=args.prompts, group_size=args.group_size, micro_batches=args.micro_batches,
                    ep=args.ep if args.ep is not None else (args.nproc if megatron else 4),

@@ -92,11 +92,6 @@ class ReLibraHook:
             raise ConfigError(f"the MoE layers were built on an EP group of {first.experts.ep_group.size()} ranks; "
                               f"the hook was given one of {ep_group.size()}")
         ep = ep_group.size()
-        shared = [p for p in first.experts.parameters() if getattr(p, "allreduce", True)]
-        if ep > 1 and shared:
-            raise ConfigError(f"the expert weights are marked for data-parallel all-reduce (allreduce=True) on an EP "
-                              f"group of {ep} ranks: megatron's DDP would sum different experts; build the model with "
-                              f"config.expert_model_parallel_size={ep}")
         self.ep_group = ep_group
         self.dp_group = dp_group if dp_group is not None else getattr(first.experts, "dp_group", None)
         num_experts = first.router.weight.shape[0]
@@ -117,11 +112,21 @@ class ReLibraHook:
     def home(self) -> np.ndarray:
         return self.slots.home
 
+    def _check_ddp_marking(self) -> None:
+        """Under megatron DDP (parameters carry main_grad) expert weights must be marked expert-parallel
+        (allreduce=False), or DDP sums different experts' gradients across the EP group."""
+        p = self.slots.home_expert_parameters()[0]
+        if self.ep > 1 and getattr(p, "main_grad", None) is not None and getattr(p, "allreduce", True):
+            raise ConfigError(f"under megatron's DDP the expert weights are marked for data-parallel all-reduce "
+                              f"(allreduce=True) on an EP group of {self.ep} ranks, so DDP would sum different "
+                              f"experts' gradients; build the model with config.expert_model_parallel_size={self.ep}")
+
     def begin_step(self, plan: StepPlan) -> dict:
         """Check the plan, then move expert homes where its placement differs from the current one.
 
         Returns {"experts_moved", "migration_error": None or the rolled-back migration's message}."""
         t0 = time.perf_counter()
+        self._check_ddp_marking()
         check_plan_for_runtime(plan, self.ep, self.ranks_per_node, self.replica_slots, self.slots.num_layers,
                                self.slots.num_experts)
         self.timer.add("step", "plan_check", time.perf_counter() - t0)
