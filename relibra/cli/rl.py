@@ -155,9 +155,9 @@ def _rl_megatron(args, cfg, progress: bool) -> int:
     from relibra.runtime.launch import launch
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    check_megatron_config(cfg, args.nproc, policies)
     if args.replica_slots < 0:
         raise ConfigError(f"--replica-slots must be >= 0, got {args.replica_slots}")
+    check_megatron_config(cfg, args.nproc, policies, args.replica_slots)
     out = launch(megatron_rl_worker, args.nproc, cfg, policies, args.replica_slots, args.out,
                  threads_per_rank=args.threads, timeout_s=600.0)
     history = out["history"]

@@ -265,8 +265,7 @@ def _policy_run(name: str, cfg: RLConfig, replica_slots: int, pgc, pgc_solo, ran
                                                        clip_grad=cfg.grad_clip), pgc, max_tokens)
     engine = _rollout_model(_model_config(cfg, 0), pgc_solo, max_tokens)
     warmup_loss = _warmup(trainer, cfg, warm_rng, ep, rank)
-    params = {"spare_slots_per_gpu": replica_slots, "seed": cfg.seed} if name != "megatron" else {}
-    policy = get_policy(name, **params)
+    policy = get_policy(name, **policy_params(name, replica_slots, cfg.seed))
     topology = get_topology("cpu-gloo").with_changes(num_nodes=1, gpus_per_node=ep)
     shape = cfg.policy.model_shape()
     steps, history = [], []
@@ -331,9 +330,15 @@ def megatron_rl_worker(rank: int, world: int, cfg: RLConfig, policies: list[str]
     return {"history": histories, "warmup_loss": warm, "routing_identical": bool(identical)}
 
 
-def check_megatron_config(cfg: RLConfig, nproc: int, policies: list[str]) -> None:
-    """Refuse a megatron-trainer run its layout cannot hold, before any rank starts."""
-    from relibra.policies import POLICY_NAMES
+def policy_params(name: str, replica_slots: int, seed: int) -> dict:
+    """Parameters a balancing policy is built with: the static `megatron` none, the others their spare
+    slots per rank and the seed."""
+    return {} if name == "megatron" else {"spare_slots_per_gpu": replica_slots, "seed": seed}
+
+
+def check_megatron_config(cfg: RLConfig, nproc: int, policies: list[str], replica_slots: int = 2) -> None:
+    """Refuse a megatron-trainer run its layout or policies cannot hold, before any rank starts."""
+    from relibra.policies import POLICY_NAMES, get_policy
 
     if cfg.ep != nproc:
         raise ConfigError(f"rl --trainer megatron: EP is every rank, so --ep must equal --nproc ({nproc}), got {cfg.ep}")
@@ -342,5 +347,6 @@ def check_megatron_config(cfg: RLConfig, nproc: int, policies: list[str]) -> Non
     for p in policies:
         if p not in POLICY_NAMES:
             raise ConfigError(f"rl --trainer megatron: unknown policy {p!r}; known: {', '.join(POLICY_NAMES)}")
+        get_policy(p, **policy_params(p, replica_slots, cfg.seed))  # its parameters, checked here
     if cfg.rollout_dtype != "float32":
         raise ConfigError("rl --trainer megatron: the rollout engine runs in float32 (--rollout-dtype float32)")
