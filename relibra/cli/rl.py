@@ -158,7 +158,7 @@ def _rl_megatron(args, cfg, progress: bool) -> int:
     if args.replica_slots < 0:
         raise ConfigError(f"--replica-slots must be >= 0, got {args.replica_slots}")
     check_megatron_config(cfg, args.nproc, policies, args.replica_slots)
-    out = launch(megatron_rl_worker, args.nproc, cfg, policies, args.replica_slots, args.out,
+    out = launch(megatron_rl_worker, args.nproc, cfg, policies, args.replica_slots, args.out, progress,
                  threads_per_rank=args.threads, timeout_s=600.0)
     history = out["history"]
     print(f"wrote {args.out}: routing trace of policy {policies[0]} ({cfg.steps} steps x {cfg.micro_batches} "

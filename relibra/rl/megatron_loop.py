@@ -296,7 +296,7 @@ def _policy_run(name: str, cfg: RLConfig, replica_slots: int, pgc, pgc_solo, ran
 
 
 def megatron_rl_worker(rank: int, world: int, cfg: RLConfig, policies: list[str], replica_slots: int,
-                       out_path: str | None) -> dict:
+                       out_path: str | None, show_progress: bool = True) -> dict:
     """Every policy's GRPO run on this rank (EP = world). Rank 0 writes the first policy's routing trace
     to out_path and returns {"history": {policy: rows}, "warmup_loss": {policy: float},
     "routing_identical": bool}."""
@@ -309,7 +309,7 @@ def megatron_rl_worker(rank: int, world: int, cfg: RLConfig, policies: list[str]
     pgc = megatron_grid(world)
     solo = build_groups(NodeLayout(world, 1))
     pgc_solo = solo.collection(ep_group=solo.solo)
-    show = (lambda it, desc: progress(it, desc=desc, leave=False)) if rank == 0 else (lambda it, desc: it)
+    show = (lambda it, desc: progress(it, desc=desc, leave=False)) if rank == 0 and show_progress else (lambda it, desc: it)
     histories, traces, warm = {}, {}, {}
     for name in policies:
         histories[name], traces[name], warm[name] = _policy_run(name, cfg, replica_slots, pgc, pgc_solo, rank,
