@@ -93,6 +93,9 @@ class OptimizerState:
     """
 
     def __init__(self, optimizer, dp_group=None):
+        if optimizer is None:
+            raise ConfigError("no optimizer: give the hook its optimizer (hook.optimizer = ...) before the first "
+                              "migration, so expert state moves with the weights")
         self.pieces, self.sharded = _pieces(optimizer)
         self.dp_group = dp_group
 
