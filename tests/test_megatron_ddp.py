@@ -106,3 +106,30 @@ def test_megatron_hook_refuses_expert_weights_ddp_would_all_reduce():
         ReLibraHook._check_ddp_marking(fake)  # megatron marks it allreduce=True by default
     p.allreduce = False
     ReLibraHook._check_ddp_marking(fake)
+
+
+def test_optimizer_state_round_trips_a_torch_adamw_and_refuses_what_it_would_lose():
+    import torch
+
+    from relibra.runtime.optstate import OptimizerState
+
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.AdamW([a, b])
+    a.grad, b.grad = torch.full((3,), 2.0), torch.zeros(3)
+    opt.step()
+    state = OptimizerState(opt)
+    whole_a = state.gather([a], torch.float64)[0]  # [master, exp_avg, exp_avg_sq, step]
+    assert torch.equal(whole_a[0], a.detach().double()) and float(whole_a[3]) == 1.0
+    state.write(b, whole_a)  # b now holds a's master and Adam state
+    assert torch.equal(b.detach(), a.detach())
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(opt.state[b][key], opt.state[a][key])
+    assert float(opt.state[b]["step"]) == 1.0
+    with pytest.raises(ConfigError, match="not in the optimizer"):
+        state.gather([torch.nn.Parameter(torch.zeros(2))], torch.float64)
+    with pytest.raises(ConfigError, match="no optimizer"):
+        OptimizerState(None)
+    ams = torch.optim.AdamW([a], amsgrad=True)
+    ams.step()
+    with pytest.raises(ConfigError, match="max_exp_avg_sq"):
+        OptimizerState(ams).gather([a], torch.float64)
