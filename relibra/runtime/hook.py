@@ -62,8 +62,13 @@ def check_parallelism(moe) -> None:
     token split and whole-expert transfers do not describe; the hook's layers would also be one
     pipeline stage's, not the plan's."""
     cfg = moe.config
-    sizes = {"tensor_model_parallel_size": max(cfg.tensor_model_parallel_size, moe.tp_group.size()),
-             "expert_tensor_parallel_size": max(cfg.expert_tensor_parallel_size or 1, moe.experts.tp_group.size()),
+
+    def size(group) -> int:
+        return group.size() if group is not None else 1
+
+    sizes = {"tensor_model_parallel_size": max(cfg.tensor_model_parallel_size, size(getattr(moe, "tp_group", None))),
+             "expert_tensor_parallel_size": max(cfg.expert_tensor_parallel_size or 1,
+                                                size(getattr(moe.experts, "tp_group", None))),
              "pipeline_model_parallel_size": cfg.pipeline_model_parallel_size,
              "context_parallel_size": cfg.context_parallel_size}
     bad = [f"{k}={v}" for k, v in sizes.items() if v > 1] + (["sequence_parallel=True"] if cfg.sequence_parallel else [])
@@ -88,9 +93,10 @@ class ReLibraHook:
                  timer: Timer | None = None, on_migration_failure: str = "continue", dp_group=None):
         first = moe_layers(model)[0]
         check_parallelism(first)
-        if first.experts.ep_group is not None and first.experts.ep_group.size() != ep_group.size():
-            raise ConfigError(f"the MoE layers were built on an EP group of {first.experts.ep_group.size()} ranks; "
-                              f"the hook was given one of {ep_group.size()}")
+        built_ep = getattr(first.experts, "ep_group", None)
+        if built_ep is not None and built_ep.size() != ep_group.size():
+            raise ConfigError(f"the MoE layers were built on an EP group of {built_ep.size()} ranks; the hook was "
+                              f"given one of {ep_group.size()}")
         ep = ep_group.size()
         self.ep_group = ep_group
         self.dp_group = dp_group if dp_group is not None else getattr(first.experts, "dp_group", None)
