@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("--prompts", type=int, default=32, help="prompts per step (default 32)")
     p.add_argument("--group-size", type=int, default=8, help="sampled responses per prompt (default 8)")
     p.add_argument("--micro-batches", type=int, default=8, help="micro-batches per step (default 8)")
-    p.add_argument("--ep", type=int, default=4, help="simulated EP source ranks per micro-batch (default 4)")
+    p.add_argument("--ep", type=int, default=None,
+                   help="simulated EP source ranks per micro-batch (default 4; with --trainer megatron: --nproc)")
     p.add_argument("--warmup-steps", type=int, default=300, help="supervised warm-up steps (default 300)")
     p.add_argument("--lr", type=float, default=5e-4, help="GRPO learning rate (default 5e-4)")
     p.add_argument("--layers", type=int, default=4, help="MoE layers (default 4)")
@@ -35,14 +36,25 @@ def register(subparsers) -> None:
     p.add_argument("--moe-ffn", type=int, default=128, help="expert FFN size (default 128)")
     p.add_argument("--shuffle", action="store_true",
                    help="shuffle a step's sequences before cutting micro-batches (default: rollout order)")
-    p.add_argument("--rollout-dtype", default="bfloat16", choices=("bfloat16", "float32"),
-                   help="precision of the rollout engine's copy of the policy (training is float32) (default bfloat16)")
+    p.add_argument("--rollout-dtype", default=None, choices=("bfloat16", "float32"),
+                   help="precision of the rollout engine's copy of the policy (training is float32) (default "
+                        "bfloat16; with --trainer megatron: float32, the only one it runs)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (default 1: the policy's GEMMs are too small to gain from more, "
                         "see docs/rl.md)")
     p.add_argument("--compare", default="small",
                    help="synthetic model preset to compare shift statistics with, or 'none' (default small)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar and no per-step lines")
+    p.add_argument("--trainer", default="torch", choices=("torch", "megatron"),
+                   help="torch: the plain-torch policy in this process (default); megatron: the policy as a "
+                        "megatron-core GPTModel under megatron DDP and optimizer on --nproc gloo ranks (EP = "
+                        "every rank), ReLibra planning between rollout and training (docs/rl.md)")
+    p.add_argument("--nproc", type=int, default=None, help="--trainer megatron: gloo ranks = EP size (default 2)")
+    p.add_argument("--policies", default=None,
+                   help="--trainer megatron: comma-separated balancing policies, each run from the same seed "
+                        "(default megatron,relibra)")
+    p.add_argument("--replica-slots", type=int, default=None,
+                   help="--trainer megatron: replica slots per rank for balancing policies (default 2)")
     p.set_defaults(func=_rl)
 
 
@@ -78,10 +90,22 @@ def _rl(args) -> int:
     from relibra.rl.model import PolicyConfig
 
     torch.set_num_threads(args.threads)
+    megatron = args.trainer == "megatron"
+    given = [f for f, v in (("--nproc", args.nproc), ("--policies", args.policies), ("--replica-slots", args.replica_slots))
+             if v is not None]
+    if given and not megatron:
+        raise ConfigError(f"{', '.join(given)} go with --trainer megatron")
+    if megatron:
+        args.nproc = 2 if args.nproc is None else args.nproc
+        args.policies = "megatron,relibra" if args.policies is None else args.policies
+        args.replica_slots = 2 if args.replica_slots is None else args.replica_slots
+        if args.nproc <= 0:
+            raise ConfigError(f"--nproc must be positive, got {args.nproc}")
     cfg = RLConfig(steps=args.steps, seed=args.seed, domains=tuple(d.strip() for d in args.domains.split(",") if d.strip()),
                    prompts_per_step=args.prompts, group_size=args.group_size, micro_batches=args.micro_batches,
-                   ep=args.ep, warmup_steps=args.warmup_steps, lr=args.lr, shuffle_sequences=args.shuffle,
-                   rollout_dtype=args.rollout_dtype,
+                   ep=args.ep if args.ep is not None else (args.nproc if megatron else 4),
+                   warmup_steps=args.warmup_steps, lr=args.lr, shuffle_sequences=args.shuffle,
+                   rollout_dtype=args.rollout_dtype or ("float32" if megatron else "bfloat16"),
                    policy=PolicyConfig(num_layers=args.layers, hidden=args.hidden, num_experts=args.experts,
                                        top_k=args.top_k, moe_ffn=args.moe_ffn))
     cfg.validate()
@@ -90,6 +114,8 @@ def _rl(args) -> int:
 
         get_model(args.compare)  # fail before the run, not after it
     progress = not args.no_progress
+    if args.trainer == "megatron":
+        return _rl_megatron(args, cfg, progress)
     result = run_rl(cfg, progress=progress, log=None if progress else (lambda _line: None))
     result.trace.save(args.out)
 
@@ -117,5 +143,56 @@ def _rl(args) -> int:
         from relibra.paths import write_text
 
         write_text(args.metrics, json_text(out, indent=1))
+        print(f"wrote {args.metrics}", file=sys.stderr)
+    return 0
+
+
+def _rl_megatron(args, cfg, progress: bool) -> int:
+    """`relibra rl --trainer megatron`: every policy's run on --nproc gloo ranks, step by step side by side."""
+    import numpy as np
+
+    from relibra.rl.megatron_loop import check_megatron_config, megatron_rl_worker
+    from relibra.runtime.launch import launch
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if args.replica_slots < 0:
+        raise ConfigError(f"--replica-slots must be >= 0, got {args.replica_slots}")
+    check_megatron_config(cfg, args.nproc, policies, args.replica_slots)
+    out = launch(megatron_rl_worker, args.nproc, cfg, policies, args.replica_slots, args.out, progress,
+                 threads_per_rank=args.threads, timeout_s=600.0)
+    history = out["history"]
+    print(f"wrote {args.out}: routing trace of policy {policies[0]} ({cfg.steps} steps x {cfg.micro_batches} "
+          f"micro-batches, EP {args.nproc}); routing identical across policies: "
+          f"{'yes' if out['routing_identical'] else 'no'}")
+    print("supervised warm-up loss (mean of the last 20 steps): "
+          + ", ".join(f"{p} {out['warmup_loss'][p]:.4f}" for p in policies))
+    rows = []
+    for s in range(cfg.steps):
+        for p in policies:
+            h = history[p][s]
+            total = h["rollout_s"] + h["planning_s"] + h["training_s"]
+            rows.append({"step": s, "policy": p, "reward": f"{h['reward']:.6f}", "loss": f"{h['loss']:.6e}", "grad_norm": f"{h['grad_norm']:.6e}",
+                         "moved": h["experts_moved"], "replicas": h["replicas"], "replica_tokens": h["replica_tokens"],
+                         "rollout_s": f"{h['rollout_s']:.2f}", "planning_s": f"{h['planning_s']:.3f}",
+                         "training_s": f"{h['training_s']:.2f}", "planning_share": f"{h['planning_s'] / total:.1%}"})
+    print(_table(rows))
+    base = policies[0]
+    for p in policies[1:]:
+        rewards = max(abs(a["reward"] - b["reward"]) for a, b in zip(history[p], history[base]))
+        losses = max(abs(a["loss"] - b["loss"]) for a, b in zip(history[p], history[base]))
+        norms = max(abs(a["grad_norm"] - b["grad_norm"]) for a, b in zip(history[p], history[base]))
+        print(f"{p} vs {base}: max |reward difference| {rewards:.3g}, max |loss difference| {losses:.3g}, "
+              f"max |grad-norm difference| {norms:.3g} over {cfg.steps} steps (float32; bound: docs/rl.md)")
+    for p in policies:
+        t = {k: float(np.sum([h[k] for h in history[p]])) for k in ("rollout_s", "planning_s", "training_s")}
+        total = sum(t.values())
+        print(f"{p}: rollout {t['rollout_s']:.2f} s, planning {t['planning_s']:.3f} s, training "
+              f"{t['training_s']:.2f} s; planning {t['planning_s'] / total:.1%} of the step")
+    if args.metrics:
+        from relibra.display import json_text
+        from relibra.paths import write_text
+
+        write_text(args.metrics, json_text({"config": cfg.to_dict(), "trainer": "megatron", "nproc": args.nproc,
+                                            "policies": policies, **out}, indent=1))
         print(f"wrote {args.metrics}", file=sys.stderr)
     return 0

@@ -12,6 +12,13 @@ megatron-core 0.16.1 assumes CUDA in a few spots that the kit's CPU runtime reac
    device, CUDA included.
 5. Distributed checkpointing (`dist_checkpointing.save`, strategies/filesystem_async.py) calls
    `torch.cuda.synchronize()` before it writes; on the host there is nothing to wait for.
+6. megatron's optimizers, grad buffers and grad-norm helpers make scalars with `device='cuda'`
+   (optimizer.py, distrib_optimizer.py, clip_grads.py, param_and_grad_buffer.py, utils.py): in
+   those modules `torch` becomes a view of torch whose tensor / zeros / empty put 'cuda' on the host.
+7. Float16OptimizerWithFloat16Params and DistributedOptimizer sort parameters by `param.type()`
+   ('torch.cuda.FloatTensor', 'torch.cuda.BFloat16Tensor') and the gradient clip asserts
+   `grad.type()`: a host tensor's `type()` (no arguments) answers with the CUDA name; `type(dtype)`
+   casts as before.
 The CUDA RNG tracker is not patched: the kit initializes expert weights itself and uses no dropout
 or random router logits, so megatron's RNG tracker is never forked.
 
@@ -74,6 +81,41 @@ def _split_sizes_as_list(sizes):
     return [int(x) for x in sizes]
 
 
+def _host_device(device):
+    if device == "cuda" or (isinstance(device, torch.device) and device.type == "cuda"):
+        return "cpu"
+    return device
+
+
+class _HostTorch:
+    """torch, with tensor factories that put device 'cuda' on the host (patch 5)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def tensor(*args, device=None, **kwargs):
+        return torch.tensor(*args, device=_host_device(device), **kwargs)
+
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):
+        return torch.zeros(*args, device=_host_device(device), **kwargs)
+
+    @staticmethod
+    def empty(*args, device=None, **kwargs):
+        return torch.empty(*args, device=_host_device(device), **kwargs)
+
+
+_tensor_type = torch.Tensor.type
+
+
+def _cuda_type_name(self, dtype=None, non_blocking=False, **kwargs):
+    """Patch 6: a host tensor's type name as megatron's optimizers expect it on a GPU."""
+    if dtype is None and not kwargs and self.device.type == "cpu":
+        return _tensor_type(self).replace("torch.", "torch.cuda.", 1)
+    return _tensor_type(self, dtype, non_blocking, **kwargs)
+
+
 def megatron_version() -> str:
     return package_info.__version__
 
@@ -125,6 +167,14 @@ def apply() -> bool:
 
     token_dispatcher.all_to_all = all_to_all_with_list_splits
 
+    # (6) and (7): megatron's DDP and optimizers on the host.
+    from megatron.core import utils as megatron_utils
+    from megatron.core.distributed import param_and_grad_buffer
+    from megatron.core.optimizer import clip_grads, distrib_optimizer, optimizer
+
+    for module in (optimizer, distrib_optimizer, clip_grads, param_and_grad_buffer, megatron_utils):
+        module.torch = _HostTorch()
+    torch.Tensor.type = _cuda_type_name
     _applied = True
     return True
 

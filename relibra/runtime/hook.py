@@ -13,9 +13,23 @@
         optimizer.step()
 
 The model is any megatron-core model whose MoE layers come from relibra.runtime.spec.moe_layer_spec
-(module order = the plan's layer order), built with physical_config(config, ep, replica_slots).
-The optimizer must hold the home experts' parameters and no replica's (replicas keep no optimizer
-state); the hook moves AdamW's exp_avg / exp_avg_sq / step with each migrated expert.
+(module order = the plan's layer order), built with physical_config(config, ep, replica_slots), bare
+or wrapped in megatron's DistributedDataParallel. The optimizer must hold the home experts'
+parameters (replicas keep no optimizer state): a torch optimizer, or what megatron's
+get_megatron_optimizer returns (fp32, bf16, distributed). The hook moves each migrated expert's
+weights, master copy and Adam state (relibra.runtime.optstate) and adds replica gradients where the
+optimizer reads them (`main_grad` under megatron DDP, `.grad` otherwise). Under megatron DDP:
+
+    ddp.zero_grad_buffer(); optimizer.zero_grad()
+    hook.begin_step(plan)
+    for m, batch in ...: hook.before_microbatch(m, replay); loss.backward(); hook.after_backward(m)
+    ddp.finish_grad_sync()                     # after the last after_backward: replica share included
+    optimizer.step()
+
+Process groups: every transfer and collective runs on the EP group the MoE layers were built with,
+and the migration vote also spans their expert data-parallel group (pg_collection.expt_dp), so any
+EP x DP grid works. Tensor, expert-tensor, pipeline and context parallelism (and sequence
+parallelism) are refused at construction with one error naming the setting (check_parallelism).
 """
 
 from __future__ import annotations
@@ -25,10 +39,12 @@ import time
 import numpy as np
 import torch
 
+from relibra.errors import ConfigError
 from relibra.plan import StepPlan
 from relibra.runtime.migration import InjectedFailure, MigrationError, migrate_homes
 from relibra.runtime.placement import (check_plan_for_runtime, home_slot_index, replica_routes, replicas_in_use,
                                        slot_experts)
+from relibra.runtime.optstate import OptimizerState
 from relibra.runtime.replicas import ReplicaBuffer
 from relibra.runtime.router import make_layer_route
 from relibra.runtime.plans import static_plan
@@ -37,20 +53,53 @@ from relibra.runtime.timing import Timer
 from relibra.trace import static_placement
 
 
+def check_parallelism(moe) -> None:
+    """Refuse (ConfigError) a MoE layer built with parallelism the hook does not execute.
+
+    Supported: expert parallelism times data parallelism. Refused: tensor (and sequence) parallelism,
+    expert tensor parallelism, pipeline and context parallelism: with them a rank's router sees a
+    shard of the sequence and an expert's weights are split over ranks, which the plan's per-rank
+    token split and whole-expert transfers do not describe; the hook's layers would also be one
+    pipeline stage's, not the plan's."""
+    cfg = moe.config
+
+    def size(group) -> int:
+        return group.size() if group is not None else 1
+
+    sizes = {"tensor_model_parallel_size": max(cfg.tensor_model_parallel_size, size(getattr(moe, "tp_group", None))),
+             "expert_tensor_parallel_size": max(cfg.expert_tensor_parallel_size or 1,
+                                                size(getattr(moe.experts, "tp_group", None))),
+             "pipeline_model_parallel_size": cfg.pipeline_model_parallel_size,
+             "context_parallel_size": cfg.context_parallel_size}
+    bad = [f"{k}={v}" for k, v in sizes.items() if v > 1] + (["sequence_parallel=True"] if cfg.sequence_parallel else [])
+    if bad:
+        raise ConfigError("ReLibraHook runs on EP x DP grids only (tensor, expert-tensor, pipeline and context "
+                          f"parallel sizes 1, no sequence parallelism); this model has {', '.join(bad)}")
+
+
 class ReLibraHook:
     """Executes StepPlans on a model built from relibra.runtime.spec.
 
-    ep_group: the EP process group the MoE layers span; ranks_per_node: the node size (replicas stay in
-    a node); optimizer: the torch optimizer over the dense and home-expert parameters (may be set
-    later, before the first migration); home: int [L, E] placement the weights are in now (default megatron's static contiguous
-    one); timer: a Timer (one is made when None); on_migration_failure: "continue" (a rolled-back
-    migration leaves the old placement and the step runs on it without replicas) or "stop" (raise).
+    ep_group: the EP process group the MoE layers span; ranks_per_node: the node size in EP-local
+    ranks (replicas stay in a node); optimizer: a torch optimizer or a megatron optimizer over the
+    dense and home-expert parameters (may be set later, before the first migration); home: int
+    [L, E] placement the weights are in now (default megatron's static contiguous one); timer: a
+    Timer (one is made when None); on_migration_failure: "continue" (a rolled-back migration leaves
+    the old placement and the step runs on it without replicas) or "stop" (raise); dp_group: the
+    experts' data-parallel group (default: the one the MoE layers were built with, expt_dp).
     """
 
     def __init__(self, model, ep_group, ranks_per_node: int, optimizer=None, home: np.ndarray | None = None,
-                 timer: Timer | None = None, on_migration_failure: str = "continue"):
+                 timer: Timer | None = None, on_migration_failure: str = "continue", dp_group=None):
         first = moe_layers(model)[0]
+        check_parallelism(first)
+        built_ep = getattr(first.experts, "ep_group", None)
+        if built_ep is not None and built_ep.size() != ep_group.size():
+            raise ConfigError(f"the MoE layers were built on an EP group of {built_ep.size()} ranks; the hook was "
+                              f"given one of {ep_group.size()}")
         ep = ep_group.size()
+        self.ep_group = ep_group
+        self.dp_group = dp_group if dp_group is not None else getattr(first.experts, "dp_group", None)
         num_experts = first.router.weight.shape[0]
         self.replica_slots = first.experts.num_local_experts - num_experts // ep
         home = static_placement(len(moe_layers(model)), num_experts, ep) if home is None else home
@@ -60,7 +109,7 @@ class ReLibraHook:
         self.ranks_per_node = ranks_per_node
         self.timer = timer or Timer()
         self.on_migration_failure = on_migration_failure
-        self.replicas = (ReplicaBuffer(self.slots, lambda a, b: a // ranks_per_node == b // ranks_per_node,
+        self.replicas = (ReplicaBuffer(self.slots, ep_group, lambda a, b: a // ranks_per_node == b // ranks_per_node,
                                        self.timer) if self.replica_slots else None)
         self.plan: StepPlan | None = None
         self.failure: InjectedFailure | None = None  # tests of the rollback path set it
@@ -69,11 +118,21 @@ class ReLibraHook:
     def home(self) -> np.ndarray:
         return self.slots.home
 
+    def _check_ddp_marking(self) -> None:
+        """Under megatron DDP (parameters carry main_grad) expert weights must be marked expert-parallel
+        (allreduce=False), or DDP sums different experts' gradients across the EP group."""
+        p = self.slots.home_expert_parameters()[0]
+        if self.ep > 1 and getattr(p, "main_grad", None) is not None and getattr(p, "allreduce", True):
+            raise ConfigError(f"under megatron's DDP the expert weights are marked for data-parallel all-reduce "
+                              f"(allreduce=True) on an EP group of {self.ep} ranks, so DDP would sum different "
+                              f"experts' gradients; build the model with config.expert_model_parallel_size={self.ep}")
+
     def begin_step(self, plan: StepPlan) -> dict:
         """Check the plan, then move expert homes where its placement differs from the current one.
 
         Returns {"experts_moved", "migration_error": None or the rolled-back migration's message}."""
         t0 = time.perf_counter()
+        self._check_ddp_marking()
         check_plan_for_runtime(plan, self.ep, self.ranks_per_node, self.replica_slots, self.slots.num_layers,
                                self.slots.num_experts)
         self.timer.add("step", "plan_check", time.perf_counter() - t0)
@@ -81,7 +140,8 @@ class ReLibraHook:
         if (plan.home != self.slots.home).any():
             t0 = time.perf_counter()
             try:
-                moved = migrate_homes(self.slots, self.optimizer, plan.home, self.failure)["experts_moved"]
+                moved = migrate_homes(self.slots, self.ep_group, self.optimizer, plan.home, self.failure,
+                                      self.dp_group)["experts_moved"]
             except MigrationError as exc:
                 if self.on_migration_failure == "stop":
                     raise
@@ -112,24 +172,28 @@ class ReLibraHook:
         self.timer.add("forward", "routes", time.perf_counter() - t0)
 
     def after_backward(self, micro_batch: int) -> None:
-        """Add the replica gradients of the micro-batch into their home experts' gradients."""
+        """Add the replica gradients of the micro-batch into their home experts' gradients (main_grad
+        under megatron DDP, else .grad)."""
         if self.replicas is not None:
             self.replicas.pull_gradients()
 
     # ---- inspection --------------------------------------------------------------------------
     def logical_expert_state(self, what: str = "param") -> dict[tuple[int, int], np.ndarray]:
-        """{(layer, expert): flat float64} of experts homed here: what = param | grad | exp_avg | exp_avg_sq."""
+        """{(layer, expert): flat float64} of experts homed here: what = param | grad | master | exp_avg |
+        exp_avg_sq (grad: main_grad under megatron DDP; master and moments whole, wherever the optimizer
+        keeps them; collective over the expert data-parallel group for a sharded optimizer)."""
+        state = OptimizerState(self.optimizer, self.dp_group) if what in ("master", "exp_avg", "exp_avg_sq") else None
         out = {}
         for layer in range(self.slots.num_layers):
             for mlp, e in zip(self.slots.home_mlps(layer), self.slots.local_experts(layer)):
-                parts = []
-                for p in self.slots.mlp_params(mlp):
-                    if what == "param":
-                        t = p.detach()
-                    elif what == "grad":
-                        t = p.grad if p.grad is not None else torch.zeros_like(p)
-                    else:
-                        t = self.optimizer.state[p][what]
-                    parts.append(t.reshape(-1).double().cpu().numpy())
-                out[(layer, int(e))] = np.concatenate(parts)
+                params = self.slots.mlp_params(mlp)
+                if what == "param":
+                    parts = [p.detach() for p in params]
+                elif what == "grad":
+                    parts = [getattr(p, "main_grad", None) if getattr(p, "main_grad", None) is not None
+                             else (p.grad if p.grad is not None else torch.zeros_like(p)) for p in params]
+                else:
+                    index = {"master": 0, "exp_avg": 1, "exp_avg_sq": 2}[what]
+                    parts = [whole[index] for whole in state.gather(params, torch.float64)]
+                out[(layer, int(e))] = np.concatenate([t.reshape(-1).double().cpu().numpy() for t in parts])
         return out

@@ -11,6 +11,7 @@ logical (layer, expert) id, so any placement of the same seed computes the same 
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import numpy as np
@@ -74,7 +75,10 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int):
     # tracker serves the fork around its (zero) attention dropout, on the host and on GPUs alike.
     megatron_random.initialize_rng_tracker(inference_rng_tracker=True)
     ep = pg_collection.ep.size()
-    config = physical_config(transformer_config(cfg), ep, cfg.replica_slots)
+    # expert_model_parallel_size marks the expert weights as expert-parallel (allreduce=False), so
+    # megatron's DDP reduces them over the expert data-parallel group, never across experts.
+    config = dataclasses.replace(physical_config(transformer_config(cfg), ep, cfg.replica_slots),
+                                 expert_model_parallel_size=ep)
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(cfg.torch_dtype)  # megatron's torch norms take the default dtype
     try:

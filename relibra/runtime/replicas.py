@@ -12,6 +12,12 @@ occupy one buffer. Per micro-batch, on every rank in lock step:
                              Writes go through `.data`, which autograd does not version-count.
   after the backward:        pull every layer's replica gradients into the home experts' gradients
                              (point-to-point), then drop the replica leaves and their gradients.
+                             The home gradient is where the wrapped model keeps it: `main_grad`
+                             under megatron's DistributedDataParallel (its backward hooks move
+                             `.grad` into the grad buffer and clear it), `.grad` otherwise. Under
+                             megatron DDP the pull must come before finish_grad_sync, so that the
+                             data-parallel reduction carries the replica share.
+Every transfer runs on the EP group; ranks are EP-local and converted with dist.get_global_rank.
 Why pull after the whole backward and not per layer: autograd accumulates a leaf's gradient in an
 AccumulateGrad node whose run time is not ordered against later layers' backward, so there is no
 point inside megatron-core's backward at which "layer l's replica gradients are complete" is known;
@@ -30,17 +36,29 @@ import torch.distributed as dist
 from relibra.errors import PlanError
 
 
+def home_gradient(p: torch.nn.Parameter) -> torch.Tensor:
+    """Where the optimizer reads p's gradient: megatron DDP's `main_grad` when p has one, else `.grad`
+    (made as zeros when absent)."""
+    main = getattr(p, "main_grad", None)
+    if main is not None:
+        return main
+    if p.grad is None:
+        p.grad = torch.zeros_like(p)
+    return p.grad
+
+
 class ReplicaBuffer:
     """Moves weights and gradients between home slots and the shared replica slots of one model.
 
-    slots: the model's ExpertSlots (its replica_mlps are the shared slot modules); same_node(a, b): the
-    node rule; timer: a relibra.runtime.timing.Timer. Installs a forward pre-hook and a forward hook on
+    slots: the model's ExpertSlots (its replica_mlps are the shared slot modules); group: the EP process
+    group; same_node(a, b): the node rule on EP-local ranks; timer: a relibra.runtime.timing.Timer. Installs a forward pre-hook and a forward hook on
     every MoE layer. Per micro-batch: set_microbatch(replica_expert [L, ep, R], home [L, E]), run
     forward and backward, then pull_gradients().
     """
 
-    def __init__(self, slots, same_node, timer):
+    def __init__(self, slots, group, same_node, timer):
         self.slots = slots
+        self.group = group
         self.rank = slots.rank
         self.same_node = same_node
         self.timer = timer
@@ -81,6 +99,9 @@ class ReplicaBuffer:
             out.append((e, h, int(g), int(r)))
         return out
 
+    def _global(self, ep_rank: int) -> int:
+        return dist.get_global_rank(self.group, ep_rank)
+
     def _home_mlp(self, layer: int, expert: int):
         local = self.slots.local_experts(layer)
         return self.slots.home_mlps(layer)[int(np.flatnonzero(local == expert)[0])]
@@ -94,11 +115,11 @@ class ReplicaBuffer:
         for i, (e, h, g, r) in enumerate(self.transfers(layer)):
             if self.rank == h:
                 for j, p in enumerate(self.slots.mlp_params(self._home_mlp(layer, e))):
-                    works.append(dist.isend(p.data, g, tag=2 * i + j))
+                    works.append(dist.isend(p.data, self._global(g), group=self.group, tag=2 * i + j))
                     self.bytes_pushed += p.numel() * p.element_size()
             elif self.rank == g:
                 for j, buf in enumerate(self.buffers[r]):
-                    works.append(dist.irecv(buf, h, tag=2 * i + j))
+                    works.append(dist.irecv(buf, self._global(h), group=self.group, tag=2 * i + j))
         for work in works:
             work.wait()
         self.loaded_layer = layer
@@ -132,21 +153,20 @@ class ReplicaBuffer:
                 if self.rank == g:
                     for p in self.leaves[layer][r]:
                         grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                        sends.append((dist.isend(grad, h, tag=tag), grad))
+                        sends.append((dist.isend(grad, self._global(h), group=self.group, tag=tag), grad))
                         self.bytes_pulled += grad.numel() * grad.element_size()
                         tag += 1
                 elif self.rank == h:
                     for p in self.slots.mlp_params(self._home_mlp(layer, e)):
-                        if p.grad is None:
-                            p.grad = torch.zeros_like(p)
                         buf = torch.empty_like(p)
-                        recvs.append((dist.irecv(buf, g, tag=tag), buf, p))
+                        recvs.append((dist.irecv(buf, self._global(g), group=self.group, tag=tag), buf,
+                                      home_gradient(p)))
                         tag += 1
                 else:
                     tag += 2
-        for work, buf, p in recvs:
+        for work, buf, target in recvs:
             work.wait()
-            p.grad.add_(buf)
+            target.add_(buf)
         for work, _ in sends:
             work.wait()
         self.leaves = {}

@@ -143,7 +143,7 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
     slots, optimizer = balanced_engine.hook.slots, balanced_engine.optimizer
     failed_everywhere = 0
     try:
-        migrate_homes(slots, optimizer, reordered_home(L, E, world, shift=5),
+        migrate_homes(slots, groups.ep, optimizer, reordered_home(L, E, world, shift=5),
                       failure=InjectedFailure(rank=world - 1, transfer=1))
     except MigrationError:
         failed_everywhere = 1
@@ -153,7 +153,7 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
     moments_after = gather_arrays(balanced_engine.logical_expert_state("exp_avg_sq"))
     homes = gather_list(balanced_engine.home.tolist())
     # then the same migration without failure succeeds and keeps every expert's values
-    migrate_homes(slots, optimizer, reordered_home(L, E, world, shift=5))
+    migrate_homes(slots, groups.ep, optimizer, reordered_home(L, E, world, shift=5))
     moved = gather_arrays(balanced_engine.logical_expert_state("param"))
     moved_moments = gather_arrays(balanced_engine.logical_expert_state("exp_avg_sq"))
 
@@ -232,3 +232,84 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
         checks["replicas_carried_tokens"] = used["replica_tokens"] > 0
         checks["relibra_policy_made_replicas"] = used["policy_replicas"] > 0
     return {"diffs": diffs, "checks": checks}
+
+
+def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, model: str = "tiny", steps: int = 3,
+                                micro_batches: int = 2, tokens_per_rank: int = 16, replica_slots: int = 2,
+                                seed: int = 0) -> dict:
+    """ReLibra against static placement under megatron DDP and get_megatron_optimizer, per set-up.
+
+    Grid: EP `ep`, DP world / ep (megatron's initialize_model_parallel). The trace has one source per
+    rank; DP replica d trains sources d * ep .. d * ep + ep - 1, and its EP group plans on their loads.
+    Both models train the same tokens with replayed routing. ReLibra: step 0 in-node replicas on the
+    static placement (Adam state is created), step 1 every expert migrates (weights, masters, Adam state)
+    plus replicas, step 2 migrates again. Static: megatron's placement, no replica slots. Rank 0
+    returns {set-up name: {"loss": max abs diff over steps, "param", "master", "exp_avg_sq", "dense":
+    max abs diff after the last step, "grad_norm": max abs diff}, "checks": {...}}.
+    """
+    from relibra.runtime.megatron_train import MegatronSetup, MegatronTrainer, megatron_grid
+
+    torch.use_deterministic_algorithms(False)
+    pgc = megatron_grid(ep)
+    dp = world // ep
+    e_rank, d_rank = pgc.ep.rank(), pgc.expt_dp.rank()
+    src = d_rank * ep + e_rank
+    trace = _make_trace(model, world, steps, micro_batches, tokens_per_rank, seed)
+    cfg = ModelConfig.from_preset(model, replica_slots=replica_slots, seed=seed)
+    data = TraceData(trace, cfg.shape.vocab_size, seed)
+    L, E = cfg.num_layers, cfg.num_experts
+    homes = [static_placement(L, E, ep), reordered_home(L, E, ep, shift=1), reordered_home(L, E, ep, shift=3)]
+    sources = slice(d_rank * ep, (d_rank + 1) * ep)
+    out, checks = {}, {"grid": f"EP {ep} x DP {dp}", "ep_groups_agree": True}
+    for setup in setups:
+        setup = MegatronSetup(**setup) if isinstance(setup, dict) else setup
+        record = {}
+        for kind in ("static", "relibra"):
+            trainer = MegatronTrainer(ModelConfig(cfg.shape, L, replica_slots if kind == "relibra" else 0, seed),
+                                      setup, pgc, tokens_per_rank * 2)
+            losses, norms, moved, replica_tokens = [], [], 0, 0
+            for step in range(steps):
+                loads = trace.loads[step][:, :, sources]  # [M, L, ep, E]: this EP group's sources
+                if kind == "static":
+                    plan = static_plan(loads, ep)
+                else:
+                    plan = in_node_replica_plan(loads, ep, replica_slots, home=homes[step % len(homes)])
+                    replica_tokens += int(plan.occupied_replica_tokens().sum())
+                batches = [data.batch(step, m, src, L) for m in range(micro_batches)]
+                # the loss is a mean over this DP replica's tokens of the micro-batch
+                ntok = [int(sum(data.batch(step, m, s, L).ids.size for s in range(sources.start, sources.stop)))
+                        for m in range(micro_batches)]
+                res = trainer.step(plan, batches, ntok)
+                loss = torch.tensor([res["loss"]], dtype=torch.float64)
+                dist.all_reduce(loss)
+                losses.append(float(loss.item()) / dp)
+                norms.append(res["grad_norm"])
+                moved += res["experts_moved"]
+            record[kind] = {"losses": losses, "norms": norms, "moved": moved, "replica_tokens": replica_tokens,
+                            "dense": trainer.dense_state()}
+            for what in ("param", "master", "exp_avg_sq"):
+                record[kind][what] = gather_arrays(trainer.logical_expert_state(what))
+            # every DP replica holds the same experts: compare them across replicas too
+            mine = trainer.logical_expert_state("param")
+            flat = torch.tensor(np.concatenate([mine[k] for k in sorted(mine)]))
+            top = flat.clone()
+            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=pgc.expt_dp)
+            checks["ep_groups_agree"] &= bool(torch.equal(top, flat))
+            del trainer
+        if rank == 0:
+            st, rl = record["static"], record["relibra"]
+            out[setup.name] = {
+                "loss": max(abs(a - b) for a, b in zip(rl["losses"], st["losses"])),
+                "grad_norm": max(abs(a - b) for a, b in zip(rl["norms"], st["norms"])),
+                "param": max_diff(rl["param"], st["param"]),
+                "master": max_diff(rl["master"], st["master"]),
+                "exp_avg_sq": max_diff(rl["exp_avg_sq"], st["exp_avg_sq"]),
+                "dense": float(np.abs(rl["dense"] - st["dense"]).max()),
+                "losses": rl["losses"], "static_losses": st["losses"], "norms": rl["norms"], "static_norms": st["norms"],
+            }
+            checks[f"{setup.name}: migrated"] = rl["moved"] > 0 and st["moved"] == 0
+            checks[f"{setup.name}: replicas carried tokens"] = rl["replica_tokens"] > 0
+    flag = torch.tensor([int(checks["ep_groups_agree"])])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    checks["ep_groups_agree"] = bool(flag.item())
+    return {"diffs": out, "checks": checks} if rank == 0 else {}

@@ -1,0 +1,197 @@
+"""One rank's model under megatron-core's training stack: GPTModel with ReLibra's MoE spec, the step
+hook, megatron's DistributedDataParallel and get_megatron_optimizer, on any EP x DP grid.
+
+    pgc = megatron_grid(ep)                              # parallel_state.initialize_model_parallel
+    trainer = MegatronTrainer(cfg, setup, pgc, max_tokens)
+    out = trainer.step(plan, batches, tokens_per_microbatch)
+
+A step is megatron's own sequence with the hook's three calls in it:
+    ddp.zero_grad_buffer(); optimizer.zero_grad()
+    hook.begin_step(plan)                                  # migration: weights, masters, Adam state
+    for each micro-batch: hook.before_microbatch; forward; backward; hook.after_backward
+    ddp.finish_grad_sync()                                 # dense over DP, experts over expert-DP
+    optimizer.step()                                       # masters -> model weights (all-gather)
+
+Set-ups (MegatronSetup): parameter dtype float64 / float32 (megatron's FP32Optimizer, or with
+distributed_optimizer its DistributedOptimizer, which takes float32 only) or bfloat16
+(Float16OptimizerWithFloat16Params, or the DistributedOptimizer; fp32 masters, gradients reduced in
+fp32). Adam, megatron's own gradient clipping by global norm.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from relibra.errors import ConfigError
+from relibra.plan import StepPlan
+from relibra.runtime.config import ModelConfig
+from relibra.runtime.data import SourceBatch
+from relibra.runtime.hook import ReLibraHook
+from relibra.runtime.model import build_model, init_dense_weights, logical_expert_weights
+from relibra.runtime.timing import Timer
+
+DTYPES = ("float64", "float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class MegatronSetup:
+    """dtype: model parameters (float64, float32, bfloat16); distributed_optimizer: shard master copies
+    and Adam state over data parallelism (megatron's DistributedOptimizer); clip_grad: megatron's
+    global-norm clip (0 = off; it needs float32 gradients, so float32 or bfloat16)."""
+
+    dtype: str = "float64"
+    distributed_optimizer: bool = False
+    lr: float = 1e-2
+    weight_decay: float = 0.01
+    clip_grad: float = 0.0
+
+    def validate(self) -> "MegatronSetup":
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"megatron set-up: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.distributed_optimizer and self.dtype == "float64":
+            raise ConfigError("megatron's DistributedOptimizer takes float32 or bfloat16 parameters, not float64")
+        if self.clip_grad > 0 and self.dtype == "float64":
+            raise ConfigError("megatron's gradient clipping takes float32 gradients; use clip_grad=0 with float64")
+        return self
+
+    @property
+    def name(self) -> str:
+        return f"{self.dtype}{'+distributed-optimizer' if self.distributed_optimizer else ''}"
+
+
+def megatron_grid(ep: int):
+    """megatron's process groups for tensor / pipeline size 1 and EP `ep` (DP = world / ep), via
+    parallel_state.initialize_model_parallel (once per process); returns the ProcessGroupCollection."""
+    from megatron.core import parallel_state
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    from relibra.runtime import compat
+
+    compat.apply()
+    world = dist.get_world_size()
+    if ep <= 0 or world % ep:
+        raise ConfigError(f"EP {ep} does not divide the {world} ranks")
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(expert_model_parallel_size=ep, create_gloo_process_groups=False)
+    elif parallel_state.get_expert_model_parallel_world_size() != ep:
+        raise ConfigError(f"megatron's process groups are initialized with EP "
+                          f"{parallel_state.get_expert_model_parallel_world_size()}, not {ep}")
+    return ProcessGroupCollection.use_mpu_process_groups()
+
+
+def packed_forward(model, ids: np.ndarray, lengths: list[int] | None = None, device="cpu") -> torch.Tensor:
+    """Logits [T, vocab] of token ids int [T]: one sequence, or with `lengths` several sequences
+    packed back to back, each attending causally to itself only (a block-diagonal causal mask). RoPE
+    depends on position differences only, so a packed sequence computes what it would alone."""
+    t = len(ids)
+    ids_t = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device).view(1, t)
+    positions = torch.arange(t, device=device).view(1, t)
+    masked = torch.triu(torch.ones(t, t, dtype=torch.bool, device=device), 1)
+    if lengths is not None:
+        segment = torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                          torch.as_tensor(lengths, device=device))
+        masked |= segment[:, None] != segment[None, :]
+    return model(ids_t, positions, masked.view(1, 1, t, t)).view(t, -1)
+
+
+def token_loss(model, batch: SourceBatch, scale: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token cross-entropy (in float32 or wider) of one sequence times `scale`; and its logits."""
+    logits = packed_forward(model, batch.ids, device=device)
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    loss = F.cross_entropy(wide, torch.as_tensor(batch.labels, device=device), reduction="sum")
+    return loss * scale, logits
+
+
+class MegatronTrainer:
+    """Model, hook, megatron DDP and megatron optimizer of one rank.
+
+    cfg: the model (cfg.replica_slots replica slots per rank; cfg.dtype is ignored, setup.dtype rules);
+    pgc: megatron's ProcessGroupCollection (megatron_grid); max_tokens: longest sequence a rank runs;
+    home: int [L, E] initial placement (default megatron's static one); ranks_per_node: node size in
+    EP-local ranks (default: the whole EP group).
+    """
+
+    def __init__(self, cfg: ModelConfig, setup: MegatronSetup, pgc, max_tokens: int,
+                 home: np.ndarray | None = None, ranks_per_node: int | None = None, device: str = "cpu"):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        setup.validate()
+        self.setup = setup
+        self.device = torch.device(device)
+        self.ep_group = pgc.ep
+        self.timer = Timer()
+        build_cfg = ModelConfig(cfg.shape, cfg.num_layers, cfg.replica_slots, cfg.seed,
+                                "float64" if setup.dtype == "float64" else "float32")
+        model = build_model(build_cfg, pgc, max_tokens)
+        if setup.dtype == "bfloat16":
+            model = model.to(torch.bfloat16)
+        self.model = model.to(self.device)
+        # The hook first (it shares the replica slot modules across layers), then DDP over the result.
+        self.hook = ReLibraHook(model, pgc.ep, ranks_per_node or pgc.ep.size(), home=home, timer=self.timer)
+        slots = self.hook.slots
+        expert_ids = {id(p) for p in slots.home_expert_parameters() + slots.replica_parameters()}
+        init_dense_weights(model, cfg.seed, expert_ids)
+        slots.load_logical_weights(lambda layer, expert: logical_expert_weights(cfg, layer, expert))
+        self.dense = [p for p in model.parameters() if id(p) not in expert_ids]
+        bf16 = setup.dtype == "bfloat16"
+        ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=setup.distributed_optimizer,
+                                                   grad_reduce_in_fp32=bf16, overlap_grad_reduce=False)
+        self.ddp = DistributedDataParallel(model.config, ddp_config, model, pg_collection=pgc)
+        opt_config = OptimizerConfig(optimizer="adam", lr=setup.lr, weight_decay=setup.weight_decay,
+                                     adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, bf16=bf16,
+                                     use_distributed_optimizer=setup.distributed_optimizer,
+                                     clip_grad=setup.clip_grad)
+        self.optimizer = get_megatron_optimizer(opt_config, [self.ddp], pg_collection=pgc,
+                                                use_gloo_process_groups=False)
+        self.hook.optimizer = self.optimizer
+
+    def step(self, plan: StepPlan, batches: list[SourceBatch], tokens_per_microbatch: list[int]) -> dict:
+        """One training step on this rank's batches (one sequence per micro-batch), summed next-token
+        cross-entropy over the micro-batch's tokens. Returns run()'s dict."""
+        def loss(m: int, batch: SourceBatch) -> torch.Tensor:
+            return token_loss(self.ddp, batch, 1.0 / (tokens_per_microbatch[m] * len(batches)), self.device)[0]
+
+        return self.run(plan, batches, loss)
+
+    def run(self, plan: StepPlan, micro_batches: list, loss_fn) -> dict:
+        """One step: micro_batches[m] has `.replay` (int [L, T, K] replayed ids or None); loss_fn(m,
+        micro_batch) runs the forward (through self.ddp) and returns the micro-batch's loss. Returns
+        {"loss": this rank's summed losses, "grad_norm", "experts_moved", "migration_error", "wall_s"}."""
+        t0 = time.perf_counter()
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        start = self.hook.begin_step(plan)
+        loss_total = 0.0
+        for m, batch in enumerate(micro_batches):
+            self.hook.before_microbatch(m, batch.replay)
+            loss = loss_fn(m, batch)
+            loss.backward()
+            self.hook.after_backward(m)
+            loss_total += float(loss.detach())
+        self.ddp.finish_grad_sync()
+        ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise ConfigError("megatron's optimizer skipped the step (inf or nan gradients)")
+        return {"loss": loss_total, "grad_norm": float(grad_norm), "wall_s": time.perf_counter() - t0, **start}
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # ---- inspection ----------------------------------------------------------------------------
+    def logical_expert_state(self, what: str = "param") -> dict[tuple[int, int], np.ndarray]:
+        return self.hook.logical_expert_state(what)
+
+    def dense_state(self) -> np.ndarray:
+        return np.concatenate([p.detach().reshape(-1).double().cpu().numpy() for p in self.dense])
+
+    @property
+    def home(self) -> np.ndarray:
+        return self.hook.home
