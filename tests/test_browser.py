@@ -9,8 +9,9 @@ through Selenium and /usr/bin/chromedriver, as a learner would use it:
 - 02_throughput.py opened the same way, set to the `tiny` profile, run down to its first figure: the
   parameters cell and the figure render.
 
-Screenshots go to the test's temporary folder; copies of the tutorial's before/after ones go to
-$RELIBRA_BROWSER_SHOTS (default <tmp>/relibra-browser), printed at the end. The server, its kernels
+Screenshots go to the test's temporary folder; copies of the tutorial's before/after ones, with the
+figures' PNGs exactly as the kernel sent them, go to $RELIBRA_BROWSER_SHOTS (default
+<tmp>/relibra-browser), printed at the end. The server, its kernels
 and the browser are stopped whatever happens, the port is free again and no process is left behind.
 Chromium and ChromeDriver come from apt (./reproduce.sh installs them as root); without them, or
 without selenium, the tests skip and say why.
@@ -18,6 +19,7 @@ without selenium, the tests skip and say why.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import re
@@ -98,6 +100,18 @@ def _descendants(pid: int) -> set[int]:
         kids = [c for c, pp in parents.items() if pp == p and c not in found]
         found.update(kids)
         todo.extend(kids)
+    return found
+
+
+def _carrying(marker: str) -> set[int]:
+    """Processes whose environment or command line holds `marker` (a path unique to this test run), so
+    that a process that left its parent (re-parented to init) is still found."""
+    found = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if marker.encode() in (d / "environ").read_bytes() or marker.encode() in (d / "cmdline").read_bytes():
+                    found.add(int(d.name))
     return found
 
 
@@ -183,6 +197,7 @@ class Lab:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # the group: anything the server started in it
         self.proc.wait(10)
+        self.seen |= _carrying(str(self.state / "runtime"))  # every kernel and worker has it in its environment
         _kill_all(self.seen)
         self.log.close()
 
@@ -195,7 +210,7 @@ def lab(tmp_path_factory):
         yield lab
     finally:
         lab.stop()
-    left = [p for p in lab.seen | {lab.proc.pid} if _alive(p)]
+    left = [p for p in lab.seen | {lab.proc.pid} | _carrying(str(lab.state / "runtime")) if _alive(p)]
     assert not left, f"processes left behind by jupyter lab: {left}"
     end = time.monotonic() + 10
     while not _port_free(lab.port) and time.monotonic() < end:
@@ -229,11 +244,11 @@ def browser(lab, tmp_path_factory):
             "wait();")
         yield driver
     finally:
-        seen |= _descendants(service.process.pid)
+        seen |= _descendants(service.process.pid) | _carrying(str(profile))
         with contextlib.suppress(Exception):
             driver.quit()
-        _kill_all(seen)
-    left = [p for p in seen if _alive(p)]
+        _kill_all(seen | _carrying(str(profile)))  # every Chromium process has the profile on its command line
+    left = [p for p in seen | _carrying(str(profile)) if _alive(p)]
     assert not left, f"browser processes left behind: {left}"
 
 
@@ -361,6 +376,55 @@ def redrawn(driver, box, before: tuple[str, list[str]]):
     return _wait(driver, ready, 120, 0.2)
 
 
+_SETTLE = """
+const done = arguments[arguments.length - 1], box = arguments[0];
+const imgs = Array.from(box.querySelectorAll('img'));
+Promise.all(imgs.map(i => i.decode().catch(() => null))).then(() => {
+  let last = '', same = 0;
+  const tick = () => {
+    const now = JSON.stringify(imgs.map(i => { const r = i.getBoundingClientRect(); return [r.width, r.height]; }));
+    same = now === last ? same + 1 : 0;
+    last = now;
+    if (same >= 3) done(true); else setTimeout(tick, 100);
+  };
+  requestAnimationFrame(() => requestAnimationFrame(tick));
+});
+"""
+
+
+_REPAINT = """
+const done = arguments[arguments.length - 1], el = arguments[0];
+el.style.transform = el.style.transform ? '' : 'translateZ(0)';
+requestAnimationFrame(() => requestAnimationFrame(() => done(true)));
+"""
+
+
+def screenshot(driver, element, path: Path) -> None:
+    """A screenshot of `element` once its images are decoded and laid out (sizes stable for 0.3 s),
+    repainted from scratch (a new compositing layer) until two shots in a row agree: on a busy machine
+    Chromium has been seen to show parts of a figure drawn for the previous layout."""
+    driver.execute_async_script(_SETTLE, element)
+    shots = []
+    for _ in range(6):
+        driver.execute_async_script(_REPAINT, element)
+        time.sleep(0.5)
+        shots.append(element.screenshot_as_png)
+        if len(shots) > 1 and shots[-1] == shots[-2]:
+            break
+    path.write_bytes(shots[-1])
+
+
+def save_figures(srcs: list[str], stem: Path) -> list[Path]:
+    """The figures exactly as the kernel sent them (the PNG bytes of each img's data: URL)."""
+    paths = []
+    for i, src in enumerate(srcs):
+        head, _, data = src.partition(",")
+        assert head == "data:image/png;base64", head[:40]
+        paths.append(stem.with_name(f"{stem.name}_figure{i}.png"))
+        paths[-1].write_bytes(base64.b64decode(data))
+    return paths
+
+
 # ---- the tests ---------------------------------------------------------------------------------
 
 def test_tutorial_sliders_redraw_the_plan(lab, browser, tmp_path, capsys):
@@ -381,7 +445,7 @@ def test_tutorial_sliders_redraw_the_plan(lab, browser, tmp_path, capsys):
         widget_state(browser, box)), 60)
     first = shown(before[0])
     shots = {"before": tmp_path / "tutorial_before.png"}
-    box.screenshot(str(shots["before"]))
+    screenshot(browser, box, shots["before"])
 
     # Fewer spare slots: the notebook's Try this says the slowest GPU's expert time rises
     # ("without copies nothing takes tokens off the GPU that holds a hot expert").
@@ -391,7 +455,7 @@ def test_tutorial_sliders_redraw_the_plan(lab, browser, tmp_path, capsys):
     assert all(a != b for a, b in zip(before[1], no_copies[1])), "a figure did not change with spare slots"
     assert mid["slowest_ms"] > first["slowest_ms"] and mid["skewness"] > first["skewness"], (first, mid)
     shots["spare_slots_0"] = tmp_path / "tutorial_spare_slots_0.png"
-    box.screenshot(str(shots["spare_slots_0"]))
+    screenshot(browser, box, shots["spare_slots_0"])
 
     # Skew to 0 (uniform popularity): Try this says the rank skewness falls.
     assert drag_to_start(browser, box, "skew") == "0.00"
@@ -400,13 +464,15 @@ def test_tutorial_sliders_redraw_the_plan(lab, browser, tmp_path, capsys):
     assert all(a != b for a, b in zip(no_copies[1], after[1])), "a figure did not change with skew"
     assert last["skewness"] < mid["skewness"], (mid, last)
     shots["after"] = tmp_path / "tutorial_after.png"
-    box.screenshot(str(shots["after"]))
+    screenshot(browser, box, shots["after"])
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     kept = [shutil.copy(shots[k], SHOTS / shots[k].name) for k in ("before", "after")]
+    kept += save_figures(before[1], SHOTS / "tutorial_before") + save_figures(after[1], SHOTS / "tutorial_after")
     with capsys.disabled():
         print(f"\n[browser] 00_tutorial: Run All {run_s:.1f} s, whole test {time.monotonic() - t0:.1f} s; shown "
-              f"{first} -> spare slots 0 {mid} -> skew 0 {last}\n[browser] screenshots: {' '.join(map(str, kept))}")
+              f"{first} -> spare slots 0 {mid} -> skew 0 {last}\n[browser] screenshots and the figures as sent: "
+              f"{' '.join(map(str, kept))}")
 
 
 def test_notebook_02_parameters_and_first_figure(lab, browser, tmp_path, capsys):
@@ -434,7 +500,7 @@ def test_notebook_02_parameters_and_first_figure(lab, browser, tmp_path, capsys)
             if int(i.get_attribute("naturalWidth") or 0) > 300]
     assert imgs, "notebook 02's first figure is not drawn"
     assert list((lab.results / "02_throughput").glob("*.png")), "the first figure was not saved"
-    cell.screenshot(str(tmp_path / "02_first_figure.png"))
+    screenshot(browser, cell, tmp_path / "02_first_figure.png")
     SHOTS.mkdir(parents=True, exist_ok=True)
     kept = shutil.copy(tmp_path / "02_first_figure.png", SHOTS / "02_first_figure.png")
     with capsys.disabled():
