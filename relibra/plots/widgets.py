@@ -14,6 +14,8 @@ def tutorial_interactive(compute, choices: dict, enabled: bool = True, **params)
     the plan with `compute` (tutorial_case) and redraw the tokens-per-GPU and plan figures.
 
     choices: {"ep": EP sizes, "placement": placements, "spare_slots": the most spare slots}.
+    Each redraw prints one line (the micro-batch's rank skewness, slowest-GPU and balanced ms, the
+    numbers the figures show), then both figures as PNGs; a slider recomputes when it is released.
 
     Displays the controls once and returns None (so a notebook cell shows them once). Does nothing
     when disabled, when ipywidgets is missing, or when no IPython kernel runs this code.
