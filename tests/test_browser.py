@@ -392,26 +392,51 @@ Promise.all(imgs.map(i => i.decode().catch(() => null))).then(() => {
 """
 
 
-_REPAINT = """
-const done = arguments[arguments.length - 1], el = arguments[0];
-el.style.transform = el.style.transform ? '' : 'translateZ(0)';
-requestAnimationFrame(() => requestAnimationFrame(() => done(true)));
-"""
-
-
 def screenshot(driver, element, path: Path) -> None:
-    """A screenshot of `element` once its images are decoded and laid out (sizes stable for 0.3 s),
-    repainted from scratch (a new compositing layer) until two shots in a row agree: on a busy machine
-    Chromium has been seen to show parts of a figure drawn for the previous layout."""
+    """A screenshot of `element`: the window's current frame (an element shot re-lays the page out at a
+    larger size, which a busy machine then paints late) cropped to the element, taken once its images
+    are decoded and laid out (sizes stable for 0.3 s) and two frames a second apart agree."""
+    import io
+
+    from PIL import Image
+
+    driver.execute_script("arguments[0].scrollIntoView({block: 'start'});", element)
     driver.execute_async_script(_SETTLE, element)
-    shots = []
-    for _ in range(6):
-        driver.execute_async_script(_REPAINT, element)
-        time.sleep(0.5)
-        shots.append(element.screenshot_as_png)
-        if len(shots) > 1 and shots[-1] == shots[-2]:
+    shots = [driver.get_screenshot_as_png()]
+    for _ in range(10):
+        time.sleep(1.0)
+        shots.append(driver.get_screenshot_as_png())
+        if shots[-1] == shots[-2]:
             break
-    path.write_bytes(shots[-1])
+    left, top, width, height = driver.execute_script(
+        "const r = arguments[0].getBoundingClientRect(), k = window.devicePixelRatio;"
+        "return [r.left * k, r.top * k, r.width * k, r.height * k];", element)
+    frame = Image.open(io.BytesIO(shots[-1]))
+    frame.crop((int(left), int(max(top, 0)), int(left + width), int(min(top + height, frame.height)))).save(path)
+
+
+def headless_figures(changes: dict) -> list[str]:
+    """The data: URLs of the tutorial controls' two figures for notebook 00's defaults with `changes`,
+    rendered here as the controls render them (relibra.plots.widgets), without a browser or kernel."""
+    import matplotlib
+
+    from relibra import experiments as ex
+    from relibra.plots.style import set_style
+    from relibra.plots.tutorial import plan_figure, tutorial_figure
+    from relibra.plots.widgets import _display_png
+
+    class _Png:
+        def __init__(self, data, format):
+            self.url = "data:image/png;base64," + base64.b64encode(data).decode()
+
+    shown = []
+    with matplotlib.rc_context():
+        set_style()  # what ex.start() sets in the notebook
+        case = ex.tutorial_case(**{**dict(placement="search", spare_slots=2, skew=1.2, shift=0.5, micro_batch=0,
+                                          seed=0, ep=4, tokens_per_gpu=4096, micro_batches=4), **changes})
+        for draw in (tutorial_figure, plan_figure):
+            _display_png(draw(case, 0), lambda png: shown.append(png.url), _Png)
+    return shown
 
 
 def save_figures(srcs: list[str], stem: Path) -> list[Path]:
@@ -465,6 +490,10 @@ def test_tutorial_sliders_redraw_the_plan(lab, browser, tmp_path, capsys):
     assert last["skewness"] < mid["skewness"], (mid, last)
     shots["after"] = tmp_path / "tutorial_after.png"
     screenshot(browser, box, shots["after"])
+
+    # What the browser shows is the kit's figure for those parameters, byte for byte as rendered headless.
+    assert after[1] == headless_figures(dict(placement="search", spare_slots=0, skew=0.0)), \
+        "the redrawn figures differ from the same figures rendered headless"
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     kept = [shutil.copy(shots[k], SHOTS / shots[k].name) for k in ("before", "after")]

@@ -55,8 +55,11 @@ def tutorial_interactive(compute, choices: dict, enabled: bool = True, **params)
         # The numbers the figures show, as text a reader (or a browser test) can read without the image.
         print(f"micro-batch {mb}: rank skewness {s['skewness']:.3f} (max / mean tokens per GPU), slowest GPU "
               f"{s['slowest_gpu_ms']:.3f} ms, balanced {s['balanced_ms']:.3f} ms")
-        for fig in (tutorial_figure(case, mb), plan_figure(case, mb)):
-            _display_png(fig, display, Image)
+        # Built with interactive mode off: in a kernel pyplot is interactive, and every change to a figure
+        # under construction then draws it, which has left figures with text placed for another layout.
+        with plt.ioff():
+            for draw in (tutorial_figure, plan_figure):
+                _display_png(draw(case, mb), display, Image)
 
     out = widgets.interactive_output(redraw, controls)
     display(widgets.VBox([widgets.HBox(list(controls.values())[:3]), widgets.HBox(list(controls.values())[3:]), out]))
