@@ -111,3 +111,91 @@ def test_shipped_trace_is_what_its_readme_command_writes(name, tmp_path):
         a, b = getattr(shipped, field), getattr(fresh, field)
         assert (a is None and b is None) or np.array_equal(a, b), field
     assert shipped.provenance == fresh.provenance
+
+
+def _replay_dump(folder, layers=4, experts=16, top_k=2, seed=0):
+    """RouterReplay recordings as megatron-replay reads them: one .npz per (step, micro-batch, rank), its
+    layer_<i> arrays [tokens, top_k] int64 in router order (what RouterReplay.get_recorded_data() holds)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir()
+    for step in range(2):
+        for rank in range(2):
+            ids = {f"layer_{i}": np.argsort(rng.random((24, experts)), -1)[:, :top_k].astype(np.int64)
+                   for i in range(layers)}
+            np.savez(folder / f"step{step}_mb0_rank{rank}.npz", **ids)
+    return folder
+
+
+def test_import_keeps_the_users_dense_shape(tmp_path, capsys):
+    """--heads/--kv-heads/--head-dim/--vocab replace the preset's dense fields; the trace file keeps them
+    (JSON in the .npz, read back without pickle) and the cost model charges them."""
+    from relibra.cluster import get_model, get_topology
+    from relibra.costs import cost_plan
+    from relibra.policies import get_policy
+
+    dump = _replay_dump(tmp_path / "replay")
+    plain, own = tmp_path / "plain.npz", tmp_path / "own.npz"
+    common = ["trace", "import", "--format", "megatron-replay", str(dump), "--model", "tiny", "--ep", "2"]
+    assert main(common + ["--out", str(plain)]) == 0
+    assert main(common + ["--out", str(own), "--heads", "16", "--kv-heads", "2", "--head-dim", "64",
+                          "--vocab", "32000"]) == 0
+    out = capsys.readouterr().out
+    assert "16 heads (2 KV) of dim 64, vocabulary 32000" in out
+    a, b = RoutingTrace.load(plain), RoutingTrace.load(own)
+    assert a.model == get_model("tiny") and np.array_equal(a.loads, b.loads)
+    assert (b.model.num_attention_heads, b.model.num_kv_heads, b.model.head_dim, b.model.vocab_size) == (16, 2, 64, 32000)
+    assert b.model.name == "tiny (--heads 16, --kv-heads 2, --head-dim 64, --vocab 32000)"
+    assert (b.model.hidden, b.model.moe_ffn, b.model.num_layers) == (64, 128, 4)  # the rest is the preset's
+    topo = get_topology("cpu-gloo")
+    preset, users = (cost_plan(get_policy("megatron").plan(t, 0, topo), t.model, topo).totals() for t in (a, b))
+    assert users["dense_compute"] > preset["dense_compute"]
+    assert users["expert_compute"] == pytest.approx(preset["expert_compute"])
+
+
+def test_import_model_json_kit_and_hugging_face(tmp_path, capsys):
+    from relibra.cli.trace import model_from_json
+    from relibra.cluster import get_model
+
+    dump = _replay_dump(tmp_path / "replay")
+    kit = tmp_path / "mymoe.json"
+    kit.write_text(json.dumps({"num_layers": 4, "num_experts": 16, "top_k": 2, "hidden": 256, "moe_ffn": 512,
+                               "num_attention_heads": 8, "num_kv_heads": 8, "head_dim": 32, "vocab_size": 5000}))
+    out = tmp_path / "t.npz"
+    assert main(["trace", "import", "--format", "megatron-replay", str(dump), "--model-json", str(kit), "--ep", "2",
+                 "--vocab", "6000", "--out", str(out)]) == 0
+    m = RoutingTrace.load(out).model
+    assert (m.name, m.hidden, m.num_attention_heads, m.vocab_size) == ("mymoe (--vocab 6000)", 256, 8, 6000)
+    # Hugging Face config.json keys (values of the models' own configs) give the kit's presets' shapes
+    qwen = {"_name_or_path": "Qwen/Qwen3-30B-A3B", "num_hidden_layers": 48, "num_experts": 128,
+            "num_experts_per_tok": 8, "hidden_size": 2048, "moe_intermediate_size": 768, "intermediate_size": 6144,
+            "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936,
+            "decoder_sparse_step": 1, "mlp_only_layers": [], "model_type": "qwen3_moe"}
+    dsv3 = {"num_hidden_layers": 61, "first_k_dense_replace": 3, "n_routed_experts": 256, "n_shared_experts": 1,
+            "num_experts_per_tok": 8, "hidden_size": 7168, "moe_intermediate_size": 2048, "intermediate_size": 18432,
+            "num_attention_heads": 128, "num_key_value_heads": 128, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 129280, "model_type": "deepseek_v3"}
+    for config, preset in ((qwen, "qwen3-30b-a3b"), (dsv3, "deepseek-v3")):
+        path = tmp_path / f"{preset}.json"
+        path.write_text(json.dumps(config))
+        shape = model_from_json(str(path))
+        assert {**shape.to_dict(), "name": preset} == get_model(preset).to_dict()
+    assert model_from_json(str(tmp_path / "qwen3-30b-a3b.json")).name == "Qwen3-30B-A3B"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--model", "tiny", "--heads", "0"], "--heads must be a positive integer, got 0"),
+    (["--model", "tiny", "--model-json", "m.json"], "--model-json gives the whole shape; drop --model"),
+    (["--model-json", "missing.json"], "--model-json missing.json: No such file or directory"),
+    (["--model-json", "bad.json"], "--model-json bad.json: unknown field 'heads'"),
+    (["--model-json", "sparse.json"], "decoder_sparse_step / mlp_only_layers"),
+    (["--model", "nosuch"], "unknown model"),
+])
+def test_import_shape_errors_before_reading_any_file(extra, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.json").write_text("{}")
+    (tmp_path / "bad.json").write_text(json.dumps({"num_layers": 4, "heads": 8}))
+    (tmp_path / "sparse.json").write_text(json.dumps({"num_hidden_layers": 4, "hidden_size": 64, "decoder_sparse_step": 2}))
+    assert main(["trace", "import", "--format", "megatron-replay", "/nonexistent/dump", "--ep", "2",
+                 "--out", "t.npz", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err

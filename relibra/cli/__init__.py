@@ -20,15 +20,82 @@ from relibra.errors import RelibraError
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser that takes no abbreviations (`--profil` is an error, not `--profile`); its
-    subcommands' parsers are of the same class."""
+    subcommands' parsers are of the same class. An unknown flag is reported by the subcommand it was
+    given to, with that subcommand's usage (argparse passes it up to the top-level parser)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            chosen_parser(self, parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+
+def chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The innermost subcommand parser that `args` went through (`relibra trace stats` -> its parser)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            name = getattr(args, action.dest, None)
+            if name in action.choices:
+                return chosen_parser(action.choices[name], args)
+    return parser
+
+
+def version_text() -> str:
+    """relibra's version and where it runs from, with the Python, torch and megatron-core it runs with.
+    The two libraries' versions are their installed distributions' (importlib.metadata), so this
+    imports neither (megatron-core takes seconds to import)."""
+    import importlib.metadata
+    import os
+    import platform
+
+    import relibra
+
+    def dist(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"relibra {relibra.__version__} ({os.path.dirname(relibra.__file__)}); Python {platform.python_version()}, "
+            f"torch {dist('torch')}, megatron-core {dist('megatron-core')}")
+
+
+class _Version(argparse.Action):
+    """--version: print version_text() and exit (computed only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
+def policy_list(text: str, flag: str = "--policies", extra: tuple[str, ...] = ()) -> list[str]:
+    """The comma-separated policy names of `text`, every one checked before any work: ConfigError names
+    each unknown one and lists the known ones (relibra.policies.POLICY_NAMES, plus `extra`)."""
+    from relibra.errors import ConfigError
+    from relibra.policies import POLICY_NAMES
+
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise ConfigError(f"{flag} names no policy")
+    known = [*POLICY_NAMES, *extra]
+    unknown = [p for p in dict.fromkeys(names) if p not in known]
+    if unknown:
+        raise ConfigError(f"{flag}: unknown polic{'ies' if len(unknown) > 1 else 'y'} "
+                          f"{', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="relibra", description="ReLibra reproduction kit: routing traces, "
                                      "balancing policies, cluster simulator, distributed runtime, RL workload.")
+    parser.add_argument("--version", action=_Version,
+                        help="print relibra's version and the Python, torch and megatron-core it runs with")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{__name__}.{mod.name}")
@@ -78,6 +145,9 @@ def _ending_signals_interrupt():
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == ["--version"]:
+        print(version_text())  # without building the parser, which imports every command module
+        return 0
     parser = build_parser()
     args = parser.parse_args(argv)
 

@@ -34,7 +34,9 @@ def _workload(args) -> int:
 def _planner(args) -> int:
     from relibra.bench.planner import benchmark_planner
 
-    policies = tuple(p for p in args.policies.split(",") if p)
+    from relibra.cli import policy_list
+
+    policies = tuple(policy_list(args.policies))  # every name, before any trace is generated
     _print(benchmark_planner(args.model, args.ep, seed=args.seed, policies=policies, cluster=args.cluster,
                              layout=args.layout, micro_batches=args.micro_batches), args.json)
     return 0
@@ -42,7 +44,12 @@ def _planner(args) -> int:
 
 def _sim(args) -> int:
     from relibra.bench.sim import benchmark_sim
+    from relibra.cli import policy_list
 
+    from relibra.errors import ConfigError
+
+    if len(policy_list(args.policy, flag="--policy")) != 1:
+        raise ConfigError(f"--policy takes one policy name, got {args.policy!r}")
     _print([benchmark_sim(model=args.model, ep=args.ep, policy=args.policy, cluster=args.cluster,
                           seed=args.seed, micro_batches=args.micro_batches)], args.json)
     return 0

@@ -14,11 +14,12 @@ def _simulate(args) -> int:
     from relibra.errors import ConfigError
     from relibra.trace import RoutingTrace
 
+    from relibra.cli import policy_list
+    from relibra.sim import BALANCED_COMPUTE
+
+    policies = policy_list(args.policies, extra=(BALANCED_COMPUTE,))  # every name, before any work
     card = card_with_overrides(args.setup, args.layout, args.tokens_per_microbatch)
     topology = card.topology() if args.cluster is None else parse_topology(args.cluster)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    if not policies:
-        raise ConfigError("--policies names no policy")
     if args.steps is not None and args.steps <= 0:
         raise ConfigError(f"--steps must be positive, got {args.steps}")
     if args.warmup_steps < 0:

@@ -56,8 +56,17 @@ def register(subparsers) -> None:
     imp.add_argument("--layers", type=int, help="MoE layers (explicit model shape)")
     imp.add_argument("--experts", type=int, help="routed experts per layer (explicit model shape)")
     imp.add_argument("--top-k", type=int, help="experts per token (explicit model shape)")
-    imp.add_argument("--hidden", type=int, default=2048, help="hidden size of an explicit shape (cost model only; 2048)")
-    imp.add_argument("--moe-ffn", type=int, default=768, help="expert ffn size of an explicit shape (cost model only; 768)")
+    imp.add_argument("--model-json", metavar="FILE",
+                     help="the whole model shape from a JSON file instead of --model or --layers/--experts/--top-k: "
+                          "the kit's ModelShape fields (name, num_layers, num_experts, top_k, hidden, moe_ffn, "
+                          "num_attention_heads, num_kv_heads, head_dim, vocab_size, ...) or a Hugging Face "
+                          "config.json (Qwen3-MoE, Mixtral, DeepSeek-V3 keys)")
+    dense = imp.add_argument_group(
+        "model sizes", "what the cost model charges beside the routing: expert GEMMs, attention, embedding and output "
+        "layer; each flag replaces that field of --model, --model-json or the explicit shape, and the trace keeps it")
+    for flag, field, default in DENSE_FLAGS:
+        dense.add_argument(flag, type=int, default=None, dest=field, metavar="N",
+                           help=f"{DENSE_HELP[field]} (default: the preset's or the JSON's; explicit shape {default})")
     imp.add_argument("--ep", type=int, help="expert-parallel size (required; megatron-jsonl: default highest rank + 1)")
     imp.add_argument("--micro-batches", type=int, default=1,
                      help="verl/sglang/vllm/slime: micro-batches each rank cuts its sequences into (default 1)")
@@ -89,6 +98,118 @@ def register(subparsers) -> None:
     cal.add_argument("--seed", type=int, default=0)
     cal.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     cal.set_defaults(func=_calibrate)
+
+
+# Dense-shape flags of `trace import`: (flag, ModelShape field, default of an explicit shape).
+DENSE_FLAGS = (("--hidden", "hidden", 2048), ("--moe-ffn", "moe_ffn", 768), ("--heads", "num_attention_heads", 16),
+               ("--kv-heads", "num_kv_heads", 4), ("--head-dim", "head_dim", 128), ("--vocab", "vocab_size", 151936))
+DENSE_HELP = {"hidden": "hidden size", "moe_ffn": "expert ffn size", "num_attention_heads": "attention (query) heads",
+              "num_kv_heads": "key-value heads (GQA)", "head_dim": "attention head dim",
+              "vocab_size": "vocabulary size (embedding and output layer)"}
+
+
+def model_from_json(path: str):
+    """A ModelShape from a JSON file: either the kit's ModelShape fields (as a trace's meta holds them;
+    `name` defaults to the file's stem, every other key must be a field) or a Hugging Face config.json,
+    read by these keys (others ignored):
+
+    - MoE layers: num_hidden_layers, less first_k_dense_replace (DeepSeek) dense layers; a
+      decoder_sparse_step other than 1 or a non-empty mlp_only_layers (Qwen MoE) is refused: which
+      layers are MoE is then not a count;
+    - num_experts / n_routed_experts / num_local_experts; top_k: num_experts_per_tok;
+    - hidden_size; moe_ffn: moe_intermediate_size, else intermediate_size (Mixtral's experts);
+      n_shared_experts; dense_ffn: intermediate_size when there are dense layers;
+    - num_attention_heads; num_key_value_heads (default: the heads); head_dim (default:
+      hidden_size / heads); vocab_size. Multi-head latent attention (kv_lora_rank set) is shaped as the
+      kit's deepseek-v3 preset shapes it: head_dim = v_head_dim and one KV head.
+    """
+    import dataclasses
+    import os
+
+    from relibra.cluster import ModelShape
+    from relibra.trace.io import parse_json
+
+    where = f"--model-json {path}"
+    try:
+        with open(path, "rb") as fh:
+            d = parse_json(fh.read(), where)
+    except OSError as exc:
+        raise ConfigError(f"{where}: {exc.strerror}") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: must be a JSON object, got {type(d).__name__}")
+    fields = {f.name for f in dataclasses.fields(ModelShape)}
+    stem = os.path.splitext(os.path.basename(path))[0]
+    if "num_layers" in d or not {"num_hidden_layers", "hidden_size"} & set(d):
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise ConfigError(f"{where}: unknown field {unknown[0]!r}; ModelShape fields: {', '.join(sorted(fields))}")
+        try:
+            return ModelShape.from_dict({"name": stem, **d})
+        except TypeError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+    def need(*keys, default=None):
+        for key in keys:
+            if d.get(key) is not None:
+                return d[key]
+        if default is None:
+            raise ConfigError(f"{where}: a Hugging Face config needs {' or '.join(map(repr, keys))}")
+        return default
+
+    if d.get("decoder_sparse_step", 1) != 1 or d.get("mlp_only_layers"):
+        raise ConfigError(f"{where}: decoder_sparse_step / mlp_only_layers make only some layers MoE; write the "
+                          f"kit's ModelShape JSON (num_layers = the MoE layers) instead")
+    dense_layers = int(d.get("first_k_dense_replace") or 0)
+    heads = need("num_attention_heads")
+    hidden = need("hidden_size")
+    mla = d.get("kv_lora_rank") is not None
+    shape = dict(
+        name=str(d.get("_name_or_path") or d.get("model_type") or stem).rstrip("/").split("/")[-1] or stem,
+        num_layers=need("num_hidden_layers") - dense_layers,
+        num_experts=need("num_experts", "n_routed_experts", "num_local_experts"), top_k=need("num_experts_per_tok"),
+        hidden=hidden, moe_ffn=need("moe_intermediate_size", "intermediate_size"),
+        num_shared_experts=int(d.get("n_shared_experts") or 0), num_dense_layers=dense_layers,
+        dense_ffn=int(d.get("intermediate_size") or 0) if dense_layers else 0, num_attention_heads=heads,
+        num_kv_heads=1 if mla else need("num_key_value_heads", default=heads),
+        head_dim=need("v_head_dim") if mla else need("head_dim", default=hidden // heads if isinstance(hidden, int)
+                                                     and isinstance(heads, int) and heads else None),
+        vocab_size=need("vocab_size"))
+    try:
+        return ModelShape(**shape)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _import_shape(args):
+    """(model for the importer: a ModelShape, a preset name or None, {dense field: value} the flags set)."""
+    from relibra.cluster import get_model
+
+    dense = {field: getattr(args, field) for _, field, _ in DENSE_FLAGS if getattr(args, field) is not None}
+    for flag, field, _ in DENSE_FLAGS:
+        if field in dense and dense[field] < 1:
+            raise ConfigError(f"{flag} must be a positive integer, got {dense[field]}")
+    explicit = [f for f, v in (("--layers", args.layers), ("--experts", args.experts), ("--top-k", args.top_k))
+                if v is not None]
+    if args.model_json is not None:
+        if args.model is not None or explicit:
+            raise ConfigError(f"--model-json gives the whole shape; drop {', '.join(['--model'] * (args.model is not None) + explicit)}")
+        return model_from_json(args.model_json), dense
+    if args.model is not None:
+        get_model(args.model)  # an unknown preset fails before any file is read
+    return args.model, dense
+
+
+def _with_dense(trace, dense: dict):
+    """The trace with the dense fields the flags set; the model's name says which ones changed."""
+    import dataclasses
+
+    changed = {k: v for k, v in dense.items() if getattr(trace.model, k) != v}
+    if not changed:
+        return trace
+    flags = {field: flag for flag, field, _ in DENSE_FLAGS}
+    base = trace.model.name
+    name = base if base.startswith("custom-") else f"{base} ({', '.join(f'{flags[k]} {v}' for k, v in changed.items())})"
+    return trace.with_model(dataclasses.replace(trace.model, name=name, **changed))
 
 
 def _check_trace_out(path: str) -> None:
@@ -166,29 +287,31 @@ def _import(args) -> int:
         raise ConfigError("--mtp and --recompute apply to megatron-jsonl")
     if args.format != "sglang" and args.start_len:
         raise ConfigError("--start-len applies to sglang")
+    model, dense = _import_shape(args)
     opts = {"keep_tokens": not args.loads_only}
     if args.format == "megatron-jsonl":
         if args.layers is not None or args.top_k is not None:
             raise ConfigError("megatron-jsonl reads layers and top-k from the file; give --model or --experts only")
         if args.model is not None and args.experts is not None:
             raise ConfigError("give either a model preset or --experts, not both")
-        opts.update(model=args.model, ep=args.ep, experts=args.experts, mtp=args.mtp, recompute=args.recompute,
-                    hidden=args.hidden, moe_ffn=args.moe_ffn)
+        opts.update(model=model, ep=args.ep, experts=args.experts, mtp=args.mtp, recompute=args.recompute)
     else:
         if args.ep is None:
             raise ConfigError(f"--ep is required for {args.format}")
-        opts.update(model=resolve_model(args.model, args.layers, args.experts, args.top_k, args.hidden, args.moe_ffn),
-                    ep=args.ep)
+        opts.update(model=resolve_model(model, args.layers, args.experts, args.top_k), ep=args.ep)
         if args.format in sequences:
             opts.update(micro_batches=args.micro_batches, order=args.order)
         if args.format == "sglang":
             opts.update(start_len=args.start_len)
-    trace = import_trace(args.format, args.sources, **opts)
+    trace = _with_dense(import_trace(args.format, args.sources, **opts), dense)
     trace.save(args.out)
     tokens = "with token-level ids" if trace.token_experts is not None else "counts only"
+    m = trace.model
     print(f"wrote {args.out}: {trace.num_steps} steps x {trace.num_microbatches} micro-batches x "
           f"{trace.num_layers} layers x EP{trace.ep} x {trace.num_experts} experts ({tokens}); "
           f"static skewness {trace.static_skewness():.3f}")
+    print(f"model {m.name!r}: hidden {m.hidden}, expert ffn {m.moe_ffn}, {m.num_attention_heads} heads "
+          f"({m.num_kv_heads} KV) of dim {m.head_dim}, vocabulary {m.vocab_size}")
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import matplotlib.pyplot as plt
 
 from relibra.plots.tutorial import plan_figure, tutorial_figure
@@ -12,6 +14,8 @@ def tutorial_interactive(compute, choices: dict, enabled: bool = True, **params)
     the plan with `compute` (tutorial_case) and redraw the tokens-per-GPU and plan figures.
 
     choices: {"ep": EP sizes, "placement": placements, "spare_slots": the most spare slots}.
+    Each redraw prints one line (the micro-batch's rank skewness, slowest-GPU and balanced ms, the
+    numbers the figures show), then both figures as PNGs; a slider recomputes when it is released.
 
     Displays the controls once and returns None (so a notebook cell shows them once). Does nothing
     when disabled, when ipywidgets is missing, or when no IPython kernel runs this code.
@@ -21,7 +25,7 @@ def tutorial_interactive(compute, choices: dict, enabled: bool = True, **params)
     try:
         import ipywidgets as widgets  # notebook-only dependencies
         from IPython import get_ipython
-        from IPython.display import display
+        from IPython.display import Image, display
     except ImportError:
         return None
     shell = get_ipython()
@@ -30,24 +34,43 @@ def tutorial_interactive(compute, choices: dict, enabled: bool = True, **params)
     controls = {
         "ep": widgets.Dropdown(options=list(choices["ep"]), value=int(params.get("ep", 4)), description="EP"),
         "spare_slots": widgets.IntSlider(value=int(params.get("spare_slots", 0)), min=0,
-                                         max=int(choices["spare_slots"]), description="spare slots"),
+                                         max=int(choices["spare_slots"]), description="spare slots",
+                                         continuous_update=False),
         "skew": widgets.FloatSlider(value=float(params.get("skew", 1.2)), min=0.0, max=3.0, step=0.1,
-                                    description="skew"),
+                                    description="skew", continuous_update=False),
         "placement": widgets.Dropdown(options=list(choices["placement"]), value=params.get("placement", "search"),
                                       description="placement"),
         "shift": widgets.FloatSlider(value=float(params.get("shift", 0.5)), min=0.0, max=1.0, step=0.1,
-                                     description="shift"),
+                                     description="shift", continuous_update=False),
         "micro_batch": widgets.IntSlider(value=int(params.get("micro_batch", 0)), min=0,
-                                         max=int(params.get("micro_batches", 4)) - 1, description="micro-batch"),
+                                         max=int(params.get("micro_batches", 4)) - 1, description="micro-batch",
+                                         continuous_update=False),
     }
     fixed = {k: params[k] for k in ("seed", "tokens_per_gpu", "micro_batches") if k in params}
 
     def redraw(**values):
         case = compute(**values, **fixed)
-        tutorial_figure(case, values["micro_batch"])
-        plan_figure(case, values["micro_batch"])
-        plt.show()
+        mb = values["micro_batch"]
+        s = case["summary"].set_index("micro_batch").loc[mb]
+        # The numbers the figures show, as text a reader (or a browser test) can read without the image.
+        print(f"micro-batch {mb}: rank skewness {s['skewness']:.3f} (max / mean tokens per GPU), slowest GPU "
+              f"{s['slowest_gpu_ms']:.3f} ms, balanced {s['balanced_ms']:.3f} ms")
+        # Built with interactive mode off: in a kernel pyplot is interactive, and every change to a figure
+        # under construction then draws it, which has left figures with text placed for another layout.
+        with plt.ioff():
+            for draw in (tutorial_figure, plan_figure):
+                _display_png(draw(case, mb), display, Image)
 
     out = widgets.interactive_output(redraw, controls)
     display(widgets.VBox([widgets.HBox(list(controls.values())[:3]), widgets.HBox(list(controls.values())[3:]), out]))
     return None
+
+
+def _display_png(fig, display, Image) -> None:
+    """Show `fig` as PNG bytes and close it. Independent of matplotlib's backend: under MPLBACKEND=Agg
+    plt.show() draws nothing in the output area, and an open figure would be drawn a second time by the
+    inline backend at the end of the cell."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    display(Image(data=buf.getvalue(), format="png"))

@@ -281,6 +281,17 @@ class RoutingTrace:
             raise TraceError(f"{path}: field 'loads' is all zero; the trace routes no tokens")
         return obj
 
+    def with_model(self, model: ModelShape) -> "RoutingTrace":
+        """The same routing with another model shape: its layers, experts and top-k must be this trace's
+        (validated); its dense fields (attention heads, head dim, vocabulary, hidden, ...) may differ, so
+        that the cost model prices the user's model rather than a preset's."""
+        for name in ("num_layers", "num_experts", "top_k"):
+            if getattr(model, name) != getattr(self.model, name):
+                raise TraceError(f"model {model.name!r}: {name}={getattr(model, name)}, but the trace's routing has "
+                                 f"{name}={getattr(self.model, name)}")
+        return RoutingTrace(self.loads, model, self.ep, self.tokens_per_microbatch, dict(self.provenance),
+                            self.token_experts, self.token_src_rank, self.seq_lens)
+
     def select_steps(self, steps: slice | list[int]) -> "RoutingTrace":
         """A trace holding only the given steps.
 
