@@ -27,18 +27,14 @@ setup() {
 }
 
 # The browser test (tests/test_browser.py) drives JupyterLab in Debian's Chromium through Selenium and
-# /usr/bin/chromedriver: no browser download. Without apt or root it skips and says why.
-SELENIUM=selenium==4.51.0
+# /usr/bin/chromedriver: no browser download (selenium comes with the `test` extra). Without apt or
+# root the test skips and says why.
 browser_setup() {
     if { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; } && command -v apt-get >/dev/null \
             && [ "$(id -u)" = 0 ]; then
         echo "[setup] installing Debian's chromium and chromium-driver for the browser test"
         { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
             >/dev/null || echo "[setup] apt-get could not install chromium: the browser test will skip"
-    fi
-    if [ "$("$VENV/bin/python" -c 'import selenium; print(selenium.__version__)' 2>/dev/null)" != "${SELENIUM#*==}" ]; then
-        echo "[setup] installing $SELENIUM for the browser test"
-        "$VENV/bin/python" -m pip install --quiet "$SELENIUM"
     fi
 }
 
