@@ -20,12 +20,16 @@ from pathlib import Path
 from relibra.cluster import Topology
 from relibra.costs.params import CostParams
 from relibra.errors import ConfigError
-from relibra.workloads import BATCH_LAYOUTS, DOMAINS, DomainProfile, WorkloadConfig
+from relibra.setup_schema import check_card, check_entry
+from relibra.setup_schema import check_ep as _check_ep
+from relibra.workloads import DOMAINS, DomainProfile, WorkloadConfig
 
 CARD_DIR = Path(__file__).resolve().parents[1] / "data" / "setups"
 DEFAULT_CARD = "paper"
 KINDS = ("published", "measured", "assumed")
 ENTRY_FIELDS = ("value", "unit", "kind", "source", "range")
+# A card, its base, the base's base, ...: at most this many cards in one chain.
+MAX_BASE_DEPTH = 4
 
 # Every entry a card may hold, by section, with the Python type(s) its value must have.
 _SCHEMA: dict[str, type | tuple] = {
@@ -121,6 +125,10 @@ class SetupCard:
         fields.update(changes)
         return Topology(**fields)
 
+    def check_ep(self, ep: int) -> None:
+        """Refuse an EP size that does not fit the card's cluster (relibra.setup_schema.check_ep)."""
+        _check_ep(f"set-up card {self.path}", {k: e.value for k, e in self.entries.items()}, ep)
+
     def expert_dp_size(self, ep: int) -> int:
         """Ranks each expert's optimizer state is sharded over: with a distributed optimizer the expert
         data-parallel size DP x TP / EP (at least 1), else 1."""
@@ -153,7 +161,7 @@ class SetupCard:
             entries[key] = dataclasses.replace(old, value=value, kind="assumed" if old.range is not None
                                                else old.kind, source=source)
         card = dataclasses.replace(self, entries=entries)
-        _check(card)
+        _check(card, source)
         return card
 
     def rows(self) -> list[dict]:
@@ -176,14 +184,24 @@ def load_card(name_or_path: "str | Path | SetupCard" = DEFAULT_CARD) -> SetupCar
     returned as it is)."""
     if isinstance(name_or_path, SetupCard):
         return name_or_path
-    path = _card_path(name_or_path)
+    return _load(_card_path(name_or_path), ())
+
+
+def _load(path: Path, chain: tuple[Path, ...]) -> SetupCard:
+    """The card at `path`, reached from the cards of `chain` (each the base of the one before)."""
+    chain = chain + (path,)
+    names = " -> ".join(str(p) for p in chain)
+    if path.resolve() in {p.resolve() for p in chain[:-1]}:
+        raise ConfigError(f"set-up card {chain[0]}: its base chain comes back to a card it already read: {names}")
+    if len(chain) > MAX_BASE_DEPTH:
+        raise ConfigError(f"set-up card {chain[0]}: its base chain is longer than {MAX_BASE_DEPTH} cards: {names}")
     raw = _read(path)
     entries: dict[str, Entry] = {}
     base = raw.pop("base", None)
     if base is not None:
-        if not isinstance(base, str) or _card_path(base) == path:
+        if not isinstance(base, str):
             raise ConfigError(f"set-up card {path}: base must name another card, got {base!r}")
-        entries.update(load_card(base).entries)
+        entries.update(_load(_card_path(base), chain).entries)
     name = raw.pop("name", path.stem)
     description = raw.pop("description", "")
     if not isinstance(name, str) or not isinstance(description, str):
@@ -219,10 +237,21 @@ def _read(path: Path) -> dict:
     if path.stat().st_size > 1 << 20:
         raise ConfigError(f"set-up card {path}: larger than 1 MiB")
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"set-up card {path}: cannot be read ({exc.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"set-up card {path}: not UTF-8 text (byte {exc.start}, line {line}); TOML is UTF-8") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"set-up card {path}: not valid TOML: {exc}") from None
+    except RecursionError:  # the parser recurses once per level of nested arrays and inline tables
+        raise ConfigError(f"set-up card {path}: values nested too deeply to read (a card's values nest at most "
+                          f"two levels)") from None
 
 
 def _entry(path: Path, key: str, fields) -> Entry:
@@ -260,23 +289,14 @@ def _entry(path: Path, key: str, fields) -> Entry:
     return Entry(key, value, fields["unit"], kind, source.strip(), rng)
 
 
-def _check(card: SetupCard) -> None:
-    """Values the kit can run: the layout is known, sizes positive, TP 1 (not modelled beyond), lengths complete."""
-    where = f"set-up card {card.path}"
-    if card.value("batch.layout") not in BATCH_LAYOUTS:
-        raise ConfigError(f"{where}: batch.layout must be one of {', '.join(BATCH_LAYOUTS)}")
+def _check(card: SetupCard, source: str | None = None) -> None:
+    """Values the kit can run: every entry within its bound and the cross-entry checks
+    (relibra.setup_schema), TP 1 (not modelled beyond). source: what changed the card's values."""
+    where = f"set-up card {card.path}" + (f" with {source}" if source else "")
+    for key, entry in card.entries.items():
+        check_entry(where, key, entry.value, entry.range)
     if card.value("batch.tensor_parallel") != 1:
         raise ConfigError(f"{where}: batch.tensor_parallel {card.value('batch.tensor_parallel')}: the generator models "
                           f"TP 1 only (sweep tokens per micro-batch for budget / TP instead)")
-    for key, entry in card.entries.items():
-        if isinstance(entry.value, (int, float)) and not isinstance(entry.value, bool) and not entry.value > 0:
-            raise ConfigError(f"{where}: entry {key!r} must be positive, got {entry.value}")
-    for d in DOMAINS:
-        lengths = card.value(f"lengths.{d}")
-        if set(lengths) != set(_LENGTH_KEYS):
-            raise ConfigError(f"{where}: lengths.{d} must hold {', '.join(_LENGTH_KEYS)}")
-        if any(not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0) for v in lengths.values()):
-            raise ConfigError(f"{where}: lengths.{d} values must be positive numbers")
-
-
-_LENGTH_KEYS = ("prompt_median", "prompt_sigma", "response_median", "response_sigma")
+    check_card(where, {k: e.value for k, e in card.entries.items()},
+               {k: e.range for k, e in card.entries.items() if e.range is not None})
