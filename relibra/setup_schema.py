@@ -71,7 +71,7 @@ class Bound:
 
 
 def _num(x) -> str:
-    if isinstance(x, float) and x.is_integer() and abs(x) < 1e6:
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e12:
         return str(int(x))
     return f"{x:g}" if isinstance(x, float) else str(x)
 
@@ -302,3 +302,26 @@ def bounds_table() -> str:
     lines += ["", "| cross-entry check | reason |", "|---|---|"]
     lines += [f"| {check} | {reason} |" for check, reason in CROSS_CHECKS]
     return "\n".join(lines) + "\n"
+
+
+DOC_BEGIN = "<!-- bounds table: written by `python -m relibra.setup_schema` from relibra/setup_schema.py; do not edit -->"
+DOC_END = "<!-- end of bounds table -->"
+
+
+def doc_with_table(text: str) -> str:
+    """docs/setup.md's text with the part between DOC_BEGIN and DOC_END replaced by bounds_table()."""
+    head, sep, rest = text.partition(DOC_BEGIN)
+    _, sep2, tail = rest.partition(DOC_END)
+    if not sep or not sep2:
+        raise ConfigError(f"the document holds no {DOC_BEGIN!r} ... {DOC_END!r} markers")
+    return f"{head}{DOC_BEGIN}\n{bounds_table()}{DOC_END}{tail}"
+
+
+if __name__ == "__main__":  # rewrite the table in docs/setup.md
+    from pathlib import Path
+
+    from relibra.paths import write_text
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "setup.md"
+    write_text(doc, doc_with_table(doc.read_text()))
+    print(f"wrote the bounds table of {len(BOUNDS)} entries into {doc}")

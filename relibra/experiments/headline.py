@@ -78,6 +78,7 @@ def simulate_case(case: Case) -> pd.DataFrame:
             scale = case.tokens_per_microbatch / mean_sequence_tokens(cfg, case.workload)
             cfg = dataclasses.replace(cfg, length_scale=scale)
     micro_batches = case.micro_batches or card.micro_batches
+    card.check_ep(case.ep)  # the case runs on the card's cluster
     shape = scaled_model(case.model, case.layers)
     trace = generate_trace(shape, case.workload, case.ep, steps=case.steps, seed=case.seed,
                            micro_batches=micro_batches, config=cfg)

@@ -169,6 +169,7 @@ def sensitivity(model: str, ep: int, setup: str = "paper", workload: str = "mixe
     simulated once and its ratios fill every knob's default row. Same arguments, same frame.
     """
     card = load_card(setup)
+    card.check_ep(ep)  # every knob but the cluster preset runs on the card's cluster
     shape = scaled_model(model, layers)
     base = defaults(setup)
     values = knob_values(quick, setup)
