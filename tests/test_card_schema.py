@@ -392,6 +392,6 @@ def test_property_counts():
     """Runs after the property test (file order): it tried mutations and both outcomes happened."""
     print(f"\nmutated card entries: tried {COUNTS['tried']}, accepted {COUNTS['accepted']}, "
           f"refused {COUNTS['refused']} ({len(TARGETS)} numeric entries of {len(card_names())} cards)")
-    if COUNTS["tried"]:  # the property test ran in this session
+    if COUNTS["tried"]:  # the property test ran in this pytest run
         assert COUNTS["accepted"] > 0 and COUNTS["refused"] > 0 and \
             COUNTS["tried"] == COUNTS["accepted"] + COUNTS["refused"]
