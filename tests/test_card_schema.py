@@ -148,6 +148,13 @@ def test_values_outside_their_bound(tmp_path, capsys, key, value, bound):
     assert f"set-up card {path}: entry {key!r}" in line and bound in line
 
 
+def test_a_command_line_value_outside_its_bound(capsys):
+    line = one_error_line(*cli(capsys, ["simulate", *TINY_SIM, "--tokens-per-microbatch", "10000000"])[::2])
+    assert line.startswith(f"error: set-up card {load_card(DEFAULT_CARD).path} with command line "
+                           f"(--tokens-per-microbatch): entry 'batch.tokens_per_gpu_per_microbatch' = 10000000 is "
+                           f"outside [1, 1048576] tokens")
+
+
 def test_a_card_inside_its_bounds_runs_everywhere(tmp_path, capsys):
     path = write_card(tmp_path, "good", {"cluster.rdma_GBps": 25.0})
     assert cli(capsys, ["setup", "show", path])[0] == 0

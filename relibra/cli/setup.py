@@ -23,17 +23,18 @@ def card_with_overrides(setup: str, layout: str | None, tokens_per_microbatch: i
     from relibra.setups import load_card
 
     card = load_card(setup)
-    changes = {}
+    changes, flags = {}, []
     if layout is not None:
         changes["batch__layout"] = layout
+        flags.append("--layout")
     if tokens_per_microbatch is not None:
         if isinstance(tokens_per_microbatch, bool) or tokens_per_microbatch <= 0:
             raise ConfigError(f"--tokens-per-microbatch must be a positive integer, got {tokens_per_microbatch}")
         changes["batch__tokens_per_gpu_per_microbatch"] = tokens_per_microbatch
+        flags.append("--tokens-per-microbatch")
     if not changes:
         return card
-    flags = " ".join(f"--{k.split('__')[1].replace('_', '-')}" for k in changes)
-    return card.with_values(f"command line ({flags})", **changes)
+    return card.with_values(f"command line ({' '.join(flags)})", **changes)
 
 
 def _show(args) -> int:

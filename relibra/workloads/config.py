@@ -129,6 +129,11 @@ class WorkloadConfig:
         if self.domain_profiles is not None and (len(self.domain_profiles) != len(DOMAINS) or any(
                 not isinstance(p, DomainProfile) or p.name != d for p, d in zip(self.domain_profiles, DOMAINS))):
             raise ConfigError(f"workload config: domain_profiles must be DomainProfiles of {', '.join(DOMAINS)} in order")
+        for p in self.domain_profiles or ():  # exp(sigma * z) of an infinite or negative knob is no length
+            knobs = dataclasses.astuple(p)[1:]
+            if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in knobs):
+                raise ConfigError(f"workload config: domain profile {p.name!r} needs positive finite medians and "
+                                  f"sigmas, got {knobs}")
         w = np.asarray(self.mixed_domain_weights, dtype=np.float64)
         if w.shape != (len(DOMAINS),) or (w < 0).any() or not w.sum() > 0:
             raise ConfigError(f"workload config: mixed_domain_weights must be {len(DOMAINS)} non-negative "
