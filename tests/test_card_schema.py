@@ -164,6 +164,21 @@ def test_a_card_inside_its_bounds_runs_everywhere(tmp_path, capsys):
     assert check_values("02_throughput", {"setup": path})["setup"] == path
 
 
+def test_the_generator_counts_the_lengths_it_cuts():
+    from relibra.workloads import WorkloadConfig
+
+    cfg = WorkloadConfig(batch_layout="verl-balance", global_batch_sequences=64, responses_per_prompt=8,
+                         max_sequence_tokens=2000)  # below the math median of 180 + 3000: most are cut
+    trace = generate_trace("tiny", "math", 4, steps=1, micro_batches=2, config=cfg)
+    lengths = trace.seq_lens[trace.seq_lens > 0]
+    assert lengths.size == 64 and lengths.max() == 2000
+    assert trace.provenance["sequences_capped"] == int((lengths == 2000).sum()) > 32
+    assert trace.provenance["sequences_floored"] == 0
+    wide = generate_trace("tiny", "math", 4, steps=1, micro_batches=2, config=WorkloadConfig(
+        batch_layout="verl-balance", global_batch_sequences=64, responses_per_prompt=8, max_sequence_tokens=10**6))
+    assert wide.provenance["sequences_capped"] == 0
+
+
 # ---- family 2: cross-entry checks ----------------------------------------------------------------
 @pytest.mark.parametrize("changes, ranges, names", [
     ({"batch.data_parallel_size": 2000}, None,
