@@ -85,7 +85,7 @@ def _is_number(value) -> bool:
 
 
 def _lengths_fields() -> tuple[Bound, ...]:
-    median = "a sequence part has at least one token, and no model's context holds 2^20"
+    median = "a prompt or response has at least one token; a median past 2^20 is past any RL recipe's cap"
     sigma = ("log sigma of a log-normal length: 3 puts the 95th percentile 139x above the median; rollout lengths "
              "are far narrower (about 0.5-1.2)")
     return (Bound("prompt_median", "number", median, 1.0, 1048576.0, "tokens"),
@@ -100,7 +100,7 @@ LENGTH_FIELDS = _lengths_fields()
 BOUNDS: tuple[Bound, ...] = (
     Bound("batch.layout", "choice", "the batch layouts the generator models (docs/traces.md)", choices=BATCH_LAYOUTS),
     Bound("batch.tokens_per_gpu_per_microbatch", "int",
-          "one GPU's micro-batch; recipes use 4096-32768, and 2^20 tokens of activations fit no accelerator's memory",
+          "one GPU's micro-batch: recipes use 4096-32768; 2^20 tokens' activations outgrow any accelerator's memory",
           1, 1048576, "tokens"),
     Bound("batch.tensor_parallel", "int",
           "tensor-parallel ranks share one NVLink domain, at most 576 GPUs (NVL576)", 1, 576, "ranks"),
@@ -117,7 +117,8 @@ BOUNDS: tuple[Bound, ...] = (
           "gradient-accumulation steps per step: recipes use 1-64, and each is simulated in full", 1, 4096,
           "micro-batches"),
     Bound("lengths.max_sequence_tokens", "int",
-          "the longest context windows hold about 10^6 tokens; a sequence needs a prompt and a response token",
+          "recipes cap rollouts at 4096-32768 tokens, 2^20 is past any cap; a sequence needs a prompt and a response "
+          "token",
           2, 1048576, "tokens"),
     *(Bound(f"lengths.{d}", "lengths", "log-normal prompt and response lengths", fields=LENGTH_FIELDS,
             range_low=0.05, range_high=20.0) for d in DOMAINS),
@@ -134,11 +135,11 @@ BOUNDS: tuple[Bound, ...] = (
           "scale-out per GPU and direction: a 400 Gb/s NIC moves 50 GB/s, an 800 Gb/s one 100; 400 allows 4 per GPU",
           0.01, 400.0, "GB/s"),
     Bound("compute.matmul_tflops", "number",
-          "dense bf16 per GPU: H100/H200 989, B200 2250, GB300 about 2500 TFLOP/s; a CPU core about 0.01",
+          "dense bf16 per GPU: H100/H200 989, B200/GB200 2250-2500 TFLOP/s; the cpu-gloo preset's CPU rank 0.027",
           0.001, 10000.0, "TFLOP/s"),
     Bound("compute.gemm_half_tokens", "number",
-          "a GEMM reaches half its rate at tens to thousands of tokens per expert; outside [1, 65536] is no curve",
-          1.0, 65536.0, "tokens"),
+          "tokens per expert GEMM at half the rate (about 1.4e4 measured on one H200); past the largest micro-batch "
+          "(2^20) no GEMM reaches half", 1.0, 1048576.0, "tokens"),
     Bound("compute.attention_efficiency", "number",
           "a share of the matmul rate: above 0, at most all of it (FlashAttention-3 reaches 0.75)", 0.0, 1.0,
           low_open=True),
@@ -152,7 +153,8 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("training.replica_buffer", "choice", "the replica buffers the cost model models (relibra.costs.params)",
           choices=REPLICA_BUFFERS),
     Bound("training.spare_slots_per_gpu", "int",
-          "each slot holds a whole expert's weights; past 64 the replicas outgrow a GPU's memory", 1, 64, "slots"),
+          "each slot holds one more expert's weights: the paper's replica memory (0.13-1.62% of parameters) fits 1-4; "
+          "64 bounds any replica budget", 1, 64, "slots"),
     Bound("calibration.megatron_skewness_min", "number",
           "max / mean tokens per GPU: at least 1, at most the EP size (every token on one GPU), 512 the largest "
           "EP the kit plans", 1.0, 512.0, "x mean"),
