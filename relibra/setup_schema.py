@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from relibra.cluster import MODEL_PRESETS
 from relibra.costs.params import REPLICA_BUFFERS
 from relibra.errors import ConfigError
 from relibra.workloads.config import BATCH_LAYOUTS, DOMAINS
@@ -98,12 +99,24 @@ LENGTH_FIELDS = _lengths_fields()
 
 # One row per card entry. Order: the cards' order.
 BOUNDS: tuple[Bound, ...] = (
+    Bound("model.name", "choice", "the model presets the kit simulates (relibra.cluster.MODEL_PRESETS)",
+          choices=tuple(MODEL_PRESETS)),
     Bound("batch.layout", "choice", "the batch layouts the generator models (docs/traces.md)", choices=BATCH_LAYOUTS),
     Bound("batch.tokens_per_gpu_per_microbatch", "int",
           "one GPU's micro-batch: recipes use 4096-32768; 2^20 tokens' activations outgrow any accelerator's memory",
           1, 1048576, "tokens"),
     Bound("batch.tensor_parallel", "int",
           "tensor-parallel ranks share one NVLink domain, at most 576 GPUs (NVL576)", 1, 576, "ranks"),
+    Bound("batch.context_parallel", "int",
+          "context-parallel ranks split one sequence: recipes use 1-16; 1024 bounds any", 1, 1024, "ranks"),
+    Bound("batch.pipeline_parallel", "int",
+          "pipeline stages hold at least one layer each, and these models have at most about 128 layers", 1, 256,
+          "stages"),
+    Bound("batch.expert_parallel", "int",
+          "an EP rank homes at least one of a layer's experts (128-256 in these models); the kit plans EP up to 512",
+          1, 512, "ranks"),
+    Bound("batch.tokens_per_ep_rank_per_microbatch", "int",
+          "what one EP rank dispatches per micro-batch, at most the per-GPU budget's bound", 1, 1048576, "tokens"),
     Bound("batch.balance_data", "bool", "on or off"),
     Bound("batch.data_parallel_size", "int",
           f"a data-parallel rank is at least one GPU, and no job has more than about 10^5 ({MAX_GPUS})", 1, MAX_GPUS,
@@ -158,14 +171,38 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("calibration.megatron_skewness_min", "number",
           "max / mean tokens per GPU: at least 1, at most the EP size (every token on one GPU), 512 the largest "
           "EP the kit plans", 1.0, 512.0, "x mean"),
+    Bound("overheads.transfer_overlap_efficiency", "number",
+          "a share of the overlap that is hidden: 0 none, 1 all of it", 0.0, 1.0),
+    Bound("overheads.activation_recompute", "bool", "on or off"),
+    Bound("overheads.replica_grad_add", "bool", "on or off"),
+    Bound("overheads.main_grad_bytes_per_param", "int",
+          "bytes of one gradient element: 1 (fp8) to 8 (fp64)", 1, 8, "bytes"),
+    Bound("overheads.planner_window_forward_passes", "number",
+          "forward passes of a step that hide planning: 0 (none) to a few (old-policy and reference passes)", 0.0,
+          8.0, "passes"),
+    Bound("overheads.planner_reorder_s_per_layer", "number",
+          "one MoE layer's home search takes milliseconds on one core; a minute is no planner", 0.0, 60.0, "s",
+          low_open=True),
+    Bound("overheads.planner_replication_s_per_cell", "number",
+          "one (micro-batch, layer) replication takes microseconds on one core; a second is no planner", 0.0, 1.0,
+          "s", low_open=True),
+    Bound("overheads.planner_measured_experts", "int",
+          "experts per MoE layer of the models a rate was measured on: these models have 16-256; 4096 bounds any",
+          1, 4096, "experts"),
+    Bound("overheads.host_to_device_GBps", "number",
+          "pinned host-to-GPU copies: PCIe Gen5 x16 64 GB/s each way, NVLink-C2C 450; 1000 is past any host link",
+          0.1, 1000.0, "GB/s"),
 )
 BY_KEY: dict[str, Bound] = {b.key: b for b in BOUNDS}
 # The cross-entry checks, each with its reason (the table in docs/setup.md lists them).
 CROSS_CHECKS = (
     ("batch.data_parallel_size <= batch.global_batch_sequences", "every data-parallel rank holds a sequence"),
     ("batch.global_batch_sequences divisible by batch.responses_per_prompt", "a step holds whole prompt groups"),
-    ("batch.data_parallel_size x batch.tensor_parallel <= cluster.num_nodes x cluster.gpus_per_node",
-     "each data-parallel rank is TP GPUs of the card's cluster"),
+    ("batch.data_parallel_size x batch.context_parallel x batch.tensor_parallel x batch.pipeline_parallel <= "
+     "cluster.num_nodes x cluster.gpus_per_node", "the card's job runs on the card's cluster (CP, PP 1 where absent)"),
+    ("batch.expert_parallel divides batch.data_parallel_size x batch.context_parallel x batch.tensor_parallel",
+     "megatron-core parallel_state: the world size divides by ETP x EP x PP (expert TP 1)"),
+    ("batch.expert_parallel fits the card's cluster", "its EP group runs on the card's cluster (as any EP size)"),
     ("batch.tensor_parallel <= cluster.gpus_per_node", "tensor-parallel ranks share one node's NVLink"),
     (f"cluster.num_nodes x cluster.gpus_per_node <= {MAX_GPUS}", "no job has more GPUs"),
     (f"batch.global_batch_sequences x lengths.max_sequence_tokens <= {MAX_STEP_TOKENS}",
@@ -194,7 +231,7 @@ def check_entry(where: str, key: str, value, rng) -> None:
                        bound.range_high, "x")
         for end in rng:
             _check_value(where, f"entry {key!r} range end", factor, end)
-    elif bound.kind in ("int", "number"):
+    elif bound.kind in ("int", "number", "choice"):  # a category's range lists alternatives
         for end in rng:
             _check_value(where, f"entry {key!r} range end", bound, end)
 
@@ -222,22 +259,24 @@ def check_card(where: str, values: dict, ranges: dict) -> None:
     """The cross-entry checks (CROSS_CHECKS) of a card's values {key: value}, and of each sweep's ends.
 
     ranges: {key: (low, high)} of the entries with a sweep range; each numeric end is checked with
-    the other entries at their values (the sensitivity study simulates that set-up).
+    the other entries at their values (the sensitivity study simulates that set-up at the EP size it is
+    given, so the card's own batch.expert_parallel is checked at the card's values only).
     """
     _cross(where, values, "")
     for key, rng in ranges.items():
         if BY_KEY[key].kind not in ("int", "number"):
             continue
         for end in rng:
-            _cross(where, {**values, key: end}, f" (at the end {end!r} of {key}'s sweep range)")
+            _cross(where, {**values, key: end}, f" (at the end {end!r} of {key}'s sweep range)", sweep=True)
 
 
-def _cross(where: str, v: dict, at: str) -> None:
+def _cross(where: str, v: dict, at: str, sweep: bool = False) -> None:
     def get(key):
         return v.get(key)
 
     dp, gbs, rpp = get("batch.data_parallel_size"), get("batch.global_batch_sequences"), get("batch.responses_per_prompt")
     tp, nodes, gpn = get("batch.tensor_parallel"), get("cluster.num_nodes"), get("cluster.gpus_per_node")
+    cp, pp = v.get("batch.context_parallel", 1), v.get("batch.pipeline_parallel", 1)  # 1 on cards without them
     max_seq = get("lengths.max_sequence_tokens")
     if dp > gbs:
         raise ConfigError(f"{where}: entry 'batch.data_parallel_size' = {dp} is above 'batch.global_batch_sequences' "
@@ -251,10 +290,18 @@ def _cross(where: str, v: dict, at: str) -> None:
     if tp > gpn:
         raise ConfigError(f"{where}: entry 'batch.tensor_parallel' = {tp} is above 'cluster.gpus_per_node' = {gpn}: "
                           f"tensor-parallel ranks share one node's NVLink{at}")
-    if dp * tp > nodes * gpn:
-        raise ConfigError(f"{where}: entries 'batch.data_parallel_size' x 'batch.tensor_parallel' = {dp} x {tp} = "
-                          f"{dp * tp} GPUs, above the {nodes} x {gpn} = {nodes * gpn} GPUs of the card's cluster "
-                          f"('cluster.num_nodes' x 'cluster.gpus_per_node'){at}")
+    if dp * cp * tp * pp > nodes * gpn:
+        raise ConfigError(f"{where}: entries 'batch.data_parallel_size' x 'batch.context_parallel' x "
+                          f"'batch.tensor_parallel' x 'batch.pipeline_parallel' = {dp} x {cp} x {tp} x {pp} = "
+                          f"{dp * cp * tp * pp} GPUs, above the {nodes} x {gpn} = {nodes * gpn} GPUs of the card's "
+                          f"cluster ('cluster.num_nodes' x 'cluster.gpus_per_node'){at}")
+    ep = v.get("batch.expert_parallel")
+    if ep is not None and not sweep:
+        if (dp * cp * tp) % ep:
+            raise ConfigError(f"{where}: entry 'batch.expert_parallel' = {ep} does not divide 'batch.data_parallel_size' "
+                              f"x 'batch.context_parallel' x 'batch.tensor_parallel' = {dp} x {cp} x {tp} = "
+                              f"{dp * cp * tp}: megatron-core builds EP groups of one stage's ranks{at}")
+        check_ep(f"{where}: entry 'batch.expert_parallel'", v, ep)
     if gbs * max_seq > MAX_STEP_TOKENS:
         raise ConfigError(f"{where}: entries 'batch.global_batch_sequences' x 'lengths.max_sequence_tokens' = {gbs} x "
                           f"{max_seq} = {gbs * max_seq} tokens per step, above {MAX_STEP_TOKENS}: the generator holds "

@@ -96,13 +96,13 @@ _KINDS = {int: "int", bool: "bool", str: "choice", dict: "lengths", (int, float)
 
 
 def test_every_card_entry_has_a_bound_with_a_reason():
-    assert set(setups._SCHEMA) == set(BY_KEY), "an entry without a bound row, or a row without an entry"
+    assert set(setups._SCHEMA) <= set(BY_KEY), f"entries without a bound row: {set(setups._SCHEMA) - set(BY_KEY)}"
     for key, expected in setups._SCHEMA.items():
-        bound = BY_KEY[key]
-        assert bound.kind == _KINDS[expected], key
-        assert bound.reason.strip() and "\n" not in bound.reason, key
+        assert BY_KEY[key].kind == _KINDS[expected], key
+    for bound in BOUNDS:
+        assert bound.reason.strip() and "\n" not in bound.reason, bound.key
         if bound.kind in ("int", "number"):
-            assert math.isfinite(bound.low) and math.isfinite(bound.high) and bound.low < bound.high, key
+            assert math.isfinite(bound.low) and math.isfinite(bound.high) and bound.low < bound.high, bound.key
     for name in card_names():  # every shipped value and sweep range inside its bound
         load_card(name)
 
@@ -189,8 +189,8 @@ def test_the_generator_counts_the_lengths_it_cuts():
      "'batch.global_batch_sequences' x 'lengths.max_sequence_tokens' = 4096 x 1048576"),
     ({"lengths.max_sequence_tokens": 1000}, None,
      "entry 'lengths.math' prompt_median + response_median = 3180 is above 'lengths.max_sequence_tokens' = 1000"),
-    ({"cluster.num_nodes": 2}, None, "'batch.data_parallel_size' x 'batch.tensor_parallel' = 32 x 1 = 32 GPUs, above "
-                                     "the 2 x 8 = 16 GPUs"),
+    ({"cluster.num_nodes": 2}, None, "'batch.tensor_parallel' x 'batch.pipeline_parallel' = 32 x 1 x 1 x 1 = 32 GPUs, "
+                                     "above the 2 x 8 = 16 GPUs"),
     ({"batch.data_parallel_size": 32}, {"batch.data_parallel_size": (16, 2000)},
      "(at the end 2000 of batch.data_parallel_size's sweep range)"),
     ({"compute.attention_efficiency": 0.7}, {"compute.attention_efficiency": (0.5, 1.5)},
@@ -200,6 +200,20 @@ def test_cross_entry_checks(tmp_path, capsys, changes, ranges, names):
     path = write_card(tmp_path, "cross", changes, ranges=ranges)
     line = refused_everywhere(capsys, path)
     assert f"set-up card {path}: " in line and names in line
+
+
+def test_parallel_sizes_fit_the_cluster_and_megatrons_groups(tmp_path, capsys, monkeypatch):
+    for key in ("batch.context_parallel", "batch.pipeline_parallel", "batch.expert_parallel"):
+        monkeypatch.setitem(setups._SCHEMA, key, int)
+    sizes = {"batch.context_parallel": 1, "batch.pipeline_parallel": 1, "batch.expert_parallel": 32}
+    assert load_card(write_card(tmp_path, "ok", sizes)).value("batch.expert_parallel") == 32
+    line = refused_everywhere(capsys, write_card(tmp_path, "pp", {**sizes, "batch.pipeline_parallel": 8}))
+    assert "= 32 x 1 x 1 x 8 = 256 GPUs, above the 20 x 8 = 160 GPUs of the card's cluster" in line
+    line = refused_everywhere(capsys, write_card(tmp_path, "ep", {**sizes, "batch.expert_parallel": 24}))
+    assert "entry 'batch.expert_parallel' = 24 does not divide 'batch.data_parallel_size' x 'batch.context_parallel' " \
+           "x 'batch.tensor_parallel' = 32 x 1 x 1 = 32" in line
+    line = refused_everywhere(capsys, write_card(tmp_path, "big", {**sizes, "batch.expert_parallel": 1024}))
+    assert "entry 'batch.expert_parallel' = 1024 is outside [1, 512] ranks" in line
 
 
 def test_the_ep_size_must_fit_the_cards_cluster(capsys):
