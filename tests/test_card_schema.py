@@ -25,7 +25,7 @@ from relibra.experiments.parameters import check_values
 from relibra.setup_schema import BOUNDS, BY_KEY, doc_with_table
 from relibra.setups import DEFAULT_CARD, card_names, load_card
 from relibra.sim import simulate
-from relibra.workloads import generate_trace
+from relibra.workloads import DOMAINS, generate_trace
 
 # A tiny simulation of a card: 4 EP ranks of the `tiny` model, 2 micro-batches of 64 tokens per rank.
 TINY_SIM = ["--model", "tiny", "--workload", "math", "--ep", "4", "--steps", "1", "--warmup-steps", "0",
@@ -110,7 +110,8 @@ def test_every_card_entry_has_a_bound_with_a_reason():
 def test_an_entry_without_a_bound_is_refused(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(setups._SCHEMA, "batch.colour_index", int)
     path = tmp_path / "new.toml"
-    path.write_text('base = "paper"\n[batch.colour_index]\nvalue = 3\nunit = ""\nkind = "published"\nsource = "s"\n')
+    path.write_text(f'base = "{DEFAULT_CARD}"\n[batch.colour_index]\nvalue = 3\nunit = ""\nkind = "published"\n'
+                    f'source = "s"\n')
     line = one_error_line(*cli(capsys, ["setup", "show", str(path)])[::2])
     assert f"set-up card {path}: no bound declared for entry 'batch.colour_index'" in line
 
@@ -187,8 +188,8 @@ def test_the_generator_counts_the_lengths_it_cuts():
      "entry 'batch.responses_per_prompt' = 7 does not divide 'batch.global_batch_sequences' = 1024"),
     ({"batch.global_batch_sequences": 4096, "lengths.max_sequence_tokens": 1048576}, None,
      "'batch.global_batch_sequences' x 'lengths.max_sequence_tokens' = 4096 x 1048576"),
-    ({"lengths.max_sequence_tokens": 1000}, None,
-     "entry 'lengths.math' prompt_median + response_median = 3180 is above 'lengths.max_sequence_tokens' = 1000"),
+    ({"lengths.max_sequence_tokens": 100}, None,
+     "prompt_median + response_median = {median:g} is above 'lengths.max_sequence_tokens' = 100"),
     ({"cluster.num_nodes": 2}, None, "'batch.tensor_parallel' x 'batch.pipeline_parallel' = 32 x 1 x 1 x 1 = 32 GPUs, "
                                      "above the 2 x 8 = 16 GPUs"),
     ({"batch.data_parallel_size": 32}, {"batch.data_parallel_size": (16, 2000)},
@@ -199,6 +200,10 @@ def test_the_generator_counts_the_lengths_it_cuts():
 def test_cross_entry_checks(tmp_path, capsys, changes, ranges, names):
     path = write_card(tmp_path, "cross", changes, ranges=ranges)
     line = refused_everywhere(capsys, path)
+    first = next(d for d in DOMAINS if sum(load_card(DEFAULT_CARD).value(f"lengths.{d}")[k]
+                                           for k in ("prompt_median", "response_median")) > 100)
+    lengths = load_card(DEFAULT_CARD).value(f"lengths.{first}")
+    names = names.replace("{median:g}", f"{lengths['prompt_median'] + lengths['response_median']:g}")
     assert f"set-up card {path}: " in line and names in line
 
 
@@ -228,9 +233,10 @@ def test_the_ep_size_must_fit_the_cards_cluster(capsys):
 # ---- family 3: card files read safely ------------------------------------------------------------
 def test_unreadable_card_files(tmp_path, capsys):
     bad = tmp_path / "latin1.toml"
-    bad.write_bytes(b'base = "paper"\n# caf\xe9 comment\n')
-    assert refused_everywhere(capsys, str(bad)) == (f"error: set-up card {bad}: not UTF-8 text (byte 20, line 2); "
-                                                    f"TOML is UTF-8")
+    head = f'base = "{DEFAULT_CARD}"\n# caf'.encode()
+    bad.write_bytes(head + b'\xe9 comment\n')
+    assert refused_everywhere(capsys, str(bad)) == (f"error: set-up card {bad}: not UTF-8 text (byte {len(head)}, "
+                                                    f"line 2); TOML is UTF-8")
     a, b = tmp_path / "a.toml", tmp_path / "b.toml"
     a.write_text(f'base = "{b}"\n')
     b.write_text(f'base = "{a}"\n')
@@ -238,12 +244,12 @@ def test_unreadable_card_files(tmp_path, capsys):
                                                   f"already read: {a} -> {b} -> {a}")
     chain = [tmp_path / f"c{i}.toml" for i in range(6)]
     for i, p in enumerate(chain):
-        p.write_text(f'base = "{chain[i + 1]}"\n' if i + 1 < len(chain) else 'base = "paper"\n')
+        p.write_text(f'base = "{chain[i + 1]}"\n' if i + 1 < len(chain) else f'base = "{DEFAULT_CARD}"\n')
     line = refused_everywhere(capsys, str(chain[0]))
     assert line == (f"error: set-up card {chain[0]}: its base chain is longer than {setups.MAX_BASE_DEPTH} cards: "
                     + " -> ".join(map(str, chain[:setups.MAX_BASE_DEPTH + 1])))
     deep = tmp_path / "deep.toml"
-    deep.write_text('base = "paper"\n[cluster.rdma_GBps]\nvalue = ' + "[" * 5000 + "]" * 5000 + '\nunit = ""\n')
+    deep.write_text(f'base = "{DEFAULT_CARD}"\n[cluster.rdma_GBps]\nvalue = ' + "[" * 5000 + "]" * 5000 + '\n')
     assert refused_everywhere(capsys, str(deep)) == (f"error: set-up card {deep}: values nested too deeply to read "
                                                      f"(a card's values nest at most two levels)")
 
