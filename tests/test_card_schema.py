@@ -169,11 +169,11 @@ def test_the_generator_counts_the_lengths_it_cuts():
     from relibra.workloads import WorkloadConfig
 
     cfg = WorkloadConfig(batch_layout="verl-balance", global_batch_sequences=64, responses_per_prompt=8,
-                         max_sequence_tokens=2000)  # below the math median of 180 + 3000: most are cut
+                         max_sequence_tokens=600)  # below the math median: most are cut
     trace = generate_trace("tiny", "math", 4, steps=1, micro_batches=2, config=cfg)
     lengths = trace.seq_lens[trace.seq_lens > 0]
-    assert lengths.size == 64 and lengths.max() == 2000
-    assert trace.provenance["sequences_capped"] == int((lengths == 2000).sum()) > 32
+    assert lengths.size == 64 and lengths.max() == 600
+    assert trace.provenance["sequences_capped"] == int((lengths == 600).sum()) > 16
     assert trace.provenance["sequences_floored"] == 0
     wide = generate_trace("tiny", "math", 4, steps=1, micro_batches=2, config=WorkloadConfig(
         batch_layout="verl-balance", global_batch_sequences=64, responses_per_prompt=8, max_sequence_tokens=10**6))
@@ -359,7 +359,7 @@ def _numeric_targets() -> list[tuple[str, str, str | None]]:
 
 
 TARGETS = _numeric_targets()
-COUNTS = {"tried": 0, "accepted": 0, "refused": 0}
+COUNTS = {"tried": 0, "accepted": 0, "refused": 0, "naming the mutated entry": 0}
 
 
 def _values(bound):
@@ -422,7 +422,10 @@ def test_mutated_cards_are_refused_in_one_line_or_simulate_finitely(mutation):
         except ConfigError as exc:
             COUNTS["refused"] += 1
             text = str(exc)
-            assert "\n" not in text and text.startswith(f"set-up card {path}") and key in text, text
+            # one line naming the card and an entry (the mutated one, or the entry a check derives from it)
+            assert "\n" not in text and text.startswith(f"set-up card {path}"), text
+            assert any(k in text for k in BY_KEY), text
+            COUNTS["naming the mutated entry"] += key in text
             return
         COUNTS["accepted"] += 1
         assert card.value(key) == value
@@ -433,7 +436,8 @@ def test_mutated_cards_are_refused_in_one_line_or_simulate_finitely(mutation):
 def test_property_counts():
     """Runs after the property test (file order): it tried mutations and both outcomes happened."""
     print(f"\nmutated card entries: tried {COUNTS['tried']}, accepted {COUNTS['accepted']}, "
-          f"refused {COUNTS['refused']} ({len(TARGETS)} numeric entries of {len(card_names())} cards)")
+          f"refused {COUNTS['refused']} ({COUNTS['naming the mutated entry']} naming the mutated entry; "
+          f"{len(TARGETS)} numeric entries of {len(card_names())} cards)")
     if COUNTS["tried"]:  # the property test ran in this pytest run
         assert COUNTS["accepted"] > 0 and COUNTS["refused"] > 0 and \
             COUNTS["tried"] == COUNTS["accepted"] + COUNTS["refused"]
