@@ -66,7 +66,7 @@ class Bound:
             return value in self.choices
         if self.kind in ("bool", "lengths"):
             return True
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):  # ints of any size compare exactly
             return False
         return (value > self.low if self.low_open else value >= self.low) and value <= self.high
 
@@ -75,6 +75,12 @@ def _num(x) -> str:
     if isinstance(x, float) and x.is_integer() and abs(x) < 1e12:
         return str(int(x))
     return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _shown(value) -> str:
+    """repr of a value, an integer of many digits cut to its ends and its digit count."""
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:10]}...{text[-6:]} ({len(text.lstrip('-'))} digits)"
 
 
 def _is_int(value) -> bool:
@@ -252,7 +258,7 @@ def _check_value(where: str, what: str, bound: Bound, value) -> None:
         return
     if not bound.holds(value):
         outside = "not" if bound.kind == "choice" else "outside"
-        raise ConfigError(f"{where}: {what} = {value!r} is {outside} {bound.interval()} ({bound.reason})")
+        raise ConfigError(f"{where}: {what} = {_shown(value)} is {outside} {bound.interval()} ({bound.reason})")
 
 
 def check_card(where: str, values: dict, ranges: dict) -> None:

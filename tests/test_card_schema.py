@@ -142,6 +142,7 @@ MATH = {"prompt_median": 180, "prompt_sigma": 0.5, "response_median": 3000, "res
     ("lengths.max_sequence_tokens", 10**11, "100000000000 is outside [2, 1048576] tokens"),
     ("compute.attention_efficiency", 5.0, "5.0 is outside (0, 1]"),
     ("cluster.num_nodes", 20.0, "value 20.0 has the wrong type"),
+    ("cluster.rdma_GBps", 10**400, "1000000000...000000 (401 digits) is outside [0.01, 400] GB/s"),
 ])
 def test_values_outside_their_bound(tmp_path, capsys, key, value, bound):
     path = write_card(tmp_path, "bad", {key: value})
@@ -368,13 +369,13 @@ def _values(bound):
     if bound.kind == "int":
         inside = st.integers(int(low), int(high))
         beyond = st.one_of(st.integers(int(high) + 1, int(high) * 1000 + 10), st.integers(-10, int(low) - 1),
-                           st.sampled_from([10**12, 10**20, -2**63]))
+                           st.sampled_from([10**12, 10**20, -2**63, 10**400]))
         wrong = st.sampled_from([float(low), 0.5])
     else:
         lo = max(low, 1e-12)
         inside = st.floats(math.log10(lo), math.log10(high)).map(lambda e: min(max(10.0 ** e, lo), high))
         beyond = st.one_of(st.floats(1.0001, 1e6).map(lambda f: high * f), st.floats(1.0001, 1e6).map(lambda f: lo / f),
-                           st.sampled_from([0.0, -1.0, math.inf, -math.inf, math.nan, 1e308, 1e-300]))
+                           st.sampled_from([0.0, -1.0, math.inf, -math.inf, math.nan, 1e308, 1e-300, 10**400]))
         wrong = st.sampled_from([True, "1.0"])
     return st.one_of(inside, inside, beyond, wrong)
 
