@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relibra.cluster import Topology
+from relibra.costs.overheads import CARD_ENTRIES as OVERHEAD_ENTRIES, CARD_ZERO_ALLOWED, overheads_from_values
 from relibra.costs.params import CostParams
 from relibra.errors import ConfigError
 from relibra.workloads import BATCH_LAYOUTS, DOMAINS, DomainProfile, WorkloadConfig
@@ -40,6 +41,7 @@ _SCHEMA: dict[str, type | tuple] = {
     "compute.collective_latency_s": (int, float),
     "training.distributed_optimizer": bool, "training.replica_buffer": str, "training.spare_slots_per_gpu": int,
     "calibration.megatron_skewness_min": (int, float),
+    **{key: types for key, (_, types) in OVERHEAD_ENTRIES.items()},  # the cost model's overheads section
 }
 # Entries every card must end up with (after its base); the others are optional.
 _REQUIRED = tuple(k for k in _SCHEMA if k != "batch.micro_batches")
@@ -131,7 +133,8 @@ class SetupCard:
     def cost_params(self, ep: int, **changes) -> CostParams:
         """The cost model's knobs for an EP size; `changes` override CostParams fields."""
         fields = dict(replica_buffer=self.value("training.replica_buffer"), dp_size=self.expert_dp_size(ep),
-                      attention_backward_factor=float(self.value("compute.attention_backward_factor")))
+                      attention_backward_factor=float(self.value("compute.attention_backward_factor")),
+                      overheads=overheads_from_values({k: self.value(k) for k in OVERHEAD_ENTRIES}))
         fields.update(changes)
         return CostParams(**fields)
 
@@ -269,7 +272,8 @@ def _check(card: SetupCard) -> None:
         raise ConfigError(f"{where}: batch.tensor_parallel {card.value('batch.tensor_parallel')}: the generator models "
                           f"TP 1 only (sweep tokens per micro-batch for budget / TP instead)")
     for key, entry in card.entries.items():
-        if isinstance(entry.value, (int, float)) and not isinstance(entry.value, bool) and not entry.value > 0:
+        if isinstance(entry.value, (int, float)) and not isinstance(entry.value, bool) and not (
+                entry.value > 0 or (key in CARD_ZERO_ALLOWED and entry.value == 0)):
             raise ConfigError(f"{where}: entry {key!r} must be positive, got {entry.value}")
     for d in DOMAINS:
         lengths = card.value(f"lengths.{d}")
