@@ -36,7 +36,8 @@ OVERHEAD_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
 
 @dataclass(frozen=True)
 class OverheadCase:
-    """One case of the overheads table: a set-up card (name or path), model, workload, seed, EP, trace steps."""
+    """One case of the overheads table: a set-up card (name or path), model, workload, seed, EP, trace steps,
+    and (card key, value) changes to the card (cut-down test cases)."""
 
     setup: str = DEFAULT_CARD
     model: str = "qwen3-235b-a22b"
@@ -44,6 +45,7 @@ class OverheadCase:
     seed: int = 0
     ep: int = 32
     steps: int = 3
+    card_changes: tuple[tuple[str, object], ...] = ()
 
 
 def policy_variants(card) -> list[tuple[str, str, dict]]:
@@ -82,6 +84,8 @@ def case_costs(case: OverheadCase) -> pd.DataFrame:
     replica_memory_share, and the case's keys.
     """
     card = load_card(case.setup)
+    if case.card_changes:
+        card = card.with_values("overheads case: card changes", **{k.replace(".", "__"): v for k, v in case.card_changes})
     model = get_model(case.model)
     trace = generate_trace(model, case.workload, case.ep, steps=case.steps, seed=case.seed,
                            micro_batches=card.micro_batches, config=card.workload_config())
@@ -114,7 +118,8 @@ def case_costs(case: OverheadCase) -> pd.DataFrame:
                          "planner_exposed_s": own["planner_exposed_s"],
                          "metadata_bytes_per_microbatch": meta["bytes_per_microbatch"],
                          "metadata_s_per_microbatch": meta["seconds_per_microbatch"],
-                         "replica_memory_share": cost.memory["replica_memory_share"]})
+                         "replica_memory_share": cost.memory["replica_memory_share"],
+                         **{f"charge_{k}": v for k, v in dataclasses.asdict(ov).items()}})
     return pd.DataFrame(rows)
 
 
@@ -122,6 +127,13 @@ def overhead_costs(cases: list[OverheadCase], progress: bool = True) -> pd.DataF
     """case_costs of every case, one after another (a few seconds each), in the cases' order."""
     frames = [case_costs(c) for c in tqdm(cases, desc="overheads", unit="case", disable=not progress)]
     return pd.concat(frames, ignore_index=True)
+
+
+def _plain(v):
+    """A frame cell back to a plain Python value (NaN: None)."""
+    if isinstance(v, (float, np.floating)) and np.isnan(v):
+        return None
+    return v.item() if hasattr(v, "item") else v
 
 
 def _wide(costs: pd.DataFrame) -> pd.DataFrame:
@@ -146,15 +158,15 @@ def _span(x: pd.Series, fmt: str) -> str:
         f"{fmt.format(x.mean())} ({fmt.format(x.min())} - {fmt.format(x.max())})"
 
 
-def overheads_table(costs: pd.DataFrame, card=None, variant: str = "relibra") -> pd.DataFrame:
+def overheads_table(costs: pd.DataFrame, variant: str = "relibra") -> pd.DataFrame:
     """One row per overhead of `variant` (default ReLibra): its figure (mean, and range over the cases),
-    whether the headline charges it (the card's value) and the headline ratios at the ends of its sweep.
+    whether the headline charges it (the card's overheads, as the "card" rows were costed) and the headline
+    ratios at the ends of its sweep.
 
-    costs: overhead_costs' frame. card: the set-up card (default: the cases' card) whose entries say what
-    is charged. Columns: overhead, card_entry, figure, charged, sweep.
+    costs: overhead_costs' frame. Columns: overhead, card_entry, figure, charged, sweep.
     """
-    card = load_card(card or costs["setup"].iloc[0])
-    ov = card.cost_params(32).overheads
+    first = costs[costs["setting"] == "card"].iloc[0]
+    ov = Overheads(**{f.name: _plain(first[f"charge_{f.name}"]) for f in dataclasses.fields(Overheads)})
     mine = costs[costs["variant"] == variant].set_index(["model", "workload", "seed", "setting"])
     r = ratios(costs).set_index(["model", "workload", "seed", "setting"])
 
