@@ -34,10 +34,12 @@ class DomainProfile:
     response_tokens_sigma: float
 
 
-# Long chain-of-thought responses for math (DAPO-Math-17k), shorter ones for multiple-choice
-# science QA (GPQA) and instruction following (IFBench); code (CodeForces) has long statements.
+# Chain-of-thought responses for math (DAPO-Math-17k: median 1307, sigma 0.9, so the log-normal mean is the
+# 1960 tokens volcengine/verl docs/perf/dpsk.md gives for that data set), shorter ones for multiple-choice
+# science QA (GPQA) and instruction following (IFBench); code (CodeForces) has long statements. The set-up
+# cards (data/setups/) hold the same values with their sources.
 DOMAIN_PROFILES: dict[str, DomainProfile] = {
-    "math": DomainProfile("math", 180, 0.5, 3000, 0.9),
+    "math": DomainProfile("math", 180, 0.5, 1307, 0.9),
     "science": DomainProfile("science", 350, 0.5, 1800, 0.8),
     "instruct": DomainProfile("instruct", 160, 0.7, 700, 0.9),
     "code": DomainProfile("code", 600, 0.5, 2500, 0.9),
