@@ -15,7 +15,7 @@ from relibra.costs import overheads as oh
 from relibra.costs.phases import exposed_seconds, non_moe_seconds
 from relibra.errors import ConfigError
 from relibra.policies import get_policy
-from relibra.setups import load_card
+from relibra.setups import DEFAULT_CARD, load_card
 from relibra.trace import static_placement
 from relibra.workloads import generate_trace
 
@@ -118,7 +118,7 @@ def test_plan_metadata_is_three_ints_per_slot(case):
 
 
 def test_card_section_reaches_the_cost_model_and_bad_values_fail(tmp_path):
-    card = load_card("paper")
+    card = load_card(DEFAULT_CARD)
     ov = card.cost_params(32).overheads
     assert ov.transfer_overlap_efficiency == card.value("overheads.transfer_overlap_efficiency")
     assert ov.activation_recompute is card.value("overheads.activation_recompute")
@@ -131,7 +131,7 @@ def test_card_section_reaches_the_cost_model_and_bad_values_fail(tmp_path):
     with pytest.raises(ConfigError, match="transfer_overlap_efficiency"):
         card.with_values("test", overheads__transfer_overlap_efficiency=1.5).cost_params(32)
     bad = tmp_path / "bad.toml"
-    bad.write_text("base = 'paper'\n[overheads.activation_recompute]\nvalue = 1\nunit = ''\nkind = 'published'\n"
+    bad.write_text(f"base = '{DEFAULT_CARD}'\n[overheads.activation_recompute]\nvalue = 1\nunit = ''\nkind = 'published'\n"
                    "source = 's'\n")
     with pytest.raises(ConfigError, match="overheads.activation_recompute.*wrong type"):
         load_card(str(bad))

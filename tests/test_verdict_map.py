@@ -10,15 +10,16 @@ import pandas as pd
 import pytest
 
 from relibra.errors import ConfigError
+from relibra.setups import DEFAULT_CARD
 from relibra.experiments import verdict_map as vm
 
-TINY_CHANGES = (("batch.global_batch_sequences", 16), ("batch.data_parallel_size", 4),
+TINY_CHANGES = (("batch.global_batch_sequences", 16), ("batch.data_parallel_size", 4), ("batch.expert_parallel", 4),
                 ("overheads.planner_reorder_s_per_layer", 1e-9))
 
 
 def _tiny_spec(**changes):
     spec = vm.GridSpec("test", tokens=(512, 2048), shift=vm.ShiftAxis("topic_concentration", (0.2, 0.05)),
-                       models=("tiny",), workloads=("mixed",), seeds=(0,), ep=4, cards=("paper",), steps=2,
+                       models=("tiny",), workloads=("mixed",), seeds=(0,), ep=4, cards=(DEFAULT_CARD,), steps=2,
                        card_changes=TINY_CHANGES)
     return vm.dataclasses.replace(spec, **changes)
 
@@ -91,7 +92,7 @@ def test_a_cut_down_grid_end_to_end():
     out = vm.map_json(result)
     text = json.dumps(out, allow_nan=False)
     assert json.loads(text)["conclusion"] == out["conclusion"]
-    assert out["card_points"][0]["setup"] == "paper" and len(out["nodes"]) == 4
+    assert out["card_points"][0]["setup"] == DEFAULT_CARD and len(out["nodes"]) == 4
     assert {c["claim"] for c in out["contours"]} == {c["claim"] for c in vm.CLAIMS}
 
 

@@ -90,8 +90,10 @@ class GridSpec:
 
     name: "default" (coarse) or "paper" (whole); setup: the card the grid nodes start from (token-budget);
     tokens: tokens per EP rank per micro-batch of the nodes; shift: the ShiftAxis; models, workloads, seeds:
-    every node's cases; cards: the named cards simulated as points (at their own inputs), over card_models,
-    card_workloads and card_seeds; ep; steps per trace (the last simulated); card_changes: (card key, value)
+    every node's cases; cards: the named cards simulated as points (at their own inputs), over card_models
+    (a card that publishes its model: that model only, card_scope), card_workloads and card_seeds; ep: the
+    nodes' EP size (a card's point: the card's batch.expert_parallel); steps per trace (the last
+    simulated); card_changes: (card key, value)
     pairs applied to every card (cut-down test grids); policies simulated (megatron, eplb+, relibra and
     balanced at least).
     """
@@ -178,9 +180,11 @@ def map_cases(spec: GridSpec) -> list[MapCase]:
     grid = [MapCase("grid", spec.setup, m, w, int(s), int(t), shift_value=v, **common)
             for m in spec.models for w in spec.workloads for s in spec.seeds for t in spec.tokens
             for v in spec.shift.values]
-    cards = [MapCase("card", c, m, w, int(s), None, shift_value=None, **common)
-             for c in spec.card_list for m in (spec.card_models or spec.models)
-             for w in (spec.card_workloads or spec.workloads) for s in (spec.card_seeds or spec.seeds)]
+    cards = []
+    for c in spec.card_list:
+        models, ep = card_scope(c, spec.card_models or spec.models, spec.ep, spec.card_changes)
+        cards += [MapCase("card", c, m, w, int(s), None, shift_value=None, **{**common, "ep": ep})
+                  for m in models for w in (spec.card_workloads or spec.workloads) for s in (spec.card_seeds or spec.seeds)]
 
     def cost(c: MapCase):
         return (-get_model(c.model).num_layers, c.tokens or 0)
@@ -194,16 +198,33 @@ def _card_at_tokens(card, tokens: int):
         raise ConfigError(f"verdict map: the grid's card {card.name!r} has layout {card.value('batch.layout')!r}; "
                           f"its nodes move the token budget, so it must be token-budget")
     return card.with_values("verdict map: tokens per EP rank per micro-batch",
-                            batch__tokens_per_gpu_per_microbatch=int(tokens) * card.value("batch.tensor_parallel"))
+                            batch__tokens_per_ep_rank_per_microbatch=int(tokens))
+
+
+def _card(name: str, changes: tuple[tuple[str, object], ...] = ()):
+    card = load_card(name)
+    if changes:
+        card = card.with_values("verdict map: card changes", **{k.replace(".", "__"): v for k, v in changes})
+    return card
+
+
+def card_scope(name: str, models: tuple[str, ...], ep: int, changes: tuple[tuple[str, object], ...] = ()
+               ) -> tuple[tuple[str, ...], int]:
+    """The models and EP size a card's point is simulated at: the card's model when the card publishes one
+    (a recipe for that model), else `models`; the card's batch.expert_parallel when it has one, else `ep`.
+    changes: (card key, value) pairs applied to the card first."""
+    card = _card(name, changes)
+    entry = card.entries.get("model.name")
+    own_models = (entry.value,) if entry is not None and entry.kind != "assumed" else models
+    return own_models, int(card.entries["batch.expert_parallel"].value) if "batch.expert_parallel" in card.entries \
+        else ep
 
 
 def simulate_map_case(case: MapCase) -> dict:
     """One case simulated: a dict of the case's keys, tokens_per_s of each policy, the three ratios, each
     policy's skewness, and the case's measured position (micro_batches, mean_tokens_per_slot,
     mb_vs_step_corr and mb_corr of its trace's expert loads, relibra.analysis.shift_stats)."""
-    card = load_card(case.setup)
-    if case.card_changes:
-        card = card.with_values("verdict map: card changes", **{k.replace(".", "__"): v for k, v in case.card_changes})
+    card = _card(case.setup, case.card_changes)
     if case.tokens is not None:
         card = _card_at_tokens(card, case.tokens)
     cfg = card.workload_config()
