@@ -106,7 +106,11 @@ def test_planner_beyond_its_window(case):
     wide = _cost(case, "relibra", planner_window_forward_passes=1e9, **rates)
     assert wide.step_seconds == pytest.approx(free.step_seconds)
     r = oh.post_rollout_planner(plan, 2.0, Overheads(planner_window_forward_passes=1.0, **rates))
-    assert r == {"planner_s": pytest.approx(planner_s), "window_s": 2.0, "exposed_s": pytest.approx(planner_s - 2.0)}
+    assert r == {"planner_s": pytest.approx(planner_s), "window_s": 2.0, "exposed_s": pytest.approx(planner_s - 2.0),
+                 "rated": True}
+    # rates measured on 128-expert models do not carry to the 16-expert test model: not charged
+    other = _cost(case, "relibra", planner_window_forward_passes=0.0, planner_measured_experts=128, **rates)
+    assert other.step_seconds == pytest.approx(free.step_seconds) and not other.info["overheads"]["planner_rated"]
 
 
 def test_plan_metadata_is_three_ints_per_slot(case):

@@ -53,6 +53,9 @@ class Overheads:
         relibra family (policy names starting "relibra"); other plans' post-rollout planners (EPLB+:
         tens of milliseconds a step) are charged nothing. A model of measured seconds, not the step's
         own clock, so that the same seed gives the same results.
+    planner_measured_experts: the experts per layer of the models the planner rates were measured on; a
+        model with another count (the kit's small test models, 256-expert models) has no measured rate
+        and its planner is not charged (post_rollout_planner says so). None: charge every model.
     host_to_device_GBps: the rate plan metadata is copied to the GPU at (reported by plan_metadata,
         never charged: a micro-batch's plan is copied while the previous one runs).
     """
@@ -64,6 +67,7 @@ class Overheads:
     planner_window_forward_passes: float | None = None
     planner_reorder_s_per_layer: float = 0.0
     planner_replication_s_per_cell: float = 0.0
+    planner_measured_experts: int | None = None
     host_to_device_GBps: float = 25.0
 
     def __post_init__(self):
@@ -85,6 +89,9 @@ class Overheads:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ConfigError(f"overheads: {name} must be a number of seconds >= 0, got {v!r}")
+        v = self.planner_measured_experts
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise ConfigError(f"overheads: planner_measured_experts must be None or a positive integer, got {v!r}")
         v = self.host_to_device_GBps
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise ConfigError(f"overheads: host_to_device_GBps must be a positive number, got {v!r}")
@@ -103,6 +110,7 @@ CARD_ENTRIES: dict[str, tuple[str, type | tuple]] = {
     "overheads.planner_window_forward_passes": ("planner_window_forward_passes", (int, float)),
     "overheads.planner_reorder_s_per_layer": ("planner_reorder_s_per_layer", (int, float)),
     "overheads.planner_replication_s_per_cell": ("planner_replication_s_per_cell", (int, float)),
+    "overheads.planner_measured_experts": ("planner_measured_experts", int),
     "overheads.host_to_device_GBps": ("host_to_device_GBps", (int, float)),
 }
 # Entries whose value may be 0 (a card checks the others are positive).
@@ -117,7 +125,7 @@ def overheads_from_values(values: dict) -> Overheads:
             raise ConfigError(f"overheads: {key!r} is not an overheads entry; known: {', '.join(CARD_ENTRIES)}")
         name, _ = CARD_ENTRIES[key]
         fields[name] = float(value) if isinstance(value, int) and not isinstance(value, bool) and \
-            name not in ("main_grad_bytes_per_param",) else value
+            name not in ("main_grad_bytes_per_param", "planner_measured_experts") else value
     return Overheads(**fields)
 
 
@@ -174,10 +182,17 @@ def replica_grad_add_seconds(adds_per_home: np.ndarray, model: ModelShape, topol
 
 
 # ---- the post-rollout planner --------------------------------------------------------------------
+def planner_rated(plan: StepPlan, overheads: Overheads) -> bool:
+    """Whether the overheads hold a planner rate for this plan: the relibra family, on a model with the
+    expert count the rates were measured at (overheads.planner_measured_experts; None: any)."""
+    measured = overheads.planner_measured_experts
+    return plan.policy.startswith("relibra") and (measured is None or plan.num_experts == measured)
+
+
 def planner_model_seconds(plan: StepPlan, overheads: Overheads) -> float:
     """The post-rollout planner's seconds for this plan's step: reorder seconds x layers + replication
-    seconds x micro-batches x layers for the relibra family, 0 for other policies."""
-    if not plan.policy.startswith("relibra"):
+    seconds x micro-batches x layers where planner_rated, else 0."""
+    if not planner_rated(plan, overheads):
         return 0.0
     m, l = plan.num_microbatches, plan.num_layers
     return overheads.planner_reorder_s_per_layer * l + overheads.planner_replication_s_per_cell * m * l
@@ -188,13 +203,14 @@ def post_rollout_planner(plan: StepPlan, forward_s: float, overheads: Overheads)
 
     forward_s: seconds of the step's forward pass (every micro-batch). Returns {"planner_s" (the
     modelled planner seconds), "window_s" (planner_window_forward_passes x forward_s), "exposed_s"
-    (planner_s beyond the window; 0 when the planner is not charged or is on the critical path)}.
+    (planner_s beyond the window; 0 when the planner is not charged or has no measured rate), "rated"}.
     """
     planner_s = planner_model_seconds(plan, overheads)
+    rated = planner_rated(plan, overheads)
     if not overheads.charges_planner:
-        return {"planner_s": planner_s, "window_s": float("nan"), "exposed_s": 0.0}
+        return {"planner_s": planner_s, "window_s": float("nan"), "exposed_s": 0.0, "rated": rated}
     window_s = overheads.planner_window_forward_passes * forward_s
-    return {"planner_s": planner_s, "window_s": window_s, "exposed_s": max(0.0, planner_s - window_s)}
+    return {"planner_s": planner_s, "window_s": window_s, "exposed_s": max(0.0, planner_s - window_s), "rated": rated}
 
 
 # ---- host-side plan metadata ---------------------------------------------------------------------

@@ -267,4 +267,5 @@ def charge_overheads(plan: StepPlan, model: ModelShape, topology: Topology, para
     return {"activation_recompute": ov.activation_recompute, "transfer_overlap_efficiency": ov.transfer_overlap_efficiency,
             "recompute_s": recompute_s, "grad_add_s": grad_add_s, "planner_s": planner["planner_s"],
             "planner_window_s": planner["window_s"], "planner_exposed_s": planner["exposed_s"],
+            "planner_rated": planner["rated"],
             "recompute_extra_backward": recompute_extra}

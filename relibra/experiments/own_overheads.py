@@ -14,6 +14,7 @@ Imports only layers below relibra.experiments (cluster, costs, policies, setups,
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,7 +82,7 @@ def case_costs(case: OverheadCase) -> pd.DataFrame:
     One row per (variant, setting): step_s, tokens_per_s, exposed_transfer_s (replica push + grad rows),
     migration_s, the charged terms of PlanCost.info["overheads"] (recompute_s, grad_add_s, planner_s,
     planner_window_s, planner_exposed_s), forward_s, plan-metadata bytes and seconds per micro-batch,
-    replica_memory_share, and the case's keys.
+    replica_memory_share, the case's keys, and "charge": the setting's Overheads as JSON.
     """
     card = load_card(case.setup)
     if case.card_changes:
@@ -119,7 +120,7 @@ def case_costs(case: OverheadCase) -> pd.DataFrame:
                          "metadata_bytes_per_microbatch": meta["bytes_per_microbatch"],
                          "metadata_s_per_microbatch": meta["seconds_per_microbatch"],
                          "replica_memory_share": cost.memory["replica_memory_share"],
-                         **{f"charge_{k}": v for k, v in dataclasses.asdict(ov).items()}})
+                         "charge": json.dumps(dataclasses.asdict(ov))})
     return pd.DataFrame(rows)
 
 
@@ -127,13 +128,6 @@ def overhead_costs(cases: list[OverheadCase], progress: bool = True) -> pd.DataF
     """case_costs of every case, one after another (a few seconds each), in the cases' order."""
     frames = [case_costs(c) for c in tqdm(cases, desc="overheads", unit="case", disable=not progress)]
     return pd.concat(frames, ignore_index=True)
-
-
-def _plain(v):
-    """A frame cell back to a plain Python value (NaN: None)."""
-    if isinstance(v, (float, np.floating)) and np.isnan(v):
-        return None
-    return v.item() if hasattr(v, "item") else v
 
 
 def _wide(costs: pd.DataFrame) -> pd.DataFrame:
@@ -165,8 +159,7 @@ def overheads_table(costs: pd.DataFrame, variant: str = "relibra") -> pd.DataFra
 
     costs: overhead_costs' frame. Columns: overhead, card_entry, figure, charged, sweep.
     """
-    first = costs[costs["setting"] == "card"].iloc[0]
-    ov = Overheads(**{f.name: _plain(first[f"charge_{f.name}"]) for f in dataclasses.fields(Overheads)})
+    ov = Overheads(**json.loads(costs.loc[costs["setting"] == "card", "charge"].iloc[0]))
     mine = costs[costs["variant"] == variant].set_index(["model", "workload", "seed", "setting"])
     r = ratios(costs).set_index(["model", "workload", "seed", "setting"])
 
