@@ -191,7 +191,7 @@ def overheads_table(costs: pd.DataFrame, variant: str = "relibra") -> pd.DataFra
          f"{_span(100 * added('no recompute'), pct)} of the step: the recomputed forward "
          f"{_span(100 * at('card', 'recompute_s') / at('card', 'step_s'), pct)} (every policy pays it); the backward "
          f"pushes moved into its shorter window "
-         f"{_span(100 * (at('card', 'exposed_transfer_s') - at('no recompute', 'exposed_transfer_s')) / at('card', 'step_s'), pct)}",
+         f"{_span(100 * (at('card', 'exposed_transfer_s') - at('no recompute', 'exposed_transfer_s')).clip(lower=0) / at('card', 'step_s'), '{:.3f}%')}",
          "yes (full, one layer at a time)" if ov.activation_recompute else "no",
          sweep(["card", "no recompute"])),
         ("replica gradient add into the home", "overheads.replica_grad_add",
