@@ -162,7 +162,29 @@ def test_setup_show_prints_every_entry(capsys, name):
     assert main(["setup", "show", name]) == 0
     text = capsys.readouterr().out
     assert all(key in text for key in card.entries) and "deepseek-ai/DeepEP#16" in text
-    assert "stas00/ml-engineering compute/accelerator/README.md:354" in text
+    assert "stas00/ml-engineering compute/accelerator/README.md:354" in text and "data/device/expert_gemm.json" in text
+
+
+def test_gemm_rate_and_half_saturation_are_the_h200_fit():
+    # the cost model's form t = 3 f (n + h) / R (relibra.costs.flops) fitted to the measured calls of >= 4096 tokens
+    import numpy as np
+
+    from relibra.setups import CARD_DIR
+    shapes = json.loads((CARD_DIR.parents[0] / "device" / "expert_gemm.json").read_text())["shapes"]
+    fit = {}
+    for name, s in shapes.items():
+        n, t = np.array(s["tokens"], float), np.array(s["median_s"])
+        f, m = 3 * s["forward_flops_per_token"], n >= 4096
+        (a, b), *_ = np.linalg.lstsq(np.vstack([np.ones(m.sum()), n[m] * f]).T, t[m], rcond=None)
+        fit[name] = (1 / b / 1e12, a / b / f)
+    card = load_card(DEFAULT_CARD)
+    rate, half = fit["glm-4.5-air"]
+    assert card.value("compute.matmul_tflops") == pytest.approx(rate, abs=0.5)
+    assert card.value("compute.gemm_half_tokens") == pytest.approx(half, abs=0.5)
+    low, high = card.entries["compute.matmul_tflops"].range
+    assert low == pytest.approx(min(r for r, _ in fit.values()), abs=0.5) and high == 794.5
+    low, high = card.entries["compute.gemm_half_tokens"].range
+    assert (low, high) == pytest.approx((min(h for _, h in fit.values()), max(h for _, h in fit.values())), abs=0.5)
 
 
 def test_setup_show_refuses_an_unknown_card(capsys):

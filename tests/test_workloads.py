@@ -288,3 +288,39 @@ def test_benchmark_generate_reports_seconds():
     out = benchmark_generate("tiny", "mixed", ep=4, steps=2, micro_batches=2, tokens_per_rank=128)
     assert out["seconds_per_step"] > 0 and out["load_cells"] == 2 * 2 * 4 * 4 * 16
     assert out["static_skewness"] >= 1.0
+
+
+def test_microbatch_shift_permutes_a_share_of_experts_per_micro_batch():
+    from relibra.workloads import shift_permutations
+
+    rng = np.random.default_rng(0)
+    assert shift_permutations(rng, 3, 2, 16, 0.0) is None and shift_permutations(rng, 3, 2, 16, 0.05) is None
+    idx = shift_permutations(rng, 3, 2, 16, 0.5)
+    assert idx.shape == (3, 2, 16)
+    assert (np.sort(idx, axis=-1) == np.arange(16)).all()  # a permutation of the experts in every (mb, layer)
+    assert ((idx != np.arange(16)).sum(-1) <= 8).all() and (idx != np.arange(16)).any()
+    assert (shift_permutations(rng, 1, 1, 16, 1.0) != shift_permutations(rng, 1, 1, 16, 1.0)).any()
+    with pytest.raises(ConfigError, match="microbatch_shift must lie in"):
+        WorkloadConfig(microbatch_shift=1.5)
+
+
+def test_microbatch_shift_moves_hot_experts_and_keeps_the_batch():
+    base = generate_trace(PAPER_LIKE, "mixed", ep=16, steps=2, micro_batches=6)
+    zero = generate_trace(PAPER_LIKE, "mixed", ep=16, steps=2, micro_batches=6,
+                          config=WorkloadConfig(microbatch_shift=0.0))
+    assert np.array_equal(base.loads, zero.loads) and "microbatch_shift" not in base.provenance["config"]
+    shifted = generate_trace(PAPER_LIKE, "mixed", ep=16, steps=2, micro_batches=6,
+                             config=WorkloadConfig(microbatch_shift=0.5))
+    assert shifted.provenance["config"]["microbatch_shift"] == 0.5
+    assert np.array_equal(base.seq_lens, shifted.seq_lens)  # token-budget: the batch has its own stream
+    assert np.array_equal(base.loads.sum(axis=-1), shifted.loads.sum(axis=-1))  # every slot routes its tokens
+    a, b = trace_stats(base), trace_stats(shifted)
+    assert b["mb_corr"] < a["mb_corr"] - 0.1 and b["mb_vs_step_corr"] < a["mb_vs_step_corr"] - 0.05
+    # a permutation of every slot's shares: the micro-batch's imbalance stays (sampling aside)
+    assert b["static_skewness"] == pytest.approx(a["static_skewness"], rel=0.1)
+
+
+def test_microbatch_shift_at_token_level():
+    cfg = WorkloadConfig(microbatch_shift=0.5, length_scale=1 / 128)
+    t = generate_trace("tiny", "math", ep=4, steps=2, micro_batches=4, tokens_per_rank=64, config=cfg, token_level=True)
+    assert t.token_experts is not None and t.loads.sum() == t.loads[:, :, :1].sum() * t.num_layers
