@@ -18,7 +18,7 @@ TINY_CHANGES = (("batch.global_batch_sequences", 16), ("batch.data_parallel_size
 
 
 def _tiny_spec(**changes):
-    spec = vm.GridSpec("test", tokens=(512, 2048), shift=vm.ShiftAxis("topic_concentration", (0.2, 0.05)),
+    spec = vm.GridSpec("test", tokens=(512, 2048), shift=vm.ShiftAxis("microbatch_shift", (0.0, 0.3)),
                        models=("tiny",), workloads=("mixed",), seeds=(0,), ep=4, cards=(DEFAULT_CARD,), steps=2,
                        card_changes=TINY_CHANGES)
     return vm.dataclasses.replace(spec, **changes)
@@ -81,7 +81,10 @@ def test_a_cut_down_grid_end_to_end():
     result = vm.run_map(spec, workers=1, progress=False)
     assert len(result.grid) == 4 and len(result.cards) == 1
     g = result.grid
-    assert set(g["tokens"]) == {512, 2048} and set(g["shift_value"]) == {0.2, 0.05}
+    assert set(g["tokens"]) == {512, 2048} and set(g["shift_value"]) == {0.0, 0.3}
+    # the shift lowers the micro-batch vs step correlation at every budget
+    corr = g.groupby(["tokens", "shift_value"])["mb_vs_step_corr"].mean()
+    assert all(corr.loc[(t, 0.3)] < corr.loc[(t, 0.0)] for t in (512, 2048))
     assert ((g["mb_vs_step_corr"] > -1) & (g["mb_vs_step_corr"] <= 1)).all()
     assert (g["relibra_over_megatron"] > 0).all() and (g["gap_to_balanced"] < 1).all()
     # a node's row is its case simulated alone: same seed, same figures
@@ -100,7 +103,8 @@ def test_grids_and_bad_specs():
     d, p = vm.default_grid(), vm.paper_grid()
     assert d.models == p.models == vm.MAP_MODELS and len(p.seeds) >= 3 and len(p.workloads) == 2
     assert min(p.tokens) == 1024 and max(p.tokens) == 32768 and set(d.tokens) <= set(p.tokens)
-    assert d.shift.values[0] == p.shift.values[0]  # both start at the kit's value
+    assert d.shift.values[0] == p.shift.values[0] == 0.0  # both start at the kit's value
+    assert d.shift.values[-1] == p.shift.values[-1] == vm.MICROBATCH_SHIFT_RANGE[1] and d.shift.field == "microbatch_shift"
     with pytest.raises(ConfigError, match="policies must include"):
         _tiny_spec(policies=("megatron", "relibra"))
     with pytest.raises(ConfigError, match="tokens must be positive"):

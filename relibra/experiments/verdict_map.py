@@ -38,7 +38,7 @@ from relibra.errors import ConfigError
 from relibra.progress import progress as tqdm
 from relibra.setups import DEFAULT_CARD, card_names, load_card
 from relibra.sim import simulate
-from relibra.workloads import WorkloadConfig, generate_trace
+from relibra.workloads import MICROBATCH_SHIFT_RANGE, WorkloadConfig, generate_trace
 
 MAP_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
 MAP_POLICIES = ("megatron", "eplb+", "relibra", "balanced")
@@ -77,11 +77,15 @@ class ShiftAxis:
         return cfg if value is None else dataclasses.replace(cfg, **{self.field: value})
 
 
-# The generator's knob the map moves until the card names the micro-batch shift itself: topic_concentration
-# (Dirichlet concentration of a sequence's topic mixture; smaller = sequences more concentrated on one topic,
-# so micro-batches differ more from their step). 0.2 is the kit's current value.
-DEFAULT_SHIFT = ShiftAxis("topic_concentration", (0.2, 0.05), (("kit", 0.2),))
-PAPER_SHIFT = ShiftAxis("topic_concentration", (0.2, 0.1, 0.05, 0.02), (("kit", 0.2),))
+# The micro-batch shift is the generator's explicit input WorkloadConfig.microbatch_shift, from the kit's value
+# (0: no shift beyond the sequences a micro-batch holds) to the sharpest the routing data support
+# (MICROBATCH_SHIFT_RANGE: 0.3, where qwen3-30b-a3b on the default card at EP 32 reaches the micro-batch
+# correlations of the kit's real RL trace; docs/traces.md).
+_SHIFT_LOW, _SHIFT_HIGH = MICROBATCH_SHIFT_RANGE
+_SHIFT_NAMED = (("the kit's traces", _SHIFT_LOW), ("the kit's real RL trace's correlations (relibra rl)", _SHIFT_HIGH))
+DEFAULT_SHIFT = ShiftAxis("microbatch_shift", (_SHIFT_LOW, _SHIFT_HIGH), _SHIFT_NAMED)
+PAPER_SHIFT = ShiftAxis("microbatch_shift", tuple(float(x) for x in np.round(np.linspace(_SHIFT_LOW, _SHIFT_HIGH, 4), 6)),
+                        _SHIFT_NAMED)
 
 
 @dataclass(frozen=True)
