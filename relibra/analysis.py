@@ -226,11 +226,11 @@ def read_public_frequencies(path=None) -> dict[str, np.ndarray]:
 def routing_profile(expert_load: np.ndarray, eps=(16, 32)) -> dict:
     """A trace's expert balance at two levels and its micro-batch shift, from expert loads [S, M, L, E]:
     {"step": expert_balance of each step's total, "micro_batch": of each micro-batch, "mb_vs_step_corr",
-    "mb_corr": from shift_stats}."""
+    "mb_corr", "step_corr": from shift_stats}."""
     el = np.asarray(expert_load)
     shift = shift_stats(el)
     return {"step": expert_balance(el.sum(axis=1), eps), "micro_batch": expert_balance(el, eps),
-            "mb_vs_step_corr": shift["mb_vs_step_corr"], "mb_corr": shift["mb_corr"]}
+            "mb_vs_step_corr": shift["mb_vs_step_corr"], "mb_corr": shift["mb_corr"], "step_corr": shift["step_corr"]}
 
 
 def comparison_rows(traces: dict | None = None, public: dict | None = None, eps=(16, 32)) -> list[dict]:
@@ -245,14 +245,15 @@ def comparison_rows(traces: dict | None = None, public: dict | None = None, eps=
     for name, freq in public.items():
         rows.append({"source": f"public: Qwen3-30B-A3B-Instruct-2507, {name} (English prompts)", "level": "data set",
                      "experts": freq.shape[-1], "tokens": float("nan"), **expert_balance(freq, eps),
-                     "mb_vs_step_corr": float("nan"), "mb_corr": float("nan")})
+                     "mb_vs_step_corr": float("nan"), "mb_corr": float("nan"), "step_corr": float("nan")})
     for label, trace in (traces or {}).items():
         el = trace.expert_load()
         prof = routing_profile(el, eps)
         mb_tokens = el[:, :, 0].sum(-1) / trace.model.top_k  # [S, M] tokens of each micro-batch
         for level in ("step", "micro_batch"):
-            shift = {"mb_vs_step_corr": prof["mb_vs_step_corr"], "mb_corr": prof["mb_corr"]} if level == "micro_batch" \
-                else {"mb_vs_step_corr": float("nan"), "mb_corr": float("nan")}
+            nan = float("nan")
+            shift = {"mb_vs_step_corr": prof["mb_vs_step_corr"], "mb_corr": prof["mb_corr"], "step_corr": nan} \
+                if level == "micro_batch" else {"mb_vs_step_corr": nan, "mb_corr": nan, "step_corr": prof["step_corr"]}
             tokens = float(mb_tokens.mean() if level == "micro_batch" else mb_tokens.sum(1).mean())
             rows.append({"source": label, "level": level.replace("_", "-"), "experts": trace.num_experts,
                          "tokens": tokens, **prof[level], **shift})

@@ -18,7 +18,7 @@ LITERATURE = (
 )
 COLUMNS = (("max_over_mean", "max/mean"), ("gini", "Gini"), ("hottest_share", "hottest"),
            ("skewness_ep16", "skew EP16"), ("skewness_ep32", "skew EP32"), ("mb_vs_step_corr", "mb vs step"),
-           ("mb_corr", "mb vs next"))
+           ("mb_corr", "mb vs next"), ("step_corr", "step vs next"))
 
 
 def _floats(text: str, flag: str) -> list[float]:
