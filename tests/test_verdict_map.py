@@ -68,6 +68,13 @@ def test_claim_regions_and_the_one_sentence_conclusion():
     assert "up to 1.2x over EPLB+ (oracle loads) needs any tokens per EP rank on the grid and micro-batch " \
            "correlation at most 0.70" in text
     assert "within 6-10% of Balanced holds at every node of the grid (the gap spans 4.0%-4.0%" in text
+    assert "named cards" not in text  # no card points in this result
+    cards = pd.DataFrame([{"kind": "card", "setup": "a-card", "model": "m", "workload": "w", "seed": 0,
+                           "tokens_per_ep_rank": 4096.0, "mb_vs_step_corr": 0.9, "micro_batches": 3,
+                           "relibra_over_megatron": 1.1, "relibra_over_eplb_plus": 1.3, "gap_to_balanced": 0.02}])
+    with_card = vm.MapResult(result.spec, pd.concat([result.frame, cards], ignore_index=True))
+    assert vm.conclusion(with_card).endswith("; of the named cards' points a-card (1.30x) reach up to 1.2x over EPLB+ "
+                                             "(oracle loads).")
     contours = vm.claim_contours(result)
     mega_points = next(c for c in contours if c["level"] == 1.6)["points"]
     assert mega_points and all(8192 < p["tokens_per_ep_rank"] < 32768 for p in mega_points)

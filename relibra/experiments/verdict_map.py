@@ -457,7 +457,27 @@ def conclusion(result: MapResult, fields: pd.DataFrame | None = None) -> str:
     scope = (f"On the {spec.name} grid ({len(spec.models)} models x {len(spec.workloads)} workloads x "
              f"{len(spec.seeds)} seeds at full scale, {min(spec.tokens)}-{max(spec.tokens)} tokens per EP rank, "
              f"{spec.shift.field} {', '.join(map(str, spec.shift.values))}), ")
-    return scope + "; ".join(_claim_sentence(r) for r in regions) + "."
+    text = scope + "; ".join(_claim_sentence(r) for r in regions)
+    met = cards_meeting_claims(result)
+    if met:
+        text += "; of the named cards' points " + "; ".join(
+            f"{', '.join(f'{name} ({value})' for name, value in cards)} reach {claim}" for claim, cards in met.items())
+    return text + "."
+
+
+def cards_meeting_claims(result: MapResult) -> dict[str, list[tuple[str, str]]]:
+    """{claim: [(card, its best figure)]} for the named cards whose best case reaches one of the speed-up
+    claims ("up to"); claims no card reaches are left out."""
+    points = card_points(result)
+    out: dict[str, list[tuple[str, str]]] = {}
+    if points.empty:
+        return out
+    for c in (c for c in CLAIMS if c["holds"] == "at least"):
+        col = f"{c['field']}_best"
+        hits = [(r["setup"], f"{r[col]:.2f}x") for _, r in points[points[col] >= c["level"]].iterrows()]
+        if hits:
+            out[c["claim"]] = hits
+    return out
 
 
 def card_points(result: MapResult) -> pd.DataFrame:
