@@ -73,7 +73,7 @@ def test_claim_regions_and_the_one_sentence_conclusion():
                            "tokens_per_ep_rank": 4096.0, "mb_vs_step_corr": 0.9, "micro_batches": 3,
                            "relibra_over_megatron": 1.1, "relibra_over_eplb_plus": 1.3, "gap_to_balanced": 0.02}])
     with_card = vm.MapResult(result.spec, pd.concat([result.frame, cards], ignore_index=True))
-    assert vm.conclusion(with_card).endswith("; of the named cards' points a-card (1.30x) reach up to 1.2x over EPLB+ "
+    assert vm.conclusion(with_card).endswith("; of the named cards' points a-card (1.30x) reaches up to 1.2x over EPLB+ "
                                              "(oracle loads).")
     contours = vm.claim_contours(result)
     mega_points = next(c for c in contours if c["level"] == 1.6)["points"]

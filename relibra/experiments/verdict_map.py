@@ -461,7 +461,8 @@ def conclusion(result: MapResult, fields: pd.DataFrame | None = None) -> str:
     met = cards_meeting_claims(result)
     if met:
         text += "; of the named cards' points " + "; ".join(
-            f"{', '.join(f'{name} ({value})' for name, value in cards)} reach {claim}" for claim, cards in met.items())
+            f"{', '.join(f'{name} ({value})' for name, value in cards)} {'reaches' if len(cards) == 1 else 'reach'} "
+            f"{claim}" for claim, cards in met.items())
     return text + "."
 
 
