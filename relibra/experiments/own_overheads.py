@@ -104,7 +104,7 @@ def case_costs(case: OverheadCase) -> pd.DataFrame:
         meta = plan_metadata(plan, base.overheads, topology)
         for setting, ov in settings.items():
             cost = cost_plan(plan, model, topology, dataclasses.replace(base, overheads=ov), prev_home=prev,
-                             planner_s=plan.info["plan_seconds"], critical_planner_s=plan.info["plan_cpu_seconds"],
+                             planner_s=plan.info.plan_seconds, critical_planner_s=plan.info.plan_cpu_seconds,
                              seq_lens=seq_lens)
             totals = cost.totals()
             own = cost.info["overheads"]
