@@ -384,12 +384,12 @@ HAND_TOPO = Topology("hand", num_nodes=1, gpus_per_node=2, nvlink_GBps=1.0, rdma
                      gemm_half_tokens=10.0, collective_latency_s=1e-3, memory_GBps=1.0, attention_efficiency=0.5)
 
 
-def _hand_plan(info=None):
+def _hand_plan(planner_on_critical_path=False):
     """1 micro-batch, 1 layer, 2 GPUs in one node, 2 experts (one per GPU), top-2: every token of a
     source goes to both experts. Source 0 has 100 tokens, source 1 has 20."""
     loads = np.array([[[[100, 100], [20, 20]]]], dtype=np.int32)
     plan = _static_plan(loads, 2)
-    plan.info.update(info or {})
+    plan.planner_on_critical_path = planner_on_critical_path
     return plan
 
 
@@ -463,7 +463,7 @@ def test_planner_phase_by_hand_and_the_measured_table(tmp_path):
     gather = 4 * 2 / 1e9 + 1e-3  # every rank sends its 2 int32 expert counts to the other rank
     ahead = _hand_plan()
     assert planner_seconds(ahead, HAND_TOPO, CostParams())[0].tolist() == [[0.0]]
-    runtime = _hand_plan({"planner_on_critical_path": True})
+    runtime = _hand_plan(planner_on_critical_path=True)
     got, how = planner_seconds(runtime, HAND_TOPO, CostParams(runtime_plan_s=2e-3))
     assert how == "fixed" and got[0, 0] == pytest.approx(gather + 2e-3)
     got, how = planner_seconds(runtime, HAND_TOPO, CostParams(runtime_plan_s="measured"), measured_cpu_s=0.5)
@@ -682,7 +682,7 @@ def test_sensitivity_quick_rows(capsys):
     defaults = [r for r in rows if r["is_default"]]
     assert [r["knob"] for r in defaults] == list(knobs)
     assert all(r[c] == defaults[0][c] for r in defaults for c in RATIOS)
-    card = load_card("paper")
+    card = load_card("token-budget-tp1")
     trace = generate_trace(scaled_model("small", 1), "mixed", 8, steps=1, seed=0, micro_batches=2,
                            config=card.workload_config())
     s = simulate(trace, card.topology(), ["relibra", "eplb+", "megatron", "balanced-compute"], progress=False,
@@ -694,7 +694,7 @@ def test_sensitivity_quick_rows(capsys):
     assert d["relibra_over_balanced_compute"] == pytest.approx(s["relibra"] / s["balanced-compute"], rel=1e-12)
     assert all(r["relibra_over_balanced_compute"] <= 1 + 1e-12 for r in rows)
     slow = next(r for r in rows if r["knob"] == "NVLink rate" and r["value"] == 135.6)
-    assert slow["cluster"] == "paper,nvlink_GBps=135.6"
+    assert slow["cluster"] == "token-budget-tp1,nvlink_GBps=135.6"
     assert slow["relibra_over_megatron"] != d["relibra_over_megatron"]  # H800's NVLink changes the step
     # the tornado: one bar per (ratio, knob), spanning the knob's values, sorted by swing within a ratio
     t = tornado_table(pd.DataFrame(rows))

@@ -1,14 +1,16 @@
 """The cost model: seconds for one StepPlan on one cluster, per micro-batch, layer, phase and component.
 
 Every policy is charged by the same functions; a policy shows up only through its plan (homes,
-replicas, token flow) and its flags (`transfers_on_critical_path`, `uniform_routing`, plan.info
-"planner_on_critical_path"). The package, by concept (docs/cost-model.md has the derivations):
+replicas, token flow) and its flags (`transfers_on_critical_path`, `uniform_routing`,
+`planner_on_critical_path` with `runtime_planner`). The package, by concept (docs/cost-model.md has the derivations):
 
   params       CostParams: the training run's knobs (sequence length, replica buffer, dp size, ...)
   links        link and all-to-all seconds on a topology; distinct tokens under DeepEP's dedup
   flops        GEMM seconds (the half-saturation curve) and attention-core FLOPs to seconds
   phases       one function per phase: dispatch/combine, experts, dense (attention), non-MoE parts,
                replicas, run-time planner, migration, optimizer; replica memory
+  overheads    Overheads: overlap efficiency, activation recomputation, replica gradient adds, the
+               post-rollout planner, plan metadata (the costs of balancing beyond its transfers' bytes)
   plan_cost    PlanCost and cost_plan, which assembles the phases into one step
   calibration  GEMM fitting from measured times; the measured planner-time table
 
@@ -21,6 +23,7 @@ from relibra.costs.calibration import load_planner_table, planner_seconds_per_ce
 from relibra.costs.flops import (attention_core_flops, attention_flops_per_token, dense_params_per_gpu,
                                  expert_flops_per_token, gemm_seconds, moe_layer_dense_flops_per_token)
 from relibra.costs.links import collective_seconds, distinct_tokens, link_seconds
+from relibra.costs.overheads import Overheads, overheads_from_values, plan_metadata
 from relibra.costs.params import GB, PLANNER_CHARGES, REPLICA_BUFFERS, ROUTES, TFLOP, CostParams
 from relibra.costs.phases import (active_copies, dense_seconds, dispatch_seconds, exposed_seconds,
                                   expert_seconds_per_gpu, migration_seconds, non_moe_seconds, optimizer_seconds,
@@ -29,7 +32,7 @@ from relibra.costs.phases import (active_copies, dense_seconds, dispatch_seconds
 from relibra.costs.plan_cost import PlanCost, cost_plan
 
 __all__ = [
-    "CostParams", "PlanCost", "cost_plan", "GB", "TFLOP", "ROUTES", "REPLICA_BUFFERS", "PLANNER_CHARGES",
+    "CostParams", "PlanCost", "cost_plan", "Overheads", "overheads_from_values", "plan_metadata", "GB", "TFLOP", "ROUTES", "REPLICA_BUFFERS", "PLANNER_CHARGES",
     "link_seconds", "collective_seconds", "distinct_tokens",
     "gemm_seconds", "attention_core_flops", "attention_flops_per_token", "expert_flops_per_token",
     "moe_layer_dense_flops_per_token", "dense_params_per_gpu",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from relibra.costs.overheads import Overheads
 from relibra.errors import ConfigError
 
 REPLICA_BUFFERS = ("layer-shared", "per-layer")
@@ -29,8 +30,8 @@ class CostParams:
         holds them), so they push once per (micro-batch, layer) and never again for backward.
     grad_bytes_per_param: bytes of one replica gradient element pulled back to the home (bf16).
     include_lm_head: charge the embedding / LM-head GEMM (once per micro-batch, outside the layers).
-    runtime_plan_s: what a plan whose planner runs on the critical path (plan.info
-        "planner_on_critical_path", else `transfers_on_critical_path`) is charged per (micro-batch,
+    runtime_plan_s: what a plan whose planner runs on the critical path (`planner_on_critical_path`
+        or `transfers_on_critical_path`) is charged per (micro-batch,
         layer), on top of an all-gather of the expert counts:
           "table" (default): the planner's seconds per (micro-batch, layer) measured on this kit's
             machine per EP size (data/planner_seconds.json, relibra.bench.planner_table), interpolated
@@ -54,6 +55,9 @@ class CostParams:
         step run on a side stream behind the layer's attention (GPUs: copy engines, NCCL kernels on
         spare SMs); False: they run in line, on the critical path, as the kit's runtime does them
         (relibra.runtime.replicas: blocking point-to-point before each layer).
+    overheads: the costs of balancing beyond its transfers' bytes (relibra.costs.overheads.Overheads:
+        overlap efficiency, activation recomputation, replica gradient adds, the post-rollout planner);
+        the default charges none of them, the set-up card's [overheads] section says what to charge.
     """
 
     seq_len: int = 4096
@@ -66,8 +70,11 @@ class CostParams:
     dedup: bool | None = None
     overlap_transfers: bool = True
     attention_backward_factor: float = 2.5
+    overheads: Overheads = field(default_factory=Overheads)
 
     def __post_init__(self):
+        if not isinstance(self.overheads, Overheads):
+            raise ConfigError(f"cost model: overheads must be a relibra.costs.overheads.Overheads, got {self.overheads!r}")
         if self.seq_len <= 0:
             raise ConfigError(f"cost model: seq_len must be positive, got {self.seq_len}")
         if self.replica_buffer not in REPLICA_BUFFERS:

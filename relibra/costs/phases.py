@@ -23,6 +23,7 @@ from relibra.cluster import ModelShape, Topology
 from relibra.costs.calibration import planner_seconds_per_cell
 from relibra.costs.flops import attention_core_flops, attention_core_seconds, gemm_seconds
 from relibra.costs.links import collective_seconds, layer_distinct_tokens, sparse_link_seconds
+from relibra.costs.overheads import overlapped_seconds, recompute_push_window
 from relibra.costs.params import REPLICA_BUFFERS, CostParams
 from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan
@@ -218,21 +219,28 @@ def replica_seconds(plan: StepPlan, push_gpu: np.ndarray, pull_gpu: np.ndarray, 
     ones (default: twice the forward). Critical-path plans (LLEP) pay the slowest GPU's push before
     the experts and its pull after backward; others overlap each with the layer's attention (forward
     and backward), unless params.overlap_transfers is False: then they pay every push and pull in line.
+    params.overheads sets the overlap efficiency (overheads.overlapped_seconds) and, with activation
+    recomputation, hides the backward push behind the recomputed forward's window instead.
     """
     attention_backward = 2 * attention if attention_backward is None else attention_backward
     other_backward = 2 * other if other_backward is None else other_backward
-    again = pushes_again_for_backward(plan, params)
+    ov = params.overheads
+    critical = plan.transfers_on_critical_path
+    # critical-path plans fetch again for a recomputed forward (autograd no longer holds the weights)
+    again = pushes_again_for_backward(plan, params) or (critical and ov.activation_recompute)
     unhidden = (2 if again else 1) * push_gpu.max(axis=2).sum() + pull_gpu.max(axis=2).sum()
     zeros = np.zeros(push_gpu.shape[:2])
-    if plan.transfers_on_critical_path:
-        return {"push_forward": push_gpu.max(axis=2), "push_backward": zeros, "pull_backward": pull_gpu.max(axis=2),
-                "unhidden_s": float(unhidden)}
+    if critical:
+        return {"push_forward": push_gpu.max(axis=2), "push_backward": push_gpu.max(axis=2) if again else zeros,
+                "pull_backward": pull_gpu.max(axis=2), "unhidden_s": float(unhidden)}
     if not params.overlap_transfers:
         return {"push_forward": push_gpu.max(axis=2), "push_backward": push_gpu.max(axis=2) if again else zeros,
                 "pull_backward": pull_gpu.max(axis=2), "unhidden_s": float(unhidden)}
-    push_bwd = exposed_seconds(push_gpu, attention_backward, other_backward) if again else zeros
-    return {"push_forward": exposed_seconds(push_gpu, attention, other), "push_backward": push_bwd,
-            "pull_backward": exposed_seconds(pull_gpu, attention_backward, other_backward),
+    eff = ov.transfer_overlap_efficiency
+    window = recompute_push_window(attention, other, attention_backward, other_backward, ov.activation_recompute)
+    push_bwd = overlapped_seconds(push_gpu, *window, eff) if again else zeros
+    return {"push_forward": overlapped_seconds(push_gpu, attention, other, eff), "push_backward": push_bwd,
+            "pull_backward": overlapped_seconds(pull_gpu, attention_backward, other_backward, eff),
             "unhidden_s": float(unhidden)}
 
 
@@ -262,9 +270,10 @@ def replica_memory(model: ModelShape, ep: int, slots_per_layer, buffer: str,
 
 # ---- run-time planner ----------------------------------------------------------------------------
 def planner_on_critical_path(plan: StepPlan) -> bool:
-    """Whether a plan's planner runs at run time, between routing and dispatch: plan.info
-    "planner_on_critical_path" when the policy sets it, else `transfers_on_critical_path` (LLEP)."""
-    return bool(plan.info.get("planner_on_critical_path", plan.transfers_on_critical_path))
+    """Whether a plan's planner runs at run time, between routing and dispatch: the plan's
+    `planner_on_critical_path`, or `transfers_on_critical_path` (a plan that fetches replica weights
+    on the critical path decides them there too)."""
+    return bool(plan.planner_on_critical_path or plan.transfers_on_critical_path)
 
 
 def planner_seconds(plan: StepPlan, topology: Topology, params: CostParams,
@@ -275,8 +284,8 @@ def planner_seconds(plan: StepPlan, topology: Topology, params: CostParams,
     counts (4 * experts bytes to every rank; LPLB's all-reduce of the same counts moves no more) plus
     the planner's own seconds per (micro-batch, layer) as params.runtime_plan_s says: the measured
     table (calibration.planner_seconds_per_cell at this EP size), this step's measured CPU seconds of
-    the run-time part (plan.info "runtime_planner_cpu_seconds" / "runtime_planner_cells" when the
-    policy records them, else measured_cpu_s over all cells), or a fixed number.
+    the run-time part (plan.runtime_planner's cpu_seconds / cells when the policy times it apart,
+    else measured_cpu_s over all cells), or a fixed number.
     """
     m, l, ep, e = plan.loads.shape
     if not planner_on_critical_path(plan):
@@ -291,8 +300,9 @@ def planner_seconds(plan: StepPlan, topology: Topology, params: CostParams,
         charge = "measured"
     if charge == "measured":
         # the run-time part the policy recorded (lplb+, llep), else all of the plan's measured time
-        runtime_cpu_s = float(plan.info.get("runtime_planner_cpu_seconds", measured_cpu_s))
-        cells = int(plan.info.get("runtime_planner_cells", m * l))
+        part = plan.runtime_planner
+        runtime_cpu_s = float(measured_cpu_s if part is None else part.cpu_seconds)
+        cells = m * l if part is None else part.cells
         return np.full((m, l), gather + runtime_cpu_s / cells), "measured"
     return np.full((m, l), gather + float(charge)), "fixed"
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from relibra.cluster import Topology
 from relibra.errors import ConfigError
-from relibra.plan import StepPlan
+from relibra.plan import PlanInfo, StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, register
 from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import RoutingTrace
@@ -219,6 +219,21 @@ def choose_homes(held: np.ndarray) -> np.ndarray:
     return home
 
 
+@dataclass(frozen=True)
+class EplbInfo(PlanInfo):
+    """The EPLB family's clocks and count: rebalance_seconds / rebalance_cpu_seconds (wall / process-CPU
+    seconds of EPLB's rebalance, the copies and homes), copies_per_expert_max (the most copies, home
+    included, of one expert)."""
+
+    rebalance_seconds: float = 0.0
+    rebalance_cpu_seconds: float = 0.0
+    copies_per_expert_max: int = 0
+
+    @property
+    def balancing_seconds(self) -> tuple[float, float]:
+        return self.rebalance_seconds, self.rebalance_cpu_seconds
+
+
 def plan_from_copies(policy: str, loads: np.ndarray, held: np.ndarray, home: np.ndarray, gpus_per_node: int,
                      slots_per_gpu: int, replica_scope: str, replica_tokens_fn=None,
                      equal_homes: bool = False) -> StepPlan:
@@ -309,17 +324,31 @@ class EplbPolicy(Policy):
                                                self.redundant_slots_per_gpu, self.num_groups)
         rebalance_s, rebalance_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
         plan = plan_from_copies(self.name, trace.loads[step], held, home, gpus_per_node, slots, scope)
-        plan.info.update({"rebalance_seconds": rebalance_s, "rebalance_cpu_seconds": rebalance_cpu_s,
-                          "copies_per_expert_max": int(held.sum(axis=2).max())})
+        plan.info = EplbInfo(rebalance_seconds=rebalance_s, rebalance_cpu_seconds=rebalance_cpu_s,
+                             copies_per_expert_max=int(held.sum(axis=2).max()))
         return plan
 
 
 @register
 @dataclass
 class EplbOraclePolicy(EplbPolicy):
-    """`eplb+`: EPLB fed the current step's exact loads (an oracle the replayed routing provides)."""
+    """`eplb+`: EPLB fed the current step's exact loads (an oracle the replayed routing provides).
+
+    Its copies are fixed for the step and pushed into the replica buffer like any plan's replicas, so the
+    cost model charges them as it charges ReLibra's (the same buffer, overlap and overheads).
+    EPLB_PLUS_VARIANTS names it by spare slots per GPU; PAPER_EPLB_PLUS is the paper's baseline.
+    """
 
     name: ClassVar[str] = "eplb+"
 
     def predicted_load(self, trace: RoutingTrace, step: int) -> np.ndarray:
         return trace.loads[step].sum(axis=(0, 2), dtype=np.float64)
+
+
+# EPLB+ by spare (redundant) slots per GPU: get_policy("eplb+", **EPLB_PLUS_VARIANTS[label]). 0 slots is
+# EPLB's placement alone (no replicas, nothing pushed); 2 is ReLibra's default buffer; 4 twice that.
+EPLB_PLUS_VARIANTS: dict[str, dict] = {f"eplb+ {s} slots": {"redundant_slots_per_gpu": s} for s in (0, 2, 4)}
+# The paper's EPLB+: "all replication baselines share ReLibra's replica buffer and overlap" (its evaluation,
+# from a second-hand summary): ReLibra's spare slots (2), its layer-shared buffer, its transfers overlapped
+# with attention and charged by the same terms.
+PAPER_EPLB_PLUS = "eplb+ 2 slots"
