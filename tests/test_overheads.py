@@ -161,7 +161,7 @@ def test_overheads_table_and_eplb_plus_slots_on_a_cut_down_case():
                                                    overheads_table, ratios)
 
     case = OverheadCase(model="tiny", ep=4, steps=2, card_changes=(
-        ("batch.global_batch_sequences", 16), ("batch.data_parallel_size", 4)))
+        ("batch.global_batch_sequences", 16), ("batch.data_parallel_size", 4), ("batch.expert_parallel", 4)))
     costs = overhead_costs([case], progress=False)
     assert set(costs["variant"]) == {"megatron", "relibra", "balanced", *(f"eplb+ {s} slots" for s in EPLB_PLUS_SLOTS)}
     r = ratios(costs).set_index("setting")
