@@ -44,6 +44,8 @@ def _simulate(args) -> int:
         if not args.model or not args.workload or not args.ep:
             raise ConfigError("without --trace, give --model, --workload and --ep to generate a synthetic trace")
         get_model(args.model)  # a clear error for an unknown preset before any work
+        if args.cluster is None:
+            card.check_ep(args.ep)
         topology.ep_layout(args.ep)
         if args.micro_batches is not None and args.micro_batches <= 0:
             raise ConfigError(f"--micro-batches must be positive, got {args.micro_batches}")
@@ -53,6 +55,8 @@ def _simulate(args) -> int:
                                tokens_per_rank=args.tokens_per_rank, progress=not args.json,
                                config=card.workload_config())
         workload = args.workload
+    if args.cluster is None:
+        card.check_ep(trace.ep)
     topology.ep_layout(trace.ep)  # a clear error for a bad (cluster, EP) combination
     from relibra.sim import simulate
 

@@ -78,6 +78,7 @@ def simulate_case(case: Case) -> pd.DataFrame:
             scale = case.tokens_per_microbatch / mean_sequence_tokens(cfg, case.workload)
             cfg = dataclasses.replace(cfg, length_scale=scale)
     micro_batches = case.micro_batches or card.micro_batches
+    card.check_ep(case.ep)  # the case runs on the card's cluster
     shape = scaled_model(case.model, case.layers)
     trace = generate_trace(shape, case.workload, case.ep, steps=case.steps, seed=case.seed,
                            micro_batches=micro_batches, config=cfg)
@@ -200,7 +201,7 @@ def run_cases(cases: list[Case], workers: int | None = None, progress: bool = Tr
     return pd.concat(frames, ignore_index=True)
 
 
-def headline_cases(setup: str = "paper", models=HEADLINE_MODELS, workloads=HEADLINE_WORKLOADS, seeds=HEADLINE_SEEDS,
+def headline_cases(setup: str = "token-budget-tp1", models=HEADLINE_MODELS, workloads=HEADLINE_WORKLOADS, seeds=HEADLINE_SEEDS,
                    ep: int = 32, policies=HEADLINE_POLICIES, steps: int = 3, layers: int | None = None,
                    micro_batches: int | None = None) -> list[Case]:
     """The full-scale grid: every (model, workload, seed) of the card, largest models first (they take
@@ -210,7 +211,7 @@ def headline_cases(setup: str = "paper", models=HEADLINE_MODELS, workloads=HEADL
                  policies=tuple(policies)) for m in order for w in workloads for s in seeds]
 
 
-def headline_grid(setup: str = "paper", workers: int | None = None, progress: bool = True, **grid) -> pd.DataFrame:
+def headline_grid(setup: str = "token-budget-tp1", workers: int | None = None, progress: bool = True, **grid) -> pd.DataFrame:
     """Every policy simulated on every case of headline_cases(setup, **grid); one row per (case, policy)."""
     return run_cases(headline_cases(setup, **grid), workers, progress, desc="headline")
 
@@ -265,7 +266,7 @@ def seed_spread(grid: pd.DataFrame, num: str = "relibra", den: str = "megatron")
     return out.reset_index()
 
 
-def budget_cases(setup: str = "paper", alternative: str = "one-sequence", model: str = "qwen3-235b-a22b",
+def budget_cases(setup: str = "token-budget-tp1", alternative: str = "one-sequence", model: str = "qwen3-235b-a22b",
                  workload: str = "mixed", seed: int = 0, tokens=SWEEP_TOKENS, ep: int = 32,
                  policies=("megatron", "eplb+", "relibra", "balanced"), layers: int | None = None) -> list[Case]:
     """The budget sweep: the card (token-budget) and the alternative card (one sequence per micro-batch,
@@ -391,7 +392,7 @@ def config_headline(cfg, progress: bool = True, workers: int | None = None) -> H
     """Notebook 02: the profile's HeadlineGrid on the set-up card (parameter `setup`, default paper): the
     grid, the budget sweep of both families and the alternatives, all cases in one pool of workers."""
     g = cfg.sizes.headline
-    setup = cfg.extra.get("setup") or "paper"
+    setup = cfg.extra.get("setup") or "token-budget-tp1"
     budget = cfg.extra.get("tokens_per_microbatch")
     grid_cases = [dataclasses.replace(c, tokens_per_microbatch=budget) for c in
                   headline_cases(setup, g.models, g.workloads, g.seeds, g.ep, steps=g.steps, layers=g.layers,

@@ -68,14 +68,14 @@ class SkewnessParams(SimParams):
 
 @dataclass(frozen=True)
 class SensitivityParams(TraceParams):
-    setup: str = "paper"
+    setup: str = "token-budget-tp1"
     knobs: str | None = None
 
 
 @dataclass(frozen=True)
 class HeadlineParams:
     profile: str = "laptop"
-    setup: str = "paper"
+    setup: str = "token-budget-tp1"
     tokens_per_microbatch: int | None = None
     out_dir: str | None = None
 
@@ -158,7 +158,7 @@ class ThroughputResult(Result):
     alternatives: pd.DataFrame = table("the headline ratios under each other batch layout and link-rate pair")
     overheads: pd.DataFrame = table("ReLibra's overheads: the paper's figure and the kit's, with how the kit "
                                     "obtains it")
-    setup: str = value("paper")
+    setup: str = value("token-budget-tp1")
     caption: str = value("")
     sweep_caption: str = value("")
 

@@ -1,6 +1,6 @@
 """Sensitivity of the headline ratios: one input of the set-up card at a time, around the card's default.
 
-The default set-up is a set-up card (relibra.setups, data/setups/paper.toml). Every knob moves one of its
+The default set-up is a set-up card (relibra.setups, data/setups/token-budget-tp1.toml). Every knob moves one of its
 inputs over the range the card gives (assumed inputs sweep their stated range; measured and published
 ones their alternatives: the link rates of other Hopper measurements, the other batch layouts); all the
 others stay at the card's values. For each knob value the trace is generated (batch and routing knobs)
@@ -74,7 +74,7 @@ def _knob(name: str) -> Knob:
     raise ConfigError(f"unknown sensitivity knob {name!r}; known: {', '.join(KNOB_NAMES)}")
 
 
-def knob_values(quick: bool = False, setup: str = "paper") -> dict[str, list]:
+def knob_values(quick: bool = False, setup: str = "token-budget-tp1") -> dict[str, list]:
     """{knob: values}, the card's default first among them, in KNOBS order.
 
     A numeric entry with a range sweeps low, default, high (tokens per micro-batch also 8192); the
@@ -109,7 +109,7 @@ def knob_values(quick: bool = False, setup: str = "paper") -> dict[str, list]:
     return values
 
 
-def defaults(setup: str = "paper") -> dict:
+def defaults(setup: str = "token-budget-tp1") -> dict:
     """The default value of every knob: the card's (sequence length: scale 1; topic concentration: the
     generator's; cluster preset: the card's own cluster)."""
     card = load_card(setup)
@@ -157,7 +157,7 @@ def case_inputs(card, knob: Knob, value, ep: int, micro_batches: int | None = No
     return cfg, topo, card.cost_params(ep, **cost_changes), policy_params, micro_batches
 
 
-def sensitivity(model: str, ep: int, setup: str = "paper", workload: str = "mixed", micro_batches: int | None = None,
+def sensitivity(model: str, ep: int, setup: str = "token-budget-tp1", workload: str = "mixed", micro_batches: int | None = None,
                 layers: int | None = None, steps: int = 2, seed: int = 0, quick: bool = False,
                 knobs: list[str] | None = None, progress: bool = True) -> pd.DataFrame:
     """Ratios per (knob, value), varying one card input at a time: a tidy DataFrame (SENSITIVITY_COLUMNS).
@@ -169,6 +169,7 @@ def sensitivity(model: str, ep: int, setup: str = "paper", workload: str = "mixe
     simulated once and its ratios fill every knob's default row. Same arguments, same frame.
     """
     card = load_card(setup)
+    card.check_ep(ep)  # every knob but the cluster preset runs on the card's cluster
     shape = scaled_model(model, layers)
     base = defaults(setup)
     values = knob_values(quick, setup)
@@ -237,7 +238,7 @@ def config_sensitivity(cfg, progress: bool = True) -> pd.DataFrame:
     layers, steps and seed on the `setup` card (default paper); knobs from the `knobs` parameter, else
     the profile's `sensitivity_knobs` (None: all), and the profile's `sensitivity_quick`."""
     knobs = cfg.extra.get("knobs") or cfg.sizes.sensitivity_knobs
-    return sensitivity(cfg.model, cfg.ep, setup=cfg.extra.get("setup") or "paper", workload=cfg.workload,
+    return sensitivity(cfg.model, cfg.ep, setup=cfg.extra.get("setup") or "token-budget-tp1", workload=cfg.workload,
                        micro_batches=cfg.micro_batches, layers=cfg.layers, steps=cfg.steps, seed=cfg.seed,
                        quick=cfg.sizes.sensitivity_quick, knobs=None if knobs is None else list(knobs),
                        progress=progress)

@@ -36,7 +36,7 @@ def simulate_trace(cfg: Config, trace, policies=None, cluster: str | None = None
     """
     policies = list(policies or cfg.policies)
     cluster = cluster or cfg.cluster
-    card = load_card(cfg.extra.get("setup") or "paper")
+    card = load_card(cfg.extra.get("setup") or "token-budget-tp1")
     res = simulate(trace, cluster, policies, steps=min(history_steps(cfg), trace.num_steps),
                    policy_params={**card.policy_params(policies), **(policy_params or {})}, progress=False,
                    params=card.cost_params(trace.ep),
@@ -98,7 +98,7 @@ def simulate_with_plans(cfg: Config, trace, policies, cluster: str | None = None
     with those plan figures averaged per policy.
     """
     topo = resolve_topology(cluster or cfg.cluster)
-    card = load_card(cfg.extra.get("setup") or "paper")
+    card = load_card(cfg.extra.get("setup") or "token-budget-tp1")
     _, gpn = topo.ep_layout(trace.ep)
 
     def extras(plan, cost) -> dict:

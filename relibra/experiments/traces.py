@@ -20,7 +20,7 @@ def make_trace(cfg: Config, model: str | None = None, workload: str | None = Non
     Returns a RoutingTrace with loads int32 [steps, micro_batches, layers, ep, experts].
     """
     shape = cfg.model_shape(model)
-    setup = cfg.extra.get("setup") or "paper"
+    setup = cfg.extra.get("setup") or "token-budget-tp1"
     key = (shape, workload or cfg.workload, int(ep or cfg.ep), int(steps or cfg.steps), cfg.micro_batches,
            cfg.tokens_per_rank, int(cfg.seed if seed is None else seed), setup)
     if key not in _TRACE_CACHE:

@@ -192,14 +192,23 @@ def check_ids(ids, model: ModelShape, where: str, field: str, axes: tuple[str, .
     return ids
 
 
-def as_count(value, where: str, field: str) -> int:
-    """A non-negative integer count (JSON int, numpy integer, or 0-d integer array)."""
+# Counts and indices (steps, ranks, layers, tokens) are int64 wherever the kit holds them.
+MAX_COUNT = np.iinfo(np.int64).max
+
+
+def as_count(value, where: str, field: str, high: int = MAX_COUNT, why: str = "past int64, where counts are held") -> int:
+    """A non-negative integer count or index (JSON int, numpy integer, or 0-d integer array) of at most
+    `high` (`why` says what bounds it)."""
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TraceError(f"{where}: field {field!r} is {value!r}, not an integer")
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise TraceError(f"{where}: field {field!r} is {shown}, not an integer count")
     if value < 0:
         raise TraceError(f"{where}: field {field!r} is {int(value)}, a negative count")
+    if value > high:
+        shown = str(int(value)) if len(str(int(value))) <= 24 else f"{str(int(value))[:12]}... ({len(str(int(value)))} digits)"
+        raise TraceError(f"{where}: field {field!r} is {shown}, above {high}: {why}")
     return int(value)
 
 

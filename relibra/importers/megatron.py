@@ -211,6 +211,10 @@ def import_megatron_jsonl(paths, model: str | ModelShape | None = None, ep: int 
             block = rec.get("block", "decoder")
             if block not in ("decoder", "mtp"):
                 raise TraceError(f"{where}: field 'block' is {block!r}; megatron-core writes 'decoder' or 'mtp'")
+            if preset is not None and block == "decoder" and layer >= preset.num_layers + preset.num_dense_layers:
+                raise TraceError(f"{where}: field 'layer' is {layer}, beyond the decoder layers of model "
+                                 f"{preset.name!r} (indices 0..{preset.num_layers + preset.num_dense_layers - 1}: "
+                                 f"{preset.num_dense_layers} dense, {preset.num_layers} MoE)")
             stages.add(rec.get("stage", "pre_dispatch"))
             if len(stages) > 1:
                 raise TraceError(f"{where}: field 'stage' is {rec.get('stage')!r}, but earlier records have "

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 import zipfile
 
@@ -58,13 +59,37 @@ def check_decoded_bytes(nbytes: int, where: str, what: str, max_bytes: int | Non
                          f"bytes; raise it with {MAX_TRACE_BYTES_ENV} or max_bytes= if the file is trusted")
 
 
+# No count, id or seed needs more digits; Python itself refuses to convert more than 4300 by default.
+MAX_JSON_INT_DIGITS = 4300
+
+
+class _BadNumber(Exception):
+    """A JSON number parse_json refuses: its text and why."""
+
+
+def _number_at(text: str, token: str) -> str:
+    """Where the first JSON number spelled `token` is in text (strings skipped): 'line L, column C', or
+    'column C' in one-line text (a JSONL record, whose line the caller names); '' when not found."""
+    for m in re.finditer(r'"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?', text):
+        if m.group() == token:
+            start = m.start()
+            column = f"column {start - text.rfind(chr(10), 0, start)}"
+            if "\n" not in text.strip():
+                return column
+            return f"line {text.count(chr(10), 0, start) + 1}, {column}"
+    return ""
+
+
 def parse_json(text: bytes | str, where: str, max_bytes: int | None = None):
     """Untrusted JSON -> Python objects, or one TraceError naming `where`.
 
     Refused: text whose parsed objects could pass the loader's limit (JSON_BYTES_PER_CHAR per
     character), text that is not UTF-8 or not JSON, nesting deeper than the parser's recursion limit,
     a key repeated within one object (JSON leaves it undefined; Python would keep the last silently),
-    and NaN / Infinity (not JSON).
+    NaN / Infinity (not JSON), an integer of more than MAX_JSON_INT_DIGITS digits and a number too
+    large for a float (1e400, which Python would read as inf); a number's error gives its line and
+    column. Whether a number can be the count or id it stands for is the reader's check
+    (relibra.importers.common.as_count, check_ids).
     """
     check_decoded_bytes(len(text) * JSON_BYTES_PER_CHAR, where, f"parsing {len(text)} bytes of JSON", max_bytes)
     if isinstance(text, bytes):
@@ -84,8 +109,30 @@ def parse_json(text: bytes | str, where: str, max_bytes: int | None = None):
     def no_constant(name):
         raise TraceError(f"{where}: {name} is not a JSON number")
 
+    def integer(token):
+        digits = len(token.lstrip("-"))
+        if digits > MAX_JSON_INT_DIGITS:
+            raise _BadNumber(token, f"an integer of {digits} digits, more than any count or id "
+                                    f"({MAX_JSON_INT_DIGITS} at most)")
+        try:
+            return int(token)
+        except ValueError:  # the interpreter's own limit (PYTHONINTMAXSTRDIGITS) set below ours
+            raise _BadNumber(token, f"an integer of {digits} digits, more than this Python converts") from None
+
+    def number(token):
+        value = float(token)
+        if not math.isfinite(value):
+            raise _BadNumber(token, "a number too large for a float")
+        return value
+
     try:
-        return json.loads(text, object_pairs_hook=unique_keys, parse_constant=no_constant)
+        return json.loads(text, object_pairs_hook=unique_keys, parse_constant=no_constant, parse_int=integer,
+                          parse_float=number)
+    except _BadNumber as exc:
+        token, why = exc.args
+        at = _number_at(text, token)
+        shown = token if len(token) <= 24 else f"{token[:12]}...{token[-6:]}"
+        raise TraceError(f"{where}: {'at ' + at + ': ' if at else ''}{shown} is {why}") from None
     except json.JSONDecodeError as exc:
         raise TraceError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
                          f"truncated or corrupted?") from None

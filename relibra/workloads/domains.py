@@ -27,13 +27,16 @@ def draw_sequences(rng: np.random.Generator, domains: np.ndarray, weights: np.nd
 
     domains: indices into DOMAINS the workload draws from, with `weights`. Returns, per sequence in
     batch order (a group's responses are adjacent, as RL frameworks lay out a rollout batch):
-    (prompt group index, domain index, length in tokens = prompt + response), int64 [n] each.
+    (prompt group index, domain index, length in tokens = prompt + response), int64 [n] each, and
+    int8 [n] how each length was cut: 1 = drawn above the maximum sequence (length_scale x
+    max_sequence_tokens) and cut to it, as an RL rollout is truncated at its cap; -1 = drawn below 2
+    tokens (a prompt and a response token) and raised to 2; 0 = as drawn.
     """
     prof = [cfg.profile(DOMAINS[i]) for i in domains]
     g = cfg.responses_per_prompt
     scale = cfg.length_scale
     mean_len = scale * sum(w * (p.prompt_tokens_median + p.response_tokens_median) for w, p in zip(weights, prof))
-    doms, lens, total = [], [], 0
+    doms, lens, cuts, total = [], [], [], 0
     count = 0
     while total < min_tokens or count < min_sequences:
         n = max(int((min_tokens - total) / (max(mean_len, 2.0) * g) * 1.2),
@@ -44,13 +47,16 @@ def draw_sequences(rng: np.random.Generator, domains: np.ndarray, weights: np.nd
         prompt = scale * pm * np.exp(ps * rng.standard_normal(n))
         response = scale * rm[:, None] * np.exp(rs[:, None] * rng.standard_normal((n, g)))
         cap = max(2, int(round(scale * cfg.max_sequence_tokens)))
-        length = np.clip(np.rint(prompt[:, None] + response).astype(np.int64), 2, cap)
+        drawn = np.rint(prompt[:, None] + response)
+        cut = np.where(drawn > cap, 1, np.where(drawn < 2, -1, 0)).astype(np.int8)
+        length = np.where(cut > 0, cap, np.where(cut < 0, 2, drawn)).astype(np.int64)
         doms.append(np.repeat(domains[which], g))
         lens.append(length.ravel())
+        cuts.append(cut.ravel())
         total += int(length.sum())
         count += length.size
     seq_domain, seq_len = np.concatenate(doms), np.concatenate(lens)
-    return np.arange(len(seq_len)) // g, seq_domain, seq_len
+    return np.arange(len(seq_len)) // g, seq_domain, seq_len, np.concatenate(cuts)
 
 
 def topic_weights(rng: np.random.Generator, domain: np.ndarray, freq: np.ndarray, cfg: WorkloadConfig) -> np.ndarray:

@@ -14,7 +14,7 @@ from relibra.trace import RoutingTrace, loads_from_tokens
 from relibra.workloads.config import FIXED_COUNT_MICRO_BATCHES, WORKLOADS, WorkloadConfig, allowed_ep, model_seed
 from relibra.workloads.domains import domain_mix, mean_sequence_tokens
 from relibra.workloads.layouts import dealt_step, slot_seq_lens, token_budget_batches, token_budget_step
-from relibra.workloads.routing import RoutingState, step_counts, step_token_ids
+from relibra.workloads.routing import RoutingState, shift_permutations, step_counts, step_token_ids
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -51,10 +51,13 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
         _check_token_level(shape, cfg, workload, steps, micro_batches, ep, target, sequences)
 
     rng = np.random.default_rng([int(seed), model_seed(shape)])
+    # The micro-batch shift has its own stream: moving it leaves the batch as it is.
+    shift_rng = np.random.default_rng([int(seed), model_seed(shape), 2])
     state = RoutingState(rng, shape, cfg)
     loads = np.empty((steps, micro_batches, shape.num_layers, ep, shape.num_experts), dtype=np.int32)
     slot_tokens = np.zeros((steps, micro_batches * ep), dtype=np.int64)
     step_lens, step_ids = [], []
+    cut = {"capped": 0, "floored": 0}  # sequences whose drawn length was cut (draw_sequences)
     for s in tqdm(range(steps), desc=f"{shape.name} {workload} EP{ep}", unit="step", disable=not progress):
         if s:
             state.advance()
@@ -64,14 +67,19 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
         else:
             batch = dealt_step(rng, domains, weights, cfg, ep, micro_batches, target, sequences,
                                state.topic_frequencies())
+        cut["capped"] += batch.capped
+        cut["floored"] += batch.floored
         slot_tokens[s] = np.bincount(batch.slot, weights=batch.tokens, minlength=micro_batches * ep)
+        shift = shift_permutations(shift_rng, micro_batches, shape.num_layers, shape.num_experts,
+                                   cfg.microbatch_shift)
         step_lens.append(slot_seq_lens(batch.slot, batch.tokens, micro_batches * ep))
         if token_level:
             step_ids.append(step_token_ids(rng, batch.slot, batch.tokens, batch.topics, topic_p, slot_tokens[s], ep,
-                                           shape.top_k))
+                                           shape.top_k, shift))
         else:
-            step_counts(rng, batch.slot, batch.tokens, batch.topics, topic_p, slot_tokens[s], shape.top_k, loads[s])
-    return _assemble(shape, cfg, workload, ep, seed, target, loads, slot_tokens, step_lens, step_ids or None)
+            step_counts(rng, batch.slot, batch.tokens, batch.topics, topic_p, slot_tokens[s], shape.top_k, loads[s],
+                        shift)
+    return _assemble(shape, cfg, workload, ep, seed, target, loads, slot_tokens, step_lens, step_ids or None, cut)
 
 
 def _int_at_least(value, low: int) -> bool:
@@ -130,12 +138,15 @@ def _check_token_level(shape: ModelShape, cfg: WorkloadConfig, workload: str, st
 
 
 def _assemble(shape: ModelShape, cfg: WorkloadConfig, workload: str, ep: int, seed: int, target: int | None,
-              loads: np.ndarray, slot_tokens: np.ndarray, step_lens: list, step_ids: list | None) -> RoutingTrace:
+              loads: np.ndarray, slot_tokens: np.ndarray, step_lens: list, step_ids: list | None,
+              cut: dict) -> RoutingTrace:
     """The RoutingTrace of the sampled steps.
 
     loads: int32 [steps, micro_batches, layers, ep, experts] (unused with step_ids: counted from the ids);
     slot_tokens: int64 [steps, micro_batches * ep]; step_lens: per step, int32 [slots, pieces] lengths;
-    step_ids: per step, step_token_ids' (ids, source ranks) per micro-batch, or None.
+    step_ids: per step, step_token_ids' (ids, source ranks) per micro-batch, or None; cut: {"capped",
+    "floored"} sequences of the trace whose drawn length was cut to the maximum sequence / raised to 2
+    tokens, kept in the provenance as sequences_capped / sequences_floored.
     """
     steps, micro_batches = loads.shape[:2]
     width = max(x.shape[1] for x in step_lens)
@@ -153,11 +164,12 @@ def _assemble(shape: ModelShape, cfg: WorkloadConfig, workload: str, ep: int, se
                 token_src[s, m, :len(src)] = src
         loads = loads_from_tokens(token_experts, token_src, ep, shape.num_experts)
     mb_tokens = slot_tokens.reshape(steps, micro_batches, ep).sum(axis=2)
-    tokens_per_mb = int(np.clip(round(float(mb_tokens.mean())), mb_tokens.min(), max(int(mb_tokens.max()), 1)))
+    tokens_per_mb = max(round(float(mb_tokens.mean())), 1)  # the rounded mean; a trace declares at least 1 token
     provenance = {"generator": "relibra.workloads", "workload": workload, "seed": int(seed),
                   "model_seed": model_seed(shape), "batch_layout": cfg.batch_layout,
                   "sequences_per_step": int(np.count_nonzero(seq_lens[0])) if cfg.batch_layout != "megatron" else None,
                   "tokens_per_rank": None if target is None else int(target),
                   "mean_tokens_per_slot": float(slot_tokens.mean()),
-                  "token_level": step_ids is not None, "config": cfg.to_dict()}
+                  "token_level": step_ids is not None, "sequences_capped": int(cut["capped"]),
+                  "sequences_floored": int(cut["floored"]), "config": cfg.to_dict()}
     return RoutingTrace(loads, shape, ep, tokens_per_mb, provenance, token_experts, token_src, seq_lens)

@@ -228,7 +228,8 @@ def token_budget_batches(shape: ModelShape, cfg: WorkloadConfig, domains: np.nda
     to ranks by Karmarkar-Karp on estimated forward FLOPs (token_budget_slots). micro_batches (a
     cut-down batch for small profiles): instead draw about micro_batches x ep x budget tokens and keep
     the first micro_batches x ep bins.
-    Returns ([(group, domain, length, rank, micro_batch) int64 [n] each, per step], micro-batches per rank).
+    Returns ([(group, domain, length, rank, micro_batch) int64 [n] each, and draw_sequences' cut int8 [n], per
+    step], micro-batches per rank).
     """
     rng = np.random.default_rng([int(seed), model_seed(shape), 1])
     dp = cfg.data_parallel_size or ep
@@ -242,20 +243,20 @@ def token_budget_batches(shape: ModelShape, cfg: WorkloadConfig, domains: np.nda
     drawn = []
     for _ in range(steps):
         if micro_batches is None:
-            group, domain, length = (x[:sequences] for x in
-                                     draw_sequences(rng, domains, weights, 0, cfg, min_sequences=sequences))
+            group, domain, length, cut = (x[:sequences] for x in
+                                          draw_sequences(rng, domains, weights, 0, cfg, min_sequences=sequences))
         else:
-            group, domain, length = draw_sequences(rng, domains, weights, micro_batches * ep * budget, cfg,
-                                                    min_sequences=micro_batches * ep)
-        drawn.append((group, domain, length, first_fit_bins(length, budget)))
+            group, domain, length, cut = draw_sequences(rng, domains, weights, micro_batches * ep * budget, cfg,
+                                                         min_sequences=micro_batches * ep)
+        drawn.append((group, domain, length, cut, first_fit_bins(length, budget)))
     if micro_batches is None:
         micro_batches = max(-(-len(bins) // ep) for *_, bins in drawn)
     out = []
-    for group, domain, length, bins in drawn:
+    for group, domain, length, cut, bins in drawn:
         bins = split_largest_bins(bins[:micro_batches * ep], micro_batches * ep, length)
         work = np.rint(length * per_token + shape.attention_core_flops(length[:, None])).astype(np.int64)
         rank, mb = token_budget_slots(bins, work, ep)
-        out.append((group, domain, length, rank, mb))
+        out.append((group, domain, length, rank, mb, cut))
     return out, micro_batches
 
 
@@ -265,25 +266,33 @@ class StepBatch:
     piece, except under `megatron`, whose packed samples cut sequences.
 
     slot: int64 [pieces], micro_batch * ep + rank; tokens: int64 [pieces]; topics: float64 [pieces,
-    domains * topics], the topic mixture of each piece's prompt.
+    domains * topics], the topic mixture of each piece's prompt. capped / floored: sequences of the step
+    whose drawn length was cut to the maximum sequence / raised to 2 tokens (draw_sequences).
     """
 
     slot: np.ndarray
     tokens: np.ndarray
     topics: np.ndarray
+    capped: int = 0
+    floored: int = 0
 
 
 def token_budget_step(rng: np.random.Generator, drawn: tuple, cfg: WorkloadConfig, ep: int,
                       topic_freq: np.ndarray) -> StepBatch:
     """One step of `token_budget_batches` as a StepBatch; each prompt's topic mixture is drawn from rng.
 
-    drawn: (group, domain, length, rank, micro_batch) int64 [n] each; topic_freq: float64 [domains, topics].
-    Sequences a cut-down batch left out (rank -1) are in no slot.
+    drawn: (group, domain, length, rank, micro_batch) int64 [n] each and cut int8 [n]; topic_freq: float64
+    [domains, topics]. Sequences a cut-down batch left out (rank -1) are in no slot.
     """
-    group, domain, length, rank, mb = drawn
+    group, domain, length, rank, mb, cut = drawn
     group_topics = topic_weights(rng, domain[:: cfg.responses_per_prompt], topic_freq, cfg)
     seq = np.flatnonzero(rank >= 0)
-    return StepBatch(mb[seq] * ep + rank[seq], length[seq], group_topics[group[seq]])
+    return StepBatch(mb[seq] * ep + rank[seq], length[seq], group_topics[group[seq]], *_cut_counts(cut[seq]))
+
+
+def _cut_counts(cut: np.ndarray) -> tuple[int, int]:
+    """(capped, floored) sequences among draw_sequences' cut flags."""
+    return int(np.count_nonzero(cut > 0)), int(np.count_nonzero(cut < 0))
 
 
 def dealt_step(rng: np.random.Generator, domains: np.ndarray, weights: np.ndarray, cfg: WorkloadConfig, ep: int,
@@ -296,8 +305,8 @@ def dealt_step(rng: np.random.Generator, domains: np.ndarray, weights: np.ndarra
     """
     num_slots = micro_batches * ep
     per_prompt = cfg.responses_per_prompt
-    group, domain, length = draw_sequences(rng, domains, weights, num_slots * target if target is not None else 0, cfg,
-                                           min_sequences=sequences if sequences is not None else num_slots)
+    group, domain, length, cut = draw_sequences(rng, domains, weights, num_slots * target if target is not None else 0,
+                                                cfg, min_sequences=sequences if sequences is not None else num_slots)
     group_topics = topic_weights(rng, domain[::per_prompt], topic_freq, cfg)
     if cfg.batch_layout == "megatron":
         # Megatron-LM's pretraining sampler: the stream packed into equal samples dealt micro-batch major
@@ -306,18 +315,19 @@ def dealt_step(rng: np.random.Generator, domains: np.ndarray, weights: np.ndarra
             group, length = group[:sequences], length[:sequences]
         per_slot = target if target is not None else int(length.sum()) // num_slots
         slot, seq, tokens = pack_sequences(length, per_slot, num_slots)
-        return StepBatch(slot, tokens, group_topics[group[seq]])
+        return StepBatch(slot, tokens, group_topics[group[seq]], *_cut_counts(cut[np.unique(seq)]))
     n = sequences
     if n is None:
         unit = ep if cfg.batch_layout.endswith("-dynamic") else num_slots  # sequences must split evenly
         n = int(np.searchsorted(np.cumsum(length), num_slots * target)) + 1
         n = max(num_slots, unit * -(-n // unit))
         if n > len(length):
-            more_group, more_domain, more_length = draw_sequences(rng, domains, weights, 0, cfg,
-                                                                  min_sequences=n - len(length))
+            more_group, more_domain, more_length, more_cut = draw_sequences(rng, domains, weights, 0, cfg,
+                                                                            min_sequences=n - len(length))
             group = np.concatenate([group, more_group + group[-1] + 1])
             length = np.concatenate([length, more_length])
+            cut = np.concatenate([cut, more_cut])
             group_topics = np.concatenate([group_topics, topic_weights(rng, more_domain[::per_prompt], topic_freq, cfg)])
     group, length = group[:n], length[:n]
     rank, mb = layout_slots(length, group, ep, micro_batches, cfg.batch_layout)
-    return StepBatch(mb * ep + rank, length, group_topics[group])
+    return StepBatch(mb * ep + rank, length, group_topics[group], *_cut_counts(cut[:n]))
