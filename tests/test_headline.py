@@ -40,8 +40,8 @@ def test_cases_are_deterministic_and_workers_do_not_change_them():
 
 
 def test_budget_sweep_families_hold_what_they_say():
-    cases = [c for c in hl.budget_cases("paper", "one-sequence", model="tiny", workload="math", tokens=(8192, 32768),
-                                        ep=4, policies=TINY["policies"])]
+    cases = [c for c in hl.budget_cases("paper", "one-sequence", model="tiny", workload="math", seed=0,
+                                        tokens=(8192, 32768), ep=4, policies=TINY["policies"])]
     rows = hl.run_cases([hl.Case(c.setup, c.model, c.workload, c.seed, c.ep, tokens_per_microbatch=c.tokens_per_microbatch,
                                  policies=c.policies, steps=2, micro_batches=4 if c.setup == "paper" else 8)
                          for c in cases], workers=1, progress=False)

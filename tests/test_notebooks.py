@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 from relibra.errors import ConfigError
-from relibra.experiments import NOTEBOOK_PARAMETERS, NOTEBOOKS, declared_parameters, get_spec, project_root
+from relibra.experiments import NOTEBOOKS, declared_parameters, get_notebook, project_root
 
 NB_DIR = project_root() / "notebooks"
 
@@ -28,7 +28,7 @@ def image_outputs(nb) -> int:
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
-    """Run all ten notebooks once (tiny profile) and write the report, as `relibra reproduce` does."""
+    """Run every notebook once (tiny profile) and write the report, as `relibra reproduce` does."""
     from relibra.cli.reproduce import run_notebooks
     from relibra.report import write_report
 
@@ -78,13 +78,13 @@ def test_report_shows_sensitivity_beside_the_headline(executed):
     set-up's ratios, and REPORT.md's sensitivity table right after the headline table."""
     import pandas as pd
 
-    from relibra.experiments import get_profile
+
     from relibra.experiments.sensitivity import RATIOS
 
     out, _ = executed
     frame = pd.read_csv(out / "10_sensitivity" / "sensitivity.csv")
     tornado = pd.read_csv(out / "10_sensitivity" / "tornado.csv")
-    knobs = get_profile("tiny").sensitivity_knobs
+    knobs = get_notebook("10_sensitivity").SIZES["tiny"].knobs
     assert sorted(set(frame["knob"])) == sorted(knobs) and len(tornado) == len(RATIOS) * len(knobs)
     defaults = frame[frame["is_default"]]
     assert len(defaults) == len(knobs) and (defaults[list(RATIOS)].nunique() == 1).all()
@@ -143,11 +143,11 @@ def test_source_is_jupytext_percent_declaring_what_it_reads(name):
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1
     assert declared_parameters(name) == list(dict.fromkeys(declared_parameters(name)))  # each once
-    assert set(declared_parameters(name)) == set(NOTEBOOK_PARAMETERS[name])
-    # and with the defaults of its spec's parameters dataclass
+    assert set(declared_parameters(name)) == set(get_notebook(name).Params.names())
+    # and with the defaults of its module's Params
     cell = ast.parse(tagged[0].source)
     values = {node.targets[0].id: ast.literal_eval(node.value) for node in cell.body if isinstance(node, ast.Assign)}
-    assert values == get_spec(name).defaults
+    assert values == get_notebook(name).Params.defaults()
     # the first code cell after the parameters checks them before anything else runs
     after = nb.cells[nb.cells.index(tagged[0]) + 1]
     assert f'ex.start("{name}", globals())' in after.source
@@ -163,11 +163,11 @@ def test_notebooks_folder_holds_sources_only():
 @pytest.mark.parametrize("notebook, params, message", [
     ("02_throughput", {"seeed": 3}, "unknown parameter 'seeed'"),
     ("00_tutorial", {"model": "qwen3-235b-a22b"}, "unknown parameter 'model'"),
-    ("00_tutorial", {"spare_slots": 9}, "spare_slots must be 0..4"),
+    ("00_tutorial", {"spare_slots": 9}, "spare_slots must be an integer 0..4"),
     ("00_tutorial", {"ep": 6}, "ep must be one of"),
-    ("00_tutorial", {"skew": -1}, "skew must be in"),
+    ("00_tutorial", {"skew": -1}, "skew must be a number in"),
     ("03_ablation", {"model": "qwen3-999b"}, "unknown model"),
-    ("02_throughput", {"profile": "huge"}, "unknown profile"),
+    ("02_throughput", {"profile": "huge"}, "profile must be one of tiny, laptop, paper, gpu"),
     ("02_throughput", {"setup": "nosuch"}, "unknown set-up card 'nosuch'"),
     ("02_throughput", {"ep": 32}, "unknown parameter 'ep'"),  # the headline grid is the profile's
     ("03_ablation", {"policies": "relibra,eplbb"}, "unknown policy 'eplbb'"),
@@ -175,11 +175,11 @@ def test_notebooks_folder_holds_sources_only():
     ("10_sensitivity", {"setup": "nosuch"}, "unknown set-up card"),
     ("04_reordering", {"model": "qwen3-30b-a3b,glm-4.5-air"}, "studies one model"),
     ("08_runtime", {"nproc": 4, "nodes": 3}, "must divide"),
-    ("09_rl_workload", {"rl_steps": 0}, "rl_steps must be >= 1"),
+    ("09_rl_workload", {"rl_steps": 0}, "rl_steps must be an integer >= 1"),
     ("01_routing_dynamics", {"cluster": "paper"}, "unknown parameter 'cluster'"),
     ("10_sensitivity", {"knobs": "spare slots,NVLink"}, "unknown sensitivity knob"),
     ("10_sensitivity", {"policies": "relibra"}, "unknown parameter 'policies'"),
-    ("11_scale", {"eps": "16,0"}, "eps must be 1..4096"),
+    ("11_scale", {"eps": "16,0"}, "eps must be a comma-separated list of integers 1..4096"),
     ("11_scale", {"clusters": "paper,nodes=0"}, "nodes"),
     ("11_scale", {"models": "nope"}, "unknown model"),
     ("11_scale", {"ep": 8}, "unknown parameter 'ep'"),
@@ -199,22 +199,91 @@ def test_injected_names_come_from_papermills_cell():
     assert injected_names({"In": history[:2] + ["run = ..."]}) == []  # no papermill cell: nothing injected
 
 
-# Every declared parameter (but where results go and whether widgets show) changes the resolved run.
+# Every declared parameter that affects results changes the resolved run.
 _CHANGED = {"model": "qwen3-30b-a3b", "workload": "code", "ep": 8, "steps": 2, "seed": 1, "cluster": "h800",
             "policies": "megatron,eplb+", "spare_slot_counts": "1,2", "ep_sizes": "4,8", "nproc": 4, "nodes": 2,
             "rl_steps": 3, "measured_dir": "elsewhere", "placement": "lpt", "spare_slots": 1, "skew": 0.5,
-            "shift": 0.1, "tokens_per_gpu": 512, "micro_batches": 2, "micro_batch": 1, "profile": "tiny",
+            "shift": 0.1, "tokens_per_gpu": 512, "micro_batches": 2, "micro_batch": 1,
             "knobs": "spare slots,NVLink rate", "models": "tiny,qwen3-30b-a3b", "clusters": "paper,nodes=32;nvl72",
             "eps": "8,16", "setup": "one-sequence", "tokens_per_microbatch": 4096}
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_every_declared_parameter_changes_the_config(name, tmp_path):
-    from relibra.experiments import start
-
-    base = start(name, out_dir=tmp_path).config.to_dict()
-    for param in NOTEBOOK_PARAMETERS[name]:
-        if param in ("out_dir", "interactive"):
+def test_every_declared_parameter_changes_the_params(name):
+    nb = get_notebook(name)
+    base, _ = nb.create()
+    for param in nb.Params.names():
+        if param in nb.Params.settings():
             continue
-        changed = start(name, out_dir=tmp_path, **{param: _CHANGED[param]}).config.to_dict()
-        assert changed != base, f"{name}: parameter {param} changes nothing"
+        changed, _ = nb.create(**{param: _CHANGED[param]})
+        assert changed.to_dict() != base.to_dict(), f"{name}: parameter {param} changes nothing"
+
+
+# ---- the same figures, tables and CSVs as the reference ----------------------------------------------
+REFERENCE = Path(__file__).parent / "data" / "tiny_reference"
+
+
+def _same_csv(reference: Path, produced: Path, skip_columns, skip_rows: dict) -> list[str]:
+    """The columns of `produced` that differ from `reference` (numbers beyond 1e-12, text at all),
+    leaving out the measured columns and rows; [] when they agree."""
+    import numpy as np
+    import pandas as pd
+
+    a, b = pd.read_csv(reference), pd.read_csv(produced)
+    for column, value in skip_rows.items():
+        a, b = a[a[column] != value].reset_index(drop=True), b[b[column] != value].reset_index(drop=True)
+    if list(a.columns) != list(b.columns) or len(a) != len(b):
+        return [f"columns {list(a.columns)} x {len(a)} rows, now {list(b.columns)} x {len(b)} rows"]
+    bad = []
+    for c in (c for c in a.columns if c not in skip_columns):
+        x, y = a[c], b[c]
+        if pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y):
+            same = np.allclose(x.to_numpy(float), y.to_numpy(float), rtol=1e-12, atol=1e-12, equal_nan=True)
+        else:
+            same = (x.isna() == y.isna()).all() and (x[x.notna()].astype(str) == y[y.notna()].astype(str)).all()
+        if not same:
+            bad.append(c)
+    return bad
+
+
+def test_every_figure_and_csv_is_the_references(executed):
+    """The tiny run's CSVs and figures are those the kit wrote before its notebooks became one module
+    each (tests/data/tiny_reference): numbers to 1e-12, text exact, figures byte for byte (sha256).
+    Measured values (wall-clock seconds, and the figures and rows that show them) are left out, as
+    measured.json lists."""
+    import hashlib
+
+    out, _ = executed
+    measured = json.loads((REFERENCE / "measured.json").read_text())
+    figures = json.loads((REFERENCE / "figures.json").read_text())
+    problems = []
+    for csv in sorted(REFERENCE.glob("*/*.csv")):
+        key = f"{csv.parent.name}/{csv.name}"
+        produced = out / key
+        if not produced.exists():
+            problems.append(f"{key}: not written")
+            continue
+        skip = measured["columns"]["*"] + measured["columns"].get(key, [])
+        bad = _same_csv(csv, produced, skip, measured["rows"].get(key, {}))
+        problems += [f"{key}: {c} differs" for c in bad]
+    for key, digest in figures.items():
+        produced = out / key
+        if not produced.exists() or hashlib.sha256(produced.read_bytes()).hexdigest() != digest:
+            problems.append(f"{key}: not the reference's bytes")
+    covered = {p.name for p in REFERENCE.iterdir() if p.is_dir()}  # a notebook added since has no reference
+    written = {f"{p.parent.name}/{p.name}" for p in out.glob("*/*.csv") if p.parent.name in covered} - {
+        f"{p.parent.name}/{p.name}" for p in REFERENCE.glob("*/*.csv")}
+    assert not problems and not written, problems + [f"{k}: no reference" for k in sorted(written)]
+
+
+def test_the_comparison_sees_a_changed_number(tmp_path):
+    """Not vacuous: one number moved by 1e-9 relative is a difference; one moved by 1e-14 is not."""
+    import pandas as pd
+
+    ref = REFERENCE / "06_skewness" / "skewness.csv"
+    t = pd.read_csv(ref)
+    for scale, differs in ((1 + 1e-9, True), (1 + 1e-14, False)):
+        t2 = t.copy()
+        t2.loc[0, "skewness"] *= scale
+        t2.to_csv(tmp_path / "s.csv", index=False, float_format="%.17g")
+        assert bool(_same_csv(ref, tmp_path / "s.csv", [], {})) == differs
