@@ -223,62 +223,25 @@ def test_every_declared_parameter_changes_the_params(name):
 REFERENCE = Path(__file__).parent / "data" / "tiny_reference"
 
 
-def _same_csv(reference: Path, produced: Path, skip_columns, skip_rows: dict) -> list[str]:
-    """The columns of `produced` that differ from `reference` (numbers beyond 1e-12, text at all),
-    leaving out the measured columns and rows; [] when they agree."""
-    import numpy as np
-    import pandas as pd
-
-    a, b = pd.read_csv(reference), pd.read_csv(produced)
-    for column, value in skip_rows.items():
-        a, b = a[a[column] != value].reset_index(drop=True), b[b[column] != value].reset_index(drop=True)
-    if list(a.columns) != list(b.columns) or len(a) != len(b):
-        return [f"columns {list(a.columns)} x {len(a)} rows, now {list(b.columns)} x {len(b)} rows"]
-    bad = []
-    for c in (c for c in a.columns if c not in skip_columns):
-        x, y = a[c], b[c]
-        if pd.api.types.is_numeric_dtype(x) and pd.api.types.is_numeric_dtype(y):
-            same = np.allclose(x.to_numpy(float), y.to_numpy(float), rtol=1e-12, atol=1e-12, equal_nan=True)
-        else:
-            same = (x.isna() == y.isna()).all() and (x[x.notna()].astype(str) == y[y.notna()].astype(str)).all()
-        if not same:
-            bad.append(c)
-    return bad
-
-
 def test_every_figure_and_csv_is_the_references(executed):
-    """The tiny run's CSVs and figures are those the kit wrote before its notebooks became one module
-    each (tests/data/tiny_reference): numbers to 1e-12, text exact, figures byte for byte (sha256).
-    Measured values (wall-clock seconds, and the figures and rows that show them) are left out, as
-    measured.json lists."""
-    import hashlib
+    """The tiny run's CSVs and figures are the reference's (relibra.experiments.golden, which also
+    rewrites the reference from a tiny run): numbers to 1e-12, text exact, figures byte for byte,
+    measured values left out."""
+    from relibra.experiments.golden import compare
 
     out, _ = executed
-    measured = json.loads((REFERENCE / "measured.json").read_text())
-    figures = json.loads((REFERENCE / "figures.json").read_text())
-    problems = []
-    for csv in sorted(REFERENCE.glob("*/*.csv")):
-        key = f"{csv.parent.name}/{csv.name}"
-        produced = out / key
-        if not produced.exists():
-            problems.append(f"{key}: not written")
-            continue
-        skip = measured["columns"]["*"] + measured["columns"].get(key, [])
-        bad = _same_csv(csv, produced, skip, measured["rows"].get(key, {}))
-        problems += [f"{key}: {c} differs" for c in bad]
-    for key, digest in figures.items():
-        produced = out / key
-        if not produced.exists() or hashlib.sha256(produced.read_bytes()).hexdigest() != digest:
-            problems.append(f"{key}: not the reference's bytes")
-    covered = {p.name for p in REFERENCE.iterdir() if p.is_dir()}  # a notebook added since has no reference
-    written = {f"{p.parent.name}/{p.name}" for p in out.glob("*/*.csv") if p.parent.name in covered} - {
-        f"{p.parent.name}/{p.name}" for p in REFERENCE.glob("*/*.csv")}
-    assert not problems and not written, problems + [f"{k}: no reference" for k in sorted(written)]
+    problems = compare(REFERENCE, out)
+    assert not problems, problems
 
 
-def test_the_comparison_sees_a_changed_number(tmp_path):
-    """Not vacuous: one number moved by 1e-9 relative is a difference; one moved by 1e-14 is not."""
+def test_the_comparison_sees_a_changed_number_and_a_changed_figure(tmp_path):
+    """Not vacuous: one number moved by 1e-9 relative is a difference, one moved by 1e-14 is not; a
+    figure of other bytes is a difference."""
+    import shutil
+
     import pandas as pd
+
+    from relibra.experiments.golden import FIGURES, compare, csv_differences
 
     ref = REFERENCE / "06_skewness" / "skewness.csv"
     t = pd.read_csv(ref)
@@ -286,4 +249,13 @@ def test_the_comparison_sees_a_changed_number(tmp_path):
         t2 = t.copy()
         t2.loc[0, "skewness"] *= scale
         t2.to_csv(tmp_path / "s.csv", index=False, float_format="%.17g")
-        assert bool(_same_csv(ref, tmp_path / "s.csv", [], {})) == differs
+        assert bool(csv_differences(ref, tmp_path / "s.csv", "06_skewness/skewness.csv")) == differs
+    reference = tmp_path / "reference"
+    (reference / "06_skewness").mkdir(parents=True)
+    shutil.copyfile(ref, reference / "06_skewness" / "skewness.csv")
+    (reference / FIGURES).write_text(json.dumps({"06_skewness/skewness.png": "0" * 64}))
+    run = tmp_path / "run" / "06_skewness"
+    run.mkdir(parents=True)
+    shutil.copyfile(ref, run / "skewness.csv")
+    (run / "skewness.png").write_bytes(b"not the figure")
+    assert compare(reference, tmp_path / "run") == ["06_skewness/skewness.png: not the reference's bytes"]
