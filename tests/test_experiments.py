@@ -54,7 +54,7 @@ def test_every_notebook_creates_its_defaults_at_every_profile():
         for profile in ex.PROFILES:
             raw = {"profile": profile} if "profile" in nb(name).Params.names() else {}
             p, _ = nb(name).create(**raw)
-            assert p.to_dict()  # every value resolved to something JSON can hold
+            assert p.named_values()  # every value resolved to something JSON can hold
 
 
 def test_relative_out_dir_is_under_the_project_root(tmp_path):

@@ -203,7 +203,7 @@ class Params:
         """What a figure of simulated numbers was simulated on, for the manifest."""
         return "the kit's simulator"
 
-    def to_dict(self) -> dict:
+    def named_values(self) -> dict:
         """The values as JSON-friendly data: resolved objects by their names."""
         return {f.name: jsonable(getattr(self, f.name)) for f in fields(self)}
 
@@ -300,7 +300,7 @@ class TryThis:
     why: str
 
     def text(self, params, sizes) -> str:
-        now = params.to_dict()
+        now = params.named_values()
         parts = [f"`{k} = {v!r}`" + (f" (now {_show(now[k])})" if now.get(k) is not None else "")
                  for k, v in self.change(params, sizes).items()]
         return f"Set {' and '.join(parts)}: {self.measure} {'rises' if self.direction > 0 else 'falls'}; {self.why}."

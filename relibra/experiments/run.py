@@ -127,7 +127,7 @@ class Run:
 
     def finish(self) -> Path:
         """Write manifest.json (parameters, figures, tables, sources, wall seconds)."""
-        config = {"notebook": self.notebook.name, "profile": "none", **self.params.to_dict(),
+        config = {"notebook": self.notebook.name, "profile": "none", **self.params.named_values(),
                   "out_dir": str(self.out_dir)}
         manifest = {
             "notebook": self.notebook.name, "config": config, "scale_note": self.scale_note(),
