@@ -39,6 +39,7 @@ model = None        # one model preset (None: the profile's)
 workload = None     # math | science | instruct | code | mixed, or several: "math,code"
 ep = None           # expert-parallel size
 cluster = None      # cluster preset: paper | h800 | nvl72 | cpu-gloo
+trace = None        # a routing trace file (.npz) the kit wrote, studied instead of synthetic traces
 policies = None     # comma-separated policy names (None: this notebook's set)
 steps = None        # training steps per routing trace
 seed = 0            # same seed, same numbers

@@ -31,6 +31,7 @@ model = None        # one model preset (None: the profile's)
 workload = None     # math | science | instruct | code | mixed, or several: "math,code"
 ep = None           # expert-parallel size
 cluster = None      # cluster preset: paper | h800 | nvl72 | cpu-gloo
+trace = None        # a routing trace file (.npz) the kit wrote, studied instead of synthetic traces
 policies = None     # comma-separated policy names (None: this notebook's set)
 steps = None        # training steps per routing trace
 seed = 0            # same seed, same numbers
@@ -50,7 +51,7 @@ table = result.skewness
 label = p.plan_label(sizes, ep=",".join(str(e) for e in p.ep_sizes))
 fig = plots.skewness_plot(table, label)
 run.save_figure(fig, "skewness", f"Mean rank skewness per policy across EP sizes and task domains - {label}",
-                source="simulated", hardware="policy plans on synthetic traces")
+                source="simulated", hardware=f"policy plans on {p.routing_text()}")
 
 # %% [markdown]
 # ### What to notice

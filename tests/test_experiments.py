@@ -222,6 +222,24 @@ def test_claims_table_computes_each_ratio_once():
     assert v.loc["gap to balanced-compute (1 - ReLibra / balanced-compute)", "paper"] == "-"
 
 
+def test_a_trace_file_replaces_the_synthetic_traces():
+    """notebooks 04-06 take `trace`: its model, EP, steps and micro-batches, and captions that name it."""
+    from relibra.trace import RoutingTrace
+
+    path = "data/tiny_math_ep4.npz"
+    trace = RoutingTrace.load(ex.project_root() / path)
+    p, sizes = tiny("05_replication", trace=path, spare_slot_counts="1", policies="megatron,relibra")
+    assert (p.model.name, p.ep, p.steps, sizes.micro_batches) == ("tiny", trace.ep, trace.num_steps,
+                                                                  trace.num_microbatches)
+    r = nb("05_replication").compute(p, sizes, progress=False)
+    assert set(r.replication["workload"]) == {"math"} and set(r.spare_slots["ep"]) == {trace.ep}
+    assert path in p.sim_subtitle(sizes) and "synthetic" not in p.sim_subtitle(sizes)
+    with pytest.raises(ConfigError, match="holds tiny at EP 4"):
+        tiny("06_skewness", trace=path, ep_sizes="2,4")
+    with pytest.raises(ConfigError, match="trace must be a routing trace file"):
+        tiny("04_reordering", trace="README.md")
+
+
 def test_plan_level_tables():
     p, sizes = tiny("04_reordering", workload="math")
     table = nb("04_reordering").compute(p, sizes, progress=False).reordering

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from relibra.errors import ConfigError
+from relibra.errors import ConfigError, RelibraError
 from relibra.paths import write_text
 
 
@@ -189,7 +189,7 @@ class Params:
         kind: Kind = f.metadata["kind"]
         try:
             return kind.parse(value)
-        except (ValueError, TypeError, ConfigError) as exc:
+        except (ValueError, TypeError, OSError, RelibraError) as exc:
             raise ConfigError(f"{notebook}: {f.name} must be {kind.accepts}; got {value!r} ({exc})") from None
 
     def check(self, notebook: str, sizes) -> None:
@@ -268,7 +268,8 @@ class Result:
 
 def jsonable(obj):
     """`obj` for json.dumps: dict keys as strings, tuples as lists, paths as strings, numpy numbers as
-    Python's, and the kit's named objects (ModelShape, Topology, SetupCard) by their names."""
+    Python's, the kit's named objects (ModelShape, Topology, SetupCard) by their names, a trace read
+    from a file by its path."""
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -283,6 +284,8 @@ def jsonable(obj):
         return obj.tolist()
     if dataclasses.is_dataclass(obj) and hasattr(obj, "name"):
         return obj.name
+    if "file" in getattr(obj, "provenance", {}):  # a routing trace read from a file
+        return obj.provenance["file"]
     return obj
 
 

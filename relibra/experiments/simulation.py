@@ -8,7 +8,6 @@ import pandas as pd
 
 from relibra.cluster import ModelShape, Topology
 from relibra.costs import dense_params_per_gpu
-from relibra.experiments.traces import make_trace
 from relibra.progress import progress as tqdm
 from relibra.setups import SetupCard
 from relibra.sim import simulate
@@ -110,7 +109,7 @@ def simulate_workloads(params, sizes, card: SetupCard, progress: bool = True) ->
     (notebooks 04 and 05). Returns (per_step, summary), each concatenated over workloads."""
     per_step, summary = [], []
     for workload in tqdm(params.workloads(sizes), desc="workloads", disable=not progress):
-        trace = make_trace(params.model, workload, params.ep, params.steps, params.seed, sizes, card)
+        trace = params.routing(workload, params.ep, sizes, card)
         steps, totals = simulate_with_plans(trace, params.cluster, params.policies, card, params.steps, workload)
         per_step.append(steps)
         summary.append(totals)

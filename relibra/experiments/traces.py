@@ -3,15 +3,17 @@ synthetic routing traces at a profile's scale (cached per kernel)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from relibra.cluster import ModelShape, Topology, get_model, resolve_topology
 from relibra.errors import ConfigError
-from relibra.experiments.base import PATH, Params, choice, integer, names, objects, param
-from relibra.experiments.config import scaled_model
+from relibra.experiments.base import PATH, Kind, Params, choice, integer, names, objects, param
+from relibra.experiments.config import resolve_path, scaled_model
 from relibra.experiments.profiles import PROFILES, Scale
 from relibra.policies import POLICY_NAMES
 from relibra.setups import SetupCard
+from relibra.trace import RoutingTrace
 from relibra.workloads import WORKLOADS, generate_trace
 
 PROFILE = choice(tuple(PROFILES))
@@ -20,6 +22,15 @@ MODELS = objects(get_model, "model presets")
 WORKLOAD = names(tuple(WORKLOADS), "workload")
 POLICIES = names(POLICY_NAMES, "policy")
 CLUSTER = objects(resolve_topology, "cluster (a preset, a fitted .json or key=value items)", sep=";", single=True)
+
+
+def _load_trace(raw) -> RoutingTrace:
+    trace = RoutingTrace.load(resolve_path(raw))  # relative to the repository root, as papermill's cwd
+    return dataclasses.replace(trace, provenance={**trace.provenance, "file": str(raw)})
+
+
+TRACE = Kind("a routing trace file the kit wrote (.npz: relibra trace import, the generator, relibra rl)",
+             _load_trace)
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,14 @@ class SimParams(TraceParams):
     def simulated_on(self) -> str:
         return self.cluster.name
 
+    def routing(self, workload: str, ep: int, sizes: Scale, card: SetupCard):
+        """The routing trace of one case: the synthetic one at the profile's scale."""
+        return make_trace(self.model, workload, ep, self.steps, self.seed, sizes, card)
+
+    def routing_text(self) -> str:
+        """Where the routing comes from, for captions."""
+        return "synthetic RL traces"
+
     def simulated_label(self) -> str:
         """'simulated (<cluster preset>: nodes x GPUs)' for titles."""
         c = self.cluster
@@ -96,7 +115,7 @@ class SimParams(TraceParams):
     def plan_label(self, sizes: Scale, ep: str | int | None = None) -> str:
         """Provenance of plan statistics (no cost model): policies' plans on synthetic traces."""
         c = self.cluster
-        return (f"simulated: policies' plans on synthetic RL traces of {self.models()[0].name}, EP {ep or self.ep}, "
+        return (f"simulated: policies' plans on {self.routing_text()} of {self.models()[0].name}, EP {ep or self.ep}, "
                 f"nodes of {c.gpus_per_node} GPUs ({c.name} cluster preset; no cost model) | {self.scale_note(sizes)}")
 
     def cases_note(self, sizes: Scale) -> str:
@@ -113,6 +132,54 @@ class SimParams(TraceParams):
         """The same for the single model and workload."""
         return (f"{self.simulated_label()}, EP {self.ep}, model {self.models()[0].name}; workload "
                 f"{self.the_workload(sizes)} | {self.scale_note(sizes)}")
+
+
+@dataclass(frozen=True)
+class TracedParams(SimParams):
+    """A SimParams notebook that also studies a routing trace file (`trace`) instead of synthetic traces:
+    the trace then gives the model, the EP size, the steps and micro-batches (traced_sizes)."""
+
+    trace: RoutingTrace | None = param(None, "a routing trace file (.npz) to study (None: synthetic traces)", TRACE)
+
+    def check(self, notebook: str, sizes: Scale) -> None:
+        t = self.trace
+        eps = set(self.ep_sizes_used(sizes))
+        if t is not None and (self.model.name != t.model.name or eps != {t.ep}):
+            raise ConfigError(f"{notebook}: trace {t.provenance['file']} holds {t.model.name} at EP {t.ep}; leave "
+                              f"model and the EP sizes unset (None), got model={self.model.name!r}, EP {sorted(eps)}")
+        super().check(notebook, sizes)
+
+    def routing(self, workload: str, ep: int, sizes: Scale, card: SetupCard):
+        return self.trace if self.trace is not None else super().routing(workload, ep, sizes, card)
+
+    def routing_text(self) -> str:
+        if self.trace is None:
+            return super().routing_text()
+        p = self.trace.provenance
+        made = (f"imported ({p['importer']}) from {p['source']}" if "importer" in p else
+                f"from {p.get('generator', 'an unnamed source')}" + (f", seed {p['seed']}" if "seed" in p else ""))
+        return f"the trace {p['file']} ({made})"
+
+    def cases_note(self, sizes: Scale) -> str:
+        return super().cases_note(sizes) if self.trace is None else (
+            f"model {self.model.name}; {self.routing_text()}")
+
+    def one_case_subtitle(self, sizes: Scale) -> str:
+        return super().one_case_subtitle(sizes) if self.trace is None else self.sim_subtitle(sizes)
+
+
+def traced_sizes(table: dict[str, Scale]):
+    """A notebook's sizes_of: the profile's sizes, or with a `trace` the trace's own model, EP, steps
+    and micro-batches (one workload, named as the trace names it)."""
+    def sizes_of(values) -> Scale:
+        sizes, t = table[values.profile], values.trace
+        if t is None:
+            return sizes
+        label = str(t.provenance.get("workload") or "trace")
+        return dataclasses.replace(sizes, models=(t.model.name,), model=t.model, workloads=(label,), workload=label,
+                                   ep=t.ep, ep_sizes=(t.ep,), steps=t.num_steps, micro_batches=t.num_microbatches,
+                                   layers=None)
+    return sizes_of
 
 
 _TRACE_CACHE: dict[tuple, object] = {}

@@ -10,16 +10,17 @@ from relibra.experiments.base import Result, TryThis, mean_of, param, table
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.experiments.simulation import simulate_workloads
 from relibra.experiments.text import pct
-from relibra.experiments.traces import POLICIES, SimParams
+from relibra.experiments.traces import POLICIES, TracedParams, traced_sizes
 from relibra.labels import IDEALS, short as label
 from relibra.setups import load_card
 
 QUESTION = "Does annealing search place homes better than greedy LPT or no reordering?"
 SIZES = SCALES
+sizes_of = traced_sizes(SIZES)
 
 
 @dataclass(frozen=True)
-class Params(SimParams):
+class Params(TracedParams):
     policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES,
                                       none="relibra-replicate,relibra-lpt,relibra,megatron")
 

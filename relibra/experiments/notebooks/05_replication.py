@@ -11,7 +11,7 @@ from relibra.experiments.base import Result, TryThis, integers, mean_of, param, 
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.experiments.simulation import full_model_memory_share, simulate_trace, simulate_workloads
 from relibra.experiments.text import pct
-from relibra.experiments.traces import POLICIES, SimParams, make_trace
+from relibra.experiments.traces import POLICIES, TracedParams, traced_sizes
 from relibra.labels import IDEALS, short as label
 from relibra.policies import get_policy
 from relibra.setups import load_card
@@ -19,10 +19,11 @@ from relibra.setups import load_card
 QUESTION = ("Does joint replica placement and token split beat either alone, and how many spare slots are "
             "worth it?")
 SIZES = SCALES
+sizes_of = traced_sizes(SIZES)
 
 
 @dataclass(frozen=True)
-class Params(SimParams):
+class Params(TracedParams):
     policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES,
                                       none="relibra-reorder,relibra-split,relibra,megatron")
     spare_slot_counts: tuple[int, ...] = param("1,2,3,4", "spare replica slots per GPU swept in section 2",
@@ -41,7 +42,7 @@ def spare_slot_sweep(p: Params, sizes: Scale, policy: str = "relibra") -> pd.Dat
     share and whether it is the policy's default."""
     card = load_card()
     workload = p.the_workload(sizes)
-    trace = make_trace(p.model, workload, p.ep, p.steps, p.seed, sizes, card)
+    trace = p.routing(workload, p.ep, sizes, card)
     default = int(get_policy(policy).params().get("spare_slots_per_gpu", 0))
     rows = []
     for n in p.spare_slot_counts:

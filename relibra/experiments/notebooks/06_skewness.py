@@ -11,7 +11,7 @@ from relibra.experiments.base import Result, TryThis, integers, param, table
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.experiments.simulation import history_steps
 from relibra.experiments.text import cluster_text, row, span, unique
-from relibra.experiments.traces import POLICIES, SimParams, make_trace
+from relibra.experiments.traces import POLICIES, TracedParams, traced_sizes
 from relibra.labels import short
 from relibra.policies import get_policy
 from relibra.progress import progress as tqdm
@@ -20,10 +20,11 @@ from relibra.trace import static_placement
 
 QUESTION = "How skewed is each policy's busiest GPU across EP sizes and task domains?"
 SIZES = SCALES
+sizes_of = traced_sizes(SIZES)
 
 
 @dataclass(frozen=True)
-class Params(SimParams):
+class Params(TracedParams):
     policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES,
                                       none="megatron,eplb,eplb+,lplb+,eplb+lp,llep,relibra")
     ep_sizes: tuple[int, ...] = param(None, "EP sizes of the sweep, e.g. '8,16,32,64' (None: the profile's)",
@@ -66,7 +67,7 @@ def compute(p: Params, sizes: Scale, progress: bool = True) -> Result:
              + [("workload", w, p.ep) for w in p.workloads(sizes)])
     rows = []
     for sweep, workload, ep in tqdm(cases, desc="EP sizes and domains", disable=not progress):
-        trace = make_trace(p.model, workload, ep, p.steps, p.seed, sizes, card)
+        trace = p.routing(workload, ep, sizes, card)
         steps = list(range(trace.num_steps - min(history_steps(p.steps), trace.num_steps), trace.num_steps))
         for policy in p.policies:
             sk = plan_skewness(trace, policy, steps, p.cluster)
