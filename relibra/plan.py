@@ -17,19 +17,66 @@ Why runs and not a per-(source, replica) list: every policy lets a copy take a r
 tokens in source order (relibra.policies.split, for locality: nodes are runs of ranks), and the
 per-source list of such runs has about 17 million entries at deepseek-v3 EP256 with 32
 micro-batches, against two numbers per replica slot here. The per-source view is built one layer at
-a time where it is needed (simulator, runtime, validator, tests).
+a time where it is needed (simulator, runtime, validator, tests), by the kernels in relibra.flow.
+
+This module holds StepPlan, its records (PlanInfo, RuntimePlanner) and its validator.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from relibra.errors import PlanError
-from relibra.trace import rank_load, skewness
+# the flow kernels (relibra.flow) the plan is read through; callers may import them from here too
+from relibra.flow import (HomeGroups, LayerFlow, count_type, gpu_tokens_from, home_tokens_of, homes_per_gpu,
+                          rank_within, run_rows, scatter_rows)
+from relibra.trace import skewness
+
+__all__ = ["REPLICA_SCOPES", "PlanInfo", "RuntimePlanner", "StepPlan", "validate_plan", "empty_replicas",
+           "HomeGroups", "LayerFlow", "count_type", "gpu_tokens_from", "home_tokens_of", "homes_per_gpu",
+           "rank_within", "run_rows", "scatter_rows"]
 
 REPLICA_SCOPES = ("none", "node", "any")
+
+
+@dataclass(frozen=True)
+class PlanInfo:
+    """What a planner reports about one plan: its clocks and its own counters.
+
+    plan_seconds, plan_cpu_seconds: wall seconds and process-CPU seconds of the whole plan (Policy.plan
+    times the policy's planner, not the interface's checks; 0 for a plan built by hand). A policy
+    that times its stages or counts what its search did subclasses this record beside its planner
+    (relibra.policies.relibra.ReLibraInfo, eplb.EplbInfo, ...).
+    """
+
+    plan_seconds: float = 0.0
+    plan_cpu_seconds: float = 0.0
+
+    @property
+    def balancing_seconds(self) -> tuple[float, float]:
+        """(wall, CPU) seconds of the stage that balances the loads: the whole plan here; a policy that
+        times that stage apart (ReLibra's replication, EPLB's rebalance) returns its clocks."""
+        return self.plan_seconds, self.plan_cpu_seconds
+
+
+@dataclass(frozen=True)
+class RuntimePlanner:
+    """The part of a plan that a real run makes between routing and dispatch (lplb+'s LP, LLEP's spill
+    assignment), timed apart by the policy; the cost model charges it per (micro-batch, layer).
+
+    seconds, cpu_seconds: its wall and process-CPU seconds over the whole step; cells: the (micro-batch,
+    layer) cells it planned; collective: how every rank's int32 expert counts reach the planner first;
+    collective_bytes: what one rank contributes (4 x experts).
+    """
+
+    seconds: float
+    cpu_seconds: float
+    cells: int
+    collective: Literal["all_gather", "all_reduce"]
+    collective_bytes: int
 
 
 @dataclass
@@ -52,7 +99,13 @@ class StepPlan:
     transfers_on_critical_path: replica weights move on the critical path (LLEP) instead of being
         overlapped with attention compute (ReLibra, and the replication baselines given its buffer).
     uniform_routing: routing was forced uniform (the `balanced` ideal); loads differ from the trace.
-    info: free-form planner figures (e.g. {"plan_seconds": ...}).
+    planner_on_critical_path: part of the plan is made at run time, between routing and dispatch
+        (lplb+, LLEP), so a real run waits for it.
+    runtime_planner: that part's clocks and collective (RuntimePlanner) when the policy times it
+        apart; None charges the whole plan's time (relibra.costs.phases.planner_seconds).
+    prev_home: int [layers, experts] the placement the plan was made from (Policy.plan's prev_home):
+        migration moves experts from it to `home`; None when none was given.
+    info: the planner's clocks and counters (PlanInfo or a policy's subclass of it).
     """
 
     policy: str
@@ -67,7 +120,10 @@ class StepPlan:
     equal_homes: bool = True
     transfers_on_critical_path: bool = False
     uniform_routing: bool = False
-    info: dict = field(default_factory=dict)
+    planner_on_critical_path: bool = False
+    runtime_planner: RuntimePlanner | None = None
+    prev_home: np.ndarray | None = None
+    info: PlanInfo = field(default_factory=PlanInfo)
 
     # ---- shape -------------------------------------------------------------------------------
     @property
@@ -109,7 +165,7 @@ class StepPlan:
         signed int [n, ep_src] (the loads' type, at least 32 bits); micro_batch, gpu, slot: int [n]."""
         expert = self.replica_expert[micro_batch, layer, gpu, slot].astype(np.int64)
         per_source = self.loads[micro_batch, layer, :, expert]  # [n, ep_src]
-        count = _count_type(self.loads.dtype)
+        count = count_type(self.loads.dtype)
         start = self.replica_start[micro_batch, layer, gpu, slot].astype(count)
         return run_rows(per_source, start, start + self.replica_tokens[micro_batch, layer, gpu, slot].astype(count))
 
@@ -137,7 +193,7 @@ class StepPlan:
         out[flow["micro_batch"], flow["layer"], flow["src"], flow["gpu"], flow["slot"]] = flow["tokens"]
         return out
 
-    def layer_flows(self, groups: "HomeGroups | None" = None):
+    def layer_flows(self, groups: HomeGroups | None = None):
         """The token flow one layer at a time, sources last, so that the simulator's hot path never
         builds an [M, L, ep, E] or [M, L, ep, ep] array and moves whole rows of sources.
 
@@ -154,7 +210,7 @@ class StepPlan:
         occupied = self.replica_expert >= 0
         any_replica = bool(self.replica_slots) and bool(occupied.any())
         none = np.zeros(0, dtype=np.int64)
-        load_type = _count_type(self.loads.dtype)
+        load_type = count_type(self.loads.dtype)
         for layer in range(l):
             loads = self.loads[:, layer].transpose(0, 2, 1)  # [M, E, src] view
             column = np.arange(e)
@@ -247,164 +303,6 @@ class StepPlan:
         validate_plan(self, trace_loads)
 
 
-@dataclass
-class LayerFlow:
-    """One layer's token flow (StepPlan.layer_flows)."""
-
-    layer: int
-    home_flow: np.ndarray  # signed int [M, E, ep_src] tokens of each (expert, src) left for its home
-    slots: tuple  # (micro_batch, gpu, slot) int64 [n] each: the occupied replica slots
-    rows: np.ndarray  # signed int [n, ep_src] tokens each occupied slot receives from each source
-
-
-class HomeGroups:
-    """Experts grouped by their home GPU, per layer, to combine per-expert values into per-GPU ones.
-
-    home: int [L, E] home rank of each expert; ep: EP size. order[l]: the experts sorted by home
-    (stable); position[l, x]: where expert x sits in that order; in_order[l]: order[l] is the
-    identity (static placement); counts[l, g]: experts homed on g; per_gpu: the count when every
-    GPU homes the same number of experts in every layer, else 0.
-    """
-
-    def __init__(self, home: np.ndarray, ep: int):
-        home = np.asarray(home, dtype=np.int64)
-        layers, e = home.shape
-        self.ep = ep
-        self.order = np.argsort(home, axis=1, kind="stable")  # [L, E]
-        self.position = np.empty_like(self.order)
-        np.put_along_axis(self.position, self.order, np.arange(e)[None, :], axis=1)
-        self.in_order = (self.order == np.arange(e)).all(axis=1)  # [L]
-        self.counts = homes_per_gpu(home, ep)  # [L, ep]
-        self.per_gpu = int(self.counts[0, 0]) if layers and (self.counts == self.counts[0, 0]).all() else 0
-
-    def reduce(self, ufunc: np.ufunc, grouped: np.ndarray, layer: int, out: np.ndarray) -> np.ndarray:
-        """out[..., g, :] = ufunc over grouped[..., x, :] for the experts x homed on GPU g (ufunc's
-        identity where g homes none). grouped [..., E, S] with experts in order[layer] (as
-        StepPlan.layer_flows(groups) gives them); out [..., ep, S], written (may be grouped itself
-        when every GPU homes one expert)."""
-        k = self.per_gpu
-        if k == 1:
-            if out is not grouped:
-                np.copyto(out, grouped)
-        elif k:
-            shape = grouped.shape
-            ufunc.reduce(grouped.reshape(*shape[:-2], self.ep, k, shape[-1]), axis=-2, out=out)
-        else:
-            counts = self.counts[layer]
-            has = counts > 0
-            out[..., has, :] = ufunc.reduceat(grouped, (np.cumsum(counts) - counts)[has], axis=-2)
-            out[..., ~has, :] = ufunc.identity
-        return out
-
-
-def _count_type(dtype: np.dtype) -> np.dtype:
-    """The signed integer type token counts of `dtype` are worked in: itself when signed and at least
-    32 bits (no copy of int32 plans into int64), else int64 (so that no difference wraps around)."""
-    dtype = np.dtype(dtype)
-    return dtype if dtype.kind == "i" and dtype.itemsize >= 4 else np.dtype(np.int64)
-
-
-def run_rows(per_source: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Tokens each run takes from each source: int [n, ep_src].
-
-    per_source: int [n, ep_src] tokens of each run's expert from each source; start, end: int [n]
-    the run [start, end) among those tokens counted in source order. Source s holds tokens
-    [below_s, below_s + per_source[s]), below_s the tokens of the sources before it; the run takes
-    the overlap."""
-    upto = np.cumsum(per_source, axis=1, dtype=start.dtype)  # tokens of sources <= s
-    below = upto - per_source
-    start, end = start[:, None], end[:, None]
-    return np.clip(upto, start, end) - np.clip(below, start, end)
-
-
-def rank_within(key: np.ndarray) -> np.ndarray:
-    """How many earlier entries share each entry's key: int64 [n] (0 for the first of each key)."""
-    n = len(key)
-    order = np.argsort(key, kind="stable")
-    ordered = key[order]
-    fresh = np.ones(n, dtype=bool)
-    fresh[1:] = ordered[1:] != ordered[:-1]
-    index = np.arange(n)
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = index - np.maximum.accumulate(np.where(fresh, index, 0))
-    return rank
-
-
-def scatter_rows(ufunc: np.ufunc, target: np.ndarray, first: np.ndarray, second: np.ndarray, rows: np.ndarray) -> None:
-    """target[first[i], second[i]] = ufunc(target[first[i], second[i]], rows[i]) for every i, in place;
-    entries that share a place are applied one after another, in order of i. target [A, B, S];
-    first, second int [n]; rows [n, S].
-
-    Fancy indexing without ufunc.at: when no place repeats, one gather and one scatter; when the
-    entries come in rounds (the first entry of every place, then the second, ... as consecutive
-    blocks), one round per block; otherwise every entry at once, then the repeated places again
-    from their saved values, round by round."""
-    n = len(first)
-    if not n:
-        return
-    if not target.flags.c_contiguous:
-        work = np.ascontiguousarray(target)
-        scatter_rows(ufunc, work, first, second, rows)
-        target[...] = work
-        return
-    flat = target.reshape(-1, target.shape[2])  # a view: one index per (first, second) place
-    key = np.asarray(first, dtype=np.int64) * target.shape[1] + second
-    rank = rank_within(key)
-    top = int(rank.max())
-    if top == 0:
-        flat[key] = ufunc(flat[key], rows)
-        return
-    if (rank[1:] >= rank[:-1]).all():
-        bounds = np.searchsorted(rank, np.arange(top + 2))
-        for k in range(top + 1):
-            at, block = key[bounds[k]:bounds[k + 1]], rows[bounds[k]:bounds[k + 1]]
-            flat[at] = ufunc(flat[at], block)
-        return
-    repeated = np.unique(key[rank > 0])
-    saved = flat[repeated]
-    flat[key] = ufunc(flat[key], rows)  # right wherever a place has one entry
-    flat[repeated] = saved
-    again = np.nonzero(np.isin(key, repeated))[0]
-    for k in range(top + 1):
-        sel = again[rank[again] == k]
-        at = key[sel]
-        flat[at] = ufunc(flat[at], rows[sel])
-
-
-def homes_per_gpu(home: np.ndarray, ep: int) -> np.ndarray:
-    """Experts homed on each GPU: [L, E] home ranks -> int64 [L, ep]."""
-    home = np.asarray(home, dtype=np.int64)
-    layers = home.shape[0]
-    bins = (np.arange(layers, dtype=np.int64)[:, None] * ep + home).ravel()
-    return np.bincount(bins, minlength=layers * ep).reshape(layers, ep)
-
-
-def home_tokens_of(expert_tokens: np.ndarray, replica_expert: np.ndarray, replica_tokens: np.ndarray) -> np.ndarray:
-    """Tokens left for each expert's home once its replicas take theirs: int64 [M, L, E].
-
-    expert_tokens: int [M, L, E] tokens routed to each expert; replica_expert: int [M, L, ep, R]
-    expert in each replica slot (-1 empty); replica_tokens: int [M, L, ep, R] tokens each replica takes.
-    """
-    m, l, e = expert_tokens.shape
-    out = np.asarray(expert_tokens, dtype=np.int64)
-    occupied = replica_expert >= 0
-    if not occupied.any():
-        return out
-    mi, li, _, _ = np.nonzero(occupied)
-    idx = (mi * l + li) * e + replica_expert[occupied].astype(np.int64)
-    taken = np.bincount(idx, weights=replica_tokens[occupied].astype(np.float64), minlength=m * l * e)
-    return out - np.rint(taken).astype(np.int64).reshape(m, l, e)
-
-
-def gpu_tokens_from(expert_tokens: np.ndarray, home: np.ndarray, replica_expert: np.ndarray,
-                    replica_tokens: np.ndarray) -> np.ndarray:
-    """Tokens each GPU computes: int64 [M, L, ep]: its homed experts' tokens (home_tokens_of) plus its
-    replicas'. expert_tokens int [M, L, E]; home int [L, E]; replica_expert, replica_tokens int [M, L, ep, R]."""
-    ep = replica_expert.shape[2]
-    at_home = rank_load(home_tokens_of(expert_tokens, replica_expert, replica_tokens), home, ep)
-    return at_home + (np.asarray(replica_tokens, dtype=np.int64) * (replica_expert >= 0)).sum(axis=3)
-
-
 def _first(mask: np.ndarray) -> tuple[int, ...]:
     return tuple(int(i) for i in np.argwhere(mask)[0])
 
@@ -448,6 +346,19 @@ def validate_plan(plan: StepPlan, trace_loads: np.ndarray | None = None) -> None
     if ((plan.home < 0) | (plan.home >= ep)).any():
         bad = _first((plan.home < 0) | (plan.home >= ep))
         raise PlanError(f"{name}: home of [layer, expert]={bad} is GPU {int(plan.home[bad])}, outside [0, {ep})")
+    if plan.prev_home is not None:
+        prev = np.asarray(plan.prev_home)
+        if prev.shape != (l, e) or prev.dtype.kind not in "iu" or ((prev < 0) | (prev >= ep)).any():
+            raise PlanError(f"{name}: prev_home must be integer GPUs in [0, {ep}) of shape [layers, experts]="
+                            f"({l}, {e}), got shape {prev.shape} of {prev.dtype}")
+    if not isinstance(plan.info, PlanInfo):
+        raise PlanError(f"{name}: info must be a relibra.plan.PlanInfo, got {type(plan.info).__name__}")
+    if plan.runtime_planner is not None:
+        if not plan.planner_on_critical_path:
+            raise PlanError(f"{name}: it times a run-time planner (runtime_planner) but planner_on_critical_path "
+                            f"is False")
+        if plan.runtime_planner.cells <= 0:
+            raise PlanError(f"{name}: runtime_planner.cells is {plan.runtime_planner.cells}; it must be positive")
     homes = homes_per_gpu(plan.home, ep)  # [L, ep]
     if plan.equal_homes and (homes != e // ep).any():
         li, g = _first(homes != e // ep)

@@ -75,7 +75,7 @@ def _gap_to_bound(plan) -> float:
 def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str], steps=None,
              policy_params: dict | None = None, progress: bool = True, params: CostParams | None = None,
              workload: str | None = None, references: bool = True, validate: bool = True,
-             warmup: bool = True, keep_costs: bool = False,
+             warmup: int = 1, keep_costs: bool = False,
              step_extras: Callable[[StepPlan, PlanCost], dict] | None = None) -> SimResult:
     """Plan and cost `steps` of `trace` for every policy on `topology`.
 
@@ -90,9 +90,10 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     steps: None (all), an int n (the last n steps, so history-based policies see history), or indices.
     policy_params: {policy name: {param: value}} passed to get_policy.
     params: cost-model knobs (CostParams). workload: label for the frame (default: the trace's provenance).
-    warmup: when the first simulated step s > 0, plan step s - 1 first (not costed) so that the
-        first step's migration starts from the placement the policy would have had, not from the
-        static one; at s = 0 training starts from the static (Megatron) placement.
+    warmup: steps planned (not costed) before the first simulated one, as many as the trace holds
+        before it (Policy.plan_steps), so that the first step's migration starts from the placement
+        the policy would have had, not from the static one; at step 0 training starts from the static
+        (Megatron) placement. Every step is planned from the previous step's homes.
     validate: check every plan with StepPlan.validate against the trace.
     step_extras: optional f(plan, cost) -> dict of extra columns for that (policy, step) row of per_step.
     Every plan is made for `topology` (policies that weigh bytes against compute use its rates).
@@ -137,17 +138,13 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     bar = tqdm(total=len(names) * len(chosen), desc="simulate", unit="plan", disable=not progress)
     for name in names:
         policy = get_policy(name, **policy_params.get(name, {}))
-        prev_home = static
-        if warmup and chosen[0] > 0:
-            prev_home = np.asarray(policy.plan(trace, chosen[0] - 1, topo, static).home)
-        for step in chosen:
-            bar.set_postfix_str(f"{name} step {step}")
-            plan = policy.plan(trace, step, topo, prev_home)
+        bar.set_postfix_str(name)
+        for step, plan in zip(chosen, policy.iter_plans(trace, chosen, topo, int(warmup), static)):
             if validate:
                 plan.validate(trace.loads[step])
             # the policy's own planner clocks (Policy.plan sets both; they exclude the interface's checks)
-            cost = cost_plan(plan, model, topo, params, prev_home=prev_home, planner_s=plan.info["plan_seconds"],
-                             critical_planner_s=plan.info["plan_cpu_seconds"],
+            cost = cost_plan(plan, model, topo, params, prev_home=plan.prev_home, planner_s=plan.info.plan_seconds,
+                             critical_planner_s=plan.info.plan_cpu_seconds,
                              seq_lens=None if seq_lens is None else seq_lens[step])
             if with_balanced_compute and not plan.uniform_routing:
                 candidate = cost.balanced_compute()
@@ -155,7 +152,6 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
                 if best is None or candidate.step_seconds < best[0].step_seconds:
                     best_compute[step] = (candidate, plan, name)
             add(name, step, cost, plan)
-            prev_home = plan.home
             bar.update(1)
     bar.close()
     for step in chosen if with_balanced_compute else []:

@@ -1,6 +1,6 @@
-"""EPLB's public contract: the README example exactly, a differential test against an independent
-slow reference written from EPLB's description, the hierarchical/global split, and the plan built
-from its slots."""
+"""EPLB's public contract: the README example exactly, a differential test against the independent
+slow reference written from EPLB's description (relibra.policies.eplb_reference), the
+hierarchical/global split, and the plan built from its slots."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from relibra.errors import ConfigError
 from relibra.policies import get_policy
 from relibra.policies.eplb import balanced_packing, copies_from_phy2log, rebalance_experts, replicate_experts
+from relibra.policies.eplb_reference import rebalance_experts_reference
 from conftest import make_trace, nodes_of  # tests/ is on sys.path under pytest
 
 README_WEIGHT = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
@@ -18,90 +19,6 @@ README_WEIGHT = [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
 README_PHY2LOG = [[5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1],
                   [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1]]
 
-
-
-# ---- an independent slow reference, one layer at a time, from EPLB's description -------------------
-F32 = np.float32
-
-
-def ref_pack(weights: list, packs: int) -> tuple[list, list]:
-    """Balanced packing of one row: one item per pack -> item i in pack i; else items in the order
-    torch.sort(descending=True) gives, each into the lightest pack with room (lowest on ties),
-    pack loads summed in float32."""
-    n = len(weights)
-    per = n // packs
-    if per == 1:
-        return list(range(n)), [0] * n
-    order = torch.tensor(weights, dtype=torch.float32).sort(descending=True).indices.tolist()
-    load, count = [F32(0)] * packs, [0] * packs
-    pack, rank = [None] * n, [None] * n
-    for item in order:
-        best = None
-        for p in range(packs):
-            if count[p] < per and (best is None or load[p] < load[best]):
-                best = p
-        pack[item], rank[item] = best, count[best]
-        load[best] = F32(load[best] + F32(weights[item]))
-        count[best] += 1
-    return pack, rank
-
-
-def ref_replicate(weights: list, slots: int) -> tuple[list, list, list]:
-    """Each extra slot to the expert with the largest float32 load per copy (lowest on ties)."""
-    copies = [1] * len(weights)
-    phy, rank = list(range(len(weights))), [0] * len(weights)
-    for _ in range(len(weights), slots):
-        per_copy = [F32(F32(w) / F32(c)) for w, c in zip(weights, copies)]
-        hottest = per_copy.index(max(per_copy))
-        phy.append(hottest)
-        rank.append(copies[hottest])
-        copies[hottest] += 1
-    return phy, rank, copies
-
-
-def ref_rebalance_layer(w: np.ndarray, replicas: int, groups: int, nodes: int, gpus: int):
-    """(phy2log, copy rank, logcnt) of one layer: w float32 [E]."""
-    if groups % nodes:
-        groups, nodes = 1, 1  # global policy
-    e = len(w)
-    size = e // groups
-    group_sum = [F32(torch.from_numpy(w[g * size:(g + 1) * size].copy()).sum().item()) for g in range(groups)]
-    group_node, group_rank = ref_pack(group_sum, nodes)
-    node_experts = {n: [] for n in range(nodes)}  # experts of each node, in node order
-    for slot in range(groups // nodes):
-        for g in range(groups):
-            if group_rank[g] == slot:
-                node_experts[group_node[g]].extend(range(g * size, (g + 1) * size))
-    for n in node_experts:  # groups sit at their rank in the pack
-        ranked = sorted(range(groups), key=lambda g: group_rank[g])
-        node_experts[n] = [x for g in ranked if group_node[g] == n for x in range(g * size, (g + 1) * size)]
-    per_node, per_gpu = replicas // nodes, replicas // gpus
-    phy2log, ranks = [None] * replicas, [None] * replicas
-    logcnt = [0] * e
-    for n in range(nodes):
-        experts = node_experts[n]
-        local_w = [w[x] for x in experts]
-        phy, rank, copies = ref_replicate(local_w, per_node)
-        for i, x in enumerate(experts):
-            logcnt[x] = copies[i]
-        load = [F32(F32(local_w[p]) / F32(copies[p])) for p in phy]
-        gpu, pos = ref_pack(load, gpus // nodes)
-        for j in range(per_node):
-            slot = n * per_node + gpu[j] * per_gpu + pos[j]
-            phy2log[slot], ranks[slot] = experts[phy[j]], rank[j]
-    return phy2log, ranks, logcnt
-
-
-def ref_rebalance(weight: np.ndarray, replicas: int, groups: int, nodes: int, gpus: int):
-    w = np.asarray(weight, dtype=np.float32)
-    rows = [ref_rebalance_layer(w[i], replicas, groups, nodes, gpus) for i in range(len(w))]
-    phy2log = np.array([r[0] for r in rows])
-    logcnt = np.array([r[2] for r in rows])
-    log2phy = np.full((len(w), w.shape[1], logcnt.max()), -1)
-    for i, (phy, rank, _) in enumerate(rows):
-        for slot, (x, k) in enumerate(zip(phy, rank)):
-            log2phy[i, x, k] = slot
-    return phy2log, log2phy, logcnt
 
 
 def random_case(rng: np.random.Generator, kind: str):
@@ -142,7 +59,7 @@ def test_matches_the_slow_reference(kind):
     for _ in range(DIFFERENTIAL_CASES[kind]):
         w, replicas, groups, nodes, gpus = random_case(rng, kind)
         phy2log, log2phy, logcnt = rebalance_experts(torch.tensor(w), replicas, groups, nodes, gpus)
-        want = ref_rebalance(w, replicas, groups, nodes, gpus)
+        want = rebalance_experts_reference(w, replicas, groups, nodes, gpus)
         case = (w.tolist(), replicas, groups, nodes, gpus)
         assert phy2log.tolist() == want[0].tolist(), case
         assert log2phy.tolist() == want[1].tolist(), case

@@ -1,11 +1,13 @@
 """Core contracts: trace round-trip and validation, plan validation, presets."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from relibra.cluster import get_model, get_topology
 from relibra.errors import ConfigError, PlanError, TraceError
-from relibra.plan import StepPlan, empty_replicas
+from relibra.plan import PlanInfo, RuntimePlanner, StepPlan, empty_replicas
 from relibra.trace import RoutingTrace, loads_from_tokens, static_placement
 
 
@@ -137,6 +139,29 @@ def test_plan_validator():
     q.replica_expert[0, 0, 1, 0] = 0
     with pytest.raises(PlanError, match="limit"):
         q.validate()
+
+
+def test_plan_records_are_typed_and_checked():
+    """info is a frozen PlanInfo; the run-time planner's record needs planner_on_critical_path; the
+    placement a plan was made from has the plan's shape and GPUs."""
+    t = _token_trace()
+    p = _plan(t, info=PlanInfo(plan_seconds=0.5, plan_cpu_seconds=0.25))
+    p.validate(t.loads[0])
+    assert p.info.balancing_seconds == (0.5, 0.25)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.info.plan_seconds = 1.0
+    part = RuntimePlanner(seconds=0.1, cpu_seconds=0.1, cells=2, collective="all_gather", collective_bytes=64)
+    _plan(t, planner_on_critical_path=True, runtime_planner=part).validate()
+    with pytest.raises(PlanError, match="planner_on_critical_path is False"):
+        _plan(t, runtime_planner=part).validate()
+    with pytest.raises(PlanError, match="cells is 0"):
+        _plan(t, planner_on_critical_path=True, runtime_planner=dataclasses.replace(part, cells=0)).validate()
+    with pytest.raises(PlanError, match="info must be a relibra.plan.PlanInfo"):
+        _plan(t, info={"plan_seconds": 0.5}).validate()
+    _plan(t, prev_home=static_placement(4, 16, 4)).validate()
+    for bad in (static_placement(4, 16, 4)[:, :8], static_placement(4, 16, 4) + 4, static_placement(4, 16, 4) * 1.0):
+        with pytest.raises(PlanError, match="prev_home must be integer GPUs"):
+            _plan(t, prev_home=bad).validate()
 
 
 def test_presets_and_topology_errors():

@@ -55,11 +55,12 @@ def test_copies_and_reorder(ep, gpn, experts):
         assert replicas == want
         copies = np.bincount([x for _, x in replicas], minlength=experts) + 1
         assert copies.max() <= 2
-    assert plan.info["lp_fallback_micro_batches"] == 0
-    assert plan.info["runtime_planner_cells"] == plan.num_microbatches * plan.num_layers
-    assert plan.info["runtime_collective"] == "all_reduce" and plan.info["runtime_collective_bytes"] == 4 * experts
-    assert plan.info["runtime_planner_cpu_seconds"] >= 0 and not plan.transfers_on_critical_path
-    assert plan.info["planner_on_critical_path"]  # the solve runs between routing and dispatch
+    assert plan.info.lp_fallback_micro_batches == 0
+    part = plan.runtime_planner
+    assert part.cells == plan.num_microbatches * plan.num_layers
+    assert part.collective == "all_reduce" and part.collective_bytes == 4 * experts
+    assert part.cpu_seconds >= 0 and not plan.transfers_on_critical_path
+    assert plan.planner_on_critical_path  # the solve runs between routing and dispatch
 
 
 def cut_optimum(base: np.ndarray, edges: list) -> float:

@@ -10,13 +10,15 @@ from hypothesis import strategies as st
 
 from relibra import labels
 from relibra.errors import ConfigError, PlanError
-from relibra.plan import StepPlan, gpu_tokens_from
+from relibra.flow import gpu_tokens_from
+from relibra.plan import StepPlan
 from relibra.policies import POLICY_NAMES, get_policy
 from relibra.policies.balanced import uniform_loads
 from relibra.bench.planner import benchmark_planner
 from relibra.policies.llep import llep_assign
+from relibra.policies.llep_reference import llep_assign_reference
 from relibra.policies.reorder import AnnealConfig, anneal_homes, lpt_homes
-from relibra.policies.replicate import replicate_in_node
+from relibra.policies.replicate import ReplicationConfig, replicate_in_node
 from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import rank_load, static_placement
 from conftest import FAST, make_trace, nodes_of, plan_of, random_skewed_trace
@@ -34,7 +36,7 @@ def test_every_policy_plan_is_valid(topo, seed, tokens):
         plan = plan_of(name, trace, 1, gpn)
         plan.validate(trace.loads[1])
         assert plan.policy == name
-        assert plan.info["plan_seconds"] >= 0
+        assert plan.info.plan_seconds >= 0 and plan.info.plan_cpu_seconds >= 0
         if name != "balanced":
             assert (plan.gpu_tokens().sum(axis=2) == trace.loads[1].sum(axis=(2, 3))).all()
 
@@ -54,7 +56,7 @@ def test_relibra_never_worse_than_relibra_replicate_per_layer(topo, seed):
         plan = plan_of(name, trace, 0, gpn)
         mine = plan.gpu_tokens().max(axis=2)
         assert (mine.sum(axis=0) <= replicate.sum(axis=0)).all(), name
-        assert plan.info["fallback_layers"] >= 0
+        assert plan.info.fallback_layers >= 0
     reorder = plan_of("relibra-reorder", trace, 0, gpn).gpu_tokens().max(axis=2)
     assert (reorder.sum(axis=0) <= megatron.sum(axis=0)).all()
 
@@ -63,7 +65,7 @@ def test_fallback_to_static_homes_is_observable_and_idle_on_normal_inputs():
     trace = random_skewed_trace("small", ep=8, micro_batches=4, tokens_per_rank=512, seed=3)
     for name in ("relibra", "relibra-reorder", "relibra-split"):  # the search; plain LPT may fall back
         plan = get_policy(name).plan(trace, 0, nodes_of(4))
-        assert plan.info["fallback_layers"] == 0, name
+        assert plan.info.fallback_layers == 0, name
     # a broken search (here: the hottest experts all homed in node 0) is caught and counted
     policy = get_policy("relibra")
     loads = trace.loads[0]
@@ -88,8 +90,8 @@ def test_annealer_bookkeeping_matches_a_full_recomputation():
     config = AnnealConfig(iterations=300, polish_iterations=100, initial_temperature=1e-2, migration_weight=0.5)
     home, info = anneal_homes(x, src, start, ep, gpn, config, np.random.default_rng(1), comm_ratio=0.3,
                               migration_cost=np.array([2.0, 5.0]), prev_home=prev, check_state=True)
-    assert info["anneal_accepted_swaps"] > 50 and info["polish_accepted_swaps"] > 0
-    assert info["state_check_max_rel_error"] < 1e-4
+    assert info.accepted_swaps > 50 and info.polish_accepted_swaps > 0
+    assert info.state_check_max_rel_error < 1e-4
     assert (np.stack([np.bincount(h, minlength=ep) for h in home]) == experts // ep).all()
 
 
@@ -102,42 +104,7 @@ def test_llep_matches_a_slow_reference():
         cap, min_gemm, trigger = float(rng.choice([1.0, 1.1, 1.5])), int(rng.choice([1, 8, 64])), 1.3
         got = llep_assign(x, ep, cap, min_gemm, trigger)
         got = sorted(zip(*(a.tolist() for a in got)))
-        want = sorted(r for row in range(len(x)) for r in slow_llep_cell(row, x[row].tolist(), ep, cap, min_gemm,
-                                                                          trigger))
-        assert got == want, case
-
-
-def slow_llep_cell(row: int, x: list, ep: int, capacity_factor: float, min_tokens: int, trigger: float) -> list:
-    """LLEP's spill rule for one (micro_batch, layer), one expert at a time (see relibra/policies/llep.py):
-    experts in decreasing load stay native up to the capacity (counting native experts still to come),
-    the rest goes to the least-loaded other GPUs, each filled to the capacity; a chunk under
-    min_tokens, or the last GPU left, takes the whole remainder. Returns (row, gpu, expert, tokens)."""
-    per = len(x) // ep
-    native = [sum(x[g * per:(g + 1) * per]) for g in range(ep)]
-    mean = sum(native) / ep
-    if not max(native) >= trigger * max(mean, 1e-9):
-        return []
-    cap = max(int(np.floor(capacity_factor * mean)), 1)
-    pending, assigned, out = list(native), [0] * ep, []
-    for e in sorted(range(len(x)), key=lambda i: (-x[i], i)):
-        g = e // per
-        pending[g] -= x[e]
-        keep = min(max(cap - assigned[g] - pending[g], 0), x[e])
-        assigned[g] += keep
-        rem, used = x[e] - keep, {g}
-        while rem > 0 and ep > 1:
-            helper = min((h for h in range(ep) if h not in used), key=lambda h: (assigned[h] + pending[h], h))
-            room = cap - assigned[helper] - pending[helper]
-            chunk = min(rem, room) if room > 0 else rem
-            if chunk < min_tokens or len(used) == ep - 1:
-                chunk = rem
-            assigned[helper] += chunk
-            out.append((row, helper, e, chunk))
-            used.add(helper)
-            rem -= chunk
-        if rem > 0:  # ep == 1
-            assigned[g] += rem
-    return out
+        assert got == llep_assign_reference(x, ep, cap, min_gemm, trigger), case
 
 
 def test_relibra_balances_a_skewed_trace():
@@ -176,9 +143,10 @@ def test_relibra_records_its_stage_times_and_slots():
     trace = make_trace(0, ep=4, experts=8)
     plan = get_policy("relibra", iterations=10).plan(trace, 0, nodes_of(2))
     info = plan.info
-    cells = trace.num_microbatches * trace.num_layers
-    assert 0 < info["reorder_seconds"] + info["replication_seconds"] <= info["plan_seconds"]
-    assert info["replication_us_per_microbatch_layer"] == pytest.approx(info["replication_seconds"] / cells * 1e6)
+    stages = (info.reorder_seconds + info.replication_seconds + info.fallback_seconds + info.flow_seconds)
+    assert 0 < info.reorder_seconds + info.replication_seconds and stages <= info.plan_seconds
+    assert info.balancing_seconds == (info.replication_seconds, info.replication_cpu_seconds)
+    assert info.anneal is not None and info.anneal.score_after <= info.anneal.score_before
     # 8 experts over 4 GPUs home 2 each, plus the default 2 spare slots; replicas stay in the node
     assert (plan.replica_scope, plan.slots_per_gpu, plan.replica_slots) == ("node", 2 + 2, 2)
 
@@ -186,10 +154,39 @@ def test_relibra_records_its_stage_times_and_slots():
 def test_llep_names_its_run_time_part():
     trace = make_trace(0, ep=4, experts=8)
     llep = get_policy("llep").plan(trace, 0, nodes_of(2))
-    assert llep.transfers_on_critical_path
+    assert llep.transfers_on_critical_path and llep.planner_on_critical_path
     # one all-gather of int32 counts per (micro-batch, layer): 3 x 2 cells, 4 bytes x 8 experts
-    assert (llep.info["runtime_planner_cells"], llep.info["runtime_collective"],
-            llep.info["runtime_collective_bytes"]) == (3 * 2, "all_gather", 4 * 8)
+    part = llep.runtime_planner
+    assert (part.cells, part.collective, part.collective_bytes) == (3 * 2, "all_gather", 4 * 8)
+    assert 0 <= part.cpu_seconds <= llep.info.plan_cpu_seconds + 1e-9
+
+
+def test_plan_steps_chains_homes_from_the_warm_up():
+    """plan_steps = the chain written out: warm-up plans from the static placement, then each step
+    from the previous step's homes; every plan names the placement it left."""
+    trace = make_trace(4, ep=4, experts=8, steps=5)
+    topo = nodes_of(2)
+    policy = get_policy("relibra", **FAST["relibra"])
+    plans = policy.plan_steps(trace, [3, 4], topo, warmup=2)
+    home = static_placement(trace.num_layers, trace.num_experts, trace.ep)
+    for step in (1, 2, 3, 4):
+        want = policy.plan(trace, step, topo, home)
+        if step >= 3:
+            got = plans[step - 3]
+            assert np.array_equal(got.prev_home, home) and np.array_equal(got.home, want.home)
+            assert np.array_equal(got.replica_tokens, want.replica_tokens)
+        home = want.home
+    # without warm-up the first step starts from the static placement; None: from no placement at all
+    first = policy.plan_steps(trace, [3], topo, warmup=0)[0]
+    assert np.array_equal(first.prev_home, static_placement(trace.num_layers, trace.num_experts, trace.ep))
+    free = policy.plan_steps(trace, [0, 1], topo, initial_home=None)
+    assert free[0].prev_home is None and np.array_equal(free[1].prev_home, free[0].home)
+    assert np.array_equal(free[0].home, policy.plan(trace, 0, topo).home)
+    for bad in ({"warmup": -1}, {"warmup": True}, {"initial_home": "megatron"}):
+        with pytest.raises(ConfigError, match="warmup|initial_home"):
+            policy.plan_steps(trace, [1], topo, **bad)
+    with pytest.raises(PlanError, match="step 5 is outside"):
+        policy.plan_steps(trace, [4, 5], topo)
 
 
 def test_balanced_forces_uniform_routing():
@@ -218,6 +215,12 @@ IMPOSSIBLE = [
      "needs a multiple of 8 GPUs"),
     (lambda: get_policy("llep", capacity_factor=0), ConfigError, "capacity_factor"),
     (lambda: get_policy("relibra", reorder="magic"), ConfigError, "reorder must be one of"),
+    (lambda: get_policy("relibra", iterations=-1), ConfigError, "policy 'relibra': AnnealConfig.iterations must be at"),
+    (lambda: get_policy("relibra-h", candidates=2.5), ConfigError, "AnnealConfig.candidates must be an integer"),
+    (lambda: get_policy("relibra", min_replica_fraction=0.0), ConfigError,
+     "ReplicationConfig.min_replica_fraction must be positive"),
+    (lambda: get_policy("relibra", anneal={"iterations": 5}), ConfigError,
+     "anneal must be an instance of AnnealConfig"),
     (lambda: pack_replicas((1, 1, 2), np.array([0, 0]), np.array([0, 0]), np.array([1, 1]), np.array([0, 1]),
                            np.array([3, 3]), slots=1), PlanError, "needs 2 replica slots but only 1"),
 ]
@@ -244,6 +247,23 @@ def test_each_ablation_pins_one_parameter(name, key, pinned, other):
     assert get_policy(name, **{key: pinned}).params() == mine
     with pytest.raises(ConfigError, match=f"policy '{name}' fixes {key}='{pinned}'; use 'relibra'"):
         get_policy(name, **{key: other})
+
+
+def test_relibra_takes_its_configs_whole_or_their_fields_by_name():
+    """ReLibraPolicy(anneal: AnnealConfig, replication: ReplicationConfig): get_policy builds the same
+    policy from the configs or from their fields by name, and params() gives those names back."""
+    by_name = get_policy("relibra", iterations=60, candidates=4, spare_slots_per_gpu=1, min_replica_tokens=1)
+    whole = get_policy("relibra", anneal=AnnealConfig(iterations=60, candidates=4),
+                       replication=ReplicationConfig(spare_slots_per_gpu=1, min_replica_tokens=1))
+    assert by_name == whole and by_name.anneal == AnnealConfig(iterations=60, candidates=4)
+    assert get_policy("relibra", **by_name.params()) == by_name
+    assert {"iterations", "spare_slots_per_gpu", "reorder", "seed"} <= set(by_name.params())
+    # a config given whole and some of its fields by name: the names change that config
+    mixed = get_policy("relibra", anneal=AnnealConfig(iterations=60), candidates=4, replication=whole.replication)
+    assert mixed == whole
+    trace = make_trace(2, ep=4, experts=8)
+    a, b = by_name.plan(trace, 0, nodes_of(2)), whole.plan(trace, 0, nodes_of(2))
+    assert np.array_equal(a.home, b.home) and np.array_equal(a.replica_tokens, b.replica_tokens)
 
 
 def test_every_policy_has_a_label_short_name_and_colour_of_its_own():

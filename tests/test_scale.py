@@ -59,7 +59,7 @@ def test_relibra_h_replicates_across_nodes_and_balances_better(wide_trace):
     base = get_policy("relibra").plan(wide_trace, 0, topo)
     hier = get_policy("relibra-h").plan(wide_trace, 0, topo)
     hier.validate(wide_trace.loads[0])
-    assert hier.replica_scope == "any" and hier.info["cross_node_replicas"] > 0
+    assert hier.replica_scope == "any" and hier.info.cross_node_replicas > 0
     rexp = hier.replica_expert
     mi, li, gi, ri = np.nonzero(rexp >= 0)
     homes = hier.home[li, rexp[mi, li, gi, ri]]
@@ -73,7 +73,7 @@ def test_relibra_h_is_relibra_on_one_node():
     topo = get_topology("paper")
     base = get_policy("relibra", min_replica_tokens=4).plan(trace, 0, topo)
     hier = get_policy("relibra-h", min_replica_tokens=4).plan(trace, 0, topo)
-    assert hier.info["cross_node_replicas"] == 0
+    assert hier.info.cross_node_replicas == 0
     assert np.array_equal(base.home, hier.home) and np.array_equal(base.replica_expert, hier.replica_expert)
     assert np.array_equal(base.replica_start, hier.replica_start)
     assert np.array_equal(base.replica_tokens, hier.replica_tokens)

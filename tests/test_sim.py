@@ -384,12 +384,12 @@ HAND_TOPO = Topology("hand", num_nodes=1, gpus_per_node=2, nvlink_GBps=1.0, rdma
                      gemm_half_tokens=10.0, collective_latency_s=1e-3, memory_GBps=1.0, attention_efficiency=0.5)
 
 
-def _hand_plan(info=None):
+def _hand_plan(planner_on_critical_path=False):
     """1 micro-batch, 1 layer, 2 GPUs in one node, 2 experts (one per GPU), top-2: every token of a
     source goes to both experts. Source 0 has 100 tokens, source 1 has 20."""
     loads = np.array([[[[100, 100], [20, 20]]]], dtype=np.int32)
     plan = _static_plan(loads, 2)
-    plan.info.update(info or {})
+    plan.planner_on_critical_path = planner_on_critical_path
     return plan
 
 
@@ -463,7 +463,7 @@ def test_planner_phase_by_hand_and_the_measured_table(tmp_path):
     gather = 4 * 2 / 1e9 + 1e-3  # every rank sends its 2 int32 expert counts to the other rank
     ahead = _hand_plan()
     assert planner_seconds(ahead, HAND_TOPO, CostParams())[0].tolist() == [[0.0]]
-    runtime = _hand_plan({"planner_on_critical_path": True})
+    runtime = _hand_plan(planner_on_critical_path=True)
     got, how = planner_seconds(runtime, HAND_TOPO, CostParams(runtime_plan_s=2e-3))
     assert how == "fixed" and got[0, 0] == pytest.approx(gather + 2e-3)
     got, how = planner_seconds(runtime, HAND_TOPO, CostParams(runtime_plan_s="measured"), measured_cpu_s=0.5)

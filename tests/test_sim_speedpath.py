@@ -282,7 +282,7 @@ def test_replica_transfer_seconds_from_the_dense_moves(buffer):
 @pytest.mark.parametrize("layout", ["unique", "rounds", "mixed", "not-contiguous"])
 @pytest.mark.parametrize("ufunc", [np.multiply, np.subtract])
 def test_scatter_rows_applies_every_entry_in_order(layout, ufunc):
-    from relibra.plan import rank_within, scatter_rows
+    from relibra.flow import rank_within, scatter_rows
 
     rng = np.random.default_rng(3)
     a, b, s, n = 4, 6, 5, 40

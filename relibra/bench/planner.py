@@ -17,6 +17,7 @@ from relibra.bounds import gap_to_bound
 from relibra.cluster import resolve_topology
 from relibra.plan import StepPlan
 from relibra.policies import get_policy
+from relibra.policies.relibra import ReLibraInfo
 from relibra.trace import RoutingTrace
 from relibra.workloads import WorkloadConfig, generate_trace
 
@@ -66,13 +67,9 @@ def benchmark_planner(model: str, ep: int, seed: int = 0, policies=("relibra", "
         plan.validate(trace.loads[step])
         validate_s, validate_cpu_s = time.perf_counter() - t0, time.process_time() - c0
         info = plan.info
-        wall, cpu = info["plan_seconds"], info["plan_cpu_seconds"]
-        if "replication_seconds" in info:
-            per_cell, per_cell_cpu = info["replication_seconds"], info["replication_cpu_seconds"]
-        elif "rebalance_seconds" in info:
-            per_cell, per_cell_cpu = info["rebalance_seconds"], info["rebalance_cpu_seconds"]
-        else:
-            per_cell, per_cell_cpu = wall, cpu
+        wall, cpu = info.plan_seconds, info.plan_cpu_seconds
+        per_cell, per_cell_cpu = info.balancing_seconds
+        stages = info if isinstance(info, ReLibraInfo) else ReLibraInfo()  # 0 for policies without those stages
         rows.append({
             "policy": name,
             "model": trace.model.name,
@@ -84,10 +81,10 @@ def benchmark_planner(model: str, ep: int, seed: int = 0, policies=("relibra", "
             "step_plan_cpu_s": cpu,
             "replication_us_per_microbatch_layer": per_cell / cells * 1e6,
             "replication_cpu_us_per_microbatch_layer": per_cell_cpu / cells * 1e6,
-            "reorder_s": info.get("reorder_seconds", 0.0),
-            "reorder_cpu_s": info.get("reorder_cpu_seconds", 0.0),
-            "flow_s": info.get("flow_seconds", 0.0),
-            "flow_cpu_s": info.get("flow_cpu_seconds", 0.0),
+            "reorder_s": stages.reorder_seconds,
+            "reorder_cpu_s": stages.reorder_cpu_seconds,
+            "flow_s": stages.flow_seconds,
+            "flow_cpu_s": stages.flow_cpu_seconds,
             "peak_MB": peak / MB,
             "plan_MB": plan_bytes(plan, trace.loads) / MB,
             "validate_s": validate_s,

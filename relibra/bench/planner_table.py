@@ -56,13 +56,13 @@ def measure_planner_table(policies=("llep", "lplb+"), eps=(8, 16, 32, 64, 128, 2
         picks = [(mb, layer) for mb in range(micro_batches) for layer in range(layers)][:single_cells]
         for name in policies:
             policy = get_policy(name)
-            batched = [runtime_cpu_seconds(policy.plan(trace, 0, topo).info) for _ in range(repeats)]
+            batched = [runtime_cpu_seconds(policy.plan(trace, 0, topo)) for _ in range(repeats)]
             single = []
             for mb, layer in picks:
                 loads = np.ascontiguousarray(trace.loads[:, mb:mb + 1, layer:layer + 1])
                 cell = RoutingTrace(loads=loads, model=one, ep=ep,
                                     tokens_per_microbatch=int(loads[0, 0, 0].sum()) // one.top_k)
-                single.append(float(np.median([runtime_cpu_seconds(policy.plan(cell, 0, topo).info)
+                single.append(float(np.median([runtime_cpu_seconds(policy.plan(cell, 0, topo))
                                                for _ in range(repeats)])))
             row = out[name]
             row["ep"].append(int(ep))

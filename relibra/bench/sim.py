@@ -29,7 +29,7 @@ def benchmark_sim(model: str = "qwen3-235b-a22b", ep: int = 32, policy: str = "r
     trace_s = time.perf_counter() - t0
     static = static_placement(trace.model.num_layers, trace.model.num_experts, ep)
     plan = get_policy(policy).plan(trace, 0, topo, static)
-    plan_s = plan.info["plan_seconds"]
+    plan_s = plan.info.plan_seconds
     t0 = time.perf_counter()
     plan.validate(trace.loads[0])
     validate_s = time.perf_counter() - t0
@@ -37,7 +37,7 @@ def benchmark_sim(model: str = "qwen3-235b-a22b", ep: int = 32, policy: str = "r
     for _ in range(repeats):
         t0, c0 = time.perf_counter(), time.process_time()
         cost = cost_plan(plan, trace.model, topo, prev_home=static, planner_s=plan_s,
-                         critical_planner_s=plan.info["plan_cpu_seconds"],
+                         critical_planner_s=plan.info.plan_cpu_seconds,
                          seq_lens=None if getattr(trace, "seq_lens", None) is None else trace.seq_lens[0])
         rows = cost.rows(source="simulated", hardware=topo.name, policy=policy, model=trace.model.name,
                   workload=workload, ep=ep, step=0)

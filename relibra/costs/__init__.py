@@ -1,8 +1,8 @@
 """The cost model: seconds for one StepPlan on one cluster, per micro-batch, layer, phase and component.
 
 Every policy is charged by the same functions; a policy shows up only through its plan (homes,
-replicas, token flow) and its flags (`transfers_on_critical_path`, `uniform_routing`, plan.info
-"planner_on_critical_path"). The package, by concept (docs/cost-model.md has the derivations):
+replicas, token flow) and its flags (`transfers_on_critical_path`, `uniform_routing`,
+`planner_on_critical_path` with `runtime_planner`). The package, by concept (docs/cost-model.md has the derivations):
 
   params       CostParams: the training run's knobs (sequence length, replica buffer, dp size, ...)
   links        link and all-to-all seconds on a topology; distinct tokens under DeepEP's dedup

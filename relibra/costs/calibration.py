@@ -45,8 +45,9 @@ def planner_seconds_per_cell(policy: str, ep: int, path: str | None = None) -> f
     return float(np.exp(np.interp(np.log(ep), np.log(eps), np.log(sec))))
 
 
-def runtime_cpu_seconds(info: dict) -> float:
-    """CPU seconds of the part of a plan made at run time: plan.info "runtime_planner_cpu_seconds"
-    when the policy records it (lplb+: the LP solves, not its once-per-step EPLB reordering), else the
-    whole plan's "plan_cpu_seconds" (llep plans everything at run time)."""
-    return float(info.get("runtime_planner_cpu_seconds", info["plan_cpu_seconds"]))
+def runtime_cpu_seconds(plan) -> float:
+    """CPU seconds of the part of a StepPlan made at run time: plan.runtime_planner.cpu_seconds when
+    the policy times it apart (lplb+: the LP solves, not its once-per-step EPLB reordering), else the
+    whole plan's plan.info.plan_cpu_seconds."""
+    part = plan.runtime_planner
+    return float(plan.info.plan_cpu_seconds if part is None else part.cpu_seconds)

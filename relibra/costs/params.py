@@ -29,8 +29,8 @@ class CostParams:
         holds them), so they push once per (micro-batch, layer) and never again for backward.
     grad_bytes_per_param: bytes of one replica gradient element pulled back to the home (bf16).
     include_lm_head: charge the embedding / LM-head GEMM (once per micro-batch, outside the layers).
-    runtime_plan_s: what a plan whose planner runs on the critical path (plan.info
-        "planner_on_critical_path", else `transfers_on_critical_path`) is charged per (micro-batch,
+    runtime_plan_s: what a plan whose planner runs on the critical path (`planner_on_critical_path`
+        or `transfers_on_critical_path`) is charged per (micro-batch,
         layer), on top of an all-gather of the expert counts:
           "table" (default): the planner's seconds per (micro-batch, layer) measured on this kit's
             machine per EP size (data/planner_seconds.json, relibra.bench.planner_table), interpolated

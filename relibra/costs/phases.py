@@ -262,9 +262,10 @@ def replica_memory(model: ModelShape, ep: int, slots_per_layer, buffer: str,
 
 # ---- run-time planner ----------------------------------------------------------------------------
 def planner_on_critical_path(plan: StepPlan) -> bool:
-    """Whether a plan's planner runs at run time, between routing and dispatch: plan.info
-    "planner_on_critical_path" when the policy sets it, else `transfers_on_critical_path` (LLEP)."""
-    return bool(plan.info.get("planner_on_critical_path", plan.transfers_on_critical_path))
+    """Whether a plan's planner runs at run time, between routing and dispatch: the plan's
+    `planner_on_critical_path`, or `transfers_on_critical_path` (a plan that fetches replica weights
+    on the critical path decides them there too)."""
+    return bool(plan.planner_on_critical_path or plan.transfers_on_critical_path)
 
 
 def planner_seconds(plan: StepPlan, topology: Topology, params: CostParams,
@@ -275,8 +276,8 @@ def planner_seconds(plan: StepPlan, topology: Topology, params: CostParams,
     counts (4 * experts bytes to every rank; LPLB's all-reduce of the same counts moves no more) plus
     the planner's own seconds per (micro-batch, layer) as params.runtime_plan_s says: the measured
     table (calibration.planner_seconds_per_cell at this EP size), this step's measured CPU seconds of
-    the run-time part (plan.info "runtime_planner_cpu_seconds" / "runtime_planner_cells" when the
-    policy records them, else measured_cpu_s over all cells), or a fixed number.
+    the run-time part (plan.runtime_planner's cpu_seconds / cells when the policy times it apart,
+    else measured_cpu_s over all cells), or a fixed number.
     """
     m, l, ep, e = plan.loads.shape
     if not planner_on_critical_path(plan):
@@ -291,8 +292,9 @@ def planner_seconds(plan: StepPlan, topology: Topology, params: CostParams,
         charge = "measured"
     if charge == "measured":
         # the run-time part the policy recorded (lplb+, llep), else all of the plan's measured time
-        runtime_cpu_s = float(plan.info.get("runtime_planner_cpu_seconds", measured_cpu_s))
-        cells = int(plan.info.get("runtime_planner_cells", m * l))
+        part = plan.runtime_planner
+        runtime_cpu_s = float(measured_cpu_s if part is None else part.cpu_seconds)
+        cells = m * l if part is None else part.cells
         return np.full((m, l), gather + runtime_cpu_s / cells), "measured"
     return np.full((m, l), gather + float(charge)), "fixed"
 

@@ -154,15 +154,10 @@ def policy_params(policy: str, params: dict) -> dict:
 
 
 def make_plans(trace: RoutingTrace, policy: str, params: dict, gpus_per_node: int, steps: int) -> list:
-    """One StepPlan per step, each seeing the previous step's placement (rates: runtime_topology)."""
-    topology = runtime_topology(trace.ep, gpus_per_node)
-    pol = get_policy(policy, **params)
-    plans, prev = [], None
-    for s in range(steps):
-        plan = pol.plan(trace, s, topology, prev)
-        plans.append(plan)
-        prev = plan.home
-    return plans
+    """One StepPlan per step 0..steps-1, each from the previous step's placement, the first from none
+    (rates: runtime_topology)."""
+    return get_policy(policy, **params).plan_steps(trace, range(steps), runtime_topology(trace.ep, gpus_per_node),
+                                                   warmup=0, initial_home=None)
 
 
 def data_trace(trace: RoutingTrace, plans: list) -> RoutingTrace:

@@ -8,14 +8,15 @@ is simulated (relibra.sim); planner seconds are measured here, on one core of th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
-
-from dataclasses import dataclass
 
 from relibra.cluster import ModelShape, Topology
 from relibra.errors import ConfigError
 from relibra.experiments.config import scaled_model
+from relibra.policies.relibra import ReLibraInfo
 from relibra.progress import progress as tqdm
 from relibra.sim import simulate
 from relibra.workloads import generate_trace
@@ -57,8 +58,8 @@ def _plan_extras(plan, cost) -> dict:
     """Per (policy, step): the planner's CPU seconds and, for ReLibra's family, its replication CPU
     microseconds per (micro-batch, layer)."""
     cells = plan.loads.shape[0] * plan.loads.shape[1]
-    replication = plan.info.get("replication_cpu_seconds")
-    return {"plan_cpu_s": float(plan.info.get("plan_cpu_seconds", np.nan)),
+    replication = plan.info.replication_cpu_seconds if isinstance(plan.info, ReLibraInfo) else None
+    return {"plan_cpu_s": float(plan.info.plan_cpu_seconds),
             "replication_cpu_us_per_cell": np.nan if replication is None else 1e6 * replication / cells}
 
 

@@ -4,10 +4,12 @@
     plan = get_policy("relibra").plan(trace, step=0, topology=get_topology("paper"))
 
 One module per family: megatron, eplb (eplb, eplb+), lplb (lplb+), eplb_lp (eplb+lp), llep, relibra
-(relibra and its ablations; its two mechanisms in reorder and replicate, their plain references in
-reference), balanced, relibra_h (relibra-h). Shared: base (interface, the @register class decorator),
-split (token runs between copies). A policy is a dataclass decorated with @register; a new policy is
-one new file imported here. Bounds live in relibra.bounds; the planner benchmark in relibra.bench.planner.
+(relibra and its ablations; its two mechanisms in reorder and replicate, its score in objective),
+balanced, relibra_h (relibra-h). Each fast kernel's plain reference sits beside it in
+<module>_reference (eplb, llep, reorder, replicate, relibra_h, split), imported only by the tests.
+Shared: base (interface, the @register class decorator), split (token runs between copies). A
+policy is a dataclass decorated with @register; a new policy is one new file imported here. Bounds
+live in relibra.bounds; the planner benchmark in relibra.bench.planner.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ import numpy as np
 
 from relibra.cluster import Topology
 from relibra.errors import ConfigError
-from relibra.plan import StepPlan
+from relibra.plan import PlanInfo, StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, register
 from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import RoutingTrace
@@ -219,6 +219,21 @@ def choose_homes(held: np.ndarray) -> np.ndarray:
     return home
 
 
+@dataclass(frozen=True)
+class EplbInfo(PlanInfo):
+    """The EPLB family's clocks and count: rebalance_seconds / rebalance_cpu_seconds (wall / process-CPU
+    seconds of EPLB's rebalance, the copies and homes), copies_per_expert_max (the most copies, home
+    included, of one expert)."""
+
+    rebalance_seconds: float = 0.0
+    rebalance_cpu_seconds: float = 0.0
+    copies_per_expert_max: int = 0
+
+    @property
+    def balancing_seconds(self) -> tuple[float, float]:
+        return self.rebalance_seconds, self.rebalance_cpu_seconds
+
+
 def plan_from_copies(policy: str, loads: np.ndarray, held: np.ndarray, home: np.ndarray, gpus_per_node: int,
                      slots_per_gpu: int, replica_scope: str, replica_tokens_fn=None,
                      equal_homes: bool = False) -> StepPlan:
@@ -309,8 +324,8 @@ class EplbPolicy(Policy):
                                                self.redundant_slots_per_gpu, self.num_groups)
         rebalance_s, rebalance_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
         plan = plan_from_copies(self.name, trace.loads[step], held, home, gpus_per_node, slots, scope)
-        plan.info.update({"rebalance_seconds": rebalance_s, "rebalance_cpu_seconds": rebalance_cpu_s,
-                          "copies_per_expert_max": int(held.sum(axis=2).max())})
+        plan.info = EplbInfo(rebalance_seconds=rebalance_s, rebalance_cpu_seconds=rebalance_cpu_s,
+                             copies_per_expert_max=int(held.sum(axis=2).max()))
         return plan
 
 

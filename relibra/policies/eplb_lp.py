@@ -32,7 +32,7 @@ from relibra.cluster import Topology
 from relibra.errors import PlanError
 from relibra.plan import StepPlan
 from relibra.policies.base import register
-from relibra.policies.eplb import EplbOraclePolicy, eplb_copies, plan_from_copies
+from relibra.policies.eplb import EplbInfo, EplbOraclePolicy, eplb_copies, plan_from_copies
 from relibra.trace import RoutingTrace
 
 
@@ -79,6 +79,13 @@ def lp_copy_tokens(expert_tokens: np.ndarray, held: np.ndarray, home: np.ndarray
     return out
 
 
+@dataclass(frozen=True)
+class EplbLpInfo(EplbInfo):
+    """EplbInfo plus lp_and_flow_seconds: wall seconds of the LP token split and the replicas' runs."""
+
+    lp_and_flow_seconds: float = 0.0
+
+
 @register
 @dataclass
 class EplbLpOraclePolicy(EplbOraclePolicy):
@@ -100,6 +107,7 @@ class EplbLpOraclePolicy(EplbOraclePolicy):
 
         start = time.perf_counter()
         plan = plan_from_copies(self.name, loads, held, home, gpus_per_node, slots, scope, lp_tokens)
-        plan.info.update({"rebalance_seconds": rebalance_s, "rebalance_cpu_seconds": rebalance_cpu_s,
-                          "lp_and_flow_seconds": time.perf_counter() - start})
+        plan.info = EplbLpInfo(rebalance_seconds=rebalance_s, rebalance_cpu_seconds=rebalance_cpu_s,
+                               copies_per_expert_max=int(held.sum(axis=2).max()),
+                               lp_and_flow_seconds=time.perf_counter() - start)
         return plan

@@ -20,7 +20,7 @@ from typing import ClassVar
 import numpy as np
 
 from relibra.cluster import Topology
-from relibra.plan import StepPlan
+from relibra.plan import PlanInfo, RuntimePlanner, StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, check_positive, register
 from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import RoutingTrace, static_placement
@@ -87,6 +87,13 @@ def llep_assign(expert_tokens: np.ndarray, ep: int, capacity_factor: float, min_
     return empty, empty, empty, empty
 
 
+@dataclass(frozen=True)
+class LlepInfo(PlanInfo):
+    """LLEP's count: spilled_cells, the (micro-batch, layer) cells where it planned a spill."""
+
+    spilled_cells: int = 0
+
+
 @register
 @dataclass
 class LlepPolicy(Policy):
@@ -121,10 +128,10 @@ class LlepPolicy(Policy):
         rstart = replica_runs(home, rexp, rtok, expert_tokens.reshape(m, l, e))
         plan = StepPlan(policy=self.name, loads=loads, home=home, replica_expert=rexp, replica_start=rstart,
                         replica_tokens=rtok, gpus_per_node=gpus_per_node, slots_per_gpu=e // ep + rexp.shape[3], replica_scope="any",
-                        transfers_on_critical_path=True)
-        # the run-time part (see relibra.policies.lplb for the keys): the spill assignment, after an
-        # all-gather of every rank's per-expert counts, per (micro-batch, layer)
-        plan.info.update({"spilled_cells": int(len(np.unique(cell))), "runtime_planner_seconds": assign_s,
-                          "runtime_planner_cpu_seconds": assign_cpu_s, "runtime_planner_cells": m * l,
-                          "runtime_collective": "all_gather", "runtime_collective_bytes": 4 * e})
+                        transfers_on_critical_path=True, planner_on_critical_path=True,
+                        # the run-time part: the spill assignment, after an all-gather of every rank's
+                        # per-expert counts, per (micro-batch, layer)
+                        runtime_planner=RuntimePlanner(seconds=assign_s, cpu_seconds=assign_cpu_s, cells=m * l,
+                                                       collective="all_gather", collective_bytes=4 * e),
+                        info=LlepInfo(spilled_cells=int(len(np.unique(cell)))))
         return plan

@@ -17,16 +17,15 @@ was read and where the kit differs). Top to bottom:
        0 <= f_e <= cap_e = tokens of edge e's expert in this micro-batch
    base(g): the tokens of the experts homed on g; f_e: tokens edge e's copy computes. Replicas
    take floor(f_e) tokens, the home the rest. If the solver fails, the tokens of every replicated
-   expert split evenly between its two copies (counted in plan.info["lp_fallback_micro_batches"]).
+   expert split evenly between its two copies (counted in plan.info.lp_fallback_micro_batches).
 
 LPLB solves step 3 at run time, per (micro-batch, layer), after an all-reduce of the per-expert
-token counts over the EP group; so the plan sets plan.info["planner_on_critical_path"] = True and
-records that run-time part for the cost model:
-  runtime_planner_seconds / runtime_planner_cpu_seconds: wall / process-CPU seconds of all the
-      step's step-3 solves (divide by runtime_planner_cells for one (micro-batch, layer));
-  runtime_planner_cells: micro_batches x layers;
-  runtime_collective: "all_reduce"; runtime_collective_bytes: bytes each rank contributes per
-      (micro-batch, layer): one int32 count per logical expert.
+token counts over the EP group; so the plan sets planner_on_critical_path = True and records that
+run-time part for the cost model in plan.runtime_planner (relibra.plan.RuntimePlanner):
+  seconds / cpu_seconds: wall / process-CPU seconds of all the step's step-3 solves (divide by
+      cells for one (micro-batch, layer)); cells: micro_batches x layers;
+  collective: "all_reduce"; collective_bytes: bytes each rank contributes per (micro-batch,
+      layer): one int32 count per logical expert.
 Steps 1-2 happen once per step, before it, and the copies' weights move off the critical path
 (like eplb+), so `transfers_on_critical_path` stays False.
 """
@@ -43,7 +42,7 @@ from scipy.optimize import linprog
 
 from relibra.cluster import Topology
 from relibra.errors import ConfigError
-from relibra.plan import StepPlan
+from relibra.plan import PlanInfo, RuntimePlanner, StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, register
 from relibra.policies.eplb import plan_from_copies, rebalance_experts
 from relibra.trace import RoutingTrace
@@ -126,20 +125,20 @@ def lplb_edges(by_load: np.ndarray, r2o: np.ndarray, redundant_slots: int) -> tu
 
 
 def lplb_solve(expert_tokens: np.ndarray, home: np.ndarray, edges: tuple[np.ndarray, ...], ep: int,
-               group_size: int) -> tuple[np.ndarray, dict]:
+               group_size: int) -> tuple[np.ndarray, int]:
     """Step 3 for every (micro-batch, layer, group): tokens each copy computes.
 
     expert_tokens: int [M, L, E]; home: int [L, E]; edges: (layer, expert, home GPU, copy GPU) flat
     arrays of n edges. All layers and groups of one micro-batch go to HiGHS as one block-diagonal LP
-    (objective: the sum of the blocks' t, which is separable). Returns (int64 [M, n],
-    {"lp_fallback_micro_batches": count}).
+    (objective: the sum of the blocks' t, which is separable). Returns (int64 [M, n], the number of
+    micro-batches whose LP failed and were split evenly).
     """
     m, layers, experts = expert_tokens.shape
     el, ex, eo, eg = edges
     n = len(el)
     out = np.zeros((m, n), dtype=np.int64)
     if n == 0:
-        return out, {"lp_fallback_micro_batches": 0}
+        return out, 0
     groups = ep // group_size
     # rows: (layer, GPU) loads; columns: the n edge flows, then t per (layer, group)
     t_col = n + (np.arange(layers)[:, None] * groups + np.arange(ep) // group_size).ravel()  # [L * ep]
@@ -163,7 +162,25 @@ def lplb_solve(expert_tokens: np.ndarray, home: np.ndarray, edges: tuple[np.ndar
         else:  # even split between the home and its one copy
             out[mb] = x[el, ex] // 2
             fallbacks += 1
-    return out, {"lp_fallback_micro_batches": fallbacks}
+    return out, fallbacks
+
+
+@dataclass(frozen=True)
+class LplbInfo(PlanInfo):
+    """lplb+'s clocks and counts: rebalance_seconds / rebalance_cpu_seconds (steps 1-2, once per step;
+    the run-time step 3 is plan.runtime_planner), lp_fallback_micro_batches (micro-batches whose LP
+    failed and were split evenly), lplb_topology_columns (columns of the r2o matrix), lplb_group_size
+    (GPUs per LP group)."""
+
+    rebalance_seconds: float = 0.0
+    rebalance_cpu_seconds: float = 0.0
+    lp_fallback_micro_batches: int = 0
+    lplb_topology_columns: int = 0
+    lplb_group_size: int = 0
+
+    @property
+    def balancing_seconds(self) -> tuple[float, float]:
+        return self.rebalance_seconds, self.rebalance_cpu_seconds
 
 
 @register
@@ -202,7 +219,7 @@ class LplbOraclePolicy(Policy):
         held[el, ex, eg] = True
         expert_tokens = loads.sum(axis=2, dtype=np.int64)
         start, start_cpu = time.perf_counter(), time.process_time()
-        tokens, lp_info = lplb_solve(expert_tokens, home, edges, ep, group_size)
+        tokens, lp_fallbacks = lplb_solve(expert_tokens, home, edges, ep, group_size)
         solve_s, solve_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
         edge_of = np.full((l, e, ep), -1, dtype=np.int64)
         edge_of[el, ex, eg] = np.arange(len(el))
@@ -214,10 +231,10 @@ class LplbOraclePolicy(Policy):
         slots = e // ep + int(np.bincount(eg[el == 0], minlength=ep).max() if len(el) else 0)
         plan = plan_from_copies(self.name, loads, held, home, gpus_per_node, slots,
                                 scope if len(el) else "none", edge_tokens, equal_homes=True)
-        plan.info.update({"rebalance_seconds": rebalance_s, "rebalance_cpu_seconds": rebalance_cpu_s,
-                          "planner_on_critical_path": True,  # read by relibra.costs.phases
-                          "runtime_planner_seconds": solve_s, "runtime_planner_cpu_seconds": solve_cpu_s,
-                          "runtime_planner_cells": m * l, "runtime_collective": "all_reduce",
-                          "runtime_collective_bytes": 4 * e, "lplb_topology_columns": int(r2o.shape[1]),
-                          "lplb_group_size": group_size, **lp_info})
+        plan.planner_on_critical_path = True  # the solves run between routing and dispatch
+        plan.runtime_planner = RuntimePlanner(seconds=solve_s, cpu_seconds=solve_cpu_s, cells=m * l,
+                                              collective="all_reduce", collective_bytes=4 * e)
+        plan.info = LplbInfo(rebalance_seconds=rebalance_s, rebalance_cpu_seconds=rebalance_cpu_s,
+                             lp_fallback_micro_batches=lp_fallbacks, lplb_topology_columns=int(r2o.shape[1]),
+                             lplb_group_size=group_size)
         return plan

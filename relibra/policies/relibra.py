@@ -5,7 +5,7 @@ Two mechanisms, matched to the bandwidth hierarchy:
 1. Inter-batch reordering (once per step, across nodes): choose every expert's home GPU. Replication
    later moves load only inside a node, so what reordering must get right is the *node* balance of
    every micro-batch (not of the step total). The score of a layer's placement
-   (relibra.policies.reference.layer_scores, where it is written out) sums, over the step's
+   (relibra.policies.objective.layer_scores, where it is written out) sums, over the step's
    micro-batches, two smooth maxima over nodes (of the compute each node hosts, and of the tokens it
    receives from other nodes, weighted by comm_weight x r_comm compute tokens per cross-node token),
    a light GPU-balance term (gpu_weight) and the migration cost from prev_home (migration_weight x
@@ -18,7 +18,7 @@ Two mechanisms, matched to the bandwidth hierarchy:
    geometric cooling schedule. A layer whose summed max GPU load over the step is above what the
    same replication reaches on static homes (relibra-replicate) falls back to static homes, so per
    layer ReLibra is never worse than relibra-replicate, hence never worse than Megatron; how many
-   layers fell back is plan.info["fallback_layers"] (0 on the paper presets, tested).
+   layers fell back is plan.info.fallback_layers (0 on the paper presets, tested).
 
 2. Intra-batch replication (per micro-batch and layer, inside each node): a greedy water-filling
    towards the node mean, with top-ups and one-hop chains through existing replicas (see
@@ -37,44 +37,78 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from typing import ClassVar, Literal, get_args
 
 import numpy as np
 
 from relibra.cluster import Topology
 from relibra.errors import ConfigError, PlanError
-from relibra.plan import StepPlan, gpu_tokens_from
-from relibra.policies.base import Policy, check_nonnegative_int, check_positive, register
+from relibra.flow import gpu_tokens_from
+from relibra.plan import PlanInfo, StepPlan
+from relibra.policies.base import Policy, check_nonnegative_int, register
 from relibra.policies.eplb_lp import lp_copy_tokens
-from relibra.policies.reorder import AnnealConfig, anneal_homes, cost_ratios, equal_homes, lpt_homes
-from relibra.policies.replicate import held_from_replicas, replicate_in_node
+from relibra.policies.reorder import AnnealConfig, AnnealStats, anneal_homes, cost_ratios, equal_homes, lpt_homes
+from relibra.policies.replicate import ReplicationConfig, held_from_replicas, replicate_in_node
 from relibra.policies.split import replica_runs
 from relibra.trace import RoutingTrace, rank_load, static_placement
 
-REORDERS = ("anneal", "lpt", "static")
-REPLICATIONS = ("micro_batch", "step", "none")
+Reorder = Literal["anneal", "lpt", "static"]
+Replicate = Literal["micro_batch", "step", "none"]
+REORDERS: tuple[str, ...] = get_args(Reorder)
+REPLICATIONS: tuple[str, ...] = get_args(Replicate)
+
+
+@dataclass(frozen=True)
+class ReLibraInfo(PlanInfo):
+    """ReLibra's clocks per stage (wall seconds and process-CPU seconds, over the whole step) and what
+    its stages did (ReLibraPolicy._plan).
+
+    reorder_*: placing the homes (relibra_homes); replication_*: replication inside the nodes plus any
+    stage beyond them; fallback_*: the per-layer check against static homes (no_worse_than_static);
+    flow_*: the replicas' runs of tokens (replica_runs). fallback_layers: layers that took static
+    homes. anneal: the search's AnnealStats (None unless reorder="anneal"). cross_node_seconds,
+    cross_node_replicas: relibra-h's cross-node stage (0 for the others).
+    """
+
+    reorder_seconds: float = 0.0
+    reorder_cpu_seconds: float = 0.0
+    replication_seconds: float = 0.0
+    replication_cpu_seconds: float = 0.0
+    fallback_seconds: float = 0.0
+    fallback_cpu_seconds: float = 0.0
+    flow_seconds: float = 0.0
+    flow_cpu_seconds: float = 0.0
+    fallback_layers: int = 0
+    anneal: AnnealStats | None = None
+    cross_node_seconds: float = 0.0
+    cross_node_replicas: int = 0
+
+    @property
+    def balancing_seconds(self) -> tuple[float, float]:
+        return self.replication_seconds, self.replication_cpu_seconds
 
 
 # ---- the algorithm, top to bottom ------------------------------------------------------------------
-def relibra_homes(loads: np.ndarray, shape, topology: Topology, gpus_per_node: int, reorder: str,
+def relibra_homes(loads: np.ndarray, shape, topology: Topology, gpus_per_node: int, reorder: Reorder,
                   config: AnnealConfig, rng: np.random.Generator, prev_home: np.ndarray | None = None,
-                  expert_tokens: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+                  expert_tokens: np.ndarray | None = None) -> tuple[np.ndarray, AnnealStats | None]:
     """(1) Inter-batch reordering: every expert's home for the step.
 
     loads: int [M, L, ep, E] the step's routed tokens (src rank, expert); shape: the ModelShape and
     topology whose rates convert communication and migration into compute tokens (cost_ratios);
     reorder: "static" (Megatron's homes), "lpt" (LPT on step totals) or "anneal" (LPT or prev_home
     as the start, then anneal_homes). prev_home: int [L, E] or None; expert_tokens: int [M, L, E]
-    loads summed over sources, when the caller has it. Returns (home int64 [L, E], info).
+    loads summed over sources, when the caller has it. Returns (home int64 [L, E], the search's
+    AnnealStats, None for "static" and "lpt").
     """
     m, l, ep, e = loads.shape
     if reorder == "static":
-        return static_placement(l, e, ep), {}
+        return static_placement(l, e, ep), None
     if expert_tokens is None:
         expert_tokens = loads.sum(axis=2, dtype=np.int64)  # [M, L, E]
     home = lpt_homes(expert_tokens.sum(axis=0).astype(np.float64), ep)
     if reorder == "lpt":
-        return home, {}
+        return home, None
     nodes = ep // gpus_per_node
     # tokens per (micro-batch, layer) fit int32 with room to spare
     src_node = loads.reshape(m, l, nodes, gpus_per_node, e).sum(axis=3, dtype=np.int32).transpose(0, 1, 3, 2)
@@ -84,23 +118,23 @@ def relibra_homes(loads: np.ndarray, shape, topology: Topology, gpus_per_node: i
                         comm_ratio=comm * config.comm_weight, migration_cost=mig, prev_home=prev_home)
 
 
-def relibra_replicas(expert_tokens: np.ndarray, home: np.ndarray, ep: int, gpus_per_node: int, mode: str,
-                     spare_slots: int, min_replica_tokens: int, min_replica_fraction: float
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def relibra_replicas(expert_tokens: np.ndarray, home: np.ndarray, ep: int, gpus_per_node: int, mode: Replicate,
+                     config: ReplicationConfig) -> tuple[np.ndarray, np.ndarray]:
     """(2) Intra-batch replication inside each node.
 
     expert_tokens: int [M, L, E]; home: int [L, E]; mode: "micro_batch" (replicate_in_node per
     micro-batch and layer), "step" (per (layer, GPU) the spare_slots replicas that carry the most
     tokens over the step under the per-micro-batch greedy, fixed for the step; tokens split per
-    micro-batch by eplb+lp's LP) or "none". Returns (replica_expert int32, replica_tokens int64),
-    both [M, L, ep, R] with R = spare_slots (0 for "none").
+    micro-batch by eplb+lp's LP) or "none"; config: the spare slots and the smallest move. Returns
+    (replica_expert int32, replica_tokens int64), both [M, L, ep, R] with R = config.spare_slots_per_gpu
+    (0 for "none").
     """
     m, l, e = expert_tokens.shape
-    r = spare_slots if mode != "none" else 0
+    r = config.spare_slots_per_gpu if mode != "none" else 0
     if mode == "none":
         return np.full((m, l, ep, 0), -1, dtype=np.int32), np.zeros((m, l, ep, 0), dtype=np.int64)
-    rexp, rtok = replicate_in_node(expert_tokens, home, ep, gpus_per_node, r, min_replica_tokens,
-                                   min_replica_fraction)
+    rexp, rtok = replicate_in_node(expert_tokens, home, ep, gpus_per_node, r, config.min_replica_tokens,
+                                   config.min_replica_fraction)
     if mode == "micro_batch":
         return rexp, rtok
     carried = np.zeros((l, ep, e), dtype=np.int64)
@@ -161,31 +195,18 @@ class ReLibraPolicy(Policy):
     replicate: "micro_batch" (greedy per micro-batch and layer), "step" (replicas fixed for the step:
         per layer and GPU the ones carrying the most tokens over the step under the per-micro-batch
         greedy; tokens split per micro-batch by an LP) or "none".
-    spare_slots_per_gpu: replica slots per GPU per layer (the layer-shared buffer), default 2.
-    min_replica_tokens, min_replica_fraction: a move onto a replica must carry at least
-        min(min_replica_tokens, min_replica_fraction x the node's mean GPU tokens) tokens
-        (defaults 128 and 0.01: 128 at the paper scale, a few tokens for the tiny test models).
     seed: annealing seed (the step index is mixed in, so every step draws differently).
-    iterations, polish_iterations, candidates, initial_temperature, final_temperature, node_power, gpu_weight,
-    comm_weight, migration_weight: see AnnealConfig.
+    anneal: the search's knobs (AnnealConfig); replication: the spare slots and the smallest move
+        (ReplicationConfig). get_policy also takes their fields by name
+        (get_policy("relibra", iterations=60, spare_slots_per_gpu=1)).
     """
 
     name: ClassVar[str] = "relibra"
-    reorder: str = "anneal"
-    replicate: str = "micro_batch"
-    spare_slots_per_gpu: int = 2
-    min_replica_tokens: int = 128
-    min_replica_fraction: float = 0.01
+    reorder: Reorder = "anneal"
+    replicate: Replicate = "micro_batch"
     seed: int = 0
-    iterations: int = 1000
-    polish_iterations: int = 300
-    candidates: int = 8
-    initial_temperature: float = 1e-4
-    final_temperature: float = 1e-7
-    node_power: int = 8
-    gpu_weight: float = 0.1
-    comm_weight: float = 0.1
-    migration_weight: float = 1.0
+    anneal: AnnealConfig = field(default_factory=AnnealConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
 
     def __post_init__(self):
         for f in fields(self):
@@ -196,46 +217,32 @@ class ReLibraPolicy(Policy):
         if self.replicate not in REPLICATIONS:
             raise ConfigError(f"policy {self.name!r}: replicate must be one of {REPLICATIONS}, "
                               f"got {self.replicate!r}")
-        check_nonnegative_int(self.name, spare_slots_per_gpu=self.spare_slots_per_gpu,
-                              min_replica_tokens=self.min_replica_tokens, seed=self.seed,
-                              iterations=self.iterations, polish_iterations=self.polish_iterations,
-                              node_power=self.node_power)
-        if self.node_power < 1:
-            raise ConfigError(f"policy {self.name!r}: node_power must be a positive integer, got {self.node_power}")
-        check_positive(self.name, candidates=self.candidates, min_replica_fraction=self.min_replica_fraction,
-                       initial_temperature=self.initial_temperature, final_temperature=self.final_temperature)
-        for key in ("gpu_weight", "comm_weight", "migration_weight"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"policy {self.name!r}: {key} must be >= 0, got {getattr(self, key)}")
-        if self.replicate != "none" and self.spare_slots_per_gpu == 0:
+        check_nonnegative_int(self.name, seed=self.seed)
+        for key, kind in (("anneal", AnnealConfig), ("replication", ReplicationConfig)):
+            if not isinstance(getattr(self, key), kind):
+                raise ConfigError(f"policy {self.name!r}: {key} must be an instance of {kind.__name__}, "
+                                  f"got {type(getattr(self, key)).__name__}")
+        if self.replicate != "none" and self.replication.spare_slots_per_gpu == 0:
             raise ConfigError(f"policy {self.name!r}: replication needs spare slots, but spare_slots_per_gpu=0; "
                               f"use replicate='none' (relibra-reorder) for no replicas")
 
-    def anneal_config(self) -> AnnealConfig:
-        return AnnealConfig(iterations=self.iterations, polish_iterations=self.polish_iterations,
-                            candidates=self.candidates,
-                            initial_temperature=self.initial_temperature, final_temperature=self.final_temperature,
-                            node_power=self.node_power, gpu_weight=self.gpu_weight, comm_weight=self.comm_weight,
-                            migration_weight=self.migration_weight)
-
     def place(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
               prev_home: np.ndarray | None = None, expert_tokens: np.ndarray | None = None
-              ) -> tuple[np.ndarray, dict]:
-        """The step's homes int64 [L, E] and planner figures (see relibra_homes; expert_tokens: the
+              ) -> tuple[np.ndarray, AnnealStats | None]:
+        """The step's homes int64 [L, E] and the search's figures (see relibra_homes; expert_tokens: the
         step's loads summed over sources, int [M, L, E], when the caller has them)."""
         if prev_home is not None:
             prev_home = np.asarray(prev_home, dtype=np.int64)
             if ((prev_home < 0) | (prev_home >= trace.ep)).any():
                 raise PlanError(f"{self.name}: prev_home names GPUs outside [0, {trace.ep})")
         return relibra_homes(trace.loads[step], trace.model, topology, gpus_per_node, self.reorder,
-                             self.anneal_config(), np.random.default_rng([self.seed, step]), prev_home,
+                             self.anneal, np.random.default_rng([self.seed, step]), prev_home,
                              expert_tokens)
 
     def _replicas(self, loads: np.ndarray, expert_tokens: np.ndarray, home: np.ndarray, gpus_per_node: int
                   ) -> tuple[np.ndarray, np.ndarray]:
         """(replica_expert, replica_tokens) [M, L, ep, R] for these homes (see relibra_replicas)."""
-        return relibra_replicas(expert_tokens, home, loads.shape[2], gpus_per_node, self.replicate,
-                                self.spare_slots_per_gpu, self.min_replica_tokens, self.min_replica_fraction)
+        return relibra_replicas(expert_tokens, home, loads.shape[2], gpus_per_node, self.replicate, self.replication)
 
     def _no_worse_than_static(self, loads: np.ndarray, expert_tokens: np.ndarray, home: np.ndarray,
                               rexp: np.ndarray, rtok: np.ndarray, gpus_per_node: int) -> tuple[np.ndarray, ...]:
@@ -254,38 +261,36 @@ class ReLibraPolicy(Policy):
         m, l, ep, e = loads.shape
         clock = _Clock()
         expert_tokens = loads.sum(axis=2, dtype=np.int64)  # [M, L, E], once for every stage
-        home, info = self.place(trace, step, topology, gpus_per_node, prev_home, expert_tokens)
+        home, anneal = self.place(trace, step, topology, gpus_per_node, prev_home, expert_tokens)
         reorder = clock.lap()
         rexp, rtok = self._replicas(loads, expert_tokens, home, gpus_per_node)
         replicate = clock.lap()
         home, rexp, rtok, worse = self._no_worse_than_static(loads, expert_tokens, home, rexp, rtok, gpus_per_node)
         fallback = clock.lap()
-        rexp, rtok, beyond_info = self._beyond_node(trace, step, topology, gpus_per_node, expert_tokens, home, rexp, rtok)
+        rexp, rtok, cross_replicas, cross_s = self._beyond_node(trace, step, topology, gpus_per_node, expert_tokens,
+                                                                home, rexp, rtok)
         beyond = clock.lap()
         rstart = replica_runs(home, rexp, rtok, expert_tokens)
         flow = clock.lap()
         r = rexp.shape[3]
-        scope = "any" if beyond_info.get("cross_node_replicas") else ("node" if r else "none")
-        plan = StepPlan(policy=self.name, loads=loads, home=home, replica_expert=rexp.astype(np.int32),
+        scope = "any" if cross_replicas else ("node" if r else "none")
+        info = ReLibraInfo(reorder_seconds=reorder[0], reorder_cpu_seconds=reorder[1],
+                           replication_seconds=replicate[0] + beyond[0],
+                           replication_cpu_seconds=replicate[1] + beyond[1],
+                           fallback_seconds=fallback[0], fallback_cpu_seconds=fallback[1],
+                           flow_seconds=flow[0], flow_cpu_seconds=flow[1], fallback_layers=int(worse.sum()),
+                           anneal=anneal, cross_node_seconds=cross_s, cross_node_replicas=cross_replicas)
+        return StepPlan(policy=self.name, loads=loads, home=home, replica_expert=rexp.astype(np.int32),
                         replica_start=rstart, replica_tokens=rtok, gpus_per_node=gpus_per_node,
-                        slots_per_gpu=e // ep + r, replica_scope=scope)
-        replication = (replicate[0] + beyond[0], replicate[1] + beyond[1])
-        info.update({"reorder_seconds": reorder[0], "reorder_cpu_seconds": reorder[1],
-                     "replication_seconds": replication[0], "replication_cpu_seconds": replication[1],
-                     "replication_us_per_microbatch_layer": replication[0] / (m * l) * 1e6,
-                     "replication_cpu_us_per_microbatch_layer": replication[1] / (m * l) * 1e6,
-                     "fallback_seconds": fallback[0], "fallback_cpu_seconds": fallback[1],
-                     "flow_seconds": flow[0], "flow_cpu_seconds": flow[1],
-                     "fallback_layers": int(worse.sum()), **beyond_info})
-        plan.info.update(info)
-        return plan
+                        slots_per_gpu=e // ep + r, replica_scope=scope, info=info)
 
     def _beyond_node(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
                      expert_tokens: np.ndarray, home: np.ndarray, rexp: np.ndarray, rtok: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray, dict]:
+                     ) -> tuple[np.ndarray, np.ndarray, int, float]:
         """Replicas outside the expert's node, after the in-node ones: none for ReLibra (a subclass's
-        stage). Returns (replica_expert, replica_tokens [M, L, ep, R'], figures for plan.info)."""
-        return rexp, rtok, {}
+        stage). Returns (replica_expert, replica_tokens [M, L, ep, R'], cross-node replicas added,
+        the stage's wall seconds)."""
+        return rexp, rtok, 0, 0.0
 
 
 class _Clock:

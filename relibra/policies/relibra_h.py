@@ -40,7 +40,7 @@ import numpy as np
 
 from relibra.cluster import Topology
 from relibra.errors import ConfigError
-from relibra.plan import gpu_tokens_from
+from relibra.flow import gpu_tokens_from
 from relibra.policies.base import check_nonnegative_int, experts_by_gpu, register
 from relibra.policies.relibra import ReLibraPolicy, _Clock
 from relibra.trace import RoutingTrace
@@ -207,7 +207,7 @@ class ReLibraHierPolicy(ReLibraPolicy):
 
     def _beyond_node(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
                      expert_tokens: np.ndarray, home: np.ndarray, rexp: np.ndarray, rtok: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray, dict]:
+                     ) -> tuple[np.ndarray, np.ndarray, int, float]:
         """ReLibra's stages run unchanged (relibra.ReLibraPolicy._plan); this one adds the cross-node
         pass on the in-node plan's free slots plus cross_slots_per_gpu more, then drops replica
         slots no GPU uses."""
@@ -223,11 +223,13 @@ class ReLibraHierPolicy(ReLibraPolicy):
             token_s = model.expert_train_flops_per_token / (topology.matmul_tflops * TFLOP)
             window = overlap_window_s(trace, step, topology)
             mean = expert_tokens.sum(axis=2) * 1.0 / ep  # [M, L] tokens per GPU
-            min_tokens = np.maximum(np.minimum(self.min_replica_tokens, np.ceil(self.min_replica_fraction * mean)), 1)
+            smallest = np.minimum(self.replication.min_replica_tokens,
+                                  np.ceil(self.replication.min_replica_fraction * mean))
+            min_tokens = np.maximum(smallest, 1)
             rexp, rtok, added = cross_node_replicate(expert_tokens, home, rexp, rtok, gpus_per_node, window, push_s,
                                                      token_s, min_tokens.astype(np.int64), self.cross_rounds)
         used_slots = int((rexp >= 0).sum(axis=3).max(initial=0))
         order = np.argsort(rexp < 0, axis=3, kind="stable")  # occupied slots first
         rexp = np.take_along_axis(rexp, order, axis=3)[..., :used_slots]
         rtok = np.take_along_axis(rtok, order, axis=3)[..., :used_slots]
-        return rexp, rtok, {"cross_node_seconds": clock.lap()[0], "cross_node_replicas": int(added)}
+        return rexp, rtok, int(added), clock.lap()[0]

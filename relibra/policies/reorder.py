@@ -3,20 +3,23 @@
 lpt_homes gives a start; anneal_homes searches from it. The annealer reads top to bottom: small
 numeric kernels, what no swap changes (_problem), a placement's loads (_placement), one batch of
 candidate swaps (_draw_swaps, _make_swaps), the two phases (_anneal, _polish), then anneal_homes,
-which runs them. The score is relibra.policies.reference.layer_scores; reference.anneal_homes_reference
-is the same search one swap at a time. See relibra/policies/relibra.py for where this sits in the
-policy, and docs/policies.md for the choices.
+which runs them. The score is relibra.policies.objective.layer_scores;
+relibra.policies.reorder_reference.anneal_homes_reference is the same search one swap at a time.
+See relibra/policies/relibra.py for where this sits in the policy, and docs/policies.md for the
+choices.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from relibra.cluster import ModelShape, Topology
-from relibra.plan import homes_per_gpu
-from relibra.policies.reference import layer_scores
+from relibra.flow import homes_per_gpu
+from relibra.policies.base import check_config
+from relibra.policies.objective import layer_scores
 
 
 def lpt_homes(step_tokens: np.ndarray, ep: int) -> np.ndarray:
@@ -38,19 +41,60 @@ def lpt_homes(step_tokens: np.ndarray, ep: int) -> np.ndarray:
     return home
 
 
-@dataclass
+@dataclass(frozen=True)
 class AnnealConfig:
-    """Simulated-annealing knobs (see the module docstring for the score)."""
+    """Simulated-annealing knobs (see the module docstring for the score; ReLibraPolicy.anneal)."""
 
     iterations: int = 1000
+    polish_iterations: int = 300  # greedy descent on the exact max after annealing
     candidates: int = 8  # swaps scored per layer per iteration
     initial_temperature: float = 1e-4  # relative to the layer's summed mean GPU load
     final_temperature: float = 1e-7
     node_power: int = 8  # p of the smooth max over nodes (2 = load-weighted mean, larger = closer to max)
-    polish_iterations: int = 300  # greedy descent on the exact max after annealing
     gpu_weight: float = 0.1
     comm_weight: float = 0.1  # times r_comm
     migration_weight: float = 1.0  # times r_mig
+
+    def __post_init__(self):
+        for key in ("iterations", "polish_iterations"):
+            check_config("AnnealConfig", getattr(self, key), key, integer=True, minimum=0)
+        for key in ("candidates", "node_power"):
+            check_config("AnnealConfig", getattr(self, key), key, integer=True, minimum=1)
+        for key in ("initial_temperature", "final_temperature"):
+            check_config("AnnealConfig", getattr(self, key), key, positive=True)
+        for key in ("gpu_weight", "comm_weight", "migration_weight"):
+            check_config("AnnealConfig", getattr(self, key), key, minimum=0)
+
+
+@dataclass(frozen=True)
+class AnnealStats:
+    """What one anneal_homes search did: the mean over layers of the score (layer_scores) of the best
+    start and of the result, the swaps the annealing and the polish accepted, and with check_state the
+    largest relative difference between the kept state and a recomputation (None without)."""
+
+    score_before: float
+    score_after: float
+    accepted_swaps: int
+    polish_accepted_swaps: int
+    state_check_max_rel_error: float | None = None
+
+
+@dataclass(frozen=True)
+class AnnealStep:
+    """One iteration of anneal_homes, as its `observe` callback sees it (the annealer test replays
+    every one against the reference's float64 score changes).
+
+    phase: "anneal" or "polish"; iteration: its index in the phase; pairs: int [2, L, K] the drawn
+    experts (a, b); delta: float [L, K] each candidate's score change over the layer's scale (inf:
+    both on one GPU, no move), as this annealer computed it; best: int [L] the candidate it chose per
+    layer; take: bool [L] whether it made that swap."""
+
+    phase: str
+    iteration: int
+    pairs: np.ndarray
+    delta: np.ndarray
+    best: np.ndarray
+    take: np.ndarray
 
 
 # ---- small numeric kernels ------------------------------------------------------------------------
@@ -387,7 +431,7 @@ def _make_swaps(placement: _Placement, swaps: _Swaps, layer: np.ndarray, pick: n
 
 # ---- the two phases --------------------------------------------------------------------------------
 def _anneal(problem: _Problem, placement: _Placement, config: AnnealConfig, rng: np.random.Generator,
-            check_state: bool) -> tuple[int, float]:
+            check_state: bool, observe: Callable[[AnnealStep], None] | None = None) -> tuple[int, float]:
     """Simulated annealing on the smooth score, swaps made on placement in place.
 
     Each iteration draws `candidates` swaps per layer and scores them incrementally: a swap changes
@@ -423,6 +467,8 @@ def _anneal(problem: _Problem, placement: _Placement, config: AnnealConfig, rng:
         take = best_delta < 0
         uphill = np.isfinite(best_delta) & ~take
         take[uphill] = rng.random(int(uphill.sum())) < np.exp(-best_delta[uphill] / temperatures[it])
+        if observe is not None:
+            observe(AnnealStep("anneal", it, swaps.experts, delta, best, take.copy()))
         if not take.any():
             continue
         layer, pick = problem.layer_index[take], best[take]
@@ -441,7 +487,7 @@ def _anneal(problem: _Problem, placement: _Placement, config: AnnealConfig, rng:
 
 
 def _polish(problem: _Problem, placement: _Placement, config: AnnealConfig, rng: np.random.Generator,
-            check_state: bool) -> tuple[int, float]:
+            check_state: bool, observe: Callable[[AnnealStep], None] | None = None) -> tuple[int, float]:
     """Greedy descent on the exact score: the summed maxima over nodes (no smoothing), with the same
     GPU and migration terms; a swap is taken when it lowers the score by more than 1e-9.
 
@@ -452,7 +498,7 @@ def _polish(problem: _Problem, placement: _Placement, config: AnnealConfig, rng:
     complement = _complements(problem.nodes) if problem.nodes <= 6 else None  # [nodes, nodes, nodes - 2]
     top = _top3(placement.node_load) if complement is None else None  # values, nodes [L, 3, T, M]
     polished, worst = 0, 0.0
-    for _ in range(config.polish_iterations):
+    for it in range(config.polish_iterations):
         swaps = _draw_swaps(problem, placement, rng, config.candidates)
         others = _largest_other_node(problem, placement, swaps, complement, top)  # [L, K, T, M]
         new_max = np.maximum(others, np.maximum(swaps.new_node_load[0], swaps.new_node_load[1]))  # [L, K, T, M]
@@ -463,6 +509,8 @@ def _polish(problem: _Problem, placement: _Placement, config: AnnealConfig, rng:
         delta = np.where(swaps.gpus[0] != swaps.gpus[1], delta / problem.score_scale[:, None], np.inf)
         best = np.argmin(delta, axis=1)
         take = delta[problem.layer_index, best] < -1e-9
+        if observe is not None:
+            observe(AnnealStep("polish", it, swaps.experts, delta, best, take.copy()))
         if not take.any():
             continue
         layer, pick = problem.layer_index[take], best[take]
@@ -507,7 +555,8 @@ def _largest_other_node(problem: _Problem, placement: _Placement, swaps: _Swaps,
 def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_home: np.ndarray, ep: int,
                  gpus_per_node: int, config: AnnealConfig, rng: np.random.Generator, comm_ratio: float = 0.0,
                  migration_cost: np.ndarray | None = None, prev_home: np.ndarray | None = None,
-                 check_state: bool = False) -> tuple[np.ndarray, dict]:
+                 check_state: bool = False, observe: Callable[[AnnealStep], None] | None = None
+                 ) -> tuple[np.ndarray, AnnealStats]:
     """Swap-based simulated annealing over home placements, all layers at once.
 
     expert_tokens: int [M, L, E] tokens per expert per micro-batch.
@@ -519,18 +568,20 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
         unit (used only with prev_home).
     check_state: after every accepted iteration, compare the incrementally kept state (GPU loads,
         node compute and received tokens, their power sums and maxima) with a full recomputation
-        from the placement; the largest relative difference is info["state_check_max_rel_error"]
+        from the placement; the largest relative difference is AnnealStats.state_check_max_rel_error
         (slow: for tests).
-    Returns (home int64 [L, E], info with the mean relative score before and after).
+    observe: called with an AnnealStep after every iteration of both phases (for tests).
+    Returns (home int64 [L, E], AnnealStats: the mean score before and after, the accepted swaps).
 
-    The score of a layer is reference.layer_scores (node_power p, comm_ratio r, gpu_weight); every
+    The score of a layer is objective.layer_scores (node_power p, comm_ratio r, gpu_weight); every
     term decomposes over nodes and GPUs, so a swap is scored incrementally: it touches two GPUs and at
     most two nodes. 1. Each layer starts from its best start. 2. Annealing on the smooth score
-    (_anneal). 3. Greedy descent on the exact maxima (_polish). reference.anneal_homes_reference is
-    this search one swap at a time, with the whole objective recomputed per candidate in float64.
+    (_anneal). 3. Greedy descent on the exact maxima (_polish). reorder_reference.anneal_homes_reference
+    is this search one swap at a time, with the whole objective recomputed per candidate in float64.
     The draws are the same and the kept sums of whole token counts exact, but the smooth node term
-    is float32 here: a Metropolis draw or a near tie within that rounding can go the other way, so
-    the two give the same homes on most seeds, not all (tests/test_planner_reference.py).
+    is float32 here: every score change agrees with the reference's within float32 rounding, and a
+    Metropolis draw or a near tie inside that rounding can go the other way
+    (tests/test_planner_reference.py replays every iteration against the reference).
     """
     layers, experts = expert_tokens.shape[1:]
     problem = _problem(expert_tokens, src_node_tokens, ep, gpus_per_node, config, float(comm_ratio),
@@ -543,14 +594,11 @@ def anneal_homes(expert_tokens: np.ndarray, src_node_tokens: np.ndarray, init_ho
     starts = np.asarray(init_home, dtype=np.int64).reshape(-1, layers, experts)
     start_scores = np.stack([score(h) for h in starts])  # [starts, L]
     home = starts[np.argmin(start_scores, axis=0), problem.layer_index].copy()
-    accepted, anneal_error = _anneal(problem, _placement(problem, home), config, rng, check_state)
-    polished, polish_error = _polish(problem, _placement(problem, home), config, rng, check_state)
-    info = {"anneal_score_before": float(start_scores.min(axis=0).mean()),
-            "anneal_score_after": float(score(home).mean()),
-            "anneal_accepted_swaps": int(accepted), "polish_accepted_swaps": int(polished)}
-    if check_state:
-        info["state_check_max_rel_error"] = max(anneal_error, polish_error)
-    return home, info
+    accepted, anneal_error = _anneal(problem, _placement(problem, home), config, rng, check_state, observe)
+    polished, polish_error = _polish(problem, _placement(problem, home), config, rng, check_state, observe)
+    return home, AnnealStats(score_before=float(start_scores.min(axis=0).mean()), score_after=float(score(home).mean()),
+                             accepted_swaps=int(accepted), polish_accepted_swaps=int(polished),
+                             state_check_max_rel_error=max(anneal_error, polish_error) if check_state else None)
 
 
 def equal_homes(home: np.ndarray, ep: int) -> bool:

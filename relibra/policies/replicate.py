@@ -5,9 +5,31 @@ See relibra/policies/relibra.py for where it sits in the policy, and docs/polici
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from relibra.policies.base import experts_by_gpu
+from relibra.policies.base import check_config, experts_by_gpu
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """Intra-batch replication knobs (ReLibraPolicy.replication).
+
+    spare_slots_per_gpu: replica slots per GPU per layer (the layer-shared buffer), default 2.
+    min_replica_tokens, min_replica_fraction: a move onto a replica must carry at least
+        min(min_replica_tokens, min_replica_fraction x the node's mean GPU tokens) tokens
+        (defaults 128 and 0.01: 128 at the paper scale, a few tokens for the tiny test models).
+    """
+
+    spare_slots_per_gpu: int = 2
+    min_replica_tokens: int = 128
+    min_replica_fraction: float = 0.01
+
+    def __post_init__(self):
+        check_config("ReplicationConfig", self.spare_slots_per_gpu, "spare_slots_per_gpu", integer=True, minimum=0)
+        check_config("ReplicationConfig", self.min_replica_tokens, "min_replica_tokens", integer=True, minimum=0)
+        check_config("ReplicationConfig", self.min_replica_fraction, "min_replica_fraction", positive=True)
 
 
 def replicate_in_node(expert_tokens: np.ndarray, home: np.ndarray, ep: int, gpus_per_node: int,

@@ -16,7 +16,6 @@ from relibra.labels import short
 from relibra.policies import get_policy
 from relibra.progress import progress as tqdm
 from relibra.setups import load_card
-from relibra.trace import static_placement
 
 QUESTION = "How skewed is each policy's busiest GPU across EP sizes and task domains?"
 SIZES = SCALES
@@ -40,20 +39,9 @@ class Result(Result):
 
 
 def plan_skewness(trace, policy: str, steps: list[int], cluster) -> np.ndarray:
-    """Rank skewness of every (step, micro_batch, layer) of `policy`'s plans: float64 [steps, M, L].
-
-    Placements chain from the static one through the steps before steps[0] (as the simulator's warm-up).
-    """
-    pol = get_policy(policy)
-    prev = static_placement(trace.num_layers, trace.num_experts, trace.ep)
-    if steps[0] > 0:
-        prev = np.asarray(pol.plan(trace, steps[0] - 1, cluster, prev).home)
-    out = []
-    for step in steps:
-        plan = pol.plan(trace, step, cluster, prev)
-        out.append(plan.skewness())
-        prev = plan.home
-    return np.stack(out)
+    """Rank skewness of every (step, micro_batch, layer) of `policy`'s plans: float64 [steps, M, L]; the
+    plans chain from the static placement through one warm-up step (as the simulator's)."""
+    return np.stack([plan.skewness() for plan in get_policy(policy).plan_steps(trace, steps, cluster)])
 
 
 def compute(p: Params, sizes: Scale, progress: bool = True) -> Result:
