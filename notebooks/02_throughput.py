@@ -20,7 +20,7 @@
 # than EPLB even when EPLB is given the exact loads (EPLB+), and within **6-10%** of a balanced ideal.
 # This notebook answers with the kit's figures at **full scale** (every MoE layer, every micro-batch of
 # the paper's 1024-sequence batch, EP 32 on 20 x 8 Hopper GPUs) over several seeds, on the set-up
-# card (`relibra setup show paper`): every input sourced, the batch packed into token-budget
+# card (`relibra setup show token-budget-tp1`): every input sourced, the batch packed into token-budget
 # micro-batches as slime and verl pack it. Every number is **simulated** (`relibra.sim`) on synthetic
 # RL routing traces; the `tiny` profile (tests) runs a toy grid instead and says so in every caption.
 #
@@ -32,7 +32,7 @@
 
 # %% tags=["parameters"]
 profile = "laptop"  # tiny | laptop (default) | paper | gpu: the headline is full scale in all but tiny
-setup = "paper"     # set-up card: paper | one-sequence | a .toml path (relibra setup list)
+setup = "token-budget-tp1"     # set-up card: token-budget-tp1 | paper-stated | one-sequence | a .toml path (relibra setup list)
 tokens_per_microbatch = None  # token budget per GPU per micro-batch instead of the card's (e.g. 4096)
 out_dir = None      # default: results/02_throughput
 

@@ -18,7 +18,7 @@
 #
 # **The question: which set-up choices does the headline depend on, and how far does each move it?**
 #
-# The headline ratios rest on the set-up card (`relibra setup show paper`, data/setups/paper.toml):
+# The headline ratios rest on the set-up card (`relibra setup show token-budget-tp1`, data/setups/token-budget-tp1.toml):
 # every input has a value and a source, and the assumed ones a range. This notebook moves **one
 # input at a time** over its range (assumed inputs) or its alternatives (measured and published
 # ones: other link measurements, other batch layouts), the others at the card's values, and records
@@ -55,7 +55,7 @@ profile = "laptop"  # tiny | laptop (default) | paper | gpu (see relibra.experim
 model = None        # one model preset (default: the profile's)
 workload = None     # math | science | instruct | code | mixed
 ep = None           # expert-parallel size of the default set-up
-setup = "paper"     # set-up card of the default: paper | one-sequence | a .toml path (relibra setup list)
+setup = "token-budget-tp1"     # set-up card of the default: token-budget-tp1 | paper-stated | one-sequence | a .toml path (relibra setup list)
 steps = None        # training steps per trace (the first only gives history)
 knobs = None        # comma-separated subset, e.g. "batch layout,NVLink rate" (default: the profile's; all in laptop)
 seed = 0            # same seed, same numbers

@@ -3,6 +3,8 @@ and how well a history of steps predicts the next (notebook 01, `relibra trace s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from relibra.trace.core import skewness
@@ -147,3 +149,112 @@ def trace_stats(trace) -> dict:
                             (s, m, l, e)))
     return out
 
+
+
+# ---- expert balance, and the kit's routing against public routing data ------------------------------------------
+
+def gini(x: np.ndarray) -> np.ndarray:
+    """Gini coefficient of non-negative values along the last axis ([..., E] -> [...]): 0 when every entry is
+    equal, (E - 1) / E when one entry holds everything; 0 where a row sums to 0."""
+    x = np.sort(np.asarray(x, dtype=np.float64), axis=-1)
+    e = x.shape[-1]
+    total = x.sum(-1)
+    ranks = np.arange(1, e + 1, dtype=np.float64)
+    g = 2.0 * (x * ranks).sum(-1) / (e * np.where(total > 0, total, 1.0)) - (e + 1.0) / e
+    return np.where(total > 0, g, 0.0)
+
+
+def placement_skewness(load: np.ndarray, ep: int) -> np.ndarray:
+    """Max over mean tokens per rank under static contiguous placement (rank r homes experts
+    [r E/ep, (r + 1) E/ep), Megatron's): load [..., E] with ep dividing E -> [...]."""
+    load = np.asarray(load, dtype=np.float64)
+    e = load.shape[-1]
+    if ep < 1 or e % ep:
+        raise ValueError(f"placement_skewness: ep={ep} does not divide {e} experts")
+    per_rank = load.reshape(*load.shape[:-1], ep, e // ep).sum(-1)
+    mean = per_rank.mean(-1)
+    return np.where(mean > 0, per_rank.max(-1) / np.where(mean > 0, mean, 1.0), 1.0)
+
+
+def expert_balance(load: np.ndarray, eps=(16, 32)) -> dict:
+    """How unevenly tokens fall on experts, from per-expert loads [..., E] (token counts or frequencies; each
+    row is one layer of one unit: a data set, a step or a micro-batch). Means over the rows of:
+    max_over_mean (hottest expert / mean expert), gini, hottest_share (hottest expert's share of the row's
+    token-expert assignments) and skewness_ep{N} (placement_skewness) for each N in eps that divides E."""
+    load = np.asarray(load, dtype=np.float64)
+    e = load.shape[-1]
+    rows = load.reshape(-1, e)
+    rows = rows[rows.sum(-1) > 0]
+    if not len(rows):
+        raise ValueError("expert_balance: every row of the loads is empty")
+    share = rows / rows.sum(-1, keepdims=True)
+    out = {"max_over_mean": float((share.max(-1) * e).mean()), "gini": float(gini(rows).mean()),
+           "hottest_share": float(share.max(-1).mean())}
+    for ep in eps:
+        out[f"skewness_ep{ep}"] = float(placement_skewness(rows, ep).mean()) if e % ep == 0 else float("nan")
+    return out
+
+
+PUBLIC_ROUTING_CSV = "data/public/qwen3-30b-a3b-instruct-2507_top8_frequency_en.csv"
+
+
+def read_public_frequencies(path=None) -> dict[str, np.ndarray]:
+    """The public per-layer top-8 selection frequencies (data/public/README.md): {data set: float64 [layers,
+    experts]}, each row the mean number of times a prompt token picked each expert (rows sum to top-k)."""
+    import pandas as pd
+
+    from relibra.errors import ConfigError
+
+    path = Path(__file__).resolve().parents[1] / PUBLIC_ROUTING_CSV if path is None else path
+    try:
+        df = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot be read as the public routing CSV ({exc})") from None
+    experts = [c for c in df.columns if c.startswith("expert_")]
+    if list(df.columns[:2]) != ["dataset", "layer"] or not experts or experts != [f"expert_{i}" for i in
+                                                                                   range(len(experts))]:
+        raise ConfigError(f"{path}: columns must be dataset, layer, expert_0 .. expert_N")
+    out = {}
+    for name, d in df.groupby("dataset", sort=False):
+        x = d.sort_values("layer")[experts].to_numpy(dtype=np.float64)
+        if not np.isfinite(x).all() or (x < 0).any():
+            raise ConfigError(f"{path}: data set {name!r} holds negative or non-finite frequencies")
+        out[str(name)] = x
+    return out
+
+
+def routing_profile(expert_load: np.ndarray, eps=(16, 32)) -> dict:
+    """A trace's expert balance at two levels and its micro-batch shift, from expert loads [S, M, L, E]:
+    {"step": expert_balance of each step's total, "micro_batch": of each micro-batch, "mb_vs_step_corr",
+    "mb_corr", "step_corr": from shift_stats}."""
+    el = np.asarray(expert_load)
+    shift = shift_stats(el)
+    return {"step": expert_balance(el.sum(axis=1), eps), "micro_batch": expert_balance(el, eps),
+            "mb_vs_step_corr": shift["mb_vs_step_corr"], "mb_corr": shift["mb_corr"], "step_corr": shift["step_corr"]}
+
+
+def comparison_rows(traces: dict | None = None, public: dict | None = None, eps=(16, 32)) -> list[dict]:
+    """The side-by-side rows of `relibra routing compare`: one per (source, level).
+
+    traces: {label: RoutingTrace} (generated or real); public: read_public_frequencies() output (None: the
+    shipped CSV; {}: none). A trace gives a step row and a micro-batch row (with its micro-batch shift);
+    a public data set one data-set row (prompt tokens of ~500 prompts; no micro-batch view). "tokens": the
+    mean tokens of one unit of the row (NaN where the source does not say)."""
+    rows = []
+    public = read_public_frequencies() if public is None else public
+    for name, freq in public.items():
+        rows.append({"source": f"public: Qwen3-30B-A3B-Instruct-2507, {name} (English prompts)", "level": "data set",
+                     "experts": freq.shape[-1], "tokens": float("nan"), **expert_balance(freq, eps),
+                     "mb_vs_step_corr": float("nan"), "mb_corr": float("nan"), "step_corr": float("nan")})
+    for label, trace in (traces or {}).items():
+        el = trace.expert_load()
+        prof = routing_profile(el, eps)
+        mb_tokens = el[:, :, 0].sum(-1) / trace.model.top_k  # [S, M] tokens of each micro-batch
+        for level in ("step", "micro_batch"):
+            nan = float("nan")
+            shift = {"mb_vs_step_corr": prof["mb_vs_step_corr"], "mb_corr": prof["mb_corr"], "step_corr": nan} \
+                if level == "micro_batch" else {"mb_vs_step_corr": nan, "mb_corr": nan, "step_corr": prof["step_corr"]}
+            tokens = float(mb_tokens.mean() if level == "micro_batch" else mb_tokens.sum(1).mean())
+            rows.append({"source": label, "level": level.replace("_", "-"), "experts": trace.num_experts,
+                         "tokens": tokens, **prof[level], **shift})
+    return rows

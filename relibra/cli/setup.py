@@ -9,8 +9,11 @@ from relibra.errors import ConfigError
 
 def add_setup_arguments(p) -> None:
     """--setup, --layout and --tokens-per-microbatch, shared by the commands that simulate a set-up."""
-    p.add_argument("--setup", default="paper",
-                   help="set-up card: a name under data/setups/ (paper, one-sequence) or a .toml path (default paper)")
+    from relibra.setups import DEFAULT_CARD, card_names
+
+    p.add_argument("--setup", default=DEFAULT_CARD,
+                   help=f"set-up card: a name under data/setups/ ({', '.join(card_names())}) or a .toml path "
+                        f"(default {DEFAULT_CARD})")
     p.add_argument("--layout", default=None,
                    help="batch layout instead of the card's: token-budget, verl-balance, verl, verl-dynamic, slime, "
                         "slime-dynamic, megatron (docs/traces.md)")
@@ -40,7 +43,7 @@ def _show(args) -> int:
     from relibra.setups import load_card
 
     card = load_card(args.card)
-    rows = card.rows()
+    rows = card.rows() + card.derived_rows()
     if args.json:
         print(json.dumps({"name": card.name, "description": card.description, "path": card.path, "entries": rows},
                          indent=2))
@@ -66,13 +69,15 @@ def _list(args) -> int:
 
 
 def register(subparsers) -> None:
+    from relibra.setups import DEFAULT_CARD
+
     parser = subparsers.add_parser("setup", help="set-up cards: every input of a simulated set-up with its source",
                                    description="Set-up cards (data/setups/*.toml): each modelling input of a "
                                                "simulated set-up with its value, unit, kind (published, measured, "
                                                "assumed) and source.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="setup_command", metavar="ACTION", required=True)
     show = sub.add_parser("show", help="print a card", allow_abbrev=False)
-    show.add_argument("card", nargs="?", default="paper", help="card name or .toml path (default paper)")
+    show.add_argument("card", nargs="?", default=DEFAULT_CARD, help=f"card name or .toml path (default {DEFAULT_CARD})")
     show.add_argument("--json", action="store_true", help="print one JSON object")
     show.set_defaults(func=_show)
     lst = sub.add_parser("list", help="the shipped cards", allow_abbrev=False)

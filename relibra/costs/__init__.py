@@ -9,6 +9,8 @@ replicas, token flow) and its flags (`transfers_on_critical_path`, `uniform_rout
   flops        GEMM seconds (the half-saturation curve) and attention-core FLOPs to seconds
   phases       one function per phase: dispatch/combine, experts, dense (attention), non-MoE parts,
                replicas, run-time planner, migration, optimizer; replica memory
+  overheads    Overheads: overlap efficiency, activation recomputation, replica gradient adds, the
+               post-rollout planner, plan metadata (the costs of balancing beyond its transfers' bytes)
   plan_cost    PlanCost and cost_plan, which assembles the phases into one step
   calibration  GEMM fitting from measured times; the measured planner-time table
 
@@ -21,6 +23,7 @@ from relibra.costs.calibration import load_planner_table, planner_seconds_per_ce
 from relibra.costs.flops import (attention_core_flops, attention_flops_per_token, dense_params_per_gpu,
                                  expert_flops_per_token, gemm_seconds, moe_layer_dense_flops_per_token)
 from relibra.costs.links import collective_seconds, distinct_tokens, link_seconds
+from relibra.costs.overheads import Overheads, overheads_from_values, plan_metadata
 from relibra.costs.params import GB, PLANNER_CHARGES, REPLICA_BUFFERS, ROUTES, TFLOP, CostParams
 from relibra.costs.phases import (active_copies, dense_seconds, dispatch_seconds, exposed_seconds,
                                   expert_seconds_per_gpu, migration_seconds, non_moe_seconds, optimizer_seconds,
@@ -29,7 +32,7 @@ from relibra.costs.phases import (active_copies, dense_seconds, dispatch_seconds
 from relibra.costs.plan_cost import PlanCost, cost_plan
 
 __all__ = [
-    "CostParams", "PlanCost", "cost_plan", "GB", "TFLOP", "ROUTES", "REPLICA_BUFFERS", "PLANNER_CHARGES",
+    "CostParams", "PlanCost", "cost_plan", "Overheads", "overheads_from_values", "plan_metadata", "GB", "TFLOP", "ROUTES", "REPLICA_BUFFERS", "PLANNER_CHARGES",
     "link_seconds", "collective_seconds", "distinct_tokens",
     "gemm_seconds", "attention_core_flops", "attention_flops_per_token", "expert_flops_per_token",
     "moe_layer_dense_flops_per_token", "dense_params_per_gpu",

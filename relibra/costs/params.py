@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from relibra.costs.overheads import Overheads
 from relibra.errors import ConfigError
 
 REPLICA_BUFFERS = ("layer-shared", "per-layer")
@@ -54,6 +55,9 @@ class CostParams:
         step run on a side stream behind the layer's attention (GPUs: copy engines, NCCL kernels on
         spare SMs); False: they run in line, on the critical path, as the kit's runtime does them
         (relibra.runtime.replicas: blocking point-to-point before each layer).
+    overheads: the costs of balancing beyond its transfers' bytes (relibra.costs.overheads.Overheads:
+        overlap efficiency, activation recomputation, replica gradient adds, the post-rollout planner);
+        the default charges none of them, the set-up card's [overheads] section says what to charge.
     """
 
     seq_len: int = 4096
@@ -66,8 +70,11 @@ class CostParams:
     dedup: bool | None = None
     overlap_transfers: bool = True
     attention_backward_factor: float = 2.5
+    overheads: Overheads = field(default_factory=Overheads)
 
     def __post_init__(self):
+        if not isinstance(self.overheads, Overheads):
+            raise ConfigError(f"cost model: overheads must be a relibra.costs.overheads.Overheads, got {self.overheads!r}")
         if self.seq_len <= 0:
             raise ConfigError(f"cost model: seq_len must be positive, got {self.seq_len}")
         if self.replica_buffer not in REPLICA_BUFFERS:

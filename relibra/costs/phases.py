@@ -23,6 +23,7 @@ from relibra.cluster import ModelShape, Topology
 from relibra.costs.calibration import planner_seconds_per_cell
 from relibra.costs.flops import attention_core_flops, attention_core_seconds, gemm_seconds
 from relibra.costs.links import collective_seconds, layer_distinct_tokens, sparse_link_seconds
+from relibra.costs.overheads import overlapped_seconds, recompute_push_window
 from relibra.costs.params import REPLICA_BUFFERS, CostParams
 from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan
@@ -218,21 +219,28 @@ def replica_seconds(plan: StepPlan, push_gpu: np.ndarray, pull_gpu: np.ndarray, 
     ones (default: twice the forward). Critical-path plans (LLEP) pay the slowest GPU's push before
     the experts and its pull after backward; others overlap each with the layer's attention (forward
     and backward), unless params.overlap_transfers is False: then they pay every push and pull in line.
+    params.overheads sets the overlap efficiency (overheads.overlapped_seconds) and, with activation
+    recomputation, hides the backward push behind the recomputed forward's window instead.
     """
     attention_backward = 2 * attention if attention_backward is None else attention_backward
     other_backward = 2 * other if other_backward is None else other_backward
-    again = pushes_again_for_backward(plan, params)
+    ov = params.overheads
+    critical = plan.transfers_on_critical_path
+    # critical-path plans fetch again for a recomputed forward (autograd no longer holds the weights)
+    again = pushes_again_for_backward(plan, params) or (critical and ov.activation_recompute)
     unhidden = (2 if again else 1) * push_gpu.max(axis=2).sum() + pull_gpu.max(axis=2).sum()
     zeros = np.zeros(push_gpu.shape[:2])
-    if plan.transfers_on_critical_path:
-        return {"push_forward": push_gpu.max(axis=2), "push_backward": zeros, "pull_backward": pull_gpu.max(axis=2),
-                "unhidden_s": float(unhidden)}
+    if critical:
+        return {"push_forward": push_gpu.max(axis=2), "push_backward": push_gpu.max(axis=2) if again else zeros,
+                "pull_backward": pull_gpu.max(axis=2), "unhidden_s": float(unhidden)}
     if not params.overlap_transfers:
         return {"push_forward": push_gpu.max(axis=2), "push_backward": push_gpu.max(axis=2) if again else zeros,
                 "pull_backward": pull_gpu.max(axis=2), "unhidden_s": float(unhidden)}
-    push_bwd = exposed_seconds(push_gpu, attention_backward, other_backward) if again else zeros
-    return {"push_forward": exposed_seconds(push_gpu, attention, other), "push_backward": push_bwd,
-            "pull_backward": exposed_seconds(pull_gpu, attention_backward, other_backward),
+    eff = ov.transfer_overlap_efficiency
+    window = recompute_push_window(attention, other, attention_backward, other_backward, ov.activation_recompute)
+    push_bwd = overlapped_seconds(push_gpu, *window, eff) if again else zeros
+    return {"push_forward": overlapped_seconds(push_gpu, attention, other, eff), "push_backward": push_bwd,
+            "pull_backward": overlapped_seconds(pull_gpu, attention_backward, other_backward, eff),
             "unhidden_s": float(unhidden)}
 
 

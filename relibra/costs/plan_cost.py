@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from relibra.cluster import ModelShape, Topology
-from relibra.costs import phases
+from relibra.costs import overheads, phases
 from relibra.costs.params import CostParams
 from relibra.errors import PlanError
 from relibra.metrics import METRIC_COLUMNS
@@ -84,8 +84,10 @@ class PlanCost:
         all-to-all, transfers, dense parts, migration and optimizer): the `balanced-compute` reference,
         the best any placement could reach with these exchanges (docs/cost-model.md)."""
         mean_fwd = self.expert_seconds_per_gpu.mean(axis=2)
+        # backward runs the experts twice, three times with the recomputed forward
+        factor = 3 if self.info.get("overheads", {}).get("activation_recompute") else 2
         forward = {**self.forward, "expert_compute": mean_fwd}
-        backward = {**self.backward, "expert_compute": 2 * mean_fwd}
+        backward = {**self.backward, "expert_compute": factor * mean_fwd}
         mean_gpu = np.broadcast_to(mean_fwd[..., None], self.expert_seconds_per_gpu.shape).copy()
         mean_tokens = self.gpu_tokens.mean(axis=2, keepdims=True)
         return dataclasses.replace(self, forward=forward, backward=backward, expert_seconds_per_gpu=mean_gpu,
@@ -207,6 +209,8 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     backward = {"dispatch": a2a.copy(), "expert_compute": 2 * expert, "combine": a2a.copy(),
                 "dense_compute": dense_b, "replica_push": replicas["push_backward"],
                 "replica_grad": replicas["pull_backward"], "planner": zeros.copy()}
+    own = charge_overheads(plan, model, topology, params, forward, backward, extra, src_tokens, seq_lens)
+    extra_b = extra_b + own.pop("recompute_extra_backward")
 
     # once per step
     route = phases.route_of(topology, params)
@@ -223,4 +227,45 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
                     tokens=int(round(float(src_tokens.sum()))), memory=memory,
                     replica_transfer_s=replicas["unhidden_s"],
                     info={"exposed_planner": planner_charge != "none", "planner_charge": planner_charge,
-                          "attention": attention_note, "dp_size": dp, "policy": plan.policy})
+                          "attention": attention_note, "dp_size": dp, "policy": plan.policy, "overheads": own})
+
+
+def charge_overheads(plan: StepPlan, model: ModelShape, topology: Topology, params: CostParams, forward: dict,
+                     backward: dict, extra: np.ndarray, src_tokens: np.ndarray, seq_lens) -> dict:
+    """Add params.overheads' terms (relibra.costs.overheads) to the step's phases, in place.
+
+    forward / backward: {component: [M, L]} as cost_plan built them (the transfers already at the overlap
+    efficiency). Activation recomputation adds each layer's forward (dense, dispatch, experts, combine)
+    to its backward components, and the leading dense layers' forward (not the LM head) to the
+    micro-batch's backward extra; replica gradient adds go to backward "replica_grad"; the post-rollout
+    planner beyond its window to forward "planner", spread evenly over the cells. Returns what was
+    charged, in seconds over the step: {"activation_recompute", "transfer_overlap_efficiency", "recompute_s", "grad_add_s", "planner_s", "planner_window_s",
+    "planner_exposed_s", "recompute_extra_backward" ([M], for the caller to add)}.
+    """
+    ov = params.overheads
+    m, l = forward["dispatch"].shape
+    recompute_extra = np.zeros(m)
+    recompute_s = 0.0
+    if ov.activation_recompute:
+        for comp in ("dispatch", "combine", "expert_compute", "dense_compute"):
+            backward[comp] = backward[comp] + forward[comp]
+        recompute_extra = phases.non_moe_seconds(src_tokens, model, topology,
+                                                 dataclasses.replace(params, include_lm_head=False), seq_lens)
+        recompute_s = float(sum(forward[c].sum() for c in ("dispatch", "combine", "expert_compute", "dense_compute"))
+                            + recompute_extra.sum())
+    grad_add_s = 0.0
+    if ov.replica_grad_add and (plan.replica_expert >= 0).any():
+        adds = overheads.grad_adds_per_home(plan, phases.replica_buffer_of(plan, params))
+        grad_add = overheads.replica_grad_add_seconds(adds, model, topology, params.grad_bytes_per_param,
+                                                      ov.main_grad_bytes_per_param)
+        backward["replica_grad"] = backward["replica_grad"] + grad_add
+        grad_add_s = float(grad_add.sum())
+    forward_s = float(sum(v.sum() for v in forward.values()) + extra.sum())
+    planner = overheads.post_rollout_planner(plan, forward_s, ov)
+    if planner["exposed_s"] > 0:
+        forward["planner"] = forward["planner"] + planner["exposed_s"] / (m * l)
+    return {"activation_recompute": ov.activation_recompute, "transfer_overlap_efficiency": ov.transfer_overlap_efficiency,
+            "recompute_s": recompute_s, "grad_add_s": grad_add_s, "planner_s": planner["planner_s"],
+            "planner_window_s": planner["window_s"], "planner_exposed_s": planner["exposed_s"],
+            "planner_rated": planner["rated"],
+            "recompute_extra_backward": recompute_extra}

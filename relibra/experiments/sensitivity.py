@@ -1,6 +1,6 @@
 """Sensitivity of the headline ratios: one input of the set-up card at a time, around the card's default.
 
-The default set-up is a set-up card (relibra.setups, data/setups/paper.toml). Every knob moves one of its
+The default set-up is a set-up card (relibra.setups, data/setups/token-budget-tp1.toml). Every knob moves one of its
 inputs over the range the card gives (assumed inputs sweep their stated range; measured and published
 ones their alternatives: the link rates of other Hopper measurements, the other batch layouts); all the
 others stay at the card's values. For each knob value the trace is generated (batch and routing knobs)
@@ -21,7 +21,7 @@ from relibra.errors import ConfigError
 from relibra.experiments.config import scaled_model
 from relibra.labels import CLAIMS, RATIO_LABELS
 from relibra.progress import progress as tqdm
-from relibra.setups import load_card
+from relibra.setups import DEFAULT_CARD, load_card
 from relibra.sim import simulate
 from relibra.workloads import BATCH_LAYOUTS, WorkloadConfig, generate_trace
 
@@ -75,7 +75,7 @@ def _knob(name: str) -> Knob:
     raise ConfigError(f"unknown sensitivity knob {name!r}; known: {', '.join(KNOB_NAMES)}")
 
 
-def knob_values(quick: bool = False, setup: str = "paper") -> dict[str, list]:
+def knob_values(quick: bool = False, setup: str = DEFAULT_CARD) -> dict[str, list]:
     """{knob: values}, the card's default first among them, in KNOBS order.
 
     A numeric entry with a range sweeps low, default, high (tokens per micro-batch also 8192); the
@@ -110,7 +110,7 @@ def knob_values(quick: bool = False, setup: str = "paper") -> dict[str, list]:
     return values
 
 
-def defaults(setup: str = "paper") -> dict:
+def defaults(setup: str = DEFAULT_CARD) -> dict:
     """The default value of every knob: the card's (sequence length: scale 1; topic concentration: the
     generator's; cluster preset: the card's own cluster)."""
     card = load_card(setup)
@@ -156,7 +156,7 @@ def case_inputs(card, knob: Knob, value, ep: int, micro_batches: int | None = No
     return cfg, topo, card.cost_params(ep, **cost_changes), policy_params, micro_batches
 
 
-def sensitivity(model: str, ep: int, setup: str = "paper", workload: str = "mixed", micro_batches: int | None = None,
+def sensitivity(model: str, ep: int, setup: str = DEFAULT_CARD, workload: str = "mixed", micro_batches: int | None = None,
                 layers: int | None = None, steps: int = 2, seed: int = 0, quick: bool = False,
                 knobs: list[str] | None = None, progress: bool = True) -> pd.DataFrame:
     """Ratios per (knob, value), varying one card input at a time: a tidy DataFrame (SENSITIVITY_COLUMNS).

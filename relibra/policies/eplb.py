@@ -332,9 +332,23 @@ class EplbPolicy(Policy):
 @register
 @dataclass
 class EplbOraclePolicy(EplbPolicy):
-    """`eplb+`: EPLB fed the current step's exact loads (an oracle the replayed routing provides)."""
+    """`eplb+`: EPLB fed the current step's exact loads (an oracle the replayed routing provides).
+
+    Its copies are fixed for the step and pushed into the replica buffer like any plan's replicas, so the
+    cost model charges them as it charges ReLibra's (the same buffer, overlap and overheads).
+    EPLB_PLUS_VARIANTS names it by spare slots per GPU; PAPER_EPLB_PLUS is the paper's baseline.
+    """
 
     name: ClassVar[str] = "eplb+"
 
     def predicted_load(self, trace: RoutingTrace, step: int) -> np.ndarray:
         return trace.loads[step].sum(axis=(0, 2), dtype=np.float64)
+
+
+# EPLB+ by spare (redundant) slots per GPU: get_policy("eplb+", **EPLB_PLUS_VARIANTS[label]). 0 slots is
+# EPLB's placement alone (no replicas, nothing pushed); 2 is ReLibra's default buffer; 4 twice that.
+EPLB_PLUS_VARIANTS: dict[str, dict] = {f"eplb+ {s} slots": {"redundant_slots_per_gpu": s} for s in (0, 2, 4)}
+# The paper's EPLB+: "all replication baselines share ReLibra's replica buffer and overlap" (its evaluation,
+# from a second-hand summary): ReLibra's spare slots (2), its layer-shared buffer, its transfers overlapped
+# with attention and charged by the same terms.
+PAPER_EPLB_PLUS = "eplb+ 2 slots"

@@ -11,6 +11,8 @@ What the model reproduces (the facts ReLibra builds on):
   so each (micro-batch, EP rank) slot holds only a few sequences: its hot experts move from one
   micro-batch to the next while the step total, over hundreds of sequences, is steadier.
 - The policy drifts slowly: every logit follows a stationary AR(1) walk across steps.
+- How far a micro-batch's hot experts move away from its step's beyond the sequences it holds is an explicit
+  input, `microbatch_shift` (0 by default): a share of experts per (micro-batch, layer) trade their shares.
 
 Sampling. A step is one RL global batch: `global_batch_sequences` sequences (1024, the paper's),
 drawn as GRPO-style prompt groups (`responses_per_prompt` responses each, adjacent in batch order), or,
@@ -43,16 +45,18 @@ skewness above 2 at EP16 and EP32, growing with EP, for the three paper models.
 """
 
 from relibra.workloads.config import (BATCH_LAYOUTS, DEFAULT_BATCH_LAYOUT, DOMAIN_PROFILES, DOMAINS,
-                                      FIXED_COUNT_MICRO_BATCHES, WORKLOADS, DomainProfile, WorkloadConfig, allowed_ep,
-                                      model_seed)
+                                      FIXED_COUNT_MICRO_BATCHES, MICROBATCH_SHIFT_RANGE, WORKLOADS, DomainProfile,
+                                      WorkloadConfig, allowed_ep, model_seed)
 from relibra.workloads.domains import domain_mix, draw_sequences, mean_sequence_tokens, topic_weights
 from relibra.workloads.generate import generate_trace
 from relibra.workloads.layouts import (StepBatch, first_fit_bins, karmarkar_karp, layout_slots, pack_sequences,
                                        slot_seq_lens, split_largest_bins, token_budget_slots)
-from relibra.workloads.routing import RoutingState, sample_token_ids, sample_topk_counts, water_fill
+from relibra.workloads.routing import (RoutingState, sample_token_ids, sample_topk_counts, shift_permutations,
+                                       water_fill)
 
 __all__ = ["BATCH_LAYOUTS", "DEFAULT_BATCH_LAYOUT", "DOMAIN_PROFILES", "DOMAINS", "FIXED_COUNT_MICRO_BATCHES",
+           "MICROBATCH_SHIFT_RANGE",
            "WORKLOADS", "DomainProfile", "WorkloadConfig", "allowed_ep", "model_seed", "domain_mix", "draw_sequences",
            "mean_sequence_tokens", "topic_weights", "generate_trace", "StepBatch", "first_fit_bins", "karmarkar_karp",
            "layout_slots", "pack_sequences", "slot_seq_lens", "split_largest_bins", "token_budget_slots",
-           "RoutingState", "sample_token_ids", "sample_topk_counts", "water_fill"]
+           "RoutingState", "sample_token_ids", "sample_topk_counts", "shift_permutations", "water_fill"]

@@ -21,6 +21,13 @@ DEFAULT_BATCH_LAYOUT = "token-budget"
 # 32 micro-batches per step is their default count (token-budget derives its count from the budget).
 FIXED_COUNT_MICRO_BATCHES = 32
 DOMAINS = ("math", "science", "instruct", "code")
+# The micro-batch shift (WorkloadConfig.microbatch_shift) a study sweeps, from the generator's default (no shift
+# beyond the sequences a micro-batch holds) to the sharpest the routing data supports (docs/traces.md, "Routing
+# against public data"): 0.3, where traces of qwen3-30b-a3b on the default card at EP 32 reach the kit's real RL
+# trace's micro-batch correlations (consecutive 0.55, against the step 0.77; mixed at 0.23-0.25, math at
+# 0.25-0.28). At that trace's own scale the generator already decorrelates more than it (0.45 at shift 0), so
+# read at matched scale the data support no shift beyond 0.
+MICROBATCH_SHIFT_RANGE = (0.0, 0.3)
 
 
 @dataclass(frozen=True)
@@ -34,10 +41,12 @@ class DomainProfile:
     response_tokens_sigma: float
 
 
-# Long chain-of-thought responses for math (DAPO-Math-17k), shorter ones for multiple-choice
-# science QA (GPQA) and instruction following (IFBench); code (CodeForces) has long statements.
+# Chain-of-thought responses for math (DAPO-Math-17k: median 1307, sigma 0.9, so the log-normal mean is the
+# 1960 tokens volcengine/verl docs/perf/dpsk.md gives for that data set), shorter ones for multiple-choice
+# science QA (GPQA) and instruction following (IFBench); code (CodeForces) has long statements. The set-up
+# cards (data/setups/) hold the same values with their sources.
 DOMAIN_PROFILES: dict[str, DomainProfile] = {
-    "math": DomainProfile("math", 180, 0.5, 3000, 0.9),
+    "math": DomainProfile("math", 180, 0.5, 1307, 0.9),
     "science": DomainProfile("science", 350, 0.5, 1800, 0.8),
     "instruct": DomainProfile("instruct", 160, 0.7, 700, 0.9),
     "code": DomainProfile("code", 600, 0.5, 2500, 0.9),
@@ -73,6 +82,14 @@ class WorkloadConfig:
     topic_concentration: Dirichlet concentration of a sequence's topic mixture (x topics_per_domain
         x topic frequency); small values give one or two dominant topics per sequence.
     drift_per_step: 1 - correlation of every logit between consecutive steps (AR(1), stationary).
+    microbatch_shift: the micro-batch shift, a share in [0, 1] (MICROBATCH_SHIFT_RANGE): in every (step,
+        micro-batch, layer) round(microbatch_shift x experts) experts, drawn at random, trade their shares by
+        a random permutation among them, the same for every slot of the micro-batch. A micro-batch's hot
+        experts then move away from its step's while every slot's load stays exactly as concentrated (a
+        permutation of its shares): shift, not extra imbalance. The draws come from their own random stream
+        (seed, model, 2); 0 (default) draws nothing and gives the same traces, byte for byte, as a generator
+        without the knob. Under token-budget the batch has its own stream too, so moving the shift keeps
+        every step's sequences; the sampling after the first shifted micro-batch draws other random numbers.
     mixed_domain_weights: share of sequences from (math, science, instruct, code) in `mixed`.
     domain_profiles: sequence lengths of (math, science, instruct, code); None = DOMAIN_PROFILES.
     """
@@ -88,6 +105,7 @@ class WorkloadConfig:
     topic_prior_std: float = 1.0
     topic_concentration: float = 0.2
     drift_per_step: float = 0.01
+    microbatch_shift: float = 0.0
     responses_per_prompt: int = 16
     batch_layout: str = DEFAULT_BATCH_LAYOUT
     tokens_per_microbatch: int = 16384
@@ -124,6 +142,8 @@ class WorkloadConfig:
             raise ConfigError(f"workload config: length_scale must be positive, got {self.length_scale}")
         if not self.topic_concentration > 0:
             raise ConfigError(f"workload config: topic_concentration must be positive, got {self.topic_concentration}")
+        if not 0 <= self.microbatch_shift <= 1:
+            raise ConfigError(f"workload config: microbatch_shift must lie in [0, 1], got {self.microbatch_shift}")
         if not 0 <= self.drift_per_step <= 1:
             raise ConfigError(f"workload config: drift_per_step must lie in [0, 1], got {self.drift_per_step}")
         if self.domain_profiles is not None and (len(self.domain_profiles) != len(DOMAINS) or any(
@@ -139,7 +159,12 @@ class WorkloadConfig:
         return DOMAIN_PROFILES[domain] if self.domain_profiles is None else self.domain_profiles[DOMAINS.index(domain)]
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every knob; the micro-batch shift only where it is not 0, so a trace made at the default has the bytes
+        it had before the knob existed."""
+        out = dataclasses.asdict(self)
+        if out["microbatch_shift"] == 0:
+            del out["microbatch_shift"]
+        return out
 
 
 def model_seed(shape: ModelShape) -> int:

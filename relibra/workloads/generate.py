@@ -14,7 +14,7 @@ from relibra.trace import RoutingTrace, loads_from_tokens
 from relibra.workloads.config import FIXED_COUNT_MICRO_BATCHES, WORKLOADS, WorkloadConfig, allowed_ep, model_seed
 from relibra.workloads.domains import domain_mix, mean_sequence_tokens
 from relibra.workloads.layouts import dealt_step, slot_seq_lens, token_budget_batches, token_budget_step
-from relibra.workloads.routing import RoutingState, step_counts, step_token_ids
+from relibra.workloads.routing import RoutingState, shift_permutations, step_counts, step_token_ids
 
 _INT32_MAX = np.iinfo(np.int32).max
 
@@ -51,6 +51,8 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
         _check_token_level(shape, cfg, workload, steps, micro_batches, ep, target, sequences)
 
     rng = np.random.default_rng([int(seed), model_seed(shape)])
+    # The micro-batch shift has its own stream: moving it leaves the batch as it is.
+    shift_rng = np.random.default_rng([int(seed), model_seed(shape), 2])
     state = RoutingState(rng, shape, cfg)
     loads = np.empty((steps, micro_batches, shape.num_layers, ep, shape.num_experts), dtype=np.int32)
     slot_tokens = np.zeros((steps, micro_batches * ep), dtype=np.int64)
@@ -65,12 +67,15 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
             batch = dealt_step(rng, domains, weights, cfg, ep, micro_batches, target, sequences,
                                state.topic_frequencies())
         slot_tokens[s] = np.bincount(batch.slot, weights=batch.tokens, minlength=micro_batches * ep)
+        shift = shift_permutations(shift_rng, micro_batches, shape.num_layers, shape.num_experts,
+                                   cfg.microbatch_shift)
         step_lens.append(slot_seq_lens(batch.slot, batch.tokens, micro_batches * ep))
         if token_level:
             step_ids.append(step_token_ids(rng, batch.slot, batch.tokens, batch.topics, topic_p, slot_tokens[s], ep,
-                                           shape.top_k))
+                                           shape.top_k, shift))
         else:
-            step_counts(rng, batch.slot, batch.tokens, batch.topics, topic_p, slot_tokens[s], shape.top_k, loads[s])
+            step_counts(rng, batch.slot, batch.tokens, batch.topics, topic_p, slot_tokens[s], shape.top_k, loads[s],
+                        shift)
     return _assemble(shape, cfg, workload, ep, seed, target, loads, slot_tokens, step_lens, step_ids or None)
 
 

@@ -131,13 +131,31 @@ def _slot_mixtures(slot: np.ndarray, tokens: np.ndarray, topics: np.ndarray, top
     return topics[:, used], topic_p[used].reshape(len(used), -1)
 
 
+def shift_permutations(rng: np.random.Generator, micro_batches: int, layers: int, experts: int,
+                       shift: float) -> np.ndarray | None:
+    """The micro-batch shift of one step: int64 [micro_batches, layers, experts] index maps (expert e of a
+    micro-batch takes the share of expert idx[e]), each trading the shares of round(shift x experts) randomly
+    chosen experts by a random permutation among them and keeping the rest; None (nothing drawn) when fewer
+    than 2 experts would move."""
+    moved = int(round(shift * experts))
+    if moved < 2:
+        return None
+    chosen = np.argsort(rng.random((micro_batches, layers, experts)), axis=-1)[..., :moved]  # the experts that trade
+    order = np.argsort(rng.random((micro_batches, layers, moved)), axis=-1)
+    idx = np.broadcast_to(np.arange(experts), (micro_batches, layers, experts)).copy()
+    np.put_along_axis(idx, chosen, np.take_along_axis(chosen, order, axis=-1), axis=-1)
+    return idx
+
+
 def step_counts(rng: np.random.Generator, slot: np.ndarray, tokens: np.ndarray, topics: np.ndarray,
-                topic_p: np.ndarray, slot_tokens: np.ndarray, top_k: int, out: np.ndarray) -> None:
+                topic_p: np.ndarray, slot_tokens: np.ndarray, top_k: int, out: np.ndarray,
+                shift: np.ndarray | None = None) -> None:
     """Sample one step's loads into out, int32 [micro_batches, layers, ep, experts].
 
     slot, tokens: int [pieces]; topics: float64 [pieces, domains * topics]; topic_p: float64
     [domains * topics, layers, experts]; slot_tokens: int64 [micro_batches * ep]. A slot's expert shares
     are the token-weighted mixture of its pieces' topic distributions; its tokens pick top_k experts each.
+    shift: shift_permutations (int [micro_batches, layers, experts]), applied to every slot of a micro-batch.
     """
     micro_batches, layers, ep, experts = out.shape
     piece_topics, topic_flat = _slot_mixtures(slot, tokens, topics, topic_p)
@@ -150,20 +168,28 @@ def step_counts(rng: np.random.Generator, slot: np.ndarray, tokens: np.ndarray, 
     row_tokens = np.repeat(slot_tokens.reshape(micro_batches, ep), layers, axis=1)  # [M, ep*L]
     for m in range(micro_batches):
         p_m = slot_p[m] if whole else (slot_mix[m * ep:(m + 1) * ep] @ topic_flat).reshape(ep * layers, experts)
+        if shift is not None:  # every rank's slot of micro-batch m trades the same experts' shares
+            p_m = np.take_along_axis(p_m.reshape(ep, layers, experts), shift[m][None], axis=-1).reshape(
+                ep * layers, experts)
         counts = sample_topk_counts(rng, p_m, row_tokens[m], top_k).reshape(ep, layers, experts)
         out[m] = counts.transpose(1, 0, 2)
 
 
 def step_token_ids(rng: np.random.Generator, slot: np.ndarray, tokens: np.ndarray, topics: np.ndarray,
-                   topic_p: np.ndarray, slot_tokens: np.ndarray, ep: int, top_k: int) -> tuple[list, list]:
+                   topic_p: np.ndarray, slot_tokens: np.ndarray, ep: int, top_k: int,
+                   shift: np.ndarray | None = None) -> tuple[list, list]:
     """Per-token top-k ids of one step, tokens grouped by micro-batch, then rank.
 
     Arguments as step_counts. Returns (ids int16 [tokens, layers, top_k], source rank int [tokens]) per micro-batch.
     """
     _, layers, experts = topic_p.shape
-    piece_topics, topic_flat = _slot_mixtures(slot, tokens, topics, topic_p)
     order = np.argsort(slot, kind="stable")
-    ids = sample_token_ids(rng, piece_topics[order] @ topic_flat, tokens[order], layers, experts, top_k)
+    piece_topics, topic_flat = _slot_mixtures(slot, tokens, topics, topic_p)
+    piece_p = piece_topics[order] @ topic_flat
+    if shift is not None:
+        piece_p = np.take_along_axis(piece_p.reshape(-1, layers, experts), shift[slot[order] // ep],
+                                     axis=-1).reshape(len(order), -1)
+    ids = sample_token_ids(rng, piece_p, tokens[order], layers, experts, top_k)
     micro_batches = len(slot_tokens) // ep
     ends = np.cumsum(slot_tokens.reshape(micro_batches, ep).sum(axis=1))[:-1]
     src = np.repeat(np.tile(np.arange(ep), micro_batches), slot_tokens)

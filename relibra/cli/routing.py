@@ -1,0 +1,141 @@
+"""`relibra routing compare`: the kit's routing (generated and real RL traces) beside public routing data."""
+
+from __future__ import annotations
+
+import math
+
+from relibra.display import json_text, printable
+from relibra.errors import ConfigError
+
+# Published routing figures that come as numbers in a paper, not as data the kit can recompute.
+LITERATURE = (
+    {"source": "DODOCO (arXiv 2605.20982, abstract)", "level": "per expert, real text",
+     "figure": "Gini 0.105 (MHA) and 0.150 (Mamba-2) on wikitext; MLA and GDN above 0.24 on every real-text "
+               "condition; Qwen3-30B (GQA) between the bands; mock tokens overstate Gini up to 2.35x; EP 4-32 moves "
+               "per-expert max/mean by at most 5%"},
+    {"source": "ForeMoE (arXiv 2606.11867, abstract)", "level": "step and micro-step, RL post-training",
+     "figure": "step-level load stable; micro-step load fluctuates severely (tiny micro-step batches); no figure"},
+)
+COLUMNS = (("max_over_mean", "max/mean"), ("gini", "Gini"), ("hottest_share", "hottest"),
+           ("skewness_ep16", "skew EP16"), ("skewness_ep32", "skew EP32"), ("mb_vs_step_corr", "mb vs step"),
+           ("mb_corr", "mb vs next"), ("step_corr", "step vs next"))
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} must be comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise ConfigError(f"{flag} names no value")
+    return values
+
+
+def _names(text: str, flag: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise ConfigError(f"{flag} names nothing")
+    return names
+
+
+def compare_rows(model: str, workloads, setups, ep: int | None, steps: int, seed: int, shifts, rl_trace: str | None,
+                 traces=(), public: str | None = None, progress: bool = True) -> list[dict]:
+    """The rows `relibra routing compare` prints: the public data sets, then per (setup card, workload, prompt
+    shift) the generated trace's step and micro-batch rows, then each trace file's (the real RL trace first).
+    ep None: each card's batch.expert_parallel."""
+    from relibra.analysis import comparison_rows, read_public_frequencies
+    from relibra.setups import load_card
+    from relibra.trace import RoutingTrace
+    from relibra.workloads import generate_trace
+
+    generated = {}
+    for setup in setups:
+        card = load_card(setup)
+        card_ep = card.value("batch.expert_parallel") if ep is None else ep
+        for workload in workloads:
+            for shift in shifts:
+                cfg = card.workload_config(microbatch_shift=shift)
+                label = f"kit: {card.name}, {model}, {workload}, EP {card_ep}, shift {shift:g}"
+                generated[label] = generate_trace(model, workload, card_ep, steps, seed=seed, config=cfg,
+                                                  progress=progress)
+    files = {f"trace: {printable(path)}": path for path in traces}
+    if rl_trace == "default":  # the shipped trace of `relibra rl`, wherever the command runs from
+        from pathlib import Path
+
+        files = {"trace: data/rl_tiny_seed0.npz": str(Path(__file__).resolve().parents[2] / "data" /
+                                                      "rl_tiny_seed0.npz"), **files}
+    elif rl_trace:
+        files = {f"trace: {printable(rl_trace)}": rl_trace, **files}
+    loaded = {label: RoutingTrace.load(path) for label, path in files.items()}
+    rows = comparison_rows(generated, read_public_frequencies(public))
+    return rows + comparison_rows(loaded, {})
+
+
+def _compare(args) -> int:
+    from relibra.workloads import WORKLOADS
+
+    workloads = _names(args.workloads, "--workloads")
+    bad = [w for w in workloads if w not in WORKLOADS]
+    if bad:
+        raise ConfigError(f"--workloads: unknown {', '.join(bad)}; known: {', '.join(WORKLOADS)}")
+    shifts = _floats(args.microbatch_shift, "--microbatch-shift")
+    if any(not 0 <= s <= 1 for s in shifts):
+        raise ConfigError(f"--microbatch-shift values must lie in [0, 1], got {args.microbatch_shift}")
+    if args.steps < 1 or (args.ep is not None and args.ep < 1):
+        raise ConfigError("--steps and --ep must be positive")
+    rows = compare_rows(args.model, workloads, _names(args.setups, "--setups") if args.setups else [], args.ep,
+                        args.steps, args.seed, shifts, None if args.rl_trace == "none" else args.rl_trace,
+                        args.trace, args.public, progress=not args.json)
+    if args.json:
+        print(json_text({"rows": rows, "literature": list(LITERATURE)}, sort_keys=True))
+        return 0
+    print(format_table(rows))
+    print()
+    for lit in LITERATURE:
+        print(f"{lit['source']} ({lit['level']}): {lit['figure']}")
+    return 0
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as a markdown table (docs/traces.md carries one)."""
+    head = ["source", "level", "experts", "tokens"] + [label for _, label in COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        tokens = "~500 prompts" if math.isnan(r["tokens"]) else f"{r['tokens']:.0f}"
+        cells = [r["source"], r["level"], str(r["experts"]), tokens]
+        cells += ["-" if math.isnan(r[key]) else f"{r[key]:.{3 if key == 'hottest_share' else 2}f}" for key, _ in COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def register(subparsers) -> None:
+    from relibra.setups import DEFAULT_CARD
+
+    parser = subparsers.add_parser("routing", help="the kit's routing beside public routing data",
+                                   description="Routing statistics side by side: public per-expert routing data, the "
+                                               "kit's generated traces and its real RL trace (docs/traces.md, "
+                                               "'Routing against public data').")
+    sub = parser.add_subparsers(dest="routing_command", metavar="ACTION", required=True)
+    cmp = sub.add_parser("compare", help="print the side-by-side table",
+                         description="Expert max/mean, Gini, the hottest expert's share, static skewness at EP 16 and "
+                                     "32 and micro-batch correlations of the public data (data/public/), of traces "
+                                     "generated on set-up cards and of trace files.")
+    cmp.add_argument("--model", default="qwen3-30b-a3b", help="model of the generated traces (default qwen3-30b-a3b, "
+                                                              "the public data's)")
+    cmp.add_argument("--workloads", default="mixed,math", help="comma-separated workloads (default mixed,math)")
+    cmp.add_argument("--setups", default=f"{DEFAULT_CARD},paper-stated,slime-qwen3-30b,verl-qwen3-30b",
+                     help=f"comma-separated set-up cards to generate on (default {DEFAULT_CARD}, paper-stated and the "
+                          f"Qwen3-30B-A3B recipes; '' for none)")
+    cmp.add_argument("--ep", type=int, default=None, help="EP size of the generated traces (default: each card's "
+                                                          "batch.expert_parallel)")
+    cmp.add_argument("--steps", type=int, default=2, help="steps per generated trace (default 2)")
+    cmp.add_argument("--seed", type=int, default=0, help="seed of the generated traces (default 0)")
+    cmp.add_argument("--microbatch-shift", default="0", help="comma-separated micro-batch shifts (WorkloadConfig.microbatch_shift, "
+                                                         "0-1; default 0)")
+    cmp.add_argument("--rl-trace", default="default",
+                     help="the kit's real RL trace (default: the shipped data/rl_tiny_seed0.npz; 'none' to leave it out)")
+    cmp.add_argument("--trace", action="append", default=[], help="another trace file (repeatable)")
+    cmp.add_argument("--public", default=None, help="public routing CSV (default data/public/"
+                                                    "qwen3-30b-a3b-instruct-2507_top8_frequency_en.csv)")
+    cmp.add_argument("--json", action="store_true", help="print one JSON object")
+    cmp.set_defaults(func=_compare)

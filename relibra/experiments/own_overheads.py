@@ -1,0 +1,238 @@
+"""The overheads table: what each cost of balancing beyond its transfers' bytes adds to the simulated step,
+whether the headline charges it (the set-up card's [overheads] section), and what sweeping it does to the
+headline ratios; and EPLB+ with 0, 2 and 4 spare slots under today's free overlap and under the same
+charges as ReLibra.
+
+One case = one set-up card, model, workload and seed at full scale (every MoE layer, every micro-batch of
+the card's batch). Each policy plans the case's last step once (after a warm-up plan of the step before,
+as relibra.sim.simulate does); the same plans are then costed under several CostParams (relibra.costs),
+so every row differs from the card's only in the one overhead it names.
+
+Imports only layers below relibra.experiments (cluster, costs, policies, setups, trace, workloads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from relibra.cluster import get_model
+from relibra.costs import CostParams, Overheads, cost_plan, plan_metadata
+from relibra.policies import get_policy
+from relibra.policies.eplb import EPLB_PLUS_VARIANTS, PAPER_EPLB_PLUS
+from relibra.progress import progress as tqdm
+from relibra.setups import DEFAULT_CARD, load_card
+from relibra.trace import static_placement
+from relibra.workloads import generate_trace
+
+EPLB_PLUS_SLOTS = tuple(v["redundant_slots_per_gpu"] for v in EPLB_PLUS_VARIANTS.values())
+# The EPLB+ the paper compares with (relibra.policies.eplb.PAPER_EPLB_PLUS): ReLibra's slots and buffer.
+PAPER_EPLB_PLUS_SLOTS = EPLB_PLUS_VARIANTS[PAPER_EPLB_PLUS]["redundant_slots_per_gpu"]
+OVERHEAD_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
+
+
+@dataclass(frozen=True)
+class OverheadCase:
+    """One case of the overheads table: a set-up card (name or path), model, workload, seed, EP, trace steps,
+    and (card key, value) changes to the card (cut-down test cases)."""
+
+    setup: str = DEFAULT_CARD
+    model: str = "qwen3-235b-a22b"
+    workload: str = "mixed"
+    seed: int = 0
+    ep: int = 32
+    steps: int = 3
+    card_changes: tuple[tuple[str, object], ...] = ()
+
+
+def policy_variants(card) -> list[tuple[str, str, dict]]:
+    """(label, policy name, parameters) of every plan the table costs: Megatron, EPLB+ at each of
+    EPLB_PLUS_SLOTS spare slots per GPU, ReLibra with the card's slots, Balanced."""
+    out = [("megatron", "megatron", {})]
+    out += [(label, "eplb+", dict(params)) for label, params in EPLB_PLUS_VARIANTS.items()]
+    out += [("relibra", "relibra", card.policy_params(["relibra"])["relibra"]), ("balanced", "balanced", {})]
+    return out
+
+
+def charge_settings(card_overheads: Overheads) -> dict[str, Overheads]:
+    """The CostParams.overheads each plan is costed under: "card" (the headline's), "none" (no overhead
+    charged: transfers 100% hidden), one per overhead with only that one taken back to "none", and the
+    two ends of each assumed overhead's sweep."""
+    ov = card_overheads
+    r = dataclasses.replace
+    return {
+        "card": ov, "none": Overheads(),
+        "overlap efficiency 1.0": r(ov, transfer_overlap_efficiency=1.0),
+        "no recompute": r(ov, activation_recompute=False),
+        "no grad add": r(ov, replica_grad_add=False),
+        "planner not charged": r(ov, planner_window_forward_passes=None),
+        "overlap efficiency 0.7": r(ov, transfer_overlap_efficiency=0.7),
+        "planner window 0": r(ov, planner_window_forward_passes=0.0),
+        "planner window 2": r(ov, planner_window_forward_passes=2.0),
+    }
+
+
+def case_costs(case: OverheadCase) -> pd.DataFrame:
+    """Every policy variant of `case` planned once and costed under every charge_settings entry.
+
+    One row per (variant, setting): step_s, tokens_per_s, exposed_transfer_s (replica push + grad rows),
+    migration_s, the charged terms of PlanCost.info["overheads"] (recompute_s, grad_add_s, planner_s,
+    planner_window_s, planner_exposed_s), forward_s, plan-metadata bytes and seconds per micro-batch,
+    replica_memory_share, the case's keys, and "charge": the setting's Overheads as JSON.
+    """
+    card = load_card(case.setup)
+    if case.card_changes:
+        card = card.with_values("overheads case: card changes", **{k.replace(".", "__"): v for k, v in case.card_changes})
+    model = get_model(case.model)
+    trace = generate_trace(model, case.workload, case.ep, steps=case.steps, seed=case.seed,
+                           micro_batches=card.micro_batches, config=card.workload_config())
+    topology = card.topology()
+    base = card.cost_params(case.ep)
+    settings = charge_settings(base.overheads)
+    step = trace.num_steps - 1
+    static = static_placement(model.num_layers, model.num_experts, case.ep)
+    seq_lens = trace.seq_lens[step] if trace.seq_lens is not None else None
+    rows = []
+    for label, name, params in policy_variants(card):
+        policy = get_policy(name, **params)
+        prev = np.asarray(policy.plan(trace, step - 1, topology, static).home) if step > 0 else static
+        plan = policy.plan(trace, step, topology, prev)
+        meta = plan_metadata(plan, base.overheads, topology)
+        for setting, ov in settings.items():
+            cost = cost_plan(plan, model, topology, dataclasses.replace(base, overheads=ov), prev_home=prev,
+                             planner_s=plan.info.plan_seconds, critical_planner_s=plan.info.plan_cpu_seconds,
+                             seq_lens=seq_lens)
+            totals = cost.totals()
+            own = cost.info["overheads"]
+            forward_s = float(sum(v.sum() for v in cost.forward.values()) + cost.extra_forward.sum())
+            rows.append({"setup": card.name, "model": case.model, "workload": case.workload, "seed": case.seed,
+                         "ep": case.ep, "micro_batches": trace.num_microbatches, "variant": label, "policy": name,
+                         "setting": setting, "step_s": cost.step_seconds, "tokens_per_s": cost.tokens / cost.step_seconds,
+                         "exposed_transfer_s": totals["replica_push"] + totals["replica_grad"],
+                         "migration_s": cost.migration_s, "forward_s": forward_s,
+                         "recompute_s": own["recompute_s"], "grad_add_s": own["grad_add_s"],
+                         "planner_s": own["planner_s"], "planner_window_s": own["planner_window_s"],
+                         "planner_exposed_s": own["planner_exposed_s"],
+                         "metadata_bytes_per_microbatch": meta["bytes_per_microbatch"],
+                         "metadata_s_per_microbatch": meta["seconds_per_microbatch"],
+                         "replica_memory_share": cost.memory["replica_memory_share"],
+                         "charge": json.dumps(dataclasses.asdict(ov))})
+    return pd.DataFrame(rows)
+
+
+def overhead_costs(cases: list[OverheadCase], progress: bool = True) -> pd.DataFrame:
+    """case_costs of every case, one after another (a few seconds each), in the cases' order."""
+    frames = [case_costs(c) for c in tqdm(cases, desc="overheads", unit="case", disable=not progress)]
+    return pd.concat(frames, ignore_index=True)
+
+
+def _wide(costs: pd.DataFrame) -> pd.DataFrame:
+    return costs.pivot_table(index=["setup", "model", "workload", "seed", "setting"], columns="variant",
+                             values="tokens_per_s", aggfunc="mean")
+
+
+def ratios(costs: pd.DataFrame) -> pd.DataFrame:
+    """Per (case, setting): ReLibra / Megatron, ReLibra / EPLB+ at each slot count, and the gap to
+    Balanced (1 - ReLibra / Balanced)."""
+    w = _wide(costs)
+    out = pd.DataFrame({"relibra_over_megatron": w["relibra"] / w["megatron"],
+                        "gap_to_balanced": 1.0 - w["relibra"] / w["balanced"]})
+    for s in EPLB_PLUS_SLOTS:
+        out[f"relibra_over_eplb_plus_{s}"] = w["relibra"] / w[f"eplb+ {s} slots"]
+    return out.reset_index()
+
+
+def _span(x: pd.Series, fmt: str) -> str:
+    x = x.astype(float)
+    return fmt.format(x.mean()) if len(x) == 1 or np.isclose(x.min(), x.max()) else \
+        f"{fmt.format(x.mean())} ({fmt.format(x.min())} - {fmt.format(x.max())})"
+
+
+def overheads_table(costs: pd.DataFrame, variant: str = "relibra") -> pd.DataFrame:
+    """One row per overhead of `variant` (default ReLibra): its figure (mean, and range over the cases),
+    whether the headline charges it (the card's overheads, as the "card" rows were costed) and the headline
+    ratios at the ends of its sweep.
+
+    costs: overhead_costs' frame. Columns: overhead, card_entry, figure, charged, sweep.
+    """
+    ov = Overheads(**json.loads(costs.loc[costs["setting"] == "card", "charge"].iloc[0]))
+    mine = costs[costs["variant"] == variant].set_index(["model", "workload", "seed", "setting"])
+    r = ratios(costs).set_index(["model", "workload", "seed", "setting"])
+
+    def at(setting, col):
+        return mine.xs(setting, level="setting")[col]
+
+    def added(without):  # share of the card's step that the one overhead adds
+        return (at("card", "step_s") - at(without, "step_s")) / at("card", "step_s")
+
+    def sweep(settings):
+        parts = []
+        for s in settings:
+            x = r.xs(s, level="setting")
+            parts.append(f"{s}: ReLibra / Megatron {_span(x['relibra_over_megatron'], '{:.3f}')}, ReLibra / EPLB+ "
+                         f"{_span(x[f'relibra_over_eplb_plus_{PAPER_EPLB_PLUS_SLOTS}'], '{:.3f}')}, gap to Balanced "
+                         f"{_span(100 * x['gap_to_balanced'], '{:.1f}%')}")
+        return "; ".join(parts)
+
+    pct = "{:.2f}%"
+    rows = [
+        ("transfer overlap efficiency", "overheads.transfer_overlap_efficiency",
+         f"{_span(100 * added('overlap efficiency 1.0'), pct)} of the step at {ov.transfer_overlap_efficiency:g} "
+         f"(exposed transfers {_span(100 * at('card', 'exposed_transfer_s') / at('card', 'step_s'), pct)} of the step; "
+         f"{_span(100 * at('overlap efficiency 1.0', 'exposed_transfer_s') / at('overlap efficiency 1.0', 'step_s'), pct)} "
+         f"at 1.0)",
+         f"yes ({ov.transfer_overlap_efficiency:g}; every overlapping plan)" if ov.transfer_overlap_efficiency < 1 else "no",
+         sweep(["overlap efficiency 0.7", "card", "overlap efficiency 1.0"])),
+        ("activation recomputation (every policy) and its replica pushes", "overheads.activation_recompute",
+         f"{_span(100 * added('no recompute'), pct)} of the step: the recomputed forward "
+         f"{_span(100 * at('card', 'recompute_s') / at('card', 'step_s'), pct)} (every policy pays it); the backward "
+         f"pushes moved into its shorter window "
+         f"{_span(100 * (at('card', 'exposed_transfer_s') - at('no recompute', 'exposed_transfer_s')).clip(lower=0) / at('card', 'step_s'), '{:.3f}%')}",
+         "yes (full, one layer at a time)" if ov.activation_recompute else "no",
+         sweep(["card", "no recompute"])),
+        ("replica gradient add into the home", "overheads.replica_grad_add",
+         f"{_span(100 * at('card', 'grad_add_s') / at('card', 'step_s'), pct)} of the step",
+         "yes" if ov.replica_grad_add else "no", sweep(["card", "no grad add"])),
+        ("planner beyond the post-rollout window", "overheads.planner_window_forward_passes",
+         f"planner {_span(at('card', 'planner_s'), '{:.2f} s')} a step against a window of "
+         f"{_span(at('card', 'planner_window_s'), '{:.1f} s')}: {_span(100 * added('planner not charged'), pct)} of the step "
+         f"exposed",
+         f"yes (window {ov.planner_window_forward_passes:g} forward passes)" if ov.charges_planner else "no",
+         sweep(["planner window 0", "card", "planner window 2"])),
+        ("host-side plan metadata", "overheads.host_to_device_GBps",
+         f"{_span(at('card', 'metadata_bytes_per_microbatch') / 1e3, '{:.0f} kB')} per micro-batch, "
+         f"{_span(1e6 * at('card', 'metadata_s_per_microbatch'), '{:.0f} us')} to copy: "
+         f"{_span(100 * at('card', 'metadata_s_per_microbatch') * mine.xs('card', level='setting')['micro_batches'] / at('card', 'step_s'), '{:.4f}%')} "
+         f"of the step were none of it hidden",
+         "no (copied while the previous micro-batch runs; immaterial)", "-"),
+        ("migration", "(charged by the cost model)", f"{_span(100 * at('card', 'migration_s') / at('card', 'step_s'), pct)} of the step",
+         "yes", "-"),
+        ("replica memory", "training.replica_buffer",
+         f"{_span(100 * at('card', 'replica_memory_share'), pct)} of parameter memory per GPU", "reported", "-"),
+    ]
+    return pd.DataFrame(rows, columns=["overhead", "card_entry", "figure", "charged", "sweep"])
+
+
+def eplb_plus_table(costs: pd.DataFrame) -> pd.DataFrame:
+    """ReLibra / EPLB+ with 0, 2 and 4 spare slots per GPU, under no overhead charged (transfers free behind
+    attention) and under the card's charges (EPLB+'s pushes charged as ReLibra's): mean and range over the
+    cases; `paper` marks the variant that matches the paper's description."""
+    r = ratios(costs)
+    rows = []
+    for s in EPLB_PLUS_SLOTS:
+        col = f"relibra_over_eplb_plus_{s}"
+        rows.append({"eplb+ spare slots": s,
+                     "ReLibra / EPLB+, transfers free": _span(r.loc[r["setting"] == "none", col], "{:.3f}"),
+                     "ReLibra / EPLB+, charged like ReLibra": _span(r.loc[r["setting"] == "card", col], "{:.3f}"),
+                     "paper": s == PAPER_EPLB_PLUS_SLOTS})
+    return pd.DataFrame(rows)
+
+
+def overhead_cases(setup: str = DEFAULT_CARD, models=OVERHEAD_MODELS, workload: str = "mixed", seeds=(0,),
+                   ep: int = 32) -> list[OverheadCase]:
+    """The table's cases: every model at full scale on the card, one workload, the given seeds."""
+    return [OverheadCase(setup, m, workload, int(s), ep) for m in models for s in seeds]
