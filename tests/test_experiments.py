@@ -335,7 +335,7 @@ def test_report_lists_figures_headline_and_environment(tmp_path):
                                            "03_ablation": {"status": "failed", "error": "boom"}},
                         total_seconds=61.0).read_text()
     assert "![tp](02_throughput/tp.png)" in text and "1.50x (m, w, seed 0)" in text and "up to 1.6x" in text
-    assert text.index("## The verdict") < text.index("Last run")  # the report opens with the verdict
+    assert text.index("## The default card's headline in detail") < text.index("Last run")  # the report opens with it
     assert "1.10x - 1.90x" in text and "a reason" in text
     assert "megatron-core" in text and "cpu_count" in text and "simulated (paper)" in text
     assert "03_ablation (boom)" in text and "| ep=32 |" in text  # a non-default run is marked

@@ -142,7 +142,9 @@ def section(r: Result, man: dict, table_md) -> str:
     """REPORT.md's verdict: each paper claim beside the kit's figure at the card's default (mean and range
     over cases and seeds), its best case and seed, the range over the alternatives and why they differ."""
     shown = pd.DataFrame([verdict_cells(v) for _, v in r.verdict.iterrows()])
-    return (f"## The verdict: the paper's claims against the kit's figures\n\nFrom notebook 02: **{r.caption}**, "
+    return (f"## The default card's headline in detail\n\nOne card's point of the verdict map (notebook 12, the "
+            "table above where it ran): its figures alone do not answer the paper's claims. "
+            f"From notebook 02: **{r.caption}**, "
             f"every policy; the set-up card's every input with its source: `relibra setup show {r.setup}` "
             "(docs/setup.md). The alternatives are the other batch layouts and link-rate measurements on one case "
             f"(notebook 02's `alternatives.csv`).\n\n{table_md(shown)}\n")
