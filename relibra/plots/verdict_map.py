@@ -125,7 +125,9 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
         ax.set_xlabel("tokens per EP rank per micro-batch (measured mean, log scale)")
         ax.set_ylabel("micro-batch vs step load correlation (measured)")
         ax.set_title(f"{title}: best over cases per node")
-        fig.colorbar(sc, ax=ax, shrink=0.8, pad=0.02, format=(lambda v, _, f=fmt: f.format(v)))
+        # a narrow colour range gets one more digit, so that no two ticks read the same
+        tick_fmt = fmt if span_hi - span_lo > 0.05 else fmt.replace(".2f", ".3f").replace(".1%", ".2%")
+        fig.colorbar(sc, ax=ax, shrink=0.8, pad=0.02, format=(lambda v, _, f=tick_fmt: f.format(v)))
     handles = card_handles + [
         Line2D([], [], marker="o", color="none", markerfacecolor="0.7", markeredgecolor="0.15", markersize=6,
                label="grid node (best over models x workloads x seeds)"),
