@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 from relibra import plots  # noqa: E402
 from relibra.experiments import get_notebook  # noqa: E402
 from relibra.experiments.verdict_map import CLAIMS, MapResult, GridSpec, ShiftAxis, card_points, conclusion  # noqa: E402
-from relibra.experiments.verdict_map import node_fields  # noqa: E402
+from relibra.experiments.verdict_map import claim_regions, node_fields  # noqa: E402
 from relibra.plots.verdict_map import merge_coincident  # noqa: E402
 from relibra.report import md_table  # noqa: E402
 
@@ -41,7 +41,7 @@ def _result():
     mr = MapResult(spec, pd.DataFrame(rows))
     fields = node_fields(mr)
     return NB.Result(cases=mr.frame, nodes=fields, cards=card_points(mr), contours=pd.DataFrame(),
-                     conclusion=conclusion(mr, fields), regions=[], grid=spec.to_dict(),
+                     conclusion=conclusion(mr, fields), regions=claim_regions(mr, fields), grid=spec.to_dict(),
                      calibration={"label": "real RL trace", "mb_vs_step_corr": 0.77, "tokens_per_ep_rank": 70.0})
 
 
@@ -56,7 +56,9 @@ def test_report_section_is_one_column_per_card_with_the_conclusion_and_a_reason_
     assert r.conclusion in text and "up to 1.6x over Megatron-LM needs at least" in r.conclusion
     assert all(f"- `{c}`: " in text for c in "abc") and "12_verdict_map/verdict_map.png" in text
     why = NB.why_cards_differ(r)
-    assert "reaches 1.6x" not in why["c"] and "1.6x" in why["a"]  # c's point reaches the claim, a's does not
+    # c's point reaches 1.6x; a's does not, and the map says what it would need
+    assert "1.6x" not in why["c"] and "1.6x over Megatron needs at least 32768 tokens per EP rank" in why["a"]
+    assert "4 micro-batches a step" in why["a"]
     rows = NB.rows(r, {"scale_note": "synthetic grid"})
     assert rows[0]["figure"] == r.conclusion and [x["what"] for x in rows[1:]] == [
         f"`{c}` card's point on the map" for c in "abc"]
