@@ -26,7 +26,7 @@ def _case(kind, setup, tokens, shift, meg, eplb, gap, corr, x=None):
     return {"kind": kind, "setup": setup, "model": "m", "workload": "w", "seed": 0, "tokens": tokens,
             "shift_value": shift, "tokens_per_ep_rank": float(x if x is not None else tokens), "mb_vs_step_corr": corr,
             "mb_corr": corr - 0.1, "micro_batches": 4, "relibra_over_megatron": meg, "relibra_over_eplb_plus": eplb,
-            "gap_to_balanced": gap}
+            "gap_to_balanced": gap, "tokens_per_s_megatron": 100.0, "tokens_per_s_eplb+": 100.0 * meg / eplb}
 
 
 def _result():
@@ -58,7 +58,11 @@ def test_report_section_is_one_column_per_card_with_the_conclusion_and_a_reason_
     why = NB.why_cards_differ(r)
     # c's point reaches 1.6x; a's does not, and the map says what it would need
     assert "1.6x" not in why["c"] and "1.6x over Megatron needs at least 32768 tokens per EP rank" in why["a"]
-    assert "4 micro-batches a step" in why["a"]
+    assert "4 micro-batches a step" in why["a"] and "correlate with their step at 0.90" in why["a"]
+    slow = r.cases.copy()
+    slow.loc[slow["setup"] == "c", "tokens_per_s_eplb+"] = 50.0  # EPLB+ slower than Megatron at c's point
+    why = NB.why_cards_differ(NB.Result(**{**vars(r), "cases": slow}))
+    assert "EPLB+ is slower than Megatron here (50 vs 100 tokens/s)" in why["c"]
     rows = NB.rows(r, {"scale_note": "synthetic grid"})
     assert rows[0]["figure"] == r.conclusion and [x["what"] for x in rows[1:]] == [
         f"`{c}` card's point on the map" for c in "abc"]

@@ -244,16 +244,25 @@ def why_cards_differ(r: Result) -> dict[str, str]:
         parts = [f"it packs {x['tokens_per_ep_rank']:.0f} tokens per EP rank per micro-batch "
                  f"({_plural(x['micro_batches'], 'micro-batch')} a step)"]
         if x["relibra_over_megatron_best"] < 1.6:
-            parts.append(f"1.6x over Megatron needs at least {meg['min_tokens']} tokens per EP rank on the map"
+            parts.append(f"1.6x over Megatron needs at least {meg['min_tokens']} tokens per EP rank on the grid"
                          if meg.get("min_tokens") else
-                         f"the map reaches 1.6x over Megatron nowhere (best {_x(best_meg['relibra_over_megatron_best'])} "
+                         f"the grid reaches 1.6x over Megatron nowhere (best {_x(best_meg['relibra_over_megatron_best'])} "
                          f"at {int(best_meg['tokens'])} tokens per EP rank)")
-        parts.append(f"its micro-batches correlate with their step at {x['mb_vs_step_corr']:.2f}, so a once-per-step "
-                     f"EPLB+ sees most of each micro-batch's load" if x["mb_vs_step_corr"] >= 0.85 else
-                     f"its micro-batches correlate with their step at only {x['mb_vs_step_corr']:.2f}, where "
-                     "per-micro-batch balancing has the most to gain over EPLB+")
+        own = r.cases[(r.cases["kind"] == "card") & (r.cases["setup"] == x["setup"])]
+        eplb_tps, meg_tps = float(own["tokens_per_s_eplb+"].mean()), float(own["tokens_per_s_megatron"].mean())
+        if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
+            parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over "
+                         f"{_plural(x['micro_batches'], 'micro-batch')} a step its own costs exceed what its balance "
+                         f"saves, which, not micro-batch shift, lifts ReLibra / EPLB+ to "
+                         f"{_x(x['relibra_over_eplb_plus_mean'])}")
+        elif x["mb_vs_step_corr"] >= 0.85:
+            parts.append(f"its micro-batches correlate with their step at {x['mb_vs_step_corr']:.2f}, so a "
+                         "once-per-step EPLB+ already balances most of each micro-batch's load")
+        else:
+            parts.append(f"its micro-batches correlate with their step at only {x['mb_vs_step_corr']:.2f}, where "
+                         "per-micro-batch balancing has the most to gain over EPLB+")
         if x["relibra_over_eplb_plus_best"] < 1.2:
-            parts.append(f"1.2x over EPLB+ is reached {'nowhere on the map' if best_eplb['relibra_over_eplb_plus_best'] < 1.2 else 'only elsewhere on the map'} "
+            parts.append(f"1.2x over EPLB+ is reached {'nowhere on the grid' if best_eplb['relibra_over_eplb_plus_best'] < 1.2 else 'only elsewhere on the grid'} "
                          f"(best {_x(best_eplb['relibra_over_eplb_plus_best'])} at shift {best_eplb['shift_value']:g}, "
                          f"correlation {best_eplb['mb_vs_step_corr']:.2f}, the sharpest shift the routing data support "
                          f"being {MICROBATCH_SHIFT_RANGE[1]:g})")
