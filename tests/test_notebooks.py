@@ -208,7 +208,8 @@ _CHANGED = {"model": "qwen3-30b-a3b", "workload": "code", "ep": 8, "steps": 2, "
             "rl_steps": 3, "measured_dir": "elsewhere", "placement": "lpt", "spare_slots": 1, "skew": 0.5,
             "shift": 0.1, "tokens_per_gpu": 512, "micro_batches": 2, "micro_batch": 1,
             "knobs": "spare slots,NVLink rate", "models": "tiny,qwen3-30b-a3b", "clusters": "paper,nodes=32;nvl72",
-            "eps": "8,16", "setup": "one-sequence", "tokens_per_microbatch": 4096, "trace": "data/tiny_math_ep4.npz"}
+            "eps": "8,16", "setup": "one-sequence", "tokens_per_microbatch": 4096, "trace": "data/tiny_math_ep4.npz",
+            "tokens": "1024,4096", "workloads": "math", "seeds": "0,1"}
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
