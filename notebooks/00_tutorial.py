@@ -48,11 +48,11 @@ interactive = True    # show the sliders of section 4 when a live front end is a
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments import narrative as nr
+from relibra.experiments import tutorial
 
 run = ex.start("00_tutorial", globals())  # unknown or out-of-range parameters fail here, before any work
-cfg = run.config
-print(cfg.scale_note())
+p, nb = run.params, run.notebook
+print(run.scale_note())
 result = run.compute()
 case = result.case
 
@@ -66,16 +66,16 @@ case = result.case
 
 # %%
 grid = result.placement_replica_grid
-fig = plots.tutorial_grid_figure(grid, cfg.scale_note())
+fig = plots.tutorial_grid_figure(grid, run.scale_note())
 run.save_figure(fig, "placement_replica_grid", "Rank skewness and slowest-GPU expert time for every placement "
-                f"and number of spare slots ({cfg.scale_note()})", source="simulated",
+                f"and number of spare slots ({run.scale_note()})", source="simulated",
                 hardware=grid["hardware"].iloc[0])
 
 # %% [markdown]
 # ### What to notice
 
 # %%
-nr.show(run.story(result))
+ex.show(run.story(result))
 
 # %% [markdown]
 # ### Try this
@@ -84,7 +84,7 @@ nr.show(run.story(result))
 # the result moves; `tests/test_lessons.py` makes exactly that change and checks the direction.
 
 # %%
-nr.show(run.try_this())
+ex.show(run.try_this())
 
 # %% [markdown]
 # ## 1. Routing, static placement, per-GPU load
@@ -105,10 +105,10 @@ et[et.sum().sort_values(ascending=False).index]
 # mean; the outlined bar is the GPU everyone waits for. Right: the simulated expert-compute time per GPU.
 
 # %%
-fig = plots.tutorial_figure(case, cfg.extra["micro_batch"])
+fig = plots.tutorial_figure(case, p.micro_batch)
 run.save_figure(fig, "per_gpu_load", "Tokens and simulated expert-compute time per GPU for the chosen placement "
-                f"and replicas ({cfg.scale_note()})", source="simulated", hardware=case["hardware"])
-nr.show(nr.tutorial_load_story(case, cfg.extra["micro_batch"]))
+                f"and replicas ({run.scale_note()})", source="simulated", hardware=case["hardware"])
+ex.show(nb.load_story(case, p.micro_batch))
 
 # %% [markdown]
 # ## 2. A StepPlan, drawn
@@ -121,11 +121,11 @@ nr.show(nr.tutorial_load_story(case, cfg.extra["micro_batch"]))
 # tokens (left column) split between its home GPU (blue bands) and its copies (orange bands).
 
 # %%
-fig = plots.plan_figure(case, cfg.extra["micro_batch"])
+fig = plots.plan_figure(case, p.micro_batch)
 run.save_figure(fig, "step_plan", "The StepPlan of one micro-batch: expert-home map with replica slots, and the "
-                f"token split from experts to GPUs ({cfg.scale_note()})", source="simulated",
+                f"token split from experts to GPUs ({run.scale_note()})", source="simulated",
                 hardware=case["hardware"])
-nr.show(nr.tutorial_plan_story(case, cfg.extra["micro_batch"]))
+ex.show(nb.plan_story(case, p.micro_batch))
 
 # %% [markdown]
 # ## 3. What the simulator charges, phase by phase
@@ -136,10 +136,10 @@ nr.show(nr.tutorial_plan_story(case, cfg.extra["micro_batch"]))
 # on the busiest receiver), so its share of the layer bounds what balancing can gain.
 
 # %%
-fig = plots.phase_figure(case, cfg.extra["micro_batch"])
+fig = plots.phase_figure(case, p.micro_batch)
 run.save_figure(fig, "phases", "Simulated time per phase of the toy layer for one micro-batch, forward and "
-                f"backward ({cfg.scale_note()})", source="simulated", hardware=case["hardware"])
-nr.show(nr.tutorial_phase_story(case, cfg.extra["micro_batch"]))
+                f"backward ({run.scale_note()})", source="simulated", hardware=case["hardware"])
+ex.show(nb.phase_story(case, p.micro_batch))
 
 # %% [markdown]
 # ## 4. Try it: the sliders
@@ -150,14 +150,15 @@ nr.show(nr.tutorial_phase_story(case, cfg.extra["micro_batch"]))
 # slider shows: static placement without replicas and the chosen plan, at every skew from 0 to 3.
 
 # %%
-plots.tutorial_interactive(ex.tutorial_case, choices={"ep": ex.TUTORIAL_EP_SIZES, "placement": ex.TUTORIAL_PLACEMENTS,
-                           "spare_slots": ex.TUTORIAL_MAX_SPARE_SLOTS}, enabled=interactive, **ex.tutorial_args(cfg))
+plots.tutorial_interactive(tutorial.tutorial_case, choices={"ep": tutorial.TUTORIAL_EP_SIZES, "placement":
+                           tutorial.TUTORIAL_PLACEMENTS, "spare_slots": tutorial.TUTORIAL_MAX_SPARE_SLOTS},
+                           enabled=interactive, **p.case_args())
 
 # %%
-fig = plots.skew_sweep_figure(result.skew_sweep, cfg.scale_note())
+fig = plots.skew_sweep_figure(result.skew_sweep, run.scale_note())
 run.save_figure(fig, "skew_sweep", "Rank skewness and slowest-GPU expert time against the skew slider, static "
-                f"placement vs the chosen plan ({cfg.scale_note()})", source="simulated", hardware=case["hardware"])
-nr.show(nr.tutorial_skew_story(result.skew_sweep))
+                f"placement vs the chosen plan ({run.scale_note()})", source="simulated", hardware=case["hardware"])
+ex.show(nb.skew_story(result.skew_sweep))
 
 # %%
 run.finish()

@@ -40,13 +40,12 @@ out_dir = None      # default: results/01_routing_dynamics
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments import narrative as nr
 
 run = ex.start("01_routing_dynamics", globals())  # unknown or out-of-range parameters fail here
-cfg = run.config
-print(cfg.scale_note())
+p, sizes = run.params, run.sizes
+print(run.scale_note())
 result = run.compute()
-label = f"{cfg.trace_label()} | workloads {', '.join(result.traces)}"
+label = f"{p.trace_label(sizes)} | workloads {', '.join(result.traces)}"
 
 # %% [markdown]
 # ## How far hot experts shift
@@ -66,7 +65,7 @@ run.save_figure(fig, "shift", "Hot-expert overlap and load correlation between m
 # ### What to notice
 
 # %%
-nr.show(run.story(result))
+ex.show(run.story(result))
 
 # %% [markdown]
 # ### Try this
@@ -75,7 +74,7 @@ nr.show(run.story(result))
 # (at the tiny profile) and checks the direction.
 
 # %%
-nr.show(run.try_this())
+ex.show(run.try_this())
 
 # %% [markdown]
 # ## 1. Expert load, micro-batch by micro-batch
@@ -84,9 +83,9 @@ nr.show(run.try_this())
 # Right: the same layer summed over each whole step.
 
 # %%
-fig = plots.expert_load_heatmaps(result.expert_load, cfg.trace_label())
+fig = plots.expert_load_heatmaps(result.expert_load, p.trace_label(sizes))
 run.save_figure(fig, "expert_load_heatmaps", "Share of token-slots per expert, per micro-batch (left) and per "
-                f"whole step (right), MoE layer 0 - {cfg.trace_label()}", source="synthetic",
+                f"whole step (right), MoE layer 0 - {p.trace_label(sizes)}", source="synthetic",
                 hardware="the kit's RL trace generator")
 
 # %% [markdown]

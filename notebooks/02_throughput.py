@@ -38,11 +38,9 @@ out_dir = None      # default: results/02_throughput
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments import narrative as nr
 from relibra.plots import headline as hplots
 
 run = ex.start("02_throughput", globals())  # unknown or out-of-range parameters fail here
-cfg = run.config
 
 # %%
 result = run.compute()  # the grid, the budget sweep and the alternatives, in worker processes (one per core)
@@ -58,7 +56,7 @@ run.save_figure(fig, "headline_cases", f"ReLibra / Megatron and ReLibra / EPLB+ 
 # ### What to notice
 
 # %%
-nr.show(run.story(result))
+ex.show(run.story(result))
 
 # %% [markdown]
 # ### Try this
@@ -67,7 +65,7 @@ nr.show(run.story(result))
 # (at the tiny profile) and checks the direction.
 
 # %%
-nr.show(run.try_this())
+ex.show(run.try_this())
 
 # %% [markdown]
 # ## The verdict, claim by claim
@@ -113,7 +111,7 @@ result.overheads
 # The throughput ratios per (model, workload), policies sorted by their mean speed-up (fastest first):
 
 # %%
-nr.ranked(mean, ["model", "workload"], "speedup_vs_megatron").round(3)
+ex.text.ranked(mean, ["model", "workload"], "speedup_vs_megatron").round(3)
 
 # %%
 run.finish()

@@ -44,12 +44,11 @@ out_dir = None      # default: results/03_ablation
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments import narrative as nr
 
 run = ex.start("03_ablation", globals())  # unknown or out-of-range parameters fail here
-cfg = run.config
-print(cfg.scale_note())
-print("models:", nr.model_differences(cfg.models))
+p, sizes = run.params, run.sizes
+print(run.scale_note())
+print("models:", ex.text.model_differences(p.models()))
 result = run.compute()
 table = result.ablation
 
@@ -60,15 +59,15 @@ table = result.ablation
 # mean over workloads, whiskers their range, one shade of grey per model.
 
 # %%
-fig = plots.ablation_plot(table, cfg.sim_subtitle())
+fig = plots.ablation_plot(table, p.sim_subtitle(sizes))
 run.save_figure(fig, "ablation", "Simulated throughput (normalized to Megatron) and rank skewness as the "
-                f"mechanisms are added; bars: mean over workloads, whiskers: range - {cfg.sim_subtitle()}")
+                f"mechanisms are added; bars: mean over workloads, whiskers: range - {p.sim_subtitle(sizes)}")
 
 # %% [markdown]
 # ### What to notice
 
 # %%
-nr.show(run.story(result))
+ex.show(run.story(result))
 
 # %% [markdown]
 # ### Try this
@@ -77,7 +76,7 @@ nr.show(run.story(result))
 # (at the tiny profile) and checks the direction.
 
 # %%
-nr.show(run.try_this())
+ex.show(run.try_this())
 
 # %% [markdown]
 # ## The numbers
@@ -85,7 +84,7 @@ nr.show(run.try_this())
 # Speed-up over Megatron per model, stages sorted by their mean (fastest first):
 
 # %%
-nr.ranked(table, "model", "speedup_vs_megatron").round(3)
+ex.text.ranked(table, "model", "speedup_vs_megatron").round(3)
 
 # %%
 run.finish()

@@ -39,6 +39,7 @@ model = None        # one model preset (None: the profile's)
 workload = None     # math | science | instruct | code | mixed, or several: "math,code"
 ep = None           # expert-parallel size
 cluster = None      # cluster preset: paper | h800 | nvl72 | cpu-gloo
+trace = None        # a routing trace file (.npz) the kit wrote, studied instead of synthetic traces
 policies = None     # comma-separated policy names (None: this notebook's set)
 steps = None        # training steps per routing trace
 seed = 0            # same seed, same numbers
@@ -46,11 +47,10 @@ out_dir = None      # default: results/04_reordering
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments import narrative as nr
 
 run = ex.start("04_reordering", globals())  # unknown or out-of-range parameters fail here
-cfg = run.config
-print(cfg.scale_note())
+p, sizes = run.params, run.sizes
+print(run.scale_note())
 result = run.compute()
 table = result.reordering
 
@@ -62,15 +62,15 @@ table = result.reordering
 # change. Bars are the mean over steps, whiskers their range.
 
 # %%
-fig = plots.reorder_plot(table, cfg.sim_subtitle())
+fig = plots.reorder_plot(table, p.sim_subtitle(sizes))
 run.save_figure(fig, "reordering", "Annealing search vs greedy LPT vs no reordering: simulated throughput, node "
-                f"skewness, cross-node token share and migration per step - {cfg.sim_subtitle()}")
+                f"skewness, cross-node token share and migration per step - {p.sim_subtitle(sizes)}")
 
 # %% [markdown]
 # ### What to notice
 
 # %%
-nr.show(run.story(result))
+ex.show(run.story(result))
 
 # %% [markdown]
 # ### Try this
@@ -79,7 +79,7 @@ nr.show(run.story(result))
 # (at the tiny profile) and checks the direction.
 
 # %%
-nr.show(run.try_this())
+ex.show(run.try_this())
 
 # %% [markdown]
 # ## The numbers

@@ -38,6 +38,7 @@ model = None        # one model preset (None: the profile's)
 workload = None     # math | science | instruct | code | mixed, or several: "math,code"
 ep = None           # expert-parallel size
 cluster = None      # cluster preset: paper | h800 | nvl72 | cpu-gloo
+trace = None        # a routing trace file (.npz) the kit wrote, studied instead of synthetic traces
 policies = None     # comma-separated policy names (None: this notebook's set)
 steps = None        # training steps per routing trace
 seed = 0            # same seed, same numbers
@@ -46,11 +47,10 @@ spare_slot_counts = "1,2,3,4"  # spare replica slots per GPU swept in section 2
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments import narrative as nr
 
 run = ex.start("05_replication", globals())  # unknown or out-of-range parameters fail here
-cfg = run.config
-print(cfg.scale_note())
+p, sizes = run.params, run.sizes
+print(run.scale_note())
 result = run.compute()
 table = result.replication
 
@@ -61,15 +61,15 @@ table = result.replication
 # GPU of each micro-batch and layer) and the replicas each GPU holds.
 
 # %%
-fig = plots.replication_plot(table, cfg.sim_subtitle())
+fig = plots.replication_plot(table, p.sim_subtitle(sizes))
 run.save_figure(fig, "replication", "Joint replication vs reordering only vs splitting only: simulated throughput, "
-                f"per-micro-batch GPU skewness and replicas per GPU - {cfg.sim_subtitle()}")
+                f"per-micro-batch GPU skewness and replicas per GPU - {p.sim_subtitle(sizes)}")
 
 # %% [markdown]
 # ### What to notice
 
 # %%
-nr.show(run.story(result))
+ex.show(run.story(result))
 
 # %% [markdown]
 # ### Try this
@@ -78,7 +78,7 @@ nr.show(run.story(result))
 # (at the tiny profile) and checks the direction.
 
 # %%
-nr.show(run.try_this())
+ex.show(run.try_this())
 
 # %% [markdown]
 # The means over workloads, policies sorted by speed-up (fastest first):
@@ -95,7 +95,7 @@ table.groupby("policy")[["speedup_vs_megatron", "gpu_skewness", "replicas_per_gp
 
 # %%
 sweep = result.spare_slots
-subtitle = f"{cfg.simulated_label()}, EP {cfg.ep}, model {cfg.model}; workload {cfg.workload} | {cfg.scale_note()}"
+subtitle = p.one_case_subtitle(sizes)
 fig = plots.spare_slot_plot(sweep, subtitle)
 run.save_figure(fig, "spare_slots", "Simulated ReLibra throughput, GPU skewness and replica memory vs spare "
                 f"replica slots per GPU - {subtitle}")

@@ -31,6 +31,7 @@ model = None        # one model preset (None: the profile's)
 workload = None     # math | science | instruct | code | mixed, or several: "math,code"
 ep = None           # expert-parallel size
 cluster = None      # cluster preset: paper | h800 | nvl72 | cpu-gloo
+trace = None        # a routing trace file (.npz) the kit wrote, studied instead of synthetic traces
 policies = None     # comma-separated policy names (None: this notebook's set)
 steps = None        # training steps per routing trace
 seed = 0            # same seed, same numbers
@@ -39,25 +40,24 @@ ep_sizes = None     # EP sizes of the sweep, e.g. "8,16,32,64" (None: the profil
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments import narrative as nr
 
 run = ex.start("06_skewness", globals())  # unknown or out-of-range parameters fail here
-cfg = run.config
-print(cfg.scale_note())
+p, sizes = run.params, run.sizes
+print(run.scale_note())
 result = run.compute()
 table = result.skewness
 
 # %%
-label = cfg.plan_label(ep=",".join(str(e) for e in cfg.ep_sizes))
+label = p.plan_label(sizes, ep=",".join(str(e) for e in p.ep_sizes))
 fig = plots.skewness_plot(table, label)
 run.save_figure(fig, "skewness", f"Mean rank skewness per policy across EP sizes and task domains - {label}",
-                source="simulated", hardware="policy plans on synthetic traces")
+                source="simulated", hardware=f"policy plans on {p.routing_text()}")
 
 # %% [markdown]
 # ### What to notice
 
 # %%
-nr.show(run.story(result))
+ex.show(run.story(result))
 
 # %% [markdown]
 # ### Try this
@@ -66,7 +66,7 @@ nr.show(run.story(result))
 # (at the tiny profile) and checks the direction.
 
 # %%
-nr.show(run.try_this())
+ex.show(run.try_this())
 
 # %% [markdown]
 # ## The numbers
@@ -74,7 +74,7 @@ nr.show(run.try_this())
 # Mean rank skewness per EP size (top rows) and per domain, policies sorted from the most balanced:
 
 # %%
-nr.ranked(table, ["sweep", "ep", "workload"], "skewness", ascending=True).round(3)
+ex.text.ranked(table, ["sweep", "ep", "workload"], "skewness", ascending=True).round(3)
 
 # %%
 run.finish()

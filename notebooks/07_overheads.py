@@ -46,25 +46,24 @@ out_dir = None      # default: results/07_overheads
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments import narrative as nr
 
 run = ex.start("07_overheads", globals())  # unknown or out-of-range parameters fail here
-cfg = run.config
-print(cfg.scale_note())
+p, sizes = run.params, run.sizes
+print(run.scale_note())
 result = run.compute()
 table = result.overheads
 
 # %%
-fig = plots.planner_time_plot(table, cfg.sim_subtitle())
+fig = plots.planner_time_plot(table, p.sim_subtitle(sizes))
 run.save_figure(fig, "planner_time", "Planner wall time per step (measured on this CPU) next to the simulated "
-                f"forward-pass window it hides behind - {cfg.sim_subtitle()}", source="measured",
+                f"forward-pass window it hides behind - {p.sim_subtitle(sizes)}", source="measured",
                 hardware=ex.this_machine())
 
 # %% [markdown]
 # ### What to notice
 
 # %%
-nr.show(run.story(result))
+ex.show(run.story(result))
 
 # %% [markdown]
 # ### Try this
@@ -73,15 +72,15 @@ nr.show(run.story(result))
 # (at the tiny profile) and checks the direction.
 
 # %%
-nr.show(run.try_this())
+ex.show(run.try_this())
 
 # %% [markdown]
 # ## Migration, replica memory and transfer overlap
 
 # %%
-fig = plots.overhead_bars(table, cfg.sim_subtitle())
+fig = plots.overhead_bars(table, p.sim_subtitle(sizes))
 run.save_figure(fig, "overheads", "Simulated migration share of step time, replica memory share and transfer "
-                f"overlap per policy - {cfg.sim_subtitle()}")
+                f"overlap per policy - {p.sim_subtitle(sizes)}")
 table.sort_values("plan_s").round(4)
 
 # %%

@@ -44,12 +44,10 @@ nodes = None         # simulated nodes the ranks are grouped into (None: the pro
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments import narrative as nr
-from relibra.experiments.runtime import WAITING
+from relibra.experiments.runtime import WAITING, runtime_agreement, runtime_segments_story
 
 run = ex.start("08_runtime", globals())  # unknown or out-of-range parameters fail here
-cfg = run.config
-print(cfg.scale_note())
+print(run.scale_note())
 
 # %%
 result = run.compute()
@@ -68,7 +66,7 @@ result.step_results[["repeat", "policy", "step_s_median", "sim_step_s", "speedup
 fig = plots.runtime_step_segments_plot(result.step_segments, result.label, WAITING)
 run.save_figure(fig, "runtime_step_segments", "Whole training step per policy in segments (waiting for the other "
                 "ranks its own segment), measured beside simulated", source="measured", hardware=result.hardware)
-nr.show(nr.runtime_segments_story(result.step_segments, WAITING))
+ex.show(runtime_segments_story(result.step_segments, WAITING))
 
 # %% [markdown]
 # Process CPU time per rank beside its wall time (median over timed steps): a rank whose CPU time is
@@ -81,7 +79,7 @@ result.rank_times.round(3)
 # ## The speed-up and its interval, measured against simulated
 
 # %%
-nr.show(nr.runtime_agreement(result.step_results))
+ex.show(runtime_agreement(result.step_results))
 
 # %% [markdown]
 # ## The reference measurement
@@ -99,7 +97,7 @@ if len(recorded):
           f"{recorded['load_before'].min():.1f}-{recorded['load_after'].max():.1f}")
     for layout, rows in recorded.groupby("nodes_x_ranks", sort=False):
         print(f"\n{layout} (nodes x ranks per node): {rows['command'].iloc[0]}")
-        nr.show(nr.runtime_agreement(rows))
+        ex.show(runtime_agreement(rows))
 
 # %%
 fig = plots.runtime_speedup_plot(result.step_results, result.label, recorded)

@@ -35,11 +35,9 @@ out_dir = None      # default: results/09_rl_workload
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments import narrative as nr
 
 run = ex.start("09_rl_workload", globals())  # unknown or out-of-range parameters fail here
-cfg = run.config
-print(cfg.scale_note())
+print(run.scale_note())
 result = run.compute()
 rl = result.rl
 
@@ -55,7 +53,7 @@ rl = result.rl
 # %%
 sim = result.balancing
 fig = plots.policy_summary_plot(sim, result.sim_label, title="Balancing the real RL trace",
-                                components=nr.step_components(sim))
+                                components=ex.text.step_components(sim))
 run.save_figure(fig, "balancing", "Simulated throughput, rank skewness and step-time parts of each policy on the "
                 f"real RL trace - {result.sim_label}", source="simulated", hardware="cpu-gloo")
 
@@ -63,7 +61,7 @@ run.save_figure(fig, "balancing", "Simulated throughput, rank skewness and step-
 # ### What to notice
 
 # %%
-nr.show(run.story(result))
+ex.show(run.story(result))
 
 # %% [markdown]
 # ### Try this

@@ -63,17 +63,17 @@ out_dir = None      # default: results/10_sensitivity
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments import narrative as nr
+from relibra.experiments.sensitivity import knob_values
 
 run = ex.start("10_sensitivity", globals())  # unknown or out-of-range parameters fail here
-cfg = run.config
-print(cfg.scale_note())
-print("model:", nr.model_differences([cfg.model]))
+p, sizes = run.params, run.sizes
+print(run.scale_note())
+print("model:", ex.text.model_differences([p.model]))
 
 # %%
 result = run.compute()
 frame, tornado = result.sensitivity, result.tornado
-print("each knob's values, from the set-up card's ranges:", ex.sensitivity_knob_values(setup=setup))
+print("each knob's values, from the set-up card's ranges:", knob_values(setup=p.setup))
 
 # %% [markdown]
 # ## The tornado
@@ -84,7 +84,7 @@ print("each knob's values, from the set-up card's ranges:", ex.sensitivity_knob_
 # are the choices the headline depends on most.
 
 # %%
-subtitle = f"{cfg.simulated_label()}, EP {cfg.ep}, model {cfg.model}; workload {cfg.workload} | {cfg.scale_note()}"
+subtitle = p.subtitle(sizes)
 fig = plots.tornado_plot(tornado, subtitle)
 run.save_figure(fig, "tornado", "Simulated ReLibra/Megatron, ReLibra/EPLB+ and ReLibra/balanced-compute with one "
                 f"knob at a time moved around the default set-up, sorted by swing - {subtitle}")
@@ -93,7 +93,7 @@ run.save_figure(fig, "tornado", "Simulated ReLibra/Megatron, ReLibra/EPLB+ and R
 # ### What to notice
 
 # %%
-nr.show(run.story(result))
+ex.show(run.story(result))
 
 # %% [markdown]
 # ### Try this
@@ -102,7 +102,7 @@ nr.show(run.story(result))
 # (at the tiny profile) and checks the direction.
 
 # %%
-nr.show(run.try_this())
+ex.show(run.try_this())
 
 # %% [markdown]
 # ## The numbers

@@ -48,14 +48,12 @@ out_dir = None      # default: results/11_scale
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments import narrative as nr
 
 run = ex.start("11_scale", globals())  # unknown or out-of-range parameters fail here
-cfg = run.config
-sweep = ex.sweep_of(cfg)
-print(f"{cfg.profile} profile: first {sweep.layers or 'all'} MoE layers, {sweep.micro_batches} micro-batches, "
-      f"workload {cfg.workload}, seed {cfg.seed}")
-print("models:", nr.model_differences(sweep.models))
+p, sweep = run.params, run.sizes
+print(f"{p.profile} profile: first {sweep.layers or 'all'} MoE layers, {sweep.micro_batches} micro-batches, "
+      f"workload {p.the_workload()}, seed {p.seed}")
+print("models:", ex.text.model_differences(p.models))
 
 # %%
 result = run.compute()
@@ -68,19 +66,20 @@ table, comparison = result.scale, result.relibra_h_vs_best
 # placement can pass (the real routing and its all-to-all, every GPU at the mean expert compute).
 
 # %%
-subtitle = (f"simulated, workload {cfg.workload}, first {sweep.layers or 'all'} MoE layers, {sweep.micro_batches} "
-            f"micro-batches, seed {cfg.seed}")
+subtitle = (f"simulated, workload {p.the_workload()}, first {sweep.layers or 'all'} MoE layers, {sweep.micro_batches} "
+            f"micro-batches, seed {p.seed}")
 fig = plots.ep_sweep_plot(table, subtitle)
-run.save_figure(fig, "ep_sweep", f"Simulated tokens/s over Megatron from EP{min(sweep.ep_sizes)} to "
-                f"EP{max(sweep.ep_sizes)} for {', '.join(sweep.models)} on "
-                f"{'; '.join(plots.cluster_label(c) for c in sweep.clusters)}; dashed: balanced-compute - {subtitle}",
-                source="simulated", hardware=", ".join(sweep.clusters))
+clusters = [c.name for c in p.clusters]
+run.save_figure(fig, "ep_sweep", f"Simulated tokens/s over Megatron from EP{min(p.eps)} to "
+                f"EP{max(p.eps)} for {', '.join(m.name for m in p.models)} on "
+                f"{'; '.join(plots.cluster_label(c) for c in clusters)}; dashed: balanced-compute - {subtitle}",
+                source="simulated", hardware=", ".join(clusters))
 
 # %% [markdown]
 # ### What to notice
 
 # %%
-nr.show(run.story(result))
+ex.show(run.story(result))
 
 # %% [markdown]
 # ### Try this
@@ -89,7 +88,7 @@ nr.show(run.story(result))
 # (at the tiny profile) and checks the direction.
 
 # %%
-nr.show(run.try_this())
+ex.show(run.try_this())
 
 # %% [markdown]
 # ## The sweep
@@ -116,7 +115,7 @@ comparison.round(3)
 
 # %%
 fig = plots.scale_planner_plot(table, f"measured on {ex.this_machine()}, first {sweep.layers or 'all'} MoE layers, "
-                               f"{sweep.micro_batches} micro-batches, workload {cfg.workload}, seed {cfg.seed}")
+                               f"{sweep.micro_batches} micro-batches, workload {p.the_workload()}, seed {p.seed}")
 run.save_figure(fig, "planner_time", "Measured planner CPU seconds per step against EP (one core of this machine)",
                 source="measured", hardware=ex.this_machine())
 plots.ratio_pivot(table, "plan_cpu_s").round(3)

@@ -1,7 +1,7 @@
 """The README's "Results at a glance" table, built from what a reproduction run wrote, never typed.
 
 `write_glance(out)` reads back the typed result of every notebook under `out` (default results/)
-whose spec gives README rows (relibra.experiments.registry: `NotebookSpec.glance`), and writes
+whose module gives README rows (relibra.experiments.registry: a module's `rows`), and writes
 `out/glance.md`: one markdown table, columns what | figure | how it was obtained (simulated or
 measured, on what, at which profile). A notebook that has not run adds no row; a result missing a
 table is an error naming the file.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from relibra.errors import ConfigError
-from relibra.experiments.registry import SPECS, load_results
+from relibra.experiments.registry import NOTEBOOK_MODULES, load_results
 from relibra.paths import write_text
 from relibra.report import md_table
 
@@ -30,13 +30,13 @@ HEADER = ("<!-- written by `relibra reproduce` (relibra/glance.py) from the resu
 
 def glance_notebooks() -> list[str]:
     """The notebooks whose results feed the README table."""
-    return [s.name for s in SPECS if s.glance is not None]
+    return [nb.name for nb in NOTEBOOK_MODULES.values() if nb.rows is not None]
 
 
 def glance_rows(out_dir: str | Path) -> pd.DataFrame:
     """Every row of the notebooks present under out_dir: columns what, figure, how it was obtained."""
-    rows = [row for x in load_results(out_dir).values() if x.spec.glance
-            for row in x.spec.glance(x.result, x.manifest)]
+    rows = [row for x in load_results(out_dir).values() if x.notebook.rows
+            for row in x.notebook.rows(x.result, x.manifest)]
     hows = [row["how it was obtained"] for row in rows]
     for i in range(1, len(rows)):  # a "how" repeated from the row above reads "same as above"
         if hows[i] == hows[i - 1]:

@@ -1,6 +1,8 @@
-"""One table of the policies a figure or a sentence can name: label, short name, colour, and whether
-the row is an ideal (a bound, not a system). Figures, narrative and the README table read it; nothing
-else holds a label or a colour of a policy.
+"""The kit's two tables of names: the policies a figure or a sentence can name (label, short name,
+colour, whether the row is an ideal: a bound, not a system), and the claims and metrics (CLAIMS: one
+ratio or gap of two policies' throughput each, with its label and the paper's figure). Figures,
+narrative, REPORT.md and the README table read them; nothing else holds a label, a colour or a
+paper's figure.
 
 Colours are distinct per policy across the whole kit (a policy keeps its colour from notebook to
 notebook) and the two ideals are greys that no system shares.
@@ -20,9 +22,42 @@ class PolicyLook:
     ideal: bool = False
 
 
-# The headline ratios (relibra.experiments.sensitivity.RATIOS) as text.
-RATIO_LABELS = {"relibra_over_megatron": "ReLibra / Megatron", "relibra_over_eplb_plus": "ReLibra / EPLB+",
-                "relibra_over_balanced_compute": "ReLibra / balanced-compute"}
+@dataclass(frozen=True)
+class Claim:
+    """A metric of tokens per second: `numerator` / `denominator` (kind "ratio") or 1 - that ("gap").
+    id: its column name in every table; label: its name in text; note: what the verdict adds to the
+    label; paper: the paper's figure (its abstract), None where the paper gives none."""
+
+    id: str
+    numerator: str
+    denominator: str
+    kind: str
+    label: str
+    note: str = ""
+    paper: str | None = None
+
+    @property
+    def verdict_label(self) -> str:
+        return f"{self.label} {self.note}".strip()
+
+    def of(self, wide):
+        """The metric per row of `wide` (columns: policies' tokens per second)."""
+        ratio = wide[self.numerator] / wide[self.denominator]
+        return 1.0 - ratio if self.kind == "gap" else ratio
+
+
+CLAIMS = {c.id: c for c in (
+    Claim("relibra_over_megatron", "relibra", "megatron", "ratio", "ReLibra / Megatron", paper="up to 1.6x"),
+    Claim("relibra_over_eplb_plus", "relibra", "eplb+", "ratio", "ReLibra / EPLB+", "(oracle loads)", "up to 1.2x"),
+    Claim("gap_to_balanced", "relibra", "balanced", "gap", "gap to Balanced", "(1 - ReLibra / Balanced)",
+          "within 6-10%"),
+    Claim("gap_to_balanced_compute", "relibra", "balanced-compute", "gap", "gap to balanced-compute",
+          "(1 - ReLibra / balanced-compute)"),
+    Claim("relibra_over_balanced_compute", "relibra", "balanced-compute", "ratio", "ReLibra / balanced-compute"),
+)}
+# The ratios the sensitivity study moves (relibra.experiments.sensitivity), as text.
+RATIO_LABELS = {k: CLAIMS[k].label for k in ("relibra_over_megatron", "relibra_over_eplb_plus",
+                                              "relibra_over_balanced_compute")}
 
 # Batch layouts (relibra.workloads.BATCH_LAYOUTS) as text: the layout `megatron` is Megatron-LM's way of
 # filling micro-batches, not the Megatron baseline policy.

@@ -3,8 +3,10 @@ are simulated and which measured (and on what hardware), the environment and eve
 
 It reads every notebook's typed result and manifest back through the registry
 (relibra.experiments.registry.load_results), so running one notebook refreshes the report without
-dropping the others; each notebook's row says which profile made it and when. The report is the
-sections of SECTIONS in order: a new section is one function of a ReportInput added there.
+dropping the others; each notebook's row says which profile made it and when. A notebook module
+that defines `section(result, manifest, md_table)` puts its section at the top, in notebook order
+(a module with SECTION_FIRST = True before the others: notebook 12's verdict table per set-up card);
+then come the sections of SECTIONS.
 """
 
 from __future__ import annotations
@@ -16,11 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from relibra.experiments import NOTEBOOKS, PAPER_CLAIMS, environment, get_profile
-from relibra.experiments.headline import verdict_cells
+from relibra.experiments import NOTEBOOKS, environment, get_profile
 from relibra.experiments.registry import Loaded, load_results
-from relibra.experiments.sensitivity import RATIOS
-from relibra.labels import RATIO_LABELS
+from relibra.labels import CLAIMS
 from relibra.paths import write_text
 
 
@@ -53,42 +53,12 @@ def md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _missing(name: str, what: str) -> str:
-    return f"Notebook {name} has not run under this folder, so there is no {what} yet.\n"
-
-
-def headline_section(r: ReportInput) -> str:
-    """The verdict: each paper claim beside the kit's figure at the set-up card's default (mean and range over
-    cases and seeds), its best case and seed, the range over the alternatives and why they differ."""
-    head = "## The verdict: the paper's claims against the kit's figures\n\n"
-    x = r.results.get("02_throughput")
-    if x is None:
-        return head + _missing("02_throughput", "verdict")
-    shown = pd.DataFrame([verdict_cells(v) for _, v in x.result.verdict.iterrows()])
-    return (f"{head}From notebook 02: **{x.result.caption}**, every policy; the set-up card's every input with its "
-            f"source: `relibra setup show {x.result.setup}` (docs/setup.md). The alternatives are the other batch "
-            f"layouts and link-rate measurements on one case (notebook 02's `alternatives.csv`).\n\n{md_table(shown)}\n")
-
-
-def sensitivity_section(r: ReportInput) -> str:
-    """How far each headline ratio moves with one knob at a time (notebook 10's tornado), per knob."""
-    head = "## How far the headline moves: sensitivity\n\n"
-    x = r.results.get("10_sensitivity")
-    if x is None:
-        return head + _missing("10_sensitivity", "sensitivity table")
-    t, cfg = x.result.tornado, x.manifest["config"]
-    ratios = [q for q in RATIOS if q in set(t["ratio"])]
-    by = {q: t[t["ratio"] == q].set_index("knob") for q in ratios}
-    rows = [{"knob": k, **{f"{RATIO_LABELS[q]}: low - high": f"{by[q].loc[k, 'low']:.3f} - {by[q].loc[k, 'high']:.3f}"
-                           for q in ratios}} for k in by[ratios[0]].index]  # sorted by the headline's swing
-    defaults = "; ".join(f"{RATIO_LABELS[q]} {float(by[q]['default'].iloc[0]):.3f}" for q in ratios)
-    figure = next((f for f in x.manifest.get("figures", []) if f["name"] == "tornado"), None)
-    return (f"{head}From notebook 10 (simulated, `{cfg.get('model')}`, {cfg.get('workload')}, EP {cfg.get('ep')} on "
-            f"the `{cfg.get('cluster')}` cluster preset, {x.manifest['scale_note']}): one knob moved at a time around "
-            f"the default set-up, whose ratios are {defaults}. Per knob, the lowest and highest ratio over its values, "
-            f"sorted by the swing of ReLibra / Megatron ([tornado.csv](10_sensitivity/tornado.csv)):\n\n"
-            f"{md_table(pd.DataFrame(rows))}\n"
-            + (f"\n![tornado](10_sensitivity/{figure['png']})\n" if figure else ""))
+def notebook_sections(r: ReportInput) -> str:
+    """The sections of the notebook modules that write one: first those whose module sets SECTION_FIRST
+    (the verdict map's table per set-up card), then the others, in notebook order."""
+    shown = [x for x in r.results.values() if x.notebook.section is not None]
+    shown.sort(key=lambda x: not getattr(x.notebook.module, "SECTION_FIRST", False))  # stable: notebook order kept
+    return "".join(x.notebook.section(x.result, x.manifest, md_table) + "\n" for x in shown)
 
 
 def sources_section(r: ReportInput) -> str:
@@ -131,7 +101,7 @@ def figures_section(r: ReportInput) -> str:
     return "\n".join(parts)
 
 
-SECTIONS = (sensitivity_section, sources_section, environment_section, figures_section)
+SECTIONS = (sources_section, environment_section, figures_section)
 
 
 def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | None = None,
@@ -145,11 +115,11 @@ def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | 
              "own." if profiles and profiles != [profile] else "")
     wall = (f" Wall time of this run: {total_seconds / 60:.1f} min ({total_seconds:.0f} s) for {len(r.statuses)} "
             "notebook(s)." if total_seconds is not None else "")
-    head = (f"# ReLibra kit: reproduction report\n\n{headline_section(r)}\nLast run: profile **{profile}**: "
+    claims = CLAIMS["relibra_over_megatron"], CLAIMS["relibra_over_eplb_plus"], CLAIMS["gap_to_balanced"]
+    head = (f"# ReLibra kit: reproduction report\n\n{notebook_sections(r)}Last run: profile **{profile}**: "
             f"{get_profile(profile).description}.{mixed}\nWritten {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
-            f"{wall}\n\nPaper's claims (abstract): ReLibra {PAPER_CLAIMS['relibra_vs_megatron']} over Megatron-LM, "
-            f"{PAPER_CLAIMS['relibra_vs_eplb+']} over EPLB given oracle loads, "
-            f"{PAPER_CLAIMS['relibra_gap_to_balanced']} of the balanced ideal, measured on 20 nodes x 8 Hopper GPUs. "
+            f"{wall}\n\nPaper's claims (abstract): ReLibra {claims[0].paper} over Megatron-LM, {claims[1].paper} over "
+            f"EPLB given oracle loads, {claims[2].paper} of the balanced ideal, measured on 20 nodes x 8 Hopper GPUs. "
             "The kit's throughput figures are simulated (see below); notebook 08 puts CPU measurements of the real "
             "runtime next to the simulator at toy scale and states from its numbers whether they agree.\n\n")
     if failed:

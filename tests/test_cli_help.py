@@ -1,5 +1,6 @@
-"""The command line takes no abbreviations, and every count or list in its help and the docs comes from
-the kit's own tables (notebooks, cluster presets), so the text cannot drift from the code."""
+"""The command line takes no abbreviations, every list in its help and the docs comes from the kit's
+own tables (notebooks, cluster presets), and `relibra reproduce -p` checks a parameter before any
+notebook starts."""
 
 from __future__ import annotations
 
@@ -49,11 +50,25 @@ def test_help_lists_come_from_the_tables():
     assert all(f"`{name}`" in readme for name in TOPOLOGY_PRESETS)
 
 
-def test_docs_name_every_notebook_and_no_stale_count():
+def test_docs_name_every_notebook():
     text = (project_root() / "docs" / "notebooks.md").read_text()
     assert all(name in text for name in NOTEBOOKS)
-    counts = re.findall(r"\b(ten|eleven|twelve|thirteen)\b", text, flags=re.I)
-    assert not counts, f"docs/notebooks.md counts notebooks in words: {counts}; name them instead"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["02", "-p", "nosuch", "1"], ("02_throughput", "'nosuch'", "takes: profile, setup")),
+    (["00", "-p", "spare_slots", "9"], ("00_tutorial", "spare_slots", "an integer 0..4", "9")),
+    (["06", "-p", "ep_sizes", "4,x"], ("06_skewness", "ep_sizes", "integers")),
+    (["04", "-p", "cluster", "moon"], ("04_reordering", "cluster", "moon")),
+])
+def test_a_bad_parameter_is_one_error_line_before_any_notebook_starts(argv, words, tmp_path, capsys):
+    from relibra.cli import main
+
+    out = tmp_path / "out"
+    assert main(["reproduce", *argv, "--profile", "tiny", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and all(w in err[0] for w in words), err
+    assert not out.exists()  # no notebook folder: no kernel started
 
 
 def test_non_default_runs_get_their_own_folder():

@@ -15,12 +15,15 @@ import pandas as pd
 import pytest
 
 from relibra.errors import ConfigError
-from relibra.experiments import project_root
+from relibra.experiments import get_notebook, project_root
 from relibra.experiments.headline import verdict_table
-from relibra.experiments.registry import (OverheadResult, RuntimeResult, ScaleResult, SensitivityResult,
-                                          SkewnessResult, ThroughputResult)
 from relibra.glance import (BEGIN, END, glance_markdown, glance_rows, readme_block, replace_block, update_readme,
                             write_glance)
+
+
+ThroughputResult, SkewnessResult, OverheadResult, RuntimeResult, SensitivityResult, ScaleResult = (
+    get_notebook(name).Result for name in ("02_throughput", "06_skewness", "07_overheads", "08_runtime",
+                                           "10_sensitivity", "11_scale"))
 
 
 class _Folder:
@@ -92,8 +95,8 @@ def _fixture_results(out: Path) -> None:
         [{"ratio": "relibra_over_megatron", "knob": k, "default": 1.3, "low": lo, "high": hi, "low_value": lv,
           "high_value": hv, "swing": hi - lo}
          for k, lo, hi, lv, hv in (("RDMA rate", 1.11, 1.52, "100", "25"), ("spare slots", 1.2, 1.31, "1", "4"),
-                                   ("batch layout", 1.29, 1.3, "verl", "slime"))])),
-           config={"model": "m1", "workload": "w1", "ep": 32, "cluster": "paper"})
+                                   ("batch layout", 1.29, 1.3, "verl", "slime"))]),
+        case={"model": "m1", "workload": "w1", "ep": 32, "cluster": "paper"}), config={})
 
 
 def test_glance_values_flow_from_the_tables(tmp_path):

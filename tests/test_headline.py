@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from relibra.experiments import headline as hl
+from relibra.setups import DEFAULT_CARD
 
 TINY = dict(ep=4, steps=2, micro_batches=2, policies=("megatron", "eplb+", "relibra", "balanced"))
 
@@ -28,7 +29,7 @@ def test_verdict_names_mean_range_and_best_case_with_its_seed():
 
 
 def test_cases_are_deterministic_and_workers_do_not_change_them():
-    cases = hl.headline_cases("token-budget-tp1", models=("tiny",), workloads=("math",), seeds=(0, 1), **TINY)
+    cases = hl.headline_cases(DEFAULT_CARD, models=("tiny",), workloads=("math",), seeds=(0, 1), **TINY)
     serial = hl.run_cases(cases, workers=1, progress=False)
     pooled = hl.run_cases(cases, workers=2, progress=False)
     timed = ["plan_s"]  # the planners' measured wall time; every simulated figure must agree
@@ -40,10 +41,10 @@ def test_cases_are_deterministic_and_workers_do_not_change_them():
 
 
 def test_budget_sweep_families_hold_what_they_say():
-    cases = [c for c in hl.budget_cases("token-budget-tp1", "one-sequence", model="tiny", workload="math", tokens=(8192, 32768),
-                                        ep=4, policies=TINY["policies"])]
+    cases = [c for c in hl.budget_cases(DEFAULT_CARD, "one-sequence", model="tiny", workload="math", seed=0,
+                                        tokens=(8192, 32768), ep=4, policies=TINY["policies"])]
     rows = hl.run_cases([hl.Case(c.setup, c.model, c.workload, c.seed, c.ep, tokens_per_microbatch=c.tokens_per_microbatch,
-                                 policies=c.policies, steps=2, micro_batches=4 if c.setup == "token-budget-tp1" else 8)
+                                 policies=c.policies, steps=2, micro_batches=4 if c.setup == DEFAULT_CARD else 8)
                          for c in cases], workers=1, progress=False)
     sweep = hl.budget_ratios(rows).set_index(["layout", "tokens_per_microbatch"])
     packed = sweep.loc["token-budget", "mean_tokens_per_slot"]
@@ -54,7 +55,7 @@ def test_budget_sweep_families_hold_what_they_say():
 
 
 def test_overheads_table_has_one_row_per_overhead():
-    cases = hl.headline_cases("token-budget-tp1", models=("tiny",), workloads=("mixed",), seeds=(0,), **TINY)
+    cases = hl.headline_cases(DEFAULT_CARD, models=("tiny",), workloads=("mixed",), seeds=(0,), **TINY)
     grid = hl.run_cases(cases, workers=1, progress=False)
     table = hl.overheads_table(grid)
     assert list(table["overhead"]) == list(hl.PAPER_OVERHEADS)

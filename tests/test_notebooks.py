@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 from relibra.errors import ConfigError
-from relibra.experiments import NOTEBOOK_PARAMETERS, NOTEBOOKS, declared_parameters, get_spec, project_root
+from relibra.experiments import NOTEBOOKS, declared_parameters, get_notebook, project_root
 
 NB_DIR = project_root() / "notebooks"
 
@@ -28,7 +28,7 @@ def image_outputs(nb) -> int:
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
-    """Run all ten notebooks once (tiny profile) and write the report, as `relibra reproduce` does."""
+    """Run every notebook once (tiny profile) and write the report, as `relibra reproduce` does."""
     from relibra.cli.reproduce import run_notebooks
     from relibra.report import write_report
 
@@ -70,7 +70,10 @@ def test_report_names_every_notebook(executed):
     text = (out / "REPORT.md").read_text()
     for name in NOTEBOOKS:
         assert f"### {name}" in text and f"{name}/{name}.html" in text
-    assert text.startswith("# ReLibra kit: reproduction report\n\n## The verdict: the paper's claims") and "## Environment" in text
+    # the verdict map's table per set-up card opens the report; the default card's headline follows it
+    assert text.startswith("# ReLibra kit: reproduction report\n\n## The verdict: the paper's claims per set-up card")
+    assert text.index("## The verdict:") < text.index("## The default card's headline in detail")
+    assert "## Environment" in text
 
 
 def test_report_shows_sensitivity_beside_the_headline(executed):
@@ -78,13 +81,13 @@ def test_report_shows_sensitivity_beside_the_headline(executed):
     set-up's ratios, and REPORT.md's sensitivity table right after the headline table."""
     import pandas as pd
 
-    from relibra.experiments import get_profile
+
     from relibra.experiments.sensitivity import RATIOS
 
     out, _ = executed
     frame = pd.read_csv(out / "10_sensitivity" / "sensitivity.csv")
     tornado = pd.read_csv(out / "10_sensitivity" / "tornado.csv")
-    knobs = get_profile("tiny").sensitivity_knobs
+    knobs = get_notebook("10_sensitivity").SIZES["tiny"].knobs
     assert sorted(set(frame["knob"])) == sorted(knobs) and len(tornado) == len(RATIOS) * len(knobs)
     defaults = frame[frame["is_default"]]
     assert len(defaults) == len(knobs) and (defaults[list(RATIOS)].nunique() == 1).all()
@@ -143,11 +146,11 @@ def test_source_is_jupytext_percent_declaring_what_it_reads(name):
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1
     assert declared_parameters(name) == list(dict.fromkeys(declared_parameters(name)))  # each once
-    assert set(declared_parameters(name)) == set(NOTEBOOK_PARAMETERS[name])
-    # and with the defaults of its spec's parameters dataclass
+    assert set(declared_parameters(name)) == set(get_notebook(name).Params.names())
+    # and with the defaults of its module's Params
     cell = ast.parse(tagged[0].source)
     values = {node.targets[0].id: ast.literal_eval(node.value) for node in cell.body if isinstance(node, ast.Assign)}
-    assert values == get_spec(name).defaults
+    assert values == get_notebook(name).Params.defaults()
     # the first code cell after the parameters checks them before anything else runs
     after = nb.cells[nb.cells.index(tagged[0]) + 1]
     assert f'ex.start("{name}", globals())' in after.source
@@ -163,11 +166,11 @@ def test_notebooks_folder_holds_sources_only():
 @pytest.mark.parametrize("notebook, params, message", [
     ("02_throughput", {"seeed": 3}, "unknown parameter 'seeed'"),
     ("00_tutorial", {"model": "qwen3-235b-a22b"}, "unknown parameter 'model'"),
-    ("00_tutorial", {"spare_slots": 9}, "spare_slots must be 0..4"),
+    ("00_tutorial", {"spare_slots": 9}, "spare_slots must be an integer 0..4"),
     ("00_tutorial", {"ep": 6}, "ep must be one of"),
-    ("00_tutorial", {"skew": -1}, "skew must be in"),
+    ("00_tutorial", {"skew": -1}, "skew must be a number in"),
     ("03_ablation", {"model": "qwen3-999b"}, "unknown model"),
-    ("02_throughput", {"profile": "huge"}, "unknown profile"),
+    ("02_throughput", {"profile": "huge"}, "profile must be one of tiny, laptop, paper, gpu"),
     ("02_throughput", {"setup": "nosuch"}, "unknown set-up card 'nosuch'"),
     ("02_throughput", {"ep": 32}, "unknown parameter 'ep'"),  # the headline grid is the profile's
     ("03_ablation", {"policies": "relibra,eplbb"}, "unknown policy 'eplbb'"),
@@ -175,11 +178,11 @@ def test_notebooks_folder_holds_sources_only():
     ("10_sensitivity", {"setup": "nosuch"}, "unknown set-up card"),
     ("04_reordering", {"model": "qwen3-30b-a3b,glm-4.5-air"}, "studies one model"),
     ("08_runtime", {"nproc": 4, "nodes": 3}, "must divide"),
-    ("09_rl_workload", {"rl_steps": 0}, "rl_steps must be >= 1"),
+    ("09_rl_workload", {"rl_steps": 0}, "rl_steps must be an integer >= 1"),
     ("01_routing_dynamics", {"cluster": "paper"}, "unknown parameter 'cluster'"),
     ("10_sensitivity", {"knobs": "spare slots,NVLink"}, "unknown sensitivity knob"),
     ("10_sensitivity", {"policies": "relibra"}, "unknown parameter 'policies'"),
-    ("11_scale", {"eps": "16,0"}, "eps must be 1..4096"),
+    ("11_scale", {"eps": "16,0"}, "eps must be a comma-separated list of integers 1..4096"),
     ("11_scale", {"clusters": "paper,nodes=0"}, "nodes"),
     ("11_scale", {"models": "nope"}, "unknown model"),
     ("11_scale", {"ep": 8}, "unknown parameter 'ep'"),
@@ -199,22 +202,64 @@ def test_injected_names_come_from_papermills_cell():
     assert injected_names({"In": history[:2] + ["run = ..."]}) == []  # no papermill cell: nothing injected
 
 
-# Every declared parameter (but where results go and whether widgets show) changes the resolved run.
+# Every declared parameter that affects results changes the resolved run.
 _CHANGED = {"model": "qwen3-30b-a3b", "workload": "code", "ep": 8, "steps": 2, "seed": 1, "cluster": "h800",
             "policies": "megatron,eplb+", "spare_slot_counts": "1,2", "ep_sizes": "4,8", "nproc": 4, "nodes": 2,
             "rl_steps": 3, "measured_dir": "elsewhere", "placement": "lpt", "spare_slots": 1, "skew": 0.5,
-            "shift": 0.1, "tokens_per_gpu": 512, "micro_batches": 2, "micro_batch": 1, "profile": "tiny",
+            "shift": 0.1, "tokens_per_gpu": 512, "micro_batches": 2, "micro_batch": 1,
             "knobs": "spare slots,NVLink rate", "models": "tiny,qwen3-30b-a3b", "clusters": "paper,nodes=32;nvl72",
-            "eps": "8,16", "setup": "one-sequence", "tokens_per_microbatch": 4096}
+            "eps": "8,16", "setup": "one-sequence", "tokens_per_microbatch": 4096, "trace": "data/tiny_math_ep4.npz",
+            "tokens": "1024,4096", "workloads": "math", "seeds": "0,1"}
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_every_declared_parameter_changes_the_config(name, tmp_path):
-    from relibra.experiments import start
-
-    base = start(name, out_dir=tmp_path).config.to_dict()
-    for param in NOTEBOOK_PARAMETERS[name]:
-        if param in ("out_dir", "interactive"):
+def test_every_declared_parameter_changes_the_params(name):
+    nb = get_notebook(name)
+    base, _ = nb.create()
+    for param in nb.Params.names():
+        if param in nb.Params.settings():
             continue
-        changed = start(name, out_dir=tmp_path, **{param: _CHANGED[param]}).config.to_dict()
-        assert changed != base, f"{name}: parameter {param} changes nothing"
+        changed, _ = nb.create(**{param: _CHANGED[param]})
+        assert changed.named_values() != base.named_values(), f"{name}: parameter {param} changes nothing"
+
+
+# ---- the same figures, tables and CSVs as the reference ----------------------------------------------
+REFERENCE = Path(__file__).parent / "data" / "tiny_reference"
+
+
+def test_every_figure_and_csv_is_the_references(executed):
+    """The tiny run's CSVs and figures are the reference's (relibra.experiments.golden, which also
+    rewrites the reference from a tiny run): numbers to 1e-12, text exact, figures byte for byte,
+    measured values left out."""
+    from relibra.experiments.golden import compare
+
+    out, _ = executed
+    problems = compare(REFERENCE, out)
+    assert not problems, problems
+
+
+def test_the_comparison_sees_a_changed_number_and_a_changed_figure(tmp_path):
+    """Not vacuous: one number moved by 1e-9 relative is a difference, one moved by 1e-14 is not; a
+    figure of other bytes is a difference."""
+    import shutil
+
+    import pandas as pd
+
+    from relibra.experiments.golden import FIGURES, compare, csv_differences
+
+    ref = REFERENCE / "06_skewness" / "skewness.csv"
+    t = pd.read_csv(ref)
+    for scale, differs in ((1 + 1e-9, True), (1 + 1e-14, False)):
+        t2 = t.copy()
+        t2.loc[0, "skewness"] *= scale
+        t2.to_csv(tmp_path / "s.csv", index=False, float_format="%.17g")
+        assert bool(csv_differences(ref, tmp_path / "s.csv", "06_skewness/skewness.csv")) == differs
+    reference = tmp_path / "reference"
+    (reference / "06_skewness").mkdir(parents=True)
+    shutil.copyfile(ref, reference / "06_skewness" / "skewness.csv")
+    (reference / FIGURES).write_text(json.dumps({"06_skewness/skewness.png": "0" * 64}))
+    run = tmp_path / "run" / "06_skewness"
+    run.mkdir(parents=True)
+    shutil.copyfile(ref, run / "skewness.csv")
+    (run / "skewness.png").write_bytes(b"not the figure")
+    assert compare(reference, tmp_path / "run") == ["06_skewness/skewness.png: not the reference's bytes"]

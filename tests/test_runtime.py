@@ -190,7 +190,7 @@ def test_runtime_attention_fit_recovers_a_known_efficiency():
 def test_runtime_agreement_text_follows_the_numbers():
     import pandas as pd
 
-    from relibra.experiments.narrative import runtime_agreement
+    from relibra.experiments.runtime import runtime_agreement
 
     rows = pd.DataFrame([
         {"policy": "megatron", "step_s_median": 2.0, "step_s_min": 1.9, "step_s_max": 2.2, "sim_step_s": 1.9,

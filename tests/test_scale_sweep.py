@@ -4,12 +4,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from relibra.experiments import ScaleSweep, best_other, scale_cases, scale_sweep
+from relibra.cluster import get_model, resolve_topology
+from relibra.experiments.scale import ScaleSweep, best_other, scale_cases, scale_sweep
 
 
 def test_impossible_cases_say_why():
-    cases = {(m, c, ep): why for m, c, ep, why in
-             scale_cases(ScaleSweep(("tiny", "kimi-k2"), ("paper,nodes=32", "nvl72"), (8, 256)))}
+    models, clusters = [get_model(m) for m in ("tiny", "kimi-k2")], [resolve_topology(c) for c in ("paper,nodes=32", "nvl72")]
+    cases = {(m.name, c.name, ep): why for m, c, ep, why in scale_cases(models, clusters, (8, 256))}
     assert cases[("tiny", "nvl72", 8)] is None
     assert "does not divide the 16 experts" in cases[("tiny", "nvl72", 256)]
     assert "does not divide the 384 experts" in cases[("kimi-k2", "paper,nodes=32", 256)]
@@ -17,7 +18,8 @@ def test_impossible_cases_say_why():
 
 
 def test_sweep_rows_and_references():
-    table = scale_sweep(ScaleSweep(("tiny",), ("cpu-gloo,nodes=4",), (4, 32), layers=2, micro_batches=2),
+    sweep = ScaleSweep(("tiny",), ("cpu-gloo,nodes=4",), (4, 32), layers=2, micro_batches=2)
+    table = scale_sweep([get_model("tiny")], [resolve_topology("cpu-gloo,nodes=4")], (4, 32), sweep,
                         policies=("megatron", "relibra", "relibra-h"), progress=False)
     ok = table[table["status"] == "ok"].set_index("policy")
     assert set(ok.index) == {"megatron", "relibra", "relibra-h", "balanced", "balanced-compute"}

@@ -169,7 +169,7 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
-    from relibra.experiments import NOTEBOOK_PARAMETERS, get_profile, project_root
+    from relibra.experiments import get_notebook, get_profile, project_root
     from relibra.progress import ENV, progress as tqdm
 
     get_profile(profile)
@@ -189,14 +189,9 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
             bar.set_postfix_str(name)
             nb_out = out_dir / name
             previous = _start_notebook_folder(nb_out)
-            declared = NOTEBOOK_PARAMETERS[name]
-            params = {"out_dir": str(nb_out)}
-            for key, value in (("profile", profile), ("seed", int(seed)), ("measured_dir", measured_dir)):
-                if key in declared and value is not None:
-                    params[key] = value
-            if "interactive" in declared:
-                params["interactive"] = False  # headless: no widgets, the static figures only
-            params.update(extra_parameters or {})
+            params = {"out_dir": str(nb_out), **run_parameters(name, profile, seed, measured_dir),
+                      **(extra_parameters or {})}
+            declared = get_notebook(name).Params.names()
             started = time.perf_counter()
             status = {"status": "ok", "profile": profile if "profile" in declared else "none"}
             executed = nb_out / f"{name}.ipynb"
@@ -233,6 +228,26 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
         else:
             os.environ[ENV] = saved_progress
     return statuses
+
+
+def run_parameters(name: str, profile: str, seed: int, measured_dir: str | None) -> dict:
+    """The options of `relibra reproduce` as the parameters notebook `name` declares: profile, seed and
+    measured_dir where it takes them, and interactive=False (headless: the static figures only)."""
+    from relibra.experiments import get_notebook
+
+    declared = get_notebook(name).Params.names()
+    given = {"profile": profile, "seed": int(seed), "measured_dir": measured_dir, "interactive": False}
+    return {k: v for k, v in given.items() if k in declared and v is not None}
+
+
+def check_parameters(names: list[str], profile: str, seed: int, measured_dir: str | None, parameters: dict) -> None:
+    """Every -p parameter checked against each chosen notebook's Params (names, types, ranges, and what
+    they resolve to) before any kernel starts: a ConfigError naming the notebook, the parameter and
+    what it accepts."""
+    from relibra.experiments import get_notebook
+
+    for name in names:
+        get_notebook(name).create(**run_parameters(name, profile, seed, measured_dir), **parameters)
 
 
 def parse_parameters(pairs: list[list[str]] | None) -> dict:
@@ -292,6 +307,7 @@ def _reproduce(args) -> int:
     parameters = parse_parameters(args.parameter)
     args.out = output_folder(args.out, args.seed, parameters)
     check_output_folder(args.out)
+    check_parameters(names, args.profile, args.seed, args.measured_dir, parameters)
     readme = project_root() / "README.md"
     if args.update_readme:  # a README without its markers fails now, not after the notebooks ran
         readme_block(readme.read_text(), str(readme))
@@ -344,8 +360,8 @@ def register(sub) -> None:
     p.add_argument("--measured-dir", default=None,
                    help="folder of measured results from GPU nodes (gpu profile; default results/gpu_runs)")
     p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
-                   help="set a notebook parameter, as papermill's -p (e.g. -p ep 16); a name the notebook "
-                   "does not declare fails it with the list of those it does")
+                   help="set a notebook parameter, as papermill's -p (e.g. -p ep 16); each is checked against "
+                   "every chosen notebook's parameters (name, type, range) before any notebook starts")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--update-readme", action="store_true",
                    help="after a run where every notebook passed, copy OUT/glance.md (the results table built "

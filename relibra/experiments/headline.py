@@ -1,6 +1,6 @@
 """The headline: the paper's three claims against the kit's figures at full scale, over seeds.
 
-`headline_grid` simulates every policy on every (model, workload, seed) of a set-up card at full scale
+`headline_cases` and `run_cases` simulate every policy on every (model, workload, seed) of a set-up card at full scale
 (every MoE layer, every micro-batch the card's batch gives), one trace per case: `steps` steps, the
 last one simulated, the ones before history for EPLB. Cases run in worker processes, one per core.
 `verdict_table` turns the grid into one row per paper claim: the kit's mean over cases and seeds, the
@@ -20,25 +20,16 @@ import pandas as pd
 
 from relibra.cluster import get_model
 from relibra.experiments.config import scaled_model
+from relibra.labels import CLAIMS
 from relibra.progress import progress as tqdm
-from relibra.setups import load_card
+from relibra.setups import SetupCard, load_card
 from relibra.sim import simulate
 from relibra.workloads import BATCH_LAYOUTS, generate_trace, mean_sequence_tokens
 
-# The paper's headline claims (abstract), next to which REPORT.md puts the kit's figures.
-PAPER_CLAIMS = {
-    "relibra_vs_megatron": "up to 1.6x",
-    "relibra_vs_eplb+": "up to 1.2x",
-    "relibra_gap_to_balanced": "within 6-10%",
-}
-HEADLINE_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
-HEADLINE_WORKLOADS = ("math", "science", "instruct", "code", "mixed")
-HEADLINE_SEEDS = (0, 1, 2)
 # Every registered policy; balanced-compute is added by the simulator as a reference row.
 HEADLINE_POLICIES = ("megatron", "eplb", "eplb+", "lplb+", "eplb+lp", "llep", "relibra", "relibra-reorder",
                      "relibra-replicate", "relibra-lpt", "relibra-split", "relibra-h", "balanced")
-# Tokens per micro-batch of the budget sweep (per GPU; one-sequence family: sequences scaled to them).
-SWEEP_TOKENS = (4096, 8192, 16384, 32768)
+VERDICT_CLAIMS = ("relibra_over_megatron", "relibra_over_eplb_plus", "gap_to_balanced", "gap_to_balanced_compute")
 CASE_KEYS = ["setup", "model", "workload", "seed", "ep", "layout", "tokens_per_microbatch"]
 
 
@@ -46,7 +37,7 @@ CASE_KEYS = ["setup", "model", "workload", "seed", "ep", "layout", "tokens_per_m
 class Case:
     """One simulated case: a set-up card (name or path) with its layout and budget, model, workload, seed."""
 
-    setup: str
+    setup: "str | SetupCard"
     model: str
     workload: str
     seed: int
@@ -201,19 +192,13 @@ def run_cases(cases: list[Case], workers: int | None = None, progress: bool = Tr
     return pd.concat(frames, ignore_index=True)
 
 
-def headline_cases(setup: str = "token-budget-tp1", models=HEADLINE_MODELS, workloads=HEADLINE_WORKLOADS, seeds=HEADLINE_SEEDS,
-                   ep: int = 32, policies=HEADLINE_POLICIES, steps: int = 3, layers: int | None = None,
-                   micro_batches: int | None = None) -> list[Case]:
+def headline_cases(setup, models, workloads, seeds, ep: int = 32, policies=HEADLINE_POLICIES, steps: int = 3,
+                   layers: int | None = None, micro_batches: int | None = None) -> list[Case]:
     """The full-scale grid: every (model, workload, seed) of the card, largest models first (they take
     longest, so two workers finish together)."""
     order = sorted(models, key=lambda m: -get_model(m).num_layers)
     return [Case(setup, m, w, int(s), ep, steps=steps, layers=layers, micro_batches=micro_batches,
                  policies=tuple(policies)) for m in order for w in workloads for s in seeds]
-
-
-def headline_grid(setup: str = "token-budget-tp1", workers: int | None = None, progress: bool = True, **grid) -> pd.DataFrame:
-    """Every policy simulated on every case of headline_cases(setup, **grid); one row per (case, policy)."""
-    return run_cases(headline_cases(setup, **grid), workers, progress, desc="headline")
 
 
 def _ratio(grid: pd.DataFrame, num: str, den: str) -> pd.Series:
@@ -238,20 +223,17 @@ def verdict_table(grid: pd.DataFrame) -> pd.DataFrame:
     beside it, 1 - ReLibra / balanced-compute (the same routing with every GPU at the mean compute).
     """
     rows = []
-    claims = (("ReLibra / Megatron", "relibra_vs_megatron", "relibra", "megatron", "ratio"),
-              ("ReLibra / EPLB+ (oracle loads)", "relibra_vs_eplb+", "relibra", "eplb+", "ratio"),
-              ("gap to Balanced (1 - ReLibra / Balanced)", "relibra_gap_to_balanced", "relibra", "balanced", "gap"),
-              ("gap to balanced-compute (1 - ReLibra / balanced-compute)", None, "relibra", "balanced-compute", "gap"))
-    for label, claim, num, den, kind in claims:
-        ratio = _ratio(grid, num, den)
+    for c in (CLAIMS[k] for k in VERDICT_CLAIMS):
+        ratio = _ratio(grid, c.numerator, c.denominator)
         if ratio.empty:
             continue
+        kind = c.kind
         value = 1.0 - ratio if kind == "gap" else ratio
         best = value.idxmin() if kind == "gap" else value.idxmax()
         names = list(value.index.names)
         same = value[[all(i[names.index(k)] == best[names.index(k)] for k in ("model", "workload"))
                       for i in value.index]]
-        rows.append({"claim": label, "paper": PAPER_CLAIMS.get(claim, "-"), "kind": kind,
+        rows.append({"claim": c.verdict_label, "paper": c.paper or "-", "kind": kind,
                      "mean": float(value.mean()), "low": float(value.min()), "high": float(value.max()),
                      "best": float(value[best]), "best_case": _case_text(best, names),
                      "seeds_of_best_low": float(same.min()), "seeds_of_best_high": float(same.max()),
@@ -259,15 +241,7 @@ def verdict_table(grid: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def seed_spread(grid: pd.DataFrame, num: str = "relibra", den: str = "megatron") -> pd.DataFrame:
-    """num / den per (model, workload): mean, min and max over seeds."""
-    ratio = _ratio(grid, num, den).rename("ratio").reset_index()
-    out = ratio.groupby(["model", "workload"], sort=False)["ratio"].agg(["mean", "min", "max", "count"])
-    return out.reset_index()
-
-
-def budget_cases(setup: str = "token-budget-tp1", alternative: str = "one-sequence", model: str = "qwen3-235b-a22b",
-                 workload: str = "mixed", seed: int = 0, tokens=SWEEP_TOKENS, ep: int = 32,
+def budget_cases(setup, alternative: str, model: str, workload: str, seed: int, tokens, ep: int = 32,
                  policies=("megatron", "eplb+", "relibra", "balanced"), layers: int | None = None) -> list[Case]:
     """The budget sweep: the card (token-budget) and the alternative card (one sequence per micro-batch,
     sequences scaled so a slot holds about that many tokens), at each tokens per micro-batch."""
@@ -279,44 +253,10 @@ def budget_ratios(sweep: pd.DataFrame) -> pd.DataFrame:
     """ReLibra / Megatron and ReLibra / EPLB+ per (set-up, layout, tokens per micro-batch) of a sweep."""
     keys = ["setup", "layout", "tokens_per_microbatch", "model", "workload", "seed"]
     wide = sweep.pivot_table(index=keys, columns="policy", values="tokens_per_s", aggfunc="mean")
-    out = pd.DataFrame({"relibra_over_megatron": wide["relibra"] / wide["megatron"],
-                        "relibra_over_eplb_plus": wide["relibra"] / wide["eplb+"]}).reset_index()
+    out = pd.DataFrame({k: CLAIMS[k].of(wide) for k in VERDICT_CLAIMS[:2]}).reset_index()
     tokens = sweep.groupby(keys)["mean_tokens_per_slot"].first().reset_index(drop=True)
     out["mean_tokens_per_slot"] = tokens.to_numpy()
     return out
-
-
-def headline_ratios(throughput: pd.DataFrame) -> pd.DataFrame:
-    """The paper's three headline ratios from a throughput table of one seed (notebooks at a profile's scale).
-
-    throughput: one row per (model, workload, policy) with `tokens_per_s` (other grouping columns such
-    as ep or cluster are kept as part of the case). Returns one row per claim: the best case ("up to"),
-    the range over cases, the number of cases, and the paper's figure.
-    """
-    keys = [c for c in ("model", "workload", "ep", "cluster") if c in throughput]
-    wide = throughput.pivot_table(index=keys, columns="policy", values="tokens_per_s", aggfunc="mean")
-    rows = []
-
-    def case(idx) -> str:
-        return ", ".join(str(v) for v in (idx if isinstance(idx, tuple) else (idx,)))
-
-    for other, claim, label in (("megatron", "relibra_vs_megatron", "ReLibra / Megatron"),
-                                ("eplb+", "relibra_vs_eplb+", "ReLibra / EPLB+ (oracle)")):
-        if "relibra" in wide and other in wide:
-            ratio = (wide["relibra"] / wide[other]).dropna()
-            if len(ratio):
-                rows.append({"claim": label, "paper": PAPER_CLAIMS[claim], "kit": f"up to {ratio.max():.2f}x",
-                             "range": f"{ratio.min():.2f}x - {ratio.max():.2f}x", "mean": float(ratio.mean()),
-                             "where_best": case(ratio.idxmax()), "cases": int(len(ratio))})
-    if "relibra" in wide and "balanced" in wide:
-        gap = (1.0 - wide["relibra"] / wide["balanced"]).dropna()
-        if len(gap):
-            rows.append({"claim": "gap to Balanced (1 - ReLibra / Balanced)",
-                         "paper": PAPER_CLAIMS["relibra_gap_to_balanced"],
-                         "kit": f"within {100 * gap.min():.1f}-{100 * gap.max():.1f}%",
-                         "range": f"{100 * gap.min():.1f}% - {100 * gap.max():.1f}%", "mean": float(gap.mean()),
-                         "where_best": case(gap.idxmin()), "cases": int(len(gap))})
-    return pd.DataFrame(rows, columns=["claim", "paper", "kit", "range", "mean", "where_best", "cases"])
 
 
 # Alternatives to the card's default beside the verdict: the other batch layouts and other link rates.
@@ -326,7 +266,7 @@ LINK_ALTERNATIVES = (
 )
 
 
-def alternative_cases(setup: str, model: str, workload: str, seed: int = 0, ep: int = 32,
+def alternative_cases(setup, model: str, workload: str, seed: int = 0, ep: int = 32,
                       layers: int | None = None, policies=("megatron", "eplb+", "relibra", "balanced")) -> list[Case]:
     """One case per other batch layout and per other link-rate pair, each on the card's other inputs."""
     default = load_card(setup).value("batch.layout")
@@ -341,9 +281,7 @@ def alternative_ratios(alternatives: pd.DataFrame) -> pd.DataFrame:
     """ReLibra / Megatron, ReLibra / EPLB+ and the gap to Balanced per alternative case."""
     wide = alternatives.pivot_table(index=["label", "model", "workload", "seed"], columns="policy",
                                     values="tokens_per_s", aggfunc="mean")
-    return pd.DataFrame({"relibra_over_megatron": wide["relibra"] / wide["megatron"],
-                         "relibra_over_eplb_plus": wide["relibra"] / wide["eplb+"],
-                         "gap_to_balanced": 1.0 - wide["relibra"] / wide["balanced"]}).reset_index()
+    return pd.DataFrame({k: CLAIMS[k].of(wide) for k in VERDICT_CLAIMS[:3]}).reset_index()
 
 
 def case_ratios(grid: pd.DataFrame) -> pd.DataFrame:
@@ -351,111 +289,48 @@ def case_ratios(grid: pd.DataFrame) -> pd.DataFrame:
     gaps to balanced and balanced-compute."""
     wide = grid.pivot_table(index=["model", "workload", "seed"], columns="policy", values="tokens_per_s",
                             aggfunc="mean")
-    out = pd.DataFrame({"relibra_over_megatron": wide["relibra"] / wide["megatron"],
-                        "relibra_over_eplb_plus": wide["relibra"] / wide["eplb+"],
-                        "gap_to_balanced": 1.0 - wide["relibra"] / wide["balanced"],
-                        "gap_to_balanced_compute": 1.0 - wide["relibra"] / wide["balanced-compute"]})
-    return out.reset_index()
+    return pd.DataFrame({k: CLAIMS[k].of(wide) for k in VERDICT_CLAIMS}).reset_index()
 
 
-@dataclasses.dataclass
-class HeadlineResult:
-    """What notebook 02 computes: the grid (one row per case, seed and policy), its per-case ratios, the
-    verdict per paper claim, the budget sweep, the alternatives and ReLibra's overheads."""
-
-    grid: pd.DataFrame
-    ratios: pd.DataFrame
-    verdict: pd.DataFrame
-    sweep: pd.DataFrame
-    alternatives: pd.DataFrame
-    overheads: pd.DataFrame
-    setup: str
-    full_scale: bool
-    caption: str = ""
-    sweep_caption: str = ""
-
-    def verdict_with_alternatives(self) -> pd.DataFrame:
-        """The verdict table with the range over the alternatives (other layouts and link rates) per claim."""
-        v = self.verdict.copy()
-        cols = {"ReLibra / Megatron": "relibra_over_megatron", "ReLibra / EPLB+ (oracle loads)": "relibra_over_eplb_plus",
-                "gap to Balanced (1 - ReLibra / Balanced)": "gap_to_balanced"}
-        v["alternatives_low"] = [float(self.alternatives[cols[c]].min()) if c in cols else float("nan")
-                                 for c in v["claim"]]
-        v["alternatives_high"] = [float(self.alternatives[cols[c]].max()) if c in cols else float("nan")
-                                  for c in v["claim"]]
-        v["why"] = v["claim"].map(why_they_differ(self))
-        v["scale"] = "full scale" if self.full_scale else "CUT-DOWN"
-        return v
-
-
-def config_headline(cfg, progress: bool = True, workers: int | None = None) -> HeadlineResult:
-    """Notebook 02: the profile's HeadlineGrid on the set-up card (parameter `setup`, default paper): the
-    grid, the budget sweep of both families and the alternatives, all cases in one pool of workers."""
-    g = cfg.sizes.headline
-    setup = cfg.extra.get("setup") or "token-budget-tp1"
-    budget = cfg.extra.get("tokens_per_microbatch")
-    grid_cases = [dataclasses.replace(c, tokens_per_microbatch=budget) for c in
-                  headline_cases(setup, g.models, g.workloads, g.seeds, g.ep, steps=g.steps, layers=g.layers,
-                                 micro_batches=g.micro_batches)]
-    sweep_cases = [dataclasses.replace(c, steps=g.steps, micro_batches=g.micro_batches) for c in
-                   budget_cases(setup, g.alternative, g.sweep_model, g.sweep_workload, 0, g.sweep_tokens, g.ep,
-                                layers=g.layers)]
-    alt_cases = [dataclasses.replace(c, steps=g.steps, micro_batches=g.micro_batches) for c in
-                 alternative_cases(setup, g.sweep_model, g.sweep_workload, 0, g.ep, layers=g.layers)]
-    frame = run_cases(grid_cases + sweep_cases + alt_cases, workers, progress, desc="headline")
-    part = np.digitize(frame["case_index"], [len(grid_cases), len(grid_cases) + len(sweep_cases)])
-    grid, sweep_rows, alternatives = (frame[part == i].drop(columns="case_index").reset_index(drop=True)
-                                      for i in range(3))
-    sweep = budget_ratios(sweep_rows)
-    sweep["family"] = np.where(sweep["layout"] == "token-budget", "token-budget", "one sequence per micro-batch")
-    scale = ("full scale: every MoE layer, every micro-batch of the batch" if g.full_scale else
-             f"CUT-DOWN ({cfg.profile} profile): "
-             + ("every MoE layer" if g.layers is None else f"first {g.layers} MoE layers") + ", "
-             + ("every micro-batch" if g.micro_batches is None else f"{g.micro_batches} micro-batches"))
-    card_text = f"`{setup}` set-up card" + ("" if budget is None else f" with {budget} tokens per micro-batch")
-    caption = (f"simulated on the {card_text}, EP {g.ep}; {len(g.models)} models x {len(g.workloads)} "
-               f"workloads x {len(g.seeds)} seeds ({', '.join(map(str, g.seeds))}); {scale}")
-    # the sweep is one case at each budget: its caption names that case, not the grid
-    sweep_caption = (f"simulated on the `{setup}` and `{g.alternative}` set-up cards, EP {g.ep}; {g.sweep_model}, "
-                     f"{g.sweep_workload}, seed 0, {len(g.sweep_tokens)} budgets; {scale}")
-    return HeadlineResult(grid=grid, ratios=case_ratios(grid), verdict=verdict_table(grid), sweep=sweep,
-                          alternatives=alternative_ratios(alternatives), overheads=overheads_table(grid),
-                          setup=setup, full_scale=g.full_scale, caption=caption, sweep_caption=sweep_caption)
-
-
-def why_they_differ(result: HeadlineResult) -> dict[str, str]:
-    """One sentence per claim on why the kit's figure differs from the paper's, computed from the grid."""
-    g = result.grid
-    by = g.groupby("policy")
+def why_they_differ(grid: pd.DataFrame, alternatives: pd.DataFrame) -> dict[str, str]:
+    """One sentence per claim id on why the kit's figure differs from the paper's, computed from the grid."""
+    by = grid.groupby("policy")
     share = by[["expert_share", "a2a_share"]].mean()
-    tps = g.pivot_table(index=["model", "workload", "seed"], columns="policy", values="tokens_per_s")
+    tps = grid.pivot_table(index=["model", "workload", "seed"], columns="policy", values="tokens_per_s")
     ceiling = float((tps["balanced-compute"] / tps["megatron"]).mean())
     skew = by["skewness"].mean()
-    alt = result.alternatives
-    best_alt = alt.loc[alt["relibra_over_megatron"].idxmax()] if len(alt) else None
+    best_alt = alternatives.loc[alternatives["relibra_over_megatron"].idxmax()] if len(alternatives) else None
     alt_text = (f"; the largest alternative, {best_alt['label']}, gives {best_alt['relibra_over_megatron']:.2f}x"
                 if best_alt is not None else "")
     return {
-        "ReLibra / Megatron": (
+        "relibra_over_megatron": (
             f"routed experts are {100 * share.loc['megatron', 'expert_share']:.0f}% of Megatron's simulated step and "
             f"its all-to-all {100 * share.loc['megatron', 'a2a_share']:.0f}%, so even balanced-compute (every GPU at "
             f"the mean expert compute) is only {ceiling:.2f}x Megatron on average{alt_text}"),
-        "ReLibra / EPLB+ (oracle loads)": (
-            f"packed micro-batches of ~{g['mean_tokens_per_slot'].mean():,.0f} tokens per rank move little from the "
+        "relibra_over_eplb_plus": (
+            f"packed micro-batches of ~{grid['mean_tokens_per_slot'].mean():,.0f} tokens per rank move little from the "
             f"step's load, so EPLB+'s per-step placement already brings skewness from "
             f"{skew.get('megatron', float('nan')):.2f} to {skew.get('eplb+', float('nan')):.2f} "
             f"(ReLibra {skew.get('relibra', float('nan')):.2f})"),
-        "gap to Balanced (1 - ReLibra / Balanced)": (
+        "gap_to_balanced": (
             "Balanced forces uniform routing, which also evens the all-to-all; ReLibra keeps the real routing's "
             "exchange, and the simulator charges no cost the paper measured beyond the overheads table"),
-        "gap to balanced-compute (1 - ReLibra / balanced-compute)": (
+        "gap_to_balanced_compute": (
             "the same routing and all-to-all with perfectly even expert compute: what placement and replication "
             "could at best remove"),
     }
 
 
-VERDICT_COLUMNS = ("claim", "paper", "kind", "mean", "low", "high", "best", "best_case", "cases", "seeds",
-                   "alternatives_low", "alternatives_high", "why", "scale")
+def verdict_with_alternatives(grid: pd.DataFrame, alternatives: pd.DataFrame, full_scale: bool) -> pd.DataFrame:
+    """verdict_table(grid) with, per claim, the range over the alternatives (other layouts and link
+    rates), why the kit's figure differs from the paper's, and the scale."""
+    v = verdict_table(grid)
+    ids = [next(k for k in VERDICT_CLAIMS if CLAIMS[k].verdict_label == c) for c in v["claim"]]
+    v["alternatives_low"] = [float(alternatives[k].min()) if k in alternatives else float("nan") for k in ids]
+    v["alternatives_high"] = [float(alternatives[k].max()) if k in alternatives else float("nan") for k in ids]
+    v["why"] = [why_they_differ(grid, alternatives)[k] for k in ids]
+    v["scale"] = "full scale" if full_scale else "CUT-DOWN"
+    return v
 
 
 def verdict_cells(row) -> dict:
@@ -471,14 +346,3 @@ def verdict_cells(row) -> dict:
                                                      f"{int(row['cases'])} cases ({int(row['seeds'])} seeds)",
             "best case": f"{f(row['best'])} ({row['best_case']})",
             "other layouts and link rates": alt, "why they differ": row["why"]}
-
-
-def verdict_story(verdict: pd.DataFrame) -> str:
-    """Markdown: each paper claim against the kit's figure, and why they differ (notebook 02's narrative)."""
-    lines = []
-    for _, row in verdict.iterrows():
-        c = verdict_cells(row)
-        lines.append(f"- **{row['claim']}**: paper {row['paper']}; the kit {c['kit (mean; range over cases x seeds)']}, "
-                     f"best {c['best case']}, {c['other layouts and link rates']} under other layouts and link rates. "
-                     f"Why: {row['why']}.")
-    return "\n".join(lines)

@@ -1,57 +1,109 @@
-"""One notebook run: where its figures and tables go, and the manifest that relibra.report reads."""
+"""One notebook run: its checked parameters, where its figures and tables go, and the manifest that
+relibra.report reads.
+
+A notebook's `parameters` cell (tagged "parameters", read by papermill) declares exactly the fields
+of its module's Params; its first code cell after it calls
+
+    run = ex.start("02_throughput", globals())
+
+which fails with a ConfigError naming any parameter papermill injected that the notebook does not
+declare, parses and checks every value (relibra.experiments.base.Params.create) and opens the Run.
+"""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import time
 from pathlib import Path
 
 import pandas as pd
 
 from relibra.errors import ConfigError
-from relibra.experiments.config import Config, jsonable
+from relibra.experiments.base import jsonable
+from relibra.experiments.config import project_root, resolve_path
+from relibra.experiments.registry import Notebook, get_notebook
 from relibra.paths import atomic_path, write_text
-from relibra.plots import save_figure
+
+_INJECTED_HEADER = "# Parameters"  # papermill's PythonTranslator.codify(..., comment="Parameters")
+
+
+def notebook_source(notebook: str) -> Path:
+    """notebooks/<notebook>.py, the Jupytext py:percent source of a notebook."""
+    return project_root() / "notebooks" / f"{get_notebook(notebook).name}.py"
+
+
+def parameters_cell(text: str) -> str:
+    """The source of the cell tagged "parameters" in py:percent text (`# %% tags=["parameters"]`)."""
+    cells = re.split(r"^# %%", text, flags=re.M)
+    tagged = [c for c in cells if re.match(r"[^\n]*tags=\[[^\]]*[\"']parameters[\"']", c)]
+    if len(tagged) != 1:
+        raise ConfigError(f"expected exactly one cell tagged 'parameters', found {len(tagged)}")
+    return tagged[0].split("\n", 1)[1] if "\n" in tagged[0] else ""
+
+
+def assigned_names(source: str) -> list[str]:
+    """Names assigned at the top level of `source` (the form of papermill's parameters cells)."""
+    out = []
+    for node in ast.parse(source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) else []
+        out += [t.id for t in targets if isinstance(t, ast.Name)]
+    return out
+
+
+def declared_parameters(notebook: str) -> list[str]:
+    """The names the notebook's parameters cell assigns, in order."""
+    return assigned_names(parameters_cell(notebook_source(notebook).read_text()))
+
+
+def injected_names(namespace: dict) -> list[str]:
+    """Names papermill injected into this kernel: assignments of the cell executed just before the
+    current one, if that cell is papermill's (it starts with '# Parameters'); [] otherwise (a run in
+    JupyterLab, where the parameters cell is edited by hand)."""
+    history = namespace.get("In") or namespace.get("_ih") or []
+    if len(history) < 2 or not history[-2].lstrip().startswith(_INJECTED_HEADER):
+        return []
+    return assigned_names(history[-2])
 
 
 class Run:
-    """Saves a notebook's figures and tables under `config.out_dir` and records them in a manifest.
+    """A notebook's checked parameters and sizes; saves its figures and tables under `out_dir` and
+    records them in manifest.json (each figure with its caption, and whether it shows simulated or
+    measured numbers, on what hardware)."""
 
-    Each saved figure carries its caption and whether it shows simulated or measured numbers (and on
-    what hardware); relibra.report reads `manifest.json` to write results/REPORT.md.
-    """
-
-    def __init__(self, config: Config, spec=None, non_default: dict | None = None):
-        self.config = config
-        self.spec = spec  # the notebook's registry.NotebookSpec
+    def __init__(self, notebook: Notebook, params, sizes, non_default: dict | None = None):
+        self.notebook, self.params, self.sizes = notebook, params, sizes
         self.non_default = non_default or {}  # parameters set away from the notebook's defaults
+        self.out_dir = resolve_path(getattr(params, "out_dir", None) or Path("results") / notebook.name)
         self.started = time.perf_counter()
         self.figures: list[dict] = []
         self.tables: list[dict] = []
         self.sources: dict[str, dict] = {}
-        config.out_dir.mkdir(parents=True, exist_ok=True)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
 
     def compute(self):
-        """The spec's compute function on this run's Config; its tables and fields saved here."""
-        result = self.spec.compute(self.config)
+        """The module's compute(params, sizes); its tables and fields saved here."""
+        result = self.notebook.compute(self.params, self.sizes)
         result.save(self)
         return result
 
+    def scale_note(self) -> str:
+        """One line on how far this run is from the paper's scale, for captions."""
+        return self.params.scale_note(self.sizes)
+
     def story(self, result) -> str:
-        """The spec's narrative of `result` (markdown): what to notice, computed from the numbers."""
-        return self.spec.narrative(result)
+        """The module's narrative of `result` (markdown): what to notice, computed from the numbers."""
+        return self.notebook.story(result)
 
     def try_this(self) -> str:
-        """The spec's "Try this" suggestions for this run's parameters, as a markdown list (each one's
+        """The module's "Try this" suggestions for this run's parameters, as a markdown list (each one's
         direction is checked by tests/test_lessons.py)."""
-        return "\n".join(f"- {t.text(self.config)}" for t in self.spec.tries)
-
-    @property
-    def out_dir(self) -> Path:
-        return self.config.out_dir
+        return "\n".join(f"- {t.text(self.params, self.sizes)}" for t in self.notebook.tries)
 
     def save_csv(self, table: pd.DataFrame, name: str, description: str = "") -> Path:
-        """Write `table` as results/<notebook>/<name>.csv (tidy: one row per observation)."""
+        """Write `table` as <out_dir>/<name>.csv (tidy: one row per observation)."""
         path = self.out_dir / f"{name}.csv"
         with atomic_path(path) as tmp:
             table.to_csv(tmp, index=False, float_format="%.6g")
@@ -64,7 +116,10 @@ class Run:
         figure only (not the paths)."""
         if source not in ("simulated", "measured", "synthetic", "real"):
             raise ConfigError(f"figure source must be simulated, measured, synthetic or real, got {source!r}")
-        hardware = hardware or (self.config.cluster if source == "simulated" else "this machine")
+        if hardware is None:
+            hardware = self.params.simulated_on() if source == "simulated" else "this machine"
+        from relibra.plots import save_figure  # matplotlib: only where figures are drawn, not for checks
+
         paths = save_figure(fig, self.out_dir / name)
         self.figures.append({"name": name, "png": paths[0].name, "svg": paths[1].name, "caption": caption,
                              "source": source, "hardware": hardware})
@@ -72,16 +127,38 @@ class Run:
 
     def finish(self) -> Path:
         """Write manifest.json (parameters, figures, tables, sources, wall seconds)."""
+        config = {"notebook": self.notebook.name, "profile": "none", **self.params.named_values(),
+                  "out_dir": str(self.out_dir)}
         manifest = {
-            "notebook": self.config.notebook,
-            "config": self.config.to_dict(),
-            "scale_note": self.config.scale_note(),
+            "notebook": self.notebook.name, "config": config, "scale_note": self.scale_note(),
             "non_default": ", ".join(f"{k}={v}" for k, v in jsonable(self.non_default).items()),
-            "figures": self.figures,
-            "tables": self.tables,
-            "sources": list(self.sources.values()),
+            "figures": self.figures, "tables": self.tables, "sources": list(self.sources.values()),
             "wall_seconds": round(time.perf_counter() - self.started, 2),
         }
         path = self.out_dir / "manifest.json"
         write_text(path, json.dumps(manifest, indent=2, sort_keys=True))
         return path
+
+
+def start(notebook: str, namespace: dict | None = None, **params) -> Run:
+    """Check a notebook's parameters and open its Run (see the module docstring).
+
+    namespace: the notebook's globals(); the declared parameters are read from it and the names
+    papermill injected are checked against them. Or pass the parameters as keywords (tests, scripts):
+    the module's defaults fill the rest, and any keyword the notebook does not take is an error.
+    """
+    nb = get_notebook(notebook)
+    names = nb.Params.names()
+    if namespace is not None:
+        nb.Params.check_names(notebook, injected_names(namespace))
+        missing = [n for n in names if n not in namespace]
+        if missing:
+            raise ConfigError(f"{notebook}: the parameters cell does not declare {', '.join(missing)}")
+        params = {**{n: namespace[n] for n in names}, **params}
+    values, sizes = nb.create(**params)
+    defaults, settings = nb.Params.defaults(), nb.Params.settings()
+    changed = {k: v for k, v in params.items() if k not in settings and v != defaults[k]}
+    from relibra.plots import set_style
+
+    set_style()
+    return Run(nb, values, sizes, non_default=changed)

@@ -23,17 +23,16 @@ from relibra.cluster import FITTED_CPU_PRESET, get_model, get_topology, read_pre
 from relibra.costs import CostParams, cost_plan
 from relibra.display import json_text
 from relibra.errors import ConfigError
-from relibra.experiments.config import Config, project_root
+from relibra.experiments.config import project_root
+from relibra.labels import short as label
 from relibra.metrics import frame
 from relibra.paths import atomic_path, write_text
 from relibra.policies import get_policy
 from relibra.policies.base import _REGISTRY, _factory_fields
-from relibra.progress import progress as tqdm
-from relibra.runtime.config import MeasurementOptions, ModelOptions, NodeLayout, ParallelismOptions, RunOptions
-from relibra.runtime.launch import launch
+from relibra.runtime.config import NodeLayout, RunOptions
 from relibra.runtime.plans import static_plan
 from relibra.runtime.results import RunResult
-from relibra.runtime.train import PolicyPlans, worker
+from relibra.runtime.train import PolicyPlans
 from relibra.trace import RoutingTrace
 from relibra.workloads import generate_trace
 
@@ -155,15 +154,10 @@ def policy_params(policy: str, params: dict) -> dict:
 
 
 def make_plans(trace: RoutingTrace, policy: str, params: dict, gpus_per_node: int, steps: int) -> list:
-    """One StepPlan per step, each seeing the previous step's placement (rates: runtime_topology)."""
-    topology = runtime_topology(trace.ep, gpus_per_node)
-    pol = get_policy(policy, **params)
-    plans, prev = [], None
-    for s in range(steps):
-        plan = pol.plan(trace, s, topology, prev)
-        plans.append(plan)
-        prev = plan.home
-    return plans
+    """One StepPlan per step 0..steps-1, each from the previous step's placement, the first from none
+    (rates: runtime_topology)."""
+    return get_policy(policy, **params).plan_steps(trace, range(steps), runtime_topology(trace.ep, gpus_per_node),
+                                                   warmup=0, initial_home=None)
 
 
 def data_trace(trace: RoutingTrace, plans: list) -> RoutingTrace:
@@ -460,63 +454,7 @@ def _print_report(result: RunResult, summaries: list, request: RuntimeRequest, a
     return 0
 
 
-# ---- notebook 08 ------------------------------------------------------------------------------------------
-def runtime_request(cfg: Config) -> RuntimeRequest:
-    """Notebook 08's launch at the profile's runtime sizes: every policy of the config, alternating."""
-    s = cfg.sizes
-    nodes = int(cfg.extra.get("nodes") or s.runtime_nodes)
-    steps = int(cfg.extra.get("runtime_steps") or s.runtime_steps)
-    run = RunOptions(model=ModelOptions(name=s.runtime_model, seed=cfg.seed),
-                     parallelism=ParallelismOptions(nodes=nodes),
-                     measurement=MeasurementOptions(steps=steps, warmup_steps=2 if steps >= 5 else (1 if steps > 1 else 0)))
-    data = DataOptions(workload=s.runtime_workload, micro_batches=s.runtime_micro_batches,
-                       tokens_per_rank=s.runtime_tokens_per_rank)
-    return RuntimeRequest(policies=tuple(cfg.policies), data=data, run=run)
-
-
-def measured_runtime(cfg: Config) -> dict:
-    """Run notebook 08's launches (cpu profiles): `runtime_repeats` launches through relibra.runtime.launch
-    (gloo, loopback, 1 torch thread per rank). Returns {"summaries": [PolicySummary per launch and
-    policy], "launches": [launch index per summary], "metrics": relibra.metrics rows with `repeat`,
-    "hardware"}. The gpu profile reads summary.json files written by `relibra run --torchrun --out DIR`
-    on GPU nodes under cfg.measured_dir instead."""
-    if cfg.profile == "gpu":
-        if cfg.measured_dir is None or not cfg.measured_dir.exists():
-            raise ConfigError(f"gpu profile: no measured runs in {cfg.measured_dir}; run the GPU script of "
-                              "docs/notebooks.md first, or pass measured_dir")
-        files = sorted(cfg.measured_dir.rglob("summary.json"))
-        if not files:
-            raise ConfigError(f"gpu profile: {cfg.measured_dir} holds no summary.json")
-        summaries, launches = [], []
-        for i, f in enumerate(files):
-            with open(f) as fh:
-                for r in json.load(fh)["results"]:
-                    summaries.append(PolicySummary(**r))
-                    launches.append(i)
-        return {"summaries": summaries, "launches": launches, "metrics": pd.DataFrame(),
-                "hardware": summaries[0].hardware}
-
-
-    nproc = int(cfg.extra.get("nproc") or cfg.sizes.runtime_nproc)
-    request = runtime_request(cfg)
-    prepared = prepare(request, nproc)
-    summaries, launches, parts = [], [], []
-    load_before = os.getloadavg()[0]  # other work on the machine inflates wall-clock times: say so
-    for repeat in tqdm(range(cfg.sizes.runtime_repeats), desc="runtime launches", unit="launch"):
-        result = RunResult.from_dict(launch(worker, nproc, request.run, prepared.runs, threads_per_rank=1,
-                                            timeout_s=request.run.faults.collective_timeout_s))
-        d = frame(result.metric_rows(request.run.model.name, request.data.workload))
-        d["repeat"] = repeat
-        parts.append(d)
-        for s in summarise(result, prepared, request):
-            summaries.append(s)
-            launches.append(repeat)
-    load = max(load_before, os.getloadavg()[0])
-    over = " OVERSUBSCRIBED (ranks > cores: times say nothing about speed)" if oversubscribed(nproc) else ""
-    return {"summaries": summaries, "launches": launches, "metrics": pd.concat(parts, ignore_index=True),
-            "hardware": f"{summaries[0].hardware}; 1-min load average up to {load:.1f}{over}"}
-
-
+# ---- what notebook 08 reads ---------------------------------------------------------------------------
 def recorded_runtime(path=None) -> tuple[pd.DataFrame, dict]:
     """The reference measurement `scripts/measure_runtime.py` wrote (data/runtime_measured.json by default):
     one row per (command, launch, policy) with the launch's scalar fields (step_s_median/min/max,
@@ -536,26 +474,65 @@ def recorded_runtime(path=None) -> tuple[pd.DataFrame, dict]:
     return pd.DataFrame(rows), {"machine": record["machine"], "date": record["date"]}
 
 
-def runtime_comparison(cfg: Config) -> dict:
-    """Notebook 08: measured launches next to the simulator. Returns {"summaries", "results" (one row per
-    launch and policy: summary_frame plus `repeat`), "segments" (segment_frame per launch, with
-    `repeat`), "rank_times" (per launch, policy and rank: cpu_s, wall_s, wait_s), "metrics", "hardware",
-    "label"}."""
-    measured = measured_runtime(cfg)
-    summaries, launches = measured["summaries"], measured["launches"]
-    results = summary_frame(summaries).assign(repeat=launches)
-    segments = pd.concat([segment_frame([s]).assign(repeat=i) for s, i in zip(summaries, launches)],
-                         ignore_index=True)
-    first = summaries[0]
-    request = runtime_request(cfg)
-    topo = runtime_topology(first.ranks, first.ranks_per_node)
-    label = (f"measured ({measured['hardware']}) vs simulated ({topo.name} preset, {topo.num_nodes} x "
-             f"{topo.gpus_per_node}) | model {first.model}, EP {first.ranks}, {request.data.micro_batches} "
-             f"micro-batches x {first.steps} timed steps per policy, policies alternating step by step, "
-             f"{len(set(launches))} launch(es), seed {cfg.seed}")
-    rank_times = pd.DataFrame([{"repeat": i, "policy": s.policy, "rank": g, "cpu_s": c, "wall_s": w, "wait_s": t}
-                               for s, i in zip(summaries, launches)
-                               for g, (c, w, t) in enumerate(zip(s.cpu_s_per_rank, s.wall_s_per_rank,
-                                                                 s.wait_s_per_rank))])
-    return {"summaries": summaries, "results": results, "segments": segments, "rank_times": rank_times,
-            "metrics": measured["metrics"], "hardware": measured["hardware"], "label": label}
+def runtime_segments_story(segments: pd.DataFrame, waiting: str) -> str:
+    """Per policy: the step's largest measured segments, the share spent waiting for the other ranks, and
+    simulated / measured for each segment the simulator prices. segments: experiments.runtime.segment_frame
+    rows (median over launches when several)."""
+    g = segments.groupby(["policy", "segment", "source"], sort=False)["seconds"].median().unstack("source")
+    out = []
+    for policy in g.index.get_level_values("policy").unique():
+        d = g.loc[policy]
+        measured = d["measured"].dropna()
+        step = measured.sum()
+        wait = measured.get(waiting, 0.0)
+        top = measured.drop(waiting, errors="ignore").sort_values(ascending=False).head(2)
+        parts = [f"{name} {1e3 * v:.0f} ms" for name, v in top.items()]
+        line = (f"- {label(policy)}: step {1e3 * step:.0f} ms (mean over ranks); largest own work: {', '.join(parts)}; "
+                f"waiting for the other ranks {1e3 * wait:.0f} ms ({100 * wait / step:.0f}% of the step).")
+        if "simulated" in d:
+            both = d.dropna(subset=["measured", "simulated"])
+            both = both[(both["measured"] > 0) & (both["simulated"] > 0)]
+            if len(both):
+                line += " Simulated / measured: " + ", ".join(
+                    f"{name} {r['simulated'] / r['measured']:.2f}" for name, r in both.iterrows()) + "."
+        out.append(line)
+    return "\n".join(out)
+
+
+def runtime_agreement(results: pd.DataFrame, step_tolerance: float = 0.15) -> str:
+    """Measured vs simulated step time per policy, then each launch's speed-up over Megatron with its 95%
+    interval and whether the simulated ratio lies inside it. results: experiments.runtime.summary_frame
+    rows (one per policy and launch, `repeat` or `launch` numbering the launches). Refuses to judge
+    oversubscribed runs."""
+    g = results.groupby("policy").agg(measured=("step_s_median", "median"), sim=("sim_step_s", "median"),
+                                      lo=("step_s_min", "min"), hi=("step_s_max", "max"))
+    over = bool(results["oversubscribed"].any()) if "oversubscribed" in results else False
+    lines = []
+    for p, r in g.iterrows():
+        ratio = r["sim"] / r["measured"]
+        ok = abs(ratio - 1) <= step_tolerance
+        lines.append(f"- {label(p)}: measured median {r['measured']:.3f} s (min {r['lo']:.3f}, max {r['hi']:.3f}), "
+                     f"simulated {r['sim']:.3f} s: simulated / measured {ratio:.2f} "
+                     + ("(within" if ok else "(outside") + f" {100 * step_tolerance:.0f}%)")
+    text = "\n".join(lines)
+    if over:
+        return ("OVERSUBSCRIBED: more ranks than cores, so these wall-clock times measure the scheduler and say "
+                "nothing about speed or about the simulator.\n\n" + text)
+    launch = "repeat" if "repeat" in results else ("launch" if "launch" in results else None)
+    if "speedup_ci_low" in results:
+        for _, r in results[results["policy"] != "megatron"].iterrows():
+            if pd.isna(r["speedup_ci_low"]):
+                continue
+            inside = r["speedup_ci_low"] <= r["sim_speedup_vs_megatron"] <= r["speedup_ci_high"]
+            which = f"launch {int(r[launch]) + 1}, " if launch else ""
+            text += (f"\n\n{which}{label(r['policy'])} vs Megatron: measured {r['speedup_vs_megatron']:.2f}x "
+                     f"(95% interval {r['speedup_ci_low']:.2f}-{r['speedup_ci_high']:.2f}, width "
+                     f"{r['speedup_ci_high'] - r['speedup_ci_low']:.2f}), simulated {r['sim_speedup_vs_megatron']:.2f}x, "
+                     + ("inside" if inside else "outside") + " the interval.")
+            if "cpu_speedup_ci_low" in results and not pd.isna(r["cpu_speedup_ci_low"]):
+                text += (f" On process CPU time (the busiest rank per step) {r['cpu_speedup_vs_megatron']:.2f}x "
+                         f"({r['cpu_speedup_ci_low']:.2f}-{r['cpu_speedup_ci_high']:.2f}).")
+    steps_ok = all(abs(r["sim"] / r["measured"] - 1) <= step_tolerance for _, r in g.iterrows())
+    text += ("\n\nOn these numbers the simulator " + ("agrees with" if steps_ok else "does not agree with")
+             + f" the measured step times to {100 * step_tolerance:.0f}%.")
+    return text

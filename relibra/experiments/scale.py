@@ -8,13 +8,14 @@ is simulated (relibra.sim); planner seconds are measured here, on one core of th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
-from relibra.cluster import get_model, resolve_topology
+from relibra.cluster import ModelShape, Topology
 from relibra.errors import ConfigError
 from relibra.experiments.config import scaled_model
-from relibra.experiments.profiles import ScaleSweep
 from relibra.policies.relibra import ReLibraInfo
 from relibra.progress import progress as tqdm
 from relibra.sim import simulate
@@ -23,21 +24,34 @@ from relibra.workloads import generate_trace
 SCALE_POLICIES = ("megatron", "eplb+", "llep", "relibra", "relibra-h")
 
 
-def why_impossible(model: str, cluster: str, ep: int) -> str | None:
+@dataclass(frozen=True)
+class ScaleSweep:
+    """The grid of notebook 11: models (model presets or shapes) x clusters x EP sizes. layers: keep
+    each model's first `layers` MoE layers (None: all); micro_batches per step; steps: trace steps, the
+    last one simulated (the ones before give history-based policies their history)."""
+
+    models: tuple
+    clusters: tuple
+    ep_sizes: tuple[int, ...]
+    layers: int | None = 2
+    micro_batches: int = 8
+    steps: int = 2
+
+
+def why_impossible(model: ModelShape, cluster: Topology, ep: int) -> str | None:
     """None when `cluster` can hold EP `ep` of `model`; else the reason, as the kit's errors say it."""
-    experts = get_model(model).num_experts
-    if experts % ep:
-        return f"EP {ep} does not divide the {experts} experts"
+    if model.num_experts % ep:
+        return f"EP {ep} does not divide the {model.num_experts} experts"
     try:
-        resolve_topology(cluster).ep_layout(ep)
+        cluster.ep_layout(ep)
     except ConfigError as exc:
         return str(exc)
     return None
 
 
-def scale_cases(sweep: ScaleSweep) -> list[tuple[str, str, int, str | None]]:
+def scale_cases(models, clusters, ep_sizes) -> list[tuple[ModelShape, Topology, int, str | None]]:
     """(model, cluster, ep, reason it cannot run or None) for every point of the grid, in order."""
-    return [(m, c, ep, why_impossible(m, c, ep)) for m in sweep.models for c in sweep.clusters for ep in sweep.ep_sizes]
+    return [(m, c, ep, why_impossible(m, c, ep)) for m in models for c in clusters for ep in ep_sizes]
 
 
 def _plan_extras(plan, cost) -> dict:
@@ -49,9 +63,10 @@ def _plan_extras(plan, cost) -> dict:
             "replication_cpu_us_per_cell": np.nan if replication is None else 1e6 * replication / cells}
 
 
-def scale_sweep(sweep: ScaleSweep, policies=SCALE_POLICIES, workload: str = "mixed", seed: int = 0,
-                progress: bool = True) -> pd.DataFrame:
-    """Simulate the last step of one synthetic trace per (model, cluster, EP) for every policy.
+def scale_sweep(models, clusters, ep_sizes, sweep: ScaleSweep, policies=SCALE_POLICIES, workload: str = "mixed",
+                seed: int = 0, progress: bool = True) -> pd.DataFrame:
+    """Simulate the last step of one synthetic trace per (model, cluster, EP) of models x clusters x
+    ep_sizes (ModelShapes, Topologies; sweep gives layers, micro-batches and steps) for every policy.
 
     Returns one row per (model, cluster, ep, policy), with the reference `balanced-compute` (the real
     routing, every GPU at the mean expert compute): nodes and gpus_per_node of the EP layout,
@@ -60,15 +75,15 @@ def scale_sweep(sweep: ScaleSweep, policies=SCALE_POLICIES, workload: str = "mix
     replication_cpu_us_per_cell; status "ok". An impossible case is one row with policy "-" and
     status "impossible: <why>".
     """
-    cases = scale_cases(sweep)
     rows = []
-    for model, cluster, ep, reason in tqdm(cases, desc="models x clusters x EP", disable=not progress):
+    for shape, topo, ep, reason in tqdm(scale_cases(models, clusters, ep_sizes), desc="models x clusters x EP",
+                                        disable=not progress):
+        model, cluster = shape.name, topo.name
         if reason is not None:
             rows.append({"model": model, "cluster": cluster, "ep": ep, "policy": "-", "status": f"impossible: {reason}"})
             continue
-        topo = resolve_topology(cluster)
         nodes, gpn = topo.ep_layout(ep)
-        shape = scaled_model(model, sweep.layers)
+        shape = scaled_model(shape, sweep.layers)
         trace = generate_trace(shape, workload, ep, steps=sweep.steps, seed=seed, micro_batches=sweep.micro_batches)
         result = simulate(trace, topo, list(policies), steps=1, progress=False, step_extras=_plan_extras)
         summary = result.summary.set_index("policy")
@@ -86,20 +101,6 @@ def scale_sweep(sweep: ScaleSweep, policies=SCALE_POLICIES, workload: str = "mix
                          "replication_cpu_us_per_cell":
                              float(extras["replication_cpu_us_per_cell"][policy]) if planned else np.nan})
     return pd.DataFrame(rows)
-
-
-def sweep_of(cfg) -> ScaleSweep:
-    """The profile's ScaleSweep with the notebook's `models`, `clusters` and `eps` parameters applied."""
-    base = cfg.sizes.scale
-    x = cfg.extra
-    return ScaleSweep(models=tuple(x.get("models") or base.models), clusters=tuple(x.get("clusters") or base.clusters),
-                      ep_sizes=tuple(x.get("eps") or base.ep_sizes), layers=base.layers,
-                      micro_batches=base.micro_batches, steps=base.steps)
-
-
-def scale_table(cfg, progress: bool = True) -> pd.DataFrame:
-    """scale_sweep over the notebook's grid with its policies, workload and seed."""
-    return scale_sweep(sweep_of(cfg), policies=cfg.policies, workload=cfg.workload, seed=cfg.seed, progress=progress)
 
 
 def best_other(table: pd.DataFrame, against: str = "relibra-h") -> pd.DataFrame:

@@ -19,12 +19,13 @@ import pandas as pd
 from relibra.cluster import get_topology
 from relibra.errors import ConfigError
 from relibra.experiments.config import scaled_model
+from relibra.labels import CLAIMS, RATIO_LABELS
 from relibra.progress import progress as tqdm
-from relibra.setups import load_card
+from relibra.setups import DEFAULT_CARD, load_card
 from relibra.sim import simulate
 from relibra.workloads import BATCH_LAYOUTS, WorkloadConfig, generate_trace
 
-RATIOS = ("relibra_over_megatron", "relibra_over_eplb_plus", "relibra_over_balanced_compute")
+RATIOS = tuple(RATIO_LABELS)  # claim ids of relibra.labels.CLAIMS
 POLICIES = ("relibra", "eplb+", "megatron", "balanced-compute")
 SENSITIVITY_COLUMNS = ["knob", "value", "is_default", "policy", *RATIOS, "relibra_skewness", "model", "ep",
                        "cluster", "setup"]
@@ -74,7 +75,7 @@ def _knob(name: str) -> Knob:
     raise ConfigError(f"unknown sensitivity knob {name!r}; known: {', '.join(KNOB_NAMES)}")
 
 
-def knob_values(quick: bool = False, setup: str = "token-budget-tp1") -> dict[str, list]:
+def knob_values(quick: bool = False, setup: str = DEFAULT_CARD) -> dict[str, list]:
     """{knob: values}, the card's default first among them, in KNOBS order.
 
     A numeric entry with a range sweeps low, default, high (tokens per micro-batch also 8192); the
@@ -109,7 +110,7 @@ def knob_values(quick: bool = False, setup: str = "token-budget-tp1") -> dict[st
     return values
 
 
-def defaults(setup: str = "token-budget-tp1") -> dict:
+def defaults(setup: str = DEFAULT_CARD) -> dict:
     """The default value of every knob: the card's (sequence length: scale 1; topic concentration: the
     generator's; cluster preset: the card's own cluster)."""
     card = load_card(setup)
@@ -128,9 +129,7 @@ def defaults(setup: str = "token-budget-tp1") -> dict:
 
 def _ratios(summary: pd.DataFrame) -> dict:
     tps = summary.set_index("policy")["tokens_per_s"]
-    return {"relibra_over_megatron": tps["relibra"] / tps["megatron"],
-            "relibra_over_eplb_plus": tps["relibra"] / tps["eplb+"],
-            "relibra_over_balanced_compute": tps["relibra"] / tps["balanced-compute"],
+    return {**{k: CLAIMS[k].of(tps) for k in RATIOS},
             "relibra_skewness": float(summary.set_index("policy").loc["relibra", "skewness"])}
 
 
@@ -157,7 +156,7 @@ def case_inputs(card, knob: Knob, value, ep: int, micro_batches: int | None = No
     return cfg, topo, card.cost_params(ep, **cost_changes), policy_params, micro_batches
 
 
-def sensitivity(model: str, ep: int, setup: str = "token-budget-tp1", workload: str = "mixed", micro_batches: int | None = None,
+def sensitivity(model: str, ep: int, setup: str = DEFAULT_CARD, workload: str = "mixed", micro_batches: int | None = None,
                 layers: int | None = None, steps: int = 2, seed: int = 0, quick: bool = False,
                 knobs: list[str] | None = None, progress: bool = True) -> pd.DataFrame:
     """Ratios per (knob, value), varying one card input at a time: a tidy DataFrame (SENSITIVITY_COLUMNS).
@@ -231,14 +230,3 @@ def tornado_table(frame: pd.DataFrame) -> pd.DataFrame:
     table["order"] = table["ratio"].map({r: i for i, r in enumerate(RATIOS)})
     table = table.sort_values(["order", "swing"], ascending=[True, False], kind="stable").drop(columns="order")
     return table.reset_index(drop=True)
-
-
-def config_sensitivity(cfg, progress: bool = True) -> pd.DataFrame:
-    """`sensitivity` at a notebook Config's scale (notebook 10): its model, EP, workload, micro-batches,
-    layers, steps and seed on the `setup` card (default paper); knobs from the `knobs` parameter, else
-    the profile's `sensitivity_knobs` (None: all), and the profile's `sensitivity_quick`."""
-    knobs = cfg.extra.get("knobs") or cfg.sizes.sensitivity_knobs
-    return sensitivity(cfg.model, cfg.ep, setup=cfg.extra.get("setup") or "token-budget-tp1", workload=cfg.workload,
-                       micro_batches=cfg.micro_batches, layers=cfg.layers, steps=cfg.steps, seed=cfg.seed,
-                       quick=cfg.sizes.sensitivity_quick, knobs=None if knobs is None else list(knobs),
-                       progress=progress)

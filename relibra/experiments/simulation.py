@@ -1,46 +1,34 @@
-"""The simulator over a config's steps: one summary row per policy (notebooks 02, 03, 05, 09), and with
-plan-level figures per (policy, step) (notebooks 04, 05, 07)."""
+"""The simulator over a trace's last steps: one summary row per policy (notebooks 03, 05, 09), and
+with plan-level figures per (policy, step) (notebooks 04, 05, 07)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from relibra.cluster import resolve_topology
-from relibra.experiments.config import Config
-from relibra.experiments.traces import make_trace
-from relibra.policies import get_policy
+from relibra.cluster import ModelShape, Topology
+from relibra.costs import dense_params_per_gpu
 from relibra.progress import progress as tqdm
-from relibra.setups import load_card
+from relibra.setups import SetupCard
 from relibra.sim import simulate
 from relibra.trace import skewness
 
 
-def history_steps(cfg: Config) -> int:
-    """Steps simulated per trace: all but the first, which only serves as history for `eplb`."""
-    return max(1, cfg.steps - 1)
+def history_steps(steps: int) -> int:
+    """Steps simulated per trace of `steps` steps: all but the first, which only serves as history for `eplb`."""
+    return max(1, steps - 1)
 
 
-def make_policy(name: str, **params):
-    """get_policy(name, **params); its plans take the cluster as an argument."""
-    return get_policy(name, **params)
-
-
-def simulate_trace(cfg: Config, trace, policies=None, cluster: str | None = None, workload: str | None = None,
-                   policy_params: dict | None = None, keep_costs: bool = False, with_result: bool = False):
-    """Simulate `policies` (default cfg.policies) on `trace` with the set-up card's cost knobs and
-    ReLibra parameters (parameter `setup`, default paper); one summary row per policy.
-
-    Returns a DataFrame with relibra.sim.SUMMARY_COLUMNS plus model, workload, ep, cluster
-    (and the SimResult too when with_result).
-    """
-    policies = list(policies or cfg.policies)
-    cluster = cluster or cfg.cluster
-    card = load_card(cfg.extra.get("setup") or "token-budget-tp1")
-    res = simulate(trace, cluster, policies, steps=min(history_steps(cfg), trace.num_steps),
+def simulate_trace(trace, topology: Topology, policies, card: SetupCard, steps: int, workload: str | None = None,
+                   policy_params: dict | None = None) -> pd.DataFrame:
+    """Simulate `policies` on the last history_steps(steps) steps of `trace` with the set-up card's cost
+    knobs and policy parameters (policy_params on top); one summary row per policy: relibra.sim's
+    SUMMARY_COLUMNS plus model, workload, ep, cluster, layers, micro_batches."""
+    policies = list(policies)
+    res = simulate(trace, topology, policies, steps=min(history_steps(steps), trace.num_steps),
                    policy_params={**card.policy_params(policies), **(policy_params or {})}, progress=False,
                    params=card.cost_params(trace.ep),
-                   workload=workload or str(trace.provenance.get("workload", "")), keep_costs=keep_costs)
+                   workload=workload or str(trace.provenance.get("workload", "")))
     summary = res.summary.copy()
     summary.insert(0, "cluster", res.config["cluster"])
     summary.insert(0, "ep", trace.ep)
@@ -48,21 +36,7 @@ def simulate_trace(cfg: Config, trace, policies=None, cluster: str | None = None
     summary.insert(0, "model", trace.model.name)
     summary["layers"] = trace.num_layers
     summary["micro_batches"] = trace.num_microbatches
-    return (summary, res) if with_result else summary
-
-
-def throughput_grid(cfg: Config, models=None, workloads=None, policies=None, progress: bool = True) -> pd.DataFrame:
-    """Simulated throughput of every policy for every (model, workload) of the config.
-
-    Returns one row per (model, workload, policy): tokens_per_s, speedup_vs_megatron, frac_of_balanced,
-    skewness and the rest of relibra.sim.SUMMARY_COLUMNS.
-    """
-    cases = [(m, w) for m in (models or cfg.models) for w in (workloads or cfg.workloads)]
-    frames = []
-    for model, workload in tqdm(cases, desc="model x workload", disable=not progress):
-        trace = make_trace(cfg, model=model, workload=workload)
-        frames.append(simulate_trace(cfg, trace, policies=policies, workload=workload))
-    return pd.concat(frames, ignore_index=True)
+    return summary
 
 
 def plan_metrics(plan, gpus_per_node: int) -> dict:
@@ -88,18 +62,17 @@ def plan_metrics(plan, gpus_per_node: int) -> dict:
     }
 
 
-def simulate_with_plans(cfg: Config, trace, policies, cluster: str | None = None,
-                        policy_params: dict | None = None, workload: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """relibra.sim.simulate over cfg's steps, keeping plan-level figures per (policy, step) too.
+def simulate_with_plans(trace, topology: Topology, policies, card: SetupCard, steps: int,
+                        workload: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """relibra.sim.simulate over the trace's last history_steps(steps) steps, keeping plan-level figures
+    per (policy, step) too.
 
     Returns (per_step, summary): per_step has one row per (policy, step) with the simulator's step
     figures (step_s, tokens, skewness, migration_s, plan_s, ...) plus `plan_metrics`, migration
     bytes, forward seconds and unhidden replica-transfer seconds; summary is the simulator's summary
     with those plan figures averaged per policy.
     """
-    topo = resolve_topology(cluster or cfg.cluster)
-    card = load_card(cfg.extra.get("setup") or "token-budget-tp1")
-    _, gpn = topo.ep_layout(trace.ep)
+    _, gpn = topology.ep_layout(trace.ep)
 
     def extras(plan, cost) -> dict:
         row = plan_metrics(plan, gpn)
@@ -109,8 +82,8 @@ def simulate_with_plans(cfg: Config, trace, policies, cluster: str | None = None
         row["transfer_s"] = cost.replica_transfer_s  # pushes and pulls had none been hidden (relibra.costs)
         return row
 
-    result = simulate(trace, topo, list(policies), steps=min(history_steps(cfg), trace.num_steps),
-                      policy_params={**card.policy_params(policies), **(policy_params or {})}, progress=False,
+    result = simulate(trace, topology, list(policies), steps=min(history_steps(steps), trace.num_steps),
+                      policy_params=card.policy_params(policies), progress=False,
                       workload=workload, step_extras=extras, params=card.cost_params(trace.ep))
     per_step, summary = result.per_step, result.summary
     extra = per_step.groupby("policy")[["gpu_skewness", "node_skewness", "cross_node_share", "replicas_per_gpu",
@@ -118,7 +91,7 @@ def simulate_with_plans(cfg: Config, trace, policies, cluster: str | None = None
                                         "exposed_transfer_s"]].mean()
     summary = summary.join(extra, on="policy")
     labels = {"model": trace.model.name, "workload": workload or str(trace.provenance.get("workload", "")),
-              "ep": trace.ep, "cluster": topo.name}
+              "ep": trace.ep, "cluster": topology.name}
     for frame in (per_step, summary):
         for i, (k, v) in enumerate(labels.items()):
             frame.insert(i, k, v)
@@ -131,16 +104,24 @@ def simulate_with_plans(cfg: Config, trace, policies, cluster: str | None = None
     return per_step, summary
 
 
-def simulate_workloads(cfg: Config, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """simulate_with_plans of cfg.policies on cfg.model for every cfg.workloads (notebooks 04 and 05).
-
-    Returns (per_step, summary), each concatenated over workloads (one row per (workload, policy,
-    step) and per (workload, policy)).
-    """
+def simulate_workloads(params, sizes, card: SetupCard, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """simulate_with_plans of params.policies on params.model for every workload of the notebook's grid
+    (notebooks 04 and 05). Returns (per_step, summary), each concatenated over workloads."""
     per_step, summary = [], []
-    for workload in tqdm(cfg.workloads, desc="workloads", disable=not progress):
-        trace = make_trace(cfg, workload=workload)
-        steps, totals = simulate_with_plans(cfg, trace, cfg.policies, workload=workload)
+    for workload in tqdm(params.workloads(sizes), desc="workloads", disable=not progress):
+        trace = params.routing(workload, params.ep, sizes, card)
+        steps, totals = simulate_with_plans(trace, params.cluster, params.policies, card, params.steps, workload)
         per_step.append(steps)
         summary.append(totals)
     return pd.concat(per_step, ignore_index=True), pd.concat(summary, ignore_index=True)
+
+
+def full_model_memory_share(model: ModelShape, ep: int, simulated_layers: int, buffer_bytes,
+                            per_layer_buffer) -> np.ndarray:
+    """Replica buffer bytes per GPU as a share of the parameter bytes per GPU of the *whole* model
+    (all its MoE layers), whatever layers the profile simulated: a layer-shared buffer does not grow
+    with layers; a per-layer one (plans with transfers on the critical path, LLEP) grows with them."""
+    param_bytes = ((model.num_experts // ep) * model.num_layers * model.expert_params
+                   + dense_params_per_gpu(model)) * model.bytes_per_param
+    scale = np.where(np.asarray(per_layer_buffer, dtype=bool), model.num_layers / simulated_layers, 1.0)
+    return np.asarray(buffer_bytes, dtype=float) * scale / param_bytes

@@ -141,13 +141,6 @@ def tutorial_case(placement: str = "static", spare_slots: int = 0, skew: float =
             "hardware": f"{topo.name}: the paper's GPUs and links, 2 nodes x {gpn} GPUs", "plan": plan}
 
 
-def tutorial_args(cfg) -> dict:
-    """The keyword arguments of `tutorial_case` from notebook 00's resolved Config (cfg.extra holds its
-    checked parameters; ep, seed and micro_batches are Config fields)."""
-    keys = ("placement", "spare_slots", "skew", "shift", "micro_batch", "tokens_per_gpu")
-    return {"ep": cfg.ep, "seed": cfg.seed, "micro_batches": cfg.micro_batches, **{k: cfg.extra[k] for k in keys}}
-
-
 def tutorial_grid(skew: float = 1.2, shift: float = 0.5, seed: int = 0, spare_slots=(0, 1, 2), ep: int = 4,
                   tokens_per_gpu: int = 4096, micro_batches: int = 4) -> pd.DataFrame:
     """Every placement x spare-slots choice on the same toy trace: mean skewness, slowest-GPU ms, and the

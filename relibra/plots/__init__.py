@@ -6,7 +6,7 @@ where the numbers come from: "simulated (<cluster preset> ...)", "measured (<har
 (PNG + SVG, and the inline display in a notebook) is `save_figure`.
 
 One module per notebook group: style (colours, labels, titles, saving), routing (01), tutorial
-(00) and its widgets, throughput (02-06), overheads (07), runtime (08, 09), sensitivity (10).
+(00) and its widgets, throughput (02-06), overheads (07), runtime (08, 09), sensitivity (10), verdict_map (12).
 """
 
 from relibra.plots.overheads import overhead_bars, planner_time_plot, policy_summary_plot
@@ -19,6 +19,7 @@ from relibra.plots.style import (POLICY_COLORS, POLICY_LABELS, POLICY_ORDER, mod
 from relibra.plots.throughput import (ablation_plot, fraction_of_balanced, reorder_plot, replication_plot,
                                       skewness_plot, spare_slot_plot, throughput_bars)
 from relibra.plots.tutorial import phase_figure, plan_figure, skew_sweep_figure, tutorial_figure, tutorial_grid_figure
+from relibra.plots.verdict_map import verdict_map_plot
 from relibra.plots.widgets import tutorial_interactive
 
 __all__ = [
@@ -28,5 +29,5 @@ __all__ = [
     "tutorial_interactive", "ablation_plot", "fraction_of_balanced", "reorder_plot", "replication_plot",
     "skewness_plot", "spare_slot_plot", "throughput_bars", "overhead_bars", "planner_time_plot",
     "policy_summary_plot", "reward_plot", "runtime_rank_plot", "runtime_speedup_plot", "runtime_step_segments_plot", "tornado_plot",
-    "ep_sweep_plot", "scale_planner_plot", "ratio_pivot", "cluster_label",
+    "ep_sweep_plot", "scale_planner_plot", "ratio_pivot", "cluster_label", "verdict_map_plot",
 ]

@@ -7,12 +7,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from relibra.labels import CLAIMS
 from relibra.plots.style import model_label, titled
 
 # The two families of the budget sweep and the ratio panels, in drawing order.
 FAMILY_STYLE = {"token-budget": ("#1f77b4", "o", "-"), "one sequence per micro-batch": ("#d62728", "s", "--")}
-RATIO_PANELS = (("relibra_over_megatron", "ReLibra / Megatron", "up to 1.6x"),
-                ("relibra_over_eplb_plus", "ReLibra / EPLB+ (oracle loads)", "up to 1.2x"))
+RATIO_PANELS = tuple((c.id, c.verdict_label, c.paper) for c in (CLAIMS["relibra_over_megatron"],
+                                                                 CLAIMS["relibra_over_eplb_plus"]))
 
 
 def headline_cases_plot(ratios: pd.DataFrame, subtitle: str):

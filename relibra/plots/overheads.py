@@ -66,7 +66,7 @@ def overhead_bars(table: pd.DataFrame, subtitle: str):
 def policy_summary_plot(summary: pd.DataFrame, subtitle: str, title: str = "Balancing one trace",
                         components: pd.DataFrame | None = None):
     """Speedup over Megatron and rank skewness per policy for one trace; with `components` (seconds
-    per step by part and policy, relibra.experiments.narrative.step_components) a third panel stacks
+    per step by part and policy, relibra.experiments.text.step_components) a third panel stacks
     each policy's simulated step time by part, which shows why lower skewness can still run slower."""
     d, palette = policy_rows(summary)
     ncols = 3 if components is not None else 2

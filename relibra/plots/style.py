@@ -118,9 +118,3 @@ def figure_policy_legend(fig, ax) -> None:
     handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles, [POLICY_LABELS.get(l, l) for l in labels], title="policy", loc="center left",
                bbox_to_anchor=(1.0, 0.5), fontsize=8)
-
-
-def relabel_legend(ax, title: str = "policy", **kw) -> None:
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(handles, [POLICY_LABELS.get(l, l) for l in labels], title=title, **{"fontsize": 7, **kw})

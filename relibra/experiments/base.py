@@ -1,0 +1,320 @@
+"""What a notebook module is made of (relibra/experiments/notebooks/NN_name.py): its parameters, its
+typed result and its "Try this" lessons.
+
+- `Params`: a frozen dataclass whose fields are declared with `param(default, doc, kind, ...)`.
+  `Params.create(notebook, sizes_of, **raw)` turns raw values (a notebook's literals, or papermill's
+  -p strings) into checked, resolved values: each field's `Kind` parses it (a model preset becomes its
+  ModelShape, a cluster its Topology, a card its SetupCard) and says what it accepts when it cannot.
+  A raw None stands for the profile's size named by `sizes=` or for the value given by `none=`.
+- `Result`: a dataclass whose `table` fields are saved as `<field>.csv` and whose `value` fields go to
+  result.json, so the report and the README table read a run back as the object the notebook made.
+- `TryThis`: a change a notebook suggests and the direction it moves a quantity (tests/test_lessons.py
+  checks each).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from relibra.errors import ConfigError, RelibraError
+from relibra.paths import write_text
+
+
+# ---- parameters ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Kind:
+    """How one parameter's raw value becomes its value: `parse` (raises ValueError, TypeError or
+    ConfigError) and `accepts`, what it takes, for the error that names it."""
+
+    accepts: str
+    parse: Callable[[Any], Any]
+
+
+def param(default, doc: str, kind: Kind, *, sizes: str | None = None, none=None, affects: bool = True):
+    """A Params field: its raw default (what the parameters cell assigns), a one-line doc, its Kind.
+    A raw None becomes the sizes' attribute `sizes` when given, else `none` (parsed alike). affects:
+    False for a setting that changes where or how results show, not what they are."""
+    return dataclasses.field(default=default, metadata={"doc": doc, "kind": kind, "sizes": sizes, "none": none,
+                                                         "affects": affects})
+
+
+def _items(raw, sep: str = ",") -> list:
+    if isinstance(raw, (list, tuple)):
+        return list(raw)
+    if isinstance(raw, str):
+        return [v.strip() for v in raw.split(sep) if v.strip()]
+    return [raw]
+
+
+def _int(raw) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, (int, np.integer, str)) or (
+            isinstance(raw, str) and not re.fullmatch(r"-?\d+", raw.strip())):
+        raise ValueError(f"not an integer: {raw!r}")
+    return int(raw)
+
+
+def _span(low, high) -> str:
+    return (f"{low}..{high}" if low is not None and high is not None else f">= {low}" if low is not None
+            else f"<= {high}" if high is not None else "any")
+
+
+def _within(v, low, high):
+    if (low is not None and v < low) or (high is not None and v > high):
+        raise ValueError(f"{v} is outside {_span(low, high)}")
+    return v
+
+
+def integer(low: int | None = None, high: int | None = None, choices: tuple[int, ...] | None = None) -> Kind:
+    if choices:
+        return Kind(f"one of {choices}", lambda raw: _one_of(_int(raw), choices))
+    return Kind(f"an integer {_span(low, high)}", lambda raw: _within(_int(raw), low, high))
+
+
+def number(low: float, high: float) -> Kind:
+    return Kind(f"a number in [{low}, {high}]", lambda raw: _within(float(raw), low, high))
+
+
+def integers(low: int | None = None, high: int | None = None, sep: str = ",") -> Kind:
+    def parse(raw):
+        values = tuple(_within(_int(v), low, high) for v in _items(raw, sep))
+        if not values:
+            raise ValueError("empty")
+        return values
+    return Kind(f"a comma-separated list of integers {_span(low, high)}", parse)
+
+
+def _one_of(value, choices):
+    if value not in choices:
+        raise ValueError(f"{value!r} is not one of them")
+    return value
+
+
+def choice(choices: tuple) -> Kind:
+    return Kind(f"one of {', '.join(map(str, choices))}", lambda raw: _one_of(raw, tuple(choices)))
+
+
+def names(known: tuple[str, ...], what: str) -> Kind:
+    """A comma-separated list of `what` (each one of `known`), as a tuple without repeats."""
+    def parse(raw):
+        values = tuple(dict.fromkeys(str(v) for v in _items(raw)))
+        unknown = [v for v in values if v not in known]
+        if unknown or not values:
+            raise ValueError(f"unknown {what} {unknown[0]!r}" if unknown else "empty")
+        return values
+    return Kind(f"comma-separated {what}s from {', '.join(known)}", parse)
+
+
+def objects(get: Callable[[str], Any], what: str, sep: str = ",", single: bool = False) -> Kind:
+    """Names resolved by `get` (e.g. a model preset to its ModelShape): a tuple, or one object when single."""
+    def parse(raw):
+        values = _items(raw, sep)
+        if not values or (single and len(values) > 1):
+            raise ValueError(f"this notebook studies one {what}" if values else "empty")
+        out = tuple(v if not isinstance(v, str) else get(v) for v in values)
+        return out[0] if single else out
+    return Kind(("one " if single else f"'{sep}'-separated ") + what, parse)
+
+
+def _flag(raw) -> bool:
+    if not isinstance(raw, bool):
+        raise ValueError(f"{raw!r} is not True or False")
+    return raw
+
+
+FLAG = Kind("True or False", _flag)
+PATH = Kind("a folder path", lambda raw: str(raw))
+
+
+@dataclass(frozen=True)
+class Params:
+    """Base of every notebook's parameters; make them with `create`, never by hand."""
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """The raw defaults: what the notebook's parameters cell assigns."""
+        return {f.name: f.default for f in fields(cls)}
+
+    @classmethod
+    def settings(cls) -> tuple[str, ...]:
+        """The fields that do not change what is computed (profile, out_dir, ...)."""
+        return tuple(f.name for f in fields(cls) if not f.metadata["affects"])
+
+    @classmethod
+    def check_names(cls, notebook: str, names) -> None:
+        """A ConfigError naming every one of `names` that is no parameter of this notebook."""
+        unknown = [n for n in names if n not in cls.names()]
+        if unknown:
+            s = "s" if len(unknown) > 1 else ""
+            raise ConfigError(f"{notebook}: unknown parameter{s} {', '.join(map(repr, unknown))}; this notebook "
+                              f"takes: {', '.join(cls.names())}")
+
+    @classmethod
+    def create(cls, notebook: str, sizes_of: Callable[[Any], Any], **raw) -> tuple["Params", Any]:
+        """(params, sizes) from raw values; sizes_of(the fields without `sizes=`, parsed) gives the
+        notebook's sizes (the profile's). Every problem is one ConfigError naming the notebook, the parameter and what
+        it accepts."""
+        cls.check_names(notebook, raw)
+        given = {**cls.defaults(), **raw}
+        values: dict = {}
+        sizes = None
+        for sized in (False, True):  # the profile's sizes are known once the unsized fields are
+            if sized:
+                sizes = sizes_of(SimpleNamespace(**values))
+            for f in fields(cls):
+                if (f.metadata["sizes"] is not None) != sized:
+                    continue
+                value = given[f.name]
+                if value is None or value == "":
+                    value = getattr(sizes, f.metadata["sizes"]) if sized else f.metadata["none"]
+                values[f.name] = None if value is None else cls._parse(notebook, f, value)
+        params = cls(**values)
+        params.check(notebook, sizes)
+        return params, sizes
+
+    @staticmethod
+    def _parse(notebook: str, f, value):
+        kind: Kind = f.metadata["kind"]
+        try:
+            return kind.parse(value)
+        except (ValueError, TypeError, OSError, RelibraError) as exc:
+            raise ConfigError(f"{notebook}: {f.name} must be {kind.accepts}; got {value!r} ({exc})") from None
+
+    def check(self, notebook: str, sizes) -> None:
+        """Checks across fields (an EP size the cluster must hold...); none by default."""
+
+    def scale_note(self, sizes) -> str:
+        """One line on how far a run is from the paper's scale, for captions."""
+        raise NotImplementedError
+
+    def simulated_on(self) -> str:
+        """What a figure of simulated numbers was simulated on, for the manifest."""
+        return "the kit's simulator"
+
+    def named_values(self) -> dict:
+        """The values as JSON-friendly data: resolved objects by their names."""
+        return {f.name: jsonable(getattr(self, f.name)) for f in fields(self)}
+
+
+# ---- results ------------------------------------------------------------------------------------------
+RESULT_FILE = "result.json"
+
+
+def table(doc: str):
+    """A table field: saved as <field name>.csv, described in the manifest by `doc`."""
+    return dataclasses.field(metadata={"doc": doc})
+
+
+def value(default=None):
+    """A plain field saved in result.json (JSON-serializable)."""
+    return dataclasses.field(default=default)
+
+
+def live(default=None):
+    """A field the notebook draws from but nobody reads back (a trace, a plan): not saved."""
+    return dataclasses.field(default=default, metadata={"saved": False})
+
+
+@dataclass(kw_only=True)
+class Result:
+    """Base of every notebook's typed result."""
+
+    def save(self, run) -> None:
+        """Every table through run.save_csv, the plain fields to <out_dir>/result.json."""
+        plain = {}
+        for f in fields(self):
+            if "doc" in f.metadata:
+                run.save_csv(getattr(self, f.name), f.name, f.metadata["doc"])
+            elif f.metadata.get("saved", True):
+                plain[f.name] = getattr(self, f.name)
+        write_text(run.out_dir / RESULT_FILE, json.dumps(jsonable(plain), indent=2, sort_keys=True))
+
+    @classmethod
+    def load(cls, folder: str | Path):
+        """The result saved under `folder`, or None when the notebook has not run there. A missing
+        table or field is an error naming the file."""
+        folder = Path(folder)
+        if not (folder / RESULT_FILE).exists():
+            return None
+        plain = json.loads((folder / RESULT_FILE).read_text())
+        kwargs = {}
+        for f in fields(cls):
+            if "doc" in f.metadata:
+                path = folder / f"{f.name}.csv"
+                if not path.exists():
+                    raise ConfigError(f"{path}: missing; rerun notebook {folder.name}")
+                try:
+                    kwargs[f.name] = pd.read_csv(path)
+                except pd.errors.EmptyDataError:
+                    kwargs[f.name] = pd.DataFrame()
+            elif f.metadata.get("saved", True):
+                if f.name not in plain:
+                    raise ConfigError(f"{folder / RESULT_FILE}: no field {f.name!r}; rerun notebook {folder.name}")
+                kwargs[f.name] = plain[f.name]
+        return cls(**kwargs)
+
+
+def jsonable(obj):
+    """`obj` for json.dumps: dict keys as strings, tuples as lists, paths as strings, numpy numbers as
+    Python's, the kit's named objects (ModelShape, Topology, SetupCard) by their names, a trace read
+    from a file by its path."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if dataclasses.is_dataclass(obj) and hasattr(obj, "name"):
+        return obj.name
+    if "file" in getattr(obj, "provenance", {}):  # a routing trace read from a file
+        return obj.provenance["file"]
+    return obj
+
+
+# ---- lessons ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TryThis:
+    """A change a notebook suggests and what it claims the change does: `measure` (read from the
+    notebook's result by `value`) rises (direction +1) or falls (-1). `change(params, sizes)` gives
+    the raw parameters to set; the notebook prints `text`."""
+
+    change: Callable[[Any, Any], dict]
+    measure: str
+    value: Callable[[Result], float]
+    direction: int
+    why: str
+
+    def text(self, params, sizes) -> str:
+        now = params.named_values()
+        parts = [f"`{k} = {v!r}`" + (f" (now {_show(now[k])})" if now.get(k) is not None else "")
+                 for k, v in self.change(params, sizes).items()]
+        return f"Set {' and '.join(parts)}: {self.measure} {'rises' if self.direction > 0 else 'falls'}; {self.why}."
+
+
+def _show(v) -> str:
+    return ",".join(map(str, v)) if isinstance(v, (tuple, list)) else repr(v)
+
+
+def mean_of(t: pd.DataFrame, column: str, **where) -> float:
+    """Mean of `column` over the rows where every `where` column equals its value."""
+    for k, v in where.items():
+        t = t[t[k] == v]
+    return float(t[column].mean())

@@ -1,0 +1,179 @@
+"""Notebook 00, the tutorial: a toy one-layer MoE (16 experts, top-2) over EP GPUs in 2 nodes, planned
+and priced for every placement x spare-slots choice (relibra.experiments.tutorial)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from relibra.errors import ConfigError
+from relibra.experiments.base import FLAG, PATH, Params, Result, TryThis, choice, integer, live, mean_of, number, param, table
+from relibra.experiments.text import pct
+from relibra.experiments.tutorial import (TUTORIAL_EP_SIZES, TUTORIAL_MAX_SPARE_SLOTS, TUTORIAL_PLACEMENTS,
+                                          tutorial_case, tutorial_grid, tutorial_skew_sweep)
+
+QUESTION = "What is expert-parallel load imbalance, and how do a placement and replicas fix it?"
+
+
+def sizes_of(values) -> None:
+    """The toy layer reads no profile: its parameters set every size."""
+    return None
+
+
+@dataclass(frozen=True)
+class Params(Params):
+    ep: int = param(4, "GPUs of the EP group, as 2 nodes x ep/2 GPUs", integer(choices=TUTORIAL_EP_SIZES))
+    placement: str = param("search", "static (Megatron) | search (ReLibra's annealing) | lpt (greedy)",
+                           choice(TUTORIAL_PLACEMENTS))
+    spare_slots: int = param(2, "replica slots per GPU (0: no replication)", integer(0, TUTORIAL_MAX_SPARE_SLOTS))
+    skew: float = param(1.2, "Zipf exponent of expert popularity (0: uniform)", number(0.0, 3.0))
+    shift: float = param(0.5, "share of the popularity ranking reshuffled between micro-batches", number(0.0, 1.0))
+    tokens_per_gpu: int = param(4096, "tokens each GPU routes per micro-batch", integer(1))
+    micro_batches: int = param(4, "micro-batches in the toy step", integer(1))
+    micro_batch: int = param(0, "which micro-batch sections 1-3 show", integer(0))
+    seed: int = param(0, "same seed, same numbers", integer(0))
+    out_dir: str | None = param(None, "where results go (None: results/00_tutorial)", PATH, affects=False)
+    interactive: bool = param(True, "show the sliders when a live front end is attached", FLAG, affects=False)
+
+    def check(self, notebook: str, sizes) -> None:
+        if self.micro_batch >= self.micro_batches:
+            raise ConfigError(f"{notebook}: micro_batch must be 0..{self.micro_batches - 1} (micro_batches is "
+                              f"{self.micro_batches}), got {self.micro_batch}")
+
+    def case_args(self) -> dict:
+        """The keyword arguments of relibra.experiments.tutorial.tutorial_case."""
+        return {k: getattr(self, k) for k in ("ep", "seed", "micro_batches", "placement", "spare_slots", "skew",
+                                              "shift", "micro_batch", "tokens_per_gpu")}
+
+    def scale_note(self, sizes) -> str:
+        return (f"toy layer: 16 experts, top-2, EP {self.ep} as 2 nodes x {self.ep // 2} GPUs, "
+                f"{self.tokens_per_gpu} tokens per GPU, {self.micro_batches} micro-batches, seed {self.seed}")
+
+
+@dataclass(kw_only=True)
+class Result(Result):
+    expert_tokens: pd.DataFrame = table("tokens per expert and micro-batch, with its home GPU")
+    gpu_load: pd.DataFrame = table("tokens and simulated expert seconds per GPU")
+    replicas: pd.DataFrame = table("occupied replica slots: expert, home GPU, tokens taken per micro-batch")
+    phases: pd.DataFrame = table("simulated seconds per micro-batch, direction and phase (slowest GPU)")
+    placement_replica_grid: pd.DataFrame = table("rank skewness and slowest-GPU time per placement x spare slots")
+    skew_sweep: pd.DataFrame = table("slowest-GPU time per placement as the skew slider moves (section 5)")
+    case: dict = live()
+
+
+def compute(p: Params, sizes=None) -> Result:
+    args = p.case_args()
+    case = tutorial_case(**args)
+    grid_args = {k: args[k] for k in ("skew", "shift", "seed", "ep", "tokens_per_gpu", "micro_batches")}
+    return Result(expert_tokens=case["expert_tokens"], gpu_load=case["gpu_table"], replicas=case["replicas"],
+                  phases=case["phases"], placement_replica_grid=tutorial_grid(**grid_args),
+                  skew_sweep=tutorial_skew_sweep(**{k: v for k, v in args.items() if k != "skew"}), case=case)
+
+
+def story(r: Result) -> str:
+    grid = r.placement_replica_grid
+    g = grid.set_index(["placement", "spare_slots"])
+    base = g.loc[("static", 0)]
+    best = grid.loc[grid["slowest_gpu_ms"].idxmin()]
+    text = [f"Static placement without replicas: skewness {base['skewness']:.2f}, slowest GPU "
+            f"{base['slowest_gpu_ms']:.3f} ms. The best choice here, {best['placement']} with {int(best['spare_slots'])} "
+            f"spare slot(s), reaches skewness {best['skewness']:.2f} and {best['slowest_gpu_ms']:.3f} ms "
+            f"(balanced: {best['balanced_ms']:.3f} ms)."]
+    slots = sorted(grid["spare_slots"].unique())
+    same = {}
+    for placement in grid["placement"].unique():
+        for a, b in zip(slots[1:], slots[2:]):
+            ra, rb = g.loc[(placement, a)], g.loc[(placement, b)]
+            if np.isclose(ra["slowest_gpu_ms"], rb["slowest_gpu_ms"]) and rb["max_replicas_per_gpu"] <= a:
+                same.setdefault((a, b, int(rb["max_replicas_per_gpu"])), []).append(placement)
+    for (a, b, used), placements in same.items():
+        text.append(f"With {', '.join(placements)} placement, {a} and {b} spare slots give the same bars because "
+                    f"the planner filled at most {used} slot(s) per GPU even when given {b}, so the plans are "
+                    f"identical: its water-filling stops once the GPUs of each node are level with the node's mean, "
+                    f"and {used} copy per GPU got there.")
+    return " ".join(text)
+
+
+def load_story(case: dict, micro_batch: int = 0) -> str:
+    g = case["gpu_table"][case["gpu_table"]["micro_batch"] == micro_batch]
+    et = case["expert_tokens"][case["expert_tokens"]["micro_batch"] == micro_batch]
+    busiest, hot, mean = g.loc[g["tokens"].idxmax()], et.loc[et["tokens"].idxmax()], float(g["tokens"].mean())
+    text = (f"In micro-batch {micro_batch}, GPU {int(busiest['gpu'])} computes {int(busiest['tokens'])} "
+            f"token-expert pairs, {busiest['tokens'] / mean:.2f}x the mean of {mean:.0f}; every other GPU waits "
+            f"for it. The hottest expert, e{int(hot['expert'])} (home: GPU {int(hot['home_gpu'])}), alone receives "
+            f"{int(hot['tokens'])} pairs, {pct(hot['tokens'] / et['tokens'].sum())} of the layer's.")
+    reps = case["replicas"][case["replicas"]["micro_batch"] == micro_batch]
+    if len(reps):
+        moved = int(reps["replica_tokens"].sum())
+        text += (f" The plan fills {len(reps)} replica slot(s) and moves {moved} pairs "
+                 f"({pct(moved / mean / len(g))} of the layer) onto copies.")
+    elif case["spare_slots"] == 0:
+        text += " With 0 spare slots there are no replicas: only the placement decides the balance."
+    else:
+        text += " The planner left every spare slot empty: no copy would carry enough tokens to pay for itself."
+    return text
+
+
+def plan_story(case: dict, micro_batch: int = 0) -> str:
+    reps = case["replicas"][case["replicas"]["micro_batch"] == micro_batch]
+    gpn = case["gpus_per_node"]
+    lines = [f"- e{int(r['expert'])} (home GPU {int(r['home_gpu'])}, node {int(r['home_gpu']) // gpn}): "
+             f"{int(r['replica_tokens'])} of its {int(r['expert_tokens'])} tokens go to its copy on GPU "
+             f"{int(r['gpu'])} (node {int(r['gpu']) // gpn}); {int(r['home_tokens'])} stay home."
+             for _, r in reps.iterrows()]
+    moved = case["summary"]["experts_moved_from_static"].iloc[0]
+    head = (f"The plan moves {moved} of 16 expert homes away from the static layout"
+            + (" (search/LPT placement)" if moved else "") + ". ")
+    if not lines:
+        return head + "It holds no replica in this micro-batch."
+    return head + "Its replicas, each inside its home's node:\n\n" + "\n".join(lines)
+
+
+def phase_story(case: dict, micro_batch: int = 0) -> str:
+    p = case["phases"][case["phases"]["micro_batch"] == micro_batch]
+    fwd = p[p["direction"] == "forward"].set_index("phase")["seconds"]
+    total, a2a = float(fwd.sum()), float(fwd.get("dispatch", 0) + fwd.get("combine", 0))
+    return (f"Forward, this layer takes {1e3 * total:.3f} ms for micro-batch {micro_batch}: all-to-all "
+            f"{pct(a2a / total)}, expert compute {pct(fwd.get('expert_compute', 0) / total)} (the slowest GPU's), "
+            f"attention {pct(fwd.get('dense_compute', 0) / total)}. Balancing shortens only the expert-compute "
+            f"part (and the all-to-all's wait on the busiest receiver); backward repeats it at twice the FLOPs.")
+
+
+def skew_story(sweep: pd.DataFrame) -> str:
+    """What the skew slider shows: where static placement's skewness peaks, how far the chosen plan
+    holds it down, and whether the gap opens with skew."""
+    is_static = (sweep["placement"] == "static") & (sweep["spare_slots"] == 0)
+    static, rest = sweep[is_static].set_index("skew")["skewness"], sweep[~is_static]
+    lo, peak = static.index.min(), static.idxmax()
+    text = (f"At skew {lo:g} static placement's skewness is {static[lo]:.2f}: with uniform routing there is little "
+            f"to fix. It peaks at {static[peak]:.2f} at skew {peak:g}")
+    if len(rest):
+        plan = rest.set_index("skew")["skewness"]
+        gap = static - plan
+        text += (f", where the chosen plan ({rest['placement'].iloc[0]}, {int(rest['spare_slots'].iloc[0])} spare "
+                 f"slot(s)) holds it to {plan[peak]:.2f}; the gap between them is widest at skew {gap.idxmax():g} "
+                 f"({gap.max():.2f})")
+    text += "."
+    if static.idxmax() < static.index.max() and static.iloc[-1] < static.max() - 0.05:
+        text += (f" Past skew {peak:g} static placement's skewness falls again (to {static.iloc[-1]:.2f} at "
+                 f"{static.index.max():g}): each token picks two distinct experts, so when nearly every token picks "
+                 "the same two, their two GPUs share the load.")
+    return text
+
+
+def _static_skewness(r: Result) -> float:
+    g = r.placement_replica_grid
+    return float(g[(g["placement"] == "static") & (g["spare_slots"] == 0)]["skewness"].iloc[0])
+
+
+TRIES = (
+    TryThis(lambda p, s: {"skew": 0.0}, "static placement's rank skewness (section 4, no spare slots)",
+            _static_skewness, -1, "with uniform routing no expert is hot enough to pile tokens on one GPU"),
+    TryThis(lambda p, s: {"spare_slots": 0}, "the slowest GPU's expert time in this plan",
+            lambda r: mean_of(r.case["summary"], "slowest_gpu_ms"), +1,
+            "without copies nothing takes tokens off the GPU that holds a hot expert"),
+    TryThis(lambda p, s: {"ep": 16}, "static placement's rank skewness (section 4)", _static_skewness, +1,
+            "at EP 16 each GPU holds one expert, so a hot expert is a hot GPU"),
+)

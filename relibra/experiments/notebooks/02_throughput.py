@@ -1,0 +1,158 @@
+"""Notebook 02, the headline: the paper's claims against the kit's figures at full scale over seeds, on
+a set-up card (relibra.experiments.headline: the cases, the verdict, the budget sweep, the alternatives)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from relibra.experiments.base import PATH, Params, Result, TryThis, integer, mean_of, objects, param, table, value
+from relibra.experiments.headline import (alternative_cases, alternative_ratios, budget_cases, budget_ratios,
+                                          case_ratios, headline_cases, overheads_table, run_cases, verdict_cells,
+                                          verdict_with_alternatives)
+from relibra.experiments.profiles import per_profile
+from relibra.experiments.text import row
+from relibra.experiments.traces import PROFILE
+from relibra.setups import DEFAULT_CARD, SetupCard, load_card
+
+QUESTION = "Does ReLibra deliver what the paper claims, at full scale and over seeds?"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The headline's grid: every case of models x workloads x seeds at EP `ep` on the set-up card, at
+    full scale unless layers / micro_batches cut it (None: every MoE layer; the card's micro-batches).
+    sweep_*: the tokens-per-micro-batch sweep (one model and workload, seed 0); alternative: the card
+    of the one-sequence family."""
+
+    models: tuple[str, ...] = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
+    workloads: tuple[str, ...] = ("math", "science", "instruct", "code", "mixed")
+    seeds: tuple[int, ...] = (0, 1, 2)
+    ep: int = 32
+    layers: int | None = None
+    micro_batches: int | None = None
+    steps: int = 3
+    sweep_model: str = "qwen3-235b-a22b"
+    sweep_workload: str = "mixed"
+    sweep_tokens: tuple[int, ...] = (4096, 8192, 16384, 32768)
+    alternative: str = "one-sequence"
+
+    @property
+    def full_scale(self) -> bool:
+        return self.layers is None and self.micro_batches is None
+
+
+# Full scale in every profile but `tiny`, so no cut-down figure ever stands beside a paper claim.
+SIZES = {**per_profile(lambda name: Sizes()),
+         "tiny": Sizes(models=("tiny",), workloads=("math", "mixed"), seeds=(0, 1), ep=4, micro_batches=2, steps=2,
+                       sweep_model="tiny", sweep_tokens=(1024, 4096))}
+
+
+@dataclass(frozen=True)
+class Params(Params):
+    profile: str = param("laptop", "sizes of every experiment", PROFILE, affects=False)
+    setup: SetupCard = param(DEFAULT_CARD, "set-up card: a name (relibra setup list) or a .toml path",
+                             objects(load_card, "set-up card", single=True))
+    tokens_per_microbatch: int | None = param(None, "token budget per GPU per micro-batch (None: the card's)",
+                                              integer(1))
+    out_dir: str | None = param(None, "where results go (None: results/02_throughput)", PATH, affects=False)
+
+    def scale_note(self, g: Sizes) -> str:
+        return ("full scale: every MoE layer, every micro-batch of the batch" if g.full_scale else
+                f"CUT-DOWN ({self.profile} profile): "
+                + ("every MoE layer" if g.layers is None else f"first {g.layers} MoE layers") + ", "
+                + ("every micro-batch" if g.micro_batches is None else f"{g.micro_batches} micro-batches"))
+
+    def simulated_on(self) -> str:
+        return self.setup.topology().name
+
+
+@dataclass(kw_only=True)
+class Result(Result):
+    throughput: pd.DataFrame = table("simulated tokens/s and shares per model, workload, seed and policy")
+    case_ratios: pd.DataFrame = table("ReLibra / Megatron, ReLibra / EPLB+ and the gaps per model, workload and seed")
+    verdict: pd.DataFrame = table("per paper claim: the kit's mean and range over cases and seeds, the best case and "
+                                  "seed, the range over the alternatives (layouts, link rates), why they differ")
+    ratio_vs_budget: pd.DataFrame = table("ReLibra / Megatron and / EPLB+ per family and tokens per micro-batch")
+    alternatives: pd.DataFrame = table("the headline ratios under each other batch layout and link-rate pair")
+    overheads: pd.DataFrame = table("ReLibra's overheads: the paper's figure and the kit's, with how the kit "
+                                    "obtains it")
+    setup: str = value(DEFAULT_CARD)
+    caption: str = value("")
+    sweep_caption: str = value("")
+
+
+def compute(p: Params, g: Sizes, progress: bool = True, workers: int | None = None) -> Result:
+    """The grid on the card, the budget sweep of both families and the alternatives, all cases in one
+    pool of workers."""
+    card, setup, budget = p.setup, p.setup.name, p.tokens_per_microbatch
+    grid_cases = [dataclasses.replace(c, tokens_per_microbatch=budget) for c in
+                  headline_cases(card, g.models, g.workloads, g.seeds, g.ep, steps=g.steps, layers=g.layers,
+                                 micro_batches=g.micro_batches)]
+    sweep_cases = [dataclasses.replace(c, steps=g.steps, micro_batches=g.micro_batches) for c in
+                   budget_cases(card, g.alternative, g.sweep_model, g.sweep_workload, 0, g.sweep_tokens, g.ep,
+                                layers=g.layers)]
+    alt_cases = [dataclasses.replace(c, steps=g.steps, micro_batches=g.micro_batches) for c in
+                 alternative_cases(card, g.sweep_model, g.sweep_workload, 0, g.ep, layers=g.layers)]
+    frame = run_cases(grid_cases + sweep_cases + alt_cases, workers, progress, desc="headline")
+    part = np.digitize(frame["case_index"], [len(grid_cases), len(grid_cases) + len(sweep_cases)])
+    grid, sweep_rows, alternatives = (frame[part == i].drop(columns="case_index").reset_index(drop=True)
+                                      for i in range(3))
+    sweep = budget_ratios(sweep_rows)
+    sweep["family"] = np.where(sweep["layout"] == "token-budget", "token-budget", "one sequence per micro-batch")
+    alternatives = alternative_ratios(alternatives)
+    card_text = f"`{setup}` set-up card" + ("" if budget is None else f" with {budget} tokens per micro-batch")
+    caption = (f"simulated on the {card_text}, EP {g.ep}; {len(g.models)} models x {len(g.workloads)} "
+               f"workloads x {len(g.seeds)} seeds ({', '.join(map(str, g.seeds))}); {p.scale_note(g)}")
+    # the sweep is one case at each budget: its caption names that case, not the grid
+    sweep_caption = (f"simulated on the `{setup}` and `{g.alternative}` set-up cards, EP {g.ep}; {g.sweep_model}, "
+                     f"{g.sweep_workload}, seed 0, {len(g.sweep_tokens)} budgets; {p.scale_note(g)}")
+    return Result(throughput=grid, case_ratios=case_ratios(grid),
+                  verdict=verdict_with_alternatives(grid, alternatives, g.full_scale), ratio_vs_budget=sweep,
+                  alternatives=alternatives, overheads=overheads_table(grid), setup=setup, caption=caption,
+                  sweep_caption=sweep_caption)
+
+
+def story(r: Result) -> str:
+    """Each paper claim against the kit's figure, and why they differ."""
+    lines = []
+    for _, v in r.verdict.iterrows():
+        c = verdict_cells(v)
+        lines.append(f"- **{v['claim']}**: paper {v['paper']}; the kit {c['kit (mean; range over cases x seeds)']}, "
+                     f"best {c['best case']}, {c['other layouts and link rates']} under other layouts and link rates. "
+                     f"Why: {v['why']}.")
+    return "\n".join(lines)
+
+
+def rows(r: Result, man: dict) -> list[dict]:
+    """The verdict per paper claim: the kit's mean and range over cases and seeds, best case, alternatives."""
+    how = f"**{r.caption}** (relibra setup show {r.setup})"
+    out = []
+    for _, v in r.verdict.iterrows():
+        c = verdict_cells(v)
+        out.append(row(v["claim"], f"{c['kit (mean; range over cases x seeds)']}; best {c['best case']}; other "
+                       f"layouts and link rates {c['other layouts and link rates']}; paper: {v['paper']}", how))
+    return out
+
+
+def section(r: Result, man: dict, table_md) -> str:
+    """REPORT.md's verdict: each paper claim beside the kit's figure at the card's default (mean and range
+    over cases and seeds), its best case and seed, the range over the alternatives and why they differ."""
+    shown = pd.DataFrame([verdict_cells(v) for _, v in r.verdict.iterrows()])
+    return (f"## The default card's headline in detail\n\nOne card's point of the verdict map (notebook 12, the "
+            "table above where it ran): its figures alone do not answer the paper's claims. "
+            f"From notebook 02: **{r.caption}**, "
+            f"every policy; the set-up card's every input with its source: `relibra setup show {r.setup}` "
+            "(docs/setup.md). The alternatives are the other batch layouts and link-rate measurements on one case "
+            f"(notebook 02's `alternatives.csv`).\n\n{table_md(shown)}\n")
+
+
+TRIES = (
+    TryThis(lambda p, s: {"tokens_per_microbatch": 4096}, "ReLibra / Megatron (mean over cases and seeds)",
+            lambda r: mean_of(r.case_ratios, "relibra_over_megatron"), -1,
+            "smaller packed micro-batches hold fewer sequences, so a long one weighs more on its rank's attention "
+            "and all-to-all, which no expert placement changes"),
+)

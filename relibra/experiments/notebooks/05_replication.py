@@ -1,0 +1,90 @@
+"""Notebook 05, intra-batch replication: joint placement + split vs placement only vs splitting only,
+and ReLibra against its number of spare replica slots per GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from relibra.experiments.base import Result, TryThis, integers, mean_of, param, table
+from relibra.experiments.profiles import SCALES, Scale
+from relibra.experiments.simulation import full_model_memory_share, simulate_trace, simulate_workloads
+from relibra.experiments.text import pct
+from relibra.experiments.traces import POLICIES, TracedParams, traced_sizes
+from relibra.labels import IDEALS, short as label
+from relibra.policies import get_policy
+from relibra.setups import load_card
+
+QUESTION = ("Does joint replica placement and token split beat either alone, and how many spare slots are "
+            "worth it?")
+SIZES = SCALES
+sizes_of = traced_sizes(SIZES)
+
+
+@dataclass(frozen=True)
+class Params(TracedParams):
+    policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES,
+                                      none="relibra-reorder,relibra-split,relibra,megatron")
+    spare_slot_counts: tuple[int, ...] = param("1,2,3,4", "spare replica slots per GPU swept in section 2",
+                                               integers(0, 16))
+
+
+@dataclass(kw_only=True)
+class Result(Result):
+    replication: pd.DataFrame = table("per workload and policy: throughput, GPU skewness, replicas used")
+    spare_slots: pd.DataFrame = table("ReLibra throughput and skewness vs spare replica slots per GPU")
+
+
+def spare_slot_sweep(p: Params, sizes: Scale, policy: str = "relibra") -> pd.DataFrame:
+    """`policy` with each number of spare slots per GPU of p.spare_slot_counts, on the single model and
+    workload: one row per count with speedup over Megatron, tokens/s, GPU skewness, replica memory
+    share and whether it is the policy's default."""
+    card = load_card()
+    workload = p.the_workload(sizes)
+    trace = p.routing(workload, p.ep, sizes, card)
+    default = int(get_policy(policy).params().get("spare_slots_per_gpu", 0))
+    rows = []
+    for n in p.spare_slot_counts:
+        summary = simulate_trace(trace, p.cluster, [policy], card, p.steps,
+                                 policy_params={policy: {"spare_slots_per_gpu": int(n)}})
+        r = summary.set_index("policy").loc[policy]
+        rows.append({"model": trace.model.name, "workload": workload, "ep": trace.ep, "cluster": p.cluster.name,
+                     "policy": policy, "spare_slots_per_gpu": int(n), "default": int(n) == default,
+                     "speedup_vs_megatron": float(r["speedup_vs_megatron"]), "frac_of_balanced": float(r["frac_of_balanced"]),
+                     "tokens_per_s": float(r["tokens_per_s"]), "skewness": float(r["skewness"]),
+                     "replica_memory_share": float(r["replica_memory_share"]),
+                     "replica_memory_share_full_model": float(full_model_memory_share(
+                         p.model, trace.ep, trace.num_layers, [r["replica_buffer_bytes"]], [False])[0])})
+    return pd.DataFrame(rows)
+
+
+def compute(p: Params, sizes: Scale, progress: bool = True) -> Result:
+    _, summary = simulate_workloads(p, sizes, load_card(), progress)
+    return Result(replication=summary, spare_slots=spare_slot_sweep(p, sizes))
+
+
+def story(r: Result) -> str:
+    s = r.replication.groupby("policy")[["speedup_vs_megatron", "gpu_skewness", "replicas_per_gpu"]].mean()
+    s = s.sort_values("speedup_vs_megatron", ascending=False)
+    lines = [f"- {label(p)}: {x['speedup_vs_megatron']:.2f}x Megatron, GPU skewness {x['gpu_skewness']:.2f}, "
+             f"{x['replicas_per_gpu']:.2f} replicas per GPU" for p, x in s.iterrows() if p not in IDEALS]
+    sp = r.spare_slots.sort_values("spare_slots_per_gpu")
+    lo, hi = sp.iloc[0], sp.iloc[-1]
+    spread = float(sp["speedup_vs_megatron"].max() - sp["speedup_vs_megatron"].min())
+    text = "Mean over workloads:\n\n" + "\n".join(lines)
+    text += (f"\n\nFrom {int(lo['spare_slots_per_gpu'])} to {int(hi['spare_slots_per_gpu'])} spare slots per GPU, "
+             f"ReLibra's throughput moves from {lo['speedup_vs_megatron']:.3f}x to {hi['speedup_vs_megatron']:.3f}x "
+             f"(spread {pct(spread / lo['speedup_vs_megatron'])}) and its skewness from {lo['skewness']:.3f} to "
+             f"{hi['skewness']:.3f}, while the replica buffer grows from {pct(lo['replica_memory_share_full_model'])} "
+             f"to {pct(hi['replica_memory_share_full_model'])} of the parameter memory.")
+    if spread / lo["speedup_vs_megatron"] < 0.01:
+        text += " Extra slots barely matter here: the planner does not fill them (few experts are hot enough)."
+    return text
+
+
+TRIES = (
+    TryThis(lambda p, s: {"cluster": "nvl72"}, "ReLibra's GPU skewness",
+            lambda r: mean_of(r.replication, "gpu_skewness", policy="relibra"), -1,
+            "a copy may then go to any of the 72 GPUs of one NVLink domain, not only to the GPUs of its home's node"),
+)

@@ -1,0 +1,121 @@
+"""Notebook 07, overheads: planner time (measured), migration, replica memory and transfer overlap."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from relibra.experiments.base import Result, TryThis, mean_of, param, table
+from relibra.experiments.machine import this_machine
+from relibra.experiments.profiles import SCALES, Scale
+from relibra.experiments.simulation import full_model_memory_share, simulate_with_plans
+from relibra.experiments.text import cluster_text, pct, row, unique
+from relibra.experiments.traces import POLICIES, SimParams, make_trace
+from relibra.labels import IDEALS, short
+from relibra.policies import get_policy
+from relibra.setups import load_card
+from relibra.trace import static_placement
+
+QUESTION = "What does balancing cost: planner time, migration, replica memory?"
+SIZES = SCALES
+
+
+@dataclass(frozen=True)
+class Params(SimParams):
+    policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES,
+                                      none="eplb,eplb+,lplb+,eplb+lp,llep,relibra")
+
+
+@dataclass(kw_only=True)
+class Result(Result):
+    overheads: pd.DataFrame = table("per policy: planner seconds per step (measured), simulated step/forward "
+                                    "seconds, migration share, replica memory share, transfer overlap")
+
+
+def planner_seconds(trace, policy: str, step: int, repeats: int, cluster) -> float:
+    """Best-of-`repeats` wall seconds of one step's plan on `cluster` (one thread, this machine)."""
+    pol = get_policy(policy)
+    prev = static_placement(trace.num_layers, trace.num_experts, trace.ep)
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        pol.plan(trace, step, cluster, prev)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def compute(p: Params, sizes: Scale) -> Result:
+    """Per policy, for the model and workload on p.cluster at p.ep: plan_s (measured: best-of-repeats
+    wall seconds to plan one step, one thread), forward_s and step_s (simulated), planner_vs_forward
+    (< 1: the planner hides behind one forward pass), planner_on_critical_path, migration_share,
+    migration_gb, replica_memory_share, transfer_s, exposed_transfer_s and transfer_overlap."""
+    import torch  # heavy: only the replica-memory figure needs it
+
+    card = load_card()
+    trace = make_trace(p.model, p.the_workload(sizes), p.ep, p.steps, p.seed, sizes, card)
+    _, summary = simulate_with_plans(trace, p.cluster, p.policies, card, p.steps)
+    summary = summary[~summary["policy"].isin(IDEALS)].reset_index(drop=True)  # the ideals plan nothing
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        plan_s = {x: planner_seconds(trace, x, trace.num_steps - 1, sizes.planner_repeats, p.cluster)
+                  for x in summary["policy"]}
+    finally:
+        torch.set_num_threads(threads)
+    out = summary[["model", "workload", "ep", "cluster", "policy", "step_s", "forward_s", "migration_share",
+                   "migration_gb", "replica_memory_share", "exposed_transfer_share", "planner_on_critical_path",
+                   "speedup_vs_megatron"]].copy()
+    out["plan_s"] = out["policy"].map(plan_s)
+    out["planner_vs_forward"] = out["plan_s"] / out["forward_s"]
+    out["transfer_s"] = summary["transfer_s"].to_numpy()
+    out["exposed_transfer_s"] = summary["exposed_transfer_s"].to_numpy()
+    out["transfer_overlap"] = np.where(out["transfer_s"] > 0, 1.0 - out["exposed_transfer_s"] / out["transfer_s"].where(
+        out["transfer_s"] > 0, 1.0), np.nan)
+    out["layers"] = trace.num_layers
+    out["micro_batches"] = trace.num_microbatches
+    out["planner_hardware"] = this_machine()
+    out["replica_memory_share_full_model"] = full_model_memory_share(
+        p.model, trace.ep, trace.num_layers, summary["replica_buffer_bytes"].to_numpy(dtype=float),
+        summary["planner_on_critical_path"].to_numpy(dtype=bool))
+    return Result(overheads=out)
+
+
+def story(r: Result) -> str:
+    out = []
+    for _, x in r.overheads.iterrows():
+        hidden = "on the critical path" if x["planner_on_critical_path"] else (
+            "hidden behind one forward pass" if x["plan_s"] <= x["forward_s"] else "longer than one forward pass")
+        out.append(f"- {short(x['policy'])}: plans a step in {1e3 * x['plan_s']:.1f} ms ({hidden}, forward "
+                   f"{1e3 * x['forward_s']:.1f} ms); migration {pct(x['migration_share'])} of the step; replica "
+                   f"memory {pct(x['replica_memory_share_full_model'])}"
+                   + ("" if pd.isna(x["transfer_overlap"]) else f"; {pct(x['transfer_overlap'])} of replica "
+                      "transfers hidden") + ".")
+    return "\n".join(out)
+
+
+def rows(r: Result, man: dict) -> list[dict]:
+    t = r.overheads
+    case, where = f"{unique(t, 'model')}, EP {unique(t, 'ep')}", cluster_text(t["cluster"].iloc[0])
+    out = [row(f"planner wall time per step, {case}",
+               "; ".join(f"{short(x.policy)} {x.plan_s:.3g} s ({x.planner_vs_forward:.2g}x the forward pass)"
+                         for x in t.itertuples(index=False)),
+               f"**measured** on {unique(t, 'planner_hardware')}; forward pass simulated on the {where}; "
+               f"{man['scale_note']}")]
+    for x in t[t["policy"] == "relibra"].head(1).itertuples(index=False):
+        overlap = ("no replica transfers" if pd.isna(x.transfer_overlap)
+                   else f"{100 * x.transfer_overlap:.0f}% of replica transfers hidden behind attention")
+        out.append(row(f"ReLibra migration and replica memory, {case}",
+                       f"migration {100 * x.migration_share:.2f}% of step time; replica buffer "
+                       f"{100 * x.replica_memory_share_full_model:.2f}% of parameter memory per GPU (whole model); "
+                       f"{overlap}", f"**simulated** on the {where}; {man['scale_note']}"))
+    return out
+
+
+TRIES = (
+    TryThis(lambda p, s: {"ep": 2 * p.ep}, "ReLibra's replica buffer as a share of parameter memory per GPU",
+            lambda r: mean_of(r.overheads, "replica_memory_share_full_model", policy="relibra"), +1,
+            "the buffer keeps its spare slots while each GPU's own experts halve"),
+)

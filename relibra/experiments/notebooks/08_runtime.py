@@ -1,0 +1,210 @@
+"""Notebook 08: the real runtime (relibra.runtime, gloo on this CPU) next to the simulator, and the
+shipped reference measurement (data/runtime_measured.json)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import pandas as pd
+
+from relibra.errors import ConfigError
+from relibra.experiments.base import PATH, Params, Result, integer, param, table, value
+from relibra.experiments.config import resolve_path
+from relibra.experiments.runtime import (WAITING, DataOptions, PolicySummary, RuntimeRequest, oversubscribed,
+                                         prepare, recorded_runtime, runtime_agreement, runtime_segments_story,
+                                         runtime_topology, segment_frame, summarise, summary_frame)
+from relibra.experiments.text import row, unique
+from relibra.experiments.traces import POLICIES, PROFILE
+from relibra.labels import short
+from relibra.metrics import frame
+from relibra.progress import progress as tqdm
+from relibra.runtime.config import MeasurementOptions, ModelOptions, ParallelismOptions, RunOptions
+from relibra.runtime.launch import launch
+from relibra.runtime.results import RunResult
+from relibra.runtime.train import worker
+
+QUESTION = "Does the real runtime agree with the simulator?"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The gloo run: ranks (one per core of a 2-core machine: more would be oversubscribed), simulated
+    nodes, timed steps, the model (an expert-dominated CPU preset, docs/runtime.md), its tokens, and
+    launches. measured_dir: where the gpu profile reads runs measured on GPU nodes instead."""
+
+    nproc: int = 2
+    nodes: int = 1
+    steps: int = 5
+    model: str = "moe-cpu"
+    workload: str = "math"
+    tokens_per_rank: int = 1024
+    micro_batches: int = 2
+    repeats: int = 2
+    measured_dir: str | None = None
+
+
+SIZES = {"tiny": Sizes(steps=1, tokens_per_rank=64, micro_batches=1, repeats=1), "laptop": Sizes(steps=20, repeats=1),
+         "paper": Sizes(steps=30, repeats=3), "gpu": Sizes(measured_dir="results/gpu_runs")}
+
+
+@dataclass(frozen=True)
+class Params(Params):
+    profile: str = param("laptop", "the runtime's model, steps and launches", PROFILE, affects=False)
+    policies: tuple[str, ...] = param(None, "policies, alternating step by step (None: megatron,relibra)",
+                                      POLICIES, none="megatron,relibra")
+    seed: int = param(0, "same seed, same trace and plans (measured times still vary)", integer(0))
+    out_dir: str | None = param(None, "where results go (None: results/08_runtime)", PATH, affects=False)
+    measured_dir: str | None = param(None, "gpu profile: folder of measured runs (None: the profile's)", PATH,
+                                     sizes="measured_dir")
+    nproc: int = param(None, "ranks of the gloo run (None: the profile's)", integer(1), sizes="nproc")
+    nodes: int = param(None, "simulated nodes the ranks are grouped into (None: the profile's)", integer(1),
+                       sizes="nodes")
+
+    def check(self, notebook: str, sizes: Sizes) -> None:
+        if self.nproc % self.nodes:
+            raise ConfigError(f"{notebook}: nodes={self.nodes} must divide nproc={self.nproc}")
+
+    def scale_note(self, s: Sizes) -> str:
+        return (f"{self.profile} profile: model {s.model}, {self.nproc} ranks as {self.nodes} node(s), "
+                f"{s.micro_batches} micro-batches x {s.tokens_per_rank} tokens per rank, "
+                f"{s.steps} timed steps x {s.repeats} launch(es), seed {self.seed}")
+
+    def request(self, s: Sizes) -> RuntimeRequest:
+        """The launch at the profile's runtime sizes: every policy, alternating step by step."""
+        run = RunOptions(model=ModelOptions(name=s.model, seed=self.seed),
+                         parallelism=ParallelismOptions(nodes=self.nodes),
+                         measurement=MeasurementOptions(steps=s.steps, warmup_steps=2 if s.steps >= 5 else
+                                                        (1 if s.steps > 1 else 0)))
+        data = DataOptions(workload=s.workload, micro_batches=s.micro_batches, tokens_per_rank=s.tokens_per_rank)
+        return RuntimeRequest(policies=self.policies, data=data, run=run)
+
+
+@dataclass(kw_only=True)
+class Result(Result):
+    measured: pd.DataFrame = table("measured per-rank metrics of the runtime (metrics schema; <component>_wait: "
+                                   "waiting at the barrier before it; step_cpu: process CPU seconds)")
+    step_results: pd.DataFrame = table("per launch and policy: measured step seconds (median, min, max), the "
+                                       "simulator's sim_step_s, the speed-up over megatron with its paired bootstrap "
+                                       "95% interval")
+    step_segments: pd.DataFrame = table("per launch and policy: the whole step in segments, measured (mean over "
+                                        "ranks, median over timed steps) and simulated")
+    rank_times: pd.DataFrame = table("per launch, policy and rank: median process CPU, wall and waiting seconds "
+                                     "per step")
+    recorded_step_results: pd.DataFrame = table("the reference measurement (data/runtime_measured.json): per "
+                                                "command, launch and policy")
+    label: str = value("")
+    hardware: str = value("")
+
+
+def read_measured(folder) -> dict:
+    """PolicySummary rows of the summary.json files `relibra run --torchrun --out DIR` wrote on GPU nodes."""
+    folder = resolve_path(folder)
+    files = sorted(folder.rglob("summary.json")) if folder.exists() else []
+    if not files:
+        raise ConfigError(f"gpu profile: no measured runs (summary.json) in {folder}; run the GPU script of "
+                          "docs/notebooks.md first, or pass measured_dir")
+    summaries, launches = [], []
+    for i, f in enumerate(files):
+        for r in json.loads(f.read_text())["results"]:
+            summaries.append(PolicySummary(**r))
+            launches.append(i)
+    return {"summaries": summaries, "launches": launches, "metrics": pd.DataFrame(), "hardware": summaries[0].hardware}
+
+
+def measure(p: Params, s: Sizes) -> dict:
+    """`repeats` launches through relibra.runtime.launch (gloo, loopback, 1 torch thread per rank):
+    {"summaries": PolicySummary per launch and policy, "launches", "metrics" (with `repeat`), "hardware"}."""
+    request = p.request(s)
+    prepared = prepare(request, p.nproc)
+    summaries, launches, parts = [], [], []
+    load_before = os.getloadavg()[0]  # other work on the machine inflates wall-clock times: say so
+    for repeat in tqdm(range(s.repeats), desc="runtime launches", unit="launch"):
+        result = RunResult.from_dict(launch(worker, p.nproc, request.run, prepared.runs, threads_per_rank=1,
+                                            timeout_s=request.run.faults.collective_timeout_s))
+        d = frame(result.metric_rows(request.run.model.name, request.data.workload))
+        d["repeat"] = repeat
+        parts.append(d)
+        for x in summarise(result, prepared, request):
+            summaries.append(x)
+            launches.append(repeat)
+    load = max(load_before, os.getloadavg()[0])
+    over = " OVERSUBSCRIBED (ranks > cores: times say nothing about speed)" if oversubscribed(p.nproc) else ""
+    return {"summaries": summaries, "launches": launches, "metrics": pd.concat(parts, ignore_index=True),
+            "hardware": f"{summaries[0].hardware}; 1-min load average up to {load:.1f}{over}"}
+
+
+def compute(p: Params, s: Sizes) -> Result:
+    """Measured launches next to the simulator (the gpu profile: runs measured on GPU nodes)."""
+    measured = read_measured(p.measured_dir) if s.measured_dir else measure(p, s)
+    summaries, launches = measured["summaries"], measured["launches"]
+    first = summaries[0]
+    topo = runtime_topology(first.ranks, first.ranks_per_node)
+    label = (f"measured ({measured['hardware']}) vs simulated ({topo.name} preset, {topo.num_nodes} x "
+             f"{topo.gpus_per_node}) | model {first.model}, EP {first.ranks}, {s.micro_batches} "
+             f"micro-batches x {first.steps} timed steps per policy, policies alternating step by step, "
+             f"{len(set(launches))} launch(es), seed {p.seed}")
+    rank_times = pd.DataFrame([{"repeat": i, "policy": x.policy, "rank": g, "cpu_s": c, "wall_s": w, "wait_s": t}
+                               for x, i in zip(summaries, launches)
+                               for g, (c, w, t) in enumerate(zip(x.cpu_s_per_rank, x.wall_s_per_rank,
+                                                                 x.wait_s_per_rank))])
+    recorded, where = recorded_runtime()
+    return Result(measured=measured["metrics"], step_results=summary_frame(summaries).assign(repeat=launches),
+                  step_segments=pd.concat([segment_frame([x]).assign(repeat=i) for x, i in zip(summaries, launches)],
+                                          ignore_index=True),
+                  rank_times=rank_times,
+                  recorded_step_results=recorded.assign(date=where["date"], cpus=where["machine"]["cpus"]),
+                  label=label, hardware=measured["hardware"])
+
+
+def story(r: Result) -> str:
+    return runtime_segments_story(r.step_segments, WAITING) + "\n\n" + runtime_agreement(r.step_results)
+
+
+def _speedups(d: pd.DataFrame, g: pd.DataFrame) -> str:
+    """"; <policy> / Megatron ..." per policy: each launch's ratio of median steps with its paired bootstrap
+    95% interval where the table has one (policies interleaved in one launch), else the ratio of the
+    medians over launches; and the simulated ratio."""
+    ref, out = g.loc["megatron"], ""
+    for p, x in g.iterrows():
+        if p == "megatron":
+            continue
+        rows_ = d[d["policy"] == p]
+        if "speedup_ci_low" in d and rows_["speedup_ci_low"].notna().all():
+            measured = ", ".join(f"{y.speedup_vs_megatron:.2f}x [{y.speedup_ci_low:.2f}, {y.speedup_ci_high:.2f}]"
+                                 for y in rows_.itertuples())
+            measured += " measured (95% interval" + (" per launch)" if len(rows_) > 1 else ")")
+            if "cpu_speedup_ci_low" in d and rows_["cpu_speedup_ci_low"].notna().all():
+                measured += ", on process CPU time " + ", ".join(
+                    f"{y.cpu_speedup_vs_megatron:.2f}x [{y.cpu_speedup_ci_low:.2f}, {y.cpu_speedup_ci_high:.2f}]"
+                    for y in rows_.itertuples())
+        else:
+            measured = f"{ref.measured / x.measured:.2f}x measured"
+        out += f"; {short(p)} / Megatron {measured}, {ref.sim / x.sim:.2f}x simulated"
+    return out
+
+
+def rows(r: Result, man: dict) -> list[dict]:
+    """This run's measured step times and the shipped reference, each next to the simulator's, with the
+    measured speed-up's interval."""
+    out, rec = [], r.recorded_step_results
+    recorded_how = ("" if rec.empty else f"**measured** on a {unique(rec, 'cpus')}-core machine, "
+                    f"{unique(rec, 'date')}, 1-min load {rec['load_before'].min():.1f}-{rec['load_after'].max():.1f}, "
+                    f"{rec['launch'].nunique()} launch(es) x {unique(rec, 'steps')} timed steps per policy, policies "
+                    "alternating step by step; simulated on the CPU preset fitted just before "
+                    "(data/runtime_measured.json, `scripts/measure_runtime.py --calibrate`)")
+    for what, t, how in (
+            ("runtime step time on the CPU, this run (median over launches)", r.step_results,
+             f"**measured** on {r.hardware}; simulated on the fitted CPU preset; {man['scale_note']}"),
+            ("runtime step time on the CPU, the shipped reference (median over launches)", rec, recorded_how)):
+        if t.empty or "step_s_median" not in t:
+            continue
+        for layout, d in (t.groupby("nodes_x_ranks", sort=False) if "nodes_x_ranks" in t else [("", t)]):
+            g = d.groupby("policy", sort=False).agg(measured=("step_s_median", "median"), sim=("sim_step_s", "median"))
+            fig = "; ".join(f"{short(p)} {x.measured:.3g} s measured, {x.sim:.3g} s simulated" for p, x in g.iterrows())
+            if "megatron" in g.index:
+                fig += _speedups(d, g)
+            over = " (OVERSUBSCRIBED: ranks > cores)" if "oversubscribed" in d and d["oversubscribed"].any() else ""
+            out.append(row(what + (f", {layout} (nodes x ranks)" if layout else ""), fig + over, how))
+    return out

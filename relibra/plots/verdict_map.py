@@ -1,0 +1,144 @@
+"""Figure of notebook 12: the verdict as a map over tokens per EP rank and the micro-batch vs step
+correlation, the paper's claims as contours, each named set-up card and the calibration as labelled points."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.lines import Line2D
+
+from relibra.plots.style import titled
+
+# (field of the node table, panel title, value format, colour map): the speed-ups rise to the paper's claim
+# (brighter is better), the gap falls to it.
+PANELS = (("relibra_over_megatron", "ReLibra / Megatron", "{:.2f}x", "viridis"),
+          ("relibra_over_eplb_plus", "ReLibra / EPLB+ (oracle loads)", "{:.2f}x", "viridis"),
+          ("gap_to_balanced", "gap to Balanced (1 - ReLibra / Balanced)", "{:.1%}", "viridis_r"))
+CARD_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "*")
+CARD_COLORS = ("#d62728", "#ff7f0e", "#e377c2", "#8c564b", "#17becf", "#bcbd22", "#7f7f7f", "#1f77b4")
+
+
+def _matrix(nodes: pd.DataFrame, column: str) -> np.ndarray:
+    """A node column as [tokens, shift values] (both sorted)."""
+    return nodes.pivot_table(index="tokens", columns="shift_value", values=column, aggfunc="mean").to_numpy(float)
+
+
+def merge_coincident(cards: pd.DataFrame) -> pd.DataFrame:
+    """Cards whose points coincide (same position and mean ratios to 3 digits, e.g. two cards that set the
+    same batch) drawn once, named together ("a = b")."""
+    if cards.empty:
+        return cards
+    cols = ["tokens_per_ep_rank", "mb_vs_step_corr"] + [f"{f}_mean" for f, *_ in PANELS]
+    key = cards[cols].round(3).astype(str).agg("|".join, axis=1)
+    out = cards.groupby(key, sort=False).first()
+    out["setup"] = cards.groupby(key, sort=False)["setup"].agg(" = ".join)
+    return out.reset_index(drop=True)
+
+
+def _claim_levels(claims, field: str) -> list[tuple[float, str]]:
+    for c in claims:
+        if c["field"] == field:
+            levels = [(c["level"], c["claim"])]
+            if "lower" in c:
+                levels.append((c["lower"], c["claim"]))
+            return levels
+    return []
+
+
+def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibration: dict, subtitle: str,
+                     grid_note: str = ""):
+    """One panel per ratio (ReLibra / Megatron, / EPLB+, gap to Balanced): the best-over-cases field of the
+    grid's nodes (colour, with each node's value written) over tokens per EP rank per micro-batch (log x)
+    and the nodes' measured micro-batch vs step load correlation (y, falling as the shift rises); the paper's
+    claim as a black contour (1.6x, 1.2x; 6% and 10% for the gap), or a note where the grid does not reach
+    it; each named card a labelled marker at its measured position with its mean ratio; the calibration
+    (the kit's real RL trace's correlation) a dotted line.
+
+    nodes: verdict_map.node_fields; cards: verdict_map.card_points; claims: verdict_map.CLAIMS;
+    calibration: {"label", "mb_vs_step_corr", "tokens_per_ep_rank"} or {}.
+    """
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(6.2 * len(PANELS), 6.4), squeeze=False)
+    nodes = nodes.sort_values(["tokens", "shift_value"])
+    cards = merge_coincident(cards)
+    xs = _matrix(nodes, "tokens_per_ep_rank")
+    ys = _matrix(nodes, "mb_vs_step_corr")
+    card_x = cards["tokens_per_ep_rank"].to_numpy(float) if len(cards) else np.array([])
+    card_y = cards["mb_vs_step_corr"].to_numpy(float) if len(cards) else np.array([])
+    all_x = np.concatenate([xs.ravel(), card_x])
+    all_y = np.concatenate([ys.ravel(), card_y] + ([[calibration["mb_vs_step_corr"]]] if calibration else []))
+    xlim = (2 ** np.floor(np.log2(np.nanmin(all_x)) - 0.3), 2 ** np.ceil(np.log2(np.nanmax(all_x)) + 0.3))
+    ylim = (max(0.0, float(np.nanmin(all_y)) - 0.05), min(1.02, float(np.nanmax(all_y)) + 0.04))
+    card_handles = []
+    for ax, (field, title, fmt, cmap) in zip(axes[0], PANELS):
+        z = _matrix(nodes, f"{field}_best")
+        lo, hi = float(np.nanmin(z)), float(np.nanmax(z))
+        levels = _claim_levels(claims, field)
+        # the colour scale spans the grid's nodes and the cards' points
+        card_values = list(cards[f"{field}_mean"]) if len(cards) else []
+        span_lo, span_hi = min([lo] + card_values), max([hi] + card_values)
+        norm = plt.Normalize(span_lo, span_hi)
+        if z.shape[0] >= 2 and z.shape[1] >= 2:
+            ax.contourf(xs, ys, z, levels=12, cmap=cmap, norm=norm, alpha=0.85)
+        sc = ax.scatter(xs.ravel(), ys.ravel(), c=z.ravel(), cmap=cmap, norm=norm, s=36, edgecolors="0.15",
+                        linewidths=0.6, zorder=3)
+        for x, y, v in zip(xs.ravel(), ys.ravel(), z.ravel()):
+            ax.annotate(fmt.format(v), (x, y), xytext=(0, 6), textcoords="offset points", ha="center", fontsize=7,
+                        color="0.05", zorder=4,
+                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7})
+        notes = []
+        for level, _ in levels:
+            if z.shape[0] >= 2 and z.shape[1] >= 2 and lo <= level <= hi:
+                cs = ax.contour(xs, ys, z, levels=[level], colors="black", linewidths=2.0, linestyles="--", zorder=5)
+                ax.clabel(cs, fmt={level: "paper " + fmt.format(level)}, fontsize=8)
+            elif field == "gap_to_balanced":
+                side = "below" if hi < level else "above"
+                notes.append(f"paper's {fmt.format(level)}: every node is {side} it ({fmt.format(lo)}-{fmt.format(hi)})")
+            else:
+                notes.append(f"paper's {fmt.format(level)}: reached nowhere on this grid (best {fmt.format(hi)})")
+        if calibration:
+            ax.axhline(calibration["mb_vs_step_corr"], color="0.25", lw=1.0, ls=":", zorder=2)
+            ax.text(xlim[1] / 1.05, calibration["mb_vs_step_corr"] - 0.004,
+                    f"real RL trace: {calibration['mb_vs_step_corr']:.2f}", fontsize=7, color="0.25", va="top", ha="right")
+        for i, (_, c) in enumerate(cards.iterrows()):
+            marker, color = CARD_MARKERS[i % len(CARD_MARKERS)], CARD_COLORS[i % len(CARD_COLORS)]
+            ax.scatter([c["tokens_per_ep_rank"]], [c["mb_vs_step_corr"]], marker=marker, s=110, c=color,
+                       edgecolors="black", linewidths=1.0, zorder=6)
+            ax.annotate(fmt.format(c[f"{field}_mean"]), (c["tokens_per_ep_rank"], c["mb_vs_step_corr"]),
+                        xytext=(7, -11), textcoords="offset points", fontsize=8, fontweight="bold", color=color,
+                        zorder=7, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": color, "alpha": 0.85})
+            if ax is axes[0][0]:
+                card_handles.append(Line2D([], [], marker=marker, color="none", markerfacecolor=color,
+                                           markeredgecolor="black", markersize=9, label=f"card {c['setup']}"))
+        notes = list(dict.fromkeys(notes))
+        if len(notes) == 2 and field == "gap_to_balanced" and notes[0].split(":")[1] == notes[1].split(":")[1]:
+            notes = [f"paper's {fmt.format(min(lv for lv, _ in levels))}-{fmt.format(max(lv for lv, _ in levels))}:"
+                     + notes[0].split(":", 1)[1]]  # one note for the range when both ends lie on one side
+        if notes:
+            ax.text(0.02, 0.02, "\n".join(notes), transform=ax.transAxes, fontsize=8, va="bottom",
+                    bbox={"boxstyle": "round", "fc": "white", "ec": "0.5", "alpha": 0.9}, zorder=8)
+        ax.set_xscale("log", base=2)
+        ticks = [2 ** k for k in range(int(np.log2(xlim[0])), int(np.log2(xlim[1])) + 1)]
+        ax.set_xticks(ticks, [f"{t // 1024}k" if t >= 1024 else str(t) for t in ticks])
+        ax.set_xlim(*xlim)
+        ax.set_ylim(*ylim)
+        ax.set_xlabel("tokens per EP rank per micro-batch (measured mean, log scale)")
+        ax.set_ylabel("micro-batch vs step load correlation (measured)")
+        ax.set_title(f"{title}: best over cases per node")
+        # a narrow colour range gets one more digit, so that no two ticks read the same
+        tick_fmt = fmt if span_hi - span_lo > 0.05 else fmt.replace(".2f", ".3f").replace(".1%", ".2%")
+        fig.colorbar(sc, ax=ax, shrink=0.8, pad=0.02, format=(lambda v, _, f=tick_fmt: f.format(v)))
+    handles = card_handles + [
+        Line2D([], [], marker="o", color="none", markerfacecolor="0.7", markeredgecolor="0.15", markersize=6,
+               label="grid node (best over models x workloads x seeds)"),
+        Line2D([], [], color="black", lw=2.0, ls="--", label="the paper's claim (contour)")]
+    if calibration:
+        handles.append(Line2D([], [], color="0.25", lw=1.0, ls=":", label=f"{calibration['label']}"))
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=min(4, len(handles)), fontsize=8,
+               title="card markers: the card's mean over its cases" + (f"; {grid_note}" if grid_note else ""),
+               title_fontsize=8)
+    titled(fig, "The verdict as a map: where do the paper's claims (1.6x over Megatron, 1.2x over EPLB+, within "
+           "6-10% of Balanced) hold? Higher correlation = less micro-batch shift", subtitle)
+    rows = (len(handles) + 3) // 4
+    fig.tight_layout(rect=(0, (0.35 + 0.25 * rows) / 6.4, 1, 0.97))
+    return fig
