@@ -21,7 +21,7 @@ from relibra import setups
 from relibra.cli import main
 from relibra.errors import ConfigError
 from relibra.experiments.config import project_root
-from relibra.experiments.parameters import check_values
+from relibra.experiments import get_notebook
 from relibra.setup_schema import BOUNDS, BY_KEY, doc_with_table
 from relibra.setups import DEFAULT_CARD, card_names, load_card
 from relibra.sim import simulate
@@ -86,8 +86,10 @@ def refused_everywhere(capsys, path: str) -> str:
                                         "--knobs", "RDMA rate"])[::2]) == line
     for notebook in ("02_throughput", "10_sensitivity"):
         with pytest.raises(ConfigError) as info:
-            check_values(notebook, {"setup": path})
-        assert f"error: {info.value}" == line
+            get_notebook(notebook).create(profile="tiny", setup=path)
+        # the notebook's Params name the notebook and the parameter, then give load_card's own words
+        assert str(info.value).startswith(f"{notebook}: setup must be ")
+        assert line.removeprefix("error: ") in str(info.value)
     return line
 
 
@@ -163,7 +165,8 @@ def test_a_card_inside_its_bounds_runs_everywhere(tmp_path, capsys):
     rc, out, err = cli(capsys, ["simulate", "--setup", path, *TINY_SIM, "--policies", "megatron", "--json"])
     assert rc == 0, err
     assert json.loads(out)["results"]
-    assert check_values("02_throughput", {"setup": path})["setup"] == path
+    params, _ = get_notebook("02_throughput").create(profile="tiny", setup=path)
+    assert params.setup.value("cluster.rdma_GBps") == 25.0
 
 
 def test_the_generator_counts_the_lengths_it_cuts():
