@@ -420,7 +420,7 @@ def headless_figures(changes: dict) -> list[str]:
     rendered here as the controls render them (relibra.plots.widgets), without a browser or kernel."""
     import matplotlib
 
-    from relibra import experiments as ex
+    from relibra.experiments import tutorial as ex
     from relibra.plots.style import set_style
     from relibra.plots.tutorial import plan_figure, tutorial_figure
     from relibra.plots.widgets import _display_png
@@ -431,7 +431,7 @@ def headless_figures(changes: dict) -> list[str]:
 
     shown = []
     with matplotlib.rc_context():
-        set_style()  # what ex.start() sets in the notebook
+        set_style()  # what the notebook sets before its figures
         case = ex.tutorial_case(**{**dict(placement="search", spare_slots=2, skew=1.2, shift=0.5, micro_batch=0,
                                           seed=0, ep=4, tokens_per_gpu=4096, micro_batches=4), **changes})
         for draw in (tutorial_figure, plan_figure):
