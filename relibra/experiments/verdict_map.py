@@ -141,8 +141,8 @@ class GridSpec:
 
 def default_grid(**changes) -> GridSpec:
     """The coarse grid of the default profile: 3 budgets x 2 shift values (the range's ends) x 3 models x
-    `mixed` x 3 seeds; every card's point (`mixed`, seed 0)."""
-    spec = GridSpec("default", tokens=(2048, 8192, 32768), shift=DEFAULT_SHIFT, workloads=("mixed",),
+    (`mixed`, `math`: the paper grid's two workloads) x 3 seeds; every card's point (both workloads, seed 0)."""
+    spec = GridSpec("default", tokens=(2048, 8192, 32768), shift=DEFAULT_SHIFT, workloads=("mixed", "math"),
                     card_seeds=(0,))
     return dataclasses.replace(spec, **changes)
 
