@@ -12,8 +12,6 @@ token-budget family and the one-sequence-per-micro-batch family.
 from __future__ import annotations
 
 import dataclasses
-import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import numpy as np
 import pandas as pd
@@ -21,7 +19,7 @@ import pandas as pd
 from relibra.cluster import get_model
 from relibra.experiments.config import scaled_model
 from relibra.labels import CLAIMS
-from relibra.progress import progress as tqdm
+from relibra.pool import map_in_order
 from relibra.setups import SetupCard, load_card
 from relibra.sim import simulate
 from relibra.workloads import BATCH_LAYOUTS, generate_trace, mean_sequence_tokens
@@ -163,30 +161,7 @@ def run_cases(cases: list[Case], workers: int | None = None, progress: bool = Tr
               ) -> pd.DataFrame:
     """simulate_case over `cases`, in `workers` processes (default: one per core, at most len(cases)); rows
     in the cases' order whatever the workers' timing, so the same cases give the same frame."""
-    workers = max(1, min(workers or os.cpu_count() or 1, len(cases)))
-    bar = tqdm(total=len(cases), desc=desc, unit="case", disable=not progress)
-    frames: list = [None] * len(cases)
-    if workers == 1:
-        for i, case in enumerate(cases):
-            frames[i] = simulate_case(case)
-            bar.update()
-    else:
-        # Each worker keeps one BLAS thread: the cores are the workers'.
-        env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-        os.environ.update({k: "1" for k in env})
-        try:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                futures = {pool.submit(simulate_case, case): i for i, case in enumerate(cases)}
-                for fut in as_completed(futures):
-                    frames[futures[fut]] = fut.result()
-                    bar.update()
-        finally:
-            for k, v in env.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-    bar.close()
+    frames = map_in_order(simulate_case, cases, workers, progress, desc=desc)
     for i, f in enumerate(frames):
         f["case_index"] = i
     return pd.concat(frames, ignore_index=True)

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +33,7 @@ import pandas as pd
 from relibra.analysis import shift_stats
 from relibra.cluster import get_model
 from relibra.errors import ConfigError
-from relibra.progress import progress as tqdm
+from relibra.pool import map_in_order
 from relibra.setups import DEFAULT_CARD, card_names, load_card
 from relibra.sim import simulate
 from relibra.workloads import MICROBATCH_SHIFT_RANGE, WorkloadConfig, generate_trace
@@ -281,30 +279,7 @@ def run_map(spec: GridSpec, workers: int | None = None, progress: bool = True, c
     """simulate_map_case over map_cases(spec) (or `cases`) in `workers` processes (default: one per core, at
     most one per case); the rows come back in the cases' order whatever the workers' timing."""
     cases = map_cases(spec) if cases is None else cases
-    workers = max(1, min(workers or os.cpu_count() or 1, len(cases)))
-    bar = tqdm(total=len(cases), desc=f"map ({spec.name})", unit="case", disable=not progress)
-    rows: list = [None] * len(cases)
-    if workers == 1:
-        for i, case in enumerate(cases):
-            rows[i] = simulate_map_case(case)
-            bar.update()
-    else:
-        # one BLAS thread per worker: the cores are the workers'
-        env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
-        os.environ.update({k: "1" for k in env})
-        try:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                futures = {pool.submit(simulate_map_case, case): i for i, case in enumerate(cases)}
-                for fut in as_completed(futures):
-                    rows[futures[fut]] = fut.result()
-                    bar.update()
-        finally:
-            for k, v in env.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-    bar.close()
+    rows = map_in_order(simulate_map_case, cases, workers, progress, desc=f"map ({spec.name})")
     return MapResult(spec, pd.DataFrame(rows))
 
 
