@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Callable, Sequence, TypeVar
@@ -18,7 +19,7 @@ def map_in_order(fn: Callable[[T], R], items: Sequence[T], workers: int | None =
                  desc: str = "cases", unit: str = "case") -> list[R]:
     """[fn(item) for item in items] in `workers` processes (default: one per core, at most len(items)), with a
     tqdm bar; the results come back in the items' order whatever the workers' timing, so the same items give
-    the same list. fn and the items must pickle (module-level functions, plain data)."""
+    the same list. fn and the items must pickle (module-level functions, plain data): workers are spawned."""
     workers = max(1, min(workers or os.cpu_count() or 1, len(items)))
     bar = tqdm(total=len(items), desc=desc, unit=unit, disable=not progress)
     results: list = [None] * len(items)
@@ -31,7 +32,9 @@ def map_in_order(fn: Callable[[T], R], items: Sequence[T], workers: int | None =
         saved = {k: os.environ.get(k) for k in _BLAS_THREADS}
         os.environ.update({k: "1" for k in saved})
         try:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
+            # spawned, not forked: a fork of a process that runs threads (torch's, tqdm's monitor, a test
+            # runner's) can copy a held lock into the child and hang it (seen in the test suite)
+            with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
                 futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
                 for fut in as_completed(futures):
                     results[futures[fut]] = fut.result()
