@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+
 import numpy as np
 
 from relibra.cluster import ModelShape, get_model, get_topology
@@ -62,3 +65,35 @@ def random_skewed_trace(model: str | ModelShape, ep: int, steps: int = 1, micro_
     return RoutingTrace(loads=loads, model=shape, ep=ep, tokens_per_microbatch=tokens_per_rank * ep,
                         provenance={"generator": "tests.conftest.random_skewed_trace", "seed": seed,
                                     "skew": skew, "shift": shift})
+
+
+@contextlib.contextmanager
+def megatron_single_rank():
+    """megatron-core's model-parallel state on one gloo rank of this process (compat applied, its own
+    process group when none is initialized, megatron's no-op RNG tracker: no CUDA RNG on the host, the
+    test models have no dropout); everything restored on exit. megatron is imported here, not at the top,
+    so test files that need none of it do not pay for it."""
+    import torch.distributed as dist
+
+    from relibra.runtime import compat
+
+    compat.apply()
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import random as mrandom
+
+    owned = not dist.is_initialized()
+    if owned:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    saved = mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED
+    mrandom.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    try:
+        yield
+    finally:
+        mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = saved
+        parallel_state.destroy_model_parallel()
+        if owned:
+            dist.destroy_process_group()

@@ -5,52 +5,31 @@ by megatron-core's own get_gpt_decoder_block_spec (local, no Transformer Engine)
 counts must equal the routing map each router returns (a forward hook on the router).
 """
 
-import socket
-
 import numpy as np
 import pytest
 import torch
+from conftest import megatron_single_rank
 
 pytest.importorskip("megatron.core")  # the kit pins megatron-core; this only guards odd installs
 
 
 @pytest.fixture(scope="module")
 def gpt_model():
-    import torch.distributed as dist
+    with megatron_single_rank():
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+        from megatron.core.models.gpt.gpt_model import GPTModel
+        from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from relibra.runtime import compat
-
-    compat.apply()
-    from megatron.core import parallel_state
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.tensor_parallel import random as mrandom
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    owned = not dist.is_initialized()
-    if owned:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
-    saved_tracker = mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED
-    # megatron's own no-op tracker (no CUDA RNG on the host; the model has no dropout)
-    mrandom.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
-    torch.manual_seed(0)
-    cfg = TransformerConfig(num_layers=3, hidden_size=16, num_attention_heads=2, num_moe_experts=8, moe_router_topk=2,
-                            moe_ffn_hidden_size=8, ffn_hidden_size=32, moe_layer_freq=[0, 1, 1],
-                            moe_token_dispatcher_type="alltoall", moe_router_load_balancing_type="none",
-                            moe_aux_loss_coeff=0.0, use_cpu_initialization=True, add_bias_linear=False,
-                            bias_activation_fusion=False, moe_router_dtype="fp32", hidden_dropout=0.0,
-                            attention_dropout=0.0)
-    model = GPTModel(cfg, get_gpt_decoder_block_spec(cfg, use_transformer_engine=False), vocab_size=64,
-                     max_sequence_length=32, position_embedding_type="rope")
-    yield model
-    mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = saved_tracker
-    parallel_state.destroy_model_parallel()
-    if owned:
-        dist.destroy_process_group()
+        torch.manual_seed(0)
+        cfg = TransformerConfig(num_layers=3, hidden_size=16, num_attention_heads=2, num_moe_experts=8,
+                                moe_router_topk=2, moe_ffn_hidden_size=8, ffn_hidden_size=32, moe_layer_freq=[0, 1, 1],
+                                moe_token_dispatcher_type="alltoall", moe_router_load_balancing_type="none",
+                                moe_aux_loss_coeff=0.0, use_cpu_initialization=True, add_bias_linear=False,
+                                bias_activation_fusion=False, moe_router_dtype="fp32", hidden_dropout=0.0,
+                                attention_dropout=0.0)
+        model = GPTModel(cfg, get_gpt_decoder_block_spec(cfg, use_transformer_engine=False), vocab_size=64,
+                         max_sequence_length=32, position_embedding_type="rope")
+        yield model
 
 
 def test_capture_counts_equal_the_routing_map(gpt_model, tmp_path):

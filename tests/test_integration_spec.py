@@ -6,9 +6,8 @@ shared experts on a single gloo rank from get_gpt_decoder_block_spec (a dense fi
 
 from __future__ import annotations
 
-import socket
-
 import pytest
+from conftest import megatron_single_rank
 
 pytest.importorskip("megatron.core")
 
@@ -112,28 +111,8 @@ def test_build_time_refusals(changes, match):
 
 @pytest.fixture(scope="module")
 def single_rank():
-    import torch.distributed as dist
-
-    from relibra.runtime import compat
-
-    compat.apply()
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import random as mrandom
-
-    owned = not dist.is_initialized()
-    if owned:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
-    saved = mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED
-    mrandom.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
-    yield
-    mrandom._CUDA_RNG_STATE_TRACKER, mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = saved
-    parallel_state.destroy_model_parallel()
-    if owned:
-        dist.destroy_process_group()
+    with megatron_single_rank():
+        yield
 
 
 def test_shared_expert_model_from_the_stock_block_spec(single_rank):
