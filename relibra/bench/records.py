@@ -36,6 +36,9 @@ ALL_POLICIES = ("megatron,eplb,eplb+,lplb+,eplb+lp,llep,relibra,relibra-reorder,
 PAPER_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
 
 
+KINDS = ("measured", "simulated", "computed")
+
+
 @dataclasses.dataclass(frozen=True)
 class RecordSpec:
     """One record: its name (the JSON file's stem), what it measures, and its command lines (argv
@@ -44,6 +47,13 @@ class RecordSpec:
     name: str
     description: str
     commands: tuple[tuple[str, ...], ...]
+    # "measured": wall or CPU seconds of this machine; "simulated": the cost model's figures, "computed":
+    # statistics of traces (both deterministic: the same commands print the same figures on any machine)
+    kind: str = "measured"
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ConfigError(f"record {self.name!r}: kind {self.kind!r} is none of {', '.join(KINDS)}")
 
 
 def _planner(model: str, ep: int, policies: str, cluster: str | None = None,
@@ -69,6 +79,19 @@ def _simulate(model: str, ep: int, cluster: str) -> tuple[str, ...]:
 def _workload(model: str, ep: int) -> tuple[str, ...]:
     return ("bench", "workload", "--model", model, "--ep", str(ep), "--steps", "1", "--json")
 
+
+def _layout(layout: str) -> tuple[str, ...]:
+    return ("simulate", "--model", "qwen3-235b-a22b", "--workload", "mixed", "--ep", "32", "--layout", layout,
+            "--steps", "1", "--warmup-steps", "2", "--seed", "0", "--policies", "megatron,eplb+,relibra,balanced",
+            "--json")
+
+
+def _calibrate(*extra: str) -> tuple[str, ...]:
+    return ("trace", "calibrate", *extra, "--json")
+
+
+RL_TRACE = "data/rl_tiny_seed0.npz"
+LAYOUTS = ("token-budget", "verl-balance", "verl", "verl-dynamic", "slime", "slime-dynamic", "megatron")
 
 # (model, EP, cluster) of the scale tables: 8-GPU nodes up to EP256, and one NVLink domain
 SCALE_CASES = (("qwen3-235b-a22b", 16, "paper"), ("qwen3-235b-a22b", 32, "paper"),
@@ -103,6 +126,41 @@ RECORDS: tuple[RecordSpec, ...] = (
     RecordSpec("workload-scale",
                "seconds to generate one step of 32 micro-batches at EP192-EP256",
                (_workload("deepseek-v3", 256), _workload("kimi-k2", 192))),
+    RecordSpec("workload-speed",
+               "seconds to generate one step of the generator's default trace (qwen3-235b-a22b, mixed, EP32, "
+               "32 micro-batches)",
+               (("bench", "workload", "--steps", "1", "--json"),)),
+    RecordSpec("map-overheads",
+               "ReLibra's overheads beyond its transfers' bytes, each taken back alone, and EPLB+ at 0/2/4 spare "
+               "slots (default card, mixed, seed 0, the paper's three models at full scale, EP32)",
+               (("map", "--overheads", "--no-progress"),), kind="simulated"),
+    RecordSpec("layouts",
+               "ReLibra / Megatron, ReLibra / EPLB+ and the gap to Balanced per batch layout (qwen3-235b-a22b, "
+               "mixed, EP32, seed 0, every MoE layer, the last of 3 steps simulated)",
+               tuple(_layout(x) for x in LAYOUTS), kind="simulated"),
+    RecordSpec("rl-trace-sim",
+               "every policy on the last 8 steps of the shipped RL trace, on the cpu-gloo and paper clusters",
+               tuple(("simulate", "--trace", RL_TRACE, "--cluster", c, "--steps", "8", "--json")
+                     for c in ("cpu-gloo", "paper")), kind="simulated"),
+    RecordSpec("routing-compare",
+               "routing statistics of the public data, of traces generated on the set-up cards (shift 0 and 0.3) "
+               "and of the shipped RL trace",
+               (("routing", "compare", "--microbatch-shift", "0,0.3", "--json"),), kind="computed"),
+    RecordSpec("calibrate-token-budget",
+               "static skewness and shift statistics of generated traces on the default card (the paper's three "
+               "models, mixed, EP8-64, 2 steps, seed 0)",
+               (_calibrate("--steps", "2", "--eps", "8,16,32,64"),), kind="computed"),
+    RecordSpec("calibrate-one-sequence",
+               "the same on the one-sequence card (one sequence per slot)",
+               (_calibrate("--steps", "2", "--eps", "8,16,32,64", "--setup", "one-sequence"),), kind="computed"),
+    RecordSpec("calibrate-workloads",
+               "the same per single-domain workload on the one-sequence card (qwen3-30b-a3b, 4 steps)",
+               (_calibrate("--models", "qwen3-30b-a3b", "--workloads", "math,science,instruct,code", "--setup",
+                           "one-sequence", "--steps", "4"),), kind="computed"),
+    RecordSpec("trace-stats",
+               "`relibra trace stats` of the shipped traces",
+               tuple(("trace", "stats", f, "--json") for f in ("data/qwen3-30b-a3b_mixed_ep16.npz", RL_TRACE)),
+               kind="computed"),
 )
 
 
