@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from relibra.bench.records import BENCH_DIR, load_record
+from relibra.bench.records import BENCH_DIR, RECORDS, load_record
 from relibra.errors import ConfigError
 from relibra.paths import write_text
 
-DOCS_DIR = Path(__file__).resolve().parents[2] / "docs"
+ROOT = Path(__file__).resolve().parents[2]
+DOCS_DIR = ROOT / "docs"
 MARKER = re.compile(r"^<!-- table:([a-z0-9-]+) (begin|end) -->$", re.MULTILINE)
 SHORT = {"qwen3-30b-a3b": "30B", "glm-4.5-air": "GLM-Air", "qwen3-235b-a22b": "235B"}
 
@@ -44,16 +46,30 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _machine(m: dict) -> str:
+    return (f"{m['cpu']} ({m['logical_cpus']} logical CPUs, {m['os']}; Python {m['python']}, numpy {m['numpy']}, "
+            f"torch {m['torch']})")
+
+
 def provenance(record: dict) -> str:
-    """One line: which record, its command, when, on what, and the 1-minute load average over its runs."""
-    m = record["machine"]
+    """One line: which record, its command, when, on what; for measured records also the 1-minute load
+    average over its runs. Simulated and computed records (deterministic figures) say so instead."""
+    kind = _kind(record["name"])
+    if kind != "measured":
+        return (f"{kind.capitalize()} by `{record['command']}` (data/bench/{record['name']}.json), "
+                f"{record['started_utc']}, on {_machine(record['machine'])}; the same commands print the same "
+                f"figures on any machine.\n")
     loads = [x[0] for x in [record["load_average_start"], record["load_average_end"]]
              + [r[k] for r in record["runs"] for k in ("load_average_start", "load_average_end")] if x]
     load = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "unknown"
     return (f"Measured by `{record['command']}` (data/bench/{record['name']}.json), {record['started_utc']} to "
-            f"{record.get('finished_utc', '?')}, on {m['cpu']} ({m['logical_cpus']} logical CPUs, {m['os']}; "
-            f"Python {m['python']}, numpy {m['numpy']}, torch {m['torch']}); 1-minute load average {load} "
+            f"{record.get('finished_utc', '?')}, on {_machine(record['machine'])}; 1-minute load average {load} "
             f"during the runs.\n")
+
+
+def _kind(name: str) -> str:
+    """The kind of record NAME (relibra.bench.records.RECORDS); "measured" for a name it does not list."""
+    return next((spec.kind for spec in RECORDS if spec.name == name), "measured")
 
 
 def _planner_grid(record: dict, column: str, fmt: Callable[[float], str]) -> str:
@@ -162,12 +178,105 @@ def workload_scale(records: dict) -> str:
                    "static skewness"], body)
 
 
+def planner_seconds(files: dict) -> str:
+    """The run-time planners' charged CPU ms per (micro-batch, layer) by EP size, and one cell at a time."""
+    policies = files["planner-seconds"]["policies"]
+    eps = list(dict.fromkeys(ep for p in policies.values() for ep in p["ep"]))
+    body = []
+    for name, p in policies.items():
+        for key, what in (("seconds_per_cell", "step's cells together (charged)"),
+                          ("seconds_per_cell_single", "one cell at a time")):
+            by_ep = dict(zip(p["ep"], p[key]))
+            body.append([f"`{name}`", what] + [f"{1e3 * by_ep[ep]:.2f}" if ep in by_ep else "-" for ep in eps])
+    return _table(["policy", "planned"] + [f"EP{ep}" for ep in eps], body)
+
+
+def _runtime_launches(data: dict) -> list[tuple[str, int, dict]]:
+    """(layout "N node(s) x R", launch number within the layout, {policy: row}) per `relibra run` command."""
+    out, count = [], {}
+    for run in data["runs"]:
+        rows = {r["policy"]: r for r in run.get("results", [])}
+        if not rows:
+            continue
+        first = next(iter(rows.values()))
+        layout = f"{first['nodes']} node{'s' if first['nodes'] > 1 else ''} x {first['ranks_per_node']}"
+        count[layout] = count.get(layout, 0) + 1
+        out.append((layout, count[layout], rows, run.get("load_average_1min", [])))
+    return sorted(out, key=lambda x: (x[0], x[1]))
+
+
+def runtime_measured(files: dict) -> str:
+    body = []
+    for layout, launch, rows, load in _runtime_launches(files["runtime-measured"]):
+        m, r = rows["megatron"], rows["relibra"]
+        body.append([layout, str(launch), f"{m['step_s_median']:.3f} / {r['step_s_median']:.3f}",
+                     f"{r['speedup_vs_megatron']:.2f} [{r['speedup_ci_low']:.2f}, {r['speedup_ci_high']:.2f}] "
+                     f"({r['speedup_ci_high'] - r['speedup_ci_low']:.2f})",
+                     f"{r['cpu_speedup_vs_megatron']:.2f} [{r['cpu_speedup_ci_low']:.2f}, {r['cpu_speedup_ci_high']:.2f}]",
+                     f"{r['sim_speedup_vs_megatron']:.2f}", "-".join(f"{x:.1f}" for x in load)])
+    return _table(["layout (nodes x ranks per node)", "launch", "megatron / relibra median step (s)",
+                   "wall speed-up [95% interval] (width)", "CPU-time speed-up [95% interval]", "simulated",
+                   "1-min load"], body)
+
+
+def runtime_ranks(files: dict) -> str:
+    body = []
+    for layout, launch, rows, _ in _runtime_launches(files["runtime-measured"]):
+        for policy, r in rows.items():
+            body.append([layout, str(launch), f"`{policy}`", " / ".join(f"{x:.2f}" for x in r["cpu_s_per_rank"]),
+                         " / ".join(f"{x:.2f}" for x in r["wait_s_per_rank"])])
+    return _table(["layout", "launch", "policy", "CPU s per step, rank 0 / rank 1 (median)",
+                   "waiting s per step, rank 0 / rank 1"], body)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFile:
+    """A measurement file outside data/bench/ that a table is rendered from: its path in the kit and the
+    command that writes it (the file carries its own machine and date)."""
+
+    path: str
+    command: str
+
+
+DATA_FILES = {
+    "runtime-measured": DataFile("data/runtime_measured.json", ".venv/bin/python scripts/measure_runtime.py "
+                                                                "--calibrate --repeats 3"),
+    "planner-seconds": DataFile("data/planner_seconds.json", "python -m relibra.bench.planner_table"),
+}
+
+
+def load_data_file(name: str) -> dict:
+    spec = DATA_FILES[name]
+    path = ROOT / spec.path
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing; run `{spec.command}`")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc}); run `{spec.command}` again") from exc
+
+
+def file_provenance(name: str, data: dict) -> str:
+    """One line: the file, its command, its date and machine, and the 1-minute load averages it recorded."""
+    spec, m = DATA_FILES[name], data["machine"]
+    if isinstance(m, dict):
+        machine = (f"{m.get('processor', '?')} ({m.get('cpus', '?')} logical CPUs, {m.get('platform', '?')}; "
+                   f"Python {m.get('python', '?')}, torch {m.get('torch', '?')})")
+    else:
+        machine = f"{m}; Python {data.get('python', '?')}"
+    date = data.get("date") or data.get("date_utc")
+    loads = [x for run in data.get("runs", []) for x in run.get("load_average_1min", [])]
+    load = f"; 1-minute load average {min(loads):.1f}-{max(loads):.1f} during the runs" if loads else ""
+    return (f"Measured by `{spec.command}` ({spec.path}), {date + ', ' if date else ''}on {machine}{load}.\n")
+
+
 @dataclasses.dataclass(frozen=True)
 class DocTable:
     """A rendered table: the records it reads (the first one's provenance line closes it)."""
 
     records: tuple[str, ...]
     render: Callable[[dict], str]
+    files: tuple[str, ...] = ()  # names in DATA_FILES, read instead of records
 
 
 TABLES: dict[str, DocTable] = {
@@ -179,6 +288,9 @@ TABLES: dict[str, DocTable] = {
     "scale-sim": DocTable(("scale-sim",), scale_sim),
     "sim-speed": DocTable(("sim-speed",), sim_speed),
     "workload-scale": DocTable(("workload-scale",), workload_scale),
+    "planner-seconds": DocTable((), planner_seconds, files=("planner-seconds",)),
+    "runtime-measured": DocTable((), runtime_measured, files=("runtime-measured",)),
+    "runtime-ranks": DocTable((), runtime_ranks, files=("runtime-measured",)),
 }
 
 
@@ -188,6 +300,9 @@ def render_table(name: str, folder: str | Path = BENCH_DIR) -> str:
     if name not in TABLES:
         raise ConfigError(f"unknown docs table {name!r}; tables: {', '.join(TABLES)}")
     spec = TABLES[name]
+    if spec.files:
+        files = {f: load_data_file(f) for f in spec.files}
+        return spec.render(files) + "\n" + "\n".join(file_provenance(f, files[f]) for f in spec.files)
     records = {r: load_record(r, folder) for r in spec.records}
     return spec.render(records) + "\n" + "\n".join(provenance(records[r]) for r in spec.records)
 

@@ -15,6 +15,7 @@ import platform
 import numpy as np
 
 from relibra.bench.gemm import machine_description
+from relibra.bench.records import load_average, utc_now
 from relibra.cluster import get_model, get_topology
 from relibra.costs.calibration import PLANNER_TABLE, runtime_cpu_seconds
 from relibra.paths import write_text
@@ -37,7 +38,7 @@ def measure_planner_table(policies=("llep", "lplb+"), eps=(8, 16, 32, 64, 128, 2
     "seconds_per_cell_single": the median over `single_cells` cells planned one at a time (a
     one-cell trace), which adds this implementation's per-call overhead (for LLEP a Python loop over
     the experts, ~4 ms per call here) that a run-time implementation on the GPU would not pay.
-    Returns the JSON-ready table {"machine", "model", "workload", ..., "policies": {name: {"ep",
+    Returns the JSON-ready table {"machine", "python", "date_utc", "load_average" (at the end), "model", "workload", ..., "policies": {name: {"ep",
     "experts", "seconds_per_cell", "seconds_per_cell_single"}}}.
     """
     base = get_model(model)
@@ -71,7 +72,8 @@ def measure_planner_table(policies=("llep", "lplb+"), eps=(8, 16, 32, 64, 128, 2
             row["seconds_per_cell_single"].append(float(np.median(single)) if single else float("nan"))
             bar.update(1)
     bar.close()
-    return {"machine": machine_description(), "python": platform.python_version(), "model": model,
+    return {"machine": machine_description(), "python": platform.python_version(), "date_utc": utc_now(),
+            "load_average": load_average(), "model": model,
             "workload": workload, "micro_batches": micro_batches, "layers": layers, "repeats": repeats,
             "seed": seed, "policies": out}
 
