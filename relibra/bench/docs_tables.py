@@ -229,6 +229,33 @@ def runtime_ranks(files: dict) -> str:
                    "waiting s per step, rank 0 / rank 1"], body)
 
 
+def rl_trace_sim(records: dict) -> str:
+    """Every policy of `relibra simulate --trace` per cluster: speed-up over megatron, fraction of
+    balanced, rank skewness."""
+    body = []
+    for output, rows in _rows(records["rl-trace-sim"]):
+        for r in rows:
+            body.append([f"`{output['config']['cluster']}`", f"`{r['policy']}`", f"{r['speedup_vs_megatron']:.3f}",
+                         f"{r['frac_of_balanced']:.3f}", f"{r['skewness']:.2f}"])
+    return _table(["cluster", "policy", "speed-up over megatron", "fraction of balanced", "rank skewness"], body)
+
+
+def layouts(records: dict) -> str:
+    """Per batch layout: micro-batches per step and ReLibra's ratios (tokens per second)."""
+    body = []
+    for run in records["layouts"]["runs"]:
+        output = run["output"]
+        by = {r["policy"]: r for r in output["results"]}
+        a = by["relibra"]
+        layout = _arg(run["command"], "--layout", "?")
+        body.append([f"`{layout}`", f"{output['config']['micro_batches']}", f"{a['speedup_vs_megatron']:.2f}",
+                     f"{a['tokens_per_s'] / by['eplb+']['tokens_per_s']:.2f}",
+                     f"{100 * (1 - a['tokens_per_s'] / by['balanced']['tokens_per_s']):.1f}%",
+                     f"{by['megatron']['skewness']:.2f}", f"{a['skewness']:.2f}"])
+    return _table(["layout", "micro-batches per step", "ReLibra / Megatron", "ReLibra / EPLB+", "gap to Balanced",
+                   "Megatron skewness", "ReLibra skewness"], body)
+
+
 @dataclasses.dataclass(frozen=True)
 class DataFile:
     """A measurement file outside data/bench/ that a table is rendered from: its path in the kit and the
@@ -289,6 +316,8 @@ TABLES: dict[str, DocTable] = {
     "sim-speed": DocTable(("sim-speed",), sim_speed),
     "workload-scale": DocTable(("workload-scale",), workload_scale),
     "planner-seconds": DocTable((), planner_seconds, files=("planner-seconds",)),
+    "rl-trace-sim": DocTable(("rl-trace-sim",), rl_trace_sim),
+    "layouts": DocTable(("layouts",), layouts),
     "runtime-measured": DocTable((), runtime_measured, files=("runtime-measured",)),
     "runtime-ranks": DocTable((), runtime_ranks, files=("runtime-measured",)),
 }
