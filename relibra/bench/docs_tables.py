@@ -251,9 +251,41 @@ def layouts(records: dict) -> str:
         body.append([f"`{layout}`", f"{output['config']['micro_batches']}", f"{a['speedup_vs_megatron']:.2f}",
                      f"{a['tokens_per_s'] / by['eplb+']['tokens_per_s']:.2f}",
                      f"{100 * (1 - a['tokens_per_s'] / by['balanced']['tokens_per_s']):.1f}%",
-                     f"{by['megatron']['skewness']:.2f}", f"{a['skewness']:.2f}"])
+                     f"{by['megatron']['skewness']:.2f}", f"{by['eplb+']['skewness']:.2f}", f"{a['skewness']:.2f}"])
     return _table(["layout", "micro-batches per step", "ReLibra / Megatron", "ReLibra / EPLB+", "gap to Balanced",
-                   "Megatron skewness", "ReLibra skewness"], body)
+                   "skewness: Megatron", "EPLB+", "ReLibra"], body)
+
+
+def _span(values: list[float], fmt: str) -> str:
+    """mean (min-max) of values in fmt; the mean alone when they agree to fmt's precision."""
+    mean, lo, hi = sum(values) / len(values), min(values), max(values)
+    return fmt.format(mean) if fmt.format(lo) == fmt.format(hi) else \
+        f"{fmt.format(mean)} ({fmt.format(lo)}-{fmt.format(hi)})"
+
+
+def map_overheads(records: dict) -> str:
+    """`relibra map --overheads`: each overhead, then the headline ratios with every overhead charged
+    and with none, then ReLibra / EPLB+ by EPLB+'s spare slots."""
+    out = records["map-overheads"]["runs"][0]["output"]
+    text = _table(["overhead", "set-up card entry", "ReLibra's figure", "charged in the headline",
+                   "headline ratios at the ends of its sweep"],
+                  [[r["overhead"], f"`{r['card_entry']}`" if r["card_entry"].startswith(("overheads.", "training."))
+                    else r["card_entry"], r["figure"], r["charged"], r["sweep"]] for r in out["overheads"]])
+    slots = sorted({int(k.rsplit("_", 1)[1]) for r in out["ratios"] for k in r if k.startswith("relibra_over_eplb_plus_")})
+    body = []
+    for setting, what in (("card", "every overhead charged (the card)"), ("none", "none charged")):
+        rows = [r for r in out["ratios"] if r["setting"] == setting]
+        body.append([what, _span([r["relibra_over_megatron"] for r in rows], "{:.3f}")]
+                    + [_span([r[f"relibra_over_eplb_plus_{n}"] for r in rows], "{:.3f}") for n in slots]
+                    + [_span([100 * r["gap_to_balanced"] for r in rows], "{:.1f}%")])
+    text += "\n" + _table(["charged", "ReLibra / Megatron"] + [f"ReLibra / EPLB+ ({n} spare slots)" for n in slots]
+                          + ["gap to Balanced"], body)
+    text += "\n" + _table(["EPLB+ spare slots", "ReLibra / EPLB+, EPLB+'s transfers free",
+                           "ReLibra / EPLB+, charged like ReLibra's", "the paper's EPLB+"],
+                          [[str(r["eplb+ spare slots"]), r["ReLibra / EPLB+, transfers free"],
+                            r["ReLibra / EPLB+, charged like ReLibra"], "yes" if r["paper"] else "-"]
+                           for r in out["eplb_plus_slots"]])
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,6 +350,7 @@ TABLES: dict[str, DocTable] = {
     "planner-seconds": DocTable((), planner_seconds, files=("planner-seconds",)),
     "rl-trace-sim": DocTable(("rl-trace-sim",), rl_trace_sim),
     "layouts": DocTable(("layouts",), layouts),
+    "map-overheads": DocTable(("map-overheads",), map_overheads),
     "runtime-measured": DocTable((), runtime_measured, files=("runtime-measured",)),
     "runtime-ranks": DocTable((), runtime_ranks, files=("runtime-measured",)),
 }
