@@ -169,3 +169,31 @@ def test_planner_warm_up_trace_is_the_first_cell_of_every_step():
     assert warm.loads.shape == (3, 1, 1, 4, trace.num_experts) and warm.model.num_layers == 1
     assert np.array_equal(warm.loads, trace.loads[:, :1, :1])
     assert warm.seq_lens is None or np.array_equal(warm.seq_lens, trace.seq_lens[:, :1])
+
+
+def test_simulated_records_say_so_and_render_their_rows(tmp_path):
+    """A simulated record's tables end with "Simulated by" and no load average; its rows are the
+    command's own (fixture numbers)."""
+    def row(policy, speedup, frac, skew):
+        return {"policy": policy, "speedup_vs_megatron": speedup, "frac_of_balanced": frac, "skewness": skew}
+
+    record = _record("rl-trace-sim", [("relibra simulate --trace t.npz --cluster cpu-gloo --steps 8 --json", {
+        "config": {"cluster": "cpu-gloo"}, "results": [row("megatron", 1.0, 0.9512, 1.414), row("relibra", 1.0421, 0.9917, 1.036)]})])
+    rec.write_record(record, tmp_path / "rl-trace-sim.json")
+    lines = dt.render_table("rl-trace-sim", tmp_path).splitlines()
+    assert lines[3] == "| `cpu-gloo` | `relibra` | 1.042 | 0.992 | 1.04 |"
+    assert lines[-1].startswith("Simulated by `relibra bench record rl-trace-sim` (data/bench/rl-trace-sim.json), "
+                                "2000-01-01 00:00:00 UTC, on Fixture CPU") and "load average" not in lines[-1]
+    assert rec.get_record_spec("rl-trace-sim").kind == "simulated" and rec.get_record_spec("sim-speed").kind == "measured"
+    with pytest.raises(ConfigError, match="kind 'guessed' is none of measured, simulated, computed"):
+        rec.RecordSpec("x", "fixture", (), kind="guessed")
+
+
+def test_data_file_tables_name_their_file_machine_and_date():
+    """The runtime table comes from data/runtime_measured.json: one row per `relibra run` launch, and the
+    file's own date and machine in its last line."""
+    lines = dt.render_table("runtime-measured").splitlines()
+    data = dt.load_data_file("runtime-measured")
+    launches = [r for r in data["runs"] if r.get("results")]
+    assert len([x for x in lines if x.startswith("| 1 node") or x.startswith("| 2 nodes")]) == len(launches)
+    assert lines[-1].startswith("Measured by `.venv/bin/python scripts/measure_runtime.py") and data["date"] in lines[-1]

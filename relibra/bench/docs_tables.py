@@ -9,8 +9,10 @@ A doc holds each table between two marker lines:
     python -m relibra.bench.docs_tables            # rewrite every marked table under docs/
     python -m relibra.bench.docs_tables --check    # exit 1 naming each table that differs
 
-Each table comes from one or two records (relibra.bench.records) and ends with a line saying which
-record, the command that writes it, when it was measured and on what machine at what load average.
+Each table comes from one or two records (relibra.bench.records), or from a measurement file elsewhere
+under data/ (DATA_FILES), and ends with a line saying which record or file, the command that writes
+it, when and on what machine, and for measured figures at what load average; simulated and computed
+records (deterministic) say "Simulated by" / "Computed by" instead of "Measured by".
 tests/test_docs_tables.py checks that every marked table equals what this module renders from the
 committed records.
 """
@@ -167,9 +169,9 @@ def sim_speed(records: dict) -> str:
                    "tidy rows", "simulated step s"], body)
 
 
-def workload_scale(records: dict) -> str:
+def workload_scale(records: dict, name: str = "workload-scale") -> str:
     body = []
-    for _, rows in _rows(records["workload-scale"]):
+    for _, rows in _rows(records[name]):
         for r in rows:
             body.append([f"{r['model']}, EP{r['ep']}", f"{r['micro_batches']}", f"{r['tokens_per_rank']:,}",
                          f"{r['load_cells'] / 1e6:.0f} M", f"{r['seconds']:.1f}", f"{r['cpu_seconds']:.1f}",
@@ -347,6 +349,7 @@ TABLES: dict[str, DocTable] = {
     "scale-sim": DocTable(("scale-sim",), scale_sim),
     "sim-speed": DocTable(("sim-speed",), sim_speed),
     "workload-scale": DocTable(("workload-scale",), workload_scale),
+    "workload-speed": DocTable(("workload-speed",), lambda records: workload_scale(records, "workload-speed")),
     "planner-seconds": DocTable((), planner_seconds, files=("planner-seconds",)),
     "rl-trace-sim": DocTable(("rl-trace-sim",), rl_trace_sim),
     "layouts": DocTable(("layouts",), layouts),
