@@ -290,6 +290,60 @@ def map_overheads(records: dict) -> str:
     return text
 
 
+ROUTING_COLUMNS = (("max_over_mean", "max/mean"), ("gini", "Gini"), ("hottest_share", "hottest"),
+                   ("skewness_ep16", "skew EP16"), ("skewness_ep32", "skew EP32"), ("mb_vs_step_corr", "mb vs step"),
+                   ("mb_corr", "mb vs next"), ("step_corr", "step vs next"))
+
+
+def _num(value, fmt: str) -> str:
+    """value in fmt; "-" for an undefined statistic (null in the record's JSON)."""
+    return "-" if value is None else fmt.format(value)
+
+
+def routing_compare(records: dict) -> str:
+    """`relibra routing compare` rows: source, level, experts, mean tokens of one unit, then ROUTING_COLUMNS."""
+    rows = records["routing-compare"]["runs"][0]["output"]["rows"]
+    body = [[r["source"], r["level"], str(r["experts"]), "~500 prompts" if r["tokens"] is None else f"{r['tokens']:.0f}"]
+            + [_num(r[key], "{:.3f}" if key == "hottest_share" else "{:.2f}") for key, _ in ROUTING_COLUMNS]
+            for r in rows]
+    return _table(["source", "level", "experts", "tokens"] + [label for _, label in ROUTING_COLUMNS], body)
+
+
+CALIBRATION_COLUMNS = (("static_skewness", "skew"), ("static_skewness_p95", "skew p95"),
+                       ("mb_hot_overlap", "mb hot"), ("mb_corr", "mb corr"),
+                       ("mb_vs_step_hot_overlap", "mb vs step hot"), ("step_hot_overlap", "step hot"),
+                       ("step_corr", "step corr"), ("history_hot_overlap", "history hot"),
+                       ("history_mb_hot_overlap", "history mb hot"))
+
+
+def calibration(records: dict, name: str) -> str:
+    """`relibra trace calibrate` rows: (model, workload, EP), then CALIBRATION_COLUMNS."""
+    rows = records[name]["runs"][0]["output"]
+    return _table(["model", "workload", "EP"] + [label for _, label in CALIBRATION_COLUMNS],
+                  [[r["model"], r["workload"], str(r["ep"])] + [_num(r[k], "{:.2f}") for k, _ in CALIBRATION_COLUMNS]
+                   for r in rows])
+
+
+TRACE_STATS_COLUMNS = (("static_skewness", "static skewness", "{:.3f}"), ("static_skewness_p95", "p95", "{:.3f}"),
+                       ("mb_hot_overlap", "hot overlap, consecutive micro-batches", "{:.3f}"),
+                       ("mb_vs_step_hot_overlap", "micro-batch vs its step", "{:.3f}"),
+                       ("step_hot_overlap", "consecutive steps", "{:.3f}"),
+                       ("history_hot_overlap", "step vs history", "{:.3f}"),
+                       ("history_mb_hot_overlap", "micro-batch vs history", "{:.3f}"))
+
+
+def trace_stats(records: dict) -> str:
+    """`relibra trace stats` per shipped file: shape, tokens routed, then TRACE_STATS_COLUMNS."""
+    body = []
+    for run in records["trace-stats"]["runs"]:
+        r = run["output"]
+        body.append([f"`{run['command'].split()[3]}`", r["model"], str(r["ep"]),
+                     f"{r['steps']} x {r['micro_batches']} x {r['layers']}", f"{r['total_tokens']:,}"]
+                    + [_num(r[k], fmt) for k, _, fmt in TRACE_STATS_COLUMNS])
+    return _table(["file", "model", "EP", "steps x micro-batches x layers", "tokens routed"]
+                  + [label for _, label, _ in TRACE_STATS_COLUMNS], body)
+
+
 @dataclasses.dataclass(frozen=True)
 class DataFile:
     """A measurement file outside data/bench/ that a table is rendered from: its path in the kit and the
@@ -354,6 +408,14 @@ TABLES: dict[str, DocTable] = {
     "rl-trace-sim": DocTable(("rl-trace-sim",), rl_trace_sim),
     "layouts": DocTable(("layouts",), layouts),
     "map-overheads": DocTable(("map-overheads",), map_overheads),
+    "routing-compare": DocTable(("routing-compare",), routing_compare),
+    "calibrate-token-budget": DocTable(("calibrate-token-budget",),
+                                       lambda records: calibration(records, "calibrate-token-budget")),
+    "calibrate-one-sequence": DocTable(("calibrate-one-sequence",),
+                                       lambda records: calibration(records, "calibrate-one-sequence")),
+    "calibrate-workloads": DocTable(("calibrate-workloads",),
+                                    lambda records: calibration(records, "calibrate-workloads")),
+    "trace-stats": DocTable(("trace-stats",), trace_stats),
     "runtime-measured": DocTable((), runtime_measured, files=("runtime-measured",)),
     "runtime-ranks": DocTable((), runtime_ranks, files=("runtime-measured",)),
 }
