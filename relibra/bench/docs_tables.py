@@ -309,6 +309,29 @@ def routing_compare(records: dict) -> str:
     return _table(["source", "level", "experts", "tokens"] + [label for _, label in ROUTING_COLUMNS], body)
 
 
+def routing_shift(records: dict) -> str:
+    """Per micro-batch shift and workload: the micro-batch row's correlations and skew EP32, the step row's
+    step-vs-next correlation and Gini (rows named "kit: CARD, MODEL, WORKLOAD, EP N, shift X")."""
+    cells: dict[tuple[str, str], dict] = {}
+    for r in records["routing-shift"]["runs"][0]["output"]["rows"]:
+        if not r["source"].startswith("kit: "):
+            continue
+        parts = r["source"].split(", ")
+        workload, shift = parts[2], parts[-1].removeprefix("shift ")
+        cell = cells.setdefault((shift, workload), {})
+        if r["level"] == "micro-batch":
+            cell.update(mb_vs_step=r["mb_vs_step_corr"], mb_next=r["mb_corr"], skew=r["skewness_ep32"])
+        else:
+            cell.update(step_next=r["step_corr"], gini=r["gini"])
+    shifts = list(dict.fromkeys(s for s, _ in cells))
+    workloads = list(dict.fromkeys(w for _, w in cells))
+    keys = ("mb_vs_step", "mb_next", "step_next", "skew", "gini")
+    labels = ("mb vs step", "mb vs next", "step vs next", "mb skew EP32", "step Gini")
+    header = ["shift"] + [f"`{w}` {label}" if i == 0 else label for w in workloads for i, label in enumerate(labels)]
+    body = [[s] + [_num(cells[(s, w)].get(k), "{:.2f}") for w in workloads for k in keys] for s in shifts]
+    return _table(header, body)
+
+
 CALIBRATION_COLUMNS = (("static_skewness", "skew"), ("static_skewness_p95", "skew p95"),
                        ("mb_hot_overlap", "mb hot"), ("mb_corr", "mb corr"),
                        ("mb_vs_step_hot_overlap", "mb vs step hot"), ("step_hot_overlap", "step hot"),
@@ -409,6 +432,7 @@ TABLES: dict[str, DocTable] = {
     "layouts": DocTable(("layouts",), layouts),
     "map-overheads": DocTable(("map-overheads",), map_overheads),
     "routing-compare": DocTable(("routing-compare",), routing_compare),
+    "routing-shift": DocTable(("routing-shift",), routing_shift),
     "calibrate-token-budget": DocTable(("calibrate-token-budget",),
                                        lambda records: calibration(records, "calibrate-token-budget")),
     "calibrate-one-sequence": DocTable(("calibrate-one-sequence",),

@@ -146,6 +146,11 @@ RECORDS: tuple[RecordSpec, ...] = (
                "routing statistics of the public data, of traces generated on the set-up cards (shift 0 and 0.3) "
                "and of the shipped RL trace",
                (("routing", "compare", "--microbatch-shift", "0,0.3", "--json"),), kind="computed"),
+    RecordSpec("routing-shift",
+               "micro-batch correlations, skew and step Gini of traces generated on the default card as the "
+               "micro-batch shift moves (qwen3-30b-a3b, EP32, mixed and math, 2 steps, seed 0)",
+               (("routing", "compare", "--setups", "token-budget-tp1", "--microbatch-shift", "0,0.1,0.2,0.25,0.3,0.5",
+                 "--rl-trace", "none", "--json"),), kind="computed"),
     RecordSpec("calibrate-token-budget",
                "static skewness and shift statistics of generated traces on the default card (the paper's three "
                "models, mixed, EP8-64, 2 steps, seed 0)",
