@@ -24,6 +24,14 @@
 # micro-batches as slime and verl pack it. Every number is **simulated** (`relibra.sim`) on synthetic
 # RL routing traces; the `tiny` profile (tests) runs a toy grid instead and says so in every caption.
 #
+# **Your own routing.** Give `trace` a routing trace file the kit wrote (`relibra trace import` of a
+# Megatron RouterReplay dump, verl, SGLang, vLLM or slime; the generator; `relibra rl`): the grid is
+# then that trace's one case (its model, EP size, steps and micro-batches; every policy on its last
+# step, the steps before it as history), the verdict, ratios and overheads are that case's, and every
+# caption names the file and where it came from. `cluster` (a preset such as `h800`, a fitted `.json`
+# or `nodes=4,gpus=8,...` items) runs every case on that cluster instead of the card's; the EP size
+# must fit it.
+#
 # Policies (`relibra.policies`, docs/policies.md): `megatron` static placement; `eplb` EPLB on past
 # loads; `eplb+` EPLB on this step's exact loads; `lplb+` LPLB's linear program on exact loads;
 # `eplb+lp` EPLB+'s copies with an LP token split; `llep` least-loaded EP; `relibra` and its ablations;
@@ -34,6 +42,8 @@
 profile = "laptop"  # tiny | laptop (default) | paper | gpu: the headline is full scale in all but tiny
 setup = "token-budget-tp1"     # set-up card: token-budget-tp1 | paper-stated | one-sequence | a .toml path (relibra setup list)
 tokens_per_microbatch = None  # token budget per GPU per micro-batch instead of the card's (e.g. 4096)
+trace = None        # a routing trace file (.npz) the kit wrote, simulated instead of the synthetic grid
+cluster = None      # a cluster preset (h800, nvl72, ...), a fitted .json or a spec string (None: the card cluster)
 out_dir = None      # default: results/02_throughput
 
 # %%
@@ -82,6 +92,10 @@ result.verdict.drop(columns=["why"])
 #
 # The same model and workload with the batch packed to budgets of 4k-32k tokens per GPU (blue), and
 # laid out one whole sequence per (micro-batch, rank) with sequences scaled to the same mean (red).
+# Below it, the headline ratios under the other batch layouts and link-rate measurements. On a
+# `trace` the sweep and the other layouts are left empty: both reshape the generator's synthetic
+# batch, and a recorded trace fixes its own micro-batches and sequences; the link-rate alternatives
+# do run on the trace.
 
 # %%
 fig = hplots.budget_plot(result.ratio_vs_budget, result.sweep_caption)

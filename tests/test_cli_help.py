@@ -60,6 +60,9 @@ def test_docs_name_every_notebook():
     (["00", "-p", "spare_slots", "9"], ("00_tutorial", "spare_slots", "an integer 0..4", "9")),
     (["06", "-p", "ep_sizes", "4,x"], ("06_skewness", "ep_sizes", "integers")),
     (["04", "-p", "cluster", "moon"], ("04_reordering", "cluster", "moon")),
+    (["02", "-p", "trace", "/nonexistent/t.npz"], ("02_throughput", "trace must be a routing trace file",
+                                                   "/nonexistent/t.npz")),
+    (["02", "-p", "cluster", "cpu-gloo,nodes=1"], ("02_throughput", "cluster must be", "room for EP 4")),
 ])
 def test_a_bad_parameter_is_one_error_line_before_any_notebook_starts(argv, words, tmp_path, capsys):
     from relibra.cli import main

@@ -156,6 +156,18 @@ def test_source_is_jupytext_percent_declaring_what_it_reads(name):
     assert f'ex.start("{name}", globals())' in after.source
 
 
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_papermill_reads_every_parameter_of_the_cell(name):
+    """papermill's own reading of the parameters cell (what `papermill --help-notebook` lists) names every
+    declared parameter: a comment it cannot parse (one holding `=`) drops that parameter with a warning."""
+    import jupytext
+    from papermill.translators import PythonTranslator
+
+    nb = jupytext.read(NB_DIR / f"{name}.py")
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    assert [p.name for p in PythonTranslator.inspect(cell)] == declared_parameters(name)
+
+
 def test_notebooks_folder_holds_sources_only():
     """No generator: the .py files are the notebooks (JupyterLab's paired .ipynb stays untracked)."""
     names = sorted(p.stem for p in NB_DIR.glob("*.py"))

@@ -6,7 +6,8 @@ last one simulated, the ones before history for EPLB. Cases run in worker proces
 `verdict_table` turns the grid into one row per paper claim: the kit's mean over cases and seeds, the
 range, the best case and seed behind every "up to", and the range over seeds of the best case.
 `budget_sweep` gives ReLibra / Megatron and ReLibra / EPLB+ against the tokens per micro-batch for the
-token-budget family and the one-sequence-per-micro-batch family.
+token-budget family and the one-sequence-per-micro-batch family. `trace_cases` puts a recorded trace in
+the generator's place; a case's `topology` puts another cluster in the card's.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from relibra.cluster import get_model
+from relibra.cluster import Topology, get_model
 from relibra.experiments.config import scaled_model
 from relibra.labels import CLAIMS
 from relibra.pool import map_in_order
 from relibra.setups import SetupCard, load_card
 from relibra.sim import simulate
+from relibra.trace import RoutingTrace
 from relibra.workloads import BATCH_LAYOUTS, generate_trace, mean_sequence_tokens
 
 # Every registered policy; balanced-compute is added by the simulator as a reference row.
@@ -48,10 +50,15 @@ class Case:
     policies: tuple[str, ...] = HEADLINE_POLICIES
     card_changes: tuple[tuple[str, object], ...] = ()  # (card key, value) pairs, e.g. other link rates
     label: str = ""  # what this case varies, for tables of alternatives
+    # a recorded trace in the generator's place (its model, EP, steps and micro-batches; the card's
+    # layout and budget do not apply), and a cluster in the card's (None: the card's)
+    trace: RoutingTrace | None = dataclasses.field(default=None, compare=False, repr=False)
+    topology: Topology | None = None
 
 
 def simulate_case(case: Case) -> pd.DataFrame:
-    """Every policy of `case` simulated on its trace: one summary row per policy with the case's keys."""
+    """Every policy of `case` simulated on its trace (the generator's, or case.trace): one summary row per
+    policy with the case's keys; the last step is simulated, the ones before are history."""
     card = load_card(case.setup)
     if case.card_changes:
         card = card.with_values(f"headline case: {case.label}",
@@ -67,22 +74,32 @@ def simulate_case(case: Case) -> pd.DataFrame:
             scale = case.tokens_per_microbatch / mean_sequence_tokens(cfg, case.workload)
             cfg = dataclasses.replace(cfg, length_scale=scale)
     micro_batches = case.micro_batches or card.micro_batches
-    card.check_ep(case.ep)  # the case runs on the card's cluster
-    shape = scaled_model(case.model, case.layers)
-    trace = generate_trace(shape, case.workload, case.ep, steps=case.steps, seed=case.seed,
-                           micro_batches=micro_batches, config=cfg)
-    topology = card.topology()
+    if case.topology is None:
+        card.check_ep(case.ep)  # the case runs on the card's cluster
+        topology = card.topology()
+    else:  # the case's link-rate changes apply to its own cluster
+        topology = case.topology.with_changes(**{k.removeprefix("cluster."): v for k, v in case.card_changes
+                                                 if k.removeprefix("cluster.") in _TOPOLOGY_FIELDS})
+        topology.ep_layout(case.ep)
+    if case.trace is None:
+        shape = scaled_model(case.model, case.layers)
+        trace = generate_trace(shape, case.workload, case.ep, steps=case.steps, seed=case.seed,
+                               micro_batches=micro_batches, config=cfg)
+        layout, tokens = cfg.batch_layout, case.tokens_per_microbatch or (
+            card.tokens_per_ep_rank if cfg.batch_layout == "token-budget" else None)
+        slot_tokens = trace.seq_lens[-1].sum(axis=-1)
+    else:
+        trace = case.trace
+        layout, tokens = "trace", int(round(trace.tokens_per_microbatch / trace.ep))
+        slot_tokens = trace.loads[-1, :, 0].sum(axis=-1) / trace.model.top_k  # [M, ep] tokens each rank sent
     result = simulate(trace, topology, list(case.policies), steps=1, params=card.cost_params(case.ep),
                       policy_params=card.policy_params(case.policies), progress=False, workload=case.workload,
                       step_extras=lambda plan, cost: overhead_extras(plan, cost, trace.model, topology))
     summary = result.summary.copy()
     extras = result.per_step.groupby("policy")[list(OVERHEAD_EXTRAS)].mean()
     summary = summary.join(extras, on="policy")
-    slot_tokens = trace.seq_lens[-1].sum(axis=-1)
     for key, value in (("setup", card.name), ("model", case.model), ("workload", case.workload),
-                       ("seed", case.seed), ("ep", case.ep), ("layout", cfg.batch_layout),
-                       ("tokens_per_microbatch", case.tokens_per_microbatch or (
-                           card.tokens_per_ep_rank if cfg.batch_layout == "token-budget" else None))):
+                       ("seed", case.seed), ("ep", case.ep), ("layout", layout), ("tokens_per_microbatch", tokens)):
         summary[key] = value
     summary["label"] = case.label
     summary["layers"] = trace.num_layers
@@ -93,6 +110,7 @@ def simulate_case(case: Case) -> pd.DataFrame:
 
 
 OVERHEAD_EXTRAS = ("transfer_s", "fragmentation_s", "replica_transfers", "launch_s")
+_TOPOLOGY_FIELDS = {f.name for f in dataclasses.fields(Topology)}
 
 
 def overhead_extras(plan, cost, model, topology) -> dict:
@@ -225,8 +243,11 @@ def budget_cases(setup, alternative: str, model: str, workload: str, seed: int, 
 
 
 def budget_ratios(sweep: pd.DataFrame) -> pd.DataFrame:
-    """ReLibra / Megatron and ReLibra / EPLB+ per (set-up, layout, tokens per micro-batch) of a sweep."""
+    """ReLibra / Megatron and ReLibra / EPLB+ per (set-up, layout, tokens per micro-batch) of a sweep (no
+    rows for an empty sweep)."""
     keys = ["setup", "layout", "tokens_per_microbatch", "model", "workload", "seed"]
+    if sweep.empty:
+        return pd.DataFrame(columns=keys + list(VERDICT_CLAIMS[:2]) + ["mean_tokens_per_slot"])
     wide = sweep.pivot_table(index=keys, columns="policy", values="tokens_per_s", aggfunc="mean")
     out = pd.DataFrame({k: CLAIMS[k].of(wide) for k in VERDICT_CLAIMS[:2]}).reset_index()
     tokens = sweep.groupby(keys)["mean_tokens_per_slot"].first().reset_index(drop=True)
@@ -252,8 +273,24 @@ def alternative_cases(setup, model: str, workload: str, seed: int = 0, ep: int =
     return cases
 
 
+def trace_cases(setup, trace: RoutingTrace, topology: Topology | None = None, workload: str = "trace",
+                seed: int = 0, policies=HEADLINE_POLICIES,
+                alternative_policies=("megatron", "eplb+", "relibra", "balanced")) -> tuple[list[Case], list[Case]]:
+    """The headline on a recorded trace: (its one case with every policy, the link-rate alternatives on
+    it). Other batch layouts and budgets reshape the generator's batch, which a recorded trace fixes, so
+    there are none. The cases carry the counts only (the simulator reads loads and sequence lengths, not
+    token ids), so worker processes receive no more than that."""
+    counts = dataclasses.replace(trace, token_experts=None, token_src_rank=None)
+    case = Case(setup, trace.model.name, workload, int(seed), trace.ep, steps=trace.num_steps,
+                micro_batches=trace.num_microbatches, policies=tuple(policies), trace=counts, topology=topology)
+    return [case], [dataclasses.replace(case, policies=tuple(alternative_policies), card_changes=changes, label=label)
+                    for label, changes in LINK_ALTERNATIVES]
+
+
 def alternative_ratios(alternatives: pd.DataFrame) -> pd.DataFrame:
-    """ReLibra / Megatron, ReLibra / EPLB+ and the gap to Balanced per alternative case."""
+    """ReLibra / Megatron, ReLibra / EPLB+ and the gap to Balanced per alternative case (none: no rows)."""
+    if alternatives.empty:
+        return pd.DataFrame(columns=["label", "model", "workload", "seed", *VERDICT_CLAIMS[:3]])
     wide = alternatives.pivot_table(index=["label", "model", "workload", "seed"], columns="policy",
                                     values="tokens_per_s", aggfunc="mean")
     return pd.DataFrame({k: CLAIMS[k].of(wide) for k in VERDICT_CLAIMS[:3]}).reset_index()

@@ -153,12 +153,7 @@ class TracedParams(SimParams):
         return self.trace if self.trace is not None else super().routing(workload, ep, sizes, card)
 
     def routing_text(self) -> str:
-        if self.trace is None:
-            return super().routing_text()
-        p = self.trace.provenance
-        made = (f"imported ({p['importer']}) from {p['source']}" if "importer" in p else
-                f"from {p.get('generator', 'an unnamed source')}" + (f", seed {p['seed']}" if "seed" in p else ""))
-        return f"the trace {p['file']} ({made})"
+        return super().routing_text() if self.trace is None else trace_text(self.trace)
 
     def cases_note(self, sizes: Scale) -> str:
         return super().cases_note(sizes) if self.trace is None else (
@@ -168,6 +163,20 @@ class TracedParams(SimParams):
         return super().one_case_subtitle(sizes) if self.trace is None else self.sim_subtitle(sizes)
 
 
+def trace_text(trace: RoutingTrace) -> str:
+    """'the trace FILE (imported (importer) from SOURCE)', or '(from GENERATOR, seed S)': a trace file's
+    provenance for captions (the file as the `trace` parameter named it)."""
+    p = trace.provenance
+    made = (f"imported ({p['importer']}) from {p['source']}" if "importer" in p else
+            f"from {p.get('generator', 'an unnamed source')}" + (f", seed {p['seed']}" if "seed" in p else ""))
+    return f"the trace {p.get('file', 'given in memory')} ({made})"
+
+
+def trace_workload(trace: RoutingTrace) -> str:
+    """The workload label of a trace file's one case: the workload its provenance names, else "trace"."""
+    return str(trace.provenance.get("workload") or "trace")
+
+
 def traced_sizes(table: dict[str, Scale]):
     """A notebook's sizes_of: the profile's sizes, or with a `trace` the trace's own model, EP, steps
     and micro-batches (one workload, named as the trace names it)."""
@@ -175,7 +184,7 @@ def traced_sizes(table: dict[str, Scale]):
         sizes, t = table[values.profile], values.trace
         if t is None:
             return sizes
-        label = str(t.provenance.get("workload") or "trace")
+        label = trace_workload(t)
         return dataclasses.replace(sizes, models=(t.model.name,), model=t.model, workloads=(label,), workload=label,
                                    ep=t.ep, ep_sizes=(t.ep,), steps=t.num_steps, micro_batches=t.num_microbatches,
                                    layers=None)

@@ -56,10 +56,16 @@ def budget_plot(sweep: pd.DataFrame, subtitle: str):
     """ReLibra / Megatron and ReLibra / EPLB+ against the tokens per micro-batch and EP rank, one line per
     family (token-budget packing, one sequence per micro-batch).
 
-    sweep: relibra.experiments.headline.budget_ratios rows with a `family` column.
+    sweep: relibra.experiments.headline.budget_ratios rows with a `family` column; with none (a recorded
+    trace fixes its own batch) the panels say so and the subtitle says why.
     """
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), squeeze=False)
     for ax, (col, label, paper) in zip(axes[0], RATIO_PANELS):
+        if sweep.empty:
+            ax.text(0.5, 0.5, "no budget sweep (the subtitle says why)", ha="center", va="center", transform=ax.transAxes)
+            ax.set_axis_off()
+            ax.set_title(f"{label}; paper: {paper}", fontsize=10)
+            continue
         for family, (color, marker, ls) in FAMILY_STYLE.items():
             d = sweep[sweep["family"] == family].sort_values("tokens_per_microbatch")
             if d.empty:
@@ -72,7 +78,8 @@ def budget_plot(sweep: pd.DataFrame, subtitle: str):
         ax.set_xlabel("tokens per micro-batch and rank")
         ax.set_ylabel("tokens/s ratio")
         ax.set_title(f"{label}; paper: {paper}", fontsize=10)
-    axes[0][0].legend(fontsize=8, loc="best")
+    if not sweep.empty:
+        axes[0][0].legend(fontsize=8, loc="best")
     titled(fig, "How the batch layout and its micro-batch size move the headline ratios (token-budget: the budget; "
            "one sequence per micro-batch: sequences scaled to that mean)", subtitle)
     fig.tight_layout(w_pad=3.0)

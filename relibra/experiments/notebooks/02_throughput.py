@@ -1,5 +1,6 @@
 """Notebook 02, the headline: the paper's claims against the kit's figures at full scale over seeds, on
-a set-up card (relibra.experiments.headline: the cases, the verdict, the budget sweep, the alternatives)."""
+a set-up card (relibra.experiments.headline: the cases, the verdict, the budget sweep, the alternatives),
+or on a routing trace file (`trace`) and on another cluster than the card's (`cluster`)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import numpy as np
 import pandas as pd
 
 from relibra.experiments.base import PATH, Params, Result, TryThis, integer, mean_of, objects, param, table, value
+from relibra.cluster import Topology
+from relibra.errors import ConfigError
 from relibra.experiments.headline import (alternative_cases, alternative_ratios, budget_cases, budget_ratios,
-                                          case_ratios, headline_cases, overheads_table, run_cases, verdict_cells,
-                                          verdict_with_alternatives)
+                                          case_ratios, headline_cases, overheads_table, run_cases, trace_cases,
+                                          verdict_cells, verdict_with_alternatives)
 from relibra.experiments.profiles import per_profile
 from relibra.experiments.text import row
-from relibra.experiments.traces import PROFILE
+from relibra.experiments.traces import CLUSTER, PROFILE, TRACE, trace_text, trace_workload
 from relibra.setups import DEFAULT_CARD, SetupCard, load_card
+from relibra.trace import RoutingTrace
 
 QUESTION = "Does ReLibra deliver what the paper claims, at full scale and over seeds?"
 
@@ -51,6 +55,17 @@ SIZES = {**per_profile(lambda name: Sizes()),
                        sweep_model="tiny", sweep_tokens=(1024, 4096))}
 
 
+def sizes_of(values) -> Sizes:
+    """The profile's grid, or with a `trace` its one case: the trace's model, EP, steps and micro-batches."""
+    g, t = SIZES[values.profile], values.trace
+    if t is None:
+        return g
+    seed = t.provenance.get("seed")  # the generator's; an imported trace has none
+    return dataclasses.replace(g, models=(t.model.name,), workloads=(trace_workload(t),),
+                               seeds=(seed if isinstance(seed, int) else 0,), ep=t.ep, layers=None,
+                               micro_batches=t.num_microbatches, steps=t.num_steps, sweep_tokens=())
+
+
 @dataclass(frozen=True)
 class Params(Params):
     profile: str = param("laptop", "sizes of every experiment", PROFILE, affects=False)
@@ -58,16 +73,43 @@ class Params(Params):
                              objects(load_card, "set-up card", single=True))
     tokens_per_microbatch: int | None = param(None, "token budget per GPU per micro-batch (None: the card's)",
                                               integer(1))
+    trace: RoutingTrace | None = param(None, "a routing trace file (.npz) simulated instead of the synthetic grid "
+                                       "(None: the grid)", TRACE)
+    cluster: Topology | None = param(None, "the cluster every case runs on (None: the set-up card's)", CLUSTER)
     out_dir: str | None = param(None, "where results go (None: results/02_throughput)", PATH, affects=False)
 
+    def check(self, notebook: str, g: Sizes) -> None:
+        """A trace fixes its own batch; the EP size fits the cluster (the card's or `cluster`)."""
+        if self.trace is not None and self.tokens_per_microbatch is not None:
+            raise ConfigError(f"{notebook}: tokens_per_microbatch must be None with a trace ({trace_text(self.trace)} "
+                              f"fixes its own micro-batches); got {self.tokens_per_microbatch}")
+        what = "the trace's" if self.trace is not None else f"the {self.profile} profile's"
+        try:
+            if self.cluster is None:
+                self.setup.check_ep(g.ep)
+            else:
+                self.cluster.ep_layout(g.ep)
+        except ConfigError as exc:
+            got = "None, the set-up card's" if self.cluster is None else repr(self.cluster.name)
+            raise ConfigError(f"{notebook}: cluster must be {CLUSTER.accepts} with room for EP {g.ep} ({what}); got "
+                              f"{got} ({exc})") from None
+
     def scale_note(self, g: Sizes) -> str:
+        if self.trace is not None:
+            return (f"the trace's scale: {self.trace.num_layers} MoE layers, {g.micro_batches} micro-batches, the last "
+                    f"of {g.steps} steps simulated")
         return ("full scale: every MoE layer, every micro-batch of the batch" if g.full_scale else
                 f"CUT-DOWN ({self.profile} profile): "
                 + ("every MoE layer" if g.layers is None else f"first {g.layers} MoE layers") + ", "
                 + ("every micro-batch" if g.micro_batches is None else f"{g.micro_batches} micro-batches"))
 
     def simulated_on(self) -> str:
-        return self.setup.topology().name
+        return (self.cluster or self.setup.topology()).name
+
+    def on_cluster(self) -> str:
+        """' on the <cluster> cluster (nodes x GPUs)' for captions, empty on the card's own."""
+        c = self.cluster
+        return "" if c is None else f" on the {c.name} cluster ({c.num_nodes} x {c.gpus_per_node} GPUs)"
 
 
 @dataclass(kw_only=True)
@@ -87,16 +129,20 @@ class Result(Result):
 
 def compute(p: Params, g: Sizes, progress: bool = True, workers: int | None = None) -> Result:
     """The grid on the card, the budget sweep of both families and the alternatives, all cases in one
-    pool of workers."""
-    card, setup, budget = p.setup, p.setup.name, p.tokens_per_microbatch
-    grid_cases = [dataclasses.replace(c, tokens_per_microbatch=budget) for c in
-                  headline_cases(card, g.models, g.workloads, g.seeds, g.ep, steps=g.steps, layers=g.layers,
-                                 micro_batches=g.micro_batches)]
-    sweep_cases = [dataclasses.replace(c, steps=g.steps, micro_batches=g.micro_batches) for c in
-                   budget_cases(card, g.alternative, g.sweep_model, g.sweep_workload, 0, g.sweep_tokens, g.ep,
-                                layers=g.layers)]
-    alt_cases = [dataclasses.replace(c, steps=g.steps, micro_batches=g.micro_batches) for c in
-                 alternative_cases(card, g.sweep_model, g.sweep_workload, 0, g.ep, layers=g.layers)]
+    pool of workers; with a trace, its one case and the link-rate alternatives on it (no sweep, no
+    other layouts: they reshape the generator's batch, which the trace fixes)."""
+    card, setup, budget, on = p.setup, p.setup.name, p.tokens_per_microbatch, dict(topology=p.cluster)
+    if p.trace is None:
+        grid_cases = [dataclasses.replace(c, tokens_per_microbatch=budget, **on) for c in
+                      headline_cases(card, g.models, g.workloads, g.seeds, g.ep, steps=g.steps, layers=g.layers,
+                                     micro_batches=g.micro_batches)]
+        sweep_cases = [dataclasses.replace(c, steps=g.steps, micro_batches=g.micro_batches, **on) for c in
+                       budget_cases(card, g.alternative, g.sweep_model, g.sweep_workload, 0, g.sweep_tokens, g.ep,
+                                    layers=g.layers)]
+        alt_cases = [dataclasses.replace(c, steps=g.steps, micro_batches=g.micro_batches, **on) for c in
+                     alternative_cases(card, g.sweep_model, g.sweep_workload, 0, g.ep, layers=g.layers)]
+    else:
+        (grid_cases, alt_cases), sweep_cases = trace_cases(card, p.trace, p.cluster, g.workloads[0], g.seeds[0]), []
     frame = run_cases(grid_cases + sweep_cases + alt_cases, workers, progress, desc="headline")
     part = np.digitize(frame["case_index"], [len(grid_cases), len(grid_cases) + len(sweep_cases)])
     grid, sweep_rows, alternatives = (frame[part == i].drop(columns="case_index").reset_index(drop=True)
@@ -105,13 +151,22 @@ def compute(p: Params, g: Sizes, progress: bool = True, workers: int | None = No
     sweep["family"] = np.where(sweep["layout"] == "token-budget", "token-budget", "one sequence per micro-batch")
     alternatives = alternative_ratios(alternatives)
     card_text = f"`{setup}` set-up card" + ("" if budget is None else f" with {budget} tokens per micro-batch")
-    caption = (f"simulated on the {card_text}, EP {g.ep}; {len(g.models)} models x {len(g.workloads)} "
-               f"workloads x {len(g.seeds)} seeds ({', '.join(map(str, g.seeds))}); {p.scale_note(g)}")
-    # the sweep is one case at each budget: its caption names that case, not the grid
-    sweep_caption = (f"simulated on the `{setup}` and `{g.alternative}` set-up cards, EP {g.ep}; {g.sweep_model}, "
-                     f"{g.sweep_workload}, seed 0, {len(g.sweep_tokens)} budgets; {p.scale_note(g)}")
-    return Result(throughput=grid, case_ratios=case_ratios(grid),
-                  verdict=verdict_with_alternatives(grid, alternatives, g.full_scale), ratio_vs_budget=sweep,
+    if p.trace is None:
+        caption = (f"simulated on the {card_text}{p.on_cluster()}, EP {g.ep}; {len(g.models)} models x "
+                   f"{len(g.workloads)} workloads x {len(g.seeds)} seeds ({', '.join(map(str, g.seeds))}); "
+                   f"{p.scale_note(g)}")
+        # the sweep is one case at each budget: its caption names that case, not the grid
+        sweep_caption = (f"simulated on the `{setup}` and `{g.alternative}` set-up cards{p.on_cluster()}, EP {g.ep}; "
+                         f"{g.sweep_model}, {g.sweep_workload}, seed 0, {len(g.sweep_tokens)} budgets; {p.scale_note(g)}")
+    else:
+        caption = (f"simulated on the {card_text}{p.on_cluster()}, EP {g.ep}; model {g.models[0]}, "
+                   f"{trace_text(p.trace)}; {p.scale_note(g)}")
+        sweep_caption = (f"no budget sweep and no other batch layouts: both reshape the synthetic batch, and "
+                         f"{trace_text(p.trace)} fixes its own micro-batches and sequences")
+    verdict = verdict_with_alternatives(grid, alternatives, g.full_scale)
+    if p.trace is not None:
+        verdict["scale"] = "the trace's"
+    return Result(throughput=grid, case_ratios=case_ratios(grid), verdict=verdict, ratio_vs_budget=sweep,
                   alternatives=alternatives, overheads=overheads_table(grid), setup=setup, caption=caption,
                   sweep_caption=sweep_caption)
 
@@ -151,7 +206,9 @@ def section(r: Result, man: dict, table_md) -> str:
 
 
 TRIES = (
-    TryThis(lambda p, s: {"tokens_per_microbatch": 4096}, "ReLibra / Megatron (mean over cases and seeds)",
+    # a recorded trace fixes its own micro-batches: the lesson is on the synthetic grid
+    TryThis(lambda p, s: {**({} if p.trace is None else {"trace": None}), "tokens_per_microbatch": 4096},
+            "ReLibra / Megatron (mean over cases and seeds)",
             lambda r: mean_of(r.case_ratios, "relibra_over_megatron"), -1,
             "smaller packed micro-batches hold fewer sequences, so a long one weighs more on its rank's attention "
             "and all-to-all, which no expert placement changes"),
