@@ -81,13 +81,14 @@ def _fixture_results(out: Path) -> None:
             "skewness_p95": 9.99}])), config={"cluster": "paper"})
     _write(out, "07_overheads", OverheadResult(overheads=pd.DataFrame(
         [{"model": "m1", "ep": 32, "cluster": "paper", "policy": p, "plan_s": s, "planner_vs_forward": f,
-          "migration_share": 0.0123, "replica_memory_share_full_model": 0.0456, "transfer_overlap": 0.78,
+          "forward_s": 7.5, "planner_on_critical_path": False, "migration_share": 0.0123,
+          "replica_memory_share_full_model": 0.0456, "transfer_overlap": 0.78,
           "planner_hardware": "fixture machine"} for p, s, f in (("eplb+", 0.0042, 0.01), ("relibra", 1.234, 0.56))])),
            config={})
     _write(out, "08_runtime", _runtime(pd.DataFrame(
-        [{"policy": p, "repeat": r, "step_s_median": v, "sim_step_s": s, "model": "moe-cpu", "hardware": "fixture cpu",
-          "ranks": 2, "nodes": 1, "oversubscribed": False, "speedup_vs_megatron": x, "speedup_ci_low": lo,
-          "speedup_ci_high": hi}
+        [{"policy": p, "repeat": r, "step_s_median": v, "step_s_min": v, "step_s_max": v, "sim_step_s": s,
+          "model": "moe-cpu", "hardware": "fixture cpu", "ranks": 2, "nodes": 1, "oversubscribed": False,
+          "speedup_vs_megatron": x, "speedup_ci_low": lo, "speedup_ci_high": hi, "sim_speedup_vs_megatron": 1.6 / s}
          for p, r, v, s, x, lo, hi in (("megatron", 0, 2.0, 1.6, 1.0, 1.0, 1.0), ("megatron", 1, 2.2, 1.6, 1.0, 1.0, 1.0),
                                        ("relibra", 0, 1.25, 1.0, 1.6, 1.5, 1.7),
                                        ("relibra", 1, 1.35, 1.0, 1.63, 1.55, 1.72))])))
