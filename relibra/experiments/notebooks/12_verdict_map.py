@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from relibra.analysis import shift_stats
+from relibra.analysis import microbatch_calibration
 from relibra.cluster import get_model
 from relibra.experiments.base import PATH, Kind, Params, Result, TryThis, integers, names, objects, param, table, value
 from relibra.experiments.profiles import per_profile
@@ -38,12 +38,6 @@ TINY_CARD_CHANGES = (("batch.global_batch_sequences", 16), ("batch.data_parallel
                      ("batch.expert_parallel", 4), ("overheads.planner_reorder_s_per_layer", 1e-9))
 
 
-def tiny_grid() -> GridSpec:
-    return GridSpec("tiny", tokens=(512, 2048), shift=ShiftAxis("microbatch_shift", MICROBATCH_SHIFT_RANGE),
-                    models=("tiny",), workloads=("mixed",), seeds=(0,), ep=4, steps=2,
-                    cards=(DEFAULT_CARD, "one-sequence"), card_changes=TINY_CARD_CHANGES)
-
-
 @dataclass(frozen=True)
 class Sizes:
     """The profile's grid (verdict_map.GridSpec); its axes tokens, shift (the values), models, workloads and
@@ -59,17 +53,17 @@ class Sizes:
 
 # laptop (the default): verdict_map's default grid; paper and gpu: its whole grid; tiny: a toy grid for tests.
 SIZES = {**per_profile(lambda name: Sizes(paper_grid() if name in ("paper", "gpu") else default_grid())),
-         "tiny": Sizes(tiny_grid())}
+         "tiny": Sizes(GridSpec("tiny", tokens=(512, 2048), shift=ShiftAxis("microbatch_shift", MICROBATCH_SHIFT_RANGE),
+                                models=("tiny",), workloads=("mixed",), seeds=(0,), ep=4, steps=2,
+                                cards=(DEFAULT_CARD, "one-sequence"), card_changes=TINY_CARD_CHANGES))}
 
 
 def _shares(raw) -> tuple[float, ...]:
-    items = raw if isinstance(raw, (list, tuple)) else [v for v in str(raw).split(",") if v.strip()]
-    values = tuple(dict.fromkeys(float(v) for v in items))
-    if not values:
-        raise ValueError("empty")
-    for v in values:
-        if not 0.0 <= v <= 1.0:
-            raise ValueError(f"{v} is outside [0, 1]")
+    values = tuple(dict.fromkeys(float(v) for v in (raw if isinstance(raw, (list, tuple)) else str(raw).split(","))
+                                 if str(v).strip()))
+    bad = [v for v in values if not 0.0 <= v <= 1.0]
+    if bad or not values:
+        raise ValueError(f"{bad[0]} is outside [0, 1]" if bad else "empty")
     return values
 
 
@@ -129,17 +123,10 @@ class Result(Result):
 
 
 def rl_calibration(path: Path = RL_TRACE) -> dict:
-    """The kit's real RL trace's micro-batch statistics (relibra.analysis.shift_stats), the calibration the
-    micro-batch shift's range comes from; {} when the trace is not shipped."""
-    if not path.exists():
-        return {}
-    trace = RoutingTrace.load(path)
-    stats = shift_stats(trace.loads.sum(axis=3, dtype=np.int64))
-    # tokens per (micro-batch, EP rank): the first layer's selections over top-k
-    tokens = float((trace.loads[:, :, 0].sum(axis=-1) / trace.model.top_k).mean())
-    return {"label": "the kit's real RL trace (relibra rl, data/rl_tiny_seed0.npz)",
-            "mb_vs_step_corr": float(stats["mb_vs_step_corr"]), "mb_corr": float(stats["mb_corr"]),
-            "tokens_per_ep_rank": tokens}
+    """The kit's real RL trace's micro-batch statistics (relibra.analysis.microbatch_calibration), the
+    calibration the micro-batch shift's range comes from; {} when the trace is not shipped."""
+    return ({"label": "the kit's real RL trace (relibra rl, data/rl_tiny_seed0.npz)",
+             **microbatch_calibration(RoutingTrace.load(path))} if path.exists() else {})
 
 
 def contour_frame(contours: list[dict]) -> pd.DataFrame:
