@@ -160,9 +160,8 @@ def compute(p: Params, s: Sizes) -> Result:
 
 @dataclass(frozen=True)
 class Versus:
-    """One policy against Megatron in one table and layout: each launch's measured speed-up with its paired
-    bootstrap 95% interval (and on process CPU time), () where the table has none; the ratio of the median
-    steps over launches; the simulated ratio."""
+    """One policy against Megatron in one table and layout: each launch's measured speed-up with its 95%
+    interval (and on process CPU time; () without one), the ratio of the medians, the simulated ratio."""
 
     policy: str
     launches: tuple[tuple[float, float, float], ...]
@@ -189,16 +188,16 @@ class Summary:
     agreement: str  # measured vs simulated (experiments.runtime.runtime_agreement)
 
 
-def _versus(d: pd.DataFrame, g: pd.DataFrame) -> tuple[Versus, ...]:
-    def launches(prefix: str) -> tuple:
-        cols = [f"{prefix}speedup_vs_megatron", f"{prefix}speedup_ci_low", f"{prefix}speedup_ci_high"]
-        return tuple(map(tuple, rows_[cols].to_numpy())) if cols[1] in d and rows_[cols[1]].notna().all() else ()
+def _launches(rows: pd.DataFrame, prefix: str) -> tuple:
+    """(speed-up, interval low, high) per launch of `rows`, () where they have no interval."""
+    cols = [f"{prefix}speedup_vs_megatron", f"{prefix}speedup_ci_low", f"{prefix}speedup_ci_high"]
+    return tuple(map(tuple, rows[cols].to_numpy())) if cols[1] in rows and rows[cols[1]].notna().all() else ()
 
-    out, ref = [], g.loc["megatron"]
-    for p, x in g.drop(index="megatron").iterrows():
-        rows_ = d[d["policy"] == p]
-        out.append(Versus(p, launches(""), launches("cpu_"), ref.measured / x.measured, ref.sim / x.sim))
-    return tuple(out)
+
+def _versus(d: pd.DataFrame, g: pd.DataFrame) -> tuple[Versus, ...]:
+    ref = g.loc["megatron"]
+    return tuple(Versus(p, _launches(d[d["policy"] == p], ""), _launches(d[d["policy"] == p], "cpu_"),
+                        ref.measured / x.measured, ref.sim / x.sim) for p, x in g.drop(index="megatron").iterrows())
 
 
 def summarize(r: Result) -> Summary:
