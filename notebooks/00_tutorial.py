@@ -158,7 +158,7 @@ plots.tutorial_interactive(tutorial.tutorial_case, choices={"ep": tutorial.TUTOR
 fig = plots.skew_sweep_figure(result.skew_sweep, run.scale_note())
 run.save_figure(fig, "skew_sweep", "Rank skewness and slowest-GPU expert time against the skew slider, static "
                 f"placement vs the chosen plan ({run.scale_note()})", source="simulated", hardware=case["hardware"])
-ex.show(nb.skew_story(result.skew_sweep))
+ex.show(nb.skew_story(nb.summarize(result)))
 
 # %%
 run.finish()

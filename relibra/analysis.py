@@ -153,6 +153,14 @@ def trace_stats(trace) -> dict:
 
 # ---- expert balance, and the kit's routing against public routing data ------------------------------------------
 
+def microbatch_calibration(trace) -> dict:
+    """A trace's micro-batch vs step and consecutive micro-batch load correlations (shift_stats), and its
+    mean tokens per (micro-batch, EP rank): the first layer's selections over top-k."""
+    stats = shift_stats(trace.loads.sum(axis=3, dtype=np.int64))
+    return {"mb_vs_step_corr": float(stats["mb_vs_step_corr"]), "mb_corr": float(stats["mb_corr"]),
+            "tokens_per_ep_rank": float((trace.loads[:, :, 0].sum(axis=-1) / trace.model.top_k).mean())}
+
+
 def gini(x: np.ndarray) -> np.ndarray:
     """Gini coefficient of non-negative values along the last axis ([..., E] -> [...]): 0 when every entry is
     equal, (E - 1) / E when one entry holds everything; 0 where a row sums to 0."""

@@ -37,7 +37,7 @@ def glance_rows(out_dir: str | Path) -> pd.DataFrame:
     """Every row of the notebooks present under out_dir: columns what, figure, how it was obtained."""
     results = sorted(load_results(out_dir).values(),  # the verdict map's rows first, as in REPORT.md
                      key=lambda x: not getattr(x.notebook.module, "SECTION_FIRST", False))
-    rows = [row for x in results if x.notebook.rows for row in x.notebook.rows(x.result, x.manifest)]
+    rows = [row for x in results if x.notebook.rows for row in x.notebook.rows(x.summary, x.manifest)]
     hows = [row["how it was obtained"] for row in rows]
     for i in range(1, len(rows)):  # a "how" repeated from the row above reads "same as above"
         if hows[i] == hows[i - 1]:

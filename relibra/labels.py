@@ -99,11 +99,6 @@ def _look(policy: str, field: str, unknown: str) -> str:
     return getattr(LOOKS[policy], field) if policy in LOOKS else unknown
 
 
-def label(policy: str) -> str:
-    """Legend label of `policy` (its own name when the table does not know it)."""
-    return _look(policy, "label", policy)
-
-
 def short(policy: str) -> str:
     """Name of `policy` in running text (its own name when the table does not know it)."""
     return _look(policy, "short", policy)

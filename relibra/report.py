@@ -4,7 +4,7 @@ are simulated and which measured (and on what hardware), the environment and eve
 It reads every notebook's typed result and manifest back through the registry
 (relibra.experiments.registry.load_results), so running one notebook refreshes the report without
 dropping the others; each notebook's row says which profile made it and when. A notebook module
-that defines `section(result, manifest, md_table)` puts its section at the top, in notebook order
+that defines `section(summary, manifest, md_table)` puts its section at the top, in notebook order
 (a module with SECTION_FIRST = True before the others: notebook 12's verdict table per set-up card);
 then come the sections of SECTIONS.
 """
@@ -58,7 +58,7 @@ def notebook_sections(r: ReportInput) -> str:
     (the verdict map's table per set-up card), then the others, in notebook order."""
     shown = [x for x in r.results.values() if x.notebook.section is not None]
     shown.sort(key=lambda x: not getattr(x.notebook.module, "SECTION_FIRST", False))  # stable: notebook order kept
-    return "".join(x.notebook.section(x.result, x.manifest, md_table) + "\n" for x in shown)
+    return "".join(x.notebook.section(x.summary, x.manifest, md_table) + "\n" for x in shown)
 
 
 def sources_section(r: ReportInput) -> str:

@@ -81,13 +81,14 @@ def _fixture_results(out: Path) -> None:
             "skewness_p95": 9.99}])), config={"cluster": "paper"})
     _write(out, "07_overheads", OverheadResult(overheads=pd.DataFrame(
         [{"model": "m1", "ep": 32, "cluster": "paper", "policy": p, "plan_s": s, "planner_vs_forward": f,
-          "migration_share": 0.0123, "replica_memory_share_full_model": 0.0456, "transfer_overlap": 0.78,
+          "forward_s": 7.5, "planner_on_critical_path": False, "migration_share": 0.0123,
+          "replica_memory_share_full_model": 0.0456, "transfer_overlap": 0.78,
           "planner_hardware": "fixture machine"} for p, s, f in (("eplb+", 0.0042, 0.01), ("relibra", 1.234, 0.56))])),
            config={})
     _write(out, "08_runtime", _runtime(pd.DataFrame(
-        [{"policy": p, "repeat": r, "step_s_median": v, "sim_step_s": s, "model": "moe-cpu", "hardware": "fixture cpu",
-          "ranks": 2, "nodes": 1, "oversubscribed": False, "speedup_vs_megatron": x, "speedup_ci_low": lo,
-          "speedup_ci_high": hi}
+        [{"policy": p, "repeat": r, "step_s_median": v, "step_s_min": v, "step_s_max": v, "sim_step_s": s,
+          "model": "moe-cpu", "hardware": "fixture cpu", "ranks": 2, "nodes": 1, "oversubscribed": False,
+          "speedup_vs_megatron": x, "speedup_ci_low": lo, "speedup_ci_high": hi, "sim_speedup_vs_megatron": 1.6 / s}
          for p, r, v, s, x, lo, hi in (("megatron", 0, 2.0, 1.6, 1.0, 1.0, 1.0), ("megatron", 1, 2.2, 1.6, 1.0, 1.0, 1.0),
                                        ("relibra", 0, 1.25, 1.0, 1.6, 1.5, 1.7),
                                        ("relibra", 1, 1.35, 1.0, 1.63, 1.55, 1.72))])))
@@ -188,10 +189,20 @@ def test_recorded_runtime_and_scale_rows(tmp_path):
         [{"model": "m1", "cluster": "c1", "ep": ep, "policy": "relibra-h", "speedup": sp,
           "frac_of_balanced_compute": f, "best_other": "llep", "best_other_speedup": 1.1, "over_best_other": o}
          for ep, sp, f, o in ((16, 1.2, 0.99, 0.98), (256, 1.27, 0.998, 1.08))])))
+    from relibra.experiments.registry import load_results
+
+    loaded = load_results(tmp_path)
+    (rt,) = loaded["08_runtime"].summary.layouts
+    assert (rt.table, rt.layout, rt.oversubscribed) == ("the shipped reference", "1 x 2", False)
+    assert rt.steps == (("megatron", 0.9, 0.8), ("relibra", 0.75, 0.6))
+    (v,) = rt.versus  # no interval in the table: the ratio of the medians
+    assert (v.policy, v.launches) == ("relibra", ()) and (v.measured, v.simulated) == (0.9 / 0.75, 0.8 / 0.6)
+    sc = loaded["11_scale"].summary
+    assert (sc.cases, sc.behind) == (2, 1)
+    assert [(x.model, x.cluster, x.ep, x.speedup, x.over_best_other, x.best_other) for x in sc.top] == [
+        ("m1", "c1", 256, 1.27, 1.08, "llep")]
     text = dict(zip(*[glance_rows(tmp_path)[c] for c in ("what", "figure")]))
-    rt = text["runtime step time on the CPU, the shipped reference (median over launches), 1 x 2 (nodes x ranks)"]
-    assert rt == ("Megatron 0.9 s measured, 0.8 s simulated; ReLibra 0.75 s measured, 0.6 s simulated; "
-                  "ReLibra / Megatron 1.20x measured, 1.33x simulated")
-    sc = text["relibra-h (cross-node replicas) at the largest EP, against the best other policy"]
-    assert sc.startswith("m1 EP256 on c1: 1.27x Megatron, 0.998 of balanced-compute, 1.080x LLEP")
-    assert sc.endswith("behind the best other policy in 1 of 2 cases")
+    assert _numbers(text["runtime step time on the CPU, the shipped reference (median over launches), 1 x 2 "
+                         "(nodes x ranks)"]) == [0.9, 0.8, 0.75, 0.6, 1.2, 1.33]
+    assert _numbers(text["relibra-h (cross-node replicas) at the largest EP, against the best other policy"]) == [
+        1.27, 0.998, 1.08, 1, 2]

@@ -1,6 +1,6 @@
-"""Notebook 12 (the verdict map): its REPORT.md table holds one column per named card beside the paper's
-claims, the conclusion and a reason per card; its README rows; coincident cards drawn once; the figure
-draws the claims as contours where the grid reaches them and says so where it does not."""
+"""Notebook 12 (the verdict map): its Summary holds each card's point and the grid's best, computed from the
+cases; REPORT.md's table has one column per named card beside the paper's figures; coincident cards drawn
+once; the figure draws the claims as contours where the grid reaches them and says so where it does not."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import warnings
 import matplotlib
 import numpy as np
 import pandas as pd
+import pytest
 
 matplotlib.use("Agg")
 
@@ -16,6 +17,7 @@ from relibra import plots  # noqa: E402
 from relibra.experiments import get_notebook  # noqa: E402
 from relibra.experiments.verdict_map import CLAIMS, MapResult, GridSpec, ShiftAxis, card_points, conclusion  # noqa: E402
 from relibra.experiments.verdict_map import claim_regions, node_fields  # noqa: E402
+from relibra.labels import CLAIMS as CLAIMS_TABLE  # noqa: E402
 from relibra.plots.verdict_map import merge_coincident  # noqa: E402
 from relibra.report import md_table  # noqa: E402
 
@@ -45,27 +47,44 @@ def _result():
                      calibration={"label": "real RL trace", "mb_vs_step_corr": 0.77, "tokens_per_ep_rank": 70.0})
 
 
-def test_report_section_is_one_column_per_card_with_the_conclusion_and_a_reason_each():
+def test_summary_holds_each_cards_point_and_the_grids_best():
     r = _result()
-    table = NB.card_table(r)
-    assert list(table.columns) == ["", "`a`", "`b`", "`c`", "paper"]
-    assert table.loc[0, "`c`"] == "1.65x; 1.65x" and table.loc[0, "paper"] == "up to 1.6x"
-    text = NB.section(r, {"scale_note": "synthetic grid", "figures": [{"name": "verdict_map", "png": "verdict_map.png"}]},
-                      md_table)
-    assert text.startswith("## The verdict: the paper's claims per set-up card")
-    assert r.conclusion in text and "up to 1.6x over Megatron-LM needs at least" in r.conclusion
-    assert all(f"- `{c}`: " in text for c in "abc") and "12_verdict_map/verdict_map.png" in text
-    why = NB.why_cards_differ(r)
-    # c's point reaches 1.6x; a's does not, and the map says what it would need
-    assert "1.6x" not in why["c"] and "1.6x over Megatron needs at least 32768 tokens per EP rank" in why["a"]
-    assert "4 micro-batches a step" in why["a"] and "correlate with their step at 0.90" in why["a"]
+    s = NB.summarize(r)
+    cards = r.cases[r.cases["kind"] == "card"].set_index("setup")
+    assert [x.setup for x in s.cards] == ["a", "b", "c"]
+    for x in s.cards:  # one case per card: mean = best = worst = the case's own figure
+        case = cards.loc[x.setup]
+        assert x.over_megatron == (case["relibra_over_megatron"],) * 2
+        assert x.over_eplb_plus == (case["relibra_over_eplb_plus"],) * 2
+        assert x.gap == (case["gap_to_balanced"],) * 3 and x.cases == 1
+        assert (x.tokens_per_ep_rank, x.mb_vs_step_corr, x.micro_batches) == (
+            case["tokens_per_ep_rank"], case["mb_vs_step_corr"], case["micro_batches"])
+        assert x.tokens_per_s == (case["tokens_per_s_eplb+"], case["tokens_per_s_megatron"])
+    grid = r.cases[r.cases["kind"] == "grid"]  # one case per node: a node's best is its case
+    top = grid.loc[grid["relibra_over_megatron"].idxmax()]
+    assert s.best_over_megatron == (top["relibra_over_megatron"], top["tokens"]) == (pytest.approx(1.8), 32768)
+    top = grid.loc[grid["relibra_over_eplb_plus"].idxmax()]
+    assert s.best_over_eplb_plus == (top["relibra_over_eplb_plus"], top["shift_value"], top["mb_vs_step_corr"])
+    at = grid.groupby("shift_value")["relibra_over_eplb_plus"].mean()
+    assert s.shift_effect == (0.0, 0.3, pytest.approx(at[0.3] - at[0.0]))
+    meg = next(reg for reg in s.regions if reg["field"] == "relibra_over_megatron_best")
+    assert meg["min_tokens"] == grid.loc[grid["relibra_over_megatron"] >= 1.6, "tokens"].min() == 32768
+    assert s.conclusion == r.conclusion and s.calibration == r.calibration
     slow = r.cases.copy()
     slow.loc[slow["setup"] == "c", "tokens_per_s_eplb+"] = 50.0  # EPLB+ slower than Megatron at c's point
-    why = NB.why_cards_differ(NB.Result(**{**vars(r), "cases": slow}))
-    assert "EPLB+ is slower than Megatron here (50 vs 100 tokens/s)" in why["c"]
-    rows = NB.rows(r, {"scale_note": "synthetic grid"})
-    assert rows[0]["figure"] == r.conclusion and [x["what"] for x in rows[1:]] == [
-        f"`{c}` card's point on the map" for c in "abc"]
+    assert NB.summarize(NB.Result(**{**vars(r), "cases": slow})).cards[2].tokens_per_s == (50.0, 100.0)
+
+
+def test_report_table_is_one_column_per_card_beside_the_papers_figures():
+    s = NB.summarize(_result())
+    table = NB.card_table(s)
+    assert list(table.columns) == ["", "`a`", "`b`", "`c`", "paper"]
+    assert list(table["paper"])[:3] == [CLAIMS_TABLE[k].paper for k in ("relibra_over_megatron",
+                                                                      "relibra_over_eplb_plus", "gap_to_balanced")]
+    man = {"scale_note": "synthetic grid", "figures": [{"name": "verdict_map", "png": "verdict_map.png"}]}
+    assert "12_verdict_map/verdict_map.png" in NB.section(s, man, md_table)
+    assert [x["figure"] for x in NB.rows(s, man)][0] == s.conclusion and len(NB.rows(s, man)) == 1 + len(s.cards)
+    assert NB.story(s)
 
 
 def test_coincident_cards_are_drawn_once_and_named_together():

@@ -99,6 +99,82 @@ def test_report_shows_sensitivity_beside_the_headline(executed):
     assert all(f"| {k} |" in section for k in knobs) and "10_sensitivity/tornado.png" in section
 
 
+def test_every_module_summarizes_its_result_once_for_its_text(executed):
+    """Each module's Summary is a frozen dataclass that summarize makes from the tiny run's result read back;
+    story, rows and section are templates over it."""
+    import dataclasses
+
+    from relibra.experiments.registry import load_results
+    from relibra.report import md_table
+
+    out, _ = executed
+    loaded = load_results(out)
+    assert sorted(loaded) == sorted(NOTEBOOKS)
+    for name, x in loaded.items():
+        nb = x.notebook
+        assert dataclasses.is_dataclass(nb.Summary) and nb.Summary.__dataclass_params__.frozen, name
+        assert isinstance(x.summary, nb.Summary) and nb.story(x.summary), name
+        if nb.rows is not None:
+            assert all(set(r) == {"what", "figure", "how it was obtained"} for r in nb.rows(x.summary, x.manifest))
+        if nb.section is not None:
+            assert nb.section(x.summary, x.manifest, md_table).startswith("## "), name
+
+
+def test_summary_numbers_are_the_tables(executed):
+    """The Summary's numbers, computed again here from each result's tables."""
+    from pytest import approx
+
+    from relibra.experiments.registry import load_results
+    from relibra.labels import CLAIMS
+
+    out, _ = executed
+    got = {name: (x.result, x.summary) for name, x in load_results(out).items()}
+    r, s = got["00_tutorial"]
+    g = r.placement_replica_grid
+    assert s.static.skewness == g[(g["placement"] == "static") & (g["spare_slots"] == 0)]["skewness"].iloc[0]
+    assert s.best.slowest_gpu_ms == g["slowest_gpu_ms"].min()
+    r, s = got["01_routing_dynamics"]
+    sk = r.static_skewness
+    assert s.mb_skewness == approx(sk.loc[sk["scope"] == "micro-batch", "skewness"].mean())
+    assert s.step_skewness == approx(sk.loc[sk["scope"] == "whole step", "skewness"].mean())
+    r, s = got["02_throughput"]
+    over = {v.claim: v for v in s.verdicts}
+    for claim in ("relibra_over_megatron", "relibra_over_eplb_plus"):
+        v, t = over[CLAIMS[claim].verdict_label], r.case_ratios[claim]
+        near = lambda x: approx(x, rel=1e-5)  # noqa: E731  both tables are saved to 6 significant digits
+        assert (v.mean, v.low, v.high, v.cases) == (near(t.mean()), near(t.min()), near(t.max()), len(t))
+        assert v.paper == CLAIMS[claim].paper
+    for name, table, column in (("03_ablation", "ablation", "skewness"), ("04_reordering", "reordering", "node_skewness"),
+                                ("05_replication", "replication", "gpu_skewness")):
+        r, s = got[name]
+        t = getattr(r, table).groupby("policy")[["speedup_vs_megatron", column]].mean()
+        shown = s.stages if name == "03_ablation" else s.policies
+        assert shown and all(x.speedup == approx(t.loc[x.policy, "speedup_vs_megatron"]) for x in shown)
+        assert all(getattr(x, column) == approx(t.loc[x.policy, column]) for x in shown)
+    r, s = got["06_skewness"]
+    t = r.skewness[r.skewness["sweep"] == "ep"].groupby("policy")["skewness"]
+    assert {p: (lo, hi) for p, lo, hi in s.spans} == {p: (approx(t.min()[p]), approx(t.max()[p])) for p in t.groups}
+    r, s = got["07_overheads"]
+    assert [(x.policy, x.plan_s) for x in s.policies] == list(zip(r.overheads["policy"], r.overheads["plan_s"]))
+    r, s = got["08_runtime"]
+    med = r.step_results.groupby("policy")["step_s_median"].median()
+    assert {p: m for p, m, _ in s.layouts[0].steps} == approx(med.to_dict())
+    r, s = got["09_rl_workload"]
+    b = r.balancing.set_index("policy")
+    assert s.relibra_speedup == b.loc["relibra", "speedup_vs_megatron"]
+    assert (s.first_reward, s.last_reward) == tuple(r.rewards["reward"].iloc[[0, -1]])
+    r, s = got["10_sensitivity"]
+    dflt = r.sensitivity[r.sensitivity["is_default"].astype(bool)]
+    assert s.default == approx({q: dflt[q].iloc[0] for q in s.default}) and len(s.default) == 3
+    r, s = got["11_scale"]
+    t = r.relibra_h_vs_best
+    assert (s.cases, s.behind) == (len(t), int((t["over_best_other"] < 1 - 1e-9).sum()))
+    r, s = got["12_verdict_map"]
+    cards = r.cases[r.cases["kind"] == "card"].groupby("setup")["relibra_over_megatron"]
+    assert {x.setup: x.over_megatron for x in s.cards} == {
+        k: (approx(cards.mean()[k]), approx(cards.max()[k])) for k in cards.groups}
+
+
 def test_one_notebook_rebuilds_the_report_from_every_result(executed, tmp_path, capfd):
     """Running one notebook keeps the others' results in REPORT.md, and shows the new output."""
     import shutil

@@ -268,11 +268,10 @@ def test_relibra_takes_its_configs_whole_or_their_fields_by_name():
 
 def test_every_policy_has_a_label_short_name_and_colour_of_its_own():
     assert set(POLICY_NAMES) <= set(labels.LOOKS)
-    looks = [(labels.label(p), labels.short(p), labels.colour(p)) for p in labels.LOOKS]
+    looks = [(labels.LOOKS[p].label, labels.short(p), labels.colour(p)) for p in labels.LOOKS]
     assert [look[2] for look in looks] == [labels.LOOKS[p].colour for p in labels.LOOKS]
     assert len({look[0] for look in looks}) == len({look[2] for look in looks}) == len(labels.LOOKS)
-    unknown = (labels.label("no-such"), labels.short("no-such"), labels.colour("no-such"))
-    assert unknown == ("no-such", "no-such", "#7f7f7f")
+    assert (labels.short("no-such"), labels.colour("no-such")) == ("no-such", "#7f7f7f")
     assert "#7f7f7f" not in {look[2] for look in looks}
 
 

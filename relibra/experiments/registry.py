@@ -7,9 +7,11 @@ A module holds the whole of one notebook's logic (docs/notebooks.md, "Adding a n
   assigns exactly these fields, with the same defaults;
 - SIZES: {profile: sizes} (or `sizes_of(values)` where the sizes depend on no profile);
 - Result and compute(params, sizes) -> Result;
-- story(result) -> markdown: what to notice, computed from the result;
-- optionally TRIES (its "Try this" lessons), rows(result, manifest) (its rows of the README's results
-  table) and section(result, manifest) (its section of REPORT.md).
+- Summary and summarize(result) -> Summary: every number (and short name) its text shows, computed
+  once from the result;
+- story(summary) -> markdown: what to notice, a template over the Summary;
+- optionally TRIES (its "Try this" lessons), rows(summary, manifest) (its rows of the README's results
+  table) and section(summary, manifest, table_md) (its section of REPORT.md), templates over the Summary.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import importlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 
@@ -33,7 +36,7 @@ class Notebook:
     name: str
     module: ModuleType
 
-    def __getattr__(self, key):  # QUESTION, Params, Result, compute, story, ...
+    def __getattr__(self, key):  # QUESTION, Params, Result, compute, Summary, summarize, story, ...
         return getattr(self.module, key)
 
     @property
@@ -82,6 +85,11 @@ class Loaded:
     notebook: Notebook
     result: object
     manifest: dict
+
+    @cached_property
+    def summary(self):
+        """The module's summarize(result): the numbers its README rows and report section show."""
+        return self.notebook.summarize(self.result)
 
 
 def load_results(out_dir: str | Path) -> dict[str, Loaded]:

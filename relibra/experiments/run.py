@@ -94,8 +94,8 @@ class Run:
         return self.params.scale_note(self.sizes)
 
     def story(self, result) -> str:
-        """The module's narrative of `result` (markdown): what to notice, computed from the numbers."""
-        return self.notebook.story(result)
+        """The module's narrative of `result` (markdown): its story over summarize(result)."""
+        return self.notebook.story(self.notebook.summarize(result))
 
     def try_this(self) -> str:
         """The module's "Try this" suggestions for this run's parameters, as a markdown list (each one's

@@ -7,7 +7,6 @@ import pandas as pd
 
 from relibra.cluster import get_model, resolve_topology
 from relibra.errors import RelibraError
-from relibra.labels import short as label
 
 
 def show(text: str) -> None:
@@ -60,18 +59,17 @@ def step_components(summary: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def explain_gap(summary: pd.DataFrame, slower: str, faster: str) -> str:
-    """Why `slower` takes longer per step than `faster`: the components that differ most, in ms."""
+def step_differences(summary: pd.DataFrame, slower: str, faster: str) -> tuple[tuple, tuple]:
+    """Why `slower` takes longer per step than `faster`: ((part, seconds more), ...) for the two parts
+    that cost it most and ((part, seconds less),) for the one it gains most, among the step_components
+    that differ by at least 0.01 ms; ((), ()) when either policy is missing."""
     c = step_components(summary)
     if slower not in c.index or faster not in c.index:
-        return ""
+        return (), ()
     diff = (c.loc[slower] - c.loc[faster]).drop("step")
-    worse = diff[diff > 5e-6].sort_values(ascending=False)  # parts that differ by at least 0.01 ms
+    worse = diff[diff > 5e-6].sort_values(ascending=False)
     better = diff[diff < -5e-6].sort_values()
-    parts = [f"{k} +{1e3 * v:.2f} ms" for k, v in worse.head(2).items()]
-    gains = [f"{k} {1e3 * v:.2f} ms" for k, v in better.head(1).items()]
-    return (f"per step, {label(slower)} spends " + ", ".join(parts) + " more than " + label(faster)
-            + (f" (and gains {', '.join(gains)})" if gains else ""))
+    return tuple(worse.head(2).items()), tuple(better.head(1).items())
 
 
 # ---- cells of the README's results table -----------------------------------------------------------------
@@ -86,11 +84,6 @@ def cluster_text(name) -> str:
     except RelibraError:
         return f"`{name}` cluster"
     return f"`{name}` cluster preset ({topo.num_nodes} x {topo.gpus_per_node} GPUs)"
-
-
-def span(values: pd.Series) -> str:
-    lo, hi = f"{float(values.min()):.2f}", f"{float(values.max()):.2f}"
-    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def unique(t: pd.DataFrame, column: str) -> str:

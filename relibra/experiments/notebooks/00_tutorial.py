@@ -72,15 +72,58 @@ def compute(p: Params, sizes=None) -> Result:
                   skew_sweep=tutorial_skew_sweep(**{k: v for k, v in args.items() if k != "skew"}), case=case)
 
 
-def story(r: Result) -> str:
+@dataclass(frozen=True)
+class Choice:
+    placement: str
+    spare_slots: int
+    skewness: float
+    slowest_gpu_ms: float
+    balanced_ms: float
+
+
+@dataclass(frozen=True)
+class SkewSweep:
+    """Static placement's skewness over the skew slider: at its lowest skew, at its peak, at its highest
+    skew; the chosen plan's at the peak and where the gap to static is widest (None: no plan swept)."""
+
+    low: float
+    static_at_low: float
+    peak: float
+    static_at_peak: float
+    high: float
+    static_at_high: float
+    plan: tuple[str, int] | None  # placement, spare slots
+    plan_at_peak: float | None
+    widest_gap: tuple[float, float] | None  # skew, static - plan
+
+
+@dataclass(frozen=True)
+class Summary:
+    static: Choice  # static placement, no replicas
+    best: Choice  # the fastest slowest GPU of the grid
+    same_bars: tuple[tuple[int, int, int, tuple[str, ...]], ...]  # (a, b, slots used, placements): a and b
+    # spare slots give the same plan because the planner filled at most `used` slots per GPU
+    sweep: SkewSweep
+
+
+def _choice(x) -> Choice:
+    return Choice(x["placement"], int(x["spare_slots"]), x["skewness"], x["slowest_gpu_ms"], x["balanced_ms"])
+
+
+def _skew_sweep(sweep: pd.DataFrame) -> SkewSweep:
+    is_static = (sweep["placement"] == "static") & (sweep["spare_slots"] == 0)
+    static, rest = sweep[is_static].set_index("skew")["skewness"], sweep[~is_static]
+    lo, peak, hi = static.index.min(), static.idxmax(), static.index.max()
+    plan = rest.set_index("skew")["skewness"] if len(rest) else None
+    gap = None if plan is None else static - plan
+    return SkewSweep(lo, static[lo], peak, static[peak], hi, static.iloc[-1],
+                     None if plan is None else (rest["placement"].iloc[0], int(rest["spare_slots"].iloc[0])),
+                     None if plan is None else plan[peak], None if gap is None else (gap.idxmax(), gap.max()))
+
+
+def summarize(r: Result) -> Summary:
     grid = r.placement_replica_grid
     g = grid.set_index(["placement", "spare_slots"])
-    base = g.loc[("static", 0)]
-    best = grid.loc[grid["slowest_gpu_ms"].idxmin()]
-    text = [f"Static placement without replicas: skewness {base['skewness']:.2f}, slowest GPU "
-            f"{base['slowest_gpu_ms']:.3f} ms. The best choice here, {best['placement']} with {int(best['spare_slots'])} "
-            f"spare slot(s), reaches skewness {best['skewness']:.2f} and {best['slowest_gpu_ms']:.3f} ms "
-            f"(balanced: {best['balanced_ms']:.3f} ms)."]
     slots = sorted(grid["spare_slots"].unique())
     same = {}
     for placement in grid["placement"].unique():
@@ -88,7 +131,18 @@ def story(r: Result) -> str:
             ra, rb = g.loc[(placement, a)], g.loc[(placement, b)]
             if np.isclose(ra["slowest_gpu_ms"], rb["slowest_gpu_ms"]) and rb["max_replicas_per_gpu"] <= a:
                 same.setdefault((a, b, int(rb["max_replicas_per_gpu"])), []).append(placement)
-    for (a, b, used), placements in same.items():
+    return Summary(_choice(grid[(grid["placement"] == "static") & (grid["spare_slots"] == 0)].iloc[0]),
+                   _choice(grid.loc[grid["slowest_gpu_ms"].idxmin()]),
+                   tuple((*k, tuple(v)) for k, v in same.items()), _skew_sweep(r.skew_sweep))
+
+
+def story(s: Summary) -> str:
+    base, best = s.static, s.best
+    text = [f"Static placement without replicas: skewness {base.skewness:.2f}, slowest GPU "
+            f"{base.slowest_gpu_ms:.3f} ms. The best choice here, {best.placement} with {best.spare_slots} "
+            f"spare slot(s), reaches skewness {best.skewness:.2f} and {best.slowest_gpu_ms:.3f} ms "
+            f"(balanced: {best.balanced_ms:.3f} ms)."]
+    for a, b, used, placements in s.same_bars:
         text.append(f"With {', '.join(placements)} placement, {a} and {b} spare slots give the same bars because "
                     f"the planner filled at most {used} slot(s) per GPU even when given {b}, so the plans are "
                     f"identical: its water-filling stops once the GPUs of each node are level with the node's mean, "
@@ -141,24 +195,19 @@ def phase_story(case: dict, micro_batch: int = 0) -> str:
             f"part (and the all-to-all's wait on the busiest receiver); backward repeats it at twice the FLOPs.")
 
 
-def skew_story(sweep: pd.DataFrame) -> str:
+def skew_story(s: Summary) -> str:
     """What the skew slider shows: where static placement's skewness peaks, how far the chosen plan
     holds it down, and whether the gap opens with skew."""
-    is_static = (sweep["placement"] == "static") & (sweep["spare_slots"] == 0)
-    static, rest = sweep[is_static].set_index("skew")["skewness"], sweep[~is_static]
-    lo, peak = static.index.min(), static.idxmax()
-    text = (f"At skew {lo:g} static placement's skewness is {static[lo]:.2f}: with uniform routing there is little "
-            f"to fix. It peaks at {static[peak]:.2f} at skew {peak:g}")
-    if len(rest):
-        plan = rest.set_index("skew")["skewness"]
-        gap = static - plan
-        text += (f", where the chosen plan ({rest['placement'].iloc[0]}, {int(rest['spare_slots'].iloc[0])} spare "
-                 f"slot(s)) holds it to {plan[peak]:.2f}; the gap between them is widest at skew {gap.idxmax():g} "
-                 f"({gap.max():.2f})")
+    w = s.sweep
+    text = (f"At skew {w.low:g} static placement's skewness is {w.static_at_low:.2f}: with uniform routing there is "
+            f"little to fix. It peaks at {w.static_at_peak:.2f} at skew {w.peak:g}")
+    if w.plan is not None:
+        text += (f", where the chosen plan ({w.plan[0]}, {w.plan[1]} spare slot(s)) holds it to {w.plan_at_peak:.2f}; "
+                 f"the gap between them is widest at skew {w.widest_gap[0]:g} ({w.widest_gap[1]:.2f})")
     text += "."
-    if static.idxmax() < static.index.max() and static.iloc[-1] < static.max() - 0.05:
-        text += (f" Past skew {peak:g} static placement's skewness falls again (to {static.iloc[-1]:.2f} at "
-                 f"{static.index.max():g}): each token picks two distinct experts, so when nearly every token picks "
+    if w.peak < w.high and w.static_at_high < w.static_at_peak - 0.05:
+        text += (f" Past skew {w.peak:g} static placement's skewness falls again (to {w.static_at_high:.2f} at "
+                 f"{w.high:g}): each token picks two distinct experts, so when nearly every token picks "
                  "the same two, their two GPUs share the load.")
     return text
 

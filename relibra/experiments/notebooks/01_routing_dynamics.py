@@ -40,27 +40,45 @@ def compute(p: TraceParams, sizes: Scale) -> Result:
                   static_skewness=static_skewness_table(traces), traces=traces)
 
 
-def story(r: Result) -> str:
+@dataclass(frozen=True)
+class Summary:
+    """Means over workloads, steps and layers (NaN where the result lacks them)."""
+
+    mb_overlap: float  # hot-expert overlap of consecutive micro-batches
+    step_overlap: float  # ... of consecutive whole steps
+    history_error: float | None  # share of a micro-batch's token-slots a history prediction misplaces
+    history_step_error: float  # ... of a whole step's
+    oracle_error: float  # ... that the exact step total misplaces in a micro-batch
+    mb_skewness: float  # static placement's rank skewness per micro-batch
+    step_skewness: float  # ... for the summed step
+
+
+def summarize(r: Result) -> Summary:
     v = r.shift_stats.groupby(["comparison", "metric"])["value"].mean()
-    mb = v.get(("consecutive micro-batches", "hot-expert overlap"), np.nan)
-    st = v.get(("consecutive steps", "hot-expert overlap"), np.nan)
     e = r.prediction_error.groupby(["predictor", "target"])["error"].mean()
-    s = r.static_skewness.groupby("scope")["skewness"].mean()
-    out = [f"Consecutive micro-batches share {pct(mb)} of their hottest 10% of experts; consecutive whole steps "
-           f"share {pct(st)}."]
-    if ("history", "micro-batch") in e:
-        out.append(f"A history prediction (EPLB's input) puts {pct(e[('history', 'micro-batch')])} of a micro-batch's "
-                   f"token-slots on the wrong experts ({pct(e.get(('history', 'whole step'), np.nan))} of a whole "
-                   f"step's); even the exact step total (EPLB+'s input) misplaces "
-                   f"{pct(e.get(('this step (oracle)', 'micro-batch'), np.nan))} of a micro-batch's.")
-    mb_s, st_s = s.get("micro-batch", np.nan), s.get("whole step", np.nan)
-    if mb_s > st_s + 0.02:
-        out.append(f"Under static placement, the mean skewness is {mb_s:.2f} per micro-batch but {st_s:.2f} for the "
-                   f"summed step: balancing the step's total hides imbalance that every micro-batch pays for.")
+    sk = r.static_skewness.groupby("scope")["skewness"].mean()
+    return Summary(v.get(("consecutive micro-batches", "hot-expert overlap"), np.nan),
+                   v.get(("consecutive steps", "hot-expert overlap"), np.nan),
+                   e[("history", "micro-batch")] if ("history", "micro-batch") in e else None,
+                   e.get(("history", "whole step"), np.nan), e.get(("this step (oracle)", "micro-batch"), np.nan),
+                   sk.get("micro-batch", np.nan), sk.get("whole step", np.nan))
+
+
+def story(s: Summary) -> str:
+    out = [f"Consecutive micro-batches share {pct(s.mb_overlap)} of their hottest 10% of experts; consecutive whole "
+           f"steps share {pct(s.step_overlap)}."]
+    if s.history_error is not None:
+        out.append(f"A history prediction (EPLB's input) puts {pct(s.history_error)} of a micro-batch's token-slots "
+                   f"on the wrong experts ({pct(s.history_step_error)} of a whole step's); even the exact step total "
+                   f"(EPLB+'s input) misplaces {pct(s.oracle_error)} of a micro-batch's.")
+    if s.mb_skewness > s.step_skewness + 0.02:
+        out.append(f"Under static placement, the mean skewness is {s.mb_skewness:.2f} per micro-batch but "
+                   f"{s.step_skewness:.2f} for the summed step: balancing the step's total hides imbalance that every "
+                   "micro-batch pays for.")
     else:
-        out.append(f"Under static placement, the mean skewness is {mb_s:.2f} per micro-batch and {st_s:.2f} for the "
-                   f"summed step: here the hot experts stay hot across the step's micro-batches, so a step-level "
-                   f"placement would see the same imbalance.")
+        out.append(f"Under static placement, the mean skewness is {s.mb_skewness:.2f} per micro-batch and "
+                   f"{s.step_skewness:.2f} for the summed step: here the hot experts stay hot across the step's "
+                   "micro-batches, so a step-level placement would see the same imbalance.")
     return " ".join(out)
 
 

@@ -15,7 +15,7 @@ from relibra.cluster import Topology
 from relibra.errors import ConfigError
 from relibra.experiments.headline import (alternative_cases, alternative_ratios, budget_cases, budget_ratios,
                                           case_ratios, headline_cases, overheads_table, run_cases, trace_cases,
-                                          verdict_cells, verdict_with_alternatives)
+                                          verdict_with_alternatives)
 from relibra.experiments.profiles import per_profile
 from relibra.experiments.text import row
 from relibra.experiments.traces import CLUSTER, PROFILE, TRACE, trace_text, trace_workload
@@ -171,38 +171,75 @@ def compute(p: Params, g: Sizes, progress: bool = True, workers: int | None = No
                   sweep_caption=sweep_caption)
 
 
-def story(r: Result) -> str:
+@dataclass(frozen=True)
+class Verdict:
+    """One paper claim against the kit (the verdict table's row): the kit's mean and range over cases and
+    seeds, its best case, the range over the alternatives (None: not run), why they differ."""
+
+    claim: str
+    paper: str
+    kind: str  # "ratio" or "gap"
+    mean: float
+    low: float
+    high: float
+    cases: int
+    seeds: int
+    best: float
+    best_case: str
+    alternatives: tuple[float, float] | None
+    why: str
+
+    def show(self, v: float) -> str:
+        return f"{100 * v:.1f}%" if self.kind == "gap" else f"{v:.2f}x"
+
+    def cells(self) -> dict:
+        """The row as text: REPORT.md's columns."""
+        return {"claim": self.claim, "paper": self.paper,
+                "kit (mean; range over cases x seeds)": f"{self.show(self.mean)}; {self.show(self.low)} - "
+                f"{self.show(self.high)} over {self.cases} cases ({self.seeds} seeds)",
+                "best case": f"{self.show(self.best)} ({self.best_case})",
+                "other layouts and link rates": "-" if self.alternatives is None else " - ".join(
+                    map(self.show, self.alternatives)), "why they differ": self.why}
+
+
+@dataclass(frozen=True)
+class Summary:
+    verdicts: tuple[Verdict, ...]
+    setup: str
+    caption: str
+
+
+def summarize(r: Result) -> Summary:
+    return Summary(tuple(Verdict(
+        v["claim"], v["paper"], v["kind"], v["mean"], v["low"], v["high"], int(v["cases"]), int(v["seeds"]), v["best"],
+        v["best_case"], None if pd.isna(v["alternatives_low"]) else (v["alternatives_low"], v["alternatives_high"]),
+        v["why"]) for _, v in r.verdict.iterrows()), r.setup, r.caption)
+
+
+def story(s: Summary) -> str:
     """Each paper claim against the kit's figure, and why they differ."""
-    lines = []
-    for _, v in r.verdict.iterrows():
-        c = verdict_cells(v)
-        lines.append(f"- **{v['claim']}**: paper {v['paper']}; the kit {c['kit (mean; range over cases x seeds)']}, "
-                     f"best {c['best case']}, {c['other layouts and link rates']} under other layouts and link rates. "
-                     f"Why: {v['why']}.")
-    return "\n".join(lines)
+    return "\n".join(f"- **{v.claim}**: paper {v.paper}; the kit {c['kit (mean; range over cases x seeds)']}, best "
+                     f"{c['best case']}, {c['other layouts and link rates']} under other layouts and link rates. Why: "
+                     f"{v.why}." for v, c in ((v, v.cells()) for v in s.verdicts))
 
 
-def rows(r: Result, man: dict) -> list[dict]:
+def rows(s: Summary, man: dict) -> list[dict]:
     """The verdict per paper claim: the kit's mean and range over cases and seeds, best case, alternatives."""
-    how = f"**{r.caption}** (relibra setup show {r.setup})"
-    out = []
-    for _, v in r.verdict.iterrows():
-        c = verdict_cells(v)
-        out.append(row(v["claim"], f"{c['kit (mean; range over cases x seeds)']}; best {c['best case']}; other "
-                       f"layouts and link rates {c['other layouts and link rates']}; paper: {v['paper']}", how))
-    return out
+    how = f"**{s.caption}** (relibra setup show {s.setup})"
+    return [row(v.claim, f"{c['kit (mean; range over cases x seeds)']}; best {c['best case']}; other layouts and link "
+                f"rates {c['other layouts and link rates']}; paper: {v.paper}", how)
+            for v, c in ((v, v.cells()) for v in s.verdicts)]
 
 
-def section(r: Result, man: dict, table_md) -> str:
+def section(s: Summary, man: dict, table_md) -> str:
     """REPORT.md's verdict: each paper claim beside the kit's figure at the card's default (mean and range
     over cases and seeds), its best case and seed, the range over the alternatives and why they differ."""
-    shown = pd.DataFrame([verdict_cells(v) for _, v in r.verdict.iterrows()])
     return (f"## The default card's headline in detail\n\nOne card's point of the verdict map (notebook 12, the "
             "table above where it ran): its figures alone do not answer the paper's claims. "
-            f"From notebook 02: **{r.caption}**, "
-            f"every policy; the set-up card's every input with its source: `relibra setup show {r.setup}` "
+            f"From notebook 02: **{s.caption}**, "
+            f"every policy; the set-up card's every input with its source: `relibra setup show {s.setup}` "
             "(docs/setup.md). The alternatives are the other batch layouts and link-rate measurements on one case "
-            f"(notebook 02's `alternatives.csv`).\n\n{table_md(shown)}\n")
+            f"(notebook 02's `alternatives.csv`).\n\n{table_md(pd.DataFrame([v.cells() for v in s.verdicts]))}\n")
 
 
 TRIES = (

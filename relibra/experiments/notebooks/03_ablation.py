@@ -47,16 +47,36 @@ def compute(p: Params, sizes: Scale, progress: bool = True) -> Result:
     return Result(ablation=pd.concat(frames, ignore_index=True))
 
 
-def story(r: Result) -> str:
+@dataclass(frozen=True)
+class Stage:
+    policy: str
+    speedup: float  # mean tokens/s over Megatron's, over models and workloads
+    skewness: float
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The ablation stages present (in STAGES order) and, when all three are, each one's gain over Megatron."""
+
+    stages: tuple[Stage, ...]
+    gains: tuple[float, float, float] | None  # reordering only, replication only, both: speedup - 1
+
+
+def summarize(r: Result) -> Summary:
+    s = r.ablation.groupby("policy")[["speedup_vs_megatron", "skewness"]].mean()
+    stages = tuple(Stage(p, float(s.loc[p, "speedup_vs_megatron"]), float(s.loc[p, "skewness"]))
+                   for p in STAGES if p in s.index)
+    return Summary(stages, tuple(x.speedup - 1 for x in stages) if len(stages) == 3 else None)
+
+
+def story(s: Summary) -> str:
     """Each stage's speed-up and skewness, how much of ReLibra's gain each mechanism gives alone, and
     whether the two add up."""
-    s = r.ablation.groupby("policy")[["speedup_vs_megatron", "skewness"]].mean()
-    stages = [p for p in STAGES if p in s.index]
     text = "Averaged over models and workloads, relative to Megatron: " + "; ".join(
-        f"{label(p)} {s.loc[p, 'speedup_vs_megatron']:.2f}x (skewness {s.loc[p, 'skewness']:.2f})" for p in stages) + "."
-    if len(stages) < 3:
+        f"{label(x.policy)} {x.speedup:.2f}x (skewness {x.skewness:.2f})" for x in s.stages) + "."
+    if s.gains is None:
         return text
-    ro, rp, both = (s.loc[p, "speedup_vs_megatron"] - 1 for p in stages)
+    ro, rp, both = s.gains
     if both > 0:
         text += (f" Of ReLibra's gain ({pct(both)}), replication alone gives {pct(rp / both)} and reordering alone "
                  f"{pct(ro / both)}.")

@@ -38,28 +38,46 @@ def compute(p: Params, sizes: Scale, progress: bool = True) -> Result:
     return Result(reordering=per_step)
 
 
-def story(r: Result) -> str:
+@dataclass(frozen=True)
+class Reordered:
+    """One policy's means over workloads and steps."""
+
+    policy: str
+    speedup: float  # over Megatron
+    node_skewness: float
+    cross_node_share: float  # of token-expert pairs
+    migration_gb: float  # per step
+
+
+@dataclass(frozen=True)
+class Summary:
+    policies: tuple[Reordered, ...]  # the systems (no ideals), fastest first
+
+    def get(self, policy: str) -> Reordered | None:
+        return next((x for x in self.policies if x.policy == policy), None)
+
+
+def summarize(r: Result) -> Summary:
     s = r.reordering.groupby("policy")[["speedup_vs_megatron", "node_skewness", "cross_node_share",
-                                        "migration_gb"]].mean()
-    s = s.sort_values("speedup_vs_megatron", ascending=False)
-    lines = [f"- {label(p)}: {x['speedup_vs_megatron']:.2f}x Megatron, node skewness {x['node_skewness']:.2f}, "
-             f"{pct(x['cross_node_share'])} of token-expert pairs cross nodes, {x['migration_gb']:.2f} GB migrated "
-             f"per step" for p, x in s.iterrows() if p not in IDEALS]
-    text = "Mean over workloads and steps:\n\n" + "\n".join(lines)
-    if {"relibra", "relibra-lpt"} <= set(s.index):
-        a, b = s.loc["relibra"], s.loc["relibra-lpt"]
-        better = "faster" if a["speedup_vs_megatron"] >= b["speedup_vs_megatron"] else "slower"
-        text += (f"\n\nThe annealing search is {better} than greedy LPT here ({a['speedup_vs_megatron']:.2f}x vs "
-                 f"{b['speedup_vs_megatron']:.2f}x): its node skewness is {a['node_skewness']:.2f} vs "
-                 f"{b['node_skewness']:.2f} and it sends {pct(a['cross_node_share'])} vs {pct(b['cross_node_share'])} "
-                 f"of pairs across nodes.")
-    if {"relibra-lpt", "relibra-replicate"} <= set(s.index):
-        lpt, none = s.loc["relibra-lpt"], s.loc["relibra-replicate"]
-        if abs(lpt["speedup_vs_megatron"] / none["speedup_vs_megatron"] - 1) < 0.005:
-            text += (f" Greedy LPT placement runs as fast as no reordering at all ({lpt['speedup_vs_megatron']:.3f}x vs "
-                     f"{none['speedup_vs_megatron']:.3f}x) although it moves homes (node skewness "
-                     f"{lpt['node_skewness']:.2f} vs {none['node_skewness']:.2f}): what it changes, in-node replication "
-                     "already fixed.")
+                                        "migration_gb"]].mean().sort_values("speedup_vs_megatron", ascending=False)
+    return Summary(tuple(Reordered(p, *x) for p, x in s.iterrows() if p not in IDEALS))
+
+
+def story(s: Summary) -> str:
+    text = "Mean over workloads and steps:\n\n" + "\n".join(
+        f"- {label(x.policy)}: {x.speedup:.2f}x Megatron, node skewness {x.node_skewness:.2f}, "
+        f"{pct(x.cross_node_share)} of token-expert pairs cross nodes, {x.migration_gb:.2f} GB migrated per step"
+        for x in s.policies)
+    a, b, none = s.get("relibra"), s.get("relibra-lpt"), s.get("relibra-replicate")
+    if a and b:
+        text += (f"\n\nThe annealing search is {'faster' if a.speedup >= b.speedup else 'slower'} than greedy LPT here "
+                 f"({a.speedup:.2f}x vs {b.speedup:.2f}x): its node skewness is {a.node_skewness:.2f} vs "
+                 f"{b.node_skewness:.2f} and it sends {pct(a.cross_node_share)} vs {pct(b.cross_node_share)} of pairs "
+                 "across nodes.")
+    if b and none and abs(b.speedup / none.speedup - 1) < 0.005:
+        text += (f" Greedy LPT placement runs as fast as no reordering at all ({b.speedup:.3f}x vs {none.speedup:.3f}x) "
+                 f"although it moves homes (node skewness {b.node_skewness:.2f} vs {none.node_skewness:.2f}): what it "
+                 "changes, in-node replication already fixed.")
     return text
 
 

@@ -64,21 +64,56 @@ def compute(p: Params, sizes: Scale, progress: bool = True) -> Result:
     return Result(replication=summary, spare_slots=spare_slot_sweep(p, sizes))
 
 
-def story(r: Result) -> str:
+@dataclass(frozen=True)
+class Replicated:
+    """One policy's means over workloads."""
+
+    policy: str
+    speedup: float  # over Megatron
+    gpu_skewness: float
+    replicas_per_gpu: float
+
+
+@dataclass(frozen=True)
+class SlotCount:
+    spare_slots: int
+    speedup: float
+    skewness: float
+    replica_memory_share: float  # of the whole model's parameter memory per GPU
+
+
+@dataclass(frozen=True)
+class Summary:
+    policies: tuple[Replicated, ...]  # the systems (no ideals), fastest first
+    fewest: SlotCount  # ReLibra at the fewest spare slots swept
+    most: SlotCount  # ... at the most
+    spread: float  # highest - lowest speed-up over the sweep, relative to the fewest slots' speed-up
+
+
+def _slots(x) -> SlotCount:
+    return SlotCount(int(x["spare_slots_per_gpu"]), x["speedup_vs_megatron"], x["skewness"],
+                     x["replica_memory_share_full_model"])
+
+
+def summarize(r: Result) -> Summary:
     s = r.replication.groupby("policy")[["speedup_vs_megatron", "gpu_skewness", "replicas_per_gpu"]].mean()
-    s = s.sort_values("speedup_vs_megatron", ascending=False)
-    lines = [f"- {label(p)}: {x['speedup_vs_megatron']:.2f}x Megatron, GPU skewness {x['gpu_skewness']:.2f}, "
-             f"{x['replicas_per_gpu']:.2f} replicas per GPU" for p, x in s.iterrows() if p not in IDEALS]
     sp = r.spare_slots.sort_values("spare_slots_per_gpu")
-    lo, hi = sp.iloc[0], sp.iloc[-1]
-    spread = float(sp["speedup_vs_megatron"].max() - sp["speedup_vs_megatron"].min())
-    text = "Mean over workloads:\n\n" + "\n".join(lines)
-    text += (f"\n\nFrom {int(lo['spare_slots_per_gpu'])} to {int(hi['spare_slots_per_gpu'])} spare slots per GPU, "
-             f"ReLibra's throughput moves from {lo['speedup_vs_megatron']:.3f}x to {hi['speedup_vs_megatron']:.3f}x "
-             f"(spread {pct(spread / lo['speedup_vs_megatron'])}) and its skewness from {lo['skewness']:.3f} to "
-             f"{hi['skewness']:.3f}, while the replica buffer grows from {pct(lo['replica_memory_share_full_model'])} "
-             f"to {pct(hi['replica_memory_share_full_model'])} of the parameter memory.")
-    if spread / lo["speedup_vs_megatron"] < 0.01:
+    lo = sp.iloc[0]
+    return Summary(tuple(Replicated(p, *x) for p, x in s.sort_values("speedup_vs_megatron", ascending=False).iterrows()
+                         if p not in IDEALS), _slots(lo), _slots(sp.iloc[-1]),
+                   float(sp["speedup_vs_megatron"].max() - sp["speedup_vs_megatron"].min()) / lo["speedup_vs_megatron"])
+
+
+def story(s: Summary) -> str:
+    lo, hi = s.fewest, s.most
+    text = "Mean over workloads:\n\n" + "\n".join(
+        f"- {label(x.policy)}: {x.speedup:.2f}x Megatron, GPU skewness {x.gpu_skewness:.2f}, {x.replicas_per_gpu:.2f} "
+        "replicas per GPU" for x in s.policies)
+    text += (f"\n\nFrom {lo.spare_slots} to {hi.spare_slots} spare slots per GPU, ReLibra's throughput moves from "
+             f"{lo.speedup:.3f}x to {hi.speedup:.3f}x (spread {pct(s.spread)}) and its skewness from {lo.skewness:.3f} "
+             f"to {hi.skewness:.3f}, while the replica buffer grows from {pct(lo.replica_memory_share)} to "
+             f"{pct(hi.replica_memory_share)} of the parameter memory.")
+    if s.spread < 0.01:
         text += " Extra slots barely matter here: the planner does not fill them (few experts are hot enough)."
     return text
 

@@ -10,7 +10,7 @@ import pandas as pd
 from relibra.experiments.base import Result, TryThis, integers, param, table
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.experiments.simulation import history_steps
-from relibra.experiments.text import cluster_text, row, span, unique
+from relibra.experiments.text import cluster_text, row, unique
 from relibra.experiments.traces import POLICIES, TracedParams, traced_sizes
 from relibra.labels import short
 from relibra.policies import get_policy
@@ -64,32 +64,58 @@ def compute(p: Params, sizes: Scale, progress: bool = True) -> Result:
     return Result(skewness=pd.DataFrame(rows))
 
 
-def story(r: Result) -> str:
+@dataclass(frozen=True)
+class Summary:
+    megatron_over_ep: tuple[tuple[int, float], tuple[int, float]] | None  # Megatron's skewness at the smallest
+    # and largest EP of the sweep
+    relibra_over_ep: tuple[float, float] | None  # ReLibra's lowest and highest skewness over the sweep
+    most_skewed_domain: tuple[str, float] | None  # the workload most skewed under Megatron
+    eps: tuple[int, ...]  # of the README row's table (the EP sweep, else every row)
+    spans: tuple[tuple[str, float, float], ...]  # per policy: lowest and highest skewness over that table
+    models: str
+    workloads: str
+
+
+def summarize(r: Result) -> Summary:
     t = r.skewness
     ep = t[t["sweep"] == "ep"].pivot_table(index="ep", columns="policy", values="skewness")
-    out = []
-    if len(ep) and "megatron" in ep:
-        lo, hi = ep.index.min(), ep.index.max()
-        out.append(f"Megatron's skewness grows from {ep.loc[lo, 'megatron']:.2f} at EP {lo} to "
-                   f"{ep.loc[hi, 'megatron']:.2f} at EP {hi}: fewer experts per GPU let one hot expert weigh more.")
-        if "relibra" in ep:
-            out.append(f"ReLibra stays at {ep['relibra'].min():.2f}-{ep['relibra'].max():.2f} over the same range.")
     dom = t[t["sweep"] == "workload"].pivot_table(index="workload", columns="policy", values="skewness")
-    if len(dom) and "megatron" in dom:
-        w = dom["megatron"].idxmax()
-        out.append(f"Across domains, {w} is the most skewed under Megatron ({dom.loc[w, 'megatron']:.2f}).")
+    has_ep = len(ep) and "megatron" in ep
+    lo, hi = (ep.index.min(), ep.index.max()) if has_ep else (None, None)
+    w = dom["megatron"].idxmax() if len(dom) and "megatron" in dom else None
+    shown = t[t["sweep"] == "ep"] if (t["sweep"] == "ep").any() else t
+    return Summary(((int(lo), ep.loc[lo, "megatron"]), (int(hi), ep.loc[hi, "megatron"])) if has_ep else None,
+                   (ep["relibra"].min(), ep["relibra"].max()) if has_ep and "relibra" in ep else None,
+                   None if w is None else (w, dom.loc[w, "megatron"]), tuple(sorted(int(e) for e in shown["ep"].unique())),
+                   tuple((p, float(d["skewness"].min()), float(d["skewness"].max()))
+                         for p, d in shown.groupby("policy", sort=False)),
+                   unique(shown, "model"), unique(shown, "workload"))
+
+
+def story(s: Summary) -> str:
+    out = []
+    if s.megatron_over_ep:
+        (lo, at_lo), (hi, at_hi) = s.megatron_over_ep
+        out.append(f"Megatron's skewness grows from {at_lo:.2f} at EP {lo} to {at_hi:.2f} at EP {hi}: fewer experts "
+                   "per GPU let one hot expert weigh more.")
+        if s.relibra_over_ep:
+            out.append("ReLibra stays at {:.2f}-{:.2f} over the same range.".format(*s.relibra_over_ep))
+    if s.most_skewed_domain:
+        out.append("Across domains, {} is the most skewed under Megatron ({:.2f}).".format(*s.most_skewed_domain))
     return " ".join(out)
 
 
-def rows(r: Result, man: dict) -> list[dict]:
-    t = r.skewness[r.skewness["sweep"] == "ep"] if (r.skewness["sweep"] == "ep").any() else r.skewness
-    eps = sorted(int(e) for e in t["ep"].unique())
-    where = f"EP {eps[0]}" if len(eps) == 1 else f"EP {eps[0]}-{eps[-1]}"
+def rows(s: Summary, man: dict) -> list[dict]:
+    where = f"EP {s.eps[0]}" if len(s.eps) == 1 else f"EP {s.eps[0]}-{s.eps[-1]}"
     return [row(f"rank skewness (max / mean tokens per GPU), mean over plans, {where}",
-                "; ".join(f"{short(p)} {span(d['skewness'])}" for p, d in t.groupby("policy", sort=False)),
-                f"**simulated**: policies' plans on synthetic RL traces of {unique(t, 'model')}, "
-                f"{unique(t, 'workload')}, nodes of the {cluster_text(man['config'].get('cluster'))}, no cost model; "
-                f"{man['scale_note']}")]
+                "; ".join(f"{short(p)} {_span(lo, hi)}" for p, lo, hi in s.spans),
+                f"**simulated**: policies' plans on synthetic RL traces of {s.models}, {s.workloads}, nodes of the "
+                f"{cluster_text(man['config'].get('cluster'))}, no cost model; {man['scale_note']}")]
+
+
+def _span(lo: float, hi: float) -> str:
+    lo, hi = f"{lo:.2f}", f"{hi:.2f}"
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def _largest_ep(t: pd.DataFrame, policy: str) -> float:

@@ -83,34 +83,62 @@ def compute(p: Params, sizes: Scale) -> Result:
     return Result(overheads=out)
 
 
-def story(r: Result) -> str:
+@dataclass(frozen=True)
+class PolicyCost:
+    policy: str
+    plan_s: float  # measured
+    forward_s: float  # simulated
+    planner_vs_forward: float
+    on_critical_path: bool
+    migration_share: float
+    replica_memory_share: float  # of the whole model's parameter memory per GPU
+    transfer_overlap: float  # share of replica transfers hidden; NaN: no replica transfers
+
+
+@dataclass(frozen=True)
+class Summary:
+    case: str  # "model, EP n"
+    cluster: str  # the cluster preset, as text
+    planner_hardware: str
+    policies: tuple[PolicyCost, ...]
+
+
+def summarize(r: Result) -> Summary:
+    t = r.overheads
+    return Summary(f"{unique(t, 'model')}, EP {unique(t, 'ep')}", cluster_text(t["cluster"].iloc[0]),
+                   unique(t, "planner_hardware"),
+                   tuple(PolicyCost(x.policy, x.plan_s, x.forward_s, x.planner_vs_forward,
+                                    bool(x.planner_on_critical_path), x.migration_share,
+                                    x.replica_memory_share_full_model, x.transfer_overlap)
+                         for x in t.itertuples(index=False)))
+
+
+def story(s: Summary) -> str:
     out = []
-    for _, x in r.overheads.iterrows():
-        hidden = "on the critical path" if x["planner_on_critical_path"] else (
-            "hidden behind one forward pass" if x["plan_s"] <= x["forward_s"] else "longer than one forward pass")
-        out.append(f"- {short(x['policy'])}: plans a step in {1e3 * x['plan_s']:.1f} ms ({hidden}, forward "
-                   f"{1e3 * x['forward_s']:.1f} ms); migration {pct(x['migration_share'])} of the step; replica "
-                   f"memory {pct(x['replica_memory_share_full_model'])}"
-                   + ("" if pd.isna(x["transfer_overlap"]) else f"; {pct(x['transfer_overlap'])} of replica "
+    for x in s.policies:
+        hidden = "on the critical path" if x.on_critical_path else (
+            "hidden behind one forward pass" if x.plan_s <= x.forward_s else "longer than one forward pass")
+        out.append(f"- {short(x.policy)}: plans a step in {1e3 * x.plan_s:.1f} ms ({hidden}, forward "
+                   f"{1e3 * x.forward_s:.1f} ms); migration {pct(x.migration_share)} of the step; replica "
+                   f"memory {pct(x.replica_memory_share)}"
+                   + ("" if pd.isna(x.transfer_overlap) else f"; {pct(x.transfer_overlap)} of replica "
                       "transfers hidden") + ".")
     return "\n".join(out)
 
 
-def rows(r: Result, man: dict) -> list[dict]:
-    t = r.overheads
-    case, where = f"{unique(t, 'model')}, EP {unique(t, 'ep')}", cluster_text(t["cluster"].iloc[0])
-    out = [row(f"planner wall time per step, {case}",
+def rows(s: Summary, man: dict) -> list[dict]:
+    out = [row(f"planner wall time per step, {s.case}",
                "; ".join(f"{short(x.policy)} {x.plan_s:.3g} s ({x.planner_vs_forward:.2g}x the forward pass)"
-                         for x in t.itertuples(index=False)),
-               f"**measured** on {unique(t, 'planner_hardware')}; forward pass simulated on the {where}; "
+                         for x in s.policies),
+               f"**measured** on {s.planner_hardware}; forward pass simulated on the {s.cluster}; "
                f"{man['scale_note']}")]
-    for x in t[t["policy"] == "relibra"].head(1).itertuples(index=False):
+    for x in [x for x in s.policies if x.policy == "relibra"][:1]:
         overlap = ("no replica transfers" if pd.isna(x.transfer_overlap)
                    else f"{100 * x.transfer_overlap:.0f}% of replica transfers hidden behind attention")
-        out.append(row(f"ReLibra migration and replica memory, {case}",
+        out.append(row(f"ReLibra migration and replica memory, {s.case}",
                        f"migration {100 * x.migration_share:.2f}% of step time; replica buffer "
-                       f"{100 * x.replica_memory_share_full_model:.2f}% of parameter memory per GPU (whole model); "
-                       f"{overlap}", f"**simulated** on the {where}; {man['scale_note']}"))
+                       f"{100 * x.replica_memory_share:.2f}% of parameter memory per GPU (whole model); "
+                       f"{overlap}", f"**simulated** on the {s.cluster}; {man['scale_note']}"))
     return out
 
 

@@ -158,53 +158,93 @@ def compute(p: Params, s: Sizes) -> Result:
                   label=label, hardware=measured["hardware"])
 
 
-def story(r: Result) -> str:
-    return runtime_segments_story(r.step_segments, WAITING) + "\n\n" + runtime_agreement(r.step_results)
+@dataclass(frozen=True)
+class Versus:
+    """One policy against Megatron in one table and layout: each launch's measured speed-up with its 95%
+    interval (and on process CPU time; () without one), the ratio of the medians, the simulated ratio."""
+
+    policy: str
+    launches: tuple[tuple[float, float, float], ...]
+    cpu_launches: tuple[tuple[float, float, float], ...]
+    measured: float
+    simulated: float
 
 
-def _speedups(d: pd.DataFrame, g: pd.DataFrame) -> str:
-    """"; <policy> / Megatron ..." per policy: each launch's ratio of median steps with its paired bootstrap
-    95% interval where the table has one (policies interleaved in one launch), else the ratio of the
-    medians over launches; and the simulated ratio."""
-    ref, out = g.loc["megatron"], ""
-    for p, x in g.iterrows():
-        if p == "megatron":
-            continue
-        rows_ = d[d["policy"] == p]
-        if "speedup_ci_low" in d and rows_["speedup_ci_low"].notna().all():
-            measured = ", ".join(f"{y.speedup_vs_megatron:.2f}x [{y.speedup_ci_low:.2f}, {y.speedup_ci_high:.2f}]"
-                                 for y in rows_.itertuples())
-            measured += " measured (95% interval" + (" per launch)" if len(rows_) > 1 else ")")
-            if "cpu_speedup_ci_low" in d and rows_["cpu_speedup_ci_low"].notna().all():
-                measured += ", on process CPU time " + ", ".join(
-                    f"{y.cpu_speedup_vs_megatron:.2f}x [{y.cpu_speedup_ci_low:.2f}, {y.cpu_speedup_ci_high:.2f}]"
-                    for y in rows_.itertuples())
-        else:
-            measured = f"{ref.measured / x.measured:.2f}x measured"
-        out += f"; {short(p)} / Megatron {measured}, {ref.sim / x.sim:.2f}x simulated"
-    return out
+@dataclass(frozen=True)
+class Layout:
+    table: str  # "this run" or "the shipped reference"
+    layout: str  # nodes x ranks ("": one layout)
+    steps: tuple[tuple[str, float, float], ...]  # (policy, measured, simulated step seconds: medians over launches)
+    versus: tuple[Versus, ...]  # () without Megatron
+    oversubscribed: bool
 
 
-def rows(r: Result, man: dict) -> list[dict]:
-    """This run's measured step times and the shipped reference, each next to the simulator's, with the
-    measured speed-up's interval."""
-    out, rec = [], r.recorded_step_results
-    recorded_how = ("" if rec.empty else f"**measured** on a {unique(rec, 'cpus')}-core machine, "
-                    f"{unique(rec, 'date')}, 1-min load {rec['load_before'].min():.1f}-{rec['load_after'].max():.1f}, "
-                    f"{rec['launch'].nunique()} launch(es) x {unique(rec, 'steps')} timed steps per policy, policies "
-                    "alternating step by step; simulated on the CPU preset fitted just before "
-                    "(data/runtime_measured.json, `scripts/measure_runtime.py --calibrate`)")
-    for what, t, how in (
-            ("runtime step time on the CPU, this run (median over launches)", r.step_results,
-             f"**measured** on {r.hardware}; simulated on the fitted CPU preset; {man['scale_note']}"),
-            ("runtime step time on the CPU, the shipped reference (median over launches)", rec, recorded_how)):
+@dataclass(frozen=True)
+class Summary:
+    hardware: str
+    recorded: str  # the shipped reference: how it was measured ("" when none ships)
+    layouts: tuple[Layout, ...]
+    segments: str  # per policy, the step's segments (experiments.runtime.runtime_segments_story)
+    agreement: str  # measured vs simulated (experiments.runtime.runtime_agreement)
+
+
+def _launches(rows: pd.DataFrame, prefix: str) -> tuple:
+    """(speed-up, interval low, high) per launch of `rows`, () where they have no interval."""
+    cols = [f"{prefix}speedup_vs_megatron", f"{prefix}speedup_ci_low", f"{prefix}speedup_ci_high"]
+    return tuple(map(tuple, rows[cols].to_numpy())) if cols[1] in rows and rows[cols[1]].notna().all() else ()
+
+
+def _versus(d: pd.DataFrame, g: pd.DataFrame) -> tuple[Versus, ...]:
+    ref = g.loc["megatron"]
+    return tuple(Versus(p, _launches(d[d["policy"] == p], ""), _launches(d[d["policy"] == p], "cpu_"),
+                        ref.measured / x.measured, ref.sim / x.sim) for p, x in g.drop(index="megatron").iterrows())
+
+
+def summarize(r: Result) -> Summary:
+    rec, layouts = r.recorded_step_results, []
+    recorded = ("" if rec.empty else f"**measured** on a {unique(rec, 'cpus')}-core machine, {unique(rec, 'date')}, "
+                f"1-min load {rec['load_before'].min():.1f}-{rec['load_after'].max():.1f}, {rec['launch'].nunique()} "
+                f"launch(es) x {unique(rec, 'steps')} timed steps per policy, policies alternating step by step; "
+                "simulated on the CPU preset fitted just before (data/runtime_measured.json, "
+                "`scripts/measure_runtime.py --calibrate`)")
+    for name, t in (("this run", r.step_results), ("the shipped reference", rec)):
         if t.empty or "step_s_median" not in t:
             continue
         for layout, d in (t.groupby("nodes_x_ranks", sort=False) if "nodes_x_ranks" in t else [("", t)]):
             g = d.groupby("policy", sort=False).agg(measured=("step_s_median", "median"), sim=("sim_step_s", "median"))
-            fig = "; ".join(f"{short(p)} {x.measured:.3g} s measured, {x.sim:.3g} s simulated" for p, x in g.iterrows())
-            if "megatron" in g.index:
-                fig += _speedups(d, g)
-            over = " (OVERSUBSCRIBED: ranks > cores)" if "oversubscribed" in d and d["oversubscribed"].any() else ""
-            out.append(row(what + (f", {layout} (nodes x ranks)" if layout else ""), fig + over, how))
-    return out
+            layouts.append(Layout(name, layout, tuple((p, x.measured, x.sim) for p, x in g.iterrows()),
+                                  _versus(d, g) if "megatron" in g.index else (),
+                                  "oversubscribed" in d and bool(d["oversubscribed"].any())))
+    segments = runtime_segments_story(r.step_segments, WAITING) if len(r.step_segments) else ""
+    return Summary(r.hardware, recorded, tuple(layouts), segments,
+                   runtime_agreement(r.step_results) if len(r.step_results) else "")
+
+
+def story(s: Summary) -> str:
+    return s.segments + "\n\n" + s.agreement
+
+
+def _speedups(v: Versus) -> str:
+    """"; <policy> / Megatron ...": each launch's ratio of median steps with its 95% interval where the
+    table has one, else the ratio of the medians over launches; and the simulated ratio."""
+    if v.launches:
+        measured = ", ".join(f"{x:.2f}x [{lo:.2f}, {hi:.2f}]" for x, lo, hi in v.launches)
+        measured += " measured (95% interval" + (" per launch)" if len(v.launches) > 1 else ")")
+        if v.cpu_launches:
+            measured += ", on process CPU time " + ", ".join(f"{x:.2f}x [{lo:.2f}, {hi:.2f}]"
+                                                             for x, lo, hi in v.cpu_launches)
+    else:
+        measured = f"{v.measured:.2f}x measured"
+    return f"; {short(v.policy)} / Megatron {measured}, {v.simulated:.2f}x simulated"
+
+
+def rows(s: Summary, man: dict) -> list[dict]:
+    """This run's measured step times and the shipped reference, each next to the simulator's, with the
+    measured speed-up's interval."""
+    how = {"this run": f"**measured** on {s.hardware}; simulated on the fitted CPU preset; {man['scale_note']}",
+           "the shipped reference": s.recorded}
+    return [row(f"runtime step time on the CPU, {x.table} (median over launches)"
+                + (f", {x.layout} (nodes x ranks)" if x.layout else ""),
+                "; ".join(f"{short(p)} {m:.3g} s measured, {sim:.3g} s simulated" for p, m, sim in x.steps)
+                + "".join(_speedups(v) for v in x.versus)
+                + (" (OVERSUBSCRIBED: ranks > cores)" if x.oversubscribed else ""), how[x.table]) for x in s.layouts]

@@ -14,7 +14,7 @@ from relibra.experiments.dynamics import expert_load_table, shift_table
 from relibra.experiments.machine import this_machine
 from relibra.experiments.profiles import SCALES
 from relibra.experiments.simulation import simulate_trace
-from relibra.experiments.text import explain_gap
+from relibra.experiments.text import step_differences
 from relibra.experiments.traces import POLICIES, PROFILE
 from relibra.labels import IDEALS, short as label
 from relibra.setups import load_card
@@ -118,13 +118,51 @@ def reward_trend(rewards: pd.DataFrame) -> tuple[float, float]:
     return float(slope * (steps[-1] - steps[0])), float(np.std(reward - (slope * steps + icpt), ddof=2))
 
 
-def story(r: Result) -> str:
-    rewards, sim = r.rewards, r.balancing
-    first, last = rewards["reward"].iloc[0], rewards["reward"].iloc[-1]
+@dataclass(frozen=True)
+class SlowerDespiteBalance:
+    """A policy with lower skewness than Megatron's that still runs slower, and the step parts that differ
+    most (seconds per step against Megatron's, relibra.experiments.text.step_differences)."""
+
+    policy: str
+    speedup: float
+    skewness: float
+    worse: tuple[tuple[str, float], ...]
+    better: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
+class Summary:
+    first_step: int
+    last_step: int
+    first_reward: float
+    last_reward: float
+    trend_change: float  # change of the fitted line over the run
+    trend_spread: float  # the rewards' std around it (NaN under 3 steps)
+    relibra_speedup: float | None  # over Megatron on the recorded routing
+    relibra_skewness: float | None
+    megatron_skewness: float | None
+    slower: tuple[SlowerDespiteBalance, ...]
+
+
+def summarize(r: Result) -> Summary:
+    rewards, s = r.rewards, r.balancing.set_index("policy")
     change, spread = reward_trend(rewards)
-    s = sim.set_index("policy")
-    text = [f"Mean reward went from {first:.3f} at step {int(rewards['step'].iloc[0])} to {last:.3f} at step "
-            f"{int(rewards['step'].iloc[-1])}."]
+    both = "relibra" in s.index and "megatron" in s.index
+    meg = s.loc["megatron", "skewness"] if "megatron" in s.index else None
+    slower = tuple(SlowerDespiteBalance(x, q["speedup_vs_megatron"], q["skewness"],
+                                        *step_differences(r.balancing, x, "megatron"))
+                   for x, q in s.iterrows() if meg is not None and x != "megatron" and x not in IDEALS
+                   and q["skewness"] < meg and q["speedup_vs_megatron"] < 1.0)
+    return Summary(int(rewards["step"].iloc[0]), int(rewards["step"].iloc[-1]), rewards["reward"].iloc[0],
+                   rewards["reward"].iloc[-1], change, spread,
+                   s.loc["relibra", "speedup_vs_megatron"] if both else None,
+                   s.loc["relibra", "skewness"] if both else None, meg, slower)
+
+
+def story(s: Summary) -> str:
+    text = [f"Mean reward went from {s.first_reward:.3f} at step {s.first_step} to {s.last_reward:.3f} at step "
+            f"{s.last_step}."]
+    change, spread = s.trend_change, s.trend_spread
     if np.isnan(spread) or abs(change) < 2 * spread:
         text.append(f"That is no sign of learning: the fitted trend moves {change:+.3f} over the run, less than twice "
                     f"the rewards' spread around it ({spread:.3f}); the run is long enough to record real routing, "
@@ -132,14 +170,13 @@ def story(r: Result) -> str:
     else:
         text.append(f"The fitted trend moves {change:+.3f} over the run, more than twice the rewards' spread around "
                     f"it ({spread:.3f}).")
-    if "relibra" in s.index and "megatron" in s.index:
-        text.append(f"On the recorded routing, ReLibra runs {s.loc['relibra', 'speedup_vs_megatron']:.2f}x Megatron "
-                    f"(skewness {s.loc['relibra', 'skewness']:.2f} vs {s.loc['megatron', 'skewness']:.2f}).")
-    for x in s.index:
-        if x == "megatron" or x in IDEALS:
-            continue
-        q = s.loc[x]
-        if q["skewness"] < s.loc["megatron", "skewness"] and q["speedup_vs_megatron"] < 1.0:
-            text.append(f"{label(x)} is slower than Megatron ({q['speedup_vs_megatron']:.2f}x) although its skewness is "
-                        f"lower ({q['skewness']:.2f}): {explain_gap(sim, x, 'megatron')}.")
+    if s.relibra_speedup is not None:
+        text.append(f"On the recorded routing, ReLibra runs {s.relibra_speedup:.2f}x Megatron (skewness "
+                    f"{s.relibra_skewness:.2f} vs {s.megatron_skewness:.2f}).")
+    for x in s.slower:
+        gains = [f"{k} {1e3 * v:.2f} ms" for k, v in x.better]
+        why = (f"per step, {label(x.policy)} spends " + ", ".join(f"{k} +{1e3 * v:.2f} ms" for k, v in x.worse)
+               + " more than Megatron" + (f" (and gains {', '.join(gains)})" if gains else ""))
+        text.append(f"{label(x.policy)} is slower than Megatron ({x.speedup:.2f}x) although its skewness is "
+                    f"lower ({x.skewness:.2f}): {why}.")
     return " ".join(text)

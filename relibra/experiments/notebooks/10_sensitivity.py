@@ -65,97 +65,130 @@ def compute(p: Params, sizes: Sizes, progress: bool = True) -> Result:
     return Result(sensitivity=frame, tornado=tornado_table(frame), case=case)
 
 
-def _slower_links(frame: pd.DataFrame) -> list[str]:
-    """Why a slower link raises ReLibra / Megatron, said only where the rows show it."""
+FLAT = 0.005  # a knob whose swing is at most this share of a ratio's default leaves the ratio flat
+
+
+@dataclass(frozen=True)
+class Swing:
+    """One knob's reach on one ratio: lowest and highest ratio over its values, the values (as text)."""
+
+    knob: str
+    low: float
+    high: float
+    low_value: str
+    high_value: str
+    swing: float
+
+
+@dataclass(frozen=True)
+class Summary:
+    case: dict  # model, workload, ep and cluster of the default set-up
+    default: dict[str, float]  # ratio id -> its value at the default set-up
+    swings: dict[str, tuple[Swing, ...]]  # ratio id -> its knobs, largest swing first
+    flat_knobs: tuple[str, ...]  # knobs that move no ratio by more than FLAT
+    slower_links: tuple[tuple[str, str, float, float], ...]  # (link, its slowest rate, default, ratio there)
+    turns: dict[str, tuple[tuple[str, str, float], ...]]  # ratio id -> (knob, value, ratio) where ReLibra
+    # gets ahead (default < 1) or falls behind (default >= 1) of the rival
+
+
+def _swings(d: pd.DataFrame) -> tuple[Swing, ...]:
+    return tuple(Swing(x.knob, x.low, x.high, knob_value(x.low_value, x.knob), knob_value(x.high_value, x.knob),
+                       x.swing) for x in d.itertuples(index=False))
+
+
+def _slower_links(frame: pd.DataFrame) -> tuple:
+    """Where a slower link raises ReLibra / Megatron above its default."""
     out = []
-    for knob in ("NVLink rate", "RDMA rate"):
+    for knob in ("NVLink rate", "RDMA rate") if "knob" in frame else ():
         d = frame[frame["knob"] == knob]
         if d.empty or "relibra_over_megatron" not in d or d["value"].nunique() < 2:
             continue
         d = d.assign(rate=pd.to_numeric(d["value"], errors="coerce")).dropna(subset=["rate"]).sort_values("rate")
         slow, dflt = d.iloc[0], d[d["is_default"].astype(bool)]
         if len(dflt) and slow["relibra_over_megatron"] > float(dflt["relibra_over_megatron"].iloc[0]) + 1e-9:
-            out.append(f"A slower {knob} ({knob_value(slow['value'])} GB/s) raises ReLibra / Megatron from "
-                       f"{float(dflt['relibra_over_megatron'].iloc[0]):.3f} to {slow['relibra_over_megatron']:.3f}: the "
-                       "all-to-all then takes a larger share of the step, and each all-to-all lasts as long as its "
-                       "busiest receiver's transfer, which balancing makes shorter; so the slower the link, the more "
-                       "Megatron's busiest GPU costs.")
-    return out
+            out.append((knob, knob_value(slow["value"]), float(dflt["relibra_over_megatron"].iloc[0]),
+                        slow["relibra_over_megatron"]))
+    return tuple(out)
 
 
-def story(r: Result, flat: float = 0.005) -> str:
-    """Which knob moves each ratio most (from what to what, at which values), the knobs that move none
-    of them by more than `flat` (relative), and the knob values where ReLibra falls behind Megatron or
-    EPLB+."""
+def summarize(r: Result) -> Summary:
     tornado, frame = r.tornado, r.sensitivity
     t = tornado.set_index(["ratio", "knob"])
-    default = {r: float(tornado.loc[tornado["ratio"] == r, "default"].iloc[0]) for r in tornado["ratio"].unique()}
-    out = []
-    if {"relibra_over_megatron", "relibra_over_eplb_plus", "relibra_over_balanced_compute"} <= set(default):
-        out.append(f"At the default set-up ReLibra runs {default['relibra_over_megatron']:.3f}x Megatron's "
-                   f"throughput and {default['relibra_over_eplb_plus']:.3f}x EPLB+'s, and reaches "
-                   f"{pct(default['relibra_over_balanced_compute'])} of balanced-compute.")
+    default = {q: float(tornado.loc[tornado["ratio"] == q, "default"].iloc[0]) for q in tornado["ratio"].unique()}
+    swings = {q: _swings(d.sort_values("swing", ascending=False, kind="stable") if q == "relibra_over_megatron"
+                         else d) for q, d in tornado.groupby("ratio", sort=False)}
+    knobs = list(dict.fromkeys(tornado["knob"]))
+    flat = tuple(k for k in knobs if all(t.loc[(q, k), "swing"] <= FLAT * default[q] for q in default
+                                         if (q, k) in t.index))
+    turns = {}
+    for q in ("relibra_over_megatron", "relibra_over_eplb_plus"):
+        if q in frame:
+            moved = frame[~frame["is_default"].astype(bool)]
+            d = moved[moved[q] >= 1.0] if default[q] < 1.0 else moved[moved[q] < 1.0]
+            turns[q] = tuple((x["knob"], knob_value(x["value"], x["knob"]), x[q]) for _, x in d.iterrows())
+    return Summary(r.case, default, swings, flat, _slower_links(frame), turns)
+
+
+def story(s: Summary) -> str:
+    """Which knob moves each ratio most (from what to what, at which values), the knobs that move none
+    of them by more than FLAT (relative), and the knob values where ReLibra falls behind Megatron or
+    EPLB+."""
+    d, out = s.default, []
+    if {"relibra_over_megatron", "relibra_over_eplb_plus", "relibra_over_balanced_compute"} <= set(d):
+        out.append(f"At the default set-up ReLibra runs {d['relibra_over_megatron']:.3f}x Megatron's "
+                   f"throughput and {d['relibra_over_eplb_plus']:.3f}x EPLB+'s, and reaches "
+                   f"{pct(d['relibra_over_balanced_compute'])} of balanced-compute.")
     for ratio, name in RATIO_LABELS.items():
-        d = tornado[tornado["ratio"] == ratio]
-        if d.empty:
+        if not s.swings.get(ratio):
             continue
-        top = d.iloc[0]  # tornado_table sorts by swing
-        if top["swing"] <= flat * default[ratio]:
-            out.append(f"- {name} barely moves with any knob here (largest swing {top['swing']:.4f}, {top['knob']}).")
+        top, *rest = s.swings[ratio]
+        if top.swing <= FLAT * d[ratio]:
+            out.append(f"- {name} barely moves with any knob here (largest swing {top.swing:.4f}, {top.knob}).")
             continue
         lead = f"The headline, {name}," if ratio == "relibra_over_megatron" else name
-        line = (f"- {lead} moves most with **{top['knob']}**: from {top['low']:.3f} ({top['knob']} = "
-                f"{knob_value(top['low_value'], top['knob'])}) to {top['high']:.3f} "
-                f"({knob_value(top['high_value'], top['knob'])}), a swing of "
-                f"{pct(top['swing'] / default[ratio])} of its default")
-        rest = d.iloc[1:3]
-        rest = rest[rest["swing"] > flat * default[ratio]]
-        if len(rest):
-            line += "; then " + ", ".join(f"{r['knob']} ({r['low']:.3f}-{r['high']:.3f})" for _, r in rest.iterrows())
+        line = (f"- {lead} moves most with **{top.knob}**: from {top.low:.3f} ({top.knob} = {top.low_value}) to "
+                f"{top.high:.3f} ({top.high_value}), a swing of {pct(top.swing / d[ratio])} of its default")
+        rest = [x for x in rest[:2] if x.swing > FLAT * d[ratio]]
+        if rest:
+            line += "; then " + ", ".join(f"{x.knob} ({x.low:.3f}-{x.high:.3f})" for x in rest)
         out.append(line + ".")
-    knobs = list(dict.fromkeys(tornado["knob"]))
-    still = [k for k in knobs if all(t.loc[(r, k), "swing"] <= flat * default[r] for r in default if (r, k) in t.index)]
-    if still:
-        out.append(f"Knobs that move none of the three ratios by more than {pct(flat)}: {', '.join(still)}.")
-    out += _slower_links(frame)
+    if s.flat_knobs:
+        out.append(f"Knobs that move none of the three ratios by more than {pct(FLAT)}: {', '.join(s.flat_knobs)}.")
+    out += [f"A slower {knob} ({rate} GB/s) raises ReLibra / Megatron from {dflt:.3f} to {slow:.3f}: the all-to-all "
+            "then takes a larger share of the step, and each all-to-all lasts as long as its busiest receiver's "
+            "transfer, which balancing makes shorter; so the slower the link, the more Megatron's busiest GPU costs."
+            for knob, rate, dflt, slow in s.slower_links]
     for ratio, rival in (("relibra_over_megatron", "Megatron"), ("relibra_over_eplb_plus", "EPLB+")):
-        if ratio not in frame:
+        if ratio not in s.turns:
             continue
-        moved = frame[~frame["is_default"].astype(bool)]
-        if default[ratio] < 1.0:
-            ahead = moved[moved[ratio] >= 1.0]
-            cases = ", ".join(f"{r['knob']} = {knob_value(r['value'], r['knob'])} ({r[ratio]:.3f})" for _, r in ahead.iterrows())
-            out.append(f"ReLibra is slower than {rival} at the default set-up ({default[ratio]:.3f}x); "
+        cases = ", ".join(f"{k} = {v} ({x:.3f})" for k, v, x in s.turns[ratio])
+        if d[ratio] < 1.0:
+            out.append(f"ReLibra is slower than {rival} at the default set-up ({d[ratio]:.3f}x); "
                        + (f"it gets ahead only at: {cases}." if cases else "no knob value tried puts it ahead."))
-        else:
-            behind = moved[moved[ratio] < 1.0]
-            if len(behind):
-                cases = ", ".join(f"{r['knob']} = {knob_value(r['value'], r['knob'])} ({r[ratio]:.3f})" for _, r in behind.iterrows())
-                out.append(f"ReLibra falls behind {rival} at: {cases}.")
+        elif cases:
+            out.append(f"ReLibra falls behind {rival} at: {cases}.")
     return "\n\n".join(out)
 
 
-def rows(r: Result, man: dict) -> list[dict]:
-    t = r.tornado[r.tornado["ratio"] == "relibra_over_megatron"].sort_values("swing", ascending=False, kind="stable")
-    if t.empty:
+def rows(s: Summary, man: dict) -> list[dict]:
+    t = s.swings.get("relibra_over_megatron")
+    if not t:
         return []
-    knobs = "; then ".join(f"{k.knob}: {k.low:.2f}x ({knob_value(k.low_value, k.knob)}) to {k.high:.2f}x "
-                           f"({knob_value(k.high_value, k.knob)})" for k in t.head(2).itertuples(index=False))
-    c = r.case
+    knobs = "; then ".join(f"{k.knob}: {k.low:.2f}x ({k.low_value}) to {k.high:.2f}x ({k.high_value})" for k in t[:2])
+    c = s.case
     return [row("what moves ReLibra / Megatron most (one knob at a time)",
-                f"default {float(t['default'].iloc[0]):.2f}x; most with {knobs}",
+                f"default {s.default['relibra_over_megatron']:.2f}x; most with {knobs}",
                 f"**simulated**, {c['model']}, {c['workload']}, EP {c['ep']} on the {cluster_text(c['cluster'])}; "
                 f"{man['scale_note']}")]
 
 
-def section(r: Result, man: dict, table_md) -> str:
+def section(s: Summary, man: dict, table_md) -> str:
     """REPORT.md: how far each headline ratio moves with one knob at a time (the tornado), per knob."""
-    t, c = r.tornado, r.case
-    ratios = [q for q in RATIOS if q in set(t["ratio"])]
-    by = {q: t[t["ratio"] == q].set_index("knob") for q in ratios}
-    cells = [{"knob": k, **{f"{RATIO_LABELS[q]}: low - high": f"{by[q].loc[k, 'low']:.3f} - {by[q].loc[k, 'high']:.3f}"
-                            for q in ratios}} for k in by[ratios[0]].index]  # sorted by the headline's swing
-    defaults = "; ".join(f"{RATIO_LABELS[q]} {float(by[q]['default'].iloc[0]):.3f}" for q in ratios)
+    c, ratios = s.case, [q for q in RATIOS if q in s.swings]
+    by = {q: {x.knob: x for x in s.swings[q]} for q in ratios}
+    cells = [{"knob": k, **{f"{RATIO_LABELS[q]}: low - high": f"{by[q][k].low:.3f} - {by[q][k].high:.3f}"
+                            for q in ratios}} for k in by[ratios[0]]]  # sorted by the headline's swing
+    defaults = "; ".join(f"{RATIO_LABELS[q]} {s.default[q]:.3f}" for q in ratios)
     figure = next((f for f in man.get("figures", []) if f["name"] == "tornado"), None)
     return (f"## How far the headline moves: sensitivity\n\nFrom notebook 10 (simulated, `{c['model']}`, "
             f"{c['workload']}, EP {c['ep']} on the `{c['cluster']}` cluster preset, {man['scale_note']}): one knob "

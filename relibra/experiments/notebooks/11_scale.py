@@ -67,61 +67,120 @@ def compute(p: Params, g: ScaleSweep, progress: bool = True) -> Result:
     return Result(scale=t, relibra_h_vs_best=best_other(t))
 
 
-def story(r: Result, planner_target_s: float = 2.0) -> str:
+PLANNER_TARGET_S = 2.0  # a step's plan must stay under this to hide behind the previous step
+
+
+@dataclass(frozen=True)
+class Point:
+    speedup: float  # over Megatron
+    frac_of_balanced_compute: float
+    skewness: float
+
+
+@dataclass(frozen=True)
+class Largest:
+    """One (model, cluster) at its largest EP: ReLibra's and relibra-h's (None: not simulated) figures."""
+
+    model: str
+    cluster: str
+    ep: int
+    relibra: Point
+    relibra_h: Point | None
+
+
+@dataclass(frozen=True)
+class Against:
+    """relibra-h against the best other policy in one case (relibra.experiments.scale.best_other)."""
+
+    model: str
+    cluster: str
+    ep: int
+    speedup: float
+    frac_of_balanced_compute: float
+    best_other: str
+    over_best_other: float
+
+
+@dataclass(frozen=True)
+class Summary:
+    largest: tuple[Largest, ...]
+    cases: int  # cases with relibra-h and another policy
+    behind: int  # of them, where relibra-h trails the best other policy
+    worst: Against | None  # the largest of those gaps
+    top: tuple[Against, ...]  # per (model, cluster), the largest EP
+    skipped: tuple[tuple[str, str, int, str], ...]  # (model, cluster, ep, why) of the cases that could not run
+    slowest_plan: tuple[str, str, int, float] | None  # (policy, model, ep, CPU seconds of the simulated layers)
+
+
+def _point(x) -> Point:
+    return Point(x["speedup_vs_megatron"], x["frac_of_balanced_compute"], x["skewness"])
+
+
+def _against(x) -> Against:
+    return Against(x.model, x.cluster, int(x.ep), x.speedup, x.frac_of_balanced_compute, x.best_other,
+                   x.over_best_other)
+
+
+def summarize(r: Result) -> Summary:
+    table, t = r.scale, r.relibra_h_vs_best
+    ok = table[table["status"] == "ok"] if len(table) else table
+    largest = []
+    for (model, cluster), g in (ok.groupby(["model", "cluster"], sort=False) if len(ok) else ()):
+        top = g[g["ep"] == g["ep"].max()].set_index("policy")
+        if "relibra" in top.index:
+            largest.append(Largest(model, cluster, int(g["ep"].max()), _point(top.loc["relibra"]),
+                                   _point(top.loc["relibra-h"]) if "relibra-h" in top.index else None))
+    behind = t[t["over_best_other"] < 1.0 - 1e-9] if len(t) else t
+    tops = t.loc[t.groupby(["model", "cluster"], sort=False)["ep"].idxmax()] if len(t) else t
+    skipped = table[table["status"] != "ok"] if len(table) else table
+    planners = ok[ok["policy"].isin(("relibra", "relibra-h"))] if len(ok) else ok
+    slow = planners.loc[planners["plan_cpu_s"].idxmax()] if len(planners) else None
+    return Summary(tuple(largest), len(t), len(behind),
+                   _against(behind.loc[behind["over_best_other"].idxmin()]) if len(behind) else None,
+                   tuple(_against(x) for x in tops.itertuples()),
+                   tuple((x.model, x.cluster, int(x.ep), x.status.removeprefix("impossible: "))
+                         for x in skipped.itertuples()),
+                   None if slow is None else (slow["policy"], slow["model"], int(slow["ep"]), slow["plan_cpu_s"]))
+
+
+def story(s: Summary) -> str:
     """What notebook 11's sweep says: where ReLibra's in-node replication runs out of room (its
     fraction of balanced-compute at the largest EP per cluster), whether relibra-h wins there against
     the best other policy, the cases that could not run and the slowest planner step against
-    `planner_target_s`."""
-    table, comparison = r.scale, r.relibra_h_vs_best
-    ok = table[table["status"] == "ok"]
+    PLANNER_TARGET_S."""
     out = []
-    for (model, cluster), g in ok.groupby(["model", "cluster"], sort=False):
-        top = g[g["ep"] == g["ep"].max()].set_index("policy")
-        if "relibra" not in top.index:
-            continue
-        ep = int(g["ep"].max())
-        line = (f"- **{model} on {cluster}**, largest EP {ep}: ReLibra {top.loc['relibra', 'speedup_vs_megatron']:.3f}x "
-                f"Megatron ({pct(top.loc['relibra', 'frac_of_balanced_compute'])} of balanced-compute, skewness "
-                f"{top.loc['relibra', 'skewness']:.2f})")
-        if "relibra-h" in top.index:
-            line += (f"; relibra-h {top.loc['relibra-h', 'speedup_vs_megatron']:.3f}x "
-                     f"({pct(top.loc['relibra-h', 'frac_of_balanced_compute'])}, skewness "
-                     f"{top.loc['relibra-h', 'skewness']:.2f})")
-        out.append(line + ".")
-    if len(comparison):
-        behind = comparison[comparison["over_best_other"] < 1.0 - 1e-9]
-        if behind.empty:
-            out.append(f"relibra-h is at least the best other policy in all {len(comparison)} cases.")
-        else:
-            worst = behind.loc[behind["over_best_other"].idxmin()]
-            out.append(f"relibra-h trails the best other policy in {len(behind)} of {len(comparison)} cases; the "
-                       f"largest gap is {worst['model']} on {worst['cluster']} at EP {int(worst['ep'])}, where "
-                       f"{label(worst['best_other'])} is {pct(1 / worst['over_best_other'] - 1)} faster.")
-    skipped = table[table["status"] != "ok"]
-    if len(skipped):
+    for x in s.largest:
+        a, h = x.relibra, x.relibra_h
+        out.append(f"- **{x.model} on {x.cluster}**, largest EP {x.ep}: ReLibra {a.speedup:.3f}x Megatron "
+                   f"({pct(a.frac_of_balanced_compute)} of balanced-compute, skewness {a.skewness:.2f})"
+                   + ("" if h is None else f"; relibra-h {h.speedup:.3f}x ({pct(h.frac_of_balanced_compute)}, "
+                      f"skewness {h.skewness:.2f})") + ".")
+    if s.cases and s.worst is None:
+        out.append(f"relibra-h is at least the best other policy in all {s.cases} cases.")
+    elif s.worst is not None:
+        w = s.worst
+        out.append(f"relibra-h trails the best other policy in {s.behind} of {s.cases} cases; the largest gap is "
+                   f"{w.model} on {w.cluster} at EP {w.ep}, where {label(w.best_other)} is "
+                   f"{pct(1 / w.over_best_other - 1)} faster.")
+    if s.skipped:
         out.append("Not possible and kept as rows: " + "; ".join(
-            f"{r.model} on {r.cluster} at EP {r.ep} ({r.status.removeprefix('impossible: ')})"
-            for r in skipped.itertuples()) + ".")
-    planners = ok[ok["policy"].isin(("relibra", "relibra-h"))]
-    if len(planners):
-        slow = planners.loc[planners["plan_cpu_s"].idxmax()]
-        verdict = "within" if slow["plan_cpu_s"] <= planner_target_s else "over"
-        out.append(f"The slowest plan is {label(slow['policy'])} for {slow['model']} at EP {int(slow['ep'])}: "
-                   f"{slow['plan_cpu_s']:.2f} CPU s for the simulated layers, {verdict} the {planner_target_s:g} s "
-                   "a step's plan must stay under to hide behind the previous step (measured on this machine).")
+            f"{model} on {cluster} at EP {ep} ({why})" for model, cluster, ep, why in s.skipped) + ".")
+    if s.slowest_plan is not None:
+        policy, model, ep, cpu_s = s.slowest_plan
+        verdict = "within" if cpu_s <= PLANNER_TARGET_S else "over"
+        out.append(f"The slowest plan is {label(policy)} for {model} at EP {ep}: {cpu_s:.2f} CPU s for the simulated "
+                   f"layers, {verdict} the {PLANNER_TARGET_S:g} s a step's plan must stay under to hide behind the "
+                   "previous step (measured on this machine).")
     return "\n".join(out)
 
 
-def rows(r: Result, man: dict) -> list[dict]:
-    t = r.relibra_h_vs_best
-    if t.empty:
+def rows(s: Summary, man: dict) -> list[dict]:
+    if not s.cases:
         return []
-    top = t.loc[t.groupby(["model", "cluster"], sort=False)["ep"].idxmax()]
     fig = "; ".join(f"{x.model} EP{x.ep} on {x.cluster}: {x.speedup:.2f}x Megatron, {x.frac_of_balanced_compute:.3f} "
-                    f"of balanced-compute, {x.over_best_other:.3f}x {label(x.best_other)}" for x in top.itertuples())
-    behind = int((t["over_best_other"] < 1 - 1e-9).sum())
+                    f"of balanced-compute, {x.over_best_other:.3f}x {label(x.best_other)}" for x in s.top)
     return [row("relibra-h (cross-node replicas) at the largest EP, against the best other policy",
-                f"{fig}; behind the best other policy in {behind} of {len(t)} cases",
+                f"{fig}; behind the best other policy in {s.behind} of {s.cases} cases",
                 f"**simulated** on each named cluster; {man['scale_note']}")]
 
 

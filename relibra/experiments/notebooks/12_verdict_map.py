@@ -11,14 +11,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from relibra.analysis import shift_stats
+from relibra.analysis import microbatch_calibration
 from relibra.cluster import get_model
-from relibra.experiments.base import PATH, Kind, Params, Result, TryThis, integers, param, table, value
+from relibra.experiments.base import PATH, Kind, Params, Result, TryThis, integers, names, objects, param, table, value
 from relibra.experiments.profiles import per_profile
-from relibra.experiments.text import row
+from relibra.experiments.text import pct, row
 from relibra.experiments.traces import PROFILE
-from relibra.experiments.verdict_map import (CLAIMS, GridSpec, ShiftAxis, card_points, claim_contours, claim_regions,
-                                             conclusion, default_grid, node_fields, paper_grid, run_map)
+from relibra.experiments.verdict_map import CLAIMS as MAP_CLAIMS
+from relibra.experiments.verdict_map import (RATIO_FIELDS, GridSpec, ShiftAxis, card_points, claim_contours,
+                                             claim_regions, conclusion, default_grid, node_fields, paper_grid, run_map)
+from relibra.labels import CLAIMS
 from relibra.setups import DEFAULT_CARD
 from relibra.trace import RoutingTrace
 from relibra.workloads import MICROBATCH_SHIFT_RANGE, WORKLOADS
@@ -36,53 +38,32 @@ TINY_CARD_CHANGES = (("batch.global_batch_sequences", 16), ("batch.data_parallel
                      ("batch.expert_parallel", 4), ("overheads.planner_reorder_s_per_layer", 1e-9))
 
 
-def tiny_grid() -> GridSpec:
-    return GridSpec("tiny", tokens=(512, 2048), shift=ShiftAxis("microbatch_shift", MICROBATCH_SHIFT_RANGE),
-                    models=("tiny",), workloads=("mixed",), seeds=(0,), ep=4, steps=2,
-                    cards=(DEFAULT_CARD, "one-sequence"), card_changes=TINY_CARD_CHANGES)
-
-
 @dataclass(frozen=True)
 class Sizes:
-    """The profile's grid (verdict_map.GridSpec); tokens, shift, models, workloads and seeds are its axes
-    (the parameters replace them)."""
+    """The profile's grid (verdict_map.GridSpec); its axes tokens, shift (the values), models, workloads and
+    seeds are what the parameters replace."""
 
     grid: GridSpec
 
-    @property
-    def tokens(self):
-        return self.grid.tokens
-
-    @property
-    def shift(self):
-        return self.grid.shift.values
-
-    @property
-    def models(self):
-        return self.grid.models
-
-    @property
-    def workloads(self):
-        return self.grid.workloads
-
-    @property
-    def seeds(self):
-        return self.grid.seeds
+    def __getattr__(self, name):
+        if name not in ("tokens", "shift", "models", "workloads", "seeds"):
+            raise AttributeError(name)
+        return self.grid.shift.values if name == "shift" else getattr(self.grid, name)
 
 
 # laptop (the default): verdict_map's default grid; paper and gpu: its whole grid; tiny: a toy grid for tests.
 SIZES = {**per_profile(lambda name: Sizes(paper_grid() if name in ("paper", "gpu") else default_grid())),
-         "tiny": Sizes(tiny_grid())}
+         "tiny": Sizes(GridSpec("tiny", tokens=(512, 2048), shift=ShiftAxis("microbatch_shift", MICROBATCH_SHIFT_RANGE),
+                                models=("tiny",), workloads=("mixed",), seeds=(0,), ep=4, steps=2,
+                                cards=(DEFAULT_CARD, "one-sequence"), card_changes=TINY_CARD_CHANGES))}
 
 
 def _shares(raw) -> tuple[float, ...]:
-    items = raw if isinstance(raw, (list, tuple)) else [v for v in str(raw).split(",") if v.strip()]
-    values = tuple(dict.fromkeys(float(v) for v in items))
-    if not values:
-        raise ValueError("empty")
-    for v in values:
-        if not 0.0 <= v <= 1.0:
-            raise ValueError(f"{v} is outside [0, 1]")
+    values = tuple(dict.fromkeys(float(v) for v in (raw if isinstance(raw, (list, tuple)) else str(raw).split(","))
+                                 if str(v).strip()))
+    bad = [v for v in values if not 0.0 <= v <= 1.0]
+    if bad or not values:
+        raise ValueError(f"{bad[0]} is outside [0, 1]" if bad else "empty")
     return values
 
 
@@ -90,19 +71,8 @@ SHARES = Kind(f"comma-separated shares in [0, 1] (the sourced range is {MICROBAT
               f"{MICROBATCH_SHIFT_RANGE[1]:g})", _shares)
 
 
-def _model_names(raw) -> tuple[str, ...]:
-    items = raw if isinstance(raw, (list, tuple)) else [v.strip() for v in str(raw).split(",") if v.strip()]
-    if not items:
-        raise ValueError("empty")
-    return tuple(dict.fromkeys(get_model(str(v)).name for v in items))
-
-
-def _workload_names(raw) -> tuple[str, ...]:
-    items = raw if isinstance(raw, (list, tuple)) else [v.strip() for v in str(raw).split(",") if v.strip()]
-    unknown = [v for v in items if v not in WORKLOADS]
-    if unknown or not items:
-        raise ValueError(f"unknown workload {unknown[0]!r}" if unknown else "empty")
-    return tuple(dict.fromkeys(items))
+MODEL_NAMES = Kind("comma-separated model presets", lambda raw: tuple(
+    dict.fromkeys(m.name for m in objects(get_model, "model presets").parse(raw))))
 
 
 @dataclass(frozen=True)
@@ -113,11 +83,9 @@ class Params(Params):
                                            "profile's)", integers(1), sizes="tokens")
     shift: tuple[float, ...] | None = param(None, "micro-batch shift values of the nodes (None: the profile's)",
                                             SHARES, sizes="shift")
-    models: tuple[str, ...] | None = param(None, "model presets (None: the profile's)", Kind("comma-separated model "
-                                           "presets", _model_names), sizes="models")
-    workloads: tuple[str, ...] | None = param(None, "workloads (None: the profile's)",
-                                              Kind(f"comma-separated workloads from {', '.join(WORKLOADS)}",
-                                                   _workload_names), sizes="workloads")
+    models: tuple[str, ...] | None = param(None, "model presets (None: the profile's)", MODEL_NAMES, sizes="models")
+    workloads: tuple[str, ...] | None = param(None, "workloads (None: the profile's)", names(WORKLOADS, "workload"),
+                                              sizes="workloads")
     seeds: tuple[int, ...] | None = param(None, "seeds (None: the profile's)", integers(0), sizes="seeds")
     out_dir: str | None = param(None, "where results go (None: results/12_verdict_map)", PATH, affects=False)
 
@@ -155,25 +123,17 @@ class Result(Result):
 
 
 def rl_calibration(path: Path = RL_TRACE) -> dict:
-    """The kit's real RL trace's micro-batch statistics (relibra.analysis.shift_stats), the calibration the
-    micro-batch shift's range comes from; {} when the trace is not shipped."""
-    if not path.exists():
-        return {}
-    trace = RoutingTrace.load(path)
-    stats = shift_stats(trace.loads.sum(axis=3, dtype=np.int64))
-    # tokens per (micro-batch, EP rank): the first layer's selections over top-k
-    tokens = float((trace.loads[:, :, 0].sum(axis=-1) / trace.model.top_k).mean())
-    return {"label": "the kit's real RL trace (relibra rl, data/rl_tiny_seed0.npz)",
-            "mb_vs_step_corr": float(stats["mb_vs_step_corr"]), "mb_corr": float(stats["mb_corr"]),
-            "tokens_per_ep_rank": tokens}
+    """The kit's real RL trace's micro-batch statistics (relibra.analysis.microbatch_calibration), the
+    calibration the micro-batch shift's range comes from; {} when the trace is not shipped."""
+    return ({"label": "the kit's real RL trace (relibra rl, data/rl_tiny_seed0.npz)",
+             **microbatch_calibration(RoutingTrace.load(path))} if path.exists() else {})
 
 
 def contour_frame(contours: list[dict]) -> pd.DataFrame:
-    rows = [{"claim": c["claim"], "field": c["field"], "level": c["level"], **pt} for c in contours
-            for pt in c["points"]] or [{"claim": c["claim"], "field": c["field"], "level": c["level"],
-                                         "tokens_per_ep_rank": np.nan, "shift_value": np.nan, "mb_vs_step_corr": np.nan}
-                                        for c in contours]
-    return pd.DataFrame(rows)
+    empty = {"tokens_per_ep_rank": np.nan, "shift_value": np.nan, "mb_vs_step_corr": np.nan}
+    return pd.DataFrame([{"claim": c["claim"], "field": c["field"], "level": c["level"], **pt} for c in contours
+                         for pt in c["points"]] or [{"claim": c["claim"], "field": c["field"], "level": c["level"],
+                                                     **empty} for c in contours])
 
 
 def compute(p: Params, sizes: Sizes, progress: bool = True, workers: int | None = None) -> Result:
@@ -191,168 +151,163 @@ def _x(v: float) -> str:
     return f"{v:.2f}x"
 
 
-def _pct(v: float) -> str:
-    return f"{100 * v:.1f}%"
-
-
 def node_mean(r: Result, column: str) -> float:
     """Mean of a case column over the grid's nodes (every model, workload and seed)."""
-    g = r.cases[r.cases["kind"] == "grid"]
-    return float(g[column].mean())
+    return float(r.cases.loc[r.cases["kind"] == "grid", column].mean())
 
 
-def at_extreme(r: Result, column: str, axis: str, largest: bool) -> float:
-    """Mean of a case column over the grid cases at the largest (or smallest) value of `axis`."""
-    g = r.cases[r.cases["kind"] == "grid"]
-    edge = g[axis].max() if largest else g[axis].min()
-    return float(g.loc[g[axis] == edge, column].mean())
+@dataclass(frozen=True)
+class Card:
+    """One named card's point (verdict_map.card_points): ReLibra / Megatron and / EPLB+ as (mean, best) and
+    the gap to Balanced as (mean, best, worst) over its cases; its measured position; EPLB+'s and Megatron's
+    mean tokens/s there."""
+
+    setup: str
+    over_megatron: tuple[float, float]
+    over_eplb_plus: tuple[float, float]
+    gap: tuple[float, float, float]
+    tokens_per_ep_rank: float
+    mb_vs_step_corr: float
+    micro_batches: float
+    cases: int
+    tokens_per_s: tuple[float, float]  # EPLB+'s, Megatron's
 
 
-def card_table(r: Result) -> pd.DataFrame:
-    """REPORT.md's verdict table: one row per figure, one column per named card (its point on the map)."""
-    c = r.cards
-    if c.empty:
-        return pd.DataFrame()
-    out = {"": ["ReLibra / Megatron (mean; best)", "ReLibra / EPLB+ (mean; best)", "gap to Balanced (mean; range)",
-                "tokens per EP rank per micro-batch (measured)", "micro-batch vs step correlation (measured)",
-                "cases (models x workloads x seeds)"]}
-    for _, x in c.iterrows():
-        out[f"`{x['setup']}`"] = [
-            f"{_x(x['relibra_over_megatron_mean'])}; {_x(x['relibra_over_megatron_best'])}",
-            f"{_x(x['relibra_over_eplb_plus_mean'])}; {_x(x['relibra_over_eplb_plus_best'])}",
-            f"{_pct(x['gap_to_balanced_mean'])}; {_pct(x['gap_to_balanced_best'])}-{_pct(x['gap_to_balanced_worst'])}",
-            f"{x['tokens_per_ep_rank']:.0f}", f"{x['mb_vs_step_corr']:.2f}", f"{int(x['cases'])}"]
-    out["paper"] = ["up to 1.6x", "up to 1.2x", "within 6-10%", "not stated", "not stated", "-"]
-    return pd.DataFrame(out)
+@dataclass(frozen=True)
+class Summary:
+    conclusion: str
+    regions: tuple[dict, ...]  # per claim: where on the grid it holds (verdict_map.claim_regions)
+    cards: tuple[Card, ...]
+    best_over_megatron: tuple[float, int] | None  # the grid's best ReLibra / Megatron, its tokens per EP rank
+    best_over_eplb_plus: tuple[float, float, float] | None  # the best ReLibra / EPLB+, its shift and correlation
+    shift_effect: tuple[float, float, float] | None  # lowest and highest shift, ReLibra / EPLB+'s mean change
+    calibration: dict
+
+
+def summarize(r: Result) -> Summary:
+    own, g, nodes = r.cases[r.cases["kind"] == "card"], r.cases[r.cases["kind"] == "grid"], r.nodes
+    cards = tuple(Card(x["setup"], *((x[f"{f}_mean"], x[f"{f}_best"]) for f in RATIO_FIELDS[:2]),
+                       tuple(x[f"gap_to_balanced_{k}"] for k in ("mean", "best", "worst")), x["tokens_per_ep_rank"],
+                       x["mb_vs_step_corr"], x["micro_batches"], int(x["cases"]),
+                       tuple(float(own.loc[own["setup"] == x["setup"], f"tokens_per_s_{p}"].mean())
+                             for p in ("eplb+", "megatron"))) for _, x in r.cards.iterrows())
+    meg, eplb = ((None, None) if nodes.empty else (nodes.loc[nodes[f"{f}_best"].idxmax()] for f in RATIO_FIELDS[:2]))
+    lo, hi = g["shift_value"].min(), g["shift_value"].max()
+    at = [float(g.loc[g["shift_value"] == v, "relibra_over_eplb_plus"].mean()) for v in (lo, hi)]
+    return Summary(r.conclusion, tuple(r.regions or ()), cards,
+                   None if meg is None else (meg["relibra_over_megatron_best"], int(meg["tokens"])),
+                   None if eplb is None else (eplb["relibra_over_eplb_plus_best"], eplb["shift_value"],
+                                              eplb["mb_vs_step_corr"]),
+                   (lo, hi, at[1] - at[0]) if hi > lo else None, r.calibration or {})
 
 
 def _plural(n: float, word: str) -> str:
     return f"{n:.0f} {word}" + ("" if round(n) == 1 else "es" if word.endswith("h") else "s")
 
 
-def why_cards_differ(r: Result) -> dict[str, str]:
-    """Per card, one sentence computed from its point and the grid: why its figure is not the paper's."""
-    c, nodes = r.cards, r.nodes
-    out = {}
-    if c.empty or nodes.empty:
-        return out
-    regions = {reg["field"]: reg for reg in (r.regions or [])}
-    best_meg = nodes.loc[nodes["relibra_over_megatron_best"].idxmax()]
-    best_eplb = nodes.loc[nodes["relibra_over_eplb_plus_best"].idxmax()]
-    meg = regions.get("relibra_over_megatron_best", {})
-    for _, x in c.iterrows():
-        parts = [f"it packs {x['tokens_per_ep_rank']:.0f} tokens per EP rank per micro-batch "
-                 f"({_plural(x['micro_batches'], 'micro-batch')} a step)"]
-        if x["relibra_over_megatron_best"] < 1.6:
-            parts.append(f"1.6x over Megatron needs at least {meg['min_tokens']} tokens per EP rank on the grid"
-                         if meg.get("min_tokens") else
-                         f"the grid reaches 1.6x over Megatron nowhere (best {_x(best_meg['relibra_over_megatron_best'])} "
-                         f"at {int(best_meg['tokens'])} tokens per EP rank)")
-        own = r.cases[(r.cases["kind"] == "card") & (r.cases["setup"] == x["setup"])]
-        eplb_tps, meg_tps = float(own["tokens_per_s_eplb+"].mean()), float(own["tokens_per_s_megatron"].mean())
-        if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
-            parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over "
-                         f"{_plural(x['micro_batches'], 'micro-batch')} a step its own costs exceed what its balance "
-                         f"saves, which, not micro-batch shift, lifts ReLibra / EPLB+ to "
-                         f"{_x(x['relibra_over_eplb_plus_mean'])}")
-        elif x["mb_vs_step_corr"] >= 0.85:
-            parts.append(f"its micro-batches correlate with their step at {x['mb_vs_step_corr']:.2f}, so a "
-                         "once-per-step EPLB+ already balances most of each micro-batch's load")
-        else:
-            parts.append(f"its micro-batches correlate with their step at only {x['mb_vs_step_corr']:.2f}, where "
-                         "per-micro-batch balancing has the most to gain over EPLB+")
-        if x["relibra_over_eplb_plus_best"] < 1.2:
-            parts.append(f"1.2x over EPLB+ is reached {'nowhere on the grid' if best_eplb['relibra_over_eplb_plus_best'] < 1.2 else 'only elsewhere on the grid'} "
-                         f"(best {_x(best_eplb['relibra_over_eplb_plus_best'])} at shift {best_eplb['shift_value']:g}, "
-                         f"correlation {best_eplb['mb_vs_step_corr']:.2f}, the sharpest shift the routing data support "
-                         f"being {MICROBATCH_SHIFT_RANGE[1]:g})")
-        if x["gap_to_balanced_mean"] < 0.06:
-            parts.append(f"its gap to Balanced ({_pct(x['gap_to_balanced_mean'])}) is below the paper's 6-10%")
-        elif x["gap_to_balanced_mean"] > 0.10:
-            parts.append(f"its gap to Balanced ({_pct(x['gap_to_balanced_mean'])}) is above the paper's 6-10%")
-        out[x["setup"]] = "; ".join(parts)
-    return out
+def why_card_differs(s: Summary, x: Card) -> str:
+    """Why one card's figure is not the paper's (verdict_map.CLAIMS' levels), from its point and the grid's."""
+    meg, eplb, gap = MAP_CLAIMS
+    need = next((reg["min_tokens"] for reg in s.regions if reg["field"] == "relibra_over_megatron_best"), None)
+    mbs, (eplb_tps, meg_tps), (best, shift, corr) = _plural(x.micro_batches, "micro-batch"), x.tokens_per_s, \
+        s.best_over_eplb_plus
+    parts = [f"it packs {x.tokens_per_ep_rank:.0f} tokens per EP rank per micro-batch ({mbs} a step)"]
+    if x.over_megatron[1] < meg["level"]:
+        parts.append(f"{meg['level']:g}x over Megatron needs at least {need} tokens per EP rank on the grid" if need
+                     else f"the grid reaches {meg['level']:g}x over Megatron nowhere (best "
+                     f"{_x(s.best_over_megatron[0])} at {s.best_over_megatron[1]} tokens per EP rank)")
+    if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
+        parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over {mbs} a "
+                     "step its own costs exceed what its balance saves, which, not micro-batch shift, lifts ReLibra / "
+                     f"EPLB+ to {_x(x.over_eplb_plus[0])}")
+    else:
+        parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, so a once-per-step "
+                     "EPLB+ already balances most of each micro-batch's load" if x.mb_vs_step_corr >= 0.85 else
+                     f"its micro-batches correlate with their step at only {x.mb_vs_step_corr:.2f}, where "
+                     "per-micro-batch balancing has the most to gain over EPLB+")
+    if x.over_eplb_plus[1] < eplb["level"]:
+        where = "nowhere" if best < eplb["level"] else "only elsewhere"
+        parts.append(f"{eplb['level']:g}x over EPLB+ is reached {where} on the grid (best {_x(best)} at shift "
+                     f"{shift:g}, correlation {corr:.2f}, the sharpest shift the routing data support being "
+                     f"{MICROBATCH_SHIFT_RANGE[1]:g})")
+    if not gap["lower"] <= x.gap[0] <= gap["level"]:
+        parts.append(f"its gap to Balanced ({pct(x.gap[0])}) is {'below' if x.gap[0] < gap['lower'] else 'above'} "
+                     f"the paper's {100 * gap['lower']:g}-{100 * gap['level']:g}%")
+    return "; ".join(parts)
 
 
-def story(r: Result) -> str:
+def story(s: Summary) -> str:
     """The conclusion, each claim's region, each card's point and why it differs, the calibration line."""
-    lines = [f"**{r.conclusion}**"]
-    for reg in r.regions or []:
-        fmt = _pct if reg["field"].startswith("gap") else _x
-        lines.append(f"- {reg['claim']}: met at {reg['nodes']} of {reg['of_nodes']} grid nodes; best "
-                     f"{fmt(reg['best'])} at {reg['best_tokens']} tokens per EP rank (micro-batch vs step correlation "
-                     f"{reg['best_corr']:.2f}).")
-    why = why_cards_differ(r)
-    for _, x in r.cards.iterrows():
-        lines.append(f"- `{x['setup']}`: ReLibra / Megatron {_x(x['relibra_over_megatron_mean'])} (best "
-                     f"{_x(x['relibra_over_megatron_best'])}), / EPLB+ {_x(x['relibra_over_eplb_plus_mean'])}, gap to "
-                     f"Balanced {_pct(x['gap_to_balanced_mean'])}: {why.get(x['setup'], '')}.")
-    g = r.cases[r.cases["kind"] == "grid"]
-    lo, hi = g["shift_value"].min(), g["shift_value"].max()
-    if hi > lo:
-        d_eplb = (float(g.loc[g["shift_value"] == hi, "relibra_over_eplb_plus"].mean())
-                  - float(g.loc[g["shift_value"] == lo, "relibra_over_eplb_plus"].mean()))
-        lines.append(f"Moving the micro-batch shift from {lo:g} to {hi:g} changes ReLibra / EPLB+ by {d_eplb:+.3f} on "
-                     "average over the grid's cases: EPLB+ balances the step's total once, so it loses exactly what "
-                     "the micro-batches no longer share with their step.")
-    cal = r.calibration or {}
-    if cal:
-        lines.append(f"Calibration: {cal['label']} has micro-batch vs step correlation {cal['mb_vs_step_corr']:.2f} at "
-                     f"{cal['tokens_per_ep_rank']:.0f} tokens per micro-batch; the public routing data "
-                     "(data/public/) are data-set level and give no micro-batch figure, and ForeMoE (arXiv "
-                     "2606.11867) states that micro-step load fluctuates without a figure.")
+    lines = [f"**{s.conclusion}**"] + [
+        f"- {reg['claim']}: met at {reg['nodes']} of {reg['of_nodes']} grid nodes; best "
+        f"{(pct if reg['field'].startswith('gap') else _x)(reg['best'])} at {reg['best_tokens']} tokens per EP rank "
+        f"(micro-batch vs step correlation {reg['best_corr']:.2f})." for reg in s.regions] + [
+        f"- `{x.setup}`: ReLibra / Megatron {_x(x.over_megatron[0])} (best {_x(x.over_megatron[1])}), / EPLB+ "
+        f"{_x(x.over_eplb_plus[0])}, gap to Balanced {pct(x.gap[0])}: "
+        f"{why_card_differs(s, x) if s.best_over_megatron else ''}." for x in s.cards]
+    if s.shift_effect:
+        lines.append("Moving the micro-batch shift from {:g} to {:g} changes ReLibra / EPLB+ by {:+.3f} on average "
+                     "over the grid's cases: EPLB+ balances the step's total once, so it loses exactly what the "
+                     "micro-batches no longer share with their step.".format(*s.shift_effect))
+    if s.calibration:
+        lines.append(f"Calibration: {s.calibration['label']} has micro-batch vs step correlation "
+                     f"{s.calibration['mb_vs_step_corr']:.2f} at {s.calibration['tokens_per_ep_rank']:.0f} tokens per "
+                     "micro-batch; the public routing data (data/public/) are data-set level and give no micro-batch "
+                     "figure, and ForeMoE (arXiv 2606.11867) states that micro-step load fluctuates without a figure.")
     return "\n\n".join(lines)
 
 
-def rows(r: Result, man: dict) -> list[dict]:
+def rows(s: Summary, man: dict) -> list[dict]:
     """README rows: the map's conclusion, then each named card's point."""
     how = f"**simulated**, {man['scale_note']}"
-    out = [row("where the paper's claims hold (the verdict map)", r.conclusion, how)]
-    for _, x in r.cards.iterrows():
-        out.append(row(f"`{x['setup']}` card's point on the map",
-                       f"ReLibra / Megatron {_x(x['relibra_over_megatron_mean'])} (best "
-                       f"{_x(x['relibra_over_megatron_best'])}); / EPLB+ {_x(x['relibra_over_eplb_plus_mean'])}; gap to "
-                       f"Balanced {_pct(x['gap_to_balanced_mean'])}; at {x['tokens_per_ep_rank']:.0f} tokens per EP "
-                       f"rank, correlation {x['mb_vs_step_corr']:.2f}", how))
-    return out
+    return [row("where the paper's claims hold (the verdict map)", s.conclusion, how)] + [
+        row(f"`{x.setup}` card's point on the map", f"ReLibra / Megatron {_x(x.over_megatron[0])} (best "
+            f"{_x(x.over_megatron[1])}); / EPLB+ {_x(x.over_eplb_plus[0])}; gap to Balanced {pct(x.gap[0])}; at "
+            f"{x.tokens_per_ep_rank:.0f} tokens per EP rank, correlation {x.mb_vs_step_corr:.2f}", how)
+        for x in s.cards]
 
 
 SECTION_FIRST = True  # REPORT.md opens with this notebook's verdict table
 
 
-def section(r: Result, man: dict, table_md) -> str:
+def card_table(s: Summary) -> pd.DataFrame:
+    """REPORT.md's verdict table: one row per figure, one column per named card (its point on the map), and
+    the paper's figures (relibra.labels.CLAIMS)."""
+    meg, eplb, gap = (CLAIMS[k] for k in RATIO_FIELDS)
+    out = {"": [f"{meg.label} (mean; best)", f"{eplb.label} (mean; best)", f"{gap.label} (mean; range)",
+                "tokens per EP rank per micro-batch (measured)", "micro-batch vs step correlation (measured)",
+                "cases (models x workloads x seeds)"]}
+    out.update({f"`{x.setup}`": [f"{_x(x.over_megatron[0])}; {_x(x.over_megatron[1])}",
+                                 f"{_x(x.over_eplb_plus[0])}; {_x(x.over_eplb_plus[1])}",
+                                 f"{pct(x.gap[0])}; {pct(x.gap[1])}-{pct(x.gap[2])}", f"{x.tokens_per_ep_rank:.0f}",
+                                 f"{x.mb_vs_step_corr:.2f}", f"{x.cases}"] for x in s.cards})
+    return pd.DataFrame({**out, "paper": [meg.paper, eplb.paper, gap.paper, "not stated", "not stated", "-"]})
+
+
+def section(s: Summary, man: dict, table_md) -> str:
     """REPORT.md's opening: the verdict table (one column per named card), the map's one-sentence conclusion,
     and per card why its figure differs from the paper's."""
     figure = next((f for f in man.get("figures", []) if f["name"] == "verdict_map"), None)
-    why = why_cards_differ(r)
-    cards = table_md(card_table(r)) if not r.cards.empty else "No card was simulated."
+    why = "".join(f"- `{x.setup}`: {why_card_differs(s, x)}.\n" for x in s.cards) if s.best_over_megatron else ""
     return ("## The verdict: the paper's claims per set-up card, and where they hold\n\n"
             f"From notebook 12 (**simulated**, {man['scale_note']}; every card's point at full scale on the card's own "
             "inputs, `relibra setup show CARD`). No card's figure is the answer alone: each is one point of the map "
-            f"below.\n\n{cards}\n\n**Conclusion.** {r.conclusion}\n\n"
-            "Why each card's figure differs from the paper's:\n\n"
-            + "".join(f"- `{name}`: {text}.\n" for name, text in why.items())
+            f"below.\n\n{table_md(card_table(s)) if s.cards else 'No card was simulated.'}\n\n**Conclusion.** "
+            f"{s.conclusion}\n\nWhy each card's figure differs from the paper's:\n\n{why}"
             + (f"\n![verdict map](12_verdict_map/{figure['png']})\n" if figure else ""))
 
 
-def _scaled_tokens(p, s) -> dict:
-    return {"tokens": ",".join(str(4 * t) for t in p.tokens)}
-
-
-def _sharpest_shift(p, s) -> dict:
-    return {"shift": f"{MICROBATCH_SHIFT_RANGE[1]:g}"}
-
-
 TRIES = (
-    TryThis(_scaled_tokens, "ReLibra / Megatron (mean over the grid's cases)",
-            lambda r: node_mean(r, "relibra_over_megatron"), +1,
+    TryThis(lambda p, s: {"tokens": ",".join(str(4 * t) for t in p.tokens)},
+            "ReLibra / Megatron (mean over the grid's cases)", lambda r: node_mean(r, "relibra_over_megatron"), +1,
             "more tokens per EP rank make each micro-batch's expert GEMMs longer against its fixed costs, so the "
             "busiest GPU's expert time, which balancing removes, is a larger share of the step"),
-    TryThis(_sharpest_shift, "ReLibra / EPLB+ (mean over the grid's cases)",
+    TryThis(lambda p, s: {"shift": f"{MICROBATCH_SHIFT_RANGE[1]:g}"}, "ReLibra / EPLB+ (mean over the grid's cases)",
             lambda r: node_mean(r, "relibra_over_eplb_plus"), +1,
             "EPLB+ places experts once for the step's total, so the more micro-batches differ from their step, the "
             "more per-micro-batch balancing gains over it"),
-    TryThis(_sharpest_shift, "the micro-batch vs step load correlation (mean over the grid's cases)",
+    TryThis(lambda p, s: {"shift": f"{MICROBATCH_SHIFT_RANGE[1]:g}"},
+            "the micro-batch vs step load correlation (mean over the grid's cases)",
             lambda r: node_mean(r, "mb_vs_step_corr"), -1,
             "the shift trades expert shares inside each micro-batch, which moves it away from its step's total"),
 )
@@ -360,5 +315,5 @@ TRIES = (
 
 def plot_inputs(r: Result) -> dict:
     """What plots.verdict_map_plot draws, from the result: nodes, cards, claims, calibration."""
-    return {"nodes": r.nodes, "cards": r.cards, "claims": CLAIMS, "calibration": r.calibration or {}}
+    return {"nodes": r.nodes, "cards": r.cards, "claims": MAP_CLAIMS, "calibration": r.calibration or {}}
 
