@@ -335,6 +335,11 @@ class Topology:
         `ep` GPUs (expert data parallelism): num_gpus // ep, at least 1."""
         return max(1, self.num_gpus // ep)
 
+    def _with_nodes(self, nodes: int) -> str:
+        """This topology's spec with `nodes` nodes (its own nodes= item replaced), for error messages."""
+        items = [i for i in self.name.split(",") if i.split("=")[0].strip() not in ("nodes", "num_nodes")]
+        return ",".join(items + [f"nodes={nodes}"])
+
     def ep_layout(self, ep: int) -> tuple[int, int]:
         """(nodes, GPUs used per node) of one EP group of `ep` GPUs, packed node by node.
 
@@ -349,7 +354,7 @@ class Topology:
         if ep > self.num_gpus:
             raise ConfigError(f"EP size {ep} exceeds the {self.num_gpus} GPUs of topology {self.name!r} "
                               f"({self.num_nodes} nodes x {self.gpus_per_node}); add nodes, e.g. "
-                              f"'{self.name},nodes={-(-ep // self.gpus_per_node)}'")
+                              f"{self._with_nodes(-(-ep // self.gpus_per_node))!r}")
         nodes = -(-ep // self.gpus_per_node)
         while ep % nodes:
             nodes += 1

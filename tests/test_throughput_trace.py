@@ -93,7 +93,8 @@ def test_the_plots_draw_an_empty_sweep(replay_trace):
     ({"trace": "README.md"}, "02_throughput: trace must be a routing trace file"),
     ({"cluster": "cpu-gloo,nodes=1"}, "02_throughput: cluster must be one cluster (a preset, a fitted .json or "
                                       "key=value items) with room for EP 4 (the tiny profile's); got 'cpu-gloo,nodes=1' "
-                                      "(EP size 4 exceeds the 2 GPUs"),
+                                      "(EP size 4 exceeds the 2 GPUs of topology 'cpu-gloo,nodes=1' (1 nodes x 2); add nodes, e.g. "
+                                      "'cpu-gloo,nodes=2')"),
     ({"cluster": "moon"}, "02_throughput: cluster must be one cluster"),
     ({"tokens_per_microbatch": 4096, "trace": "data/tiny_math_ep4.npz"},
      "tokens_per_microbatch must be None with a trace (the trace data/tiny_math_ep4.npz"),
