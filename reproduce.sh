@@ -45,6 +45,7 @@ fi
 export PYTHONHASHSEED=0 MPLBACKEND=Agg
 if [ "${1:-}" = "test" ]; then
     shift
-    exec "$VENV/bin/python" -m pytest "$@"
+    # one worker process per core, each test file inside one worker (RELIBRA_TEST_WORKERS=0: in this process)
+    exec "$VENV/bin/python" -m pytest -n "${RELIBRA_TEST_WORKERS:-2}" --dist loadfile "$@"
 fi
 exec "$VENV/bin/python" -m relibra reproduce "$@"

@@ -161,6 +161,8 @@ def overheads_table(grid: pd.DataFrame, policy: str = "relibra") -> pd.DataFrame
         ("replica memory", stat(g["replica_memory_share"]) + " of parameter memory per GPU",
          "reported: the layer-shared buffer's slots x expert weights and gradients"),
         ("planner time", stat(g["plan_s"], 1.0, "{:.3f} s") + " per step, measured on this CPU (1 core)",
+         "charged: the modelled planner seconds beyond the post-rollout window (the card's "
+         "overheads.planner_window_forward_passes forward passes)" if g["planner_on_critical_path"].any() else
          "not charged: planned after rollout, off the critical path (as the paper does)"),
         ("transfers hidden behind attention", stat(hidden) + " of replica transfer time hidden",
          "charged: the part of each push and pull longer than its layer's attention"),
