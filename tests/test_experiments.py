@@ -50,6 +50,22 @@ def test_params_fill_from_profile_and_resolve_objects():
     assert p.policies == ("megatron", "relibra") and p.ep == 16 and p.steps == 3
 
 
+def test_default_scale_note_names_the_profile_and_every_size():
+    from dataclasses import dataclass
+
+    from relibra.experiments.base import Params, choice, param
+
+    @dataclass(frozen=True)
+    class Plain(Params):
+        profile: str = param("tiny", "sizes", choice(("tiny",)), affects=False)
+
+    sizes = ex.SCALES["tiny"]
+    note = Plain().scale_note(sizes)
+    assert note.startswith("tiny profile, models tiny, workloads math, model tiny, ")
+    assert "ep_sizes 2,4" in note and "layers None" in note and "tokens_per_rank 64" in note
+    assert Plain().scale_note(None) == "tiny profile"
+
+
 def test_every_notebook_creates_its_defaults_at_every_profile():
     for name in ex.NOTEBOOKS:
         for profile in ex.PROFILES:

@@ -1,15 +1,11 @@
-"""What a notebook module is made of (relibra/experiments/notebooks/NN_name.py): its parameters, its
-typed result and its "Try this" lessons.
+"""What a notebook module is made of (relibra/experiments/notebooks/NN_name.py):
 
-- `Params`: a frozen dataclass whose fields are declared with `param(default, doc, kind, ...)`.
-  `Params.create(notebook, sizes_of, **raw)` turns raw values (a notebook's literals, or papermill's
-  -p strings) into checked, resolved values: each field's `Kind` parses it (a model preset becomes its
-  ModelShape, a cluster its Topology, a card its SetupCard) and says what it accepts when it cannot.
-  A raw None stands for the profile's size named by `sizes=` or for the value given by `none=`.
-- `Result`: a dataclass whose `table` fields are saved as `<field>.csv` and whose `value` fields go to
-  result.json, so the report and the README table read a run back as the object the notebook made.
-- `TryThis`: a change a notebook suggests and the direction it moves a quantity (tests/test_lessons.py
-  checks each).
+- `Params`: a frozen dataclass of `param(default, doc, kind, ...)` fields; `Params.create(notebook,
+  sizes_of, **raw)` parses raw values (literals, papermill's -p strings) with each field's `Kind` into
+  checked, resolved ones (a model preset becomes its ModelShape, a cluster its Topology, a card its
+  SetupCard). A raw None stands for the profile's size named by `sizes=` or for `none=`.
+- `Result`: `table` fields saved as `<field>.csv`, `value` fields in result.json, read back by `load`.
+- `TryThis`: a change a notebook suggests and the direction it moves a quantity (tests/test_lessons.py).
 """
 
 from __future__ import annotations
@@ -83,9 +79,9 @@ def number(low: float, high: float) -> Kind:
     return Kind(f"a number in [{low}, {high}]", lambda raw: _within(float(raw), low, high))
 
 
-def integers(low: int | None = None, high: int | None = None, sep: str = ",") -> Kind:
+def integers(low: int | None = None, high: int | None = None) -> Kind:
     def parse(raw):
-        values = tuple(_within(_int(v), low, high) for v in _items(raw, sep))
+        values = tuple(_within(_int(v), low, high) for v in _items(raw))
         if not values:
             raise ValueError("empty")
         return values
@@ -196,8 +192,11 @@ class Params:
         """Checks across fields (an EP size the cluster must hold...); none by default."""
 
     def scale_note(self, sizes) -> str:
-        """One line on how far a run is from the paper's scale, for captions."""
-        raise NotImplementedError
+        """One line on how far a run is from the paper's scale, for captions: the profile and every size
+        (a notebook whose sizes need words says it its own way)."""
+        sized = fields(sizes) if dataclasses.is_dataclass(sizes) else ()
+        return ", ".join([f"{getattr(self, 'profile', 'no')} profile",
+                          *(f"{f.name} {_text(getattr(sizes, f.name))}" for f in sized)])
 
     def simulated_on(self) -> str:
         """What a figure of simulated numbers was simulated on, for the manifest."""
@@ -311,6 +310,11 @@ class TryThis:
 
 def _show(v) -> str:
     return ",".join(map(str, v)) if isinstance(v, (tuple, list)) else repr(v)
+
+
+def _text(v) -> str:
+    v = jsonable(v)
+    return ",".join(map(str, v)) if isinstance(v, list) else str(v)
 
 
 def mean_of(t: pd.DataFrame, column: str, **where) -> float:

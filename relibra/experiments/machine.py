@@ -12,6 +12,11 @@ from importlib import metadata
 from relibra.experiments.config import project_root
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def environment() -> dict:
     """The software and hardware a run used: versions, CPU count, GPU if any."""
     def version(pkg: str) -> str:
@@ -20,16 +25,12 @@ def environment() -> dict:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    try:
-        usable_cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable_cpus = os.cpu_count()
     env = {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
-        "usable_cpus": usable_cpus,
+        "usable_cpus": usable_cpus(),
         "relibra": version("relibra"),
         "torch": version("torch"),
         "megatron-core": version("megatron-core"),
@@ -64,10 +65,6 @@ def environment() -> dict:
 
 def this_machine() -> str:
     """A short description of the CPU this code runs on, for 'measured (...)' labels."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count()
     proc = platform.processor() or platform.machine()
     # Wall-clock figures on a shared machine depend on what else runs: give the load with them.
-    return f"this machine: {cpus} CPU cores ({proc}), 1 planner thread, load average {os.getloadavg()[0]:.1f}"
+    return f"this machine: {usable_cpus()} CPU cores ({proc}), 1 planner thread, load average {os.getloadavg()[0]:.1f}"

@@ -24,6 +24,7 @@ from relibra.costs import CostParams, cost_plan
 from relibra.display import json_text
 from relibra.errors import ConfigError
 from relibra.experiments.config import project_root
+from relibra.experiments.machine import usable_cpus
 from relibra.labels import short as label
 from relibra.metrics import frame
 from relibra.paths import atomic_path, write_text
@@ -135,7 +136,6 @@ def runtime_topology(ep: int, gpus_per_node: int):
     present (or the file RELIBRA_CPU_FIT names: a fit taken on another machine), else `cpu-gloo`."""
     import torch  # heavy: only to ask whether a GPU is present
 
-
     if torch.cuda.is_available():
         base = get_topology("paper")
     elif os.environ.get("RELIBRA_CPU_FIT"):
@@ -151,13 +151,6 @@ def policy_params(policy: str, params: dict) -> dict:
         get_policy(policy)  # raises the ConfigError listing the known names
     known = set(_factory_fields(_REGISTRY[policy]))
     return {k: v for k, v in params.items() if k in known}
-
-
-def make_plans(trace: RoutingTrace, policy: str, params: dict, gpus_per_node: int, steps: int) -> list:
-    """One StepPlan per step 0..steps-1, each from the previous step's placement, the first from none
-    (rates: runtime_topology)."""
-    return get_policy(policy, **params).plan_steps(trace, range(steps), runtime_topology(trace.ep, gpus_per_node),
-                                                   warmup=0, initial_home=None)
 
 
 def data_trace(trace: RoutingTrace, plans: list) -> RoutingTrace:
@@ -196,10 +189,12 @@ def prepare(request: RuntimeRequest, world: int) -> Prepared:
     total = m.steps + m.warmup_steps
     if trace.num_steps < total:
         raise ConfigError(f"the trace holds {trace.num_steps} steps; asked for {m.steps} + {m.warmup_steps} warm-up")
+    topology = runtime_topology(world, layout.ranks_per_node)
     runs, seconds = [], {}
-    for policy in request.policies:
+    for policy in request.policies:  # one StepPlan per step, each from the previous step's placement
         t0 = time.perf_counter()
-        plans = make_plans(trace, policy, params[policy], layout.ranks_per_node, total)
+        plans = get_policy(policy, **params[policy]).plan_steps(trace, range(total), topology, warmup=0,
+                                                                initial_home=None)
         seconds[policy] = time.perf_counter() - t0
         runs.append(PolicyPlans(policy, data_trace(trace, plans), plans))
     return Prepared(runs, seconds)
@@ -306,11 +301,7 @@ class PolicySummary:
 
 def oversubscribed(world: int, threads_per_rank: int = 1) -> bool:
     """More busy threads than usable cores: wall-clock times then measure the scheduler, not the kit."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return world * threads_per_rank > cores
+    return world * threads_per_rank > usable_cpus()
 
 
 def _component_sum(seconds: dict[str, float], names) -> float:
@@ -328,15 +319,18 @@ def summarise(result: RunResult, prepared: Prepared, request: RuntimeRequest) ->
         by_step = {s: [r for r in recs if r.step == s] for s in steps}
         step_s = [max(r.wall_s for r in by_step[s]) for s in steps]
         ranks = sorted({r.rank for r in recs})
-        per_rank = {g: [r for r in recs if r.rank == g] for g in ranks}
+
+        def per_rank(field):  # median over steps of each rank's figure
+            return [float(np.median([getattr(r, field) for r in recs if r.rank == g])) for g in ranks]
+
+        def step_median(of):  # median over steps of the mean over ranks
+            return float(np.median([np.mean([of(r) for r in by_step[s]]) for s in steps]))
+
         tokens = np.array([[r.expert_tokens for r in sorted(by_step[s], key=lambda r: r.rank)] for s in steps])
-        segments = {}
-        for name, (measured, _) in SEGMENTS.items():
-            segments[name] = float(np.median([np.mean([_component_sum(r.seconds, measured) for r in by_step[s]])
-                                              for s in steps]))
-        segments[WAITING] = float(np.median([np.mean([r.wait_s for r in by_step[s]]) for s in steps]))
-        segments[OTHER] = float(np.median([np.mean([r.wall_s for r in by_step[s]]) for s in steps])
-                                - sum(segments.values()))
+        segments = {name: step_median(lambda r: _component_sum(r.seconds, measured))
+                    for name, (measured, _) in SEGMENTS.items()}
+        segments[WAITING] = step_median(lambda r: r.wait_s)
+        segments[OTHER] = step_median(lambda r: r.wall_s) - sum(segments.values())
         costs = simulated_costs(run, m.warmup_steps, ranks_per_node)
         totals = [c.totals() for c in costs]
         sim_segments = {name: float(np.median([sum(t.get(c, 0.0) for c in sim) for t in totals]))
@@ -346,9 +340,7 @@ def summarise(result: RunResult, prepared: Prepared, request: RuntimeRequest) ->
             policy=run.policy, step_s=step_s, cpu_step_s=[max(r.cpu_s for r in by_step[s]) for s in steps],
             step_s_median=float(np.median(step_s)), step_s_min=float(min(step_s)),
             step_s_max=float(max(step_s)), sim_step_s=float(np.median([c.step_seconds for c in costs])),
-            cpu_s_per_rank=[float(np.median([r.cpu_s for r in per_rank[g]])) for g in ranks],
-            wall_s_per_rank=[float(np.median([r.wall_s for r in per_rank[g]])) for g in ranks],
-            wait_s_per_rank=[float(np.median([r.wait_s for r in per_rank[g]])) for g in ranks],
+            cpu_s_per_rank=per_rank("cpu_s"), wall_s_per_rank=per_rank("wall_s"), wait_s_per_rank=per_rank("wait_s"),
             segments_s=segments, sim_segments_s=sim_segments,
             token_skew=float(np.mean(tokens.max(axis=1) / np.maximum(tokens.mean(axis=1), 1e-12))),
             plan_skewness=float(np.mean([p.skewness().mean() for p in timed])),
@@ -386,72 +378,55 @@ def segment_frame(summaries: list[PolicySummary]) -> pd.DataFrame:
 
 
 # ---- reports ----------------------------------------------------------------------------------------------
-def write_outputs(result: RunResult, summaries: list[PolicySummary], request: RuntimeRequest, out: str) -> None:
-    """metrics.csv (relibra.metrics rows of every rank and step) and summary.json in `out`."""
-    os.makedirs(out, exist_ok=True)
-    model = request.run.model.name
-    rows = result.metric_rows(model, request.data.workload)
-    with atomic_path(os.path.join(out, "metrics.csv")) as tmp:
-        frame(rows).to_csv(tmp, index=False)
-    write_text(os.path.join(out, "summary.json"), json_text(
-        {"results": [s.to_dict() for s in summaries],
-         "equivalence": {k: dataclasses.asdict(v) for k, v in result.equivalence.items()}}, indent=2))
-
-
 def report(result: RunResult, prepared: Prepared, request: RuntimeRequest, as_json: bool = False,
            out: str | None = None) -> int:
-    """Print the summaries (a table, or one JSON object) and the equivalence lines, then write outputs
-    (printed first: an --out that fails loses nothing). Returns the exit code (1 when the equivalence
-    check fails)."""
+    """Print the summaries (a table, or one JSON object) and the equivalence lines, then write metrics.csv
+    (relibra.metrics rows of every rank and step) and summary.json to `out` (printed first: an --out that
+    fails loses nothing). Returns the exit code (1 when the equivalence check fails)."""
     summaries = summarise(result, prepared, request)
-    code = _print_report(result, summaries, request, as_json)
+    check = request.run.measurement.check_equivalence
+    equivalence = {k: dataclasses.asdict(v) for k, v in result.equivalence.items()}
+    stream = sys.stderr if as_json else sys.stdout
+    if as_json:
+        print(json_text({"results": [s.to_dict() for s in summaries], **({"equivalence": equivalence} if check else {})}))
+    else:
+        _print_tables(result, summaries)
+    code = 0
+    for policy, eq in result.equivalence.items() if check else ():
+        code = max(code, int(not eq.ok()))
+        print(f"equivalence ok ({policy}): max abs diff {eq.max_abs_diff:.3e} ({eq.dtype}, tolerance {eq.tolerance:g})"
+              if eq.ok() else f"equivalence FAILED ({policy}): max abs diff {eq.max_abs_diff:.3e} > {eq.tolerance:g} "
+              f"({eq.dtype}; experts {eq.expert_params:.3e}, dense {eq.dense_params:.3e}, loss {eq.loss:.3e})",
+              file=stream)
     if out:
-        write_outputs(result, summaries, request, out)
-        print(f"wrote {out}/metrics.csv and summary.json", file=sys.stderr if as_json else sys.stdout)
+        os.makedirs(out, exist_ok=True)
+        with atomic_path(os.path.join(out, "metrics.csv")) as tmp:
+            frame(result.metric_rows(request.run.model.name, request.data.workload)).to_csv(tmp, index=False)
+        write_text(os.path.join(out, "summary.json"), json_text(
+            {"results": [s.to_dict() for s in summaries], "equivalence": equivalence}, indent=2))
+        print(f"wrote {out}/metrics.csv and summary.json", file=stream)
     return code
 
 
-def _print_report(result: RunResult, summaries: list, request: RuntimeRequest, as_json: bool) -> int:
-    check = request.run.measurement.check_equivalence
-    if as_json:
-        print(json_text({"results": [s.to_dict() for s in summaries],
-                         **({"equivalence": {k: dataclasses.asdict(v) for k, v in result.equivalence.items()}}
-                            if check else {})}))
-    else:
-        table = summary_frame(summaries)
-        cols = ["policy", "step_s_median", "step_s_min", "step_s_max", "sim_step_s", "token_skew", "plan_skewness",
-                "replica_slots"]
-        cols += [c for c in ("speedup_vs_megatron", "speedup_ci_low", "speedup_ci_high", "sim_speedup_vs_megatron",
-                             "cpu_speedup_vs_megatron", "cpu_speedup_ci_low", "cpu_speedup_ci_high")
-                 if c in table and table[c].notna().any()]
-        with pd.option_context("display.width", 200, "display.max_columns", 30):
-            print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
-            seg = pd.DataFrame({s.policy: {**{f"{k} (measured)": v for k, v in s.segments_s.items()},
-                                           **{f"{k} (simulated)": v for k, v in s.sim_segments_s.items()}}
-                                for s in summaries})
-            print(seg.to_string(float_format=lambda x: f"{x:.4f}"))
-        for s in summaries:
-            cpu = " ".join(f"{c:.3f}" for c in s.cpu_s_per_rank)
-            wall = " ".join(f"{w:.3f}" for w in s.wall_s_per_rank)
-            print(f"{s.policy}: per rank, median CPU s {cpu} | wall s {wall} | losses "
-                  f"{' '.join(f'{x:.5f}' for x in s.losses)}")
-        if summaries and summaries[0].oversubscribed:
-            print(f"note: OVERSUBSCRIBED ({result.world} ranks x {result.threads_per_rank} threads > cores): times "
-                  "say nothing about speed")
-    if check:
-        code = 0
-        for policy, eq in result.equivalence.items():
-            stream = sys.stderr if as_json else sys.stdout
-            if eq.ok():
-                print(f"equivalence ok ({policy}): max abs diff {eq.max_abs_diff:.3e} ({eq.dtype}, tolerance "
-                      f"{eq.tolerance:g})", file=stream)
-            else:
-                print(f"equivalence FAILED ({policy}): max abs diff {eq.max_abs_diff:.3e} > {eq.tolerance:g} "
-                      f"({eq.dtype}; experts {eq.expert_params:.3e}, dense {eq.dense_params:.3e}, loss "
-                      f"{eq.loss:.3e})", file=stream)
-                code = 1
-        return code
-    return 0
+def _print_tables(result: RunResult, summaries: list) -> None:
+    table = summary_frame(summaries)
+    cols = ["policy", "step_s_median", "step_s_min", "step_s_max", "sim_step_s", "token_skew", "plan_skewness",
+            "replica_slots"]
+    cols += [c for c in ("speedup_vs_megatron", "speedup_ci_low", "speedup_ci_high", "sim_speedup_vs_megatron",
+                         "cpu_speedup_vs_megatron", "cpu_speedup_ci_low", "cpu_speedup_ci_high")
+             if c in table and table[c].notna().any()]
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+        seg = pd.DataFrame({s.policy: {**{f"{k} (measured)": v for k, v in s.segments_s.items()},
+                                       **{f"{k} (simulated)": v for k, v in s.sim_segments_s.items()}}
+                            for s in summaries})
+        print(seg.to_string(float_format=lambda x: f"{x:.4f}"))
+    for s in summaries:
+        print(f"{s.policy}: per rank, median CPU s {' '.join(f'{c:.3f}' for c in s.cpu_s_per_rank)} | wall s "
+              f"{' '.join(f'{w:.3f}' for w in s.wall_s_per_rank)} | losses {' '.join(f'{x:.5f}' for x in s.losses)}")
+    if summaries and summaries[0].oversubscribed:
+        print(f"note: OVERSUBSCRIBED ({result.world} ranks x {result.threads_per_rank} threads > cores): times "
+              "say nothing about speed")
 
 
 # ---- what notebook 08 reads ---------------------------------------------------------------------------

@@ -34,38 +34,44 @@ SENSITIVITY_COLUMNS = ["knob", "value", "is_default", "policy", *RATIOS, "relibr
 @dataclasses.dataclass(frozen=True)
 class Knob:
     """One input the sensitivity study moves: its card entry (None: not a card entry), where it acts
-    ("workload", "topology", "cost", "policy", "cluster preset") and the field it sets there."""
+    ("workload", "topology", "cost", "policy", "cluster preset") and the field it sets there. values:
+    what it sweeps besides its default (None: the card entry's range; extra: more values beside it);
+    default: a fixed default (None: the card entry's value; "card": the card's own name). A categorical
+    knob lists its default first; a numeric one sweeps in order."""
 
     name: str
     entry: str | None
     acts_on: str
     field: str
-    unit: str = ""
+    values: tuple | None = None
+    extra: tuple = ()
+    default: object = None
+    categorical: bool = False
 
 
+# The synthetic routing's calibration knob "topic concentration": how peaked one prompt group's topics are
+# (no card entry; relibra.workloads.WorkloadConfig, calibrated against the paper's skewness, docs/traces.md).
 KNOBS: tuple[Knob, ...] = (
-    Knob("batch layout", "batch.layout", "workload", "batch_layout"),
+    Knob("batch layout", "batch.layout", "workload", "batch_layout", values=tuple(BATCH_LAYOUTS), categorical=True),
     Knob("tokens per micro-batch", "batch.tokens_per_gpu_per_microbatch", "workload", "tokens_per_microbatch",
-         "tokens"),
-    Knob("data-parallel size", "batch.data_parallel_size", "workload", "data_parallel_size", "ranks"),
+         extra=(8192,)),
+    Knob("data-parallel size", "batch.data_parallel_size", "workload", "data_parallel_size"),
     Knob("samples per prompt", "batch.responses_per_prompt", "workload", "responses_per_prompt"),
-    Knob("sequence length", "lengths.math", "workload", "length_scale", "x"),
-    Knob("topic concentration", None, "workload", "topic_concentration"),
+    Knob("sequence length", "lengths.math", "workload", "length_scale", default=1.0),
+    Knob("topic concentration", None, "workload", "topic_concentration", values=(0.1, 0.2, 0.4),
+         default=WorkloadConfig().topic_concentration),
     Knob("spare slots", "training.spare_slots_per_gpu", "policy", "spare_slots_per_gpu"),
     Knob("optimizer sharding", "training.distributed_optimizer", "cost", "dp_size"),
-    Knob("NVLink rate", "cluster.nvlink_GBps", "topology", "nvlink_GBps", "GB/s"),
-    Knob("RDMA rate", "cluster.rdma_GBps", "topology", "rdma_GBps", "GB/s"),
-    Knob("GEMM rate", "compute.matmul_tflops", "topology", "matmul_tflops", "TFLOP/s"),
-    Knob("GEMM half-saturation", "compute.gemm_half_tokens", "topology", "gemm_half_tokens", "tokens"),
+    Knob("NVLink rate", "cluster.nvlink_GBps", "topology", "nvlink_GBps"),
+    Knob("RDMA rate", "cluster.rdma_GBps", "topology", "rdma_GBps"),
+    Knob("GEMM rate", "compute.matmul_tflops", "topology", "matmul_tflops"),
+    Knob("GEMM half-saturation", "compute.gemm_half_tokens", "topology", "gemm_half_tokens"),
     Knob("attention efficiency", "compute.attention_efficiency", "topology", "attention_efficiency"),
-    Knob("collective latency", "compute.collective_latency_s", "topology", "collective_latency_s", "s"),
-    Knob("cluster preset", None, "cluster preset", ""),
+    Knob("collective latency", "compute.collective_latency_s", "topology", "collective_latency_s"),
+    Knob("cluster preset", None, "cluster preset", "", values=("h800", "paper-datasheet", "h100"), default="card",
+         categorical=True),
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
-# The synthetic routing's calibration knob: how peaked one prompt group's topics are (no card entry;
-# relibra.workloads.WorkloadConfig, calibrated against the paper's skewness, docs/traces.md).
-TOPIC_CONCENTRATIONS = (0.1, 0.2, 0.4)
-OTHER_CLUSTERS = ("h800", "paper-datasheet", "h100")
 
 
 def _knob(name: str) -> Knob:
@@ -76,33 +82,15 @@ def _knob(name: str) -> Knob:
 
 
 def knob_values(quick: bool = False, setup: str = DEFAULT_CARD) -> dict[str, list]:
-    """{knob: values}, the card's default first among them, in KNOBS order.
-
-    A numeric entry with a range sweeps low, default, high (tokens per micro-batch also 8192); the
-    batch layout every layout; optimizer sharding off and on; topic concentration 0.1 / 0.2 / 0.4; the
-    cluster preset the card's cluster and three presets. quick: the default and one other value.
-    """
+    """{knob: values}, the card's default first among the categorical ones, in KNOBS order: a card entry's
+    range (low, high) with the default (tokens per micro-batch also 8192), or the knob's own values.
+    quick: the default and one other value."""
     card = load_card(setup)
     base = defaults(setup)
     values: dict[str, list] = {}
     for k in KNOBS:
-        if k.name == "batch layout":
-            vals = list(BATCH_LAYOUTS)
-        elif k.name == "sequence length":
-            vals = list(card.entries[k.entry].range)
-        elif k.name == "topic concentration":
-            vals = list(TOPIC_CONCENTRATIONS)
-        elif k.name == "cluster preset":
-            vals = list(OTHER_CLUSTERS)
-        elif k.name == "tokens per micro-batch":
-            low, high = card.entries[k.entry].range
-            vals = sorted({low, 8192, high})
-        else:
-            vals = list(card.entries[k.entry].range)
-        if k.name in ("batch layout", "cluster preset"):  # categories: the default first
-            vals = list(dict.fromkeys([base[k.name]] + vals))
-        else:
-            vals = sorted(set(vals) | {base[k.name]})
+        vals = list(k.values if k.values is not None else card.entries[k.entry].range) + list(k.extra)
+        vals = list(dict.fromkeys([base[k.name]] + vals)) if k.categorical else sorted(set(vals) | {base[k.name]})
         if quick:
             other = next(v for v in vals if v != base[k.name])
             vals = [v for v in vals if v in (base[k.name], other)]
@@ -114,17 +102,8 @@ def defaults(setup: str = DEFAULT_CARD) -> dict:
     """The default value of every knob: the card's (sequence length: scale 1; topic concentration: the
     generator's; cluster preset: the card's own cluster)."""
     card = load_card(setup)
-    out = {}
-    for k in KNOBS:
-        if k.name == "sequence length":
-            out[k.name] = 1.0
-        elif k.name == "topic concentration":
-            out[k.name] = WorkloadConfig().topic_concentration
-        elif k.name == "cluster preset":
-            out[k.name] = card.name
-        else:
-            out[k.name] = card.value(k.entry)
-    return out
+    return {k.name: card.value(k.entry) if k.default is None else card.name if k.default == "card" else k.default
+            for k in KNOBS}
 
 
 def _ratios(summary: pd.DataFrame) -> dict:

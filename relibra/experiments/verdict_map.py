@@ -7,18 +7,9 @@ budget replaced by the node's tokens; the shift is one WorkloadConfig field (Shi
 values, everything else the card's. Each named card is also a point: simulated as the card says, its
 position the tokens per EP rank and the micro-batch-vs-step load correlation its trace measures. Every
 case is one trace of `steps` steps with its last step simulated (relibra.sim.simulate, as the headline
-does), so a card's point at the card's own inputs is the headline's case.
-
-  GridSpec, ShiftAxis      what to simulate (default_grid: coarse and cheap; paper_grid: the whole grid)
-  MapCase, map_cases       the cases of a grid, grid nodes and card points
-  simulate_map_case        one case -> one row (tokens/s per policy, ratios, measured position)
-  run_map                  every case, in worker processes -> MapResult (frozen: spec, frame)
-  node_fields              per grid node: best and mean ratio over models, workloads and seeds
-  contour_points           where a node field crosses a level, on the grid's edges (the paper's claims)
-  claim_regions, conclusion  where each claim holds, and the one-sentence answer
-  map_json                 everything above as JSON (`relibra map`)
-
-Imports only layers below relibra.experiments (analysis, cluster, setups, sim, workloads).
+does), so a card's point at the card's own inputs is the headline's case. `run_map` simulates a grid,
+`node_fields` / `card_points` summarise it, `claim_contours` / `claim_regions` / `conclusion` say where the
+paper's claims hold, `map_json` is all of it for `relibra map`.
 """
 
 from __future__ import annotations
@@ -32,6 +23,7 @@ import pandas as pd
 
 from relibra.analysis import shift_stats
 from relibra.cluster import get_model
+from relibra.display import json_safe
 from relibra.errors import ConfigError
 from relibra.pool import map_in_order
 from relibra.setups import DEFAULT_CARD, card_names, load_card
@@ -55,13 +47,11 @@ RATIO_FIELDS = ("relibra_over_megatron", "relibra_over_eplb_plus", "gap_to_balan
 class ShiftAxis:
     """The micro-batch shift axis: one WorkloadConfig field and the values the map moves it over.
 
-    field: a WorkloadConfig field name; values: its values, the kit's current value first; named:
-    (label, value) pairs to mark on the map (the kit's value, a calibration to public data).
+    field: a WorkloadConfig field name; values: its values, the kit's current value first.
     """
 
     field: str
     values: tuple
-    named: tuple = ()
 
     def __post_init__(self):
         names = {f.name for f in dataclasses.fields(WorkloadConfig)}
@@ -70,20 +60,14 @@ class ShiftAxis:
         if not self.values:
             raise ConfigError("shift axis: no values")
 
-    def apply(self, cfg: WorkloadConfig, value) -> WorkloadConfig:
-        """cfg with the shift field at `value` (None: unchanged)."""
-        return cfg if value is None else dataclasses.replace(cfg, **{self.field: value})
-
 
 # The micro-batch shift is the generator's explicit input WorkloadConfig.microbatch_shift, from the kit's value
 # (0: no shift beyond the sequences a micro-batch holds) to the sharpest the routing data support
 # (MICROBATCH_SHIFT_RANGE: 0.3, where qwen3-30b-a3b on the default card at EP 32 reaches the micro-batch
 # correlations of the kit's real RL trace; docs/traces.md).
 _SHIFT_LOW, _SHIFT_HIGH = MICROBATCH_SHIFT_RANGE
-_SHIFT_NAMED = (("the kit's traces", _SHIFT_LOW), ("the kit's real RL trace's correlations (relibra rl)", _SHIFT_HIGH))
-DEFAULT_SHIFT = ShiftAxis("microbatch_shift", (_SHIFT_LOW, _SHIFT_HIGH), _SHIFT_NAMED)
-PAPER_SHIFT = ShiftAxis("microbatch_shift", tuple(float(x) for x in np.round(np.linspace(_SHIFT_LOW, _SHIFT_HIGH, 4), 6)),
-                        _SHIFT_NAMED)
+DEFAULT_SHIFT = ShiftAxis("microbatch_shift", (_SHIFT_LOW, _SHIFT_HIGH))
+PAPER_SHIFT = ShiftAxis("microbatch_shift", tuple(float(x) for x in np.round(np.linspace(_SHIFT_LOW, _SHIFT_HIGH, 4), 6)))
 
 
 @dataclass(frozen=True)
@@ -291,13 +275,17 @@ def node_fields(result: MapResult) -> pd.DataFrame:
     g = result.grid
     if g.empty:
         raise ConfigError("verdict map: the result holds no grid nodes")
-    by = g.groupby(["tokens", "shift_value"], sort=True)
+    return _case_stats(g.groupby(["tokens", "shift_value"], sort=True), ("best", "mean", "worst"))
+
+
+def _case_stats(by, stats: tuple[str, ...]) -> pd.DataFrame:
+    """Per group of cases: the mean measured position, each ratio's `stats` (best: max of a speed-up, min of
+    the gap; worst the other way; mean) and the case count."""
     out = by[["tokens_per_ep_rank", "mb_vs_step_corr", "micro_batches"]].mean()
     for f in RATIO_FIELDS:
         best, worst = ("min", "max") if f == "gap_to_balanced" else ("max", "min")
-        out[f"{f}_best"] = by[f].agg(best)
-        out[f"{f}_mean"] = by[f].mean()
-        out[f"{f}_worst"] = by[f].agg(worst)
+        for stat in stats:
+            out[f"{f}_{stat}"] = by[f].agg({"best": best, "mean": "mean", "worst": worst}[stat])
     out["cases"] = by.size()
     return out.reset_index()
 
@@ -460,43 +448,14 @@ def card_points(result: MapResult) -> pd.DataFrame:
     """One row per named card (over its cases): mean position (tokens_per_ep_rank, mb_vs_step_corr), and the
     mean, best and worst of each ratio."""
     c = result.cards
-    if c.empty:
-        return pd.DataFrame()
-    by = c.groupby("setup", sort=False)
-    out = by[["tokens_per_ep_rank", "mb_vs_step_corr", "micro_batches"]].mean()
-    for f in RATIO_FIELDS:
-        best, worst = ("min", "max") if f == "gap_to_balanced" else ("max", "min")
-        out[f"{f}_mean"] = by[f].mean()
-        out[f"{f}_best"] = by[f].agg(best)
-        out[f"{f}_worst"] = by[f].agg(worst)
-    out["cases"] = by.size()
-    return out.reset_index()
-
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating, float)):
-        return None if not math.isfinite(float(value)) else float(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    return value
-
-
-def _records(frame: pd.DataFrame) -> list[dict]:
-    return [_jsonable({k: (None if (isinstance(v, float) and math.isnan(v)) else v) for k, v in r.items()})
-            for r in frame.to_dict(orient="records")]
+    return pd.DataFrame() if c.empty else _case_stats(c.groupby("setup", sort=False), ("mean", "best", "worst"))
 
 
 def map_json(result: MapResult) -> dict:
     """The whole map as plain JSON: spec, every case's row, the node fields, the claims' contours and regions,
     the card points and the conclusion. Marked simulated."""
     fields = node_fields(result)
-    return _jsonable({"source": "simulated", "grid": result.spec.to_dict(), "cases": _records(result.frame),
-                      "nodes": _records(fields), "contours": claim_contours(result, fields),
-                      "regions": claim_regions(result, fields), "card_points": _records(card_points(result)),
+    return json_safe({"source": "simulated", "grid": result.spec.to_dict(), "cases": result.frame.to_dict("records"),
+                      "nodes": fields.to_dict("records"), "contours": claim_contours(result, fields),
+                      "regions": claim_regions(result, fields), "card_points": card_points(result).to_dict("records"),
                       "conclusion": conclusion(result, fields)})

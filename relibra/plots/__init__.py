@@ -22,12 +22,3 @@ from relibra.plots.tutorial import phase_figure, plan_figure, skew_sweep_figure,
 from relibra.plots.verdict_map import verdict_map_plot
 from relibra.plots.widgets import tutorial_interactive
 
-__all__ = [
-    "POLICY_COLORS", "POLICY_LABELS", "POLICY_ORDER", "model_label", "policy_order", "policy_palette", "save_figure",
-    "set_style", "show_inline", "titled", "expert_load_heatmaps", "prediction_error_plot", "shift_bars",
-    "static_skewness_plot", "phase_figure", "skew_sweep_figure", "plan_figure", "tutorial_figure", "tutorial_grid_figure",
-    "tutorial_interactive", "ablation_plot", "fraction_of_balanced", "reorder_plot", "replication_plot",
-    "skewness_plot", "spare_slot_plot", "throughput_bars", "overhead_bars", "planner_time_plot",
-    "policy_summary_plot", "reward_plot", "runtime_rank_plot", "runtime_speedup_plot", "runtime_step_segments_plot", "tornado_plot",
-    "ep_sweep_plot", "scale_planner_plot", "ratio_pivot", "cluster_label", "verdict_map_plot",
-]

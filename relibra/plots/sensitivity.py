@@ -17,11 +17,6 @@ KNOB_UNITS = {"tokens per micro-batch": "tokens", "data-parallel size": "ranks",
 LOW_COLOR, HIGH_COLOR = (0.27, 0.51, 0.71), (0.84, 0.37, 0.30)
 
 
-def value_label(value, knob: str = "") -> str:
-    """A knob value as shown at a bar's end (relibra.labels.knob_value)."""
-    return knob_value(value, knob)
-
-
 def knob_label(knob: str) -> str:
     unit = KNOB_UNITS.get(knob)
     return f"{knob} ({unit})" if unit else knob
@@ -58,9 +53,9 @@ def tornado_plot(table: pd.DataFrame, subtitle: str):
                 ax.text(0, yi + 0.32, "no change", ha="center", va="bottom", fontsize=7, color="0.3")
                 continue
             if row.lo < 0:
-                ax.text(row.lo, yi, value_label(row.low_value, row.knob) + " ", ha="right", va="center", fontsize=7)
+                ax.text(row.lo, yi, knob_value(row.low_value, row.knob) + " ", ha="right", va="center", fontsize=7)
             if row.hi > 0:
-                ax.text(row.hi, yi, " " + value_label(row.high_value, row.knob), ha="left", va="center", fontsize=7)
+                ax.text(row.hi, yi, " " + knob_value(row.high_value, row.knob), ha="left", va="center", fontsize=7)
         ax.set_yticks(y, [knob_label(k) for k in d["knob"]])
         ax.set_xlabel(f"{RATIO_LABELS[ratio]}: % change from the default")
         ax.set_title(f"{RATIO_LABELS[ratio]}: default {default:.3f}")

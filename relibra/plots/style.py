@@ -100,7 +100,6 @@ def show_inline(fig, png: Path) -> None:
     plt.close(fig)
 
 
-
 def policy_hue(policies):
     order = policy_order(policies)
     return order, policy_palette(order)

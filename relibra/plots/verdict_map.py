@@ -36,14 +36,9 @@ def merge_coincident(cards: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def _claim_levels(claims, field: str) -> list[tuple[float, str]]:
-    for c in claims:
-        if c["field"] == field:
-            levels = [(c["level"], c["claim"])]
-            if "lower" in c:
-                levels.append((c["lower"], c["claim"]))
-            return levels
-    return []
+def _claim_levels(claims, field: str) -> list[float]:
+    """The levels of the claim on `field`: its level, and its lower end where it states a range."""
+    return [lv for c in claims if c["field"] == field for lv in (c["level"], c.get("lower")) if lv is not None]
 
 
 def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibration: dict, subtitle: str,
@@ -87,7 +82,7 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
                         color="0.05", zorder=4,
                         bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7})
         notes = []
-        for level, _ in levels:
+        for level in levels:
             if z.shape[0] >= 2 and z.shape[1] >= 2 and lo <= level <= hi:
                 cs = ax.contour(xs, ys, z, levels=[level], colors="black", linewidths=2.0, linestyles="--", zorder=5)
                 ax.clabel(cs, fmt={level: "paper " + fmt.format(level)}, fontsize=8)
@@ -112,7 +107,7 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
                                            markeredgecolor="black", markersize=9, label=f"card {c['setup']}"))
         notes = list(dict.fromkeys(notes))
         if len(notes) == 2 and field == "gap_to_balanced" and notes[0].split(":")[1] == notes[1].split(":")[1]:
-            notes = [f"paper's {fmt.format(min(lv for lv, _ in levels))}-{fmt.format(max(lv for lv, _ in levels))}:"
+            notes = [f"paper's {fmt.format(min(levels))}-{fmt.format(max(levels))}:"
                      + notes[0].split(":", 1)[1]]  # one note for the range when both ends lie on one side
         if notes:
             ax.text(0.02, 0.02, "\n".join(notes), transform=ax.transAxes, fontsize=8, va="bottom",
