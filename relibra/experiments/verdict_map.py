@@ -21,13 +21,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from relibra.analysis import shift_stats
+from relibra.analysis import microbatch_calibration, shift_stats
 from relibra.cluster import get_model
 from relibra.display import json_safe
 from relibra.errors import ConfigError
 from relibra.pool import map_in_order
+from relibra.rl.capture import DEFAULT_RL_TRACE
 from relibra.setups import DEFAULT_CARD, card_names, load_card
 from relibra.sim import simulate
+from relibra.trace import RoutingTrace
 from relibra.workloads import MICROBATCH_SHIFT_RANGE, WorkloadConfig, generate_trace
 
 MAP_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
@@ -459,3 +461,76 @@ def map_json(result: MapResult) -> dict:
                       "nodes": fields.to_dict("records"), "contours": claim_contours(result, fields),
                       "regions": claim_regions(result, fields), "card_points": card_points(result).to_dict("records"),
                       "conclusion": conclusion(result, fields)})
+
+
+def contour_table(contours: list[dict]) -> pd.DataFrame:
+    """claim_contours as one row per (claim, crossing point); a claim that crosses nowhere keeps one row of
+    NaN positions, so every claim is in the table."""
+    empty = {"tokens_per_ep_rank": np.nan, "shift_value": np.nan, "mb_vs_step_corr": np.nan}
+    return pd.DataFrame([{"claim": c["claim"], "field": c["field"], "level": c["level"], **pt} for c in contours
+                         for pt in c["points"]] or [{"claim": c["claim"], "field": c["field"], "level": c["level"],
+                                                     **empty} for c in contours])
+
+
+def rl_calibration(path=DEFAULT_RL_TRACE) -> dict:
+    """The kit's real RL trace's micro-batch statistics (relibra.analysis.microbatch_calibration), the
+    calibration the micro-batch shift's range comes from; {} when the trace is not shipped."""
+    return ({"label": "the kit's real RL trace (relibra rl, data/rl_tiny_seed0.npz)",
+             **microbatch_calibration(RoutingTrace.load(path))} if path.exists() else {})
+
+
+# ---- one named card's point, read back ------------------------------------------------------------------
+@dataclass(frozen=True)
+class CardPoint:
+    """One named card's point (a card_points row): ReLibra / Megatron and / EPLB+ as (mean, best) and the
+    gap to Balanced as (mean, best, worst) over its cases; its measured position; EPLB+'s and Megatron's
+    mean tokens/s there."""
+
+    setup: str
+    over_megatron: tuple[float, float]
+    over_eplb_plus: tuple[float, float]
+    gap: tuple[float, float, float]
+    tokens_per_ep_rank: float
+    mb_vs_step_corr: float
+    micro_batches: float
+    cases: int
+    tokens_per_s: tuple[float, float]  # EPLB+'s, Megatron's
+
+
+def _plural(n: float, word: str) -> str:
+    return f"{n:.0f} {word}" + ("" if round(n) == 1 else "es" if word.endswith("h") else "s")
+
+
+def why_card_differs(x: CardPoint, regions, best_over_megatron: tuple[float, int],
+                     best_over_eplb_plus: tuple[float, float, float]) -> str:
+    """Why one card's figure is not the paper's (CLAIMS' levels), from its point and the grid's: regions
+    (claim_regions), the grid's best ReLibra / Megatron with its tokens per EP rank, and its best ReLibra /
+    EPLB+ with its shift and correlation."""
+    meg, eplb, gap = CLAIMS
+    need = next((reg["min_tokens"] for reg in regions if reg["field"] == "relibra_over_megatron_best"), None)
+    mbs, (eplb_tps, meg_tps), (best, shift, corr) = _plural(x.micro_batches, "micro-batch"), x.tokens_per_s, \
+        best_over_eplb_plus
+    parts = [f"it packs {x.tokens_per_ep_rank:.0f} tokens per EP rank per micro-batch ({mbs} a step)"]
+    if x.over_megatron[1] < meg["level"]:
+        parts.append(f"{meg['level']:g}x over Megatron needs at least {need} tokens per EP rank on the grid" if need
+                     else f"the grid reaches {meg['level']:g}x over Megatron nowhere (best "
+                     f"{best_over_megatron[0]:.2f}x at {best_over_megatron[1]} tokens per EP rank)")
+    if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
+        parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over {mbs} a "
+                     "step its own costs exceed what its balance saves, which, not micro-batch shift, lifts ReLibra / "
+                     f"EPLB+ to {x.over_eplb_plus[0]:.2f}x")
+    else:
+        parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, so a once-per-step "
+                     "EPLB+ already balances most of each micro-batch's load" if x.mb_vs_step_corr >= 0.85 else
+                     f"its micro-batches correlate with their step at only {x.mb_vs_step_corr:.2f}, where "
+                     "per-micro-batch balancing has the most to gain over EPLB+")
+    if x.over_eplb_plus[1] < eplb["level"]:
+        where = "nowhere" if best < eplb["level"] else "only elsewhere"
+        parts.append(f"{eplb['level']:g}x over EPLB+ is reached {where} on the grid (best {best:.2f}x at shift "
+                     f"{shift:g}, correlation {corr:.2f}, the sharpest shift the routing data support being "
+                     f"{MICROBATCH_SHIFT_RANGE[1]:g})")
+    if not gap["lower"] <= x.gap[0] <= gap["level"]:
+        side = "below" if x.gap[0] < gap["lower"] else "above"
+        parts.append(f"its gap to Balanced ({100 * x.gap[0]:.1f}%) is {side} the paper's "
+                     f"{100 * gap['lower']:g}-{100 * gap['level']:g}%")
+    return "; ".join(parts)

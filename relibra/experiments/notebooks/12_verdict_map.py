@@ -6,31 +6,24 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from relibra.analysis import microbatch_calibration
 from relibra.cluster import get_model
 from relibra.experiments.base import PATH, Kind, Params, Result, TryThis, integers, names, objects, param, table, value
 from relibra.experiments.profiles import per_profile
 from relibra.experiments.text import pct, row
 from relibra.experiments.traces import PROFILE
 from relibra.experiments.verdict_map import CLAIMS as MAP_CLAIMS
-from relibra.experiments.verdict_map import (RATIO_FIELDS, GridSpec, ShiftAxis, card_points, claim_contours,
-                                             claim_regions, conclusion, default_grid, node_fields, paper_grid, run_map)
+from relibra.experiments.verdict_map import (RATIO_FIELDS, CardPoint, GridSpec, ShiftAxis, card_points,
+                                             claim_contours, claim_regions, conclusion, contour_table, default_grid,
+                                             node_fields, paper_grid, rl_calibration, run_map, why_card_differs)
 from relibra.labels import CLAIMS
 from relibra.setups import DEFAULT_CARD
-from relibra.trace import RoutingTrace
 from relibra.workloads import MICROBATCH_SHIFT_RANGE, WORKLOADS
 
 QUESTION = ("Where, over tokens per EP rank and micro-batch shift, do the paper's claims hold, and where does each "
             "named set-up card sit?")
-
-# The kit's real RL trace (`relibra rl`, notebook 09): its micro-batch vs step correlation is the calibration
-# the shift range comes from (docs/traces.md); the map draws it as a line.
-RL_TRACE = Path(__file__).resolve().parents[3] / "data" / "rl_tiny_seed0.npz"
 
 # The tiny profile's grid: the tiny model at EP 4 on a 16-sequence batch (the cards cut to fit), two budgets,
 # the shift range's ends; the cards that publish no model of their own.
@@ -122,26 +115,12 @@ class Result(Result):
     calibration: dict = value(None)  # the real RL trace's micro-batch vs step correlation (the shift's source)
 
 
-def rl_calibration(path: Path = RL_TRACE) -> dict:
-    """The kit's real RL trace's micro-batch statistics (relibra.analysis.microbatch_calibration), the
-    calibration the micro-batch shift's range comes from; {} when the trace is not shipped."""
-    return ({"label": "the kit's real RL trace (relibra rl, data/rl_tiny_seed0.npz)",
-             **microbatch_calibration(RoutingTrace.load(path))} if path.exists() else {})
-
-
-def contour_frame(contours: list[dict]) -> pd.DataFrame:
-    empty = {"tokens_per_ep_rank": np.nan, "shift_value": np.nan, "mb_vs_step_corr": np.nan}
-    return pd.DataFrame([{"claim": c["claim"], "field": c["field"], "level": c["level"], **pt} for c in contours
-                         for pt in c["points"]] or [{"claim": c["claim"], "field": c["field"], "level": c["level"],
-                                                     **empty} for c in contours])
-
-
 def compute(p: Params, sizes: Sizes, progress: bool = True, workers: int | None = None) -> Result:
     spec = p.spec(sizes)
     result = run_map(spec, workers=workers, progress=progress)
     fields = node_fields(result)
     contours = claim_contours(result, fields)
-    return Result(cases=result.frame, nodes=fields, cards=card_points(result), contours=contour_frame(contours),
+    return Result(cases=result.frame, nodes=fields, cards=card_points(result), contours=contour_table(contours),
                   conclusion=conclusion(result, fields), regions=claim_regions(result, fields), grid=spec.to_dict(),
                   calibration=rl_calibration())
 
@@ -157,36 +136,23 @@ def node_mean(r: Result, column: str) -> float:
 
 
 @dataclass(frozen=True)
-class Card:
-    """One named card's point (verdict_map.card_points): ReLibra / Megatron and / EPLB+ as (mean, best) and
-    the gap to Balanced as (mean, best, worst) over its cases; its measured position; EPLB+'s and Megatron's
-    mean tokens/s there."""
-
-    setup: str
-    over_megatron: tuple[float, float]
-    over_eplb_plus: tuple[float, float]
-    gap: tuple[float, float, float]
-    tokens_per_ep_rank: float
-    mb_vs_step_corr: float
-    micro_batches: float
-    cases: int
-    tokens_per_s: tuple[float, float]  # EPLB+'s, Megatron's
-
-
-@dataclass(frozen=True)
 class Summary:
     conclusion: str
     regions: tuple[dict, ...]  # per claim: where on the grid it holds (verdict_map.claim_regions)
-    cards: tuple[Card, ...]
+    cards: tuple[CardPoint, ...]
     best_over_megatron: tuple[float, int] | None  # the grid's best ReLibra / Megatron, its tokens per EP rank
     best_over_eplb_plus: tuple[float, float, float] | None  # the best ReLibra / EPLB+, its shift and correlation
     shift_effect: tuple[float, float, float] | None  # lowest and highest shift, ReLibra / EPLB+'s mean change
     calibration: dict
 
+    def why(self, x: CardPoint) -> str:
+        """Why card x's figure is not the paper's (verdict_map.why_card_differs)."""
+        return why_card_differs(x, self.regions, self.best_over_megatron, self.best_over_eplb_plus)
+
 
 def summarize(r: Result) -> Summary:
     own, g, nodes = r.cases[r.cases["kind"] == "card"], r.cases[r.cases["kind"] == "grid"], r.nodes
-    cards = tuple(Card(x["setup"], *((x[f"{f}_mean"], x[f"{f}_best"]) for f in RATIO_FIELDS[:2]),
+    cards = tuple(CardPoint(x["setup"], *((x[f"{f}_mean"], x[f"{f}_best"]) for f in RATIO_FIELDS[:2]),
                        tuple(x[f"gap_to_balanced_{k}"] for k in ("mean", "best", "worst")), x["tokens_per_ep_rank"],
                        x["mb_vs_step_corr"], x["micro_batches"], int(x["cases"]),
                        tuple(float(own.loc[own["setup"] == x["setup"], f"tokens_per_s_{p}"].mean())
@@ -201,41 +167,6 @@ def summarize(r: Result) -> Summary:
                    (lo, hi, at[1] - at[0]) if hi > lo else None, r.calibration or {})
 
 
-def _plural(n: float, word: str) -> str:
-    return f"{n:.0f} {word}" + ("" if round(n) == 1 else "es" if word.endswith("h") else "s")
-
-
-def why_card_differs(s: Summary, x: Card) -> str:
-    """Why one card's figure is not the paper's (verdict_map.CLAIMS' levels), from its point and the grid's."""
-    meg, eplb, gap = MAP_CLAIMS
-    need = next((reg["min_tokens"] for reg in s.regions if reg["field"] == "relibra_over_megatron_best"), None)
-    mbs, (eplb_tps, meg_tps), (best, shift, corr) = _plural(x.micro_batches, "micro-batch"), x.tokens_per_s, \
-        s.best_over_eplb_plus
-    parts = [f"it packs {x.tokens_per_ep_rank:.0f} tokens per EP rank per micro-batch ({mbs} a step)"]
-    if x.over_megatron[1] < meg["level"]:
-        parts.append(f"{meg['level']:g}x over Megatron needs at least {need} tokens per EP rank on the grid" if need
-                     else f"the grid reaches {meg['level']:g}x over Megatron nowhere (best "
-                     f"{_x(s.best_over_megatron[0])} at {s.best_over_megatron[1]} tokens per EP rank)")
-    if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
-        parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over {mbs} a "
-                     "step its own costs exceed what its balance saves, which, not micro-batch shift, lifts ReLibra / "
-                     f"EPLB+ to {_x(x.over_eplb_plus[0])}")
-    else:
-        parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, so a once-per-step "
-                     "EPLB+ already balances most of each micro-batch's load" if x.mb_vs_step_corr >= 0.85 else
-                     f"its micro-batches correlate with their step at only {x.mb_vs_step_corr:.2f}, where "
-                     "per-micro-batch balancing has the most to gain over EPLB+")
-    if x.over_eplb_plus[1] < eplb["level"]:
-        where = "nowhere" if best < eplb["level"] else "only elsewhere"
-        parts.append(f"{eplb['level']:g}x over EPLB+ is reached {where} on the grid (best {_x(best)} at shift "
-                     f"{shift:g}, correlation {corr:.2f}, the sharpest shift the routing data support being "
-                     f"{MICROBATCH_SHIFT_RANGE[1]:g})")
-    if not gap["lower"] <= x.gap[0] <= gap["level"]:
-        parts.append(f"its gap to Balanced ({pct(x.gap[0])}) is {'below' if x.gap[0] < gap['lower'] else 'above'} "
-                     f"the paper's {100 * gap['lower']:g}-{100 * gap['level']:g}%")
-    return "; ".join(parts)
-
-
 def story(s: Summary) -> str:
     """The conclusion, each claim's region, each card's point and why it differs, the calibration line."""
     lines = [f"**{s.conclusion}**"] + [
@@ -244,7 +175,7 @@ def story(s: Summary) -> str:
         f"(micro-batch vs step correlation {reg['best_corr']:.2f})." for reg in s.regions] + [
         f"- `{x.setup}`: ReLibra / Megatron {_x(x.over_megatron[0])} (best {_x(x.over_megatron[1])}), / EPLB+ "
         f"{_x(x.over_eplb_plus[0])}, gap to Balanced {pct(x.gap[0])}: "
-        f"{why_card_differs(s, x) if s.best_over_megatron else ''}." for x in s.cards]
+        f"{s.why(x) if s.best_over_megatron else ''}." for x in s.cards]
     if s.shift_effect:
         lines.append("Moving the micro-batch shift from {:g} to {:g} changes ReLibra / EPLB+ by {:+.3f} on average "
                      "over the grid's cases: EPLB+ balances the step's total once, so it loses exactly what the "
@@ -288,7 +219,7 @@ def section(s: Summary, man: dict, table_md) -> str:
     """REPORT.md's opening: the verdict table (one column per named card), the map's one-sentence conclusion,
     and per card why its figure differs from the paper's."""
     figure = next((f for f in man.get("figures", []) if f["name"] == "verdict_map"), None)
-    why = "".join(f"- `{x.setup}`: {why_card_differs(s, x)}.\n" for x in s.cards) if s.best_over_megatron else ""
+    why = "".join(f"- `{x.setup}`: {s.why(x)}.\n" for x in s.cards) if s.best_over_megatron else ""
     return ("## The verdict: the paper's claims per set-up card, and where they hold\n\n"
             f"From notebook 12 (**simulated**, {man['scale_note']}; every card's point at full scale on the card's own "
             "inputs, `relibra setup show CARD`). No card's figure is the answer alone: each is one point of the map "
