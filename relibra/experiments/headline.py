@@ -345,18 +345,3 @@ def verdict_with_alternatives(grid: pd.DataFrame, alternatives: pd.DataFrame, fu
     v["why"] = [why_they_differ(grid, alternatives)[k] for k in ids]
     v["scale"] = "full scale" if full_scale else "CUT-DOWN"
     return v
-
-
-def verdict_cells(row) -> dict:
-    """The verdict row of one claim as text cells: the kit's mean and range, its best case and seed, the
-    range over the alternatives ("x" for ratios, "%" for gaps)."""
-    def f(v):
-        return f"{100 * v:.1f}%" if row["kind"] == "gap" else f"{v:.2f}x"
-
-    alt = ("-" if pd.isna(row["alternatives_low"]) else
-           f"{f(row['alternatives_low'])} - {f(row['alternatives_high'])}")
-    return {"claim": row["claim"], "paper": row["paper"],
-            "kit (mean; range over cases x seeds)": f"{f(row['mean'])}; {f(row['low'])} - {f(row['high'])} over "
-                                                     f"{int(row['cases'])} cases ({int(row['seeds'])} seeds)",
-            "best case": f"{f(row['best'])} ({row['best_case']})",
-            "other layouts and link rates": alt, "why they differ": row["why"]}
