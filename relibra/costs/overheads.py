@@ -7,6 +7,7 @@ shows up only through its plan. `Overheads()` (the default of CostParams.overhea
 the set-up card's [overheads] section says what the headline charges (relibra.setups, docs/cost-model.md).
 
   overlapped_seconds        a transfer beside attention at an overlap efficiency -> exposed seconds [M, L]
+  replica_move_list         which replica slots push weights and pull gradients at which micro-batch
   replica_grad_add_seconds  the home GPU adding each pulled replica gradient into its own (HBM-bound)
   recompute_push_window     which dense window hides the backward push under activation recomputation
   post_rollout_planner      planner seconds beyond the post-rollout window, once per step
@@ -156,12 +157,39 @@ def recompute_push_window(attention: np.ndarray, other: np.ndarray, attention_ba
     return (attention, other) if recompute else (attention_backward, other_backward)
 
 
-# ---- replica gradients into the home -------------------------------------------------------------
+# ---- replica moves, and their gradients into the home ---------------------------------------------
+def replica_move_list(plan: StepPlan, buffer: str) -> dict:
+    """Replica weight pushes and gradient pulls as a list, one entry per occupied replica slot:
+    {"micro_batch", "layer", "home", "gpu": int64 [n], "push", "pull": bool [n]} (whether that slot's
+    weights are pushed from the home to the GPU, and its gradient pulled back, at its (micro_batch, layer)).
+
+    layer-shared: every occupied slot is pushed and pulled at its own (micro_batch, layer).
+    per-layer: an expert is pushed to a GPU only where it was not there at the previous micro-batch
+    (same layer), and its gradient pulled at the last micro-batch of that stay.
+    """
+    m, l, ep, r = plan.replica_expert.shape
+    e = plan.num_experts
+    mi, li, gi, ri = np.nonzero(plan.replica_expert >= 0)
+    ex = plan.replica_expert[mi, li, gi, ri].astype(np.int64)
+    if buffer == "per-layer":
+        # (layer, gpu, expert, micro_batch) keys with an empty micro-batch of padding on both sides
+        key = ((li * ep + gi) * e + ex) * (m + 2) + mi + 1
+        present = np.unique(key)
+
+        def there(k):
+            at = np.minimum(np.searchsorted(present, k), len(present) - 1)
+            return present[at] == k
+
+        push, pull = ~there(key - 1), ~there(key + 1)
+    else:
+        push = pull = np.ones(len(mi), dtype=bool)
+    return {"micro_batch": mi, "layer": li, "home": plan.home[li, ex].astype(np.int64), "gpu": gi,
+            "push": push, "pull": pull}
+
+
 def grad_adds_per_home(plan: StepPlan, buffer: str) -> np.ndarray:
     """Replica gradients each home GPU adds into its own per (micro-batch, layer): int64 [M, L, ep]
-    (one per pulled replica, counted at the home; relibra.costs.phases.replica_move_list says when a
-    buffer pulls)."""
-    from relibra.costs.phases import replica_move_list  # phases imports this module
+    (one per pulled replica, counted at the home; replica_move_list says when a buffer pulls)."""
 
     m, l, ep, _ = plan.replica_expert.shape
     moves = replica_move_list(plan, buffer)

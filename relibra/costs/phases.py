@@ -23,7 +23,7 @@ from relibra.cluster import ModelShape, Topology
 from relibra.costs.calibration import planner_seconds_per_cell
 from relibra.costs.flops import attention_core_flops, attention_core_seconds, gemm_seconds
 from relibra.costs.links import collective_seconds, layer_distinct_tokens, sparse_link_seconds
-from relibra.costs.overheads import overlapped_seconds, recompute_push_window
+from relibra.costs.overheads import overlapped_seconds, recompute_push_window, replica_move_list
 from relibra.costs.params import REPLICA_BUFFERS, CostParams
 from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan
@@ -124,35 +124,6 @@ def non_moe_seconds(src_tokens: np.ndarray, model: ModelShape, topology: Topolog
 
 
 # ---- replicas ------------------------------------------------------------------------------------
-def replica_move_list(plan: StepPlan, buffer: str) -> dict:
-    """Replica weight pushes and gradient pulls as a list, one entry per occupied replica slot:
-    {"micro_batch", "layer", "home", "gpu": int64 [n], "push", "pull": bool [n]} (whether that slot's
-    weights are pushed from the home to the GPU, and its gradient pulled back, at its (micro_batch, layer)).
-
-    layer-shared: every occupied slot is pushed and pulled at its own (micro_batch, layer).
-    per-layer: an expert is pushed to a GPU only where it was not there at the previous micro-batch
-    (same layer), and its gradient pulled at the last micro-batch of that stay.
-    """
-    m, l, ep, r = plan.replica_expert.shape
-    e = plan.num_experts
-    mi, li, gi, ri = np.nonzero(plan.replica_expert >= 0)
-    ex = plan.replica_expert[mi, li, gi, ri].astype(np.int64)
-    if buffer == "per-layer":
-        # (layer, gpu, expert, micro_batch) keys with an empty micro-batch of padding on both sides
-        key = ((li * ep + gi) * e + ex) * (m + 2) + mi + 1
-        present = np.unique(key)
-
-        def there(k):
-            at = np.minimum(np.searchsorted(present, k), len(present) - 1)
-            return present[at] == k
-
-        push, pull = ~there(key - 1), ~there(key + 1)
-    else:
-        push = pull = np.ones(len(mi), dtype=bool)
-    return {"micro_batch": mi, "layer": li, "home": plan.home[li, ex].astype(np.int64), "gpu": gi,
-            "push": push, "pull": pull}
-
-
 def replica_moves(plan: StepPlan, buffer: str) -> tuple[np.ndarray, np.ndarray]:
     """Replica weight pushes and gradient pulls: (pushes, pulls) int64 [M, L, ep_home, ep_dst] copies
     (replica_move_list counted per (micro_batch, layer, home, gpu))."""
