@@ -107,11 +107,6 @@ class SimParams(TraceParams):
         """Where the routing comes from, for captions."""
         return "synthetic RL traces"
 
-    def simulated_label(self) -> str:
-        """'simulated (<cluster preset>: nodes x GPUs)' for titles."""
-        c = self.cluster
-        return f"simulated ({c.name} cluster preset, {c.num_nodes} x {c.gpus_per_node} GPUs)"
-
     def plan_label(self, sizes: Scale, ep: str | int | None = None) -> str:
         """Provenance of plan statistics (no cost model): policies' plans on synthetic traces."""
         c = self.cluster
@@ -124,14 +119,16 @@ class SimParams(TraceParams):
         return (f"model{'s' if len(models) > 1 else ''} {', '.join(models)}; workload"
                 f"{'s' if len(workloads) > 1 else ''} {', '.join(workloads)}")
 
-    def sim_subtitle(self, sizes: Scale) -> str:
-        """'simulated (<cluster>), EP <ep>, <models and workloads> | <scale note>' for figures of the simulator."""
-        return f"{self.simulated_label()}, EP {self.ep}, {self.cases_note(sizes)} | {self.scale_note(sizes)}"
+    def sim_subtitle(self, sizes: Scale, cases: str | None = None) -> str:
+        """'simulated (<cluster preset>, nodes x GPUs), EP <ep>, <cases: the models and workloads> | <scale
+        note>' for figures of the simulator."""
+        c = self.cluster
+        return (f"simulated ({c.name} cluster preset, {c.num_nodes} x {c.gpus_per_node} GPUs), EP {self.ep}, "
+                f"{cases or self.cases_note(sizes)} | {self.scale_note(sizes)}")
 
     def one_case_subtitle(self, sizes: Scale) -> str:
         """The same for the single model and workload."""
-        return (f"{self.simulated_label()}, EP {self.ep}, model {self.models()[0].name}; workload "
-                f"{self.the_workload(sizes)} | {self.scale_note(sizes)}")
+        return self.sim_subtitle(sizes, f"model {self.models()[0].name}; workload {self.the_workload(sizes)}")
 
 
 @dataclass(frozen=True)
