@@ -264,6 +264,8 @@ def test_notebooks_folder_holds_sources_only():
     ("03_ablation", {"policies": "relibra,eplbb"}, "unknown policy 'eplbb'"),
     ("03_ablation", {"ep": 7}, "ep=7"),
     ("10_sensitivity", {"setup": "nosuch"}, "unknown set-up card"),
+    ("10_sensitivity", {"setup": "slime-qwen3-235b"},
+     "10_sensitivity: setup: set-up card 'slime-qwen3-235b': entry 'batch.tokens_per_gpu_per_microbatch' has no range"),
     ("04_reordering", {"model": "qwen3-30b-a3b,glm-4.5-air"}, "studies one model"),
     ("08_runtime", {"nproc": 4, "nodes": 3}, "must divide"),
     ("09_rl_workload", {"rl_steps": 0}, "rl_steps must be an integer >= 1"),

@@ -89,6 +89,10 @@ def knob_values(quick: bool = False, setup: str = DEFAULT_CARD) -> dict[str, lis
     base = defaults(setup)
     values: dict[str, list] = {}
     for k in KNOBS:
+        if k.values is None and card.entries[k.entry].range is None:
+            raise ConfigError(f"set-up card {card.name!r}: entry {k.entry!r} has no range, which the sensitivity "
+                              f"knob {k.name!r} sweeps; give it one (range = [low, high], docs/setup.md) or use a "
+                              f"card whose assumed entries carry ranges, e.g. {DEFAULT_CARD!r}")
         vals = list(k.values if k.values is not None else card.entries[k.entry].range) + list(k.extra)
         vals = list(dict.fromkeys([base[k.name]] + vals)) if k.categorical else sorted(set(vals) | {base[k.name]})
         if quick:

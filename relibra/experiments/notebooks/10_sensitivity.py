@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from relibra.cluster import resolve_topology
+from relibra.errors import ConfigError
 from relibra.experiments.base import Result, TryThis, mean_of, names, objects, param, table, value
 from relibra.experiments.profiles import SCALES, Scale, per_profile
-from relibra.experiments.sensitivity import KNOB_NAMES, RATIOS, sensitivity, tornado_table
+from relibra.experiments.sensitivity import KNOB_NAMES, RATIOS, knob_values, sensitivity, tornado_table
 from relibra.experiments.text import cluster_text, pct, row
 from relibra.experiments.traces import TraceParams
 from relibra.labels import RATIO_LABELS, knob_value
@@ -38,6 +39,14 @@ class Params(TraceParams):
                              objects(load_card, "set-up card", single=True))
     knobs: tuple[str, ...] | None = param(None, "knobs moved, e.g. 'batch layout,NVLink rate' (None: the profile's)",
                                           names(KNOB_NAMES, "sensitivity knob"), sizes="knobs")
+
+    def check(self, notebook: str, sizes: Sizes) -> None:
+        """The card gives every knob's sweep (knob_values), before any simulation."""
+        super().check(notebook, sizes)
+        try:
+            knob_values(sizes.quick, self.setup)
+        except ConfigError as exc:
+            raise ConfigError(f"{notebook}: setup: {exc}") from None
 
     def simulated_on(self) -> str:
         return self.setup.topology().name
