@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from relibra.errors import ConfigError
-from relibra.experiments.registry import NOTEBOOK_MODULES, load_results
+from relibra.experiments.registry import NOTEBOOK_MODULES, in_shown_order, load_results
 from relibra.paths import write_text
 from relibra.report import md_table
 
@@ -35,9 +35,7 @@ def glance_notebooks() -> list[str]:
 
 def glance_rows(out_dir: str | Path) -> pd.DataFrame:
     """Every row of the notebooks present under out_dir: columns what, figure, how it was obtained."""
-    results = sorted(load_results(out_dir).values(),  # the verdict map's rows first, as in REPORT.md
-                     key=lambda x: not getattr(x.notebook.module, "SECTION_FIRST", False))
-    rows = [row for x in results if x.notebook.rows for row in x.notebook.rows(x.summary, x.manifest)]
+    rows = [row for x in in_shown_order(load_results(out_dir).values()) if x.notebook.rows for row in x.notebook.rows(x.summary, x.manifest)]
     hows = [row["how it was obtained"] for row in rows]
     for i in range(1, len(rows)):  # a "how" repeated from the row above reads "same as above"
         if hows[i] == hows[i - 1]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from relibra.experiments import NOTEBOOKS, environment, get_profile
-from relibra.experiments.registry import Loaded, load_results
+from relibra.experiments.registry import Loaded, in_shown_order, load_results
 from relibra.labels import CLAIMS
 from relibra.paths import write_text
 
@@ -56,8 +56,7 @@ def md_table(df: pd.DataFrame) -> str:
 def notebook_sections(r: ReportInput) -> str:
     """The sections of the notebook modules that write one: first those whose module sets SECTION_FIRST
     (the verdict map's table per set-up card), then the others, in notebook order."""
-    shown = [x for x in r.results.values() if x.notebook.section is not None]
-    shown.sort(key=lambda x: not getattr(x.notebook.module, "SECTION_FIRST", False))  # stable: notebook order kept
+    shown = in_shown_order(x for x in r.results.values() if x.notebook.section is not None)
     return "".join(x.notebook.section(x.summary, x.manifest, md_table) + "\n" for x in shown)
 
 

@@ -193,8 +193,9 @@ def planner_seconds(files: dict) -> str:
     return _table(["policy", "planned"] + [f"EP{ep}" for ep in eps], body)
 
 
-def _runtime_launches(data: dict) -> list[tuple[str, int, dict]]:
-    """(layout "N node(s) x R", launch number within the layout, {policy: row}) per `relibra run` command."""
+def _runtime_launches(data: dict) -> list[tuple[str, int, dict, list]]:
+    """(layout "N node(s) x R", launch number within the layout, {policy: row}, its 1-minute load averages)
+    per `relibra run` command."""
     out, count = [], {}
     for run in data["runs"]:
         rows = {r["policy"]: r for r in run.get("results", [])}

@@ -51,6 +51,11 @@ class Notebook:
     def section(self):
         return getattr(self.module, "section", None)
 
+    @property
+    def shown_first(self) -> bool:
+        """Whether the module sets SECTION_FIRST: its report section and README rows open theirs."""
+        return getattr(self.module, "SECTION_FIRST", False)
+
     def sizes_of(self, values):
         """The notebook's sizes for the (partly parsed) parameter values: SIZES[profile] by default."""
         own = getattr(self.module, "sizes_of", None)
@@ -90,6 +95,12 @@ class Loaded:
     def summary(self):
         """The module's summarize(result): the numbers its README rows and report section show."""
         return self.notebook.summarize(self.result)
+
+
+def in_shown_order(loaded) -> list[Loaded]:
+    """`loaded` (Loaded values) as REPORT.md and the README table show them: the modules that set
+    SECTION_FIRST first, then the others, each group in notebook order."""
+    return sorted(loaded, key=lambda x: not x.notebook.shown_first)
 
 
 def load_results(out_dir: str | Path) -> dict[str, Loaded]:
