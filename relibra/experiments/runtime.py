@@ -125,9 +125,6 @@ def check_trace_fits_model(trace: RoutingTrace, where: str, model: str) -> None:
         ours = getattr(preset, name)
         if ours != theirs:
             raise ConfigError(f"trace {where}: {name} is {theirs}, but the runtime's model {preset.name!r} has {ours}")
-    if trace.token_experts is not None and trace.token_experts.shape[-1] != preset.top_k:
-        raise ConfigError(f"trace {where}: token ids hold top-{trace.token_experts.shape[-1]} routing, but the "
-                          f"runtime's model {preset.name!r} routes top-{preset.top_k}")
 
 
 def runtime_topology(ep: int, gpus_per_node: int):
@@ -201,21 +198,18 @@ def prepare(request: RuntimeRequest, world: int) -> Prepared:
 
 
 # ---- the simulator's prediction -------------------------------------------------------------------
-def simulated_costs(run: PolicyPlans, warmup: int, ranks_per_node: int, topology=None) -> list:
+def simulated_costs(run: PolicyPlans, warmup: int, ranks_per_node: int) -> list:
     """relibra.costs.cost_plan of every timed plan of `run` on the fitted CPU preset (runtime_topology),
     each step after the previous step's placement, priced as the runtime runs it: each rank's tokens of
     a micro-batch as one sequence, fp32 gradients, the layer-shared replica buffer filled in line
     (blocking point-to-point before each layer, nothing hidden behind attention)."""
     trace = run.trace
-    topology = topology or runtime_topology(trace.ep, ranks_per_node)
+    topology = runtime_topology(trace.ep, ranks_per_node)
     seq = int(trace.loads[0, 0, 0].sum(axis=1).max() // trace.model.top_k)
     params = CostParams(seq_len=max(seq, 1), include_lm_head=True, grad_bytes_per_param=trace.model.bytes_per_param,
                         replica_buffer="layer-shared", overlap_transfers=False)
-    out = []
-    for s in range(warmup, len(run.plans)):
-        prev = run.plans[s - 1].home if s > 0 else None
-        out.append(cost_plan(run.plans[s], trace.model, topology, params, prev_home=prev))
-    return out
+    return [cost_plan(plan, trace.model, topology, params, prev_home=run.plans[s - 1].home if s > 0 else None)
+            for s, plan in enumerate(run.plans) if s >= warmup]
 
 
 # ---- summaries ------------------------------------------------------------------------------------------
@@ -295,9 +289,6 @@ class PolicySummary:
     cpu_speedup_ci_low: float | None = None
     cpu_speedup_ci_high: float | None = None
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 def oversubscribed(world: int, threads_per_rank: int = 1) -> bool:
     """More busy threads than usable cores: wall-clock times then measure the scheduler, not the kit."""
@@ -362,19 +353,16 @@ def summarise(result: RunResult, prepared: Prepared, request: RuntimeRequest) ->
 
 def summary_frame(summaries: list[PolicySummary]) -> pd.DataFrame:
     """One row per policy with the scalar fields (lists and dicts left out)."""
-    return pd.DataFrame([{k: v for k, v in s.to_dict().items() if not isinstance(v, (list, dict))}
+    return pd.DataFrame([{k: v for k, v in dataclasses.asdict(s).items() if not isinstance(v, (list, dict))}
                          for s in summaries])
 
 
 def segment_frame(summaries: list[PolicySummary]) -> pd.DataFrame:
     """Long table (policy, segment, source, seconds) of every policy's whole step, measured and simulated."""
-    rows = []
-    for s in summaries:
-        for name, sec in s.segments_s.items():
-            rows.append({"policy": s.policy, "segment": name, "source": "measured", "seconds": sec})
-        for name, sec in s.sim_segments_s.items():
-            rows.append({"policy": s.policy, "segment": name, "source": "simulated", "seconds": sec})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"policy": s.policy, "segment": name, "source": source, "seconds": sec}
+                         for s in summaries
+                         for source, seconds in (("measured", s.segments_s), ("simulated", s.sim_segments_s))
+                         for name, sec in seconds.items()])
 
 
 # ---- reports ----------------------------------------------------------------------------------------------
@@ -385,15 +373,14 @@ def report(result: RunResult, prepared: Prepared, request: RuntimeRequest, as_js
     fails loses nothing). Returns the exit code (1 when the equivalence check fails)."""
     summaries = summarise(result, prepared, request)
     check = request.run.measurement.check_equivalence
-    equivalence = {k: dataclasses.asdict(v) for k, v in result.equivalence.items()}
+    record = {"results": [dataclasses.asdict(s) for s in summaries],
+              "equivalence": {k: dataclasses.asdict(v) for k, v in result.equivalence.items()}}
     stream = sys.stderr if as_json else sys.stdout
     if as_json:
-        print(json_text({"results": [s.to_dict() for s in summaries], **({"equivalence": equivalence} if check else {})}))
+        print(json_text(record if check else {"results": record["results"]}))
     else:
         _print_tables(result, summaries)
-    code = 0
     for policy, eq in result.equivalence.items() if check else ():
-        code = max(code, int(not eq.ok()))
         print(f"equivalence ok ({policy}): max abs diff {eq.max_abs_diff:.3e} ({eq.dtype}, tolerance {eq.tolerance:g})"
               if eq.ok() else f"equivalence FAILED ({policy}): max abs diff {eq.max_abs_diff:.3e} > {eq.tolerance:g} "
               f"({eq.dtype}; experts {eq.expert_params:.3e}, dense {eq.dense_params:.3e}, loss {eq.loss:.3e})",
@@ -402,10 +389,9 @@ def report(result: RunResult, prepared: Prepared, request: RuntimeRequest, as_js
         os.makedirs(out, exist_ok=True)
         with atomic_path(os.path.join(out, "metrics.csv")) as tmp:
             frame(result.metric_rows(request.run.model.name, request.data.workload)).to_csv(tmp, index=False)
-        write_text(os.path.join(out, "summary.json"), json_text(
-            {"results": [s.to_dict() for s in summaries], "equivalence": equivalence}, indent=2))
+        write_text(os.path.join(out, "summary.json"), json_text(record, indent=2))
         print(f"wrote {out}/metrics.csv and summary.json", file=stream)
-    return code
+    return int(check and not all(eq.ok() for eq in result.equivalence.values()))
 
 
 def _print_tables(result: RunResult, summaries: list) -> None:
@@ -414,7 +400,7 @@ def _print_tables(result: RunResult, summaries: list) -> None:
             "replica_slots"]
     cols += [c for c in ("speedup_vs_megatron", "speedup_ci_low", "speedup_ci_high", "sim_speedup_vs_megatron",
                          "cpu_speedup_vs_megatron", "cpu_speedup_ci_low", "cpu_speedup_ci_high")
-             if c in table and table[c].notna().any()]
+             if table[c].notna().any()]
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(table[cols].to_string(index=False, float_format=lambda x: f"{x:.4f}"))
         seg = pd.DataFrame({s.policy: {**{f"{k} (measured)": v for k, v in s.segments_s.items()},
@@ -461,12 +447,11 @@ def runtime_segments_story(segments: pd.DataFrame, waiting: str) -> str:
         step = measured.sum()
         wait = measured.get(waiting, 0.0)
         top = measured.drop(waiting, errors="ignore").sort_values(ascending=False).head(2)
-        parts = [f"{name} {1e3 * v:.0f} ms" for name, v in top.items()]
-        line = (f"- {label(policy)}: step {1e3 * step:.0f} ms (mean over ranks); largest own work: {', '.join(parts)}; "
-                f"waiting for the other ranks {1e3 * wait:.0f} ms ({100 * wait / step:.0f}% of the step).")
+        line = (f"- {label(policy)}: step {1e3 * step:.0f} ms (mean over ranks); largest own work: "
+                + ", ".join(f"{name} {1e3 * v:.0f} ms" for name, v in top.items())
+                + f"; waiting for the other ranks {1e3 * wait:.0f} ms ({100 * wait / step:.0f}% of the step).")
         if "simulated" in d:
-            both = d.dropna(subset=["measured", "simulated"])
-            both = both[(both["measured"] > 0) & (both["simulated"] > 0)]
+            both = d[(d["measured"] > 0) & (d["simulated"] > 0)]  # NaN compares False: both sources present
             if len(both):
                 line += " Simulated / measured: " + ", ".join(
                     f"{name} {r['simulated'] / r['measured']:.2f}" for name, r in both.iterrows()) + "."
@@ -481,33 +466,26 @@ def runtime_agreement(results: pd.DataFrame, step_tolerance: float = 0.15) -> st
     oversubscribed runs."""
     g = results.groupby("policy").agg(measured=("step_s_median", "median"), sim=("sim_step_s", "median"),
                                       lo=("step_s_min", "min"), hi=("step_s_max", "max"))
-    over = bool(results["oversubscribed"].any()) if "oversubscribed" in results else False
-    lines = []
-    for p, r in g.iterrows():
-        ratio = r["sim"] / r["measured"]
-        ok = abs(ratio - 1) <= step_tolerance
-        lines.append(f"- {label(p)}: measured median {r['measured']:.3f} s (min {r['lo']:.3f}, max {r['hi']:.3f}), "
-                     f"simulated {r['sim']:.3f} s: simulated / measured {ratio:.2f} "
-                     + ("(within" if ok else "(outside") + f" {100 * step_tolerance:.0f}%)")
-    text = "\n".join(lines)
-    if over:
+    g["ratio"] = g["sim"] / g["measured"]
+    g["ok"] = (g["ratio"] - 1).abs() <= step_tolerance
+    text = "\n".join(f"- {label(p)}: measured median {r['measured']:.3f} s (min {r['lo']:.3f}, max {r['hi']:.3f}), "
+                     f"simulated {r['sim']:.3f} s: simulated / measured {r['ratio']:.2f} "
+                     + ("(within" if r["ok"] else "(outside") + f" {100 * step_tolerance:.0f}%)"
+                     for p, r in g.iterrows())
+    if "oversubscribed" in results and results["oversubscribed"].any():
         return ("OVERSUBSCRIBED: more ranks than cores, so these wall-clock times measure the scheduler and say "
                 "nothing about speed or about the simulator.\n\n" + text)
-    launch = "repeat" if "repeat" in results else ("launch" if "launch" in results else None)
+    launch = next((c for c in ("repeat", "launch") if c in results), None)
     if "speedup_ci_low" in results:
-        for _, r in results[results["policy"] != "megatron"].iterrows():
-            if pd.isna(r["speedup_ci_low"]):
-                continue
+        for _, r in results[(results["policy"] != "megatron") & results["speedup_ci_low"].notna()].iterrows():
             inside = r["speedup_ci_low"] <= r["sim_speedup_vs_megatron"] <= r["speedup_ci_high"]
             which = f"launch {int(r[launch]) + 1}, " if launch else ""
             text += (f"\n\n{which}{label(r['policy'])} vs Megatron: measured {r['speedup_vs_megatron']:.2f}x "
                      f"(95% interval {r['speedup_ci_low']:.2f}-{r['speedup_ci_high']:.2f}, width "
-                     f"{r['speedup_ci_high'] - r['speedup_ci_low']:.2f}), simulated {r['sim_speedup_vs_megatron']:.2f}x, "
-                     + ("inside" if inside else "outside") + " the interval.")
+                     f"{r['speedup_ci_high'] - r['speedup_ci_low']:.2f}), simulated "
+                     f"{r['sim_speedup_vs_megatron']:.2f}x, " + ("inside" if inside else "outside") + " the interval.")
             if "cpu_speedup_ci_low" in results and not pd.isna(r["cpu_speedup_ci_low"]):
                 text += (f" On process CPU time (the busiest rank per step) {r['cpu_speedup_vs_megatron']:.2f}x "
                          f"({r['cpu_speedup_ci_low']:.2f}-{r['cpu_speedup_ci_high']:.2f}).")
-    steps_ok = all(abs(r["sim"] / r["measured"] - 1) <= step_tolerance for _, r in g.iterrows())
-    text += ("\n\nOn these numbers the simulator " + ("agrees with" if steps_ok else "does not agree with")
-             + f" the measured step times to {100 * step_tolerance:.0f}%.")
-    return text
+    return text + ("\n\nOn these numbers the simulator " + ("agrees with" if g["ok"].all() else "does not agree with")
+                   + f" the measured step times to {100 * step_tolerance:.0f}%.")

@@ -59,20 +59,15 @@ def runtime_step_segments_plot(segments: pd.DataFrame, subtitle: str, waiting: s
     h = 0.38
     for ax, p in zip(axes[0], policies):
         color = POLICY_COLORS.get(p, "0.5")
+        colors = [color] + [WAIT_COLOR if name == waiting else color for name in names]
         mine = segments[segments["policy"] == p]
         totals = {src: mine[mine["source"] == src].groupby("segment")["seconds"].median().sum()
                   for src in ("measured", "simulated")}
         for src, off, hatch in (("measured", h / 2, None), ("simulated", -h / 2, "//")):
-            vals, lo, hi, colors = [totals[src]], [totals[src]], [totals[src]], [color]
-            for name in names:
-                key = (p, name, src)
-                v = g["median"].get(key, np.nan)
-                vals.append(v)
-                lo.append(g["min"].get(key, np.nan))
-                hi.append(g["max"].get(key, np.nan))
-                colors.append(WAIT_COLOR if name == waiting else color)
-            ms = 1e3 * np.array(vals)
-            err = 1e3 * np.array([np.subtract(vals, lo), np.subtract(hi, vals)])
+            # the whole step, then each segment: median, min, max over launches (NaN where a source has none)
+            v = {c: np.array([totals[src], *g[c].reindex([(p, name, src) for name in names])]) for c in g}
+            ms = 1e3 * v["median"]
+            err = 1e3 * np.array([v["median"] - v["min"], v["max"] - v["median"]])
             ax.barh(y + off, ms, h, xerr=np.nan_to_num(err), color=colors, hatch=hatch, edgecolor="0.2",
                     alpha=1.0 if src == "measured" else 0.5, capsize=2, error_kw={"lw": 0.8})
             for yi, v in zip(y + off, ms):
@@ -97,13 +92,11 @@ def runtime_speedup_plot(results: pd.DataFrame, subtitle: str, recorded: pd.Data
     simulator's ratio for the same plans (diamond). results: experiments.runtime.summary_frame rows with
     `repeat` (this run's launches); recorded: the same columns with `nodes_x_ranks` and `launch` (the
     shipped reference measurement), drawn after them."""
-    rows = []
-    for _, r in results[results["policy"] != "megatron"].iterrows():
-        rows.append((f"this run, launch {int(r['repeat']) + 1}\n{POLICY_LABELS.get(r['policy'], r['policy'])}", r))
+    rows = [(f"this run, launch {int(r['repeat']) + 1}", r)
+            for _, r in results[results["policy"] != "megatron"].iterrows()]
     if recorded is not None and "speedup_ci_low" in recorded:
-        for _, r in recorded[recorded["policy"] != "megatron"].iterrows():
-            rows.append((f"reference {r['nodes_x_ranks']}, launch {int(r['launch']) + 1}\n"
-                         f"{POLICY_LABELS.get(r['policy'], r['policy'])}", r))
+        rows += [(f"reference {r['nodes_x_ranks']}, launch {int(r['launch']) + 1}", r)
+                 for _, r in recorded[recorded["policy"] != "megatron"].iterrows()]
     fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(rows) + 1.6))
     for i, (name, r) in enumerate(rows):
         color = POLICY_COLORS.get(r["policy"], "0.5")
@@ -113,7 +106,8 @@ def runtime_speedup_plot(results: pd.DataFrame, subtitle: str, recorded: pd.Data
         ax.plot(r["sim_speedup_vs_megatron"], i, "D", color="0.2", mfc="none",
                 label="simulated" if i == 0 else None)
     ax.axvline(1.0, color="0.5", lw=1, ls="--")
-    ax.set_yticks(range(len(rows)), [n for n, _ in rows], fontsize=7)
+    ax.set_yticks(range(len(rows)), [f"{n}\n{POLICY_LABELS.get(r['policy'], r['policy'])}" for n, r in rows],
+                  fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("Megatron's median step / the policy's (x)")
     ax.legend(fontsize=8, loc="lower right")
@@ -122,53 +116,19 @@ def runtime_speedup_plot(results: pd.DataFrame, subtitle: str, recorded: pd.Data
     return fig
 
 
-def runtime_rank_plot(measured: pd.DataFrame, subtitle: str, simulated: pd.DataFrame | None = None):
-    """Expert-compute seconds per rank and policy (forward + backward, mean over steps): measured bars,
-    and the simulator's figures from `simulated` (relibra metric rows): hatched bars where it holds
-    per-rank rows (rank >= 0), else one dashed line per policy at the simulated slowest GPU (rank -1,
-    summed over micro-batches and layers)."""
+def runtime_rank_plot(measured: pd.DataFrame, subtitle: str):
+    """Measured expert-compute seconds per rank and policy (forward + backward, mean over steps).
+    measured: relibra metric rows with `repeat`."""
     d = measured[measured["component"] == "expert_compute"]
     d = d.groupby(["policy", "repeat", "step", "rank"], as_index=False)["seconds"].sum()
     d["ms"] = 1e3 * d["seconds"]
-    d["source"] = "measured"
     order, palette = policy_hue(d["policy"].unique())
-    sim_lines = {}
-    if simulated is not None and len(simulated):
-        s = simulated[(simulated["component"] == "expert_compute") & simulated["policy"].isin(order)]
-        per_rank = s[s["rank"] >= 0]
-        if len(per_rank):
-            g = per_rank.groupby(["policy", "step", "rank"], as_index=False)["seconds"].sum()
-            g["ms"], g["source"], g["repeat"] = 1e3 * g["seconds"], "simulated", -1
-            d = pd.concat([d, g], ignore_index=True)
-        else:
-            slow = s[s["rank"] == -1].groupby(["policy", "step"])["seconds"].sum().groupby("policy").mean()
-            sim_lines = {p: 1e3 * v for p, v in slow.items()}
     fig, ax = plt.subplots(figsize=(9, 4.8))
-    if (d["source"] == "simulated").any():
-        d["policy, source"] = d["policy"].map(lambda p: POLICY_LABELS.get(p, p)) + ", " + d["source"]
-        hue_order = [f"{POLICY_LABELS.get(p, p)}, {src}" for p in order for src in ("measured", "simulated")]
-        pal = {f"{POLICY_LABELS.get(p, p)}, {src}": palette[p] for p in order for src in ("measured", "simulated")}
-        sns.barplot(d, x="rank", y="ms", hue="policy, source", hue_order=hue_order, palette=pal, ax=ax,
-                    errorbar=("pi", 100))
-        for container, name in zip(ax.containers, hue_order):
-            if name.endswith("simulated"):
-                for bar in container:
-                    bar.set_hatch("//")
-                    bar.set_alpha(0.6)
-        ax.legend(fontsize=7, title="policy, source")
-    else:
-        sns.barplot(d, x="rank", y="ms", hue="policy", hue_order=order, palette=palette, ax=ax, errorbar=("pi", 100))
-        handles, labels = ax.get_legend_handles_labels()
-        labels = [f"{POLICY_LABELS.get(p, p)}, measured" for p in labels]
-        for p, ms in sim_lines.items():
-            handles.append(ax.axhline(ms, color=palette[p], ls="--", lw=1.5))
-            labels.append(f"{POLICY_LABELS.get(p, p)}, simulated slowest GPU")
-        ax.legend(handles, labels, fontsize=7, loc="lower right")
+    sns.barplot(d, x="rank", y="ms", hue="policy", hue_order=order, palette=palette, ax=ax, errorbar=("pi", 100))
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, [f"{POLICY_LABELS.get(p, p)}, measured" for p in labels], fontsize=7, loc="lower right")
     ax.set_xlabel("EP rank")
     ax.set_ylabel("expert compute (ms per step)")
-    what = "measured vs simulated" if sim_lines or (d["source"] == "simulated").any() else "measured"
-    titled(fig, f"Expert-compute time per rank, {what} (whiskers: min-max over repeats and steps)", subtitle)
+    titled(fig, "Expert-compute time per rank, measured (whiskers: min-max over repeats and steps)", subtitle)
     fig.tight_layout()
     return fig
-
-

@@ -123,12 +123,10 @@ def measure(p: Params, s: Sizes) -> dict:
     for repeat in tqdm(range(s.repeats), desc="runtime launches", unit="launch"):
         result = RunResult.from_dict(launch(worker, p.nproc, request.run, prepared.runs, threads_per_rank=1,
                                             timeout_s=request.run.faults.collective_timeout_s))
-        d = frame(result.metric_rows(request.run.model.name, request.data.workload))
-        d["repeat"] = repeat
-        parts.append(d)
-        for x in summarise(result, prepared, request):
-            summaries.append(x)
-            launches.append(repeat)
+        parts.append(frame(result.metric_rows(request.run.model.name, request.data.workload)).assign(repeat=repeat))
+        new = summarise(result, prepared, request)
+        summaries += new
+        launches += [repeat] * len(new)
     load = max(load_before, os.getloadavg()[0])
     over = " OVERSUBSCRIBED (ranks > cores: times say nothing about speed)" if oversubscribed(p.nproc) else ""
     return {"summaries": summaries, "launches": launches, "metrics": pd.concat(parts, ignore_index=True),
