@@ -416,13 +416,12 @@ def _print_tables(result: RunResult, summaries: list) -> None:
 
 
 # ---- what notebook 08 reads ---------------------------------------------------------------------------
-def recorded_runtime(path=None) -> tuple[pd.DataFrame, dict]:
-    """The reference measurement `scripts/measure_runtime.py` wrote (data/runtime_measured.json by default):
+def recorded_runtime() -> tuple[pd.DataFrame, dict]:
+    """The reference measurement `scripts/measure_runtime.py` wrote (data/runtime_measured.json):
     one row per (command, launch, policy) with the launch's scalar fields (step_s_median/min/max,
     sim_step_s, speedup_vs_megatron with its CI, ...) plus `command`, `launch`, `nodes_x_ranks` and the
     machine's 1-min load average before and after the command; and the file's {"machine", "date"}."""
-    path = project_root() / "data" / "runtime_measured.json" if path is None else path
-    with open(path) as f:
+    with open(project_root() / "data" / "runtime_measured.json") as f:
         record = json.load(f)
     rows, seen = [], {}
     for run in (r for r in record["runs"] if "results" in r):  # the calibration command has none

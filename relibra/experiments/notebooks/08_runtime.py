@@ -105,11 +105,9 @@ def read_measured(folder) -> dict:
     if not files:
         raise ConfigError(f"gpu profile: no measured runs (summary.json) in {folder}; run the GPU script of "
                           "docs/notebooks.md first, or pass measured_dir")
-    summaries, launches = [], []
-    for i, f in enumerate(files):
-        for r in json.loads(f.read_text())["results"]:
-            summaries.append(PolicySummary(**r))
-            launches.append(i)
+    runs = [json.loads(f.read_text())["results"] for f in files]  # one launch per file
+    summaries = [PolicySummary(**r) for results in runs for r in results]
+    launches = [i for i, results in enumerate(runs) for _ in results]
     return {"summaries": summaries, "launches": launches, "metrics": pd.DataFrame(), "hardware": summaries[0].hardware}
 
 
