@@ -56,8 +56,7 @@ class ShiftAxis:
     values: tuple
 
     def __post_init__(self):
-        names = {f.name for f in dataclasses.fields(WorkloadConfig)}
-        if self.field not in names:
+        if self.field not in {f.name for f in dataclasses.fields(WorkloadConfig)}:
             raise ConfigError(f"shift axis: {self.field!r} is not a WorkloadConfig field")
         if not self.values:
             raise ConfigError("shift axis: no values")

@@ -107,8 +107,8 @@ def compute(p: Params, sizes: GridSpec, progress: bool = True, workers: int | No
     spec = p.spec(sizes)
     result = run_map(spec, workers=workers, progress=progress)
     fields = node_fields(result)
-    contours = claim_contours(result, fields)
-    return Result(cases=result.frame, nodes=fields, cards=card_points(result), contours=contour_table(contours),
+    return Result(cases=result.frame, nodes=fields, cards=card_points(result),
+                  contours=contour_table(claim_contours(result, fields)),
                   conclusion=conclusion(result, fields), regions=claim_regions(result, fields), grid=spec.to_dict(),
                   calibration=rl_calibration())
 
@@ -140,22 +140,21 @@ class Summary:
     conclusion: str
     regions: tuple[dict, ...]  # per claim: where on the grid it holds (verdict_map.claim_regions)
     cards: tuple[CardPoint, ...]
-    best_over_megatron: tuple[float, int]  # the grid's best ReLibra / Megatron, its tokens per EP rank
     best_over_eplb_plus: tuple[float, float, float]  # the best ReLibra / EPLB+, its shift and correlation
     shift_effect: tuple[float, float, float] | None  # lowest and highest shift, ReLibra / EPLB+'s mean change
     calibration: dict
 
     def why(self, x: CardPoint) -> str:
         """Why card x's figure is not the paper's (verdict_map.CLAIMS' levels), from its point and the grid's."""
-        meg, eplb, gap = MAP_CLAIMS
-        need = next(reg["min_tokens"] for reg in self.regions if reg["field"] == "relibra_over_megatron_best")
+        (meg, eplb, gap), meg_region = MAP_CLAIMS, self.regions[0]  # regions follow MAP_CLAIMS
         mbs = f"{x.micro_batches:.0f} micro-batch" + ("" if round(x.micro_batches) == 1 else "es")
         (eplb_tps, meg_tps), (best, shift, corr) = x.tokens_per_s, self.best_over_eplb_plus
         parts = [f"it packs {x.tokens_per_ep_rank:.0f} tokens per EP rank per micro-batch ({mbs} a step)"]
         if x.over_megatron[1] < meg["level"]:
-            parts.append(f"{meg['level']:g}x over Megatron needs at least {need} tokens per EP rank on the grid" if need
-                         else f"the grid reaches {meg['level']:g}x over Megatron nowhere (best "
-                         f"{self.best_over_megatron[0]:.2f}x at {self.best_over_megatron[1]} tokens per EP rank)")
+            parts.append(f"{meg['level']:g}x over Megatron needs at least {meg_region['min_tokens']} tokens per EP "
+                         "rank on the grid" if meg_region["min_tokens"] else f"the grid reaches {meg['level']:g}x over "
+                         f"Megatron nowhere (best {meg_region['best']:.2f}x at {meg_region['best_tokens']} tokens per "
+                         "EP rank)")
         if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
             parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over {mbs} "
                          "a step its own costs exceed what its balance saves, which, not micro-batch shift, lifts "
@@ -178,16 +177,16 @@ class Summary:
 
 
 def summarize(r: Result) -> Summary:
-    own, g, nodes = r.cases[r.cases["kind"] == "card"], r.cases[r.cases["kind"] == "grid"], r.nodes
+    own, g = r.cases[r.cases["kind"] == "card"], r.cases[r.cases["kind"] == "grid"]
     cards = tuple(CardPoint(x["setup"], *((x[f"{f}_mean"], x[f"{f}_best"]) for f in RATIO_FIELDS[:2]),
                        tuple(x[f"gap_to_balanced_{k}"] for k in ("mean", "best", "worst")), x["tokens_per_ep_rank"],
                        x["mb_vs_step_corr"], x["micro_batches"], int(x["cases"]),
                        tuple(float(own.loc[own["setup"] == x["setup"], f"tokens_per_s_{p}"].mean())
                              for p in ("eplb+", "megatron"))) for _, x in r.cards.iterrows())
-    meg, eplb = (nodes.loc[nodes[f"{f}_best"].idxmax()] for f in RATIO_FIELDS[:2])
+    eplb = r.nodes.loc[r.nodes["relibra_over_eplb_plus_best"].idxmax()]
     lo, hi = g["shift_value"].min(), g["shift_value"].max()
     at = [float(g.loc[g["shift_value"] == v, "relibra_over_eplb_plus"].mean()) for v in (lo, hi)]
-    return Summary(r.conclusion, tuple(r.regions), cards, (meg["relibra_over_megatron_best"], int(meg["tokens"])),
+    return Summary(r.conclusion, tuple(r.regions), cards,
                    (eplb["relibra_over_eplb_plus_best"], eplb["shift_value"], eplb["mb_vs_step_corr"]),
                    (lo, hi, at[1] - at[0]) if hi > lo else None, r.calibration)
 
