@@ -114,17 +114,16 @@ class GridSpec:
 def default_grid(**changes) -> GridSpec:
     """The coarse grid of the default profile: 3 budgets x 2 shift values (the range's ends) x 3 models x
     (`mixed`, `math`: the paper grid's two workloads) x 3 seeds; every card's point (both workloads, seed 0)."""
-    spec = GridSpec("default", tokens=(2048, 8192, 32768), shift=ShiftAxis("microbatch_shift", MICROBATCH_SHIFT_RANGE),
-                    card_seeds=(0,))
-    return dataclasses.replace(spec, **changes)
+    return GridSpec(**{"name": "default", "tokens": (2048, 8192, 32768), "card_seeds": (0,),
+                       "shift": ShiftAxis("microbatch_shift", MICROBATCH_SHIFT_RANGE), **changes})
 
 
 def paper_grid(**changes) -> GridSpec:
     """The whole grid: 6 budgets (1k-32k tokens per EP rank) x 4 shift values x 3 models x (`mixed`, `math`)
     x 3 seeds; every card's point on the same models, workloads and seeds."""
     shift = tuple(float(x) for x in np.round(np.linspace(*MICROBATCH_SHIFT_RANGE, 4), 6))
-    spec = GridSpec("paper", tokens=(1024, 2048, 4096, 8192, 16384, 32768), shift=ShiftAxis("microbatch_shift", shift))
-    return dataclasses.replace(spec, **changes)
+    return GridSpec(**{"name": "paper", "tokens": (1024, 2048, 4096, 8192, 16384, 32768),
+                       "shift": ShiftAxis("microbatch_shift", shift), **changes})
 
 
 GRIDS = {"default": default_grid, "paper": paper_grid}
