@@ -62,12 +62,14 @@ def test_summary_holds_each_cards_point_and_the_grids_best():
         assert x.tokens_per_s == (case["tokens_per_s_eplb+"], case["tokens_per_s_megatron"])
     grid = r.cases[r.cases["kind"] == "grid"]  # one case per node: a node's best is its case
     top = grid.loc[grid["relibra_over_megatron"].idxmax()]
-    assert s.best_over_megatron == (top["relibra_over_megatron"], top["tokens"]) == (pytest.approx(1.8), 32768)
+    meg = s.regions[0]  # the grid's best ReLibra / Megatron and its node, as Summary.why reads them
+    assert meg["field"] == "relibra_over_megatron_best"
+    assert (meg["best"], meg["best_tokens"]) == (top["relibra_over_megatron"], top["tokens"]) == (pytest.approx(1.8),
+                                                                                                   32768)
     top = grid.loc[grid["relibra_over_eplb_plus"].idxmax()]
     assert s.best_over_eplb_plus == (top["relibra_over_eplb_plus"], top["shift_value"], top["mb_vs_step_corr"])
     at = grid.groupby("shift_value")["relibra_over_eplb_plus"].mean()
     assert s.shift_effect == (0.0, 0.3, pytest.approx(at[0.3] - at[0.0]))
-    meg = next(reg for reg in s.regions if reg["field"] == "relibra_over_megatron_best")
     assert meg["min_tokens"] == grid.loc[grid["relibra_over_megatron"] >= 1.6, "tokens"].min() == 32768
     assert s.conclusion == r.conclusion and s.calibration == r.calibration
     slow = r.cases.copy()

@@ -112,12 +112,9 @@ def test_grids_and_bad_specs():
     assert min(p.tokens) == 1024 and max(p.tokens) == 32768 and set(d.tokens) <= set(p.tokens)
     assert d.shift.values[0] == p.shift.values[0] == 0.0  # both start at the kit's value
     assert d.shift.values[-1] == p.shift.values[-1] == vm.MICROBATCH_SHIFT_RANGE[1] and d.shift.field == "microbatch_shift"
-    with pytest.raises(ConfigError, match="policies must include"):
-        _tiny_spec(policies=("megatron", "relibra"))
     with pytest.raises(ConfigError, match="tokens must be positive"):
         _tiny_spec(tokens=(0,))
     with pytest.raises(ConfigError, match="not a WorkloadConfig field"):
         vm.ShiftAxis("no_such_knob", (1.0,))
     with pytest.raises(ConfigError, match="must be token-budget"):
-        vm.simulate_map_case(vm.MapCase("grid", "one-sequence", "tiny", "mixed", 0, 512, "topic_concentration", 0.2,
-                                        ep=4, steps=2, card_changes=TINY_CHANGES))
+        vm.simulate_map_case(vm.map_cases(_tiny_spec(setup="one-sequence"))[0])

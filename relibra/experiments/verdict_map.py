@@ -42,7 +42,7 @@ CLAIMS = (
     {"claim": "within 6-10% of Balanced", "field": "gap_to_balanced", "level": 0.10, "holds": "at most",
      "lower": 0.06},
 )
-RATIO_FIELDS = ("relibra_over_megatron", "relibra_over_eplb_plus", "gap_to_balanced")
+RATIO_FIELDS = tuple(c["field"] for c in CLAIMS)
 
 
 @dataclass(frozen=True)
@@ -56,20 +56,10 @@ class ShiftAxis:
     values: tuple
 
     def __post_init__(self):
-        names = {f.name for f in dataclasses.fields(WorkloadConfig)}
-        if self.field not in names:
+        if self.field not in {f.name for f in dataclasses.fields(WorkloadConfig)}:
             raise ConfigError(f"shift axis: {self.field!r} is not a WorkloadConfig field")
         if not self.values:
             raise ConfigError("shift axis: no values")
-
-
-# The micro-batch shift is the generator's explicit input WorkloadConfig.microbatch_shift, from the kit's value
-# (0: no shift beyond the sequences a micro-batch holds) to the sharpest the routing data support
-# (MICROBATCH_SHIFT_RANGE: 0.3, where qwen3-30b-a3b on the default card at EP 32 reaches the micro-batch
-# correlations of the kit's real RL trace; docs/traces.md).
-_SHIFT_LOW, _SHIFT_HIGH = MICROBATCH_SHIFT_RANGE
-DEFAULT_SHIFT = ShiftAxis("microbatch_shift", (_SHIFT_LOW, _SHIFT_HIGH))
-PAPER_SHIFT = ShiftAxis("microbatch_shift", tuple(float(x) for x in np.round(np.linspace(_SHIFT_LOW, _SHIFT_HIGH, 4), 6)))
 
 
 @dataclass(frozen=True)
@@ -78,12 +68,10 @@ class GridSpec:
 
     name: "default" (coarse) or "paper" (whole); setup: the card the grid nodes start from (token-budget);
     tokens: tokens per EP rank per micro-batch of the nodes; shift: the ShiftAxis; models, workloads, seeds:
-    every node's cases; cards: the named cards simulated as points (at their own inputs), over card_models
-    (a card that publishes its model: that model only, card_scope), card_workloads and card_seeds; ep: the
-    nodes' EP size (a card's point: the card's batch.expert_parallel); steps per trace (the last
-    simulated); card_changes: (card key, value)
-    pairs applied to every card (cut-down test grids); policies simulated (megatron, eplb+, relibra and
-    balanced at least).
+    every node's cases; cards: the named cards simulated as points (at their own inputs), over the same models
+    (a card that publishes its model: that model only, card_scope), workloads and card_seeds; ep: the nodes'
+    EP size (a card's point: the card's batch.expert_parallel); steps per trace (the last simulated);
+    card_changes: (card key, value) pairs applied to every card (cut-down test grids).
     """
 
     name: str
@@ -94,18 +82,12 @@ class GridSpec:
     seeds: tuple[int, ...] = (0, 1, 2)
     setup: str = DEFAULT_CARD
     cards: tuple[str, ...] | None = None  # None: every card shipped under data/setups/
-    card_models: tuple[str, ...] | None = None  # None: models
-    card_workloads: tuple[str, ...] | None = None  # None: workloads
     card_seeds: tuple[int, ...] | None = None  # None: seeds
     ep: int = 32
     steps: int = 3
     card_changes: tuple[tuple[str, object], ...] = ()
-    policies: tuple[str, ...] = MAP_POLICIES
 
     def __post_init__(self):
-        missing = set(MAP_POLICIES) - set(self.policies)
-        if missing:
-            raise ConfigError(f"grid {self.name!r}: policies must include {', '.join(sorted(missing))}")
         if not self.tokens or any(not isinstance(t, (int, np.integer)) or isinstance(t, bool) or t <= 0
                                   for t in self.tokens):
             raise ConfigError(f"grid {self.name!r}: tokens must be positive integers, got {self.tokens!r}")
@@ -117,25 +99,31 @@ class GridSpec:
     def card_list(self) -> tuple[str, ...]:
         return tuple(card_names()) if self.cards is None else self.cards
 
+    @property
+    def shift_values(self) -> tuple:
+        return self.shift.values
+
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["cards"] = list(self.card_list)
-        return d
+        return {**dataclasses.asdict(self), "cards": list(self.card_list)}
 
 
+# The micro-batch shift is the generator's explicit input WorkloadConfig.microbatch_shift, from the kit's value
+# (0: no shift beyond the sequences a micro-batch holds) to the sharpest the routing data support
+# (MICROBATCH_SHIFT_RANGE: 0.3, where qwen3-30b-a3b on the default card at EP 32 reaches the micro-batch
+# correlations of the kit's real RL trace; docs/traces.md).
 def default_grid(**changes) -> GridSpec:
     """The coarse grid of the default profile: 3 budgets x 2 shift values (the range's ends) x 3 models x
     (`mixed`, `math`: the paper grid's two workloads) x 3 seeds; every card's point (both workloads, seed 0)."""
-    spec = GridSpec("default", tokens=(2048, 8192, 32768), shift=DEFAULT_SHIFT, workloads=("mixed", "math"),
-                    card_seeds=(0,))
-    return dataclasses.replace(spec, **changes)
+    return GridSpec(**{"name": "default", "tokens": (2048, 8192, 32768), "card_seeds": (0,),
+                       "shift": ShiftAxis("microbatch_shift", MICROBATCH_SHIFT_RANGE), **changes})
 
 
 def paper_grid(**changes) -> GridSpec:
     """The whole grid: 6 budgets (1k-32k tokens per EP rank) x 4 shift values x 3 models x (`mixed`, `math`)
     x 3 seeds; every card's point on the same models, workloads and seeds."""
-    spec = GridSpec("paper", tokens=(1024, 2048, 4096, 8192, 16384, 32768), shift=PAPER_SHIFT)
-    return dataclasses.replace(spec, **changes)
+    shift = tuple(float(x) for x in np.round(np.linspace(*MICROBATCH_SHIFT_RANGE, 4), 6))
+    return GridSpec(**{"name": "paper", "tokens": (1024, 2048, 4096, 8192, 16384, 32768),
+                       "shift": ShiftAxis("microbatch_shift", shift), **changes})
 
 
 GRIDS = {"default": default_grid, "paper": paper_grid}
@@ -143,37 +131,31 @@ GRIDS = {"default": default_grid, "paper": paper_grid}
 
 @dataclass(frozen=True)
 class MapCase:
-    """One simulated case: a grid node (kind "grid": the spec's card at `tokens` and `shift_value`) or a
-    card's point (kind "card": `setup` as it is, tokens and shift_value None)."""
+    """One simulated case of `spec`: a grid node (kind "grid": spec.setup at `tokens` and `shift_value`) or a
+    card's point (kind "card": `setup` as it is, tokens and shift_value None), at EP size `ep`."""
 
+    spec: GridSpec
     kind: str
     setup: str
     model: str
     workload: str
     seed: int
-    tokens: int | None
-    shift_field: str
-    shift_value: object
-    ep: int = 32
-    steps: int = 3
-    card_changes: tuple[tuple[str, object], ...] = ()
-    policies: tuple[str, ...] = MAP_POLICIES
+    ep: int
+    tokens: int | None = None
+    shift_value: object = None
 
 
 def map_cases(spec: GridSpec) -> list[MapCase]:
     """Every case of `spec`: the grid nodes, then the card points; slowest first within each (most
     layers, then fewest tokens per rank: the most micro-batches), so the workers finish together."""
     load_card(spec.setup)  # an unknown card fails here, before any work
-    common = dict(shift_field=spec.shift.field, ep=spec.ep, steps=spec.steps, card_changes=spec.card_changes,
-                  policies=spec.policies)
-    grid = [MapCase("grid", spec.setup, m, w, int(s), int(t), shift_value=v, **common)
-            for m in spec.models for w in spec.workloads for s in spec.seeds for t in spec.tokens
-            for v in spec.shift.values]
+    grid = [MapCase(spec, "grid", spec.setup, m, w, int(s), spec.ep, int(t), v) for m in spec.models
+            for w in spec.workloads for s in spec.seeds for t in spec.tokens for v in spec.shift.values]
     cards = []
     for c in spec.card_list:
-        models, ep = card_scope(c, spec.card_models or spec.models, spec.ep, spec.card_changes)
-        cards += [MapCase("card", c, m, w, int(s), None, shift_value=None, **{**common, "ep": ep})
-                  for m in models for w in (spec.card_workloads or spec.workloads) for s in (spec.card_seeds or spec.seeds)]
+        models, ep = card_scope(c, spec)
+        cards += [MapCase(spec, "card", c, m, w, int(s), ep) for m in models for w in spec.workloads
+                  for s in (spec.card_seeds or spec.seeds)]
 
     def cost(c: MapCase):
         return (-get_model(c.model).num_layers, c.tokens or 0)
@@ -181,64 +163,55 @@ def map_cases(spec: GridSpec) -> list[MapCase]:
     return sorted(grid, key=cost) + sorted(cards, key=cost)
 
 
-def _card_at_tokens(card, tokens: int):
-    """The card with its tokens per EP rank per micro-batch at `tokens` (token-budget layout only)."""
-    if card.value("batch.layout") != "token-budget":
-        raise ConfigError(f"verdict map: the grid's card {card.name!r} has layout {card.value('batch.layout')!r}; "
-                          f"its nodes move the token budget, so it must be token-budget")
-    return card.with_values("verdict map: tokens per EP rank per micro-batch",
-                            batch__tokens_per_ep_rank_per_microbatch=int(tokens))
-
-
-def _card(name: str, changes: tuple[tuple[str, object], ...] = ()):
+def _card(name: str, changes: tuple[tuple[str, object], ...]):
     card = load_card(name)
     if changes:
         card = card.with_values("verdict map: card changes", **{k.replace(".", "__"): v for k, v in changes})
     return card
 
 
-def card_scope(name: str, models: tuple[str, ...], ep: int, changes: tuple[tuple[str, object], ...] = ()
-               ) -> tuple[tuple[str, ...], int]:
-    """The models and EP size a card's point is simulated at: the card's model when the card publishes one
-    (a recipe for that model), else `models`; the card's batch.expert_parallel when it has one, else `ep`.
-    changes: (card key, value) pairs applied to the card first."""
-    card = _card(name, changes)
-    entry = card.entries.get("model.name")
-    own_models = (entry.value,) if entry is not None and entry.kind != "assumed" else models
-    return own_models, int(card.entries["batch.expert_parallel"].value) if "batch.expert_parallel" in card.entries \
-        else ep
+def card_scope(name: str, spec: GridSpec) -> tuple[tuple[str, ...], int]:
+    """The models and EP size a card's point is simulated at (spec.card_changes applied to the card first):
+    the card's model when the card publishes one (a recipe for that model), else spec.models; the card's
+    batch.expert_parallel when it has one, else spec.ep."""
+    card = _card(name, spec.card_changes)
+    model, ep = card.entries.get("model.name"), card.entries.get("batch.expert_parallel")
+    return ((model.value,) if model is not None and model.kind != "assumed" else spec.models,
+            spec.ep if ep is None else int(ep.value))
 
 
 def simulate_map_case(case: MapCase) -> dict:
     """One case simulated: a dict of the case's keys, tokens_per_s of each policy, the three ratios, each
     policy's skewness, and the case's measured position (micro_batches, mean_tokens_per_slot,
     mb_vs_step_corr and mb_corr of its trace's expert loads, relibra.analysis.shift_stats)."""
-    card = _card(case.setup, case.card_changes)
-    if case.tokens is not None:
-        card = _card_at_tokens(card, case.tokens)
+    field = case.spec.shift.field
+    card = _card(case.setup, case.spec.card_changes)
+    if case.tokens is not None:  # a grid node: the card's tokens per EP rank per micro-batch moved
+        if card.value("batch.layout") != "token-budget":
+            raise ConfigError(f"verdict map: the grid's card {card.name!r} has layout "
+                              f"{card.value('batch.layout')!r}; its nodes move the token budget, so it must be "
+                              "token-budget")
+        card = card.with_values("verdict map: tokens per EP rank per micro-batch",
+                                batch__tokens_per_ep_rank_per_microbatch=int(case.tokens))
     cfg = card.workload_config()
     if case.shift_value is not None:
-        cfg = dataclasses.replace(cfg, **{case.shift_field: case.shift_value})
-    model = get_model(case.model)
-    trace = generate_trace(model, case.workload, case.ep, steps=case.steps, seed=case.seed,
+        cfg = dataclasses.replace(cfg, **{field: case.shift_value})
+    trace = generate_trace(get_model(case.model), case.workload, case.ep, steps=case.spec.steps, seed=case.seed,
                            micro_batches=card.micro_batches, config=cfg)
-    result = simulate(trace, card.topology(), list(case.policies), steps=1, params=card.cost_params(case.ep),
-                      policy_params=card.policy_params(case.policies), progress=False, workload=case.workload)
+    result = simulate(trace, card.topology(), list(MAP_POLICIES), steps=1, params=card.cost_params(case.ep),
+                      policy_params=card.policy_params(MAP_POLICIES), progress=False, workload=case.workload)
     s = result.summary.set_index("policy")
     tps = s["tokens_per_s"]
     stats = shift_stats(trace.loads.sum(axis=3, dtype=np.int64))
-    slot_tokens = trace.seq_lens[-1].sum(axis=-1)
     row = {"kind": case.kind, "setup": card.name if case.kind == "card" else case.setup, "model": case.model,
-           "workload": case.workload, "seed": case.seed, "ep": case.ep, "tokens": case.tokens,
-           "shift_field": case.shift_field,
-           "shift_value": getattr(cfg, case.shift_field), "layout": cfg.batch_layout,
-           "layers": trace.num_layers, "micro_batches": trace.num_microbatches,
-           "tokens_per_ep_rank": float(slot_tokens.mean()), "mb_vs_step_corr": float(stats["mb_vs_step_corr"]),
-           "mb_corr": float(stats["mb_corr"]),
+           "workload": case.workload, "seed": case.seed, "ep": case.ep, "tokens": case.tokens, "shift_field": field,
+           "shift_value": getattr(cfg, field), "layout": cfg.batch_layout, "layers": trace.num_layers,
+           "micro_batches": trace.num_microbatches, "tokens_per_ep_rank": float(trace.seq_lens[-1].sum(axis=-1).mean()),
+           "mb_vs_step_corr": float(stats["mb_vs_step_corr"]), "mb_corr": float(stats["mb_corr"]),
            "relibra_over_megatron": float(tps["relibra"] / tps["megatron"]),
            "relibra_over_eplb_plus": float(tps["relibra"] / tps["eplb+"]),
            "gap_to_balanced": float(1.0 - tps["relibra"] / tps["balanced"])}
-    for p in case.policies:
+    for p in MAP_POLICIES:
         row[f"tokens_per_s_{p}"] = float(tps[p])
         row[f"skewness_{p}"] = float(s.loc[p, "skewness"])
     return row
@@ -260,12 +233,10 @@ class MapResult:
         return self.frame[self.frame["kind"] == "card"].reset_index(drop=True)
 
 
-def run_map(spec: GridSpec, workers: int | None = None, progress: bool = True, cases: list[MapCase] | None = None
-            ) -> MapResult:
-    """simulate_map_case over map_cases(spec) (or `cases`) in `workers` processes (default: one per core, at
-    most one per case); the rows come back in the cases' order whatever the workers' timing."""
-    cases = map_cases(spec) if cases is None else cases
-    rows = map_in_order(simulate_map_case, cases, workers, progress, desc=f"map ({spec.name})")
+def run_map(spec: GridSpec, workers: int | None = None, progress: bool = True) -> MapResult:
+    """simulate_map_case over map_cases(spec) in `workers` processes (default: one per core, at most one per
+    case); the rows come back in the cases' order whatever the workers' timing."""
+    rows = map_in_order(simulate_map_case, map_cases(spec), workers, progress, desc=f"map ({spec.name})")
     return MapResult(spec, pd.DataFrame(rows))
 
 
@@ -274,10 +245,7 @@ def node_fields(result: MapResult) -> pd.DataFrame:
     """One row per grid node (tokens, shift_value): for each ratio its best over the node's cases (max for
     the two speed-ups, min for the gap: the paper's "up to" and "within"), mean and worst; the node's mean
     measured position (tokens_per_ep_rank, mb_vs_step_corr, micro_batches); the case count."""
-    g = result.grid
-    if g.empty:
-        raise ConfigError("verdict map: the result holds no grid nodes")
-    return _case_stats(g.groupby(["tokens", "shift_value"], sort=True), ("best", "mean", "worst"))
+    return _case_stats(result.grid.groupby(["tokens", "shift_value"], sort=True), ("best", "mean", "worst"))
 
 
 def _case_stats(by, stats: tuple[str, ...]) -> pd.DataFrame:
@@ -294,13 +262,8 @@ def _case_stats(by, stats: tuple[str, ...]) -> pd.DataFrame:
 
 def field_matrix(fields: pd.DataFrame, column: str, spec: GridSpec) -> np.ndarray:
     """A node field as float64 [len(spec.tokens), len(spec.shift.values)] (NaN where a node is missing)."""
-    m = np.full((len(spec.tokens), len(spec.shift.values)), np.nan)
-    ti = {t: i for i, t in enumerate(spec.tokens)}
-    si = {v: j for j, v in enumerate(spec.shift.values)}
-    for _, r in fields.iterrows():
-        if r["tokens"] in ti and r["shift_value"] in si:
-            m[ti[r["tokens"]], si[r["shift_value"]]] = r[column]
-    return m
+    return fields.pivot(index="tokens", columns="shift_value", values=column).reindex(
+        index=list(spec.tokens), columns=list(spec.shift.values)).to_numpy(np.float64)
 
 
 def contour_points(values: np.ndarray, xs, ys, level: float) -> list[tuple[float, float]]:
@@ -317,53 +280,46 @@ def contour_points(values: np.ndarray, xs, ys, level: float) -> list[tuple[float
     if v.shape != (len(lx), len(y)):
         raise ConfigError(f"contour_points: values of shape {v.shape} do not match {len(lx)} x {len(y)} nodes")
     pts = set()
-
-    def edge(a, b, pa, pb):
-        if np.isnan(a) or np.isnan(b) or (a - level) * (b - level) > 0 or a == b:
-            if a == level:
-                pts.add(pa)
-            return
-        t = (level - a) / (b - a)
-        pts.add((pa[0] + t * (pb[0] - pa[0]), pa[1] + t * (pb[1] - pa[1])))
-
-    for i in range(len(lx)):
-        for j in range(len(y)):
-            here = (float(lx[i]), float(y[j]))
-            if i + 1 < len(lx):
-                edge(v[i, j], v[i + 1, j], here, (float(lx[i + 1]), float(y[j])))
-            if j + 1 < len(y):
-                edge(v[i, j], v[i, j + 1], here, (float(lx[i]), float(y[j + 1])))
-            if len(lx) == 1 and len(y) == 1 and v[i, j] == level:
-                pts.add(here)
+    if v.shape == (1, 1) and v[0, 0] == level:  # a single node has no edge
+        pts.add((float(lx[0]), float(y[0])))
+    for i, j in np.ndindex(v.shape):
+        for i2, j2 in ((i + 1, j), (i, j + 1)):  # the edges to the next node along x and along y
+            if i2 == len(lx) or j2 == len(y):
+                continue
+            a, b = v[i, j], v[i2, j2]
+            pa, pb = (float(lx[i]), float(y[j])), (float(lx[i2]), float(y[j2]))
+            if np.isnan(a) or np.isnan(b) or (a - level) * (b - level) > 0 or a == b:
+                if a == level:
+                    pts.add(pa)
+                continue
+            t = (level - a) / (b - a)
+            pts.add((pa[0] + t * (pb[0] - pa[0]), pa[1] + t * (pb[1] - pa[1])))
     return sorted((float(2.0 ** px), float(py)) for px, py in pts)
 
 
 def claim_contours(result: MapResult, fields: pd.DataFrame | None = None) -> list[dict]:
     """The paper's claims as contours of the best-over-cases fields: per claim and level, the crossing points
-    (tokens per EP rank, shift value) and, beside each, the measured correlation interpolated the same way."""
+    (tokens per EP rank, shift value) and, beside each, the node-mean correlation there, bilinear in
+    (log2 tokens, shift value)."""
     fields = node_fields(result) if fields is None else fields
     spec = result.spec
-    corr = field_matrix(fields, "mb_vs_step_corr", spec)
-    out = []
-    for c in CLAIMS:
-        levels = [c["level"]] + ([c["lower"]] if "lower" in c else [])
-        for level in levels:
-            best = field_matrix(fields, f"{c['field']}_best", spec)
-            pts = contour_points(best, spec.tokens, spec.shift.values, level)
-            out.append({"claim": c["claim"], "field": f"{c['field']}_best", "level": level,
-                        "points": [{"tokens_per_ep_rank": x, "shift_value": y,
-                                    "mb_vs_step_corr": _interp_corr(corr, spec, x, y)} for x, y in pts]})
-    return out
-
-
-def _interp_corr(corr: np.ndarray, spec: GridSpec, x: float, y: float) -> float:
-    """The node-mean correlation at a point on a grid edge, bilinear in (log2 tokens, shift value)."""
     lx = np.log2(np.asarray(spec.tokens, dtype=np.float64))
     ys = np.asarray(spec.shift.values, dtype=np.float64)
     order = np.argsort(ys)
-    ys_sorted, corr_sorted = ys[order], corr[:, order]
-    col = np.array([np.interp(y, ys_sorted, corr_sorted[i]) for i in range(len(lx))])
-    return float(np.interp(math.log2(x), lx, col))
+    corr = field_matrix(fields, "mb_vs_step_corr", spec)[:, order]
+
+    def corr_at(x: float, y: float) -> float:
+        return float(np.interp(math.log2(x), lx, np.array([np.interp(y, ys[order], row) for row in corr])))
+
+    out = []
+    for c in CLAIMS:
+        best = field_matrix(fields, f"{c['field']}_best", spec)
+        for level in [c["level"]] + ([c["lower"]] if "lower" in c else []):
+            pts = contour_points(best, spec.tokens, spec.shift.values, level)
+            out.append({"claim": c["claim"], "field": f"{c['field']}_best", "level": level,
+                        "points": [{"tokens_per_ep_rank": x, "shift_value": y, "mb_vs_step_corr": corr_at(x, y)}
+                                   for x, y in pts]})
+    return out
 
 
 # ---- where the claims hold, in one sentence ------------------------------------------------------------
@@ -375,13 +331,13 @@ def claim_regions(result: MapResult, fields: pd.DataFrame | None = None) -> list
     out = []
     for c in CLAIMS:
         col = f"{c['field']}_best"
-        ok = fields[col] >= c["level"] if c["holds"] == "at least" else fields[col] <= c["level"]
-        best_idx = fields[col].idxmax() if c["holds"] == "at least" else fields[col].idxmin()
+        at_least = c["holds"] == "at least"
+        ok = fields[col] >= c["level"] if at_least else fields[col] <= c["level"]
+        best = fields.loc[fields[col].idxmax() if at_least else fields[col].idxmin()]
         held = fields[ok]
         region = {"claim": c["claim"], "field": col, "level": c["level"], "holds": c["holds"],
-                  "nodes": int(ok.sum()), "of_nodes": int(len(fields)),
-                  "best": float(fields.loc[best_idx, col]), "best_tokens": int(fields.loc[best_idx, "tokens"]),
-                  "best_corr": float(fields.loc[best_idx, "mb_vs_step_corr"]),
+                  "nodes": int(ok.sum()), "of_nodes": int(len(fields)), "best": float(best[col]),
+                  "best_tokens": int(best["tokens"]), "best_corr": float(best["mb_vs_step_corr"]),
                   "min_tokens": int(held["tokens"].min()) if len(held) else None,
                   "max_corr": float(held["mb_vs_step_corr"].max()) if len(held) else None,
                   "grid_max_corr": float(fields["mb_vs_step_corr"].max()),
@@ -416,34 +372,23 @@ def _claim_sentence(r: dict) -> str:
 def conclusion(result: MapResult, fields: pd.DataFrame | None = None) -> str:
     """The one-sentence answer computed from the grid: for each paper claim, where on the map it holds
     (best case over models, workloads and seeds at each node), e.g. "up to 1.6x over Megatron-LM needs at
-    least N tokens per EP rank and micro-batch correlation at most C"."""
+    least N tokens per EP rank and micro-batch correlation at most C"; then the named cards whose best case
+    reaches a speed-up claim ("up to")."""
     regions = claim_regions(result, fields)
     spec = result.spec
     scope = (f"On the {spec.name} grid ({len(spec.models)} models x {len(spec.workloads)} workloads x "
              f"{len(spec.seeds)} seeds at full scale, {min(spec.tokens)}-{max(spec.tokens)} tokens per EP rank, "
              f"{spec.shift.field} {', '.join(map(str, spec.shift.values))}), ")
     text = scope + "; ".join(_claim_sentence(r) for r in regions)
-    met = cards_meeting_claims(result)
-    if met:
-        text += "; of the named cards' points " + "; ".join(
-            f"{', '.join(f'{name} ({value})' for name, value in cards)} {'reaches' if len(cards) == 1 else 'reach'} "
-            f"{claim}" for claim, cards in met.items())
-    return text + "."
-
-
-def cards_meeting_claims(result: MapResult) -> dict[str, list[tuple[str, str]]]:
-    """{claim: [(card, its best figure)]} for the named cards whose best case reaches one of the speed-up
-    claims ("up to"); claims no card reaches are left out."""
-    points = card_points(result)
-    out: dict[str, list[tuple[str, str]]] = {}
-    if points.empty:
-        return out
-    for c in (c for c in CLAIMS if c["holds"] == "at least"):
+    points, met = card_points(result), []
+    for c in (c for c in CLAIMS if c["holds"] == "at least" and not points.empty):
         col = f"{c['field']}_best"
-        hits = [(r["setup"], f"{r[col]:.2f}x") for _, r in points[points[col] >= c["level"]].iterrows()]
+        hits = [f"{r['setup']} ({r[col]:.2f}x)" for _, r in points[points[col] >= c["level"]].iterrows()]
         if hits:
-            out[c["claim"]] = hits
-    return out
+            met.append(f"{', '.join(hits)} {'reaches' if len(hits) == 1 else 'reach'} {c['claim']}")
+    if met:
+        text += "; of the named cards' points " + "; ".join(met)
+    return text + "."
 
 
 def card_points(result: MapResult) -> pd.DataFrame:
@@ -477,60 +422,3 @@ def rl_calibration(path=DEFAULT_RL_TRACE) -> dict:
     calibration the micro-batch shift's range comes from; {} when the trace is not shipped."""
     return ({"label": "the kit's real RL trace (relibra rl, data/rl_tiny_seed0.npz)",
              **microbatch_calibration(RoutingTrace.load(path))} if path.exists() else {})
-
-
-# ---- one named card's point, read back ------------------------------------------------------------------
-@dataclass(frozen=True)
-class CardPoint:
-    """One named card's point (a card_points row): ReLibra / Megatron and / EPLB+ as (mean, best) and the
-    gap to Balanced as (mean, best, worst) over its cases; its measured position; EPLB+'s and Megatron's
-    mean tokens/s there."""
-
-    setup: str
-    over_megatron: tuple[float, float]
-    over_eplb_plus: tuple[float, float]
-    gap: tuple[float, float, float]
-    tokens_per_ep_rank: float
-    mb_vs_step_corr: float
-    micro_batches: float
-    cases: int
-    tokens_per_s: tuple[float, float]  # EPLB+'s, Megatron's
-
-
-def _plural(n: float, word: str) -> str:
-    return f"{n:.0f} {word}" + ("" if round(n) == 1 else "es" if word.endswith("h") else "s")
-
-
-def why_card_differs(x: CardPoint, regions, best_over_megatron: tuple[float, int],
-                     best_over_eplb_plus: tuple[float, float, float]) -> str:
-    """Why one card's figure is not the paper's (CLAIMS' levels), from its point and the grid's: regions
-    (claim_regions), the grid's best ReLibra / Megatron with its tokens per EP rank, and its best ReLibra /
-    EPLB+ with its shift and correlation."""
-    meg, eplb, gap = CLAIMS
-    need = next((reg["min_tokens"] for reg in regions if reg["field"] == "relibra_over_megatron_best"), None)
-    mbs, (eplb_tps, meg_tps), (best, shift, corr) = _plural(x.micro_batches, "micro-batch"), x.tokens_per_s, \
-        best_over_eplb_plus
-    parts = [f"it packs {x.tokens_per_ep_rank:.0f} tokens per EP rank per micro-batch ({mbs} a step)"]
-    if x.over_megatron[1] < meg["level"]:
-        parts.append(f"{meg['level']:g}x over Megatron needs at least {need} tokens per EP rank on the grid" if need
-                     else f"the grid reaches {meg['level']:g}x over Megatron nowhere (best "
-                     f"{best_over_megatron[0]:.2f}x at {best_over_megatron[1]} tokens per EP rank)")
-    if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
-        parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over {mbs} a "
-                     "step its own costs exceed what its balance saves, which, not micro-batch shift, lifts ReLibra / "
-                     f"EPLB+ to {x.over_eplb_plus[0]:.2f}x")
-    else:
-        parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, so a once-per-step "
-                     "EPLB+ already balances most of each micro-batch's load" if x.mb_vs_step_corr >= 0.85 else
-                     f"its micro-batches correlate with their step at only {x.mb_vs_step_corr:.2f}, where "
-                     "per-micro-batch balancing has the most to gain over EPLB+")
-    if x.over_eplb_plus[1] < eplb["level"]:
-        where = "nowhere" if best < eplb["level"] else "only elsewhere"
-        parts.append(f"{eplb['level']:g}x over EPLB+ is reached {where} on the grid (best {best:.2f}x at shift "
-                     f"{shift:g}, correlation {corr:.2f}, the sharpest shift the routing data support being "
-                     f"{MICROBATCH_SHIFT_RANGE[1]:g})")
-    if not gap["lower"] <= x.gap[0] <= gap["level"]:
-        side = "below" if x.gap[0] < gap["lower"] else "above"
-        parts.append(f"its gap to Balanced ({100 * x.gap[0]:.1f}%) is {side} the paper's "
-                     f"{100 * gap['lower']:g}-{100 * gap['level']:g}%")
-    return "; ".join(parts)

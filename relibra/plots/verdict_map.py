@@ -36,11 +36,6 @@ def merge_coincident(cards: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def _claim_levels(claims, field: str) -> list[float]:
-    """The levels of the claim on `field`: its level, and its lower end where it states a range."""
-    return [lv for c in claims if c["field"] == field for lv in (c["level"], c.get("lower")) if lv is not None]
-
-
 def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibration: dict, subtitle: str,
                      grid_note: str = ""):
     """One panel per ratio (ReLibra / Megatron, / EPLB+, gap to Balanced): the best-over-cases field of the
@@ -53,27 +48,26 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
     nodes: verdict_map.node_fields; cards: verdict_map.card_points; claims: verdict_map.CLAIMS;
     calibration: {"label", "mb_vs_step_corr", "tokens_per_ep_rank"} or {}.
     """
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(6.2 * len(PANELS), 6.4), squeeze=False)
-    nodes = nodes.sort_values(["tokens", "shift_value"])
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(6.2 * len(PANELS), 6.4))
     cards = merge_coincident(cards)
-    xs = _matrix(nodes, "tokens_per_ep_rank")
-    ys = _matrix(nodes, "mb_vs_step_corr")
-    card_x = cards["tokens_per_ep_rank"].to_numpy(float) if len(cards) else np.array([])
-    card_y = cards["mb_vs_step_corr"].to_numpy(float) if len(cards) else np.array([])
-    all_x = np.concatenate([xs.ravel(), card_x])
-    all_y = np.concatenate([ys.ravel(), card_y] + ([[calibration["mb_vs_step_corr"]]] if calibration else []))
+    xs, ys = _matrix(nodes, "tokens_per_ep_rank"), _matrix(nodes, "mb_vs_step_corr")
+    card_xy = cards[["tokens_per_ep_rank", "mb_vs_step_corr"]].to_numpy(float) if len(cards) else np.empty((0, 2))
+    all_x = np.concatenate([xs.ravel(), card_xy[:, 0]])
+    all_y = np.concatenate([ys.ravel(), card_xy[:, 1]] + ([[calibration["mb_vs_step_corr"]]] if calibration else []))
     xlim = (2 ** np.floor(np.log2(np.nanmin(all_x)) - 0.3), 2 ** np.ceil(np.log2(np.nanmax(all_x)) + 0.3))
     ylim = (max(0.0, float(np.nanmin(all_y)) - 0.05), min(1.02, float(np.nanmax(all_y)) + 0.04))
     card_handles = []
-    for ax, (field, title, fmt, cmap) in zip(axes[0], PANELS):
+    for ax, (field, title, fmt, cmap) in zip(axes, PANELS):
         z = _matrix(nodes, f"{field}_best")
         lo, hi = float(np.nanmin(z)), float(np.nanmax(z))
-        levels = _claim_levels(claims, field)
+        surface = min(z.shape) >= 2  # contours need two nodes along each axis
+        # the claim's level, and its lower end where it states a range
+        levels = [lv for c in claims if c["field"] == field for lv in (c["level"], c.get("lower")) if lv is not None]
         # the colour scale spans the grid's nodes and the cards' points
         card_values = list(cards[f"{field}_mean"]) if len(cards) else []
         span_lo, span_hi = min([lo] + card_values), max([hi] + card_values)
         norm = plt.Normalize(span_lo, span_hi)
-        if z.shape[0] >= 2 and z.shape[1] >= 2:
+        if surface:
             ax.contourf(xs, ys, z, levels=12, cmap=cmap, norm=norm, alpha=0.85)
         sc = ax.scatter(xs.ravel(), ys.ravel(), c=z.ravel(), cmap=cmap, norm=norm, s=36, edgecolors="0.15",
                         linewidths=0.6, zorder=3)
@@ -83,7 +77,7 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
                         bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7})
         notes = []
         for level in levels:
-            if z.shape[0] >= 2 and z.shape[1] >= 2 and lo <= level <= hi:
+            if surface and lo <= level <= hi:
                 cs = ax.contour(xs, ys, z, levels=[level], colors="black", linewidths=2.0, linestyles="--", zorder=5)
                 ax.clabel(cs, fmt={level: "paper " + fmt.format(level)}, fontsize=8)
             elif field == "gap_to_balanced":
@@ -102,7 +96,7 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
             ax.annotate(fmt.format(c[f"{field}_mean"]), (c["tokens_per_ep_rank"], c["mb_vs_step_corr"]),
                         xytext=(7, -11), textcoords="offset points", fontsize=8, fontweight="bold", color=color,
                         zorder=7, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": color, "alpha": 0.85})
-            if ax is axes[0][0]:
+            if ax is axes[0]:
                 card_handles.append(Line2D([], [], marker=marker, color="none", markerfacecolor=color,
                                            markeredgecolor="black", markersize=9, label=f"card {c['setup']}"))
         notes = list(dict.fromkeys(notes))

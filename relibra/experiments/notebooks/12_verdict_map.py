@@ -10,14 +10,15 @@ from dataclasses import dataclass
 import pandas as pd
 
 from relibra.cluster import get_model
-from relibra.experiments.base import PATH, Kind, Params, Result, TryThis, integers, names, objects, param, table, value
+from relibra.experiments.base import (PATH, Kind, Params, Result, TryThis, integers, mean_of, names, objects, param,
+                                      table, value)
 from relibra.experiments.profiles import per_profile
 from relibra.experiments.text import pct, row
 from relibra.experiments.traces import PROFILE
 from relibra.experiments.verdict_map import CLAIMS as MAP_CLAIMS
-from relibra.experiments.verdict_map import (RATIO_FIELDS, CardPoint, GridSpec, ShiftAxis, card_points,
-                                             claim_contours, claim_regions, conclusion, contour_table, default_grid,
-                                             node_fields, paper_grid, rl_calibration, run_map, why_card_differs)
+from relibra.experiments.verdict_map import (RATIO_FIELDS, GridSpec, ShiftAxis, card_points, claim_contours,
+                                             claim_regions, conclusion, contour_table, default_grid, node_fields,
+                                             paper_grid, rl_calibration, run_map)
 from relibra.labels import CLAIMS
 from relibra.setups import DEFAULT_CARD
 from relibra.workloads import MICROBATCH_SHIFT_RANGE, WORKLOADS
@@ -31,24 +32,12 @@ TINY_CARD_CHANGES = (("batch.global_batch_sequences", 16), ("batch.data_parallel
                      ("batch.expert_parallel", 4), ("overheads.planner_reorder_s_per_layer", 1e-9))
 
 
-@dataclass(frozen=True)
-class Sizes:
-    """The profile's grid (verdict_map.GridSpec); its axes tokens, shift (the values), models, workloads and
-    seeds are what the parameters replace."""
-
-    grid: GridSpec
-
-    def __getattr__(self, name):
-        if name not in ("tokens", "shift", "models", "workloads", "seeds"):
-            raise AttributeError(name)
-        return self.grid.shift.values if name == "shift" else getattr(self.grid, name)
-
-
-# laptop (the default): verdict_map's default grid; paper and gpu: its whole grid; tiny: a toy grid for tests.
-SIZES = {**per_profile(lambda name: Sizes(paper_grid() if name in ("paper", "gpu") else default_grid())),
-         "tiny": Sizes(GridSpec("tiny", tokens=(512, 2048), shift=ShiftAxis("microbatch_shift", MICROBATCH_SHIFT_RANGE),
-                                models=("tiny",), workloads=("mixed",), seeds=(0,), ep=4, steps=2,
-                                cards=(DEFAULT_CARD, "one-sequence"), card_changes=TINY_CARD_CHANGES))}
+# laptop (the default): verdict_map's default grid; paper and gpu: its whole grid; tiny: a toy grid for tests. The
+# parameters replace the grid's tokens, shift values, models, workloads and seeds.
+SIZES = {**per_profile(lambda name: paper_grid() if name in ("paper", "gpu") else default_grid()),
+         "tiny": GridSpec("tiny", tokens=(512, 2048), shift=ShiftAxis("microbatch_shift", MICROBATCH_SHIFT_RANGE),
+                          models=("tiny",), workloads=("mixed",), seeds=(0,), ep=4, steps=2,
+                          cards=(DEFAULT_CARD, "one-sequence"), card_changes=TINY_CARD_CHANGES)}
 
 
 def _shares(raw) -> tuple[float, ...]:
@@ -75,20 +64,19 @@ class Params(Params):
     tokens: tuple[int, ...] | None = param(None, "tokens per EP rank per micro-batch of the grid's nodes (None: the "
                                            "profile's)", integers(1), sizes="tokens")
     shift: tuple[float, ...] | None = param(None, "micro-batch shift values of the nodes (None: the profile's)",
-                                            SHARES, sizes="shift")
+                                            SHARES, sizes="shift_values")
     models: tuple[str, ...] | None = param(None, "model presets (None: the profile's)", MODEL_NAMES, sizes="models")
     workloads: tuple[str, ...] | None = param(None, "workloads (None: the profile's)", names(WORKLOADS, "workload"),
                                               sizes="workloads")
     seeds: tuple[int, ...] | None = param(None, "seeds (None: the profile's)", integers(0), sizes="seeds")
     out_dir: str | None = param(None, "where results go (None: results/12_verdict_map)", PATH, affects=False)
 
-    def spec(self, sizes: Sizes) -> GridSpec:
+    def spec(self, g: GridSpec) -> GridSpec:
         """The profile's grid with this notebook's axes."""
-        g = sizes.grid
         return dataclasses.replace(g, tokens=tuple(sorted(self.tokens)), models=self.models, workloads=self.workloads,
                                    seeds=self.seeds, shift=dataclasses.replace(g.shift, values=tuple(self.shift)))
 
-    def scale_note(self, sizes: Sizes) -> str:
+    def scale_note(self, sizes: GridSpec) -> str:
         g = self.spec(sizes)
         cut = ("" if g.name != "tiny" else "; TOY GRID (tiny profile: the tiny model, EP 4, a 16-sequence batch)")
         return (f"{g.name} grid: full scale (every MoE layer, every micro-batch of the card's batch), "
@@ -115,12 +103,12 @@ class Result(Result):
     calibration: dict = value(None)  # the real RL trace's micro-batch vs step correlation (the shift's source)
 
 
-def compute(p: Params, sizes: Sizes, progress: bool = True, workers: int | None = None) -> Result:
+def compute(p: Params, sizes: GridSpec, progress: bool = True, workers: int | None = None) -> Result:
     spec = p.spec(sizes)
     result = run_map(spec, workers=workers, progress=progress)
     fields = node_fields(result)
-    contours = claim_contours(result, fields)
-    return Result(cases=result.frame, nodes=fields, cards=card_points(result), contours=contour_table(contours),
+    return Result(cases=result.frame, nodes=fields, cards=card_points(result),
+                  contours=contour_table(claim_contours(result, fields)),
                   conclusion=conclusion(result, fields), regions=claim_regions(result, fields), grid=spec.to_dict(),
                   calibration=rl_calibration())
 
@@ -130,9 +118,21 @@ def _x(v: float) -> str:
     return f"{v:.2f}x"
 
 
-def node_mean(r: Result, column: str) -> float:
-    """Mean of a case column over the grid's nodes (every model, workload and seed)."""
-    return float(r.cases.loc[r.cases["kind"] == "grid", column].mean())
+@dataclass(frozen=True)
+class CardPoint:
+    """One named card's point (a verdict_map.card_points row): ReLibra / Megatron and / EPLB+ as (mean, best)
+    and the gap to Balanced as (mean, best, worst) over its cases; its measured position; EPLB+'s and
+    Megatron's mean tokens/s there."""
+
+    setup: str
+    over_megatron: tuple[float, float]
+    over_eplb_plus: tuple[float, float]
+    gap: tuple[float, float, float]
+    tokens_per_ep_rank: float
+    mb_vs_step_corr: float
+    micro_batches: float
+    cases: int
+    tokens_per_s: tuple[float, float]  # EPLB+'s, Megatron's
 
 
 @dataclass(frozen=True)
@@ -140,31 +140,55 @@ class Summary:
     conclusion: str
     regions: tuple[dict, ...]  # per claim: where on the grid it holds (verdict_map.claim_regions)
     cards: tuple[CardPoint, ...]
-    best_over_megatron: tuple[float, int] | None  # the grid's best ReLibra / Megatron, its tokens per EP rank
-    best_over_eplb_plus: tuple[float, float, float] | None  # the best ReLibra / EPLB+, its shift and correlation
+    best_over_eplb_plus: tuple[float, float, float]  # the best ReLibra / EPLB+, its shift and correlation
     shift_effect: tuple[float, float, float] | None  # lowest and highest shift, ReLibra / EPLB+'s mean change
     calibration: dict
 
     def why(self, x: CardPoint) -> str:
-        """Why card x's figure is not the paper's (verdict_map.why_card_differs)."""
-        return why_card_differs(x, self.regions, self.best_over_megatron, self.best_over_eplb_plus)
+        """Why card x's figure is not the paper's (verdict_map.CLAIMS' levels), from its point and the grid's."""
+        (meg, eplb, gap), meg_region = MAP_CLAIMS, self.regions[0]  # regions follow MAP_CLAIMS
+        mbs = f"{x.micro_batches:.0f} micro-batch" + ("" if round(x.micro_batches) == 1 else "es")
+        (eplb_tps, meg_tps), (best, shift, corr) = x.tokens_per_s, self.best_over_eplb_plus
+        parts = [f"it packs {x.tokens_per_ep_rank:.0f} tokens per EP rank per micro-batch ({mbs} a step)"]
+        if x.over_megatron[1] < meg["level"]:
+            parts.append(f"{meg['level']:g}x over Megatron needs at least {meg_region['min_tokens']} tokens per EP "
+                         "rank on the grid" if meg_region["min_tokens"] else f"the grid reaches {meg['level']:g}x over "
+                         f"Megatron nowhere (best {meg_region['best']:.2f}x at {meg_region['best_tokens']} tokens per "
+                         "EP rank)")
+        if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
+            parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over {mbs} "
+                         "a step its own costs exceed what its balance saves, which, not micro-batch shift, lifts "
+                         f"ReLibra / EPLB+ to {x.over_eplb_plus[0]:.2f}x")
+        else:
+            parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, so a once-per-step "
+                         "EPLB+ already balances most of each micro-batch's load" if x.mb_vs_step_corr >= 0.85 else
+                         f"its micro-batches correlate with their step at only {x.mb_vs_step_corr:.2f}, where "
+                         "per-micro-batch balancing has the most to gain over EPLB+")
+        if x.over_eplb_plus[1] < eplb["level"]:
+            where = "nowhere" if best < eplb["level"] else "only elsewhere"
+            parts.append(f"{eplb['level']:g}x over EPLB+ is reached {where} on the grid (best {best:.2f}x at shift "
+                         f"{shift:g}, correlation {corr:.2f}, the sharpest shift the routing data support being "
+                         f"{MICROBATCH_SHIFT_RANGE[1]:g})")
+        if not gap["lower"] <= x.gap[0] <= gap["level"]:
+            side = "below" if x.gap[0] < gap["lower"] else "above"
+            parts.append(f"its gap to Balanced ({100 * x.gap[0]:.1f}%) is {side} the paper's "
+                         f"{100 * gap['lower']:g}-{100 * gap['level']:g}%")
+        return "; ".join(parts)
 
 
 def summarize(r: Result) -> Summary:
-    own, g, nodes = r.cases[r.cases["kind"] == "card"], r.cases[r.cases["kind"] == "grid"], r.nodes
+    own, g = r.cases[r.cases["kind"] == "card"], r.cases[r.cases["kind"] == "grid"]
     cards = tuple(CardPoint(x["setup"], *((x[f"{f}_mean"], x[f"{f}_best"]) for f in RATIO_FIELDS[:2]),
                        tuple(x[f"gap_to_balanced_{k}"] for k in ("mean", "best", "worst")), x["tokens_per_ep_rank"],
                        x["mb_vs_step_corr"], x["micro_batches"], int(x["cases"]),
                        tuple(float(own.loc[own["setup"] == x["setup"], f"tokens_per_s_{p}"].mean())
                              for p in ("eplb+", "megatron"))) for _, x in r.cards.iterrows())
-    meg, eplb = ((None, None) if nodes.empty else (nodes.loc[nodes[f"{f}_best"].idxmax()] for f in RATIO_FIELDS[:2]))
+    eplb = r.nodes.loc[r.nodes["relibra_over_eplb_plus_best"].idxmax()]
     lo, hi = g["shift_value"].min(), g["shift_value"].max()
     at = [float(g.loc[g["shift_value"] == v, "relibra_over_eplb_plus"].mean()) for v in (lo, hi)]
-    return Summary(r.conclusion, tuple(r.regions or ()), cards,
-                   None if meg is None else (meg["relibra_over_megatron_best"], int(meg["tokens"])),
-                   None if eplb is None else (eplb["relibra_over_eplb_plus_best"], eplb["shift_value"],
-                                              eplb["mb_vs_step_corr"]),
-                   (lo, hi, at[1] - at[0]) if hi > lo else None, r.calibration or {})
+    return Summary(r.conclusion, tuple(r.regions), cards,
+                   (eplb["relibra_over_eplb_plus_best"], eplb["shift_value"], eplb["mb_vs_step_corr"]),
+                   (lo, hi, at[1] - at[0]) if hi > lo else None, r.calibration)
 
 
 def story(s: Summary) -> str:
@@ -175,7 +199,7 @@ def story(s: Summary) -> str:
         f"(micro-batch vs step correlation {reg['best_corr']:.2f})." for reg in s.regions] + [
         f"- `{x.setup}`: ReLibra / Megatron {_x(x.over_megatron[0])} (best {_x(x.over_megatron[1])}), / EPLB+ "
         f"{_x(x.over_eplb_plus[0])}, gap to Balanced {pct(x.gap[0])}: "
-        f"{s.why(x) if s.best_over_megatron else ''}." for x in s.cards]
+        f"{s.why(x)}." for x in s.cards]
     if s.shift_effect:
         lines.append("Moving the micro-batch shift from {:g} to {:g} changes ReLibra / EPLB+ by {:+.3f} on average "
                      "over the grid's cases: EPLB+ balances the step's total once, so it loses exactly what the "
@@ -219,7 +243,7 @@ def section(s: Summary, man: dict, table_md) -> str:
     """REPORT.md's opening: the verdict table (one column per named card), the map's one-sentence conclusion,
     and per card why its figure differs from the paper's."""
     figure = next((f for f in man.get("figures", []) if f["name"] == "verdict_map"), None)
-    why = "".join(f"- `{x.setup}`: {s.why(x)}.\n" for x in s.cards) if s.best_over_megatron else ""
+    why = "".join(f"- `{x.setup}`: {s.why(x)}.\n" for x in s.cards)
     return ("## The verdict: the paper's claims per set-up card, and where they hold\n\n"
             f"From notebook 12 (**simulated**, {man['scale_note']}; every card's point at full scale on the card's own "
             "inputs, `relibra setup show CARD`). No card's figure is the answer alone: each is one point of the map "
@@ -230,21 +254,22 @@ def section(s: Summary, man: dict, table_md) -> str:
 
 TRIES = (
     TryThis(lambda p, s: {"tokens": ",".join(str(4 * t) for t in p.tokens)},
-            "ReLibra / Megatron (mean over the grid's cases)", lambda r: node_mean(r, "relibra_over_megatron"), +1,
+            "ReLibra / Megatron (mean over the grid's cases)",
+            lambda r: mean_of(r.cases, "relibra_over_megatron", kind="grid"), +1,
             "more tokens per EP rank make each micro-batch's expert GEMMs longer against its fixed costs, so the "
             "busiest GPU's expert time, which balancing removes, is a larger share of the step"),
     TryThis(lambda p, s: {"shift": f"{MICROBATCH_SHIFT_RANGE[1]:g}"}, "ReLibra / EPLB+ (mean over the grid's cases)",
-            lambda r: node_mean(r, "relibra_over_eplb_plus"), +1,
+            lambda r: mean_of(r.cases, "relibra_over_eplb_plus", kind="grid"), +1,
             "EPLB+ places experts once for the step's total, so the more micro-batches differ from their step, the "
             "more per-micro-batch balancing gains over it"),
     TryThis(lambda p, s: {"shift": f"{MICROBATCH_SHIFT_RANGE[1]:g}"},
             "the micro-batch vs step load correlation (mean over the grid's cases)",
-            lambda r: node_mean(r, "mb_vs_step_corr"), -1,
+            lambda r: mean_of(r.cases, "mb_vs_step_corr", kind="grid"), -1,
             "the shift trades expert shares inside each micro-batch, which moves it away from its step's total"),
 )
 
 
 def plot_inputs(r: Result) -> dict:
     """What plots.verdict_map_plot draws, from the result: nodes, cards, claims, calibration."""
-    return {"nodes": r.nodes, "cards": r.cards, "claims": MAP_CLAIMS, "calibration": r.calibration or {}}
+    return {"nodes": r.nodes, "cards": r.cards, "claims": MAP_CLAIMS, "calibration": r.calibration}
 
