@@ -222,7 +222,8 @@ def verdict_table(grid: pd.DataFrame) -> pd.DataFrame:
         same = value[(t["model"] == best["model"]) & (t["workload"] == best["workload"])]
         rows.append({"claim": c.verdict_label, "paper": c.paper or "-", "kind": c.kind,
                      "mean": float(value.mean()), "low": float(value.min()), "high": float(value.max()),
-                     "best": float(best[c.id]), "best_case": f"{best['model']}, {best['workload']}, seed {best['seed']}",
+                     "best": float(best[c.id]),
+                     "best_case": f"{best['model']}, {best['workload']}, seed {best['seed']}",
                      "seeds_of_best_low": float(same.min()), "seeds_of_best_high": float(same.max()),
                      "cases": int(len(value)), "seeds": int(grid["seed"].nunique())})
     return pd.DataFrame(rows)
