@@ -5,7 +5,7 @@ or on a routing trace file (`trace`) and on another cluster than the card's (`cl
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
@@ -133,10 +133,10 @@ def compute(p: Params, g: Sizes, progress: bool = True, workers: int | None = No
     other layouts: they reshape the generator's batch, which the trace fixes)."""
     card, setup, budget = p.setup, p.setup.name, p.tokens_per_microbatch
     if p.trace is None:
-        fields = dict(ep=g.ep, steps=g.steps, layers=g.layers, micro_batches=g.micro_batches, topology=p.cluster)
-        grid_cases = headline_cases(card, g.models, g.workloads, g.seeds, tokens_per_microbatch=budget, **fields)
-        sweep_cases = budget_cases(card, g.alternative, g.sweep_model, g.sweep_workload, 0, g.sweep_tokens, **fields)
-        alt_cases = alternative_cases(card, g.sweep_model, g.sweep_workload, 0, **fields)
+        shared = dict(ep=g.ep, steps=g.steps, layers=g.layers, micro_batches=g.micro_batches, topology=p.cluster)
+        grid_cases = headline_cases(card, g.models, g.workloads, g.seeds, tokens_per_microbatch=budget, **shared)
+        sweep_cases = budget_cases(card, g.alternative, g.sweep_model, g.sweep_workload, 0, g.sweep_tokens, **shared)
+        alt_cases = alternative_cases(card, g.sweep_model, g.sweep_workload, 0, **shared)
     else:
         (grid_cases, alt_cases), sweep_cases = trace_cases(card, p.trace, p.cluster, g.workloads[0], g.seeds[0]), []
     frame = run_cases(grid_cases + sweep_cases + alt_cases, workers, progress, desc="headline")
@@ -167,8 +167,8 @@ def compute(p: Params, g: Sizes, progress: bool = True, workers: int | None = No
 
 @dataclass(frozen=True)
 class Verdict:
-    """One paper claim against the kit (the verdict table's row): the kit's mean and range over cases and
-    seeds, its best case, the range over the alternatives (None: not run), why they differ."""
+    """One paper claim against the kit (the verdict table's row, its columns by name): the kit's mean and
+    range over cases and seeds, its best case, the range over the alternatives (NaN: not run), why they differ."""
 
     claim: str
     paper: str
@@ -180,7 +180,8 @@ class Verdict:
     seeds: int
     best: float
     best_case: str
-    alternatives: tuple[float, float] | None
+    alternatives_low: float
+    alternatives_high: float
     why: str
 
     def show(self, v: float) -> str:
@@ -192,8 +193,8 @@ class Verdict:
                 "kit (mean; range over cases x seeds)": f"{self.show(self.mean)}; {self.show(self.low)} - "
                 f"{self.show(self.high)} over {self.cases} cases ({self.seeds} seeds)",
                 "best case": f"{self.show(self.best)} ({self.best_case})",
-                "other layouts and link rates": "-" if self.alternatives is None else " - ".join(
-                    map(self.show, self.alternatives)), "why they differ": self.why}
+                "other layouts and link rates": "-" if pd.isna(self.alternatives_low) else
+                f"{self.show(self.alternatives_low)} - {self.show(self.alternatives_high)}", "why they differ": self.why}
 
 
 @dataclass(frozen=True)
@@ -204,10 +205,8 @@ class Summary:
 
 
 def summarize(r: Result) -> Summary:
-    return Summary(tuple(Verdict(
-        v["claim"], v["paper"], v["kind"], v["mean"], v["low"], v["high"], int(v["cases"]), int(v["seeds"]), v["best"],
-        v["best_case"], None if pd.isna(v["alternatives_low"]) else (v["alternatives_low"], v["alternatives_high"]),
-        v["why"]) for _, v in r.verdict.iterrows()), r.setup, r.caption)
+    names = [f.name for f in fields(Verdict)]
+    return Summary(tuple(Verdict(**v) for v in r.verdict[names].to_dict("records")), r.setup, r.caption)
 
 
 def story(s: Summary) -> str:
