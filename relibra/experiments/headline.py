@@ -3,10 +3,11 @@
 `headline_cases` and `run_cases` simulate every policy on every (model, workload, seed) of a set-up card at full scale
 (every MoE layer, every micro-batch the card's batch gives), one trace per case: `steps` steps, the
 last one simulated, the ones before history for EPLB. Cases run in worker processes, one per core.
-`verdict_table` turns the grid into one row per paper claim: the kit's mean over cases and seeds, the
-range, the best case and seed behind every "up to", and the range over seeds of the best case.
-`budget_sweep` gives ReLibra / Megatron and ReLibra / EPLB+ against the tokens per micro-batch for the
-token-budget family and the one-sequence-per-micro-batch family. `trace_cases` puts a recorded trace in
+`claim_table` gives the paper's ratios per case of any such rows; `verdict_table` turns the grid into one
+row per paper claim: the kit's mean over cases and seeds, the range, the best case and seed behind every
+"up to", and the range over seeds of the best case. `budget_cases` and `budget_ratios` give ReLibra /
+Megatron and ReLibra / EPLB+ against the tokens per micro-batch for the token-budget family and the
+one-sequence-per-micro-batch family. `trace_cases` puts a recorded trace in
 the generator's place; a case's `topology` puts another cluster in the card's.
 """
 

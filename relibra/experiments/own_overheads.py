@@ -51,10 +51,9 @@ class OverheadCase:
 def policy_variants(card) -> list[tuple[str, str, dict]]:
     """(label, policy name, parameters) of every plan the table costs: Megatron, EPLB+ at each of
     EPLB_PLUS_SLOTS spare slots per GPU, ReLibra with the card's slots, Balanced."""
-    out = [("megatron", "megatron", {})]
-    out += [(label, "eplb+", dict(params)) for label, params in EPLB_PLUS_VARIANTS.items()]
-    out += [("relibra", "relibra", card.policy_params(["relibra"])["relibra"]), ("balanced", "balanced", {})]
-    return out
+    return [("megatron", "megatron", {}),
+            *((label, "eplb+", dict(params)) for label, params in EPLB_PLUS_VARIANTS.items()),
+            ("relibra", "relibra", card.policy_params(["relibra"])["relibra"]), ("balanced", "balanced", {})]
 
 
 def charge_settings(card_overheads: Overheads) -> dict[str, Overheads]:
@@ -207,14 +206,12 @@ def eplb_plus_table(costs: pd.DataFrame) -> pd.DataFrame:
     attention) and under the card's charges (EPLB+'s pushes charged as ReLibra's): mean and range over the
     cases; `paper` marks the variant that matches the paper's description."""
     r = ratios(costs)
-    rows = []
-    for s in EPLB_PLUS_SLOTS:
-        col = f"relibra_over_eplb_plus_{s}"
-        rows.append({"eplb+ spare slots": s,
-                     "ReLibra / EPLB+, transfers free": _span(r.loc[r["setting"] == "none", col], "{:.3f}"),
-                     "ReLibra / EPLB+, charged like ReLibra": _span(r.loc[r["setting"] == "card", col], "{:.3f}"),
-                     "paper": s == PAPER_EPLB_PLUS_SLOTS})
-    return pd.DataFrame(rows)
+    free, charged = r[r["setting"] == "none"], r[r["setting"] == "card"]
+    return pd.DataFrame([{"eplb+ spare slots": s,
+                          "ReLibra / EPLB+, transfers free": _span(free[col], "{:.3f}"),
+                          "ReLibra / EPLB+, charged like ReLibra": _span(charged[col], "{:.3f}"),
+                          "paper": s == PAPER_EPLB_PLUS_SLOTS}
+                         for s, col in ((s, f"relibra_over_eplb_plus_{s}") for s in EPLB_PLUS_SLOTS)])
 
 
 def overhead_cases(setup: str = DEFAULT_CARD, models=OVERHEAD_MODELS, workload: str = "mixed", seeds=(0,),
