@@ -3,10 +3,11 @@
 `headline_cases` and `run_cases` simulate every policy on every (model, workload, seed) of a set-up card at full scale
 (every MoE layer, every micro-batch the card's batch gives), one trace per case: `steps` steps, the
 last one simulated, the ones before history for EPLB. Cases run in worker processes, one per core.
-`verdict_table` turns the grid into one row per paper claim: the kit's mean over cases and seeds, the
-range, the best case and seed behind every "up to", and the range over seeds of the best case.
-`budget_sweep` gives ReLibra / Megatron and ReLibra / EPLB+ against the tokens per micro-batch for the
-token-budget family and the one-sequence-per-micro-batch family. `trace_cases` puts a recorded trace in
+`claim_table` gives the paper's ratios per case of any such rows; `verdict_table` turns the grid into one
+row per paper claim: the kit's mean over cases and seeds, the range, the best case and seed behind every
+"up to", and the range over seeds of the best case. `budget_cases` and `budget_ratios` give ReLibra /
+Megatron and ReLibra / EPLB+ against the tokens per micro-batch for the token-budget family and the
+one-sequence-per-micro-batch family. `trace_cases` puts a recorded trace in
 the generator's place; a case's `topology` puts another cluster in the card's.
 """
 
@@ -95,18 +96,11 @@ def simulate_case(case: Case) -> pd.DataFrame:
     result = simulate(trace, topology, list(case.policies), steps=1, params=card.cost_params(case.ep),
                       policy_params=card.policy_params(case.policies), progress=False, workload=case.workload,
                       step_extras=lambda plan, cost: overhead_extras(plan, cost, trace.model, topology))
-    summary = result.summary.copy()
     extras = result.per_step.groupby("policy")[list(OVERHEAD_EXTRAS)].mean()
-    summary = summary.join(extras, on="policy")
-    for key, value in (("setup", card.name), ("model", case.model), ("workload", case.workload),
-                       ("seed", case.seed), ("ep", case.ep), ("layout", layout), ("tokens_per_microbatch", tokens)):
-        summary[key] = value
-    summary["label"] = case.label
-    summary["layers"] = trace.num_layers
-    summary["micro_batches"] = trace.num_microbatches
-    summary["mean_tokens_per_slot"] = float(slot_tokens.mean())
-    summary["max_tokens_per_slot"] = int(slot_tokens.max())
-    return summary
+    return result.summary.join(extras, on="policy").assign(
+        setup=card.name, model=case.model, workload=case.workload, seed=case.seed, ep=case.ep, layout=layout,
+        tokens_per_microbatch=tokens, label=case.label, layers=trace.num_layers, micro_batches=trace.num_microbatches,
+        mean_tokens_per_slot=float(slot_tokens.mean()), max_tokens_per_slot=int(slot_tokens.max()))
 
 
 OVERHEAD_EXTRAS = ("transfer_s", "fragmentation_s", "replica_transfers", "launch_s")
@@ -187,73 +181,74 @@ def run_cases(cases: list[Case], workers: int | None = None, progress: bool = Tr
     return pd.concat(frames, ignore_index=True)
 
 
-def headline_cases(setup, models, workloads, seeds, ep: int = 32, policies=HEADLINE_POLICIES, steps: int = 3,
-                   layers: int | None = None, micro_batches: int | None = None) -> list[Case]:
+def headline_cases(setup, models, workloads, seeds, **fields) -> list[Case]:
     """The full-scale grid: every (model, workload, seed) of the card, largest models first (they take
-    longest, so two workers finish together)."""
+    longest, so two workers finish together); `fields`: the cases' other Case fields (ep, steps, ...)."""
     order = sorted(models, key=lambda m: -get_model(m).num_layers)
-    return [Case(setup, m, w, int(s), ep, steps=steps, layers=layers, micro_batches=micro_batches,
-                 policies=tuple(policies)) for m in order for w in workloads for s in seeds]
+    return [Case(setup, m, w, int(s), **fields) for m in order for w in workloads for s in seeds]
 
 
-def _ratio(grid: pd.DataFrame, num: str, den: str) -> pd.Series:
-    keys = [k for k in CASE_KEYS if k in grid]
-    wide = grid.pivot_table(index=keys, columns="policy", values="tokens_per_s", aggfunc="mean")
-    if num not in wide or den not in wide:
-        return pd.Series(dtype=float)
-    return (wide[num] / wide[den]).dropna()
+def claim_table(rows: pd.DataFrame, keys: list[str], claims=VERDICT_CLAIMS) -> pd.DataFrame:
+    """One row per `keys` of simulated summary rows (mean tokens/s per policy): the keys and each claim
+    of `claims` (CLAIMS ids: a ratio or gap of two policies); with no rows, the columns only."""
+    if rows.empty:
+        return pd.DataFrame(columns=[*keys, *claims])
+    wide = rows.pivot_table(index=keys, columns="policy", values="tokens_per_s", aggfunc="mean")
+    return pd.DataFrame({k: CLAIMS[k].of(wide) for k in claims}).reset_index()
 
 
-def _case_text(idx, names) -> str:
-    values = dict(zip(names, idx if isinstance(idx, tuple) else (idx,)))
-    return f"{values.get('model')}, {values.get('workload')}, seed {values.get('seed')}"
+def case_ratios(grid: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, workload, seed) of a headline grid: every VERDICT_CLAIMS column."""
+    return claim_table(grid, ["model", "workload", "seed"])
 
 
 def verdict_table(grid: pd.DataFrame) -> pd.DataFrame:
-    """One row per paper claim from a headline grid.
+    """One row per paper claim from a headline grid (a claim whose policies did not run has none).
 
     Columns: claim, paper, mean (over every case and seed), low, high, best_case (model, workload and
     seed of the "up to"), seeds_of_best (the same model and workload's range over seeds), cases.
     The gap to the ideal is 1 - ReLibra / balanced (the paper's Balanced: routing forced uniform) and,
     beside it, 1 - ReLibra / balanced-compute (the same routing with every GPU at the mean compute).
     """
+    ran = set(grid["policy"])
+    claims = [k for k in VERDICT_CLAIMS if {CLAIMS[k].numerator, CLAIMS[k].denominator} <= ran]
+    table = claim_table(grid, [k for k in CASE_KEYS if k in grid], claims)
     rows = []
-    for c in (CLAIMS[k] for k in VERDICT_CLAIMS):
-        ratio = _ratio(grid, c.numerator, c.denominator)
-        if ratio.empty:
+    for c in (CLAIMS[k] for k in claims):
+        t = table.dropna(subset=[c.id])
+        if t.empty:
             continue
-        kind = c.kind
-        value = 1.0 - ratio if kind == "gap" else ratio
-        best = value.idxmin() if kind == "gap" else value.idxmax()
-        names = list(value.index.names)
-        same = value[[all(i[names.index(k)] == best[names.index(k)] for k in ("model", "workload"))
-                      for i in value.index]]
-        rows.append({"claim": c.verdict_label, "paper": c.paper or "-", "kind": kind,
+        value = t[c.id]
+        best = t.loc[value.idxmin() if c.kind == "gap" else value.idxmax()]
+        same = value[(t["model"] == best["model"]) & (t["workload"] == best["workload"])]
+        rows.append({"claim": c.verdict_label, "paper": c.paper or "-", "kind": c.kind,
                      "mean": float(value.mean()), "low": float(value.min()), "high": float(value.max()),
-                     "best": float(value[best]), "best_case": _case_text(best, names),
+                     "best": float(best[c.id]),
+                     "best_case": f"{best['model']}, {best['workload']}, seed {best['seed']}",
                      "seeds_of_best_low": float(same.min()), "seeds_of_best_high": float(same.max()),
                      "cases": int(len(value)), "seeds": int(grid["seed"].nunique())})
     return pd.DataFrame(rows)
 
 
-def budget_cases(setup, alternative: str, model: str, workload: str, seed: int, tokens, ep: int = 32,
-                 policies=("megatron", "eplb+", "relibra", "balanced"), layers: int | None = None) -> list[Case]:
+# The policies of the budget sweep and the alternatives: the ones their ratios need.
+RATIO_POLICIES = ("megatron", "eplb+", "relibra", "balanced")
+
+
+def budget_cases(setup, alternative: str, model: str, workload: str, seed: int, tokens, **fields) -> list[Case]:
     """The budget sweep: the card (token-budget) and the alternative card (one sequence per micro-batch,
-    sequences scaled so a slot holds about that many tokens), at each tokens per micro-batch."""
-    return [Case(card, model, workload, seed, ep, tokens_per_microbatch=int(t), policies=tuple(policies),
-                 layers=layers) for card in (setup, alternative) for t in tokens]
+    sequences scaled so a slot holds about that many tokens), at each tokens per micro-batch; `fields`:
+    the cases' other Case fields (default policies: RATIO_POLICIES)."""
+    fields = {"policies": RATIO_POLICIES, **fields}
+    return [Case(card, model, workload, seed, tokens_per_microbatch=int(t), **fields)
+            for card in (setup, alternative) for t in tokens]
 
 
 def budget_ratios(sweep: pd.DataFrame) -> pd.DataFrame:
-    """ReLibra / Megatron and ReLibra / EPLB+ per (set-up, layout, tokens per micro-batch) of a sweep (no
-    rows for an empty sweep)."""
+    """ReLibra / Megatron and ReLibra / EPLB+ per (set-up, layout, tokens per micro-batch) of a sweep, with
+    the mean tokens per slot (no rows for an empty sweep)."""
     keys = ["setup", "layout", "tokens_per_microbatch", "model", "workload", "seed"]
-    if sweep.empty:
-        return pd.DataFrame(columns=keys + list(VERDICT_CLAIMS[:2]) + ["mean_tokens_per_slot"])
-    wide = sweep.pivot_table(index=keys, columns="policy", values="tokens_per_s", aggfunc="mean")
-    out = pd.DataFrame({k: CLAIMS[k].of(wide) for k in VERDICT_CLAIMS[:2]}).reset_index()
-    tokens = sweep.groupby(keys)["mean_tokens_per_slot"].first().reset_index(drop=True)
-    out["mean_tokens_per_slot"] = tokens.to_numpy()
+    out = claim_table(sweep, keys, VERDICT_CLAIMS[:2])
+    out["mean_tokens_per_slot"] = sweep.groupby(keys)["mean_tokens_per_slot"].first().to_numpy()
     return out
 
 
@@ -264,46 +259,28 @@ LINK_ALTERNATIVES = (
 )
 
 
-def alternative_cases(setup, model: str, workload: str, seed: int = 0, ep: int = 32,
-                      layers: int | None = None, policies=("megatron", "eplb+", "relibra", "balanced")) -> list[Case]:
-    """One case per other batch layout and per other link-rate pair, each on the card's other inputs."""
+def alternative_cases(setup, model: str, workload: str, seed: int = 0, **fields) -> list[Case]:
+    """One case per other batch layout and per other link-rate pair, each on the card's other inputs;
+    `fields`: the cases' other Case fields (default policies: RATIO_POLICIES)."""
+    fields = {"policies": RATIO_POLICIES, **fields}
     default = load_card(setup).value("batch.layout")
-    cases = [Case(setup, model, workload, seed, ep, layout=layout, layers=layers, policies=tuple(policies),
-                  label=f"layout {layout}") for layout in BATCH_LAYOUTS if layout != default]
-    cases += [Case(setup, model, workload, seed, ep, layers=layers, policies=tuple(policies), card_changes=changes,
-                   label=label) for label, changes in LINK_ALTERNATIVES]
-    return cases
+    cases = [Case(setup, model, workload, seed, layout=layout, label=f"layout {layout}", **fields)
+             for layout in BATCH_LAYOUTS if layout != default]
+    return cases + [Case(setup, model, workload, seed, card_changes=changes, label=label, **fields)
+                    for label, changes in LINK_ALTERNATIVES]
 
 
 def trace_cases(setup, trace: RoutingTrace, topology: Topology | None = None, workload: str = "trace",
-                seed: int = 0, policies=HEADLINE_POLICIES,
-                alternative_policies=("megatron", "eplb+", "relibra", "balanced")) -> tuple[list[Case], list[Case]]:
+                seed: int = 0) -> tuple[list[Case], list[Case]]:
     """The headline on a recorded trace: (its one case with every policy, the link-rate alternatives on
     it). Other batch layouts and budgets reshape the generator's batch, which a recorded trace fixes, so
     there are none. The cases carry the counts only (the simulator reads loads and sequence lengths, not
     token ids), so worker processes receive no more than that."""
     counts = dataclasses.replace(trace, token_experts=None, token_src_rank=None)
     case = Case(setup, trace.model.name, workload, int(seed), trace.ep, steps=trace.num_steps,
-                micro_batches=trace.num_microbatches, policies=tuple(policies), trace=counts, topology=topology)
-    return [case], [dataclasses.replace(case, policies=tuple(alternative_policies), card_changes=changes, label=label)
+                micro_batches=trace.num_microbatches, trace=counts, topology=topology)
+    return [case], [dataclasses.replace(case, policies=RATIO_POLICIES, card_changes=changes, label=label)
                     for label, changes in LINK_ALTERNATIVES]
-
-
-def alternative_ratios(alternatives: pd.DataFrame) -> pd.DataFrame:
-    """ReLibra / Megatron, ReLibra / EPLB+ and the gap to Balanced per alternative case (none: no rows)."""
-    if alternatives.empty:
-        return pd.DataFrame(columns=["label", "model", "workload", "seed", *VERDICT_CLAIMS[:3]])
-    wide = alternatives.pivot_table(index=["label", "model", "workload", "seed"], columns="policy",
-                                    values="tokens_per_s", aggfunc="mean")
-    return pd.DataFrame({k: CLAIMS[k].of(wide) for k in VERDICT_CLAIMS[:3]}).reset_index()
-
-
-def case_ratios(grid: pd.DataFrame) -> pd.DataFrame:
-    """One row per (model, workload, seed) of a headline grid: ReLibra over Megatron and over EPLB+, and the
-    gaps to balanced and balanced-compute."""
-    wide = grid.pivot_table(index=["model", "workload", "seed"], columns="policy", values="tokens_per_s",
-                            aggfunc="mean")
-    return pd.DataFrame({k: CLAIMS[k].of(wide) for k in VERDICT_CLAIMS}).reset_index()
 
 
 def why_they_differ(grid: pd.DataFrame, alternatives: pd.DataFrame) -> dict[str, str]:
@@ -335,13 +312,14 @@ def why_they_differ(grid: pd.DataFrame, alternatives: pd.DataFrame) -> dict[str,
     }
 
 
-def verdict_with_alternatives(grid: pd.DataFrame, alternatives: pd.DataFrame, full_scale: bool) -> pd.DataFrame:
+def verdict_with_alternatives(grid: pd.DataFrame, alternatives: pd.DataFrame, scale: str) -> pd.DataFrame:
     """verdict_table(grid) with, per claim, the range over the alternatives (other layouts and link
-    rates), why the kit's figure differs from the paper's, and the scale."""
+    rates), why the kit's figure differs from the paper's, and the scale (text)."""
     v = verdict_table(grid)
-    ids = [next(k for k in VERDICT_CLAIMS if CLAIMS[k].verdict_label == c) for c in v["claim"]]
+    ids = [k for k in VERDICT_CLAIMS if CLAIMS[k].verdict_label in set(v["claim"])]
+    why = why_they_differ(grid, alternatives)
     v["alternatives_low"] = [float(alternatives[k].min()) if k in alternatives else float("nan") for k in ids]
     v["alternatives_high"] = [float(alternatives[k].max()) if k in alternatives else float("nan") for k in ids]
-    v["why"] = [why_they_differ(grid, alternatives)[k] for k in ids]
-    v["scale"] = "full scale" if full_scale else "CUT-DOWN"
+    v["why"] = [why[k] for k in ids]
+    v["scale"] = scale
     return v

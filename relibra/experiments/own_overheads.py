@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from relibra.cluster import get_model
-from relibra.costs import CostParams, Overheads, cost_plan, plan_metadata
+from relibra.costs import Overheads, cost_plan, plan_metadata
 from relibra.policies import get_policy
 from relibra.policies.eplb import EPLB_PLUS_VARIANTS, PAPER_EPLB_PLUS
 from relibra.progress import progress as tqdm
@@ -35,7 +34,7 @@ PAPER_EPLB_PLUS_SLOTS = EPLB_PLUS_VARIANTS[PAPER_EPLB_PLUS]["redundant_slots_per
 OVERHEAD_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class OverheadCase:
     """One case of the overheads table: a set-up card (name or path), model, workload, seed, EP, trace steps,
     and (card key, value) changes to the card (cut-down test cases)."""
@@ -52,10 +51,9 @@ class OverheadCase:
 def policy_variants(card) -> list[tuple[str, str, dict]]:
     """(label, policy name, parameters) of every plan the table costs: Megatron, EPLB+ at each of
     EPLB_PLUS_SLOTS spare slots per GPU, ReLibra with the card's slots, Balanced."""
-    out = [("megatron", "megatron", {})]
-    out += [(label, "eplb+", dict(params)) for label, params in EPLB_PLUS_VARIANTS.items()]
-    out += [("relibra", "relibra", card.policy_params(["relibra"])["relibra"]), ("balanced", "balanced", {})]
-    return out
+    return [("megatron", "megatron", {}),
+            *((label, "eplb+", dict(params)) for label, params in EPLB_PLUS_VARIANTS.items()),
+            ("relibra", "relibra", card.policy_params(["relibra"])["relibra"]), ("balanced", "balanced", {})]
 
 
 def charge_settings(card_overheads: Overheads) -> dict[str, Overheads]:
@@ -106,17 +104,15 @@ def case_costs(case: OverheadCase) -> pd.DataFrame:
             cost = cost_plan(plan, model, topology, dataclasses.replace(base, overheads=ov), prev_home=prev,
                              planner_s=plan.info.plan_seconds, critical_planner_s=plan.info.plan_cpu_seconds,
                              seq_lens=seq_lens)
-            totals = cost.totals()
-            own = cost.info["overheads"]
-            forward_s = float(sum(v.sum() for v in cost.forward.values()) + cost.extra_forward.sum())
+            totals, own = cost.totals(), cost.info["overheads"]
             rows.append({"setup": card.name, "model": case.model, "workload": case.workload, "seed": case.seed,
                          "ep": case.ep, "micro_batches": trace.num_microbatches, "variant": label, "policy": name,
                          "setting": setting, "step_s": cost.step_seconds, "tokens_per_s": cost.tokens / cost.step_seconds,
                          "exposed_transfer_s": totals["replica_push"] + totals["replica_grad"],
-                         "migration_s": cost.migration_s, "forward_s": forward_s,
-                         "recompute_s": own["recompute_s"], "grad_add_s": own["grad_add_s"],
-                         "planner_s": own["planner_s"], "planner_window_s": own["planner_window_s"],
-                         "planner_exposed_s": own["planner_exposed_s"],
+                         "migration_s": cost.migration_s,
+                         "forward_s": float(sum(v.sum() for v in cost.forward.values()) + cost.extra_forward.sum()),
+                         **{k: own[k] for k in ("recompute_s", "grad_add_s", "planner_s", "planner_window_s",
+                                                "planner_exposed_s")},
                          "metadata_bytes_per_microbatch": meta["bytes_per_microbatch"],
                          "metadata_s_per_microbatch": meta["seconds_per_microbatch"],
                          "replica_memory_share": cost.memory["replica_memory_share"],
@@ -130,15 +126,11 @@ def overhead_costs(cases: list[OverheadCase], progress: bool = True) -> pd.DataF
     return pd.concat(frames, ignore_index=True)
 
 
-def _wide(costs: pd.DataFrame) -> pd.DataFrame:
-    return costs.pivot_table(index=["setup", "model", "workload", "seed", "setting"], columns="variant",
-                             values="tokens_per_s", aggfunc="mean")
-
-
 def ratios(costs: pd.DataFrame) -> pd.DataFrame:
     """Per (case, setting): ReLibra / Megatron, ReLibra / EPLB+ at each slot count, and the gap to
     Balanced (1 - ReLibra / Balanced)."""
-    w = _wide(costs)
+    w = costs.pivot_table(index=["setup", "model", "workload", "seed", "setting"], columns="variant",
+                          values="tokens_per_s", aggfunc="mean")
     out = pd.DataFrame({"relibra_over_megatron": w["relibra"] / w["megatron"],
                         "gap_to_balanced": 1.0 - w["relibra"] / w["balanced"]})
     for s in EPLB_PLUS_SLOTS:
@@ -166,53 +158,45 @@ def overheads_table(costs: pd.DataFrame, variant: str = "relibra") -> pd.DataFra
     def at(setting, col):
         return mine.xs(setting, level="setting")[col]
 
-    def added(without):  # share of the card's step that the one overhead adds
-        return (at("card", "step_s") - at(without, "step_s")) / at("card", "step_s")
+    def share(col, setting="card", fmt="{:.2f}%"):  # `col` as a share of the setting's step, as text
+        return _span(100 * at(setting, col) / at(setting, "step_s"), fmt)
+
+    def added(without):  # share of the card's step that the one overhead adds, as text
+        return _span(100 * ((at("card", "step_s") - at(without, "step_s")) / at("card", "step_s")), "{:.2f}%")
 
     def sweep(settings):
-        parts = []
-        for s in settings:
-            x = r.xs(s, level="setting")
-            parts.append(f"{s}: ReLibra / Megatron {_span(x['relibra_over_megatron'], '{:.3f}')}, ReLibra / EPLB+ "
+        return "; ".join(f"{s}: ReLibra / Megatron {_span(x['relibra_over_megatron'], '{:.3f}')}, ReLibra / EPLB+ "
                          f"{_span(x[f'relibra_over_eplb_plus_{PAPER_EPLB_PLUS_SLOTS}'], '{:.3f}')}, gap to Balanced "
-                         f"{_span(100 * x['gap_to_balanced'], '{:.1f}%')}")
-        return "; ".join(parts)
+                         f"{_span(100 * x['gap_to_balanced'], '{:.1f}%')}"
+                         for s, x in ((s, r.xs(s, level="setting")) for s in settings))
 
-    pct = "{:.2f}%"
+    pushes = (at("card", "exposed_transfer_s") - at("no recompute", "exposed_transfer_s")).clip(lower=0)
+    metadata = 100 * at("card", "metadata_s_per_microbatch") * at("card", "micro_batches")  # % x step seconds
     rows = [
         ("transfer overlap efficiency", "overheads.transfer_overlap_efficiency",
-         f"{_span(100 * added('overlap efficiency 1.0'), pct)} of the step at {ov.transfer_overlap_efficiency:g} "
-         f"(exposed transfers {_span(100 * at('card', 'exposed_transfer_s') / at('card', 'step_s'), pct)} of the step; "
-         f"{_span(100 * at('overlap efficiency 1.0', 'exposed_transfer_s') / at('overlap efficiency 1.0', 'step_s'), pct)} "
-         f"at 1.0)",
+         f"{added('overlap efficiency 1.0')} of the step at {ov.transfer_overlap_efficiency:g} (exposed transfers "
+         f"{share('exposed_transfer_s')} of the step; {share('exposed_transfer_s', 'overlap efficiency 1.0')} at 1.0)",
          f"yes ({ov.transfer_overlap_efficiency:g}; every overlapping plan)" if ov.transfer_overlap_efficiency < 1 else "no",
          sweep(["overlap efficiency 0.7", "card", "overlap efficiency 1.0"])),
         ("activation recomputation (every policy) and its replica pushes", "overheads.activation_recompute",
-         f"{_span(100 * added('no recompute'), pct)} of the step: the recomputed forward "
-         f"{_span(100 * at('card', 'recompute_s') / at('card', 'step_s'), pct)} (every policy pays it); the backward "
-         f"pushes moved into its shorter window "
-         f"{_span(100 * (at('card', 'exposed_transfer_s') - at('no recompute', 'exposed_transfer_s')).clip(lower=0) / at('card', 'step_s'), '{:.3f}%')}",
-         "yes (full, one layer at a time)" if ov.activation_recompute else "no",
-         sweep(["card", "no recompute"])),
-        ("replica gradient add into the home", "overheads.replica_grad_add",
-         f"{_span(100 * at('card', 'grad_add_s') / at('card', 'step_s'), pct)} of the step",
+         f"{added('no recompute')} of the step: the recomputed forward {share('recompute_s')} (every policy pays it); "
+         f"the backward pushes moved into its shorter window {_span(100 * pushes / at('card', 'step_s'), '{:.3f}%')}",
+         "yes (full, one layer at a time)" if ov.activation_recompute else "no", sweep(["card", "no recompute"])),
+        ("replica gradient add into the home", "overheads.replica_grad_add", f"{share('grad_add_s')} of the step",
          "yes" if ov.replica_grad_add else "no", sweep(["card", "no grad add"])),
         ("planner beyond the post-rollout window", "overheads.planner_window_forward_passes",
          f"planner {_span(at('card', 'planner_s'), '{:.2f} s')} a step against a window of "
-         f"{_span(at('card', 'planner_window_s'), '{:.1f} s')}: {_span(100 * added('planner not charged'), pct)} of the step "
-         f"exposed",
+         f"{_span(at('card', 'planner_window_s'), '{:.1f} s')}: {added('planner not charged')} of the step exposed",
          f"yes (window {ov.planner_window_forward_passes:g} forward passes)" if ov.charges_planner else "no",
          sweep(["planner window 0", "card", "planner window 2"])),
         ("host-side plan metadata", "overheads.host_to_device_GBps",
          f"{_span(at('card', 'metadata_bytes_per_microbatch') / 1e3, '{:.0f} kB')} per micro-batch, "
          f"{_span(1e6 * at('card', 'metadata_s_per_microbatch'), '{:.0f} us')} to copy: "
-         f"{_span(100 * at('card', 'metadata_s_per_microbatch') * mine.xs('card', level='setting')['micro_batches'] / at('card', 'step_s'), '{:.4f}%')} "
-         f"of the step were none of it hidden",
+         f"{_span(metadata / at('card', 'step_s'), '{:.4f}%')} of the step were none of it hidden",
          "no (copied while the previous micro-batch runs; immaterial)", "-"),
-        ("migration", "(charged by the cost model)", f"{_span(100 * at('card', 'migration_s') / at('card', 'step_s'), pct)} of the step",
-         "yes", "-"),
+        ("migration", "(charged by the cost model)", f"{share('migration_s')} of the step", "yes", "-"),
         ("replica memory", "training.replica_buffer",
-         f"{_span(100 * at('card', 'replica_memory_share'), pct)} of parameter memory per GPU", "reported", "-"),
+         f"{_span(100 * at('card', 'replica_memory_share'), '{:.2f}%')} of parameter memory per GPU", "reported", "-"),
     ]
     return pd.DataFrame(rows, columns=["overhead", "card_entry", "figure", "charged", "sweep"])
 
@@ -222,14 +206,12 @@ def eplb_plus_table(costs: pd.DataFrame) -> pd.DataFrame:
     attention) and under the card's charges (EPLB+'s pushes charged as ReLibra's): mean and range over the
     cases; `paper` marks the variant that matches the paper's description."""
     r = ratios(costs)
-    rows = []
-    for s in EPLB_PLUS_SLOTS:
-        col = f"relibra_over_eplb_plus_{s}"
-        rows.append({"eplb+ spare slots": s,
-                     "ReLibra / EPLB+, transfers free": _span(r.loc[r["setting"] == "none", col], "{:.3f}"),
-                     "ReLibra / EPLB+, charged like ReLibra": _span(r.loc[r["setting"] == "card", col], "{:.3f}"),
-                     "paper": s == PAPER_EPLB_PLUS_SLOTS})
-    return pd.DataFrame(rows)
+    free, charged = r[r["setting"] == "none"], r[r["setting"] == "card"]
+    return pd.DataFrame([{"eplb+ spare slots": s,
+                          "ReLibra / EPLB+, transfers free": _span(free[col], "{:.3f}"),
+                          "ReLibra / EPLB+, charged like ReLibra": _span(charged[col], "{:.3f}"),
+                          "paper": s == PAPER_EPLB_PLUS_SLOTS}
+                         for s, col in ((s, f"relibra_over_eplb_plus_{s}") for s in EPLB_PLUS_SLOTS)])
 
 
 def overhead_cases(setup: str = DEFAULT_CARD, models=OVERHEAD_MODELS, workload: str = "mixed", seeds=(0,),

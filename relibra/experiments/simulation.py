@@ -85,22 +85,20 @@ def simulate_with_plans(trace, topology: Topology, policies, card: SetupCard, st
     result = simulate(trace, topology, list(policies), steps=min(history_steps(steps), trace.num_steps),
                       policy_params=card.policy_params(policies), progress=False,
                       workload=workload, step_extras=extras, params=card.cost_params(trace.ep))
-    per_step, summary = result.per_step, result.summary
+    per_step = result.per_step
     extra = per_step.groupby("policy")[["gpu_skewness", "node_skewness", "cross_node_share", "replicas_per_gpu",
                                         "migration_gb", "migration_inter_node_gb", "forward_s", "transfer_s",
                                         "exposed_transfer_s"]].mean()
-    summary = summary.join(extra, on="policy")
+    summary = result.summary.join(extra, on="policy")  # its speedup_vs_megatron: relibra.sim's
     labels = {"model": trace.model.name, "workload": workload or str(trace.provenance.get("workload", "")),
               "ep": trace.ep, "cluster": topology.name}
     for frame in (per_step, summary):
         for i, (k, v) in enumerate(labels.items()):
             frame.insert(i, k, v)
-    mega = summary.set_index("policy")["tokens_per_s"].get("megatron", np.nan)
     tokens_per_s = per_step["tokens"] / per_step["step_s"]
-    megatron_by_step = tokens_per_s[per_step["policy"] == "megatron"].set_axis(
-        per_step.loc[per_step["policy"] == "megatron", "step"])
-    per_step["speedup_vs_megatron"] = tokens_per_s / per_step["step"].map(megatron_by_step)
-    summary["speedup_vs_megatron"] = summary["tokens_per_s"] / mega
+    megatron = per_step["policy"] == "megatron"
+    per_step["speedup_vs_megatron"] = tokens_per_s / per_step["step"].map(
+        tokens_per_s[megatron].set_axis(per_step.loc[megatron, "step"]))
     return per_step, summary
 
 

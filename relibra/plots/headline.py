@@ -26,11 +26,10 @@ def headline_cases_plot(ratios: pd.DataFrame, subtitle: str):
     workloads = list(dict.fromkeys(ratios["workload"]))
     colors = plt.get_cmap("viridis")(np.linspace(0.1, 0.8, len(models)))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), squeeze=False)
+    width = 0.8 / max(1, len(models))
     for ax, (col, label, paper) in zip(axes[0], RATIO_PANELS):
-        width = 0.8 / max(1, len(models))
         for i, (model, color) in enumerate(zip(models, colors)):
-            d = ratios[ratios["model"] == model].groupby("workload")[col].agg(["mean", "min", "max"])
-            d = d.reindex(workloads)
+            d = ratios[ratios["model"] == model].groupby("workload")[col].agg(["mean", "min", "max"]).reindex(workloads)
             x = np.arange(len(workloads)) + (i - (len(models) - 1) / 2) * width
             ax.errorbar(x, d["mean"], yerr=[d["mean"] - d["min"], d["max"] - d["mean"]], fmt="o", color=color,
                         capsize=3, label=model_label(model))

@@ -31,9 +31,8 @@ def planner_time_plot(table: pd.DataFrame, subtitle: str):
               ["left bar (the policy's colour): planner, measured wall seconds per step",
                "right bar: one forward pass, simulated: the window it hides behind"],
               fontsize=8, loc="upper left", ncol=1)
-    hardware = str(d["planner_hardware"].iloc[0]) if "planner_hardware" in d else "this machine"
     titled(fig, "Planner time per step vs the forward pass it hides behind",
-           f"planner: measured ({hardware}) | window: {subtitle}")
+           f"planner: measured ({d['planner_hardware'].iloc[0]}) | window: {subtitle}")
     fig.tight_layout()
     return fig
 
@@ -46,11 +45,10 @@ def overhead_bars(table: pd.DataFrame, subtitle: str):
                "replica memory, whole model (paper: 0.13-1.62%)"),
               ("transfer_overlap", "% of replica transfers hidden", "transfer overlap")]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
-    critical = d["planner_on_critical_path"].astype(bool) if "planner_on_critical_path" in d else [False] * len(d)
     for ax, (col, ylabel, title) in zip(axes, panels):
         vals = 100 * d[col].astype(float).fillna(0.0)
         ax.bar(np.arange(len(d)), vals, color=[palette[p] for p in d["policy"]])
-        for xi, (v, raw, crit) in enumerate(zip(vals, d[col], critical)):
+        for xi, (v, raw, crit) in enumerate(zip(vals, d[col], d["planner_on_critical_path"].astype(bool))):
             text = ("n/a" if pd.isna(raw) else "0 (moved on the\ncritical path)" if col == "transfer_overlap" and crit
                     and v == 0 else f"{v:.2f}")
             ax.text(xi, v, text, ha="center", va="bottom", fontsize=7)

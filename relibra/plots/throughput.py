@@ -87,15 +87,13 @@ def ablation_plot(table: pd.DataFrame, subtitle: str):
     order = [ABLATION_STAGES[p] for p in stages]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     greys = dict(zip(dict.fromkeys(d["model"]), MODEL_GREYS))
-    sns.barplot(d, x="stage", y="speedup_vs_megatron", hue="model", order=order, ax=axes[0], palette=greys,
-                errorbar=("pi", 100))
-    axes[0].axhline(1.0, color="0.2", lw=1)
-    axes[0].set_ylabel("throughput / Megatron's (tokens/s ratio)")
-    axes[0].set_title("throughput")
-    sns.barplot(d, x="stage", y="skewness", hue="model", order=order, ax=axes[1], palette=greys, errorbar=("pi", 100))
-    axes[1].axhline(1.0, color="0.2", ls="--", lw=1)
-    axes[1].set_ylabel("rank skewness (max / mean tokens per GPU)")
-    axes[1].set_title("rank skewness")
+    for ax, col, line, ylabel, title in (
+            (axes[0], "speedup_vs_megatron", {}, "throughput / Megatron's (tokens/s ratio)", "throughput"),
+            (axes[1], "skewness", {"ls": "--"}, "rank skewness (max / mean tokens per GPU)", "rank skewness")):
+        sns.barplot(d, x="stage", y=col, hue="model", order=order, ax=ax, palette=greys, errorbar=("pi", 100))
+        ax.axhline(1.0, color="0.2", lw=1, **line)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
     for ax in axes:
         ax.set_xlabel("")
         ax.get_legend().remove()
@@ -109,11 +107,13 @@ def ablation_plot(table: pd.DataFrame, subtitle: str):
 
 
 # ---- 04 reordering / 05 replication ---------------------------------------------------------------
-def _workload_panels(fig, axes, table: pd.DataFrame, panels) -> None:
+def _workload_panels(table: pd.DataFrame, panels, grid: tuple[int, int], figsize, heading: str, subtitle: str):
     """Bars per workload (x) and policy (hue; the ideals left out), one panel per (column, y label,
-    title) of `panels`: the mean over steps and layers, whiskers their range (deterministic, unlike a
-    bootstrap interval); a line at 1.0 on the first panel (Megatron's throughput) and a dashed one on
-    the second (perfect balance); one policy legend for the figure."""
+    title) of `panels` on a `grid` (rows, columns) of axes: the mean over steps and layers, whiskers their
+    range (deterministic, unlike a bootstrap interval); a line at 1.0 on the first panel (Megatron's
+    throughput) and a dashed one on the second (perfect balance); one policy legend for the figure."""
+    fig, axes = plt.subplots(*grid, figsize=figsize)
+    axes = axes.ravel()
     order, palette = policy_hue(table["policy"].unique())
     order = [p for p in order if p not in ("balanced", "balanced-compute")]
     d = table[table["policy"].isin(order)]
@@ -128,6 +128,9 @@ def _workload_panels(fig, axes, table: pd.DataFrame, panels) -> None:
     axes[0].axhline(1.0, color="0.2", lw=1)
     axes[1].axhline(1.0, color="0.2", ls="--", lw=1)
     figure_policy_legend(fig, axes[0])
+    titled(fig, heading, subtitle)
+    fig.tight_layout()
+    return fig
 
 
 def reorder_plot(table: pd.DataFrame, subtitle: str):
@@ -136,13 +139,9 @@ def reorder_plot(table: pd.DataFrame, subtitle: str):
               ("node_skewness", "node skewness (max / mean)", "balance across nodes: max / mean tokens per node"),
               ("cross_node_share", "share crossing nodes", "inter-node traffic: share of token-expert pairs"),
               ("migration_gb", "migration per step (GB)", "migration: expert weights + optimizer state moved")]
-    fig, grid = plt.subplots(2, 2, figsize=(13, 7.5))
-    _workload_panels(fig, grid.ravel(), table, panels)
-    titled(fig, "Reordering: annealing search vs greedy LPT vs static homes (the three ReLibra variants all "
-           "replicate inside nodes; Megatron: static homes, no replicas; bars: mean over steps, whiskers: their range)",
-           subtitle)
-    fig.tight_layout()
-    return fig
+    return _workload_panels(table, panels, (2, 2), (13, 7.5), "Reordering: annealing search vs greedy LPT vs static "
+                            "homes (the three ReLibra variants all replicate inside nodes; Megatron: static homes, no "
+                            "replicas; bars: mean over steps, whiskers: their range)", subtitle)
 
 
 def replication_plot(table: pd.DataFrame, subtitle: str):
@@ -150,27 +149,22 @@ def replication_plot(table: pd.DataFrame, subtitle: str):
     panels = [("speedup_vs_megatron", "throughput / Megatron's", "throughput (tokens/s ratio)"),
               ("gpu_skewness", "rank skewness (max / mean)", "balance: max / mean tokens per GPU"),
               ("replicas_per_gpu", "replicas per GPU", "replicas held per GPU, per micro-batch x layer")]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    _workload_panels(fig, axes, table, panels)
-    titled(fig, "Replication: joint replica placement + token split vs reordering only (no replicas) vs splitting "
-           "only (one bar per workload: its mean over steps and layers)", subtitle)
-    fig.tight_layout()
-    return fig
+    return _workload_panels(table, panels, (1, 3), (15, 4.2), "Replication: joint replica placement + token split "
+                            "vs reordering only (no replicas) vs splitting only (one bar per workload: its mean over "
+                            "steps and layers)", subtitle)
 
 
 def spare_slot_plot(sweep: pd.DataFrame, subtitle: str):
     """ReLibra's speedup, skewness and replica memory share against spare slots per GPU."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.0))
-    x = sweep["spare_slots_per_gpu"]
-    for ax, col, ylabel in ((axes[0], "speedup_vs_megatron", "throughput / Megatron's"),
-                            (axes[1], "skewness", "rank skewness (max / mean)"),
-                            (axes[2], "replica_memory_share_full_model", "replica buffer / parameters (%)")):
-        pct = col.startswith("replica_memory_share")
+    x, dflt = sweep["spare_slots_per_gpu"], sweep[sweep["default"]]
+    for ax, col, ylabel, pct in ((axes[0], "speedup_vs_megatron", "throughput / Megatron's", False),
+                                 (axes[1], "skewness", "rank skewness (max / mean)", False),
+                                 (axes[2], "replica_memory_share_full_model", "replica buffer / parameters (%)", True)):
         y = sweep[col] * (100 if pct else 1)
         ax.plot(x, y, marker="o", color=POLICY_COLORS["relibra"], label="ReLibra")
-        dflt = sweep[sweep["default"]]
         if len(dflt):
-            ax.scatter(dflt["spare_slots_per_gpu"], dflt[col] * (100 if pct else 1), s=120,
+            ax.scatter(dflt["spare_slots_per_gpu"], y[sweep["default"]], s=120,
                        facecolors="none", edgecolors="0.1", zorder=3, label="kit default")
         for xi, yi in zip(x, y):
             ax.annotate(f"{yi:.3f}", (xi, yi), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=7)

@@ -5,7 +5,7 @@ or on a routing trace file (`trace`) and on another cluster than the card's (`cl
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
@@ -13,9 +13,9 @@ import pandas as pd
 from relibra.experiments.base import PATH, Params, Result, TryThis, integer, mean_of, objects, param, table, value
 from relibra.cluster import Topology
 from relibra.errors import ConfigError
-from relibra.experiments.headline import (alternative_cases, alternative_ratios, budget_cases, budget_ratios,
-                                          case_ratios, headline_cases, overheads_table, run_cases, trace_cases,
-                                          verdict_with_alternatives)
+from relibra.experiments.headline import (VERDICT_CLAIMS, alternative_cases, budget_cases, budget_ratios,
+                                          case_ratios, claim_table, headline_cases, overheads_table, run_cases,
+                                          trace_cases, verdict_with_alternatives)
 from relibra.experiments.profiles import per_profile
 from relibra.experiments.text import row
 from relibra.experiments.traces import CLUSTER, PROFILE, TRACE, trace_text, trace_workload
@@ -131,25 +131,20 @@ def compute(p: Params, g: Sizes, progress: bool = True, workers: int | None = No
     """The grid on the card, the budget sweep of both families and the alternatives, all cases in one
     pool of workers; with a trace, its one case and the link-rate alternatives on it (no sweep, no
     other layouts: they reshape the generator's batch, which the trace fixes)."""
-    card, setup, budget, on = p.setup, p.setup.name, p.tokens_per_microbatch, dict(topology=p.cluster)
+    card, setup, budget = p.setup, p.setup.name, p.tokens_per_microbatch
     if p.trace is None:
-        grid_cases = [dataclasses.replace(c, tokens_per_microbatch=budget, **on) for c in
-                      headline_cases(card, g.models, g.workloads, g.seeds, g.ep, steps=g.steps, layers=g.layers,
-                                     micro_batches=g.micro_batches)]
-        sweep_cases = [dataclasses.replace(c, steps=g.steps, micro_batches=g.micro_batches, **on) for c in
-                       budget_cases(card, g.alternative, g.sweep_model, g.sweep_workload, 0, g.sweep_tokens, g.ep,
-                                    layers=g.layers)]
-        alt_cases = [dataclasses.replace(c, steps=g.steps, micro_batches=g.micro_batches, **on) for c in
-                     alternative_cases(card, g.sweep_model, g.sweep_workload, 0, g.ep, layers=g.layers)]
+        shared = dict(ep=g.ep, steps=g.steps, layers=g.layers, micro_batches=g.micro_batches, topology=p.cluster)
+        grid_cases = headline_cases(card, g.models, g.workloads, g.seeds, tokens_per_microbatch=budget, **shared)
+        sweep_cases = budget_cases(card, g.alternative, g.sweep_model, g.sweep_workload, 0, g.sweep_tokens, **shared)
+        alt_cases = alternative_cases(card, g.sweep_model, g.sweep_workload, 0, **shared)
     else:
         (grid_cases, alt_cases), sweep_cases = trace_cases(card, p.trace, p.cluster, g.workloads[0], g.seeds[0]), []
     frame = run_cases(grid_cases + sweep_cases + alt_cases, workers, progress, desc="headline")
     part = np.digitize(frame["case_index"], [len(grid_cases), len(grid_cases) + len(sweep_cases)])
-    grid, sweep_rows, alternatives = (frame[part == i].drop(columns="case_index").reset_index(drop=True)
-                                      for i in range(3))
+    grid, sweep_rows, alt_rows = (frame[part == i].drop(columns="case_index").reset_index(drop=True) for i in range(3))
     sweep = budget_ratios(sweep_rows)
     sweep["family"] = np.where(sweep["layout"] == "token-budget", "token-budget", "one sequence per micro-batch")
-    alternatives = alternative_ratios(alternatives)
+    alternatives = claim_table(alt_rows, ["label", "model", "workload", "seed"], VERDICT_CLAIMS[:3])
     card_text = f"`{setup}` set-up card" + ("" if budget is None else f" with {budget} tokens per micro-batch")
     if p.trace is None:
         caption = (f"simulated on the {card_text}{p.on_cluster()}, EP {g.ep}; {len(g.models)} models x "
@@ -163,9 +158,8 @@ def compute(p: Params, g: Sizes, progress: bool = True, workers: int | None = No
                    f"{trace_text(p.trace)}; {p.scale_note(g)}")
         sweep_caption = (f"no budget sweep and no other batch layouts: both reshape the synthetic batch, and "
                          f"{trace_text(p.trace)} fixes its own micro-batches and sequences")
-    verdict = verdict_with_alternatives(grid, alternatives, g.full_scale)
-    if p.trace is not None:
-        verdict["scale"] = "the trace's"
+    scale = "the trace's" if p.trace is not None else "full scale" if g.full_scale else "CUT-DOWN"
+    verdict = verdict_with_alternatives(grid, alternatives, scale)
     return Result(throughput=grid, case_ratios=case_ratios(grid), verdict=verdict, ratio_vs_budget=sweep,
                   alternatives=alternatives, overheads=overheads_table(grid), setup=setup, caption=caption,
                   sweep_caption=sweep_caption)
@@ -173,8 +167,8 @@ def compute(p: Params, g: Sizes, progress: bool = True, workers: int | None = No
 
 @dataclass(frozen=True)
 class Verdict:
-    """One paper claim against the kit (the verdict table's row): the kit's mean and range over cases and
-    seeds, its best case, the range over the alternatives (None: not run), why they differ."""
+    """One paper claim against the kit (the verdict table's row, its columns by name): the kit's mean and
+    range over cases and seeds, its best case, the range over the alternatives (NaN: not run), why they differ."""
 
     claim: str
     paper: str
@@ -186,7 +180,8 @@ class Verdict:
     seeds: int
     best: float
     best_case: str
-    alternatives: tuple[float, float] | None
+    alternatives_low: float
+    alternatives_high: float
     why: str
 
     def show(self, v: float) -> str:
@@ -198,8 +193,8 @@ class Verdict:
                 "kit (mean; range over cases x seeds)": f"{self.show(self.mean)}; {self.show(self.low)} - "
                 f"{self.show(self.high)} over {self.cases} cases ({self.seeds} seeds)",
                 "best case": f"{self.show(self.best)} ({self.best_case})",
-                "other layouts and link rates": "-" if self.alternatives is None else " - ".join(
-                    map(self.show, self.alternatives)), "why they differ": self.why}
+                "other layouts and link rates": "-" if pd.isna(self.alternatives_low) else
+                f"{self.show(self.alternatives_low)} - {self.show(self.alternatives_high)}", "why they differ": self.why}
 
 
 @dataclass(frozen=True)
@@ -210,10 +205,8 @@ class Summary:
 
 
 def summarize(r: Result) -> Summary:
-    return Summary(tuple(Verdict(
-        v["claim"], v["paper"], v["kind"], v["mean"], v["low"], v["high"], int(v["cases"]), int(v["seeds"]), v["best"],
-        v["best_case"], None if pd.isna(v["alternatives_low"]) else (v["alternatives_low"], v["alternatives_high"]),
-        v["why"]) for _, v in r.verdict.iterrows()), r.setup, r.caption)
+    names = [f.name for f in fields(Verdict)]
+    return Summary(tuple(Verdict(**v) for v in r.verdict[names].to_dict("records")), r.setup, r.caption)
 
 
 def story(s: Summary) -> str:

@@ -40,10 +40,9 @@ def compute(p: Params, sizes: Scale, progress: bool = True) -> Result:
     relibra.sim.SUMMARY_COLUMNS."""
     card = load_card()
     cases = [(m, w) for m in p.models() for w in p.workloads(sizes)]
-    frames = []
-    for model, workload in tqdm(cases, desc="model x workload", disable=not progress):
-        trace = make_trace(model, workload, p.ep, p.steps, p.seed, sizes, card)
-        frames.append(simulate_trace(trace, p.cluster, p.policies, card, p.steps, workload=workload))
+    frames = [simulate_trace(make_trace(m, w, p.ep, p.steps, p.seed, sizes, card), p.cluster, p.policies, card,
+                             p.steps, workload=w)
+              for m, w in tqdm(cases, desc="model x workload", disable=not progress)]
     return Result(ablation=pd.concat(frames, ignore_index=True))
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from relibra.experiments.base import Result, TryThis, mean_of, param, table
@@ -70,10 +69,10 @@ def compute(p: Params, sizes: Scale) -> Result:
                    "speedup_vs_megatron"]].copy()
     out["plan_s"] = out["policy"].map(plan_s)
     out["planner_vs_forward"] = out["plan_s"] / out["forward_s"]
-    out["transfer_s"] = summary["transfer_s"].to_numpy()
-    out["exposed_transfer_s"] = summary["exposed_transfer_s"].to_numpy()
-    out["transfer_overlap"] = np.where(out["transfer_s"] > 0, 1.0 - out["exposed_transfer_s"] / out["transfer_s"].where(
-        out["transfer_s"] > 0, 1.0), np.nan)
+    out["transfer_s"] = summary["transfer_s"]
+    out["exposed_transfer_s"] = summary["exposed_transfer_s"]
+    # NaN: the policy moves no replica weights
+    out["transfer_overlap"] = 1.0 - out["exposed_transfer_s"] / out["transfer_s"].where(out["transfer_s"] > 0)
     out["layers"] = trace.num_layers
     out["micro_batches"] = trace.num_microbatches
     out["planner_hardware"] = this_machine()
