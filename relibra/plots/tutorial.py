@@ -149,8 +149,7 @@ def plan_figure(case: dict, micro_batch: int = 0):
         xa, xb = 0.12, 0.88
         verts = [(xa, y0a), (0.5, y0a), (0.5, y0b), (xb, y0b), (xb, y0b + tokens), (0.5, y0b + tokens),
                  (0.5, y0a + tokens), (xa, y0a + tokens), (xa, y0a)]
-        codes = [MPath.MOVETO, MPath.CURVE4, MPath.CURVE4, MPath.CURVE4, MPath.LINETO, MPath.CURVE4, MPath.CURVE4,
-                 MPath.CURVE4, MPath.CLOSEPOLY]
+        codes = [MPath.MOVETO, *[MPath.CURVE4] * 3, MPath.LINETO, *[MPath.CURVE4] * 3, MPath.CLOSEPOLY]
         fx.add_patch(PathPatch(MPath(verts, codes), fc=color, ec="none", alpha=0.55))
         if label:
             fx.text(0.8, y0b + tokens / 2, label, ha="right", va="center", fontsize=7, color="0.1")
