@@ -16,20 +16,15 @@ def expert_load_table(trace, step: int = 0, layer: int = 0) -> pd.DataFrame:
     Columns: scope ('micro-batch' or 'step'), step, micro_batch (-1 for whole steps), layer, expert,
     tokens, share (of that micro-batch's or step's token-slots).
     """
-    el = trace.expert_load()  # [S, M, L, E]
-    mb = el[step, :, layer]  # [M, E]
-    st = el[:, :, layer].sum(axis=1)  # [S, E]
-    m, e = mb.shape
-    rows_mb = pd.DataFrame({
-        "scope": "micro-batch", "step": step, "micro_batch": np.repeat(np.arange(m), e), "layer": layer,
-        "expert": np.tile(np.arange(e), m), "tokens": mb.ravel(),
-        "share": (mb / np.maximum(mb.sum(-1, keepdims=True), 1)).ravel()})
-    s = st.shape[0]
-    rows_st = pd.DataFrame({
-        "scope": "step", "step": np.repeat(np.arange(s), e), "micro_batch": -1, "layer": layer,
-        "expert": np.tile(np.arange(e), s), "tokens": st.ravel(),
-        "share": (st / np.maximum(st.sum(-1, keepdims=True), 1)).ravel()})
-    return pd.concat([rows_mb, rows_st], ignore_index=True)
+    el = trace.expert_load()[:, :, layer]  # [S, M, E]
+    s, m, e = el.shape
+    parts = (("micro-batch", el[step], np.full(m, step), np.arange(m)),  # tokens [rows, E], step, micro_batch
+             ("step", el.sum(axis=1), np.arange(s), np.full(s, -1)))
+    return pd.concat([pd.DataFrame({
+        "scope": scope, "step": steps.repeat(e), "micro_batch": mbs.repeat(e), "layer": layer,
+        "expert": np.tile(np.arange(e), len(tokens)), "tokens": tokens.ravel(),
+        "share": (tokens / np.maximum(tokens.sum(-1, keepdims=True), 1)).ravel()})
+        for scope, tokens, steps, mbs in parts], ignore_index=True)
 
 
 SHIFT_COMPARISONS = {
@@ -70,6 +65,14 @@ def distribution_distance(actual: np.ndarray, predicted: np.ndarray) -> np.ndarr
     return 0.5 * np.abs(a - p).sum(-1)
 
 
+def _per_cell(values: np.ndarray, column: str, whole_step: bool, first_step: int = 0, **labels) -> pd.DataFrame:
+    """One row per (step, micro_batch, layer) of `values` [S, M, L] (M = 1 for whole steps): the `labels`
+    columns, step (counted from first_step), micro_batch (-1 for whole steps), layer, and `column`."""
+    s, m, l = np.indices(values.shape).reshape(3, -1)
+    return pd.DataFrame({**labels, "step": s + first_step, "micro_batch": -1 if whole_step else m, "layer": l,
+                         column: values.ravel()})
+
+
 def prediction_error_table(traces: dict[str, object], history_window: int = 4) -> pd.DataFrame:
     """How wrong predicted expert loads are, per (trace, predictor, target, step, micro_batch, layer).
 
@@ -81,8 +84,7 @@ def prediction_error_table(traces: dict[str, object], history_window: int = 4) -
     frames = []
     for label, trace in traces.items():
         el = trace.expert_load().astype(np.float64)  # [S, M, L, E]
-        s, m, l, _ = el.shape
-        if s < 2:
+        if el.shape[0] < 2:
             continue
         step = el.sum(axis=1)  # [S, L, E]
         hist = history_prediction(step, history_window)  # [S-1, L, E]
@@ -91,12 +93,8 @@ def prediction_error_table(traces: dict[str, object], history_window: int = 4) -
             ("history", "micro-batch"): distribution_distance(el[1:], hist[:, None]),  # [S-1, M, L]
             ("this step (oracle)", "micro-batch"): distribution_distance(el[1:], step[1:, None]),
         }
-        for (predictor, target), err in cases.items():
-            ss, mm, ll = np.meshgrid(np.arange(1, s), np.arange(err.shape[1]), np.arange(l), indexing="ij")
-            frames.append(pd.DataFrame({
-                "trace": label, "predictor": predictor, "target": target, "step": ss.ravel(),
-                "micro_batch": mm.ravel() if target == "micro-batch" else -1, "layer": ll.ravel(),
-                "error": err.ravel()}))
+        frames += [_per_cell(err, "error", target == "whole step", 1, trace=label, predictor=predictor, target=target)
+                   for (predictor, target), err in cases.items()]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["trace", "predictor", "target", "step", "micro_batch", "layer", "error"])
 
@@ -107,13 +105,6 @@ def static_skewness_table(traces: dict[str, object]) -> pd.DataFrame:
     frames = []
     for label, trace in traces.items():
         rl = trace.rank_load()  # [S, M, L, ep]
-        sk = skewness(rl)
-        s, m, l = sk.shape
-        ss, mm, ll = np.meshgrid(np.arange(s), np.arange(m), np.arange(l), indexing="ij")
-        frames.append(pd.DataFrame({"trace": label, "scope": "micro-batch", "step": ss.ravel(),
-                                    "micro_batch": mm.ravel(), "layer": ll.ravel(), "skewness": sk.ravel()}))
-        whole = skewness(rl.sum(axis=1))  # [S, L]
-        s2, l2 = np.meshgrid(np.arange(s), np.arange(l), indexing="ij")
-        frames.append(pd.DataFrame({"trace": label, "scope": "whole step", "step": s2.ravel(), "micro_batch": -1,
-                                    "layer": l2.ravel(), "skewness": whole.ravel()}))
+        frames += [_per_cell(skewness(rl), "skewness", False, trace=label, scope="micro-batch"),
+                   _per_cell(skewness(rl.sum(axis=1))[:, None], "skewness", True, trace=label, scope="whole step")]
     return pd.concat(frames, ignore_index=True)

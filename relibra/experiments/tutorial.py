@@ -76,7 +76,7 @@ def tutorial_policy(placement: str, spare_slots: int) -> tuple[str, dict]:
     return name, {"spare_slots_per_gpu": spare_slots}
 
 
-def replica_table(plan, micro_batch: int | None = None) -> pd.DataFrame:
+def replica_table(plan) -> pd.DataFrame:
     """One row per occupied replica slot of a one-layer plan: micro_batch, gpu, slot, expert, home_gpu,
     replica_tokens (tokens the copy computes), home_tokens (tokens left at the expert's home),
     expert_tokens (all its tokens in that micro-batch)."""
@@ -84,11 +84,9 @@ def replica_table(plan, micro_batch: int | None = None) -> pd.DataFrame:
     expert_tokens = plan.loads.sum(axis=2)[:, 0]  # [M, E]
     mi, gi, ri = np.nonzero(plan.replica_expert[:, 0] >= 0)
     expert = plan.replica_expert[mi, 0, gi, ri]
-    rows = pd.DataFrame({"micro_batch": mi, "gpu": gi, "slot": ri, "expert": expert,
-                         "home_gpu": plan.home[0, expert],
+    return pd.DataFrame({"micro_batch": mi, "gpu": gi, "slot": ri, "expert": expert, "home_gpu": plan.home[0, expert],
                          "replica_tokens": plan.occupied_replica_tokens()[mi, 0, gi, ri],
                          "home_tokens": home_tokens[mi, expert], "expert_tokens": expert_tokens[mi, expert]})
-    return rows if micro_batch is None else rows[rows["micro_batch"] == micro_batch].reset_index(drop=True)
 
 
 def tutorial_case(placement: str = "static", spare_slots: int = 0, skew: float = 1.2, shift: float = 0.5,
@@ -109,16 +107,16 @@ def tutorial_case(placement: str = "static", spare_slots: int = 0, skew: float =
     plan = get_policy(name, **params).plan(trace, 0, topo, prev_home=None)
     cost = cost_plan(plan, TUTORIAL_MODEL, topo)
     m, e = trace.num_microbatches, trace.num_experts
-    el = trace.expert_load()[0, :, 0]  # [M, E]
-    expert_tokens = pd.DataFrame({"micro_batch": np.repeat(np.arange(m), e), "expert": np.tile(np.arange(e), m),
-                                  "tokens": el.ravel(), "home_gpu": np.tile(plan.home[0], m)})
+    mb_of_expert, expert = np.divmod(np.arange(m * e), e)
+    expert_tokens = pd.DataFrame({"micro_batch": mb_of_expert, "expert": expert,
+                                  "tokens": trace.expert_load()[0, :, 0].ravel(), "home_gpu": plan.home[0, expert]})
     total = plan.gpu_tokens()[:, 0]  # [M, ep]
     replica = plan.occupied_replica_tokens()[:, 0].sum(axis=2)  # [M, ep]
     seconds = cost.expert_seconds_per_gpu[:, 0]  # [M, ep]
+    mb_of_gpu, gpu = np.divmod(np.arange(m * ep), ep)
     gpu_table = pd.DataFrame({
-        "policy": name, "placement": placement, "spare_slots": int(spare_slots),
-        "micro_batch": np.repeat(np.arange(m), ep), "gpu": np.tile(np.arange(ep), m),
-        "node": np.tile(np.arange(ep) // gpn, m), "tokens": total.ravel(), "replica_tokens": replica.ravel(),
+        "policy": name, "placement": placement, "spare_slots": int(spare_slots), "micro_batch": mb_of_gpu, "gpu": gpu,
+        "node": gpu // gpn, "tokens": total.ravel(), "replica_tokens": replica.ravel(),
         "home_tokens": (total - replica).ravel(), "replicas_held": plan.num_replicas()[:, 0].ravel(),
         "expert_seconds": seconds.ravel()})
     phases = pd.DataFrame([
@@ -126,10 +124,9 @@ def tutorial_case(placement: str = "static", spare_slots: int = 0, skew: float =
         for direction, parts in (("forward", cost.forward), ("backward", cost.backward))
         for phase in TUTORIAL_PHASES for mb in range(m)])
     # Balanced: every GPU computes the mean tokens, spread over its own experts (one GEMM each).
-    mean_tokens = total.mean(axis=1)
     experts_per_gpu = e // ep
-    balanced_s = experts_per_gpu * gemm_seconds(mean_tokens / experts_per_gpu, expert_flops_per_token(TUTORIAL_MODEL),
-                                                topo)
+    balanced_s = experts_per_gpu * gemm_seconds(total.mean(axis=1) / experts_per_gpu,
+                                                expert_flops_per_token(TUTORIAL_MODEL), topo)
     summary = pd.DataFrame({"micro_batch": np.arange(m), "policy": name, "skewness": skewness(total),
                             "slowest_gpu": total.argmax(axis=1), "slowest_gpu_ms": 1e3 * seconds.max(axis=1),
                             "balanced_ms": 1e3 * balanced_s,
@@ -141,35 +138,33 @@ def tutorial_case(placement: str = "static", spare_slots: int = 0, skew: float =
             "hardware": f"{topo.name}: the paper's GPUs and links, 2 nodes x {gpn} GPUs", "plan": plan}
 
 
-def tutorial_grid(skew: float = 1.2, shift: float = 0.5, seed: int = 0, spare_slots=(0, 1, 2), ep: int = 4,
-                  tokens_per_gpu: int = 4096, micro_batches: int = 4) -> pd.DataFrame:
-    """Every placement x spare-slots choice on the same toy trace: mean skewness, slowest-GPU ms, and the
-    replica slots the planner actually filled (max_replicas_per_gpu: the most any GPU held)."""
+def _means(summary: pd.DataFrame, columns=("skewness", "slowest_gpu_ms", "balanced_ms")) -> dict:
+    """{column: its mean over the micro-batches of a case's summary}."""
+    return {c: float(summary[c].mean()) for c in columns}
+
+
+def tutorial_grid(spare_slots=(0, 1, 2), **toy) -> pd.DataFrame:
+    """Every placement x spare-slots choice on the same toy trace (toy: tutorial_case's skew, shift, seed,
+    ep, tokens_per_gpu, micro_batches): mean skewness, slowest-GPU ms, and the replica slots the planner
+    actually filled (max_replicas_per_gpu: the most any GPU held)."""
     rows = []
     for placement in TUTORIAL_PLACEMENTS:
         for slots in spare_slots:
-            case = tutorial_case(placement, slots, skew, shift, seed=seed, ep=ep, tokens_per_gpu=tokens_per_gpu,
-                                 micro_batches=micro_batches)
-            s, g = case["summary"], case["gpu_table"]
+            case = tutorial_case(placement, slots, **toy)
             rows.append({"placement": placement, "spare_slots": int(slots), "policy": case["policy"],
-                         "skewness": float(s["skewness"].mean()), "slowest_gpu_ms": float(s["slowest_gpu_ms"].mean()),
-                         "balanced_ms": float(s["balanced_ms"].mean()),
-                         "replicas_used": float(s["replicas_used"].mean()),
-                         "max_replicas_per_gpu": int(g["replicas_held"].max()), "hardware": case["hardware"]})
+                         **_means(case["summary"], ("skewness", "slowest_gpu_ms", "balanced_ms", "replicas_used")),
+                         "max_replicas_per_gpu": int(case["gpu_table"]["replicas_held"].max()),
+                         "hardware": case["hardware"]})
     return pd.DataFrame(rows)
 
 
-def tutorial_skew_sweep(placement: str = "search", spare_slots: int = 2, shift: float = 0.5, micro_batch: int = 0,
-                        seed: int = 0, ep: int = 4, tokens_per_gpu: int = 4096, micro_batches: int = 4,
-                        skews=TUTORIAL_SKEWS) -> pd.DataFrame:
+def tutorial_skew_sweep(placement: str = "search", spare_slots: int = 2, skews=TUTORIAL_SKEWS, **toy) -> pd.DataFrame:
     """What the skew slider shows, as a table: for every skew of `skews`, static placement without
-    replicas and the chosen placement with `spare_slots`, the mean skewness and slowest-GPU ms."""
+    replicas and the chosen placement with `spare_slots` (toy: tutorial_case's other trace arguments),
+    the mean skewness and slowest-GPU ms."""
     rows = []
     for skew in skews:
         for place, slots in dict.fromkeys((("static", 0), (placement, int(spare_slots)))):
-            s = tutorial_case(place, slots, skew, shift, seed=seed, ep=ep, tokens_per_gpu=tokens_per_gpu,
-                              micro_batches=micro_batches)["summary"]
-            rows.append({"skew": float(skew), "placement": place, "spare_slots": slots,
-                         "skewness": float(s["skewness"].mean()), "slowest_gpu_ms": float(s["slowest_gpu_ms"].mean()),
-                         "balanced_ms": float(s["balanced_ms"].mean())})
+            case = tutorial_case(place, slots, skew, **toy)
+            rows.append({"skew": float(skew), "placement": place, "spare_slots": slots, **_means(case["summary"])})
     return pd.DataFrame(rows)

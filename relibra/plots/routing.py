@@ -8,7 +8,9 @@ import seaborn as sns
 
 from relibra.plots.style import titled
 
-# ---- 01 routing dynamics -------------------------------------------------------------------------
+_MEAN_MARKER = {"marker": "D", "markerfacecolor": "white", "markeredgecolor": "black", "markersize": 4}  # box plots
+
+
 def expert_load_heatmaps(table: pd.DataFrame, subtitle: str, max_experts: int = 128):
     """Heatmaps of expert load share: micro-batches of one step (left) versus whole steps (right).
 
@@ -17,9 +19,8 @@ def expert_load_heatmaps(table: pd.DataFrame, subtitle: str, max_experts: int = 
     mb = table[table["scope"] == "micro-batch"]
     st = table[table["scope"] == "step"]
     step, layer = int(mb["step"].iloc[0]), int(mb["layer"].iloc[0])
-    grid_mb = mb.pivot(index="micro_batch", columns="expert", values="share") * 100
-    grid_st = st.pivot(index="step", columns="expert", values="share") * 100
-    grid_mb, grid_st = grid_mb.iloc[:, :max_experts], grid_st.iloc[:, :max_experts]
+    grid_mb, grid_st = (t.pivot(index=rows, columns="expert", values="share").iloc[:, :max_experts] * 100
+                        for t, rows in ((mb, "micro_batch"), (st, "step")))
     vmax = float(max(grid_mb.values.max(), grid_st.values.max()))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1, 1]})
     for ax, grid, ylabel, title in (
@@ -76,15 +77,12 @@ def shift_bars(table: pd.DataFrame, subtitle: str):
 
 def prediction_error_plot(table: pd.DataFrame, subtitle: str):
     """Box plots of prediction error (share of token-slots on the wrong experts) per predictor and target."""
-    d = table.copy()
-    d["case"] = d["predictor"] + " -> " + d["target"]
-    order = ["history -> whole step", "history -> micro-batch", "this step (oracle) -> micro-batch"]
-    order = [o for o in order if o in set(d["case"])]
-    d["error_pct"] = 100 * d["error"]
+    d = table.assign(case=table["predictor"] + " -> " + table["target"], error_pct=100 * table["error"])
+    order = [o for o in ("history -> whole step", "history -> micro-batch", "this step (oracle) -> micro-batch")
+             if o in set(d["case"])]
     fig, ax = plt.subplots(figsize=(10, 5.0))
     sns.boxplot(d, x="case", y="error_pct", hue="trace", order=order, ax=ax, showfliers=False, showmeans=True,
-                palette=trace_palette(d["trace"]), meanprops={"marker": "D", "markerfacecolor": "white",
-                                                              "markeredgecolor": "black", "markersize": 4})
+                palette=trace_palette(d["trace"]), meanprops=_MEAN_MARKER)
     ax.set_xlabel("predictor -> what it must predict")
     ax.set_ylabel("% of token-slots on wrong experts")
     ax.legend(title="workload", fontsize=7, title_fontsize=8)
@@ -98,7 +96,7 @@ def static_skewness_plot(table: pd.DataFrame, subtitle: str):
     """Distribution of rank skewness under static placement: per micro-batch versus per whole step."""
     fig, ax = plt.subplots(figsize=(10, 5))
     sns.boxplot(table, x="trace", y="skewness", hue="scope", ax=ax, showfliers=False, showmeans=True, palette="Greys",
-                meanprops={"marker": "D", "markerfacecolor": "white", "markeredgecolor": "black", "markersize": 4})
+                meanprops=_MEAN_MARKER)
     ax.axhline(1.0, color="0.3", lw=1, ls="--")
     ax.set_xlabel("workload")
     ax.set_ylabel("rank skewness (max / mean per GPU)")

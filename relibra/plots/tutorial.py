@@ -23,19 +23,24 @@ PHASE_LABELS = {"dense_compute": "attention (dense)", "dispatch": "dispatch all-
                 "replica_push": "replica weight push (exposed)", "replica_grad": "replica gradient pull (exposed)"}
 
 
-def _tutorial_title(case: dict) -> str:
+def _case_titled(fig, head: str, case: dict):
+    """`fig` titled `head` (ending in its separator) then the case's policy and choices, over the simulated
+    hardware; laid out."""
     policy = case["policy"]
-    return (f"policy `{policy}` ({POLICY_LABELS.get(policy, policy)}): placement {case['placement']}, "
-            f"{case['spare_slots']} spare slot(s) per GPU")
+    titled(fig, f"{head}policy `{policy}` ({POLICY_LABELS.get(policy, policy)}): placement {case['placement']}, "
+           f"{case['spare_slots']} spare slot(s) per GPU", f"simulated ({case['hardware']}); synthetic Zipf routing, "
+           f"{case['tokens_per_gpu']} tokens per GPU, top-2 of 16 experts")
+    fig.tight_layout()
+    return fig
 
 
-def _tutorial_subtitle(case: dict) -> str:
-    return (f"simulated ({case['hardware']}); synthetic Zipf routing, {case['tokens_per_gpu']} tokens per GPU, "
-            f"top-2 of 16 experts")
-
-
-def _gpu_labels(g: pd.DataFrame) -> list[str]:
-    return [f"GPU {gpu}\n(node {node})" for gpu, node in zip(g["gpu"], g["node"])]
+def _gpu_panel(ax, g: pd.DataFrame, ylabel: str, top: float, title: str) -> None:
+    """Ticks (GPU and node), y label and limit, title and legend of a panel of one bar per GPU."""
+    ax.set_xticks(g["gpu"].to_numpy(), [f"GPU {gpu}\n(node {node})" for gpu, node in zip(g["gpu"], g["node"])])
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, top)
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper right")
 
 
 def _mark_slowest(ax, x, heights, label: str = "slowest") -> None:
@@ -58,24 +63,16 @@ def tutorial_figure(case: dict, micro_batch: int = 0):
     ax.bar(x, g["replica_tokens"], bottom=g["home_tokens"], color=REPLICA_COLOR, label="tokens it takes as a replica")
     ax.axhline(g["tokens"].mean(), color="0.2", ls="--", lw=1, label="balanced (mean)")
     _mark_slowest(ax, x, g["tokens"].to_numpy(dtype=float), "busiest")
-    ax.set_xticks(x, _gpu_labels(g))
-    ax.set_ylabel("token-expert pairs computed")
-    ax.set_ylim(0, 1.4 * float(g["tokens"].max()))  # room for the legend
-    ax.set_title(f"tokens per GPU, micro-batch {micro_batch} (skewness {s['skewness']:.2f})")
-    ax.legend(fontsize=7, loc="upper right")
+    _gpu_panel(ax, g, "token-expert pairs computed", 1.4 * float(g["tokens"].max()),  # room for the legend
+               f"tokens per GPU, micro-batch {micro_batch} (skewness {s['skewness']:.2f})")
     ax = axes[1]
     ms = 1e3 * g["expert_seconds"].to_numpy()
     ax.bar(x, ms, color="0.6")
     _mark_slowest(ax, x, ms)
     ax.axhline(s["balanced_ms"], color="0.2", ls="--", lw=1, label="balanced")
-    ax.set_xticks(x, _gpu_labels(g))
-    ax.set_ylabel("expert compute, forward (ms)")
-    ax.set_ylim(0, 1.25 * float(ms.max()))
-    ax.set_title(f"simulated expert time per GPU: slowest {s['slowest_gpu_ms']:.3f} ms (outlined)")
-    ax.legend(fontsize=7, loc="upper right")
-    titled(fig, f"Toy MoE layer, 16 experts on {case['ep']} GPUs, {_tutorial_title(case)}", _tutorial_subtitle(case))
-    fig.tight_layout()
-    return fig
+    _gpu_panel(ax, g, "expert compute, forward (ms)", 1.25 * float(ms.max()),
+               f"simulated expert time per GPU: slowest {s['slowest_gpu_ms']:.3f} ms (outlined)")
+    return _case_titled(fig, f"Toy MoE layer, 16 experts on {case['ep']} GPUs, ", case)
 
 
 def plan_figure(case: dict, micro_batch: int = 0):
@@ -105,27 +102,27 @@ def plan_figure(case: dict, micro_batch: int = 0):
     box_w, box_h = cols * cell + 2 * pad, cell + 0.9
     vmax = float(et.max()) or 1.0
     cmap = sns.light_palette(HOME_COLOR, as_cmap=True)
+
+    def square(cx, y0, text, fontsize=6, color=None, **patch):
+        """One cell of a GPU's box: a square and its centred text."""
+        ax.add_patch(Rectangle((cx, y0 + 0.1), cell * 0.92, cell * 0.92, **patch))
+        ax.text(cx + 0.46, y0 + 0.56, text, ha="center", va="center", fontsize=fontsize, color=color)
+
     for g in range(ep):
         node, local = divmod(g, gpn)
-        x0 = local * (box_w + 0.4) + node * 0.0
-        y0 = (1 - node) * (box_h + 1.2)
+        x0, y0 = local * (box_w + 0.4), (1 - node) * (box_h + 1.2)
         ax.add_patch(FancyBboxPatch((x0, y0), box_w, box_h, boxstyle="round,pad=0.05", fc="white", ec="0.3"))
         ax.text(x0 + box_w / 2, y0 + box_h - 0.3, f"GPU {g}", ha="center", va="center", fontsize=9, fontweight="bold")
         for j, ex in enumerate(np.nonzero(home == g)[0]):
-            cx = x0 + pad + j * cell
-            ax.add_patch(Rectangle((cx, y0 + 0.1), cell * 0.92, cell * 0.92, fc=cmap(home_tokens[ex] / vmax), ec="0.3"))
-            ax.text(cx + 0.46, y0 + 0.56, f"e{ex}\n{home_tokens[ex]}", ha="center", va="center", fontsize=6.5)
+            square(x0 + pad + j * cell, y0, f"e{ex}\n{home_tokens[ex]}", 6.5, fc=cmap(home_tokens[ex] / vmax), ec="0.3")
         held = reps[reps["gpu"] == g].set_index("slot")
         for r in range(slots):
             cx = x0 + pad + (per_gpu + r) * cell
             if r in held.index:
-                row = held.loc[r]
-                ax.add_patch(Rectangle((cx, y0 + 0.1), cell * 0.92, cell * 0.92, fc=REPLICA_COLOR, ec="0.3", alpha=0.85))
-                ax.text(cx + 0.46, y0 + 0.56, f"copy\ne{int(row['expert'])}\n{int(row['replica_tokens'])}",
-                        ha="center", va="center", fontsize=6)
+                square(cx, y0, f"copy\ne{int(held.loc[r, 'expert'])}\n{int(held.loc[r, 'replica_tokens'])}",
+                       fc=REPLICA_COLOR, ec="0.3", alpha=0.85)
             else:
-                ax.add_patch(Rectangle((cx, y0 + 0.1), cell * 0.92, cell * 0.92, fill=False, ec="0.5", ls="--"))
-                ax.text(cx + 0.46, y0 + 0.56, "empty\nslot", ha="center", va="center", fontsize=6, color="0.4")
+                square(cx, y0, "empty\nslot", color="0.4", fill=False, ec="0.5", ls="--")
     width = gpn * (box_w + 0.4)
     for node in range(ep // gpn):
         y0 = (1 - node) * (box_h + 1.2)
@@ -137,21 +134,12 @@ def plan_figure(case: dict, micro_batch: int = 0):
     ax.set_title("expert-home map: home experts (blue: tokens computed there) and replica slots (orange)")
 
     # -- right: flow diagram experts -> GPUs -------------------------------------------------------
-    total = float(et.sum())
-    gap = 0.004 * total
-    ey, y = {}, 0.0
-    for ex in range(e):  # left column: experts stacked, height = tokens
-        ey[ex] = y
-        y += et.get(ex, 0) + gap
+    tokens, total = et.to_numpy(), float(et.sum())  # [E] in expert order
+    ey = np.cumsum([0.0, *(tokens + 0.004 * total)])  # left column: experts stacked, height = tokens; [E + 1]
     gpu_tok = case["gpu_table"]
     gpu_tok = gpu_tok[gpu_tok["micro_batch"] == micro_batch].set_index("gpu")["tokens"]
-    gy, yy = {}, 0.0
-    ggap = (y - float(gpu_tok.sum())) / max(ep - 1, 1)
-    for g in range(ep):
-        gy[g] = yy
-        yy += gpu_tok[g] + ggap
-    gfill = dict.fromkeys(range(ep), 0.0)
-    efill = dict.fromkeys(range(e), 0.0)
+    gy = np.cumsum([0.0, *(gpu_tok + (ey[-1] - float(gpu_tok.sum())) / max(ep - 1, 1))])  # right column; [ep + 1]
+    efill, gfill = np.zeros(e), np.zeros(ep)
 
     def band(ex, g, tokens, color, label=None):
         y0a = ey[ex] + efill[ex]
@@ -161,8 +149,7 @@ def plan_figure(case: dict, micro_batch: int = 0):
         xa, xb = 0.12, 0.88
         verts = [(xa, y0a), (0.5, y0a), (0.5, y0b), (xb, y0b), (xb, y0b + tokens), (0.5, y0b + tokens),
                  (0.5, y0a + tokens), (xa, y0a + tokens), (xa, y0a)]
-        codes = [MPath.MOVETO, MPath.CURVE4, MPath.CURVE4, MPath.CURVE4, MPath.LINETO, MPath.CURVE4, MPath.CURVE4,
-                 MPath.CURVE4, MPath.CLOSEPOLY]
+        codes = [MPath.MOVETO, *[MPath.CURVE4] * 3, MPath.LINETO, *[MPath.CURVE4] * 3, MPath.CLOSEPOLY]
         fx.add_patch(PathPatch(MPath(verts, codes), fc=color, ec="none", alpha=0.55))
         if label:
             fx.text(0.8, y0b + tokens / 2, label, ha="right", va="center", fontsize=7, color="0.1")
@@ -173,10 +160,9 @@ def plan_figure(case: dict, micro_batch: int = 0):
         band(int(row["expert"]), int(row["gpu"]), float(row["replica_tokens"]), REPLICA_COLOR,
              f"e{int(row['expert'])}: {int(row['replica_tokens'])} of {int(row['expert_tokens'])} to its copy")
     for ex in range(e):
-        fx.add_patch(Rectangle((0.08, ey[ex]), 0.04, et.get(ex, 0), fc="0.35"))
-        if et.get(ex, 0) > 0.025 * total:
-            fx.text(0.07, ey[ex] + et.get(ex, 0) / 2, f"e{ex} ({int(et.get(ex, 0))})", ha="right", va="center",
-                    fontsize=6.5)
+        fx.add_patch(Rectangle((0.08, ey[ex]), 0.04, tokens[ex], fc="0.35"))
+        if tokens[ex] > 0.025 * total:
+            fx.text(0.07, ey[ex] + tokens[ex] / 2, f"e{ex} ({int(tokens[ex])})", ha="right", va="center", fontsize=6.5)
     busiest = int(gpu_tok.idxmax())
     for g in range(ep):
         fx.add_patch(Rectangle((0.88, gy[g]), 0.04, gpu_tok[g], fc="0.35",
@@ -184,15 +170,13 @@ def plan_figure(case: dict, micro_batch: int = 0):
         fx.text(0.93, gy[g] + gpu_tok[g] / 2, f"GPU {g}: {int(gpu_tok[g])}" + (" (busiest)" if g == busiest else ""),
                 ha="left", va="center", fontsize=8, fontweight="bold" if g == busiest else "normal")
     fx.set_xlim(-0.12, 1.2)
-    fx.set_ylim(max(y, yy), 0)
+    fx.set_ylim(max(ey[-1], gy[-1]), 0)
     fx.axis("off")
     fx.set_title("token split: expert (left, height = tokens) -> GPU that computes them (right)")
     fx.legend([Patch(color=HOME_COLOR, alpha=0.55), Patch(color=REPLICA_COLOR, alpha=0.55)],
               ["computed at the expert's home", "sent to a replica (copy) in the same node"], fontsize=7,
               loc="lower center", bbox_to_anchor=(0.5, -0.1), ncol=2)
-    titled(fig, f"The StepPlan of micro-batch {micro_batch}: {_tutorial_title(case)}", _tutorial_subtitle(case))
-    fig.tight_layout()
-    return fig
+    return _case_titled(fig, f"The StepPlan of micro-batch {micro_batch}: ", case)
 
 
 def phase_figure(case: dict, micro_batch: int = 0):
@@ -204,12 +188,10 @@ def phase_figure(case: dict, micro_batch: int = 0):
     for yi, direction in enumerate(("forward", "backward")):
         left = 0.0
         for phase in PHASE_COLORS:
-            sel = d[(d["direction"] == direction) & (d["phase"] == phase)]
-            ms = 1e3 * float(sel["seconds"].sum()) if len(sel) else 0.0
+            ms = 1e3 * float(d[(d["direction"] == direction) & (d["phase"] == phase)]["seconds"].sum())
             if ms <= 0:
                 continue
-            ax.barh(yi, ms, left=left, color=PHASE_COLORS[phase], edgecolor="white",
-                    label=PHASE_LABELS[phase] if yi == 0 or direction == "backward" else None)
+            ax.barh(yi, ms, left=left, color=PHASE_COLORS[phase], edgecolor="white", label=PHASE_LABELS[phase])
             if ms > 0.04 * float(1e3 * d.groupby("direction")["seconds"].sum().max()):
                 ax.text(left + ms / 2, yi, f"{ms:.3f}", ha="center", va="center", fontsize=7)
             left += ms
@@ -221,9 +203,7 @@ def phase_figure(case: dict, micro_batch: int = 0):
     uniq = dict(zip(labels, handles))
     ax.legend(uniq.values(), uniq.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_xlim(0, ax.get_xlim()[1] * 1.12)
-    titled(fig, f"Where the time goes, micro-batch {micro_batch}: {_tutorial_title(case)}", _tutorial_subtitle(case))
-    fig.tight_layout()
-    return fig
+    return _case_titled(fig, f"Where the time goes, micro-batch {micro_batch}: ", case)
 
 
 def tutorial_grid_figure(grid: pd.DataFrame, scale_note: str = ""):
@@ -262,12 +242,11 @@ def skew_sweep_figure(sweep: pd.DataFrame, scale_note: str = ""):
     """The skew slider, drawn: rank skewness and slowest-GPU ms against the Zipf exponent, for static
     placement without replicas and for the chosen plan (relibra.experiments.tutorial_skew_sweep)."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharex=True)
-    styles = {}
     for (placement, slots), d in sweep.groupby(["placement", "spare_slots"], sort=False):
-        label = f"{placement} placement, {slots} spare slot(s)"
-        styles[label] = dict(color="0.45" if placement == "static" else HOME_COLOR, marker="o")
-        axes[0].plot(d["skew"], d["skewness"], label=label, **styles[label])
-        axes[1].plot(d["skew"], d["slowest_gpu_ms"], label=label, **styles[label])
+        style = dict(label=f"{placement} placement, {slots} spare slot(s)", marker="o",
+                     color="0.45" if placement == "static" else HOME_COLOR)
+        axes[0].plot(d["skew"], d["skewness"], **style)
+        axes[1].plot(d["skew"], d["slowest_gpu_ms"], **style)
     axes[0].axhline(1.0, color="0.2", ls="--", lw=1)
     axes[1].plot(sweep["skew"].unique(), sweep.groupby("skew", sort=False)["balanced_ms"].mean(), color="0.2", ls="--",
                  lw=1, label="balanced")

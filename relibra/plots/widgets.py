@@ -13,7 +13,8 @@ def tutorial_interactive(compute, choices: dict, enabled: bool = True, **params)
     """ipywidgets controls for EP, spare slots, skew (and placement, shift, micro-batch) that recompute
     the plan with `compute` (tutorial_case) and redraw the tokens-per-GPU and plan figures.
 
-    choices: {"ep": EP sizes, "placement": placements, "spare_slots": the most spare slots}.
+    choices: {"ep": EP sizes, "placement": placements, "spare_slots": the most spare slots}; params: every
+    keyword argument of `compute` (the notebook's Params.case_args()).
     Each redraw prints one line (the micro-batch's rank skewness, slowest-GPU and balanced ms, the
     numbers the figures show), then both figures as PNGs; a slider recomputes when it is released.
 
@@ -31,22 +32,20 @@ def tutorial_interactive(compute, choices: dict, enabled: bool = True, **params)
     shell = get_ipython()
     if shell is None or not hasattr(shell, "kernel"):
         return None
+    released = {"continuous_update": False}  # a slider recomputes when it is released
     controls = {
-        "ep": widgets.Dropdown(options=list(choices["ep"]), value=int(params.get("ep", 4)), description="EP"),
-        "spare_slots": widgets.IntSlider(value=int(params.get("spare_slots", 0)), min=0,
-                                         max=int(choices["spare_slots"]), description="spare slots",
-                                         continuous_update=False),
-        "skew": widgets.FloatSlider(value=float(params.get("skew", 1.2)), min=0.0, max=3.0, step=0.1,
-                                    description="skew", continuous_update=False),
-        "placement": widgets.Dropdown(options=list(choices["placement"]), value=params.get("placement", "search"),
+        "ep": widgets.Dropdown(options=list(choices["ep"]), value=params["ep"], description="EP"),
+        "spare_slots": widgets.IntSlider(value=params["spare_slots"], min=0, max=choices["spare_slots"],
+                                         description="spare slots", **released),
+        "skew": widgets.FloatSlider(value=params["skew"], min=0.0, max=3.0, step=0.1, description="skew", **released),
+        "placement": widgets.Dropdown(options=list(choices["placement"]), value=params["placement"],
                                       description="placement"),
-        "shift": widgets.FloatSlider(value=float(params.get("shift", 0.5)), min=0.0, max=1.0, step=0.1,
-                                     description="shift", continuous_update=False),
-        "micro_batch": widgets.IntSlider(value=int(params.get("micro_batch", 0)), min=0,
-                                         max=int(params.get("micro_batches", 4)) - 1, description="micro-batch",
-                                         continuous_update=False),
+        "shift": widgets.FloatSlider(value=params["shift"], min=0.0, max=1.0, step=0.1, description="shift",
+                                     **released),
+        "micro_batch": widgets.IntSlider(value=params["micro_batch"], min=0, max=params["micro_batches"] - 1,
+                                         description="micro-batch", **released),
     }
-    fixed = {k: params[k] for k in ("seed", "tokens_per_gpu", "micro_batches") if k in params}
+    fixed = {k: params[k] for k in ("seed", "tokens_per_gpu", "micro_batches")}
 
     def redraw(**values):
         case = compute(**values, **fixed)

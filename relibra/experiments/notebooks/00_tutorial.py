@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 
 from relibra.errors import ConfigError
-from relibra.experiments.base import FLAG, PATH, Params, Result, TryThis, choice, integer, live, mean_of, number, param, table
+from relibra.experiments.base import (FLAG, PATH, Params, Result, TryThis, choice, integer, live, mean_of, number,
+                                      param, table)
 from relibra.experiments.text import pct
 from relibra.experiments.tutorial import (TUTORIAL_EP_SIZES, TUTORIAL_MAX_SPARE_SLOTS, TUTORIAL_PLACEMENTS,
                                           tutorial_case, tutorial_grid, tutorial_skew_sweep)
@@ -64,21 +65,11 @@ class Result(Result):
 
 
 def compute(p: Params, sizes=None) -> Result:
-    args = p.case_args()
-    case = tutorial_case(**args)
-    grid_args = {k: args[k] for k in ("skew", "shift", "seed", "ep", "tokens_per_gpu", "micro_batches")}
+    case = tutorial_case(**p.case_args())
+    toy = {k: getattr(p, k) for k in ("shift", "seed", "ep", "tokens_per_gpu", "micro_batches")}  # all but skew
     return Result(expert_tokens=case["expert_tokens"], gpu_load=case["gpu_table"], replicas=case["replicas"],
-                  phases=case["phases"], placement_replica_grid=tutorial_grid(**grid_args),
-                  skew_sweep=tutorial_skew_sweep(**{k: v for k, v in args.items() if k != "skew"}), case=case)
-
-
-@dataclass(frozen=True)
-class Choice:
-    placement: str
-    spare_slots: int
-    skewness: float
-    slowest_gpu_ms: float
-    balanced_ms: float
+                  phases=case["phases"], placement_replica_grid=tutorial_grid(skew=p.skew, **toy),
+                  skew_sweep=tutorial_skew_sweep(p.placement, p.spare_slots, **toy), case=case)
 
 
 @dataclass(frozen=True)
@@ -99,19 +90,20 @@ class SkewSweep:
 
 @dataclass(frozen=True)
 class Summary:
-    static: Choice  # static placement, no replicas
-    best: Choice  # the fastest slowest GPU of the grid
+    static: pd.Series  # the grid's row of static placement, no replicas
+    best: pd.Series  # ... with the fastest slowest GPU
     same_bars: tuple[tuple[int, int, int, tuple[str, ...]], ...]  # (a, b, slots used, placements): a and b
     # spare slots give the same plan because the planner filled at most `used` slots per GPU
     sweep: SkewSweep
 
 
-def _choice(x) -> Choice:
-    return Choice(x["placement"], int(x["spare_slots"]), x["skewness"], x["slowest_gpu_ms"], x["balanced_ms"])
+def _is_static(t: pd.DataFrame) -> pd.Series:
+    """The rows of static placement without replicas."""
+    return (t["placement"] == "static") & (t["spare_slots"] == 0)
 
 
 def _skew_sweep(sweep: pd.DataFrame) -> SkewSweep:
-    is_static = (sweep["placement"] == "static") & (sweep["spare_slots"] == 0)
+    is_static = _is_static(sweep)
     static, rest = sweep[is_static].set_index("skew")["skewness"], sweep[~is_static]
     lo, peak, hi = static.index.min(), static.idxmax(), static.index.max()
     plan = rest.set_index("skew")["skewness"] if len(rest) else None
@@ -131,8 +123,7 @@ def summarize(r: Result) -> Summary:
             ra, rb = g.loc[(placement, a)], g.loc[(placement, b)]
             if np.isclose(ra["slowest_gpu_ms"], rb["slowest_gpu_ms"]) and rb["max_replicas_per_gpu"] <= a:
                 same.setdefault((a, b, int(rb["max_replicas_per_gpu"])), []).append(placement)
-    return Summary(_choice(grid[(grid["placement"] == "static") & (grid["spare_slots"] == 0)].iloc[0]),
-                   _choice(grid.loc[grid["slowest_gpu_ms"].idxmin()]),
+    return Summary(grid[_is_static(grid)].iloc[0], grid.loc[grid["slowest_gpu_ms"].idxmin()],
                    tuple((*k, tuple(v)) for k, v in same.items()), _skew_sweep(r.skew_sweep))
 
 
@@ -150,15 +141,20 @@ def story(s: Summary) -> str:
     return " ".join(text)
 
 
+def _at(case: dict, table: str, micro_batch: int) -> pd.DataFrame:
+    """The rows of one of the case's tables for one micro-batch."""
+    t = case[table]
+    return t[t["micro_batch"] == micro_batch]
+
+
 def load_story(case: dict, micro_batch: int = 0) -> str:
-    g = case["gpu_table"][case["gpu_table"]["micro_batch"] == micro_batch]
-    et = case["expert_tokens"][case["expert_tokens"]["micro_batch"] == micro_batch]
+    g, et = _at(case, "gpu_table", micro_batch), _at(case, "expert_tokens", micro_batch)
     busiest, hot, mean = g.loc[g["tokens"].idxmax()], et.loc[et["tokens"].idxmax()], float(g["tokens"].mean())
     text = (f"In micro-batch {micro_batch}, GPU {int(busiest['gpu'])} computes {int(busiest['tokens'])} "
             f"token-expert pairs, {busiest['tokens'] / mean:.2f}x the mean of {mean:.0f}; every other GPU waits "
             f"for it. The hottest expert, e{int(hot['expert'])} (home: GPU {int(hot['home_gpu'])}), alone receives "
             f"{int(hot['tokens'])} pairs, {pct(hot['tokens'] / et['tokens'].sum())} of the layer's.")
-    reps = case["replicas"][case["replicas"]["micro_batch"] == micro_batch]
+    reps = _at(case, "replicas", micro_batch)
     if len(reps):
         moved = int(reps["replica_tokens"].sum())
         text += (f" The plan fills {len(reps)} replica slot(s) and moves {moved} pairs "
@@ -171,8 +167,7 @@ def load_story(case: dict, micro_batch: int = 0) -> str:
 
 
 def plan_story(case: dict, micro_batch: int = 0) -> str:
-    reps = case["replicas"][case["replicas"]["micro_batch"] == micro_batch]
-    gpn = case["gpus_per_node"]
+    reps, gpn = _at(case, "replicas", micro_batch), case["gpus_per_node"]
     lines = [f"- e{int(r['expert'])} (home GPU {int(r['home_gpu'])}, node {int(r['home_gpu']) // gpn}): "
              f"{int(r['replica_tokens'])} of its {int(r['expert_tokens'])} tokens go to its copy on GPU "
              f"{int(r['gpu'])} (node {int(r['gpu']) // gpn}); {int(r['home_tokens'])} stay home."
@@ -186,7 +181,7 @@ def plan_story(case: dict, micro_batch: int = 0) -> str:
 
 
 def phase_story(case: dict, micro_batch: int = 0) -> str:
-    p = case["phases"][case["phases"]["micro_batch"] == micro_batch]
+    p = _at(case, "phases", micro_batch)
     fwd = p[p["direction"] == "forward"].set_index("phase")["seconds"]
     total, a2a = float(fwd.sum()), float(fwd.get("dispatch", 0) + fwd.get("combine", 0))
     return (f"Forward, this layer takes {1e3 * total:.3f} ms for micro-batch {micro_batch}: all-to-all "
@@ -213,8 +208,7 @@ def skew_story(s: Summary) -> str:
 
 
 def _static_skewness(r: Result) -> float:
-    g = r.placement_replica_grid
-    return float(g[(g["placement"] == "static") & (g["spare_slots"] == 0)]["skewness"].iloc[0])
+    return mean_of(r.placement_replica_grid, "skewness", placement="static", spare_slots=0)
 
 
 TRIES = (
