@@ -69,7 +69,7 @@ class Result(Result):
 def compute(p: Params, sizes: Sizes, progress: bool = True) -> Result:
     frame = sensitivity(p.model, p.ep, setup=p.setup, workload=p.the_workload(sizes),
                         micro_batches=sizes.micro_batches, layers=sizes.layers, steps=p.steps, seed=p.seed,
-                        quick=sizes.quick, knobs=None if p.knobs is None else list(p.knobs), progress=progress)
+                        quick=sizes.quick, knobs=p.knobs, progress=progress)
     case = {"model": p.model.name, "workload": p.the_workload(sizes), "ep": p.ep, "cluster": sizes.cluster}
     return Result(sensitivity=frame, tornado=tornado_table(frame), case=case)
 
@@ -138,10 +138,8 @@ def story(s: Summary) -> str:
         lead = f"The headline, {name}," if ratio == "relibra_over_megatron" else name
         line = (f"- {lead} moves most with **{top.knob}**: from {top.low:.3f} ({top.knob} = {top.low_value}) to "
                 f"{top.high:.3f} ({top.high_value}), a swing of {pct(top.swing / d[ratio])} of its default")
-        rest = [x for x in rest[:2] if x.swing > FLAT * d[ratio]]
-        if rest:
-            line += "; then " + ", ".join(f"{x.knob} ({x.low:.3f}-{x.high:.3f})" for x in rest)
-        out.append(line + ".")
+        rest = ", ".join(f"{x.knob} ({x.low:.3f}-{x.high:.3f})" for x in rest[:2] if x.swing > FLAT * d[ratio])
+        out.append(line + (f"; then {rest}" if rest else "") + ".")
     if s.flat_knobs:
         out.append(f"Knobs that move none of the three ratios by more than {pct(FLAT)}: {', '.join(s.flat_knobs)}.")
     out += [f"A slower {knob} ({rate} GB/s) raises ReLibra / Megatron from {dflt:.3f} to {slow:.3f}: the all-to-all "

@@ -71,22 +71,11 @@ PLANNER_TARGET_S = 2.0  # a step's plan must stay under this to hide behind the 
 
 
 @dataclass(frozen=True)
-class Largest:
-    """One (model, cluster) at its largest EP: ReLibra's and relibra-h's (None: not simulated) rows of the
-    scale table (speedup_vs_megatron, frac_of_balanced_compute, skewness)."""
-
-    model: str
-    cluster: str
-    ep: int
-    relibra: pd.Series
-    relibra_h: pd.Series | None
-
-
-@dataclass(frozen=True)
 class Summary:
     """The rows of relibra_h_vs_best (relibra.experiments.scale.best_other) are named tuples of its columns."""
 
-    largest: tuple[Largest, ...]
+    largest: tuple[tuple[str, str, int, pd.Series, pd.Series | None], ...]  # per (model, cluster) at its largest
+    # EP: model, cluster, ep, ReLibra's and relibra-h's (None: not simulated) rows of the scale table
     cases: int  # cases with relibra-h and another policy
     behind: int  # of them, where relibra-h trails the best other policy
     worst: tuple | None  # the row of the largest of those gaps
@@ -102,8 +91,8 @@ def summarize(r: Result) -> Summary:
     for (model, cluster), g in (ok.groupby(["model", "cluster"], sort=False) if len(ok) else ()):
         top = g[g["ep"] == g["ep"].max()].set_index("policy")
         if "relibra" in top.index:
-            largest.append(Largest(model, cluster, int(g["ep"].max()), top.loc["relibra"],
-                                   top.loc["relibra-h"] if "relibra-h" in top.index else None))
+            largest.append((model, cluster, int(g["ep"].max()), top.loc["relibra"],
+                            top.loc["relibra-h"] if "relibra-h" in top.index else None))
     behind = t[t["over_best_other"] < 1.0 - 1e-9] if len(t) else t
     tops = t.loc[t.groupby(["model", "cluster"], sort=False)["ep"].idxmax()] if len(t) else t
     skipped = table[table["status"] != "ok"] if len(table) else table
@@ -123,9 +112,8 @@ def story(s: Summary) -> str:
     the best other policy, the cases that could not run and the slowest planner step against
     PLANNER_TARGET_S."""
     out = []
-    for x in s.largest:
-        a, h = x.relibra, x.relibra_h
-        out.append(f"- **{x.model} on {x.cluster}**, largest EP {x.ep}: ReLibra {a['speedup_vs_megatron']:.3f}x "
+    for model, cluster, ep, a, h in s.largest:
+        out.append(f"- **{model} on {cluster}**, largest EP {ep}: ReLibra {a['speedup_vs_megatron']:.3f}x "
                    f"Megatron ({pct(a['frac_of_balanced_compute'])} of balanced-compute, skewness {a['skewness']:.2f})"
                    + ("" if h is None else f"; relibra-h {h['speedup_vs_megatron']:.3f}x "
                       f"({pct(h['frac_of_balanced_compute'])}, skewness {h['skewness']:.2f})") + ".")
