@@ -105,10 +105,8 @@ def best_other(table: pd.DataFrame, against: str = "relibra-h") -> pd.DataFrame:
     out = []
     for key, g in ok.groupby(keys, sort=False):
         g = g.set_index("policy")
-        if against not in g.index:
-            continue
-        others = g.drop(index=[p for p in (against, "megatron", "balanced", "balanced-compute") if p in g.index])
-        if others.empty:
+        others = g.drop(index=[against, "megatron", "balanced", "balanced-compute"], errors="ignore")
+        if against not in g.index or others.empty:
             continue
         best = others["tokens_per_s"].idxmax()
         out.append(dict(zip(keys, key), policy=against, speedup=g.loc[against, "speedup_vs_megatron"],

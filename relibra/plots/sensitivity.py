@@ -27,8 +27,7 @@ def tornado_plot(table: pd.DataFrame, subtitle: str):
     high_value, swing).
     """
     ratios = [r for r in RATIO_LABELS if r in set(table["ratio"])]
-    n_knobs = table["knob"].nunique()
-    height = max(3.6, 2.0 + 0.55 * n_knobs)
+    height = max(3.6, 2.0 + 0.55 * table["knob"].nunique())
     rel = table.assign(lo=100 * (table["low"] / table["default"] - 1), hi=100 * (table["high"] / table["default"] - 1))
     span = max(float(rel["hi"].max()), -float(rel["lo"].min()), 0.5)
     fig, axes = plt.subplots(1, len(ratios), figsize=(5.6 * len(ratios), height), squeeze=False)
