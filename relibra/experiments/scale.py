@@ -57,10 +57,9 @@ def scale_cases(models, clusters, ep_sizes) -> list[tuple[ModelShape, Topology, 
 def _plan_extras(plan, cost) -> dict:
     """Per (policy, step): the planner's CPU seconds and, for ReLibra's family, its replication CPU
     microseconds per (micro-batch, layer)."""
-    cells = plan.loads.shape[0] * plan.loads.shape[1]
-    replication = plan.info.replication_cpu_seconds if isinstance(plan.info, ReLibraInfo) else None
+    replication_s = plan.info.replication_cpu_seconds if isinstance(plan.info, ReLibraInfo) else np.nan
     return {"plan_cpu_s": float(plan.info.plan_cpu_seconds),
-            "replication_cpu_us_per_cell": np.nan if replication is None else 1e6 * replication / cells}
+            "replication_cpu_us_per_cell": 1e6 * replication_s / (plan.loads.shape[0] * plan.loads.shape[1])}
 
 
 def scale_sweep(models, clusters, ep_sizes, sweep: ScaleSweep, policies=SCALE_POLICIES, workload: str = "mixed",
@@ -86,20 +85,15 @@ def scale_sweep(models, clusters, ep_sizes, sweep: ScaleSweep, policies=SCALE_PO
         shape = scaled_model(shape, sweep.layers)
         trace = generate_trace(shape, workload, ep, steps=sweep.steps, seed=seed, micro_batches=sweep.micro_batches)
         result = simulate(trace, topo, list(policies), steps=1, progress=False, step_extras=_plan_extras)
-        summary = result.summary.set_index("policy")
         extras = result.per_step.groupby("policy")[["plan_cpu_s", "replication_cpu_us_per_cell"]].mean()
-        ideal = ("balanced", "balanced-compute")  # references: they plan nothing of their own
-        for policy in summary.index:
-            s = summary.loc[policy]
-            planned = policy not in ideal
+        for policy, s in result.summary.set_index("policy").iterrows():
+            planned = policy not in ("balanced", "balanced-compute")  # references: they plan nothing of their own
             rows.append({"model": model, "cluster": cluster, "ep": ep, "policy": policy, "status": "ok",
                          "nodes": nodes, "gpus_per_node": gpn, "experts": shape.num_experts,
-                         "tokens_per_s": float(s["tokens_per_s"]), "speedup_vs_megatron": float(s["speedup_vs_megatron"]),
-                         "frac_of_balanced_compute": float(s["frac_of_balanced_compute"]),
-                         "skewness": float(s["skewness"]), "plan_s": float(s["plan_s"]) if planned else np.nan,
-                         "plan_cpu_s": float(extras["plan_cpu_s"][policy]) if planned else np.nan,
-                         "replication_cpu_us_per_cell":
-                             float(extras["replication_cpu_us_per_cell"][policy]) if planned else np.nan})
+                         **{c: float(s[c]) for c in ("tokens_per_s", "speedup_vs_megatron", "frac_of_balanced_compute",
+                                                     "skewness")},
+                         "plan_s": float(s["plan_s"]) if planned else np.nan,
+                         **{c: float(extras.loc[policy, c]) if planned else np.nan for c in extras.columns}})
     return pd.DataFrame(rows)
 
 
@@ -111,10 +105,8 @@ def best_other(table: pd.DataFrame, against: str = "relibra-h") -> pd.DataFrame:
     out = []
     for key, g in ok.groupby(keys, sort=False):
         g = g.set_index("policy")
-        if against not in g.index:
-            continue
-        others = g.drop(index=[p for p in (against, "megatron", "balanced", "balanced-compute") if p in g.index])
-        if others.empty:
+        others = g.drop(index=[against, "megatron", "balanced", "balanced-compute"], errors="ignore")
+        if against not in g.index or others.empty:
             continue
         best = others["tokens_per_s"].idxmax()
         out.append(dict(zip(keys, key), policy=against, speedup=g.loc[against, "speedup_vs_megatron"],

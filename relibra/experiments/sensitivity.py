@@ -36,8 +36,8 @@ class Knob:
     """One input the sensitivity study moves: its card entry (None: not a card entry), where it acts
     ("workload", "topology", "cost", "policy", "cluster preset") and the field it sets there. values:
     what it sweeps besides its default (None: the card entry's range; extra: more values beside it);
-    default: a fixed default (None: the card entry's value; "card": the card's own name). A categorical
-    knob lists its default first; a numeric one sweeps in order."""
+    default: a fixed default (None: the card entry's value; "card": the card's own name). A knob with a
+    text default (categorical) lists its default first; a numeric one sweeps in order."""
 
     name: str
     entry: str | None
@@ -46,13 +46,12 @@ class Knob:
     values: tuple | None = None
     extra: tuple = ()
     default: object = None
-    categorical: bool = False
 
 
 # The synthetic routing's calibration knob "topic concentration": how peaked one prompt group's topics are
 # (no card entry; relibra.workloads.WorkloadConfig, calibrated against the paper's skewness, docs/traces.md).
-KNOBS: tuple[Knob, ...] = (
-    Knob("batch layout", "batch.layout", "workload", "batch_layout", values=tuple(BATCH_LAYOUTS), categorical=True),
+KNOBS = {k.name: k for k in (
+    Knob("batch layout", "batch.layout", "workload", "batch_layout", values=tuple(BATCH_LAYOUTS)),
     Knob("tokens per micro-batch", "batch.tokens_per_gpu_per_microbatch", "workload", "tokens_per_microbatch",
          extra=(8192,)),
     Knob("data-parallel size", "batch.data_parallel_size", "workload", "data_parallel_size"),
@@ -68,17 +67,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("GEMM half-saturation", "compute.gemm_half_tokens", "topology", "gemm_half_tokens"),
     Knob("attention efficiency", "compute.attention_efficiency", "topology", "attention_efficiency"),
     Knob("collective latency", "compute.collective_latency_s", "topology", "collective_latency_s"),
-    Knob("cluster preset", None, "cluster preset", "", values=("h800", "paper-datasheet", "h100"), default="card",
-         categorical=True),
-)
-KNOB_NAMES = tuple(k.name for k in KNOBS)
-
-
-def _knob(name: str) -> Knob:
-    for k in KNOBS:
-        if k.name == name:
-            return k
-    raise ConfigError(f"unknown sensitivity knob {name!r}; known: {', '.join(KNOB_NAMES)}")
+    Knob("cluster preset", None, "cluster preset", "", values=("h800", "paper-datasheet", "h100"), default="card"),
+)}
+KNOB_NAMES = tuple(KNOBS)
 
 
 def knob_values(quick: bool = False, setup: str = DEFAULT_CARD) -> dict[str, list]:
@@ -88,16 +79,17 @@ def knob_values(quick: bool = False, setup: str = DEFAULT_CARD) -> dict[str, lis
     card = load_card(setup)
     base = defaults(setup)
     values: dict[str, list] = {}
-    for k in KNOBS:
-        if k.values is None and card.entries[k.entry].range is None:
+    for k in KNOBS.values():
+        spread = k.values or card.entries[k.entry].range
+        if spread is None:
             raise ConfigError(f"set-up card {card.name!r}: entry {k.entry!r} has no range, which the sensitivity "
                               f"knob {k.name!r} sweeps; give it one (range = [low, high], docs/setup.md) or use a "
                               f"card whose assumed entries carry ranges, e.g. {DEFAULT_CARD!r}")
-        vals = list(k.values if k.values is not None else card.entries[k.entry].range) + list(k.extra)
-        vals = list(dict.fromkeys([base[k.name]] + vals)) if k.categorical else sorted(set(vals) | {base[k.name]})
+        dflt, vals = base[k.name], list(spread) + list(k.extra)
+        vals = list(dict.fromkeys([dflt] + vals)) if isinstance(dflt, str) else sorted(set(vals) | {dflt})
         if quick:
-            other = next(v for v in vals if v != base[k.name])
-            vals = [v for v in vals if v in (base[k.name], other)]
+            other = next(v for v in vals if v != dflt)
+            vals = [v for v in vals if v in (dflt, other)]
         values[k.name] = vals
     return values
 
@@ -107,13 +99,13 @@ def defaults(setup: str = DEFAULT_CARD) -> dict:
     generator's; cluster preset: the card's own cluster)."""
     card = load_card(setup)
     return {k.name: card.value(k.entry) if k.default is None else card.name if k.default == "card" else k.default
-            for k in KNOBS}
+            for k in KNOBS.values()}
 
 
 def _ratios(summary: pd.DataFrame) -> dict:
-    tps = summary.set_index("policy")["tokens_per_s"]
-    return {**{k: CLAIMS[k].of(tps) for k in RATIOS},
-            "relibra_skewness": float(summary.set_index("policy").loc["relibra", "skewness"])}
+    by_policy = summary.set_index("policy")
+    return {**{k: CLAIMS[k].of(by_policy["tokens_per_s"]) for k in RATIOS},
+            "relibra_skewness": float(by_policy.loc["relibra", "skewness"])}
 
 
 def case_inputs(card, knob: Knob, value, ep: int, micro_batches: int | None = None):
@@ -160,32 +152,23 @@ def sensitivity(model: str, ep: int, setup: str = DEFAULT_CARD, workload: str = 
     if unknown or not chosen:
         raise ConfigError(f"unknown sensitivity knob(s) {unknown or chosen}; known: {', '.join(values)}")
     traces: dict = {}
-
-    def trace_for(cfg, mbs):
-        key = (dataclasses.astuple(cfg), mbs)
-        if key not in traces:
-            traces[key] = generate_trace(shape, workload, ep, steps=steps, seed=seed, micro_batches=mbs, config=cfg)
-        return traces[key]
-
+    rows, default_ratios = [], None
     cases = [(k, v) for k in chosen for v in values[k]]
-    rows = []
-    default_ratios = None
     for name, value in tqdm(cases, desc="sensitivity", unit="case", disable=not progress):
-        knob = _knob(name)
         is_default = value == base[name]
         if is_default and default_ratios is not None:  # the default set-up: simulated once
-            rows.append({"knob": name, "value": value, "is_default": True, "policy": "relibra", **default_ratios,
-                         "model": shape.name, "ep": ep, "cluster": card.name, "setup": card.name})
-            continue
-        cfg, topo, params, policy_params, mbs = case_inputs(card, knob, value, ep, micro_batches)
-        trace = trace_for(cfg, mbs)
-        result = simulate(trace, topo, list(POLICIES), steps=steps - 1 if steps > 1 else None, params=params,
-                          policy_params=policy_params, progress=False, references=False)
-        ratios = _ratios(result.summary)
-        if is_default:
-            default_ratios = ratios
+            ratios, cluster = default_ratios, card.name
+        else:
+            cfg, topo, params, policy_params, mbs = case_inputs(card, KNOBS[name], value, ep, micro_batches)
+            key = (dataclasses.astuple(cfg), mbs)
+            if key not in traces:
+                traces[key] = generate_trace(shape, workload, ep, steps=steps, seed=seed, micro_batches=mbs, config=cfg)
+            result = simulate(traces[key], topo, list(POLICIES), steps=steps - 1 if steps > 1 else None, params=params,
+                              policy_params=policy_params, progress=False, references=False)
+            ratios, cluster = _ratios(result.summary), topo.name
+            default_ratios = ratios if is_default else default_ratios
         rows.append({"knob": name, "value": value, "is_default": is_default, "policy": "relibra", **ratios,
-                     "model": shape.name, "ep": ep, "cluster": topo.name, "setup": card.name})
+                     "model": shape.name, "ep": ep, "cluster": cluster, "setup": card.name})
     frame = pd.DataFrame(rows, columns=SENSITIVITY_COLUMNS)
     frame["value"] = frame["value"].astype(object)
     return frame
@@ -198,18 +181,18 @@ def tornado_table(frame: pd.DataFrame) -> pd.DataFrame:
     frame: `sensitivity`'s rows (each knob holds its default row). Columns: ratio, knob, default,
     low, high, low_value, high_value, swing.
     """
-    missing = [k for k, d in frame.groupby("knob", sort=False) if not d["is_default"].any()]
+    by_knob = list(frame.groupby("knob", sort=False))
+    missing = [k for k, d in by_knob if not d["is_default"].any()]
     if missing:
         raise ConfigError(f"tornado_table: knob(s) {missing} have no default row")
-    out = []
+    parts = []
     for ratio in RATIOS:
-        for knob, d in frame.groupby("knob", sort=False):
+        bars = []
+        for knob, d in by_knob:
             r = d[ratio].astype(float)
             lo, hi = r.idxmin(), r.idxmax()
-            out.append({"ratio": ratio, "knob": knob, "default": float(r[d["is_default"]].iloc[0]),
-                        "low": float(r[lo]), "high": float(r[hi]), "low_value": d.loc[lo, "value"],
-                        "high_value": d.loc[hi, "value"], "swing": float(r[hi] - r[lo])})
-    table = pd.DataFrame(out)
-    table["order"] = table["ratio"].map({r: i for i, r in enumerate(RATIOS)})
-    table = table.sort_values(["order", "swing"], ascending=[True, False], kind="stable").drop(columns="order")
-    return table.reset_index(drop=True)
+            bars.append({"ratio": ratio, "knob": knob, "default": float(r[d["is_default"]].iloc[0]),
+                         "low": float(r[lo]), "high": float(r[hi]), "low_value": d.loc[lo, "value"],
+                         "high_value": d.loc[hi, "value"], "swing": float(r[hi] - r[lo])})
+        parts.append(pd.DataFrame(bars).sort_values("swing", ascending=False, kind="stable"))
+    return pd.concat(parts, ignore_index=True)

@@ -10,9 +10,6 @@ from relibra.cluster import resolve_topology
 from relibra.errors import RelibraError
 from relibra.plots.style import POLICY_LABELS, policy_order, policy_palette, titled
 
-IDEAL = "balanced-compute"
-MODEL_GREYS = ("0.15", "0.45", "0.7")
-
 
 def cluster_label(spec: str) -> str:
     """'32 nodes x 8 GPUs (paper links)' for a cluster preset or spec; the spec itself if unknown."""
@@ -21,6 +18,14 @@ def cluster_label(spec: str) -> str:
     except RelibraError:
         return spec
     return f"{topo.num_nodes} node{'s' if topo.num_nodes > 1 else ''} x {topo.gpus_per_node} GPUs ({spec.split(',')[0]} preset)"
+
+
+def _ep_axis(ax, eps) -> None:
+    """A log2 x axis ticked at the EP sizes `eps`."""
+    eps = sorted(set(eps))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(eps, [str(e) for e in eps])
+    ax.minorticks_off()
 
 
 def ep_sweep_plot(table: pd.DataFrame, subtitle: str):
@@ -45,15 +50,13 @@ def ep_sweep_plot(table: pd.DataFrame, subtitle: str):
                 g = d[d["policy"] == policy].sort_values("ep")
                 if g.empty:
                     continue
-                style = dict(color=palette[policy], ls="--", marker="") if policy == IDEAL else dict(
+                style = dict(color=palette[policy], ls="--", marker="") if policy == "balanced-compute" else dict(
                     color=palette[policy], marker="o", ms=4)
                 ax.plot(g["ep"], g["speedup_vs_megatron"], label=POLICY_LABELS.get(policy, policy), **style)
             ax.axhline(1.0, color="0.7", lw=0.8)
-            ax.set_xscale("log", base=2)
-            eps = sorted(set(table.loc[(table["model"] == model) & (table["cluster"] == cluster), "ep"]))
-            ax.set_xticks(eps, [str(e) for e in eps])
-            ax.minorticks_off()
-            missing = table[(table["model"] == model) & (table["cluster"] == cluster) & (table["status"] != "ok")]
+            case = table[(table["model"] == model) & (table["cluster"] == cluster)]
+            _ep_axis(ax, case["ep"])
+            missing = case[case["status"] != "ok"]
             note = f"\n(EP {', '.join(str(e) for e in missing['ep'])}: not possible)" if len(missing) else ""
             ax.set_title(f"{model} on {cluster_label(cluster)}{note}", fontsize=9)
             ax.set_xlabel("EP size")
@@ -77,16 +80,13 @@ def scale_planner_plot(table: pd.DataFrame, subtitle: str, policies=("relibra", 
     shown = [p for p in policies if p in set(d["policy"])]
     fig, axes = plt.subplots(1, max(1, len(shown)), figsize=(3.6 * max(1, len(shown)), 3.4), squeeze=False, sharey=True)
     markers = dict(zip(dict.fromkeys(d["model"]), "osD^v"))
-    greys = dict(zip(dict.fromkeys(d["model"]), MODEL_GREYS * 3))
+    greys = dict(zip(dict.fromkeys(d["model"]), ("0.15", "0.45", "0.7") * 3))
     for ax, policy in zip(axes[0], shown):
         for model, g in d[d["policy"] == policy].groupby("model", sort=False):
             g = g.sort_values("ep")
             ax.plot(g["ep"], g["plan_cpu_s"], marker=markers[model], ms=4, color=greys[model], label=model)
-        ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        eps = sorted(set(d["ep"]))
-        ax.set_xticks(eps, [str(e) for e in eps])
-        ax.minorticks_off()
+        _ep_axis(ax, d["ep"])
         ax.set_title(POLICY_LABELS.get(policy, policy), fontsize=9)
         ax.set_xlabel("EP size")
     axes[0][0].set_ylabel("planner CPU seconds per step")

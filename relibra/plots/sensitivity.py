@@ -17,11 +17,6 @@ KNOB_UNITS = {"tokens per micro-batch": "tokens", "data-parallel size": "ranks",
 LOW_COLOR, HIGH_COLOR = (0.27, 0.51, 0.71), (0.84, 0.37, 0.30)
 
 
-def knob_label(knob: str) -> str:
-    unit = KNOB_UNITS.get(knob)
-    return f"{knob} ({unit})" if unit else knob
-
-
 def tornado_plot(table: pd.DataFrame, subtitle: str):
     """One panel per ratio: per knob, a bar from the lowest to the highest ratio over the knob's values,
     as % change from the default set-up's ratio (vertical line at 0); blue: below the default, red:
@@ -32,8 +27,7 @@ def tornado_plot(table: pd.DataFrame, subtitle: str):
     high_value, swing).
     """
     ratios = [r for r in RATIO_LABELS if r in set(table["ratio"])]
-    n_knobs = table["knob"].nunique()
-    height = max(3.6, 2.0 + 0.55 * n_knobs)
+    height = max(3.6, 2.0 + 0.55 * table["knob"].nunique())
     rel = table.assign(lo=100 * (table["low"] / table["default"] - 1), hi=100 * (table["high"] / table["default"] - 1))
     span = max(float(rel["hi"].max()), -float(rel["lo"].min()), 0.5)
     fig, axes = plt.subplots(1, len(ratios), figsize=(5.6 * len(ratios), height), squeeze=False)
@@ -56,7 +50,7 @@ def tornado_plot(table: pd.DataFrame, subtitle: str):
                 ax.text(row.lo, yi, knob_value(row.low_value, row.knob) + " ", ha="right", va="center", fontsize=7)
             if row.hi > 0:
                 ax.text(row.hi, yi, " " + knob_value(row.high_value, row.knob), ha="left", va="center", fontsize=7)
-        ax.set_yticks(y, [knob_label(k) for k in d["knob"]])
+        ax.set_yticks(y, [f"{k} ({KNOB_UNITS[k]})" if k in KNOB_UNITS else k for k in d["knob"]])
         ax.set_xlabel(f"{RATIO_LABELS[ratio]}: % change from the default")
         ax.set_title(f"{RATIO_LABELS[ratio]}: default {default:.3f}")
     for ax in axes[0][1:]:
