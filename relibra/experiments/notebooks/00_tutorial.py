@@ -73,6 +73,15 @@ def compute(p: Params, sizes=None) -> Result:
 
 
 @dataclass(frozen=True)
+class Choice:
+    placement: str
+    spare_slots: int
+    skewness: float
+    slowest_gpu_ms: float
+    balanced_ms: float
+
+
+@dataclass(frozen=True)
 class SkewSweep:
     """Static placement's skewness over the skew slider: at its lowest skew, at its peak, at its highest
     skew; the chosen plan's at the peak and where the gap to static is widest (None: no plan swept)."""
@@ -90,11 +99,15 @@ class SkewSweep:
 
 @dataclass(frozen=True)
 class Summary:
-    static: pd.Series  # the grid's row of static placement, no replicas
-    best: pd.Series  # ... with the fastest slowest GPU
+    static: Choice  # static placement, no replicas
+    best: Choice  # the fastest slowest GPU of the grid
     same_bars: tuple[tuple[int, int, int, tuple[str, ...]], ...]  # (a, b, slots used, placements): a and b
     # spare slots give the same plan because the planner filled at most `used` slots per GPU
     sweep: SkewSweep
+
+
+def _choice(x) -> Choice:
+    return Choice(x["placement"], int(x["spare_slots"]), x["skewness"], x["slowest_gpu_ms"], x["balanced_ms"])
 
 
 def _is_static(t: pd.DataFrame) -> pd.Series:
@@ -123,7 +136,7 @@ def summarize(r: Result) -> Summary:
             ra, rb = g.loc[(placement, a)], g.loc[(placement, b)]
             if np.isclose(ra["slowest_gpu_ms"], rb["slowest_gpu_ms"]) and rb["max_replicas_per_gpu"] <= a:
                 same.setdefault((a, b, int(rb["max_replicas_per_gpu"])), []).append(placement)
-    return Summary(grid[_is_static(grid)].iloc[0], grid.loc[grid["slowest_gpu_ms"].idxmin()],
+    return Summary(_choice(grid[_is_static(grid)].iloc[0]), _choice(grid.loc[grid["slowest_gpu_ms"].idxmin()]),
                    tuple((*k, tuple(v)) for k, v in same.items()), _skew_sweep(r.skew_sweep))
 
 

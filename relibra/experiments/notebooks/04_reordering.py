@@ -39,21 +39,28 @@ def compute(p: Params, sizes: Scale, progress: bool = True) -> Result:
 
 
 @dataclass(frozen=True)
+class Reordered:
+    """One policy's means over workloads and steps."""
+
+    policy: str
+    speedup: float  # over Megatron
+    node_skewness: float
+    cross_node_share: float  # of token-expert pairs
+    migration_gb: float  # per step
+
+
+@dataclass(frozen=True)
 class Summary:
-    """The systems (no ideals), fastest first: each one's policy and its means over workloads and steps of
-    speedup (over Megatron), node_skewness, cross_node_share (of token-expert pairs), migration_gb (per step)."""
+    policies: tuple[Reordered, ...]  # the systems (no ideals), fastest first
 
-    policies: tuple
-
-    def get(self, policy: str):
+    def get(self, policy: str) -> Reordered | None:
         return next((x for x in self.policies if x.policy == policy), None)
 
 
 def summarize(r: Result) -> Summary:
     s = r.reordering.groupby("policy")[["speedup_vs_megatron", "node_skewness", "cross_node_share",
                                         "migration_gb"]].mean().sort_values("speedup_vs_megatron", ascending=False)
-    s = s.rename(columns={"speedup_vs_megatron": "speedup"}).drop(list(IDEALS), errors="ignore").reset_index()
-    return Summary(tuple(s.itertuples(index=False, name="Policy")))
+    return Summary(tuple(Reordered(p, *x) for p, x in s.iterrows() if p not in IDEALS))
 
 
 def story(s: Summary) -> str:

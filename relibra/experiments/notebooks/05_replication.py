@@ -51,8 +51,9 @@ def spare_slot_sweep(p: Params, sizes: Scale, policy: str = "relibra") -> pd.Dat
         r = summary.set_index("policy").loc[policy]
         rows.append({"model": trace.model.name, "workload": workload, "ep": trace.ep, "cluster": p.cluster.name,
                      "policy": policy, "spare_slots_per_gpu": int(n), "default": int(n) == default,
-                     **r[["speedup_vs_megatron", "frac_of_balanced", "tokens_per_s", "skewness",
-                          "replica_memory_share"]].astype(float),
+                     "speedup_vs_megatron": float(r["speedup_vs_megatron"]), "frac_of_balanced": float(r["frac_of_balanced"]),
+                     "tokens_per_s": float(r["tokens_per_s"]), "skewness": float(r["skewness"]),
+                     "replica_memory_share": float(r["replica_memory_share"]),
                      "replica_memory_share_full_model": float(full_model_memory_share(
                          p.model, trace.ep, trace.num_layers, [r["replica_buffer_bytes"]], [False])[0])})
     return pd.DataFrame(rows)
@@ -64,21 +65,43 @@ def compute(p: Params, sizes: Scale, progress: bool = True) -> Result:
 
 
 @dataclass(frozen=True)
+class Replicated:
+    """One policy's means over workloads."""
+
+    policy: str
+    speedup: float  # over Megatron
+    gpu_skewness: float
+    replicas_per_gpu: float
+
+
+@dataclass(frozen=True)
+class SlotCount:
+    spare_slots: int
+    speedup: float
+    skewness: float
+    replica_memory_share: float  # of the whole model's parameter memory per GPU
+
+
+@dataclass(frozen=True)
 class Summary:
-    policies: tuple  # the systems (no ideals), fastest first: policy, its means over workloads of speedup (over
-    # Megatron), gpu_skewness, replicas_per_gpu
-    fewest: pd.Series  # the spare-slot sweep's row at the fewest slots
-    most: pd.Series  # ... at the most
+    policies: tuple[Replicated, ...]  # the systems (no ideals), fastest first
+    fewest: SlotCount  # ReLibra at the fewest spare slots swept
+    most: SlotCount  # ... at the most
     spread: float  # highest - lowest speed-up over the sweep, relative to the fewest slots' speed-up
+
+
+def _slots(x) -> SlotCount:
+    return SlotCount(int(x["spare_slots_per_gpu"]), x["speedup_vs_megatron"], x["skewness"],
+                     x["replica_memory_share_full_model"])
 
 
 def summarize(r: Result) -> Summary:
     s = r.replication.groupby("policy")[["speedup_vs_megatron", "gpu_skewness", "replicas_per_gpu"]].mean()
-    s = s.sort_values("speedup_vs_megatron", ascending=False).drop(list(IDEALS), errors="ignore").reset_index()
     sp = r.spare_slots.sort_values("spare_slots_per_gpu")
-    lo, speedup = sp.iloc[0], sp["speedup_vs_megatron"]
-    return Summary(tuple(s.rename(columns={"speedup_vs_megatron": "speedup"}).itertuples(index=False, name="Policy")),
-                   lo, sp.iloc[-1], float(speedup.max() - speedup.min()) / lo["speedup_vs_megatron"])
+    lo = sp.iloc[0]
+    return Summary(tuple(Replicated(p, *x) for p, x in s.sort_values("speedup_vs_megatron", ascending=False).iterrows()
+                         if p not in IDEALS), _slots(lo), _slots(sp.iloc[-1]),
+                   float(sp["speedup_vs_megatron"].max() - sp["speedup_vs_megatron"].min()) / lo["speedup_vs_megatron"])
 
 
 def story(s: Summary) -> str:
@@ -86,11 +109,10 @@ def story(s: Summary) -> str:
     text = "Mean over workloads:\n\n" + "\n".join(
         f"- {label(x.policy)}: {x.speedup:.2f}x Megatron, GPU skewness {x.gpu_skewness:.2f}, {x.replicas_per_gpu:.2f} "
         "replicas per GPU" for x in s.policies)
-    text += (f"\n\nFrom {lo.spare_slots_per_gpu} to {hi.spare_slots_per_gpu} spare slots per GPU, ReLibra's throughput "
-             f"moves from {lo.speedup_vs_megatron:.3f}x to {hi.speedup_vs_megatron:.3f}x (spread {pct(s.spread)}) and its "
-             f"skewness from {lo.skewness:.3f} to {hi.skewness:.3f}, while the replica buffer grows from "
-             f"{pct(lo.replica_memory_share_full_model)} to {pct(hi.replica_memory_share_full_model)} of the parameter "
-             "memory.")
+    text += (f"\n\nFrom {lo.spare_slots} to {hi.spare_slots} spare slots per GPU, ReLibra's throughput moves from "
+             f"{lo.speedup:.3f}x to {hi.speedup:.3f}x (spread {pct(s.spread)}) and its skewness from {lo.skewness:.3f} "
+             f"to {hi.skewness:.3f}, while the replica buffer grows from {pct(lo.replica_memory_share)} to "
+             f"{pct(hi.replica_memory_share)} of the parameter memory.")
     if s.spread < 0.01:
         text += " Extra slots barely matter here: the planner does not fill them (few experts are hot enough)."
     return text

@@ -69,7 +69,7 @@ class Result(Result):
 def compute(p: Params, sizes: Sizes, progress: bool = True) -> Result:
     frame = sensitivity(p.model, p.ep, setup=p.setup, workload=p.the_workload(sizes),
                         micro_batches=sizes.micro_batches, layers=sizes.layers, steps=p.steps, seed=p.seed,
-                        quick=sizes.quick, knobs=p.knobs, progress=progress)
+                        quick=sizes.quick, knobs=None if p.knobs is None else list(p.knobs), progress=progress)
     case = {"model": p.model.name, "workload": p.the_workload(sizes), "ep": p.ep, "cluster": sizes.cluster}
     return Result(sensitivity=frame, tornado=tornado_table(frame), case=case)
 
@@ -78,38 +78,57 @@ FLAT = 0.005  # a knob whose swing is at most this share of a ratio's default le
 
 
 @dataclass(frozen=True)
+class Swing:
+    """One knob's reach on one ratio: lowest and highest ratio over its values, the values (as text)."""
+
+    knob: str
+    low: float
+    high: float
+    low_value: str
+    high_value: str
+    swing: float
+
+
+@dataclass(frozen=True)
 class Summary:
     case: dict  # model, workload, ep and cluster of the default set-up
     default: dict[str, float]  # ratio id -> its value at the default set-up
-    swings: dict[str, tuple]  # ratio id -> its tornado rows (knob, low, high, low_value and high_value as text,
-    # swing), largest swing first
+    swings: dict[str, tuple[Swing, ...]]  # ratio id -> its knobs, largest swing first
     flat_knobs: tuple[str, ...]  # knobs that move no ratio by more than FLAT
     slower_links: tuple[tuple[str, str, float, float], ...]  # (link, its slowest rate, default, ratio there)
     turns: dict[str, tuple[tuple[str, str, float], ...]]  # ratio id -> (knob, value, ratio) where ReLibra
     # gets ahead (default < 1) or falls behind (default >= 1) of the rival
 
 
+def _swings(d: pd.DataFrame) -> tuple[Swing, ...]:
+    return tuple(Swing(x.knob, x.low, x.high, knob_value(x.low_value, x.knob), knob_value(x.high_value, x.knob),
+                       x.swing) for x in d.itertuples(index=False))
+
+
 def _slower_links(frame: pd.DataFrame) -> tuple:
     """Where a slower link raises ReLibra / Megatron above its default."""
     out = []
-    for knob in ("NVLink rate", "RDMA rate") if len(frame) else ():
+    for knob in ("NVLink rate", "RDMA rate") if "knob" in frame else ():
         d = frame[frame["knob"] == knob]
+        if d.empty or "relibra_over_megatron" not in d or d["value"].nunique() < 2:
+            continue
         d = d.assign(rate=pd.to_numeric(d["value"], errors="coerce")).dropna(subset=["rate"]).sort_values("rate")
-        dflt = d.loc[d["is_default"].astype(bool), "relibra_over_megatron"]
-        if len(dflt) and d["relibra_over_megatron"].iloc[0] > float(dflt.iloc[0]) + 1e-9:
-            out.append((knob, knob_value(d["value"].iloc[0]), float(dflt.iloc[0]), d["relibra_over_megatron"].iloc[0]))
+        slow, dflt = d.iloc[0], d[d["is_default"].astype(bool)]
+        if len(dflt) and slow["relibra_over_megatron"] > float(dflt["relibra_over_megatron"].iloc[0]) + 1e-9:
+            out.append((knob, knob_value(slow["value"]), float(dflt["relibra_over_megatron"].iloc[0]),
+                        slow["relibra_over_megatron"]))
     return tuple(out)
 
 
 def summarize(r: Result) -> Summary:
     tornado, frame = r.tornado, r.sensitivity
-    default = {q: float(x) for q, x in tornado.groupby("ratio", sort=False)["default"].first().items()}
-    bars = tornado.assign(**{c: [knob_value(v, k) for v, k in zip(tornado[c], tornado["knob"])]
-                             for c in ("low_value", "high_value")}).drop(columns=["ratio", "default"])
-    swings = {q: tuple(d.sort_values("swing", ascending=False, kind="stable").itertuples(index=False, name="Swing"))
-              for q, d in bars.groupby(tornado["ratio"], sort=False)}
-    flat = tuple(k for k, d in tornado.groupby("knob", sort=False)
-                 if (d["swing"] <= FLAT * d["ratio"].map(default)).all())
+    t = tornado.set_index(["ratio", "knob"])
+    default = {q: float(tornado.loc[tornado["ratio"] == q, "default"].iloc[0]) for q in tornado["ratio"].unique()}
+    swings = {q: _swings(d.sort_values("swing", ascending=False, kind="stable") if q == "relibra_over_megatron"
+                         else d) for q, d in tornado.groupby("ratio", sort=False)}
+    knobs = list(dict.fromkeys(tornado["knob"]))
+    flat = tuple(k for k in knobs if all(t.loc[(q, k), "swing"] <= FLAT * default[q] for q in default
+                                         if (q, k) in t.index))
     turns = {}
     for q in ("relibra_over_megatron", "relibra_over_eplb_plus"):
         if q in frame:
@@ -138,8 +157,10 @@ def story(s: Summary) -> str:
         lead = f"The headline, {name}," if ratio == "relibra_over_megatron" else name
         line = (f"- {lead} moves most with **{top.knob}**: from {top.low:.3f} ({top.knob} = {top.low_value}) to "
                 f"{top.high:.3f} ({top.high_value}), a swing of {pct(top.swing / d[ratio])} of its default")
-        rest = ", ".join(f"{x.knob} ({x.low:.3f}-{x.high:.3f})" for x in rest[:2] if x.swing > FLAT * d[ratio])
-        out.append(line + (f"; then {rest}" if rest else "") + ".")
+        rest = [x for x in rest[:2] if x.swing > FLAT * d[ratio]]
+        if rest:
+            line += "; then " + ", ".join(f"{x.knob} ({x.low:.3f}-{x.high:.3f})" for x in rest)
+        out.append(line + ".")
     if s.flat_knobs:
         out.append(f"Knobs that move none of the three ratios by more than {pct(FLAT)}: {', '.join(s.flat_knobs)}.")
     out += [f"A slower {knob} ({rate} GB/s) raises ReLibra / Megatron from {dflt:.3f} to {slow:.3f}: the all-to-all "

@@ -20,8 +20,8 @@ QUESTION = "Where does in-node replication run out of room between EP16 and EP25
 MODELS, CLUSTERS, EP_SIZES = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"), ("paper,nodes=32", "gb200-nvl72x4"), \
     (16, 32, 64, 128, 256)
 SIZES = {"tiny": ScaleSweep(("tiny",), ("cpu-gloo,nodes=4", "nvl72"), (4, 8, 32), layers=2, micro_batches=2),
-         "laptop": ScaleSweep(MODELS, CLUSTERS, EP_SIZES),
-         "paper": ScaleSweep(MODELS, CLUSTERS, EP_SIZES, layers=None, micro_batches=32),
+         "laptop": ScaleSweep(MODELS, CLUSTERS, EP_SIZES), "paper": ScaleSweep(MODELS, CLUSTERS, EP_SIZES, layers=None,
+                                                                               micro_batches=32),
          "gpu": ScaleSweep(MODELS, CLUSTERS, EP_SIZES)}
 
 
@@ -71,17 +71,54 @@ PLANNER_TARGET_S = 2.0  # a step's plan must stay under this to hide behind the 
 
 
 @dataclass(frozen=True)
-class Summary:
-    """The rows of relibra_h_vs_best (relibra.experiments.scale.best_other) are named tuples of its columns."""
+class Point:
+    speedup: float  # over Megatron
+    frac_of_balanced_compute: float
+    skewness: float
 
-    largest: tuple[tuple[str, str, int, pd.Series, pd.Series | None], ...]  # per (model, cluster) at its largest
-    # EP: model, cluster, ep, ReLibra's and relibra-h's (None: not simulated) rows of the scale table
+
+@dataclass(frozen=True)
+class Largest:
+    """One (model, cluster) at its largest EP: ReLibra's and relibra-h's (None: not simulated) figures."""
+
+    model: str
+    cluster: str
+    ep: int
+    relibra: Point
+    relibra_h: Point | None
+
+
+@dataclass(frozen=True)
+class Against:
+    """relibra-h against the best other policy in one case (relibra.experiments.scale.best_other)."""
+
+    model: str
+    cluster: str
+    ep: int
+    speedup: float
+    frac_of_balanced_compute: float
+    best_other: str
+    over_best_other: float
+
+
+@dataclass(frozen=True)
+class Summary:
+    largest: tuple[Largest, ...]
     cases: int  # cases with relibra-h and another policy
     behind: int  # of them, where relibra-h trails the best other policy
-    worst: tuple | None  # the row of the largest of those gaps
-    top: tuple[tuple, ...]  # per (model, cluster), the row of the largest EP
+    worst: Against | None  # the largest of those gaps
+    top: tuple[Against, ...]  # per (model, cluster), the largest EP
     skipped: tuple[tuple[str, str, int, str], ...]  # (model, cluster, ep, why) of the cases that could not run
     slowest_plan: tuple[str, str, int, float] | None  # (policy, model, ep, CPU seconds of the simulated layers)
+
+
+def _point(x) -> Point:
+    return Point(x["speedup_vs_megatron"], x["frac_of_balanced_compute"], x["skewness"])
+
+
+def _against(x) -> Against:
+    return Against(x.model, x.cluster, int(x.ep), x.speedup, x.frac_of_balanced_compute, x.best_other,
+                   x.over_best_other)
 
 
 def summarize(r: Result) -> Summary:
@@ -91,16 +128,16 @@ def summarize(r: Result) -> Summary:
     for (model, cluster), g in (ok.groupby(["model", "cluster"], sort=False) if len(ok) else ()):
         top = g[g["ep"] == g["ep"].max()].set_index("policy")
         if "relibra" in top.index:
-            largest.append((model, cluster, int(g["ep"].max()), top.loc["relibra"],
-                            top.loc["relibra-h"] if "relibra-h" in top.index else None))
+            largest.append(Largest(model, cluster, int(g["ep"].max()), _point(top.loc["relibra"]),
+                                   _point(top.loc["relibra-h"]) if "relibra-h" in top.index else None))
     behind = t[t["over_best_other"] < 1.0 - 1e-9] if len(t) else t
     tops = t.loc[t.groupby(["model", "cluster"], sort=False)["ep"].idxmax()] if len(t) else t
     skipped = table[table["status"] != "ok"] if len(table) else table
     planners = ok[ok["policy"].isin(("relibra", "relibra-h"))] if len(ok) else ok
     slow = planners.loc[planners["plan_cpu_s"].idxmax()] if len(planners) else None
     return Summary(tuple(largest), len(t), len(behind),
-                   next(behind.sort_values("over_best_other", kind="stable").itertuples()) if len(behind) else None,
-                   tuple(tops.itertuples()),
+                   _against(behind.loc[behind["over_best_other"].idxmin()]) if len(behind) else None,
+                   tuple(_against(x) for x in tops.itertuples()),
                    tuple((x.model, x.cluster, int(x.ep), x.status.removeprefix("impossible: "))
                          for x in skipped.itertuples()),
                    None if slow is None else (slow["policy"], slow["model"], int(slow["ep"]), slow["plan_cpu_s"]))
@@ -112,11 +149,12 @@ def story(s: Summary) -> str:
     the best other policy, the cases that could not run and the slowest planner step against
     PLANNER_TARGET_S."""
     out = []
-    for model, cluster, ep, a, h in s.largest:
-        out.append(f"- **{model} on {cluster}**, largest EP {ep}: ReLibra {a['speedup_vs_megatron']:.3f}x "
-                   f"Megatron ({pct(a['frac_of_balanced_compute'])} of balanced-compute, skewness {a['skewness']:.2f})"
-                   + ("" if h is None else f"; relibra-h {h['speedup_vs_megatron']:.3f}x "
-                      f"({pct(h['frac_of_balanced_compute'])}, skewness {h['skewness']:.2f})") + ".")
+    for x in s.largest:
+        a, h = x.relibra, x.relibra_h
+        out.append(f"- **{x.model} on {x.cluster}**, largest EP {x.ep}: ReLibra {a.speedup:.3f}x Megatron "
+                   f"({pct(a.frac_of_balanced_compute)} of balanced-compute, skewness {a.skewness:.2f})"
+                   + ("" if h is None else f"; relibra-h {h.speedup:.3f}x ({pct(h.frac_of_balanced_compute)}, "
+                      f"skewness {h.skewness:.2f})") + ".")
     if s.cases and s.worst is None:
         out.append(f"relibra-h is at least the best other policy in all {s.cases} cases.")
     elif s.worst is not None:
