@@ -71,16 +71,12 @@ def _kernel_manager():
             if not restart:
                 shutil.rmtree(self.folder, ignore_errors=True)
 
-    _remove_orphan_kernel_folders()
-    return IpcKernelManager
-
-
-def _remove_orphan_kernel_folders() -> None:
-    """Kernel folders of reproduce processes that no longer run (killed outright, e.g. by SIGKILL)."""
+    # the kernel folders of reproduce processes that no longer run (killed outright, e.g. by SIGKILL)
     for folder in Path(tempfile.gettempdir()).glob("relibra-kernel-*-*"):
         pid = folder.name.split("-")[2]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
+    return IpcKernelManager
 
 
 def _alive(pid: int) -> bool:
