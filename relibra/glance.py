@@ -35,7 +35,8 @@ def glance_notebooks() -> list[str]:
 
 def glance_rows(out_dir: str | Path) -> pd.DataFrame:
     """Every row of the notebooks present under out_dir: columns what, figure, how it was obtained."""
-    rows = [row for x in in_shown_order(load_results(out_dir).values()) if x.notebook.rows for row in x.notebook.rows(x.summary, x.manifest)]
+    rows = [row for x in in_shown_order(load_results(out_dir).values()) if x.notebook.rows
+            for row in x.notebook.rows(x.summary, x.manifest)]
     hows = [row["how it was obtained"] for row in rows]
     for i in range(1, len(rows)):  # a "how" repeated from the row above reads "same as above"
         if hows[i] == hows[i - 1]:
@@ -61,7 +62,7 @@ def write_glance(out_dir: str | Path) -> Path:
 def readme_block(text: str, where: str = "README.md") -> str:
     """The text between the glance markers of `text` (from after BEGIN's line to END)."""
     start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < 0 or end < start or text.count(BEGIN) != 1 or text.count(END) != 1:
+    if start < 0 or end < start or text.count(BEGIN) != 1 or text.count(END) != 1:
         raise ConfigError(f"{where}: needs exactly one '{BEGIN}' line followed by one '{END}' line around the "
                           "results table")
     return text[start + len(BEGIN):end].removeprefix("\n")
@@ -70,8 +71,7 @@ def readme_block(text: str, where: str = "README.md") -> str:
 def replace_block(text: str, block: str, where: str = "README.md") -> str:
     """`text` with the glance block replaced by `block` (which ends with a newline)."""
     readme_block(text, where)  # checks the markers
-    start, end = text.find(BEGIN) + len(BEGIN), text.find(END)
-    return text[:start] + "\n" + block + text[end:]
+    return text[:text.find(BEGIN) + len(BEGIN)] + "\n" + block + text[text.find(END):]
 
 
 def update_readme(glance: str | Path, readme: str | Path, docs_copy: str | Path) -> None:

@@ -94,19 +94,14 @@ POLICY_ORDER = tuple(p.name for p in POLICY_TABLE)
 IDEALS = tuple(p.name for p in POLICY_TABLE if p.ideal)
 
 
-def _look(policy: str, field: str, unknown: str) -> str:
-    """The table's `field` of `policy`, or `unknown` when the table does not know the policy."""
-    return getattr(LOOKS[policy], field) if policy in LOOKS else unknown
-
-
 def short(policy: str) -> str:
     """Name of `policy` in running text (its own name when the table does not know it)."""
-    return _look(policy, "short", policy)
+    return LOOKS[policy].short if policy in LOOKS else policy
 
 
 def colour(policy: str) -> str:
     """Colour of `policy` (a grey no policy has when the table does not know it)."""
-    return _look(policy, "colour", "#7f7f7f")
+    return LOOKS[policy].colour if policy in LOOKS else "#7f7f7f"
 
 
 def policy_order(policies) -> list[str]:

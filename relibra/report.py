@@ -6,14 +6,13 @@ It reads every notebook's typed result and manifest back through the registry
 dropping the others; each notebook's row says which profile made it and when. A notebook module
 that defines `section(summary, manifest, md_table)` puts its section at the top, in notebook order
 (a module with SECTION_FIRST = True before the others: notebook 12's verdict table per set-up card);
-then come the sections of SECTIONS.
+then come what ran, the environment and every figure.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -24,17 +23,9 @@ from relibra.labels import CLAIMS
 from relibra.paths import write_text
 
 
-@dataclass
-class ReportInput:
-    out_dir: Path
-    profile: str
-    results: dict[str, Loaded]          # notebooks whose typed result is present
-    manifests: dict[str, dict]          # every manifest present, with "written" (its file's time)
-    statuses: dict[str, dict] = field(default_factory=dict)  # this run's notebooks: status, wall seconds
-
-
 def read_manifests(out_dir: str | Path) -> dict[str, dict]:
-    """{notebook: manifest} for every notebook folder under out_dir that holds a manifest.json."""
+    """{notebook: manifest} for every notebook folder under out_dir that holds a manifest.json, with
+    "written" (its file's time)."""
     found = {}
     for name in NOTEBOOKS:
         path = Path(out_dir) / name / "manifest.json"
@@ -53,17 +44,18 @@ def md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def notebook_sections(r: ReportInput) -> str:
+def notebook_sections(results: dict[str, Loaded]) -> str:
     """The sections of the notebook modules that write one: first those whose module sets SECTION_FIRST
     (the verdict map's table per set-up card), then the others, in notebook order."""
-    shown = in_shown_order(x for x in r.results.values() if x.notebook.section is not None)
+    shown = in_shown_order(x for x in results.values() if x.notebook.section is not None)
     return "".join(x.notebook.section(x.summary, x.manifest, md_table) + "\n" for x in shown)
 
 
-def sources_section(r: ReportInput) -> str:
+def sources_section(manifests: dict[str, dict], statuses: dict[str, dict]) -> str:
+    """What ran: per notebook with a manifest or a status of this run (status, wall seconds)."""
     rows = []
     for name in NOTEBOOKS:
-        man, st = r.manifests.get(name), r.statuses.get(name, {})
+        man, st = manifests.get(name), statuses.get(name, {})
         if man is None and not st:
             continue
         man = man or {}
@@ -82,14 +74,14 @@ def sources_section(r: ReportInput) -> str:
             f"statistics of routing that a trained model chose.\n\n{md_table(pd.DataFrame(rows))}\n")
 
 
-def environment_section(r: ReportInput) -> str:
+def environment_section() -> str:
     env = environment()
     return f"## Environment\n\n{md_table(pd.DataFrame({'item': list(env), 'value': [str(v) for v in env.values()]}))}\n"
 
 
-def figures_section(r: ReportInput) -> str:
+def figures_section(manifests: dict[str, dict]) -> str:
     parts = ["## Figures\n"]
-    for name, man in r.manifests.items():
+    for name, man in manifests.items():
         parts.append(f"### {name}\n\n_{man.get('scale_note', '')}_\n")
         for fig in man.get("figures", []):
             parts.append(f"![{fig['name']}]({name}/{fig['png']})\n\n**{fig['name']}** - {fig['caption']} "
@@ -100,29 +92,27 @@ def figures_section(r: ReportInput) -> str:
     return "\n".join(parts)
 
 
-SECTIONS = (sources_section, environment_section, figures_section)
-
-
 def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | None = None,
                  total_seconds: float | None = None) -> Path:
     """Write <out_dir>/REPORT.md from the results found there; returns its path."""
-    out_dir = Path(out_dir)
-    r = ReportInput(out_dir, profile, load_results(out_dir), read_manifests(out_dir), statuses or {})
-    failed = [n for n, s in r.statuses.items() if s.get("status") not in (None, "ok")]
-    profiles = sorted({m.get("config", {}).get("profile", "?") for m in r.manifests.values()} - {"none"})
+    out_dir, statuses = Path(out_dir), statuses or {}
+    results, manifests = load_results(out_dir), read_manifests(out_dir)
+    failed = [n for n, s in statuses.items() if s.get("status") not in (None, "ok")]
+    profiles = sorted({m.get("config", {}).get("profile", "?") for m in manifests.values()} - {"none"})
     mixed = (f" Results present come from the profile(s) {', '.join(profiles)}: each notebook's row below names its "
              "own." if profiles and profiles != [profile] else "")
-    wall = (f" Wall time of this run: {total_seconds / 60:.1f} min ({total_seconds:.0f} s) for {len(r.statuses)} "
+    wall = (f" Wall time of this run: {total_seconds / 60:.1f} min ({total_seconds:.0f} s) for {len(statuses)} "
             "notebook(s)." if total_seconds is not None else "")
     claims = CLAIMS["relibra_over_megatron"], CLAIMS["relibra_over_eplb_plus"], CLAIMS["gap_to_balanced"]
-    head = (f"# ReLibra kit: reproduction report\n\n{notebook_sections(r)}Last run: profile **{profile}**: "
-            f"{get_profile(profile).description}.{mixed}\nWritten {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
+    head = (f"# ReLibra kit: reproduction report\n\n{notebook_sections(results)}Last run: profile **{profile}**: "
+            f"{get_profile(profile)}.{mixed}\nWritten {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
             f"{wall}\n\nPaper's claims (abstract): ReLibra {claims[0].paper} over Megatron-LM, {claims[1].paper} over "
             f"EPLB given oracle loads, {claims[2].paper} of the balanced ideal, measured on 20 nodes x 8 Hopper GPUs. "
             "The kit's throughput figures are simulated (see below); notebook 08 puts CPU measurements of the real "
             "runtime next to the simulator at toy scale and states from its numbers whether they agree.\n\n")
     if failed:
-        head += "**Failed notebooks:** " + ", ".join(f"{n} ({r.statuses[n].get('error', '')})" for n in failed) + "\n\n"
+        head += "**Failed notebooks:** " + ", ".join(f"{n} ({statuses[n].get('error', '')})" for n in failed) + "\n\n"
     path = out_dir / "REPORT.md"
-    write_text(path, head + "\n".join(section(r) for section in SECTIONS))
+    sections = sources_section(manifests, statuses), environment_section(), figures_section(manifests)
+    write_text(path, head + "\n".join(sections))
     return path

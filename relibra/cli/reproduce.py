@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,17 +19,13 @@ from relibra.errors import ConfigError
 from relibra.paths import write_text
 
 
-def notebook_dir() -> Path:
-    from relibra.experiments import project_root
-
-    return project_root() / "notebooks"
-
-
 def load_notebook(name: str):
     """notebooks/<name>.py (Jupytext py:percent, the source) as an nbformat notebook without outputs."""
     import jupytext
 
-    path = notebook_dir() / f"{name}.py"
+    from relibra.experiments.run import notebook_source
+
+    path = notebook_source(name)
     if not path.exists():
         raise ConfigError(f"notebook source {path} is missing")
     nb = jupytext.read(path)
@@ -57,8 +54,6 @@ def export_html(executed: Path) -> Path:
 def _kernel_manager():
     """A KernelManager class that talks to the kernel over IPC sockets in a private temporary folder
     (not TCP, which ipykernel warns is unencrypted)."""
-    import tempfile
-
     from jupyter_client.manager import KernelManager
 
     class IpcKernelManager(KernelManager):
@@ -76,18 +71,12 @@ def _kernel_manager():
             if not restart:
                 shutil.rmtree(self.folder, ignore_errors=True)
 
-    _remove_orphan_kernel_folders()
-    return IpcKernelManager
-
-
-def _remove_orphan_kernel_folders() -> None:
-    """Kernel folders of reproduce processes that no longer run (killed outright, e.g. by SIGKILL)."""
-    import tempfile
-
+    # the kernel folders of reproduce processes that no longer run (killed outright, e.g. by SIGKILL)
     for folder in Path(tempfile.gettempdir()).glob("relibra-kernel-*-*"):
         pid = folder.name.split("-")[2]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
+    return IpcKernelManager
 
 
 def _alive(pid: int) -> bool:
@@ -95,8 +84,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
 
 
@@ -156,7 +145,7 @@ def select_notebooks(names: list[str] | None) -> list[str]:
 
 def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, seed: int = 0,
                   measured_dir: str | None = None, extra_parameters: dict | None = None,
-                  progress: bool = True, kernel_name: str = "python3", html: bool = True) -> dict[str, dict]:
+                  progress: bool = True, html: bool = True) -> dict[str, dict]:
     """Execute each notebook with papermill; returns {notebook: {status, wall_seconds, error}}.
 
     Each notebook gets profile, seed and measured_dir only where its parameters cell declares them
@@ -169,7 +158,7 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
-    from relibra.experiments import get_notebook, get_profile, project_root
+    from relibra.experiments import get_profile, project_root
     from relibra.progress import ENV, progress as tqdm
 
     get_profile(profile)
@@ -179,8 +168,7 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
     # figures, e.g. the tutorial's widgets, draw in the notebook.
     # Progress bars inside the kernel go to the console, not into the executed notebook (relibra.progress).
     os.environ.setdefault("PYTHONHASHSEED", "0")
-    saved_backend = os.environ.pop("MPLBACKEND", None)
-    saved_progress = os.environ.get(ENV)
+    saved = {key: os.environ.pop(key, None) for key in ("MPLBACKEND", ENV)}
     os.environ[ENV] = "console" if progress else "off"
     statuses: dict[str, dict] = {}
     bar = tqdm(names, desc=f"notebooks ({profile})", unit="nb", disable=not progress)
@@ -189,18 +177,17 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
             bar.set_postfix_str(name)
             nb_out = out_dir / name
             previous = _start_notebook_folder(nb_out)
-            params = {"out_dir": str(nb_out), **run_parameters(name, profile, seed, measured_dir),
-                      **(extra_parameters or {})}
-            declared = get_notebook(name).Params.names()
+            given = run_parameters(name, profile, seed, measured_dir)
+            params = {"out_dir": str(nb_out), **given, **(extra_parameters or {})}
             started = time.perf_counter()
-            status = {"status": "ok", "profile": profile if "profile" in declared else "none"}
+            status = {"status": "ok", "profile": given.get("profile", "none")}
             executed = nb_out / f"{name}.ipynb"
             try:
                 try:
                     # no fd capture: what the kernel process and its children write to the OS-level
                     # stderr (progress bars, worker processes) goes to the console, not into the notebook
                     pm.execute_notebook(load_notebook(name), str(executed), parameters=params,
-                                        kernel_name=kernel_name, progress_bar=False, cwd=str(project_root()),
+                                        kernel_name="python3", progress_bar=False, cwd=str(project_root()),
                                         kernel_manager_class=_kernel_manager(),
                                         extra_arguments=["--IPKernelApp.capture_fd_output=False"])
                 except PapermillExecutionError as exc:
@@ -221,12 +208,10 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
             elif progress:
                 bar.write(f"{name}: ok in {status['wall_seconds']:.1f} s")
     finally:
-        if saved_backend is not None:
-            os.environ["MPLBACKEND"] = saved_backend
-        if saved_progress is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = saved_progress
+        for key, value in saved.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value
     return statuses
 
 

@@ -51,6 +51,15 @@ def _items(raw, sep: str = ",") -> list:
     return [raw]
 
 
+def _listed(raw, each: Callable[[Any], Any]) -> tuple:
+    """`each` of every item of `raw` (a list, or a comma-separated string), as a tuple; a ValueError when
+    there is none."""
+    values = tuple(each(v) for v in _items(raw))
+    if not values:
+        raise ValueError("empty")
+    return values
+
+
 def _int(raw) -> int:
     if isinstance(raw, bool) or not isinstance(raw, (int, np.integer, str)) or (
             isinstance(raw, str) and not re.fullmatch(r"-?\d+", raw.strip())):
@@ -63,7 +72,10 @@ def _span(low, high) -> str:
             else f"<= {high}" if high is not None else "any")
 
 
-def _within(v, low, high):
+def _checked(v, low=None, high=None, choices: tuple | None = None):
+    """`v` when it is one of `choices` (if given) and within [low, high] (each bound if given)."""
+    if choices is not None and v not in choices:
+        raise ValueError(f"{v!r} is not one of them")
     if (low is not None and v < low) or (high is not None and v > high):
         raise ValueError(f"{v} is outside {_span(low, high)}")
     return v
@@ -71,51 +83,40 @@ def _within(v, low, high):
 
 def integer(low: int | None = None, high: int | None = None, choices: tuple[int, ...] | None = None) -> Kind:
     if choices:
-        return Kind(f"one of {choices}", lambda raw: _one_of(_int(raw), choices))
-    return Kind(f"an integer {_span(low, high)}", lambda raw: _within(_int(raw), low, high))
+        return Kind(f"one of {choices}", lambda raw: _checked(_int(raw), choices=choices))
+    return Kind(f"an integer {_span(low, high)}", lambda raw: _checked(_int(raw), low, high))
 
 
 def number(low: float, high: float) -> Kind:
-    return Kind(f"a number in [{low}, {high}]", lambda raw: _within(float(raw), low, high))
+    return Kind(f"a number in [{low}, {high}]", lambda raw: _checked(float(raw), low, high))
 
 
 def integers(low: int | None = None, high: int | None = None) -> Kind:
-    def parse(raw):
-        values = tuple(_within(_int(v), low, high) for v in _items(raw))
-        if not values:
-            raise ValueError("empty")
-        return values
-    return Kind(f"a comma-separated list of integers {_span(low, high)}", parse)
-
-
-def _one_of(value, choices):
-    if value not in choices:
-        raise ValueError(f"{value!r} is not one of them")
-    return value
+    return Kind(f"a comma-separated list of integers {_span(low, high)}",
+                lambda raw: _listed(raw, lambda v: _checked(_int(v), low, high)))
 
 
 def choice(choices: tuple) -> Kind:
-    return Kind(f"one of {', '.join(map(str, choices))}", lambda raw: _one_of(raw, tuple(choices)))
+    return Kind(f"one of {', '.join(map(str, choices))}", lambda raw: _checked(raw, choices=tuple(choices)))
 
 
 def names(known: tuple[str, ...], what: str) -> Kind:
     """A comma-separated list of `what` (each one of `known`), as a tuple without repeats."""
-    def parse(raw):
-        values = tuple(dict.fromkeys(str(v) for v in _items(raw)))
-        unknown = [v for v in values if v not in known]
-        if unknown or not values:
-            raise ValueError(f"unknown {what} {unknown[0]!r}" if unknown else "empty")
-        return values
-    return Kind(f"comma-separated {what}s from {', '.join(known)}", parse)
+    def known_one(v: str) -> str:
+        if v not in known:
+            raise ValueError(f"unknown {what} {v!r}")
+        return v
+    return Kind(f"comma-separated {what}s from {', '.join(known)}",
+                lambda raw: tuple(dict.fromkeys(_listed(raw, lambda v: known_one(str(v))))))
 
 
 def objects(get: Callable[[str], Any], what: str, sep: str = ",", single: bool = False) -> Kind:
     """Names resolved by `get` (e.g. a model preset to its ModelShape): a tuple, or one object when single."""
     def parse(raw):
         values = _items(raw, sep)
-        if not values or (single and len(values) > 1):
-            raise ValueError(f"this notebook studies one {what}" if values else "empty")
-        out = tuple(v if not isinstance(v, str) else get(v) for v in values)
+        if single and len(values) > 1:
+            raise ValueError(f"this notebook studies one {what}")
+        out = _listed(values, lambda v: v if not isinstance(v, str) else get(v))
         return out[0] if single else out
     return Kind(("one " if single else f"'{sep}'-separated ") + what, parse)
 
@@ -164,24 +165,20 @@ class Params:
         it accepts."""
         cls.check_names(notebook, raw)
         given = {**cls.defaults(), **raw}
-        values: dict = {}
-        sizes = None
-        for sized in (False, True):  # the profile's sizes are known once the unsized fields are
-            if sized:
-                sizes = sizes_of(SimpleNamespace(**values))
-            for f in fields(cls):
-                if (f.metadata["sizes"] is not None) != sized:
-                    continue
-                value = given[f.name]
-                if value is None or value == "":
-                    value = getattr(sizes, f.metadata["sizes"]) if sized else f.metadata["none"]
-                values[f.name] = None if value is None else cls._parse(notebook, f, value)
-        params = cls(**values)
+        unsized = {f.name: cls._parse(notebook, f, given[f.name]) for f in fields(cls) if f.metadata["sizes"] is None}
+        sizes = sizes_of(SimpleNamespace(**unsized))  # the profile's sizes are known once the unsized fields are
+        params = cls(**{f.name: unsized[f.name] if f.name in unsized else cls._parse(notebook, f, given[f.name], sizes)
+                        for f in fields(cls)})
         params.check(notebook, sizes)
         return params, sizes
 
     @staticmethod
-    def _parse(notebook: str, f, value):
+    def _parse(notebook: str, f, value, sizes=None):
+        """`value` parsed by f's Kind; None or "" stands for the sizes' attribute f names, else its `none`."""
+        if value is None or value == "":
+            value = getattr(sizes, f.metadata["sizes"]) if f.metadata["sizes"] else f.metadata["none"]
+        if value is None:
+            return None
         kind: Kind = f.metadata["kind"]
         try:
             return kind.parse(value)
@@ -275,11 +272,7 @@ def jsonable(obj):
         return [jsonable(v) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.floating):
-        return float(obj)
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, (np.generic, np.ndarray)):  # numpy numbers and arrays as Python's
         return obj.tolist()
     if dataclasses.is_dataclass(obj) and hasattr(obj, "name"):
         return obj.name

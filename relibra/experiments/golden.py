@@ -88,11 +88,10 @@ def csv_differences(reference: Path, produced: Path, key: str) -> list[str]:
 def compare(reference: Path, results: Path) -> list[str]:
     """Every way the tiny run `results` differs from `reference`; [] when it is the same. A notebook the
     reference does not hold (added since) is not compared."""
-    problems = []
     covered = {p.name for p in reference.iterdir() if p.is_dir()}
     kept = {f"{p.parent.name}/{p.name}" for p in reference.glob("*/*.csv")}
     written = {f"{p.parent.name}/{p.name}" for p in results.glob("*/*.csv") if p.parent.name in covered}
-    problems += [f"{k}: not written" for k in sorted(kept - written)]
+    problems = [f"{k}: not written" for k in sorted(kept - written)]
     problems += [f"{k}: not in the reference" for k in sorted(written - kept)]
     for key in sorted(kept & written):
         problems += [f"{key}: {c} differs" for c in csv_differences(reference / key, results / key, key)]

@@ -31,14 +31,8 @@ def environment() -> dict:
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "usable_cpus": usable_cpus(),
-        "relibra": version("relibra"),
-        "torch": version("torch"),
-        "megatron-core": version("megatron-core"),
-        "numpy": version("numpy"),
-        "pandas": version("pandas"),
-        "scipy": version("scipy"),
-        "seaborn": version("seaborn"),
-        "papermill": version("papermill"),
+        **{pkg: version(pkg) for pkg in ("relibra", "torch", "megatron-core", "numpy", "pandas", "scipy", "seaborn",
+                                         "papermill")},
         "executable": sys.executable,
         "load_average_1min": round(os.getloadavg()[0], 2),  # other work inflates every measured time
     }

@@ -34,25 +34,18 @@ class Scale:
     planner_repeats: int = 1
 
 
-@dataclass(frozen=True)
-class Profile:
-    """One kind of machine: its name and what it runs (a notebook module keeps its own sizes per
-    profile, SIZES; SCALES holds the ones most notebooks share)."""
-
-    name: str
-    description: str
-
-
-PROFILES: dict[str, Profile] = {p.name: p for p in (
-    Profile("tiny", "seconds per notebook, for the tests: the `tiny` model (4 layers, 16 experts, top-2) on the "
-            "cpu-gloo cluster preset"),
-    Profile("laptop", "minutes on 2 CPU cores: the headline (02) at full scale over 3 seeds; the other notebooks cut "
-            "to 4 MoE layers, 8 micro-batches per step and 4 steps"),
-    Profile("paper", "the paper's scale: every MoE layer, every micro-batch of the set-up card's batch, EP 32 on the "
-            "paper's cluster (20 nodes x 8 Hopper GPUs); hours on a CPU"),
-    Profile("gpu", "the paper's scale for the simulations; measured results of real runs on GPU nodes are read from "
-            "`measured_dir` (default results/gpu_runs)"),
-)}
+# {profile: what it runs}; a notebook module keeps its own sizes per profile (SIZES), SCALES holds the ones
+# most notebooks share.
+PROFILES: dict[str, str] = {
+    "tiny": "seconds per notebook, for the tests: the `tiny` model (4 layers, 16 experts, top-2) on the cpu-gloo "
+            "cluster preset",
+    "laptop": "minutes on 2 CPU cores: the headline (02) at full scale over 3 seeds; the other notebooks cut to 4 MoE "
+              "layers, 8 micro-batches per step and 4 steps",
+    "paper": "the paper's scale: every MoE layer, every micro-batch of the set-up card's batch, EP 32 on the paper's "
+             "cluster (20 nodes x 8 Hopper GPUs); hours on a CPU",
+    "gpu": "the paper's scale for the simulations; measured results of real runs on GPU nodes are read from "
+           "`measured_dir` (default results/gpu_runs)",
+}
 
 _PAPER_GRID = dict(models=("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b"),
                    workloads=("math", "science", "instruct", "code", "mixed"), model="qwen3-235b-a22b",
@@ -71,8 +64,8 @@ def per_profile(make) -> dict:
     return {name: make(name) for name in PROFILES}
 
 
-def get_profile(name: str) -> Profile:
-    """The profile called `name`; a ConfigError lists the known ones otherwise."""
+def get_profile(name: str) -> str:
+    """What the profile called `name` runs (its description); a ConfigError lists the known ones otherwise."""
     try:
         return PROFILES[name]
     except KeyError:

@@ -27,6 +27,9 @@ from relibra.errors import ConfigError
 
 _PACKAGE = "relibra.experiments.notebooks"
 _FOLDER = Path(__file__).parent / "notebooks"
+# What a module may leave out, and what stands for it (SECTION_FIRST: its report section and README rows
+# open theirs).
+_OPTIONAL = {"TRIES": (), "rows": None, "section": None, "SECTION_FIRST": False}
 
 
 @dataclass(frozen=True)
@@ -37,24 +40,13 @@ class Notebook:
     module: ModuleType
 
     def __getattr__(self, key):  # QUESTION, Params, Result, compute, Summary, summarize, story, ...
+        if key in _OPTIONAL:
+            return getattr(self.module, key, _OPTIONAL[key])
         return getattr(self.module, key)
 
     @property
     def tries(self) -> tuple:
-        return getattr(self.module, "TRIES", ())
-
-    @property
-    def rows(self):
-        return getattr(self.module, "rows", None)
-
-    @property
-    def section(self):
-        return getattr(self.module, "section", None)
-
-    @property
-    def shown_first(self) -> bool:
-        """Whether the module sets SECTION_FIRST: its report section and README rows open theirs."""
-        return getattr(self.module, "SECTION_FIRST", False)
+        return self.TRIES
 
     def sizes_of(self, values):
         """The notebook's sizes for the (partly parsed) parameter values: SIZES[profile] by default."""
@@ -100,7 +92,7 @@ class Loaded:
 def in_shown_order(loaded) -> list[Loaded]:
     """`loaded` (Loaded values) as REPORT.md and the README table show them: the modules that set
     SECTION_FIRST first, then the others, each group in notebook order."""
-    return sorted(loaded, key=lambda x: not x.notebook.shown_first)
+    return sorted(loaded, key=lambda x: not x.notebook.SECTION_FIRST)
 
 
 def load_results(out_dir: str | Path) -> dict[str, Loaded]:

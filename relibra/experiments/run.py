@@ -26,8 +26,6 @@ from relibra.experiments.config import project_root, resolve_path
 from relibra.experiments.registry import Notebook, get_notebook
 from relibra.paths import atomic_path, write_text
 
-_INJECTED_HEADER = "# Parameters"  # papermill's PythonTranslator.codify(..., comment="Parameters")
-
 
 def notebook_source(notebook: str) -> Path:
     """notebooks/<notebook>.py, the Jupytext py:percent source of a notebook."""
@@ -63,7 +61,8 @@ def injected_names(namespace: dict) -> list[str]:
     current one, if that cell is papermill's (it starts with '# Parameters'); [] otherwise (a run in
     JupyterLab, where the parameters cell is edited by hand)."""
     history = namespace.get("In") or namespace.get("_ih") or []
-    if len(history) < 2 or not history[-2].lstrip().startswith(_INJECTED_HEADER):
+    # papermill's PythonTranslator.codify(..., comment="Parameters") heads the cell it injects
+    if len(history) < 2 or not history[-2].lstrip().startswith("# Parameters"):
         return []
     return assigned_names(history[-2])
 
@@ -73,9 +72,9 @@ class Run:
     records them in manifest.json (each figure with its caption, and whether it shows simulated or
     measured numbers, on what hardware)."""
 
-    def __init__(self, notebook: Notebook, params, sizes, non_default: dict | None = None):
+    def __init__(self, notebook: Notebook, params, sizes, non_default: dict):
         self.notebook, self.params, self.sizes = notebook, params, sizes
-        self.non_default = non_default or {}  # parameters set away from the notebook's defaults
+        self.non_default = non_default  # parameters set away from the notebook's defaults
         self.out_dir = resolve_path(getattr(params, "out_dir", None) or Path("results") / notebook.name)
         self.started = time.perf_counter()
         self.figures: list[dict] = []

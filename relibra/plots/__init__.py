@@ -14,8 +14,7 @@ from relibra.plots.routing import expert_load_heatmaps, prediction_error_plot, s
 from relibra.plots.runtime import reward_plot, runtime_rank_plot, runtime_speedup_plot, runtime_step_segments_plot
 from relibra.plots.scale import cluster_label, ep_sweep_plot, ratio_pivot, scale_planner_plot
 from relibra.plots.sensitivity import tornado_plot
-from relibra.plots.style import (POLICY_COLORS, POLICY_LABELS, POLICY_ORDER, model_label, policy_order, policy_palette,
-                                 save_figure, set_style, show_inline, titled)
+from relibra.plots.style import save_figure, set_style
 from relibra.plots.throughput import (ablation_plot, fraction_of_balanced, reorder_plot, replication_plot,
                                       skewness_plot, spare_slot_plot, throughput_bars)
 from relibra.plots.tutorial import phase_figure, plan_figure, skew_sweep_figure, tutorial_figure, tutorial_grid_figure

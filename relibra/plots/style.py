@@ -3,18 +3,16 @@ come from, saving as PNG + SVG, and inline display in notebooks."""
 
 from __future__ import annotations
 
+import os
+import textwrap
 from pathlib import Path
 
 import matplotlib
 
-if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline", "svg", "pdf"):
-    # Headless runs (papermill, tests) must never try to open a window.
-    import os
+if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline", "svg", "pdf") and (
+        not os.environ.get("DISPLAY")):  # headless runs (papermill, tests) must never try to open a window
+    matplotlib.use("Agg")
 
-    if not os.environ.get("DISPLAY"):
-        matplotlib.use("Agg")
-
-import textwrap
 
 import matplotlib.pyplot as plt
 import matplotlib.ticker  # noqa: F401  (integer step axes)
@@ -26,7 +24,6 @@ from relibra.cluster import get_model
 from relibra.paths import atomic_path
 
 # Policy colours and labels: the kit's one table (relibra.labels).
-POLICY_ORDER = _labels.POLICY_ORDER
 POLICY_COLORS = {p.name: p.colour for p in _labels.POLICY_TABLE}
 POLICY_LABELS = {p.name: p.label for p in _labels.POLICY_TABLE}
 _TAB = sns.color_palette("tab10", 10)
@@ -71,7 +68,10 @@ def titled(fig, title: str, subtitle: str) -> None:
 
 
 def save_figure(fig, stem: str | Path) -> tuple[Path, Path]:
-    """Write <stem>.png and <stem>.svg (no timestamps, so identical data gives identical files)."""
+    """Write <stem>.png and <stem>.svg (no timestamps, so identical data gives identical files). In a
+    notebook kernel, also display the saved PNG once as the cell's figure and close `fig` (so the inline
+    backend does not draw it a second time): executed notebooks hold every figure whatever the matplotlib
+    backend, even under MPLBACKEND=Agg."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
@@ -80,24 +80,16 @@ def save_figure(fig, stem: str | Path) -> tuple[Path, Path]:
         fig.savefig(tmp, metadata={"Software": None})
     with atomic_path(svg) as tmp:
         fig.savefig(tmp, metadata={"Date": None, "Creator": None})
-    show_inline(fig, png)
-    return png, svg
-
-
-def show_inline(fig, png: Path) -> None:
-    """In a notebook kernel, display the saved PNG once as the cell's figure and close `fig` (so the
-    inline backend does not draw it a second time); elsewhere do nothing. Works whatever the
-    matplotlib backend, so executed notebooks hold every figure even under MPLBACKEND=Agg."""
     try:
         from IPython import get_ipython  # notebook-only dependency
         from IPython.display import Image, display
     except ImportError:
-        return
+        return png, svg
     shell = get_ipython()
-    if shell is None or not hasattr(shell, "kernel"):
-        return
-    display(Image(filename=str(png)))
-    plt.close(fig)
+    if shell is not None and hasattr(shell, "kernel"):
+        display(Image(filename=str(png)))
+        plt.close(fig)
+    return png, svg
 
 
 def policy_hue(policies):
