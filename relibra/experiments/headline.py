@@ -299,7 +299,7 @@ def why_they_differ(grid: pd.DataFrame, alternatives: pd.DataFrame) -> dict[str,
             f"its all-to-all {100 * share.loc['megatron', 'a2a_share']:.0f}%, so even balanced-compute (every GPU at "
             f"the mean expert compute) is only {ceiling:.2f}x Megatron on average{alt_text}"),
         "relibra_over_eplb_plus": (
-            f"packed micro-batches of ~{grid['mean_tokens_per_slot'].mean():,.0f} tokens per rank move little from the "
+            f"micro-batches of ~{grid['mean_tokens_per_slot'].mean():,.0f} tokens per rank move little from the "
             f"step's load, so EPLB+'s per-step placement already brings skewness from "
             f"{skew.get('megatron', float('nan')):.2f} to {skew.get('eplb+', float('nan')):.2f} "
             f"(ReLibra {skew.get('relibra', float('nan')):.2f})"),
