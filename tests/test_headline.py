@@ -28,6 +28,17 @@ def test_verdict_names_mean_range_and_best_case_with_its_seed():
     assert v.loc["ReLibra / EPLB+ (oracle loads)", "high"] == pytest.approx(1.12)
 
 
+def test_verdict_keeps_cases_without_a_token_budget():
+    """A card without a token budget (one sequence per micro-batch) leaves tokens_per_microbatch None; its
+    cases still make the verdict, the same as with a budget."""
+    rows = [{"model": "a", "workload": "w", "seed": 0, "policy": p, "tokens_per_s": v}
+            for p, v in zip(("megatron", "eplb+", "relibra", "balanced"), (100, 120, 130, 150))]
+    with_budget = hl.verdict_table(pd.DataFrame(rows).assign(tokens_per_microbatch=4096))
+    without = hl.verdict_table(pd.DataFrame(rows).assign(tokens_per_microbatch=None))
+    assert len(without) == 3
+    pd.testing.assert_frame_equal(without, with_budget)
+
+
 def test_cases_are_deterministic_and_workers_do_not_change_them():
     cases = hl.headline_cases(DEFAULT_CARD, models=("tiny",), workloads=("math",), seeds=(0, 1), **TINY)
     serial = hl.run_cases(cases, workers=1, progress=False)

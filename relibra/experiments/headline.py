@@ -212,7 +212,9 @@ def verdict_table(grid: pd.DataFrame) -> pd.DataFrame:
     """
     ran = set(grid["policy"])
     claims = [k for k in VERDICT_CLAIMS if {CLAIMS[k].numerator, CLAIMS[k].denominator} <= ran]
-    table = claim_table(grid, [k for k in CASE_KEYS if k in grid], claims)
+    keys = [k for k in CASE_KEYS if k in grid]
+    # a card without a token budget has no tokens per micro-batch (None): a pivot would drop its rows
+    table = claim_table(grid.fillna({k: "-" for k in keys}), keys, claims)
     rows = []
     for c in (CLAIMS[k] for k in claims):
         t = table.dropna(subset=[c.id])
