@@ -193,7 +193,8 @@ def claim_table(rows: pd.DataFrame, keys: list[str], claims=VERDICT_CLAIMS) -> p
     of `claims` (CLAIMS ids: a ratio or gap of two policies); with no rows, the columns only."""
     if rows.empty:
         return pd.DataFrame(columns=[*keys, *claims])
-    wide = rows.pivot_table(index=keys, columns="policy", values="tokens_per_s", aggfunc="mean")
+    # a missing key (a card without a token budget has no tokens per micro-batch) is a group of its own
+    wide = rows.groupby([*keys, "policy"], dropna=False)["tokens_per_s"].mean().unstack("policy")
     return pd.DataFrame({k: CLAIMS[k].of(wide) for k in claims}).reset_index()
 
 
@@ -212,9 +213,7 @@ def verdict_table(grid: pd.DataFrame) -> pd.DataFrame:
     """
     ran = set(grid["policy"])
     claims = [k for k in VERDICT_CLAIMS if {CLAIMS[k].numerator, CLAIMS[k].denominator} <= ran]
-    keys = [k for k in CASE_KEYS if k in grid]
-    # a card without a token budget has no tokens per micro-batch (None): a pivot would drop its rows
-    table = claim_table(grid.fillna({k: "-" for k in keys}), keys, claims)
+    table = claim_table(grid, [k for k in CASE_KEYS if k in grid], claims)
     rows = []
     for c in (CLAIMS[k] for k in claims):
         t = table.dropna(subset=[c.id])
