@@ -80,7 +80,7 @@ def knob_values(quick: bool = False, setup: str = DEFAULT_CARD) -> dict[str, lis
     base = defaults(setup)
     values: dict[str, list] = {}
     for k in KNOBS.values():
-        spread = k.values or card.entries[k.entry].range
+        spread = k.values if k.values is not None else card.entries[k.entry].range
         if spread is None:
             raise ConfigError(f"set-up card {card.name!r}: entry {k.entry!r} has no range, which the sensitivity "
                               f"knob {k.name!r} sweeps; give it one (range = [low, high], docs/setup.md) or use a "
