@@ -284,6 +284,12 @@ def trace_cases(setup, trace: RoutingTrace, topology: Topology | None = None, wo
                     for label, changes in LINK_ALTERNATIVES]
 
 
+def alternative_ratios(alternatives: pd.DataFrame) -> pd.DataFrame:
+    """ReLibra / Megatron, ReLibra / EPLB+ and the gap to Balanced per alternative case (alternative_cases'
+    or trace_cases' label, model, workload, seed)."""
+    return claim_table(alternatives, ["label", "model", "workload", "seed"], VERDICT_CLAIMS[:3])
+
+
 def why_they_differ(grid: pd.DataFrame, alternatives: pd.DataFrame) -> dict[str, str]:
     """One sentence per claim id on why the kit's figure differs from the paper's, computed from the grid."""
     by = grid.groupby("policy")

@@ -13,9 +13,9 @@ import pandas as pd
 from relibra.experiments.base import PATH, Params, Result, TryThis, integer, mean_of, objects, param, table, value
 from relibra.cluster import Topology
 from relibra.errors import ConfigError
-from relibra.experiments.headline import (VERDICT_CLAIMS, alternative_cases, budget_cases, budget_ratios,
-                                          case_ratios, claim_table, headline_cases, overheads_table, run_cases,
-                                          trace_cases, verdict_with_alternatives)
+from relibra.experiments.headline import (alternative_cases, alternative_ratios, budget_cases, budget_ratios,
+                                          case_ratios, headline_cases, overheads_table, run_cases, trace_cases,
+                                          verdict_with_alternatives)
 from relibra.experiments.profiles import per_profile
 from relibra.experiments.text import row
 from relibra.experiments.traces import CLUSTER, PROFILE, TRACE, trace_text, trace_workload
@@ -144,7 +144,7 @@ def compute(p: Params, g: Sizes, progress: bool = True, workers: int | None = No
     grid, sweep_rows, alt_rows = (frame[part == i].drop(columns="case_index").reset_index(drop=True) for i in range(3))
     sweep = budget_ratios(sweep_rows)
     sweep["family"] = np.where(sweep["layout"] == "token-budget", "token-budget", "one sequence per micro-batch")
-    alternatives = claim_table(alt_rows, ["label", "model", "workload", "seed"], VERDICT_CLAIMS[:3])
+    alternatives = alternative_ratios(alt_rows)
     card_text = f"`{setup}` set-up card" + ("" if budget is None else f" with {budget} tokens per micro-batch")
     if p.trace is None:
         caption = (f"simulated on the {card_text}{p.on_cluster()}, EP {g.ep}; {len(g.models)} models x "
@@ -194,7 +194,8 @@ class Verdict:
                 f"{self.show(self.high)} over {self.cases} cases ({self.seeds} seeds)",
                 "best case": f"{self.show(self.best)} ({self.best_case})",
                 "other layouts and link rates": "-" if pd.isna(self.alternatives_low) else
-                f"{self.show(self.alternatives_low)} - {self.show(self.alternatives_high)}", "why they differ": self.why}
+                f"{self.show(self.alternatives_low)} - {self.show(self.alternatives_high)}",
+                "why they differ": self.why}
 
 
 @dataclass(frozen=True)
