@@ -24,9 +24,14 @@ class PolicyLook:
 
 @dataclass(frozen=True)
 class Claim:
-    """A metric of tokens per second: `numerator` / `denominator` (kind "ratio") or 1 - that ("gap").
-    id: its column name in every table; label: its name in text; note: what the verdict adds to the
-    label; paper: the paper's figure (its abstract), None where the paper gives none."""
+    """A metric of tokens per second: `numerator` / `denominator` (kind "ratio") or 1 - that ("gap"), and,
+    where the paper states one, its claim as a number.
+
+    id: its column name in every table; label: its name in text; note: what the verdict adds to the label;
+    level: the paper's figure (a ratio's "up to", a gap's "within" upper end), None where the paper gives
+    none; lower: a gap's stated lower end (the paper's "6-10%"); against: what the paper compares with, as it
+    names it; source: where in the paper the figure stands.
+    """
 
     id: str
     numerator: str
@@ -34,27 +39,76 @@ class Claim:
     kind: str
     label: str
     note: str = ""
-    paper: str | None = None
+    level: float | None = None
+    lower: float | None = None
+    against: str = ""
+    source: str = ""
 
     @property
     def verdict_label(self) -> str:
         return f"{self.label} {self.note}".strip()
 
+    @property
+    def is_gap(self) -> bool:
+        return self.kind == "gap"
+
+    @property
+    def paper(self) -> str | None:
+        """The paper's figure as text ("up to 1.6x", "within 6-10%"), None where it gives none."""
+        if self.level is None:
+            return None
+        if self.is_gap:
+            span = f"{100 * self.lower:g}-" if self.lower is not None else ""
+            return f"within {span}{100 * self.level:g}%"
+        return f"up to {self.level:g}x"
+
+    @property
+    def statement(self) -> str:
+        """The paper's claim in words: "up to 1.6x over Megatron-LM", "within 6-10% of Balanced"."""
+        return f"{self.paper} {'of' if self.is_gap else 'over'} {self.against}"
+
+    def fmt(self, value: float) -> str:
+        """A value of the metric as text: a gap in %, a ratio as 1.23x."""
+        return f"{100 * value:.1f}%" if self.is_gap else f"{value:.2f}x"
+
+    @property
+    def best(self) -> str:
+        """The aggregation that picks the best case ("max" for a speed-up, "min" for a gap)."""
+        return "min" if self.is_gap else "max"
+
+    @property
+    def worst(self) -> str:
+        return "max" if self.is_gap else "min"
+
+    def holds(self, value: float) -> bool:
+        """Whether `value` meets the paper's figure: a speed-up at least its level, a gap at most it."""
+        if self.level is None:
+            raise ValueError(f"claim {self.id!r}: the paper states no figure")
+        return bool(value <= self.level) if self.is_gap else bool(value >= self.level)
+
+    def inside_range(self, value: float) -> bool:
+        """A gap inside the paper's stated range (lower <= value <= level)."""
+        return self.lower is not None and bool(self.lower <= value <= self.level)
+
     def of(self, wide):
         """The metric per row of `wide` (columns: policies' tokens per second)."""
         ratio = wide[self.numerator] / wide[self.denominator]
-        return 1.0 - ratio if self.kind == "gap" else ratio
+        return 1.0 - ratio if self.is_gap else ratio
 
 
 CLAIMS = {c.id: c for c in (
-    Claim("relibra_over_megatron", "relibra", "megatron", "ratio", "ReLibra / Megatron", paper="up to 1.6x"),
-    Claim("relibra_over_eplb_plus", "relibra", "eplb+", "ratio", "ReLibra / EPLB+", "(oracle loads)", "up to 1.2x"),
+    Claim("relibra_over_megatron", "relibra", "megatron", "ratio", "ReLibra / Megatron", level=1.6,
+          against="Megatron-LM", source="abstract"),
+    Claim("relibra_over_eplb_plus", "relibra", "eplb+", "ratio", "ReLibra / EPLB+", "(oracle loads)", level=1.2,
+          against="EPLB+ (oracle loads)", source="abstract"),
     Claim("gap_to_balanced", "relibra", "balanced", "gap", "gap to Balanced", "(1 - ReLibra / Balanced)",
-          "within 6-10%"),
+          level=0.10, lower=0.06, against="Balanced", source="abstract"),
     Claim("gap_to_balanced_compute", "relibra", "balanced-compute", "gap", "gap to balanced-compute",
           "(1 - ReLibra / balanced-compute)"),
     Claim("relibra_over_balanced_compute", "relibra", "balanced-compute", "ratio", "ReLibra / balanced-compute"),
 )}
+# The paper's three claims (the ones with a stated figure), in the order every verdict lists them.
+PAPER_CLAIMS = tuple(c for c in CLAIMS.values() if c.level is not None)
 # The ratios the sensitivity study moves (relibra.experiments.sensitivity), as text.
 RATIO_LABELS = {k: CLAIMS[k].label for k in ("relibra_over_megatron", "relibra_over_eplb_plus",
                                               "relibra_over_balanced_compute")}

@@ -19,7 +19,7 @@ import pandas as pd
 
 from relibra.experiments import NOTEBOOKS, environment, get_profile
 from relibra.experiments.registry import Loaded, in_shown_order, load_results
-from relibra.labels import CLAIMS
+from relibra.labels import PAPER_CLAIMS
 from relibra.paths import write_text
 
 
@@ -103,11 +103,11 @@ def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | 
              "own." if profiles and profiles != [profile] else "")
     wall = (f" Wall time of this run: {total_seconds / 60:.1f} min ({total_seconds:.0f} s) for {len(statuses)} "
             "notebook(s)." if total_seconds is not None else "")
-    claims = CLAIMS["relibra_over_megatron"], CLAIMS["relibra_over_eplb_plus"], CLAIMS["gap_to_balanced"]
+    claims = "; ".join(c.statement for c in PAPER_CLAIMS)
     head = (f"# ReLibra kit: reproduction report\n\n{notebook_sections(results)}Last run: profile **{profile}**: "
             f"{get_profile(profile)}.{mixed}\nWritten {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
-            f"{wall}\n\nPaper's claims (abstract): ReLibra {claims[0].paper} over Megatron-LM, {claims[1].paper} over "
-            f"EPLB given oracle loads, {claims[2].paper} of the balanced ideal, measured on 20 nodes x 8 Hopper GPUs. "
+            f"{wall}\n\nPaper's claims (abstract; EPLB+ is the paper's EPLB given oracle loads): {claims}; "
+            "measured on 20 nodes x 8 Hopper GPUs. "
             "The kit's throughput figures are simulated (see below); notebook 08 puts CPU measurements of the real "
             "runtime next to the simulator at toy scale and states from its numbers whether they agree.\n\n")
     if failed:

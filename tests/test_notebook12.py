@@ -15,10 +15,9 @@ matplotlib.use("Agg")
 
 from relibra import plots  # noqa: E402
 from relibra.experiments import get_notebook  # noqa: E402
-from relibra.experiments.verdict_map import CLAIMS, MapResult, GridSpec, ShiftAxis, card_points, conclusion  # noqa: E402
-from relibra.experiments.verdict_map import claim_regions, node_fields  # noqa: E402
-from relibra.labels import CLAIMS as CLAIMS_TABLE  # noqa: E402
-from relibra.plots.verdict_map import merge_coincident  # noqa: E402
+from relibra.experiments.verdict_map import MapResult, GridSpec, ShiftAxis, card_points, conclusion  # noqa: E402
+from relibra.experiments.verdict_map import claim_regions, conclusion_lines, merge_coincident, node_fields  # noqa: E402
+from relibra.labels import CLAIMS as CLAIMS_TABLE, PAPER_CLAIMS  # noqa: E402
 from relibra.report import md_table  # noqa: E402
 
 NB = get_notebook("12_verdict_map")
@@ -43,7 +42,8 @@ def _result():
     mr = MapResult(spec, pd.DataFrame(rows))
     fields = node_fields(mr)
     return NB.Result(cases=mr.frame, nodes=fields, cards=card_points(mr), contours=pd.DataFrame(),
-                     conclusion=conclusion(mr, fields), regions=claim_regions(mr, fields), grid=spec.to_dict(),
+                     conclusion=conclusion(mr, fields), verdict=conclusion_lines(mr, fields),
+                     regions=claim_regions(mr, fields), grid=spec.to_dict(),
                      calibration={"label": "real RL trace", "mb_vs_step_corr": 0.77, "tokens_per_ep_rank": 70.0})
 
 
@@ -51,9 +51,9 @@ def test_summary_holds_each_cards_point_and_the_grids_best():
     r = _result()
     s = NB.summarize(r)
     cards = r.cases[r.cases["kind"] == "card"].set_index("setup")
-    assert [x.setup for x in s.cards] == ["a", "b", "c"]
+    assert [x.setup for x in s.cards] == ["a = b", "c"]  # a and b give the same point: one entry
     for x in s.cards:  # one case per card: mean = best = worst = the case's own figure
-        case = cards.loc[x.setup]
+        case = cards.loc[x.setup.split(" = ")[0]]
         assert x.over_megatron == (case["relibra_over_megatron"],) * 2
         assert x.over_eplb_plus == (case["relibra_over_eplb_plus"],) * 2
         assert x.gap == (case["gap_to_balanced"],) * 3 and x.cases == 1
@@ -74,18 +74,21 @@ def test_summary_holds_each_cards_point_and_the_grids_best():
     assert s.conclusion == r.conclusion and s.calibration == r.calibration
     slow = r.cases.copy()
     slow.loc[slow["setup"] == "c", "tokens_per_s_eplb+"] = 50.0  # EPLB+ slower than Megatron at c's point
-    assert NB.summarize(NB.Result(**{**vars(r), "cases": slow})).cards[2].tokens_per_s == (50.0, 100.0)
+    assert NB.summarize(NB.Result(**{**vars(r), "cases": slow})).cards[1].tokens_per_s == (50.0, 100.0)
 
 
-def test_report_table_is_one_column_per_card_beside_the_papers_figures():
+def test_report_opens_with_one_line_per_claim_then_one_column_per_card():
     s = NB.summarize(_result())
     table = NB.card_table(s)
-    assert list(table.columns) == ["", "`a`", "`b`", "`c`", "paper"]
+    assert list(table.columns) == ["", "`a = b`", "`c`", "paper"]
     assert list(table["paper"])[:3] == [CLAIMS_TABLE[k].paper for k in ("relibra_over_megatron",
                                                                       "relibra_over_eplb_plus", "gap_to_balanced")]
     man = {"scale_note": "synthetic grid", "figures": [{"name": "verdict_map", "png": "verdict_map.png"}]}
-    assert "12_verdict_map/verdict_map.png" in NB.section(s, man, md_table)
-    assert [x["figure"] for x in NB.rows(s, man)][0] == s.conclusion and len(NB.rows(s, man)) == 1 + len(s.cards)
+    section = NB.section(s, man, md_table)
+    assert "12_verdict_map/verdict_map.png" in section
+    opening = section.splitlines()[:5]  # the heading, a blank line, then one line per paper claim
+    assert [line.split("**")[1] for line in opening[2:5]] == [c.statement for c in PAPER_CLAIMS]
+    assert len(NB.rows(s, man)) == len(PAPER_CLAIMS) + len(s.cards)
     assert NB.story(s)
 
 
@@ -98,7 +101,7 @@ def test_the_figure_draws_reached_claims_as_contours_without_warnings():
     r = _result()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # e.g. matplotlib's "no contour levels were found"
-        fig = plots.verdict_map_plot(r.nodes, r.cards, CLAIMS, r.calibration, "synthetic")
+        fig = plots.verdict_map_plot(r.nodes, merge_coincident(r.cards), PAPER_CLAIMS, r.calibration, "synthetic")
     axes = fig.axes
     texts = [t.get_text() for ax in axes for t in ax.texts]
     assert any(t == "paper 1.60x" for t in texts)  # 1.6x lies inside the grid's 1.1-1.8x: a contour label

@@ -61,20 +61,26 @@ def test_claim_regions_and_the_one_sentence_conclusion():
     assert eplb["nodes"] == 3 and eplb["max_corr"] == pytest.approx(0.7)
     gap = regions["within 6-10% of Balanced"]
     assert gap["nodes"] == gap["of_nodes"] == 6 and gap["inside_range_nodes"] == 0
-    text = vm.conclusion(result)
     # the correlation falls with the tokens: the region's largest correlation (0.91 at 32768) bounds it
-    assert "up to 1.6x over Megatron-LM needs at least 32768 tokens per EP rank and micro-batch correlation at " \
-           "most 0.91 (2 of 6 nodes)" in text
-    assert "up to 1.2x over EPLB+ (oracle loads) needs any tokens per EP rank on the grid and micro-batch " \
-           "correlation at most 0.70" in text
-    assert "within 6-10% of Balanced holds at every node of the grid (the gap spans 4.0%-4.0%" in text
-    assert "named cards" not in text  # no card points in this result
+    assert mega["verdict"] == "holds only where" and mega["max_corr"] == pytest.approx(0.91)
+    assert eplb["verdict"] == "holds only where" and eplb["min_tokens"] == eplb["grid_min_tokens"]
+    assert gap["verdict"] == "holds" and gap["best"] == gap["worst"] == pytest.approx(0.04)
+    assert gap["below_range_nodes"] == 6  # 4% everywhere: closer to Balanced than the paper's 6-10%
+    lines = vm.conclusion_lines(result)
+    assert [line.split(": ", 1)[0] for line in lines] == [c.statement for c in vm.PAPER_CLAIMS]
+    assert [line.split(": ", 1)[1].split(" ", 1)[0] for line in lines] == ["holds", "holds", "holds"]
+    assert not any("reached by" in line for line in lines)  # no card points in this result
     cards = pd.DataFrame([{"kind": "card", "setup": "a-card", "model": "m", "workload": "w", "seed": 0,
                            "tokens_per_ep_rank": 4096.0, "mb_vs_step_corr": 0.9, "micro_batches": 3,
                            "relibra_over_megatron": 1.1, "relibra_over_eplb_plus": 1.3, "gap_to_balanced": 0.02}])
     with_card = vm.MapResult(result.spec, pd.concat([result.frame, cards], ignore_index=True))
-    assert vm.conclusion(with_card).endswith("; of the named cards' points a-card (1.30x) reaches up to 1.2x over EPLB+ "
-                                             "(oracle loads).")
+    hits = {h["id"]: h["cards"] for h in vm.card_hits(with_card)}
+    assert hits == {"relibra_over_megatron": [], "relibra_over_eplb_plus": [("a-card", pytest.approx(1.3))]}
+    # a node that does not fit in memory leaves every claim's region
+    fields = vm.node_fields(result)
+    fields["feasible"] = fields["tokens"] != 32768
+    mega = vm.claim_regions(result, fields)[0]
+    assert (mega["nodes"], mega["of_nodes"], mega["infeasible_nodes"], mega["verdict"]) == (0, 4, 2, "does not hold")
     contours = vm.claim_contours(result)
     mega_points = next(c for c in contours if c["level"] == 1.6)["points"]
     assert mega_points and all(8192 < p["tokens_per_ep_rank"] < 32768 for p in mega_points)
@@ -103,7 +109,8 @@ def test_a_cut_down_grid_end_to_end():
     text = json.dumps(out, allow_nan=False)
     assert json.loads(text)["conclusion"] == out["conclusion"]
     assert out["card_points"][0]["setup"] == DEFAULT_CARD and len(out["nodes"]) == 4
-    assert {c["claim"] for c in out["contours"]} == {c["claim"] for c in vm.CLAIMS}
+    assert {c["claim"] for c in out["contours"]} == {c.statement for c in vm.PAPER_CLAIMS}
+    assert len(out["verdict"]) == len(vm.PAPER_CLAIMS)
 
 
 def test_grids_and_bad_specs():

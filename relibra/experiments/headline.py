@@ -220,9 +220,9 @@ def verdict_table(grid: pd.DataFrame) -> pd.DataFrame:
         if t.empty:
             continue
         value = t[c.id]
-        best = t.loc[value.idxmin() if c.kind == "gap" else value.idxmax()]
+        best = t.loc[value.idxmin() if c.best == "min" else value.idxmax()]
         same = value[(t["model"] == best["model"]) & (t["workload"] == best["workload"])]
-        rows.append({"claim": c.verdict_label, "paper": c.paper or "-", "kind": c.kind,
+        rows.append({"id": c.id, "claim": c.verdict_label, "paper": c.paper or "-", "kind": c.kind,
                      "mean": float(value.mean()), "low": float(value.min()), "high": float(value.max()),
                      "best": float(best[c.id]),
                      "best_case": f"{best['model']}, {best['workload']}, seed {best['seed']}",
@@ -323,7 +323,7 @@ def verdict_with_alternatives(grid: pd.DataFrame, alternatives: pd.DataFrame, sc
     """verdict_table(grid) with, per claim, the range over the alternatives (other layouts and link
     rates), why the kit's figure differs from the paper's, and the scale (text)."""
     v = verdict_table(grid)
-    ids = [k for k in VERDICT_CLAIMS if CLAIMS[k].verdict_label in set(v["claim"])]
+    ids = list(v["id"]) if len(v) else []
     why = why_they_differ(grid, alternatives)
     v["alternatives_low"] = [float(alternatives[k].min()) if k in alternatives else float("nan") for k in ids]
     v["alternatives_high"] = [float(alternatives[k].max()) if k in alternatives else float("nan") for k in ids]

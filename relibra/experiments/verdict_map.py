@@ -25,6 +25,7 @@ from relibra.analysis import microbatch_calibration, shift_stats
 from relibra.cluster import get_model
 from relibra.display import json_safe
 from relibra.errors import ConfigError
+from relibra.labels import CLAIMS, PAPER_CLAIMS
 from relibra.pool import map_in_order
 from relibra.rl.capture import DEFAULT_RL_TRACE
 from relibra.setups import DEFAULT_CARD, card_names, load_card
@@ -34,15 +35,8 @@ from relibra.workloads import MICROBATCH_SHIFT_RANGE, WorkloadConfig, generate_t
 
 MAP_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
 MAP_POLICIES = ("megatron", "eplb+", "relibra", "balanced")
-# The paper's claims (abstract) as levels of the map's fields.
-CLAIMS = (
-    {"claim": "up to 1.6x over Megatron-LM", "field": "relibra_over_megatron", "level": 1.6, "holds": "at least"},
-    {"claim": "up to 1.2x over EPLB+ (oracle loads)", "field": "relibra_over_eplb_plus", "level": 1.2,
-     "holds": "at least"},
-    {"claim": "within 6-10% of Balanced", "field": "gap_to_balanced", "level": 0.10, "holds": "at most",
-     "lower": 0.06},
-)
-RATIO_FIELDS = tuple(c["field"] for c in CLAIMS)
+# The map's fields: the paper's claims (relibra.labels.PAPER_CLAIMS), each a column of every case.
+RATIO_FIELDS = tuple(c.id for c in PAPER_CLAIMS)
 
 
 @dataclass(frozen=True)
@@ -252,10 +246,9 @@ def _case_stats(by, stats: tuple[str, ...]) -> pd.DataFrame:
     """Per group of cases: the mean measured position, each ratio's `stats` (best: max of a speed-up, min of
     the gap; worst the other way; mean) and the case count."""
     out = by[["tokens_per_ep_rank", "mb_vs_step_corr", "micro_batches"]].mean()
-    for f in RATIO_FIELDS:
-        best, worst = ("min", "max") if f == "gap_to_balanced" else ("max", "min")
+    for c in PAPER_CLAIMS:
         for stat in stats:
-            out[f"{f}_{stat}"] = by[f].agg({"best": best, "mean": "mean", "worst": worst}[stat])
+            out[f"{c.id}_{stat}"] = by[c.id].agg({"best": c.best, "mean": "mean", "worst": c.worst}[stat])
     out["cases"] = by.size()
     return out.reset_index()
 
@@ -312,83 +305,118 @@ def claim_contours(result: MapResult, fields: pd.DataFrame | None = None) -> lis
         return float(np.interp(math.log2(x), lx, np.array([np.interp(y, ys[order], row) for row in corr])))
 
     out = []
-    for c in CLAIMS:
-        best = field_matrix(fields, f"{c['field']}_best", spec)
-        for level in [c["level"]] + ([c["lower"]] if "lower" in c else []):
+    for c in PAPER_CLAIMS:
+        best = field_matrix(fields, f"{c.id}_best", spec)
+        for level in [c.level] + ([c.lower] if c.lower is not None else []):
             pts = contour_points(best, spec.tokens, spec.shift.values, level)
-            out.append({"claim": c["claim"], "field": f"{c['field']}_best", "level": level,
+            out.append({"claim": c.statement, "field": f"{c.id}_best", "level": level,
                         "points": [{"tokens_per_ep_rank": x, "shift_value": y, "mb_vs_step_corr": corr_at(x, y)}
                                    for x, y in pts]})
     return out
 
 
-# ---- where the claims hold, in one sentence ------------------------------------------------------------
+# ---- where the claims hold: facts per claim, then one line each -----------------------------------------
 def claim_regions(result: MapResult, fields: pd.DataFrame | None = None) -> list[dict]:
-    """Per claim: the grid nodes where its best-over-cases field meets it (at least / at most its level),
-    the smallest tokens per EP rank and the largest measured correlation among them, and the best value
-    anywhere on the grid with its node."""
+    """Per paper claim (PAPER_CLAIMS' order): the grid nodes where its best-over-cases field meets it
+    (Claim.holds), its verdict ("holds": at every node, "holds only where": at some, "does not hold": at
+    none), the smallest tokens per EP rank and the largest correlation among the nodes that meet it, and the
+    best value anywhere with its node; a gap also its worst value and the nodes inside and below the paper's
+    range. Only feasible nodes count (a `feasible` column of `fields`, where present)."""
     fields = node_fields(result) if fields is None else fields
+    infeasible = 0
+    if "feasible" in fields:
+        infeasible = int((~fields["feasible"].astype(bool)).sum())
+        fields = fields[fields["feasible"].astype(bool)]
     out = []
-    for c in CLAIMS:
-        col = f"{c['field']}_best"
-        at_least = c["holds"] == "at least"
-        ok = fields[col] >= c["level"] if at_least else fields[col] <= c["level"]
-        best = fields.loc[fields[col].idxmax() if at_least else fields[col].idxmin()]
+    for c in PAPER_CLAIMS:
+        col = f"{c.id}_best"
+        region = {"id": c.id, "claim": c.statement, "field": col, "level": c.level, "nodes": 0,
+                  "of_nodes": int(len(fields)), "infeasible_nodes": infeasible, "verdict": "does not hold",
+                  "best": None, "best_tokens": None, "best_corr": None, "min_tokens": None, "max_corr": None}
+        if fields.empty:
+            out.append(region)
+            continue
+        ok = fields[col].map(c.holds)
+        best = fields.loc[fields[col].idxmin() if c.is_gap else fields[col].idxmax()]
         held = fields[ok]
-        region = {"claim": c["claim"], "field": col, "level": c["level"], "holds": c["holds"],
-                  "nodes": int(ok.sum()), "of_nodes": int(len(fields)), "best": float(best[col]),
-                  "best_tokens": int(best["tokens"]), "best_corr": float(best["mb_vs_step_corr"]),
-                  "min_tokens": int(held["tokens"].min()) if len(held) else None,
-                  "max_corr": float(held["mb_vs_step_corr"].max()) if len(held) else None,
-                  "grid_max_corr": float(fields["mb_vs_step_corr"].max()),
-                  "grid_min_tokens": int(fields["tokens"].min())}
-        if "lower" in c:  # the paper's own range: the nodes whose gap lies inside 6-10%, and the worst gap
-            inside = (fields[col] >= c["lower"]) & (fields[col] <= c["level"])
-            region["inside_range_nodes"] = int(inside.sum())
-            region["worst"] = float(fields[f"{c['field']}_worst"].max())
+        region.update({"nodes": int(ok.sum()), "best": float(best[col]), "best_tokens": int(best["tokens"]),
+                       "best_corr": float(best["mb_vs_step_corr"]),
+                       "verdict": "holds" if ok.all() else "holds only where" if ok.any() else "does not hold",
+                       "min_tokens": int(held["tokens"].min()) if len(held) else None,
+                       "max_corr": float(held["mb_vs_step_corr"].max()) if len(held) else None,
+                       "grid_max_corr": float(fields["mb_vs_step_corr"].max()),
+                       "grid_min_tokens": int(fields["tokens"].min())})
+        if c.lower is not None:  # the paper's own range: nodes inside it, below it, and the worst gap
+            region["inside_range_nodes"] = int(fields[col].map(c.inside_range).sum())
+            region["below_range_nodes"] = int((fields[col] < c.lower).sum())
+            region["worst"] = float(fields[f"{c.id}_worst"].max())
         out.append(region)
     return out
 
 
-def _claim_sentence(r: dict) -> str:
-    fmt = (lambda v: f"{100 * v:.1f}%") if r["field"].startswith("gap") else (lambda v: f"{v:.2f}x")
-    if not r["nodes"]:
-        return (f"{r['claim']} is reached nowhere on the grid (best {fmt(r['best'])}, at {r['best_tokens']} tokens per "
-                f"EP rank and micro-batch correlation {r['best_corr']:.2f})")
-    if r["nodes"] == r["of_nodes"]:
-        where = "holds at every node of the grid"
+def claim_line(r: dict) -> str:
+    """One claim's verdict as one line (from claim_regions' facts): the claim, then holds / holds only where
+    (the condition in numbers) / does not hold, with the best value and, for a gap, its span and where it lies
+    against the paper's range."""
+    c = CLAIMS[r["id"]]
+    scope = "feasible node" if r.get("infeasible_nodes") else "node"
+    if r["best"] is None:
+        return f"{c.statement}: not decided: no {scope} of the grid"
+    if r["verdict"] == "does not hold":
+        where = (f"does not hold: reached at no {scope} of the grid (best {c.fmt(r['best'])}, at "
+                 f"{r['best_tokens']} tokens per EP rank, correlation {r['best_corr']:.2f})")
+    elif r["verdict"] == "holds":
+        where = f"holds at every {scope} of the grid ({r['of_nodes']})"
     else:
-        tokens = ("any tokens per EP rank on the grid" if r["min_tokens"] == r["grid_min_tokens"]
-                  else f"at least {r['min_tokens']} tokens per EP rank")
-        corr = ("any micro-batch correlation on the grid" if r["max_corr"] >= r["grid_max_corr"]
-                else f"micro-batch correlation at most {r['max_corr']:.2f}")
-        where = f"needs {tokens} and {corr} ({r['nodes']} of {r['of_nodes']} nodes)"
-    if "inside_range_nodes" in r:  # a gap: its range over the grid's cases, and where it is the paper's
-        return (f"{r['claim']} {where} (the gap spans {fmt(r['best'])}-{fmt(r['worst'])} over the grid's cases; inside "
-                f"the paper's 6-10% at {r['inside_range_nodes']} of {r['of_nodes']} nodes)")
-    return f"{r['claim']} {where} (best {fmt(r['best'])})"
+        cond = []
+        if r["min_tokens"] != r["grid_min_tokens"]:
+            cond.append(f"at least {r['min_tokens']} tokens per EP rank")
+        if r["max_corr"] < r["grid_max_corr"]:
+            cond.append(f"micro-batch vs step correlation at most {r['max_corr']:.2f}")
+        where = (f"holds only where {' and '.join(cond) or 'the nodes listed in the table are'} "
+                 f"({r['nodes']} of {r['of_nodes']} {scope}s; best {c.fmt(r['best'])})")
+    if c.lower is not None and "worst" in r:
+        where += (f"; the gap spans {c.fmt(r['best'])}-{c.fmt(r['worst'])} over the grid's cases: inside the paper's "
+                  f"{c.paper[len('within '):]} at {r['inside_range_nodes']} {scope}s, below it (closer to Balanced "
+                  f"than the paper reports) at {r['below_range_nodes']}")
+    elif r["verdict"] == "holds":
+        where += f" (best {c.fmt(r['best'])})"
+    if r.get("infeasible_nodes"):
+        where += f"; {r['infeasible_nodes']} node(s) that do not fit in GPU memory left out"
+    return f"{c.statement}: {where}"
+
+
+def card_hits(result: MapResult) -> list[dict]:
+    """Per speed-up claim, the named cards whose best case reaches its level (feasible cards only, where
+    the points carry a `feasible` column): {"id", "cards": [(setup, best)]}."""
+    points = card_points(result)
+    if points.empty:
+        return []
+    if "feasible" in points:
+        points = points[points["feasible"].astype(bool)]
+    return [{"id": c.id, "cards": [(r["setup"], float(r[f"{c.id}_best"])) for _, r in points.iterrows()
+                                   if c.holds(r[f"{c.id}_best"])]} for c in PAPER_CLAIMS if not c.is_gap]
+
+
+def conclusion_lines(result: MapResult, fields: pd.DataFrame | None = None) -> list[str]:
+    """The map's answer, one line per paper claim (claim_line), each with the named cards that reach it."""
+    hits = {h["id"]: h["cards"] for h in card_hits(result)}
+    lines = []
+    for r in claim_regions(result, fields):
+        line = claim_line(r)
+        if hits.get(r["id"]):
+            line += "; reached by the card(s) " + ", ".join(f"{s} ({CLAIMS[r['id']].fmt(v)})" for s, v in hits[r["id"]])
+        lines.append(line)
+    return lines
 
 
 def conclusion(result: MapResult, fields: pd.DataFrame | None = None) -> str:
-    """The one-sentence answer computed from the grid: for each paper claim, where on the map it holds
-    (best case over models, workloads and seeds at each node), e.g. "up to 1.6x over Megatron-LM needs at
-    least N tokens per EP rank and micro-batch correlation at most C"; then the named cards whose best case
-    reaches a speed-up claim ("up to")."""
-    regions = claim_regions(result, fields)
+    """The map's answer as one text: its scope, then conclusion_lines joined."""
     spec = result.spec
     scope = (f"On the {spec.name} grid ({len(spec.models)} models x {len(spec.workloads)} workloads x "
              f"{len(spec.seeds)} seeds at full scale, {min(spec.tokens)}-{max(spec.tokens)} tokens per EP rank, "
-             f"{spec.shift.field} {', '.join(map(str, spec.shift.values))}), ")
-    text = scope + "; ".join(_claim_sentence(r) for r in regions)
-    points, met = card_points(result), []
-    for c in (c for c in CLAIMS if c["holds"] == "at least" and not points.empty):
-        col = f"{c['field']}_best"
-        hits = [f"{r['setup']} ({r[col]:.2f}x)" for _, r in points[points[col] >= c["level"]].iterrows()]
-        if hits:
-            met.append(f"{', '.join(hits)} {'reaches' if len(hits) == 1 else 'reach'} {c['claim']}")
-    if met:
-        text += "; of the named cards' points " + "; ".join(met)
-    return text + "."
+             f"{spec.shift.field} {', '.join(map(str, spec.shift.values))}): ")
+    return scope + "; ".join(conclusion_lines(result, fields)) + "."
 
 
 @dataclass(frozen=True)
@@ -412,13 +440,13 @@ class CardPoint:
 def why_card_differs(x: CardPoint, regions, best_over_eplb_plus: tuple[float, float, float]) -> str:
     """Why card x's figure is not the paper's (CLAIMS' levels), from its point, the grid's claim regions
     (claim_regions, in CLAIMS' order) and the grid's best ReLibra / EPLB+ with its shift and correlation."""
-    (meg, eplb, gap), meg_region = CLAIMS, regions[0]  # regions follow CLAIMS
+    (meg, eplb, gap), meg_region = PAPER_CLAIMS, regions[0]  # regions follow PAPER_CLAIMS
     mbs = f"{x.micro_batches:.0f} micro-batch" + ("" if round(x.micro_batches) == 1 else "es")
     (eplb_tps, meg_tps), (best, shift, corr) = x.tokens_per_s, best_over_eplb_plus
     parts = [f"it packs {x.tokens_per_ep_rank:.0f} tokens per EP rank per micro-batch ({mbs} a step)"]
-    if x.over_megatron[1] < meg["level"]:
-        parts.append(f"{meg['level']:g}x over Megatron needs at least {meg_region['min_tokens']} tokens per EP "
-                     "rank on the grid" if meg_region["min_tokens"] else f"the grid reaches {meg['level']:g}x over "
+    if not meg.holds(x.over_megatron[1]):
+        parts.append(f"{meg.level:g}x over Megatron needs at least {meg_region['min_tokens']} tokens per EP "
+                     "rank on the grid" if meg_region["min_tokens"] else f"the grid reaches {meg.level:g}x over "
                      f"Megatron nowhere (best {meg_region['best']:.2f}x at {meg_region['best_tokens']} tokens per "
                      "EP rank)")
     if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
@@ -430,15 +458,14 @@ def why_card_differs(x: CardPoint, regions, best_over_eplb_plus: tuple[float, fl
                      "EPLB+ already balances most of each micro-batch's load" if x.mb_vs_step_corr >= 0.85 else
                      f"its micro-batches correlate with their step at only {x.mb_vs_step_corr:.2f}, where "
                      "per-micro-batch balancing has the most to gain over EPLB+")
-    if x.over_eplb_plus[1] < eplb["level"]:
-        where = "nowhere" if best < eplb["level"] else "only elsewhere"
-        parts.append(f"{eplb['level']:g}x over EPLB+ is reached {where} on the grid (best {best:.2f}x at shift "
+    if not eplb.holds(x.over_eplb_plus[1]):
+        where = "nowhere" if not eplb.holds(best) else "only elsewhere"
+        parts.append(f"{eplb.level:g}x over EPLB+ is reached {where} on the grid (best {best:.2f}x at shift "
                      f"{shift:g}, correlation {corr:.2f}, the sharpest shift the routing data support being "
                      f"{MICROBATCH_SHIFT_RANGE[1]:g})")
-    if not gap["lower"] <= x.gap[0] <= gap["level"]:
-        side = "below" if x.gap[0] < gap["lower"] else "above"
-        parts.append(f"its gap to Balanced ({100 * x.gap[0]:.1f}%) is {side} the paper's "
-                     f"{100 * gap['lower']:g}-{100 * gap['level']:g}%")
+    if not gap.inside_range(x.gap[0]):
+        side = "below" if x.gap[0] < gap.lower else "above"
+        parts.append(f"its gap to Balanced ({gap.fmt(x.gap[0])}) is {side} the paper's {gap.paper[len('within '):]}")
     return "; ".join(parts)
 
 
@@ -449,6 +476,18 @@ def card_points(result: MapResult) -> pd.DataFrame:
     return pd.DataFrame() if c.empty else _case_stats(c.groupby("setup", sort=False), ("mean", "best", "worst"))
 
 
+def merge_coincident(cards: pd.DataFrame) -> pd.DataFrame:
+    """card_points with the cards whose points coincide (same position and mean ratios to 3 digits, e.g. two
+    cards that set the same batch) as one row, named together ("a = b")."""
+    if cards.empty:
+        return cards
+    cols = ["tokens_per_ep_rank", "mb_vs_step_corr"] + [f"{f}_mean" for f in RATIO_FIELDS]
+    key = cards[cols].round(3).astype(str).agg("|".join, axis=1)
+    out = cards.groupby(key, sort=False).first()
+    out["setup"] = cards.groupby(key, sort=False)["setup"].agg(" = ".join)
+    return out.reset_index(drop=True)
+
+
 def map_json(result: MapResult) -> dict:
     """The whole map as plain JSON: spec, every case's row, the node fields, the claims' contours and regions,
     the card points and the conclusion. Marked simulated."""
@@ -456,7 +495,7 @@ def map_json(result: MapResult) -> dict:
     return json_safe({"source": "simulated", "grid": result.spec.to_dict(), "cases": result.frame.to_dict("records"),
                       "nodes": fields.to_dict("records"), "contours": claim_contours(result, fields),
                       "regions": claim_regions(result, fields), "card_points": card_points(result).to_dict("records"),
-                      "conclusion": conclusion(result, fields)})
+                      "conclusion": conclusion(result, fields), "verdict": conclusion_lines(result, fields)})
 
 
 def contour_table(contours: list[dict]) -> pd.DataFrame:

@@ -12,8 +12,8 @@ from relibra.plots.style import model_label, titled
 
 # The two families of the budget sweep and the ratio panels, in drawing order.
 FAMILY_STYLE = {"token-budget": ("#1f77b4", "o", "-"), "one sequence per micro-batch": ("#d62728", "s", "--")}
-RATIO_PANELS = tuple((c.id, c.verdict_label, c.paper) for c in (CLAIMS["relibra_over_megatron"],
-                                                                 CLAIMS["relibra_over_eplb_plus"]))
+RATIO_PANELS = tuple((c.id, c.verdict_label, c.paper, c.level) for c in (CLAIMS["relibra_over_megatron"],
+                                                                          CLAIMS["relibra_over_eplb_plus"]))
 
 
 def headline_cases_plot(ratios: pd.DataFrame, subtitle: str):
@@ -27,13 +27,12 @@ def headline_cases_plot(ratios: pd.DataFrame, subtitle: str):
     colors = plt.get_cmap("viridis")(np.linspace(0.1, 0.8, len(models)))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), squeeze=False)
     width = 0.8 / max(1, len(models))
-    for ax, (col, label, paper) in zip(axes[0], RATIO_PANELS):
+    for ax, (col, label, paper, paper_x) in zip(axes[0], RATIO_PANELS):
         for i, (model, color) in enumerate(zip(models, colors)):
             d = ratios[ratios["model"] == model].groupby("workload")[col].agg(["mean", "min", "max"]).reindex(workloads)
             x = np.arange(len(workloads)) + (i - (len(models) - 1) / 2) * width
             ax.errorbar(x, d["mean"], yerr=[d["mean"] - d["min"], d["max"] - d["mean"]], fmt="o", color=color,
                         capsize=3, label=model_label(model))
-        paper_x = float(paper.split()[-1].rstrip("x"))
         ax.axhline(paper_x, color="0.3", ls="--", lw=1)
         ax.text(0.99, paper_x, f"paper: {paper}", ha="right", va="bottom", fontsize=8,
                 transform=ax.get_yaxis_transform())
@@ -59,7 +58,7 @@ def budget_plot(sweep: pd.DataFrame, subtitle: str):
     trace fixes its own batch) the panels say so and the subtitle says why.
     """
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), squeeze=False)
-    for ax, (col, label, paper) in zip(axes[0], RATIO_PANELS):
+    for ax, (col, label, paper, _) in zip(axes[0], RATIO_PANELS):
         if sweep.empty:
             ax.text(0.5, 0.5, "no budget sweep (the subtitle says why)", ha="center", va="center", transform=ax.transAxes)
             ax.set_axis_off()

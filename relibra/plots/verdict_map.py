@@ -8,13 +8,13 @@ import numpy as np
 import pandas as pd
 from matplotlib.lines import Line2D
 
+from relibra.labels import PAPER_CLAIMS
 from relibra.plots.style import titled
 
-# (field of the node table, panel title, value format, colour map): the speed-ups rise to the paper's claim
-# (brighter is better), the gap falls to it.
-PANELS = (("relibra_over_megatron", "ReLibra / Megatron", "{:.2f}x", "viridis"),
-          ("relibra_over_eplb_plus", "ReLibra / EPLB+ (oracle loads)", "{:.2f}x", "viridis"),
-          ("gap_to_balanced", "gap to Balanced (1 - ReLibra / Balanced)", "{:.1%}", "viridis_r"))
+# (field of the node table, panel title, value format, colour map) per paper claim: the speed-ups rise to the
+# paper's claim (brighter is better), the gap falls to it.
+PANELS = tuple((c.id, c.verdict_label, "{:.1%}" if c.is_gap else "{:.2f}x", "viridis_r" if c.is_gap else "viridis")
+               for c in PAPER_CLAIMS)
 CARD_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "*")
 CARD_COLORS = ("#d62728", "#ff7f0e", "#e377c2", "#8c564b", "#17becf", "#bcbd22", "#7f7f7f", "#1f77b4")
 
@@ -22,18 +22,6 @@ CARD_COLORS = ("#d62728", "#ff7f0e", "#e377c2", "#8c564b", "#17becf", "#bcbd22",
 def _matrix(nodes: pd.DataFrame, column: str) -> np.ndarray:
     """A node column as [tokens, shift values] (both sorted)."""
     return nodes.pivot_table(index="tokens", columns="shift_value", values=column, aggfunc="mean").to_numpy(float)
-
-
-def merge_coincident(cards: pd.DataFrame) -> pd.DataFrame:
-    """Cards whose points coincide (same position and mean ratios to 3 digits, e.g. two cards that set the
-    same batch) drawn once, named together ("a = b")."""
-    if cards.empty:
-        return cards
-    cols = ["tokens_per_ep_rank", "mb_vs_step_corr"] + [f"{f}_mean" for f, *_ in PANELS]
-    key = cards[cols].round(3).astype(str).agg("|".join, axis=1)
-    out = cards.groupby(key, sort=False).first()
-    out["setup"] = cards.groupby(key, sort=False)["setup"].agg(" = ".join)
-    return out.reset_index(drop=True)
 
 
 def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibration: dict, subtitle: str,
@@ -45,11 +33,10 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
     it; each named card a labelled marker at its measured position with its mean ratio; the calibration
     (the kit's real RL trace's correlation) a dotted line.
 
-    nodes: verdict_map.node_fields; cards: verdict_map.card_points; claims: verdict_map.CLAIMS;
+    nodes: verdict_map.node_fields; cards: verdict_map.card_points (coincident cards merged: verdict_map.merge_coincident); claims: relibra.labels.PAPER_CLAIMS;
     calibration: {"label", "mb_vs_step_corr", "tokens_per_ep_rank"} or {}.
     """
     fig, axes = plt.subplots(1, len(PANELS), figsize=(6.2 * len(PANELS), 6.4))
-    cards = merge_coincident(cards)
     xs, ys = _matrix(nodes, "tokens_per_ep_rank"), _matrix(nodes, "mb_vs_step_corr")
     card_xy = cards[["tokens_per_ep_rank", "mb_vs_step_corr"]].to_numpy(float) if len(cards) else np.empty((0, 2))
     all_x = np.concatenate([xs.ravel(), card_xy[:, 0]])
@@ -62,7 +49,7 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
         lo, hi = float(np.nanmin(z)), float(np.nanmax(z))
         surface = min(z.shape) >= 2  # contours need two nodes along each axis
         # the claim's level, and its lower end where it states a range
-        levels = [lv for c in claims if c["field"] == field for lv in (c["level"], c.get("lower")) if lv is not None]
+        levels = [lv for c in claims if c.id == field for lv in (c.level, c.lower) if lv is not None]
         # the colour scale spans the grid's nodes and the cards' points
         card_values = list(cards[f"{field}_mean"]) if len(cards) else []
         span_lo, span_hi = min([lo] + card_values), max([hi] + card_values)

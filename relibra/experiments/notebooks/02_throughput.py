@@ -19,6 +19,7 @@ from relibra.experiments.headline import (alternative_cases, alternative_ratios,
 from relibra.experiments.profiles import per_profile
 from relibra.experiments.text import row
 from relibra.experiments.traces import CLUSTER, PROFILE, TRACE, trace_text, trace_workload
+from relibra.labels import CLAIMS
 from relibra.setups import DEFAULT_CARD, SetupCard, load_card
 from relibra.trace import RoutingTrace
 
@@ -170,6 +171,7 @@ class Verdict:
     """One paper claim against the kit (the verdict table's row, its columns by name): the kit's mean and
     range over cases and seeds, its best case, the range over the alternatives (NaN: not run), why they differ."""
 
+    id: str  # relibra.labels.CLAIMS id
     claim: str
     paper: str
     kind: str  # "ratio" or "gap"
@@ -185,7 +187,7 @@ class Verdict:
     why: str
 
     def show(self, v: float) -> str:
-        return f"{100 * v:.1f}%" if self.kind == "gap" else f"{v:.2f}x"
+        return CLAIMS[self.id].fmt(v)
 
     def cells(self) -> dict:
         """The row as text: REPORT.md's columns."""

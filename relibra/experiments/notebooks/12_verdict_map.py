@@ -15,11 +15,11 @@ from relibra.experiments.base import (PATH, Kind, Params, Result, TryThis, integ
 from relibra.experiments.profiles import per_profile
 from relibra.experiments.text import pct, row
 from relibra.experiments.traces import PROFILE
-from relibra.experiments.verdict_map import CLAIMS as MAP_CLAIMS
 from relibra.experiments.verdict_map import (RATIO_FIELDS, CardPoint, GridSpec, ShiftAxis, card_points, claim_contours,
-                                             claim_regions, conclusion, contour_table, default_grid, node_fields,
-                                             paper_grid, rl_calibration, run_map, why_card_differs)
-from relibra.labels import CLAIMS
+                                             claim_regions, conclusion, conclusion_lines, contour_table, default_grid,
+                                             merge_coincident, node_fields, paper_grid, rl_calibration, run_map,
+                                             why_card_differs)
+from relibra.labels import CLAIMS, PAPER_CLAIMS
 from relibra.setups import DEFAULT_CARD
 from relibra.workloads import MICROBATCH_SHIFT_RANGE, WORKLOADS
 
@@ -97,7 +97,8 @@ class Result(Result):
                                 "ratio over its cases, simulated at full scale on the card's own inputs")
     contours: pd.DataFrame = table("the paper's claims as contours: per claim level, where the best-over-cases field "
                                    "crosses it on the grid's edges, with the measured correlation there")
-    conclusion: str = value("")  # the map's one-sentence answer
+    conclusion: str = value("")  # the map's answer as one text (its scope, then one clause per claim)
+    verdict: list = value(None)  # the map's answer, one line per paper claim (verdict_map.conclusion_lines)
     regions: list = value(None)  # per claim: where on the grid it holds (verdict_map.claim_regions)
     grid: dict = value(None)  # the GridSpec simulated
     calibration: dict = value(None)  # the real RL trace's micro-batch vs step correlation (the shift's source)
@@ -109,7 +110,8 @@ def compute(p: Params, sizes: GridSpec, progress: bool = True, workers: int | No
     fields = node_fields(result)
     return Result(cases=result.frame, nodes=fields, cards=card_points(result),
                   contours=contour_table(claim_contours(result, fields)),
-                  conclusion=conclusion(result, fields), regions=claim_regions(result, fields), grid=spec.to_dict(),
+                  conclusion=conclusion(result, fields), verdict=conclusion_lines(result, fields),
+                  regions=claim_regions(result, fields), grid=spec.to_dict(),
                   calibration=rl_calibration())
 
 
@@ -121,6 +123,7 @@ def _x(v: float) -> str:
 @dataclass(frozen=True)
 class Summary:
     conclusion: str
+    verdict: tuple[str, ...]  # one line per paper claim
     regions: tuple[dict, ...]  # per claim: where on the grid it holds (verdict_map.claim_regions)
     cards: tuple[CardPoint, ...]
     best_over_eplb_plus: tuple[float, float, float]  # the best ReLibra / EPLB+, its shift and correlation
@@ -137,22 +140,19 @@ def summarize(r: Result) -> Summary:
     cards = tuple(CardPoint(x["setup"], *((x[f"{f}_mean"], x[f"{f}_best"]) for f in RATIO_FIELDS[:2]),
                        tuple(x[f"gap_to_balanced_{k}"] for k in ("mean", "best", "worst")), x["tokens_per_ep_rank"],
                        x["mb_vs_step_corr"], x["micro_batches"], int(x["cases"]),
-                       tuple(float(own.loc[own["setup"] == x["setup"], f"tokens_per_s_{p}"].mean())
-                             for p in ("eplb+", "megatron"))) for _, x in r.cards.iterrows())
+                       tuple(float(own.loc[own["setup"].isin(x["setup"].split(" = ")), f"tokens_per_s_{p}"].mean())
+                             for p in ("eplb+", "megatron"))) for _, x in merge_coincident(r.cards).iterrows())
     eplb = r.nodes.loc[r.nodes["relibra_over_eplb_plus_best"].idxmax()]
     lo, hi = g["shift_value"].min(), g["shift_value"].max()
     at = [float(g.loc[g["shift_value"] == v, "relibra_over_eplb_plus"].mean()) for v in (lo, hi)]
-    return Summary(r.conclusion, tuple(r.regions), cards,
+    return Summary(r.conclusion, tuple(r.verdict or ()), tuple(r.regions), cards,
                    (eplb["relibra_over_eplb_plus_best"], eplb["shift_value"], eplb["mb_vs_step_corr"]),
                    (lo, hi, at[1] - at[0]) if hi > lo else None, r.calibration)
 
 
 def story(s: Summary) -> str:
     """The conclusion, each claim's region, each card's point and why it differs, the calibration line."""
-    lines = [f"**{s.conclusion}**"] + [
-        f"- {reg['claim']}: met at {reg['nodes']} of {reg['of_nodes']} grid nodes; best "
-        f"{(pct if reg['field'].startswith('gap') else _x)(reg['best'])} at {reg['best_tokens']} tokens per EP rank "
-        f"(micro-batch vs step correlation {reg['best_corr']:.2f})." for reg in s.regions] + [
+    lines = ["The answer, one line per paper claim (simulated):\n\n" + "\n".join(f"- {v}." for v in s.verdict)] + [
         f"- `{x.setup}`: ReLibra / Megatron {_x(x.over_megatron[0])} (best {_x(x.over_megatron[1])}), / EPLB+ "
         f"{_x(x.over_eplb_plus[0])}, gap to Balanced {pct(x.gap[0])}: "
         f"{s.why(x)}." for x in s.cards]
@@ -171,7 +171,8 @@ def story(s: Summary) -> str:
 def rows(s: Summary, man: dict) -> list[dict]:
     """README rows: the map's conclusion, then each named card's point."""
     how = f"**simulated**, {man['scale_note']}"
-    return [row("where the paper's claims hold (the verdict map)", s.conclusion, how)] + [
+    return [row(f"the verdict map: {c.statement}", line.split(": ", 1)[1], how)
+            for c, line in zip(PAPER_CLAIMS, s.verdict)] + [
         row(f"`{x.setup}` card's point on the map", f"ReLibra / Megatron {_x(x.over_megatron[0])} (best "
             f"{_x(x.over_megatron[1])}); / EPLB+ {_x(x.over_eplb_plus[0])}; gap to Balanced {pct(x.gap[0])}; at "
             f"{x.tokens_per_ep_rank:.0f} tokens per EP rank, correlation {x.mb_vs_step_corr:.2f}", how)
@@ -186,8 +187,8 @@ def card_table(s: Summary) -> pd.DataFrame:
     the paper's figures (relibra.labels.CLAIMS)."""
     meg, eplb, gap = (CLAIMS[k] for k in RATIO_FIELDS)
     out = {"": [f"{meg.label} (mean; best)", f"{eplb.label} (mean; best)", f"{gap.label} (mean; range)",
-                "tokens per EP rank per micro-batch (measured)", "micro-batch vs step correlation (measured)",
-                "cases (models x workloads x seeds)"]}
+                "tokens per EP rank per micro-batch (simulated trace)",
+                "micro-batch vs step correlation (simulated trace)", "cases (models x workloads x seeds)"]}
     out.update({f"`{x.setup}`": [f"{_x(x.over_megatron[0])}; {_x(x.over_megatron[1])}",
                                  f"{_x(x.over_eplb_plus[0])}; {_x(x.over_eplb_plus[1])}",
                                  f"{pct(x.gap[0])}; {pct(x.gap[1])}-{pct(x.gap[2])}", f"{x.tokens_per_ep_rank:.0f}",
@@ -196,15 +197,16 @@ def card_table(s: Summary) -> pd.DataFrame:
 
 
 def section(s: Summary, man: dict, table_md) -> str:
-    """REPORT.md's opening: the verdict table (one column per named card), the map's one-sentence conclusion,
-    and per card why its figure differs from the paper's."""
+    """REPORT.md's opening: the answer, one line per paper claim, then one short table per card (coincident
+    cards merged under both names), then per card why its figure differs, then the map."""
     figure = next((f for f in man.get("figures", []) if f["name"] == "verdict_map"), None)
     why = "".join(f"- `{x.setup}`: {s.why(x)}.\n" for x in s.cards)
-    return ("## The verdict: the paper's claims per set-up card, and where they hold\n\n"
-            f"From notebook 12 (**simulated**, {man['scale_note']}; every card's point at full scale on the card's own "
-            "inputs, `relibra setup show CARD`). No card's figure is the answer alone: each is one point of the map "
-            f"below.\n\n{table_md(card_table(s)) if s.cards else 'No card was simulated.'}\n\n**Conclusion.** "
-            f"{s.conclusion}\n\nWhy each card's figure differs from the paper's:\n\n{why}"
+    answer = "\n".join(f"- **{line.split(': ', 1)[0]}**: {line.split(': ', 1)[1]}." for line in s.verdict)
+    return ("## The answer (simulated)\n\n"
+            f"{answer}\n\nAll simulated: notebook 12, {man['scale_note']}; every card at full scale on its own "
+            "inputs (`relibra setup show CARD`).\n\n### Per set-up card\n\n"
+            f"{table_md(card_table(s)) if s.cards else 'No card was simulated.'}\n\n"
+            f"Why each card's figure differs from the paper's:\n\n{why}"
             + (f"\n![verdict map](12_verdict_map/{figure['png']})\n" if figure else ""))
 
 
@@ -227,5 +229,5 @@ TRIES = (
 
 def plot_inputs(r: Result) -> dict:
     """What plots.verdict_map_plot draws, from the result: nodes, cards, claims, calibration."""
-    return {"nodes": r.nodes, "cards": r.cards, "claims": MAP_CLAIMS, "calibration": r.calibration}
+    return {"nodes": r.nodes, "cards": merge_coincident(r.cards), "claims": PAPER_CLAIMS, "calibration": r.calibration}
 
