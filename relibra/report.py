@@ -79,10 +79,21 @@ def environment_section() -> str:
     return f"## Environment\n\n{md_table(pd.DataFrame({'item': list(env), 'value': [str(v) for v in env.values()]}))}\n"
 
 
-def figures_section(manifests: dict[str, dict]) -> str:
+def interpretation(loaded: Loaded | None) -> str:
+    """What a notebook's figures show, computed from its facts: its story (a template over its Summary), or,
+    for a notebook whose own section opens the report, a pointer there."""
+    if loaded is None:
+        return ""
+    if loaded.notebook.section is not None:
+        return "**What it shows:** see its section at the top of this report.\n"
+    return f"**What it shows:** {loaded.notebook.story(loaded.summary)}\n"
+
+
+def figures_section(manifests: dict[str, dict], results: dict[str, Loaded] | None = None) -> str:
     parts = ["## Figures\n"]
     for name, man in manifests.items():
         parts.append(f"### {name}\n\n_{man.get('scale_note', '')}_\n")
+        parts.append(interpretation((results or {}).get(name)))
         for fig in man.get("figures", []):
             parts.append(f"![{fig['name']}]({name}/{fig['png']})\n\n**{fig['name']}** - {fig['caption']} "
                          f"[{fig['source']} ({fig['hardware']}); [SVG]({name}/{fig['svg']})]\n")
@@ -113,6 +124,6 @@ def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | 
     if failed:
         head += "**Failed notebooks:** " + ", ".join(f"{n} ({statuses[n].get('error', '')})" for n in failed) + "\n\n"
     path = out_dir / "REPORT.md"
-    sections = sources_section(manifests, statuses), environment_section(), figures_section(manifests)
+    sections = sources_section(manifests, statuses), environment_section(), figures_section(manifests, results)
     write_text(path, head + "\n".join(sections))
     return path
