@@ -1,11 +1,23 @@
-"""What the kit prints: strict JSON and names safe to show on a terminal."""
+"""What the kit prints: strict JSON, names safe to show on a terminal, markdown tables, and the marked
+blocks of generated text in docs/ and the README.
+
+A generated block sits between two marker lines, whatever generates it:
+
+    <!-- table:NAME begin -->
+    ...generated text...
+    <!-- table:NAME end -->
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from relibra.errors import ConfigError
 
 
 def json_safe(obj):
@@ -35,3 +47,49 @@ def printable(text) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def md_table(header: Sequence, rows: Sequence[Sequence]) -> str:
+    """A GitHub-flavoured markdown table of `rows` (cells as text; "|" and newlines escaped), no final newline."""
+    def cell(v) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(map(cell, row)) + " |" for row in rows])
+
+
+MARKER = re.compile(r"^<!-- table:([a-z0-9-]+) (begin|end) -->$", re.MULTILINE)
+
+
+def marker(name: str, kind: str) -> str:
+    """The marker line that begins (kind "begin") or ends ("end") block NAME."""
+    return f"<!-- table:{name} {kind} -->"
+
+
+def marked_blocks(text: str, where: str) -> list[tuple[str, int, int]]:
+    """(name, start, end) of each marked block of `text`: text[start:end] is what lies between its marker lines.
+    A block without its end, an end without its begin, or a block inside another is an error naming `where`."""
+    found, open_name, start = [], None, 0
+    for m in MARKER.finditer(text):
+        name, kind = m.groups()
+        if kind == "begin":
+            if open_name is not None:
+                raise ConfigError(f"{where}: block {open_name!r} has no end marker before block {name!r} begins")
+            open_name, start = name, m.end() + 1
+        else:
+            if open_name != name:
+                raise ConfigError(f"{where}: end marker of block {name!r} without its begin marker")
+            found.append((name, start, m.start()))
+            open_name = None
+    if open_name is not None:
+        raise ConfigError(f"{where}: block {open_name!r} has no end marker")
+    return found
+
+
+def with_blocks(text: str, render: Callable[[str, str], str], where: str) -> str:
+    """`text` with every marked block replaced by render(name, its current text) (a text ending with a newline)."""
+    out, last = [], 0
+    for name, start, end in marked_blocks(text, where):
+        out += [text[last:start], render(name, text[start:end])]
+        last = end
+    return "".join(out) + text[last:]

@@ -7,8 +7,9 @@ measured, on what, at which profile). A notebook that has not run adds no row; a
 table is an error naming the file.
 
 `relibra reproduce` writes it after REPORT.md; `relibra reproduce --update-readme` also copies it to
-docs/glance.md and puts it between the README's `<!-- glance:begin -->` and `<!-- glance:end -->`
-markers (`update_readme`), so the README's numbers are those of the last full run.
+docs/glance.md and puts it between the README's `<!-- table:glance begin -->` and `<!-- table:glance end -->`
+markers (`update_readme`, through the kit's one marker mechanism, relibra.display.with_blocks), so the
+README's numbers are those of the last full run.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from relibra.display import marked_blocks, marker, with_blocks
 from relibra.errors import ConfigError
 from relibra.experiments.registry import NOTEBOOK_MODULES, in_shown_order, load_results
 from relibra.paths import write_text
 from relibra.report import md_table
 
-BEGIN = "<!-- glance:begin -->"
-END = "<!-- glance:end -->"
+BEGIN, END = marker("glance", "begin"), marker("glance", "end")
 HEADER = ("<!-- written by `relibra reproduce` (relibra/glance.py) from the results under {out}/; "
           "do not edit: run `./reproduce.sh --update-readme` -->")
 
@@ -60,18 +61,18 @@ def write_glance(out_dir: str | Path) -> Path:
 
 
 def readme_block(text: str, where: str = "README.md") -> str:
-    """The text between the glance markers of `text` (from after BEGIN's line to END)."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start or text.count(BEGIN) != 1 or text.count(END) != 1:
+    """The text of the glance block of `text` (between its marker lines)."""
+    found = [(start, end) for name, start, end in marked_blocks(text, where) if name == "glance"]
+    if len(found) != 1:
         raise ConfigError(f"{where}: needs exactly one '{BEGIN}' line followed by one '{END}' line around the "
                           "results table")
-    return text[start + len(BEGIN):end].removeprefix("\n")
+    return text[found[0][0]:found[0][1]]
 
 
 def replace_block(text: str, block: str, where: str = "README.md") -> str:
     """`text` with the glance block replaced by `block` (which ends with a newline)."""
     readme_block(text, where)  # checks the markers
-    return text[:text.find(BEGIN) + len(BEGIN)] + "\n" + block + text[text.find(END):]
+    return with_blocks(text, lambda name, current: block if name == "glance" else current, where)
 
 
 def update_readme(glance: str | Path, readme: str | Path, docs_copy: str | Path) -> None:

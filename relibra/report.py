@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from relibra.display import md_table as display_table
 from relibra.experiments import NOTEBOOKS, environment, get_profile
 from relibra.experiments.registry import Loaded, in_shown_order, load_results
 from relibra.labels import PAPER_CLAIMS
@@ -36,12 +37,9 @@ def read_manifests(out_dir: str | Path) -> dict[str, dict]:
 
 
 def md_table(df: pd.DataFrame) -> str:
-    """A GitHub-flavoured markdown table (pandas' to_markdown needs tabulate, which the kit avoids)."""
-    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "|".join("---" for _ in df.columns) + "|"]
-    for row in df.itertuples(index=False):
-        cells = [f"{v:.3g}" if isinstance(v, float) else str(v).replace("|", "\\|").replace("\n", " ") for v in row]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """A data frame as a markdown table (relibra.display.md_table), floats to 3 significant digits."""
+    return display_table(df.columns, [[f"{v:.3g}" if isinstance(v, float) else v for v in row]
+                                      for row in df.itertuples(index=False)])
 
 
 def notebook_sections(results: dict[str, Loaded]) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from relibra.cluster import MODEL_PRESETS
 from relibra.costs.params import REPLICA_BUFFERS
+from relibra.display import md_table
 from relibra.errors import ConfigError
 from relibra.workloads.config import BATCH_LAYOUTS, DOMAINS
 
@@ -339,7 +340,7 @@ def check_ep(where: str, values: dict, ep) -> None:
 
 def bounds_table() -> str:
     """The markdown table of every entry's bound and reason, then the cross-entry checks (docs/setup.md)."""
-    lines = ["| entry | type | bound | reason |", "|---|---|---|---|"]
+    rows = []
     done = set()
     for b in BOUNDS:
         if b.kind == "lengths":
@@ -348,35 +349,10 @@ def bounds_table() -> str:
             done.add("lengths")
             keys = [x.key for x in BOUNDS if x.kind == "lengths"]
             name = "lengths.{" + ", ".join(k.split(".")[1] for k in keys) + "}"
-            lines.append(f"| `{name}` | table | {b.interval()}; sweep factor [{_num(b.range_low)}, "
-                         f"{_num(b.range_high)}] | {b.reason} |")
-            for f in b.fields:
-                lines.append(f"| `{name}.{f.key}` | number | {f.interval()} | {f.reason} |")
+            rows.append([f"`{name}`", "table", f"{b.interval()}; sweep factor [{_num(b.range_low)}, "
+                         f"{_num(b.range_high)}]", b.reason])
+            rows += [[f"`{name}.{f.key}`", "number", f.interval(), f.reason] for f in b.fields]
             continue
-        lines.append(f"| `{b.key}` | {b.kind} | {b.interval()} | {b.reason} |")
-    lines += ["", "| cross-entry check | reason |", "|---|---|"]
-    lines += [f"| {check} | {reason} |" for check, reason in CROSS_CHECKS]
-    return "\n".join(lines) + "\n"
-
-
-DOC_BEGIN = "<!-- bounds table: written by `python -m relibra.setup_schema` from relibra/setup_schema.py; do not edit -->"
-DOC_END = "<!-- end of bounds table -->"
-
-
-def doc_with_table(text: str) -> str:
-    """docs/setup.md's text with the part between DOC_BEGIN and DOC_END replaced by bounds_table()."""
-    head, sep, rest = text.partition(DOC_BEGIN)
-    _, sep2, tail = rest.partition(DOC_END)
-    if not sep or not sep2:
-        raise ConfigError(f"the document holds no {DOC_BEGIN!r} ... {DOC_END!r} markers")
-    return f"{head}{DOC_BEGIN}\n{bounds_table()}{DOC_END}{tail}"
-
-
-if __name__ == "__main__":  # rewrite the table in docs/setup.md
-    from pathlib import Path
-
-    from relibra.paths import write_text
-
-    doc = Path(__file__).resolve().parents[1] / "docs" / "setup.md"
-    write_text(doc, doc_with_table(doc.read_text()))
-    print(f"wrote the bounds table of {len(BOUNDS)} entries into {doc}")
+        rows.append([f"`{b.key}`", b.kind, b.interval(), b.reason])
+    return (md_table(["entry", "type", "bound", "reason"], rows) + "\n\n"
+            + md_table(["cross-entry check", "reason"], CROSS_CHECKS) + "\n")

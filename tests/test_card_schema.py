@@ -22,7 +22,7 @@ from relibra.cli import main
 from relibra.errors import ConfigError
 from relibra.experiments.config import project_root
 from relibra.experiments import get_notebook
-from relibra.setup_schema import BOUNDS, BY_KEY, doc_with_table
+from relibra.setup_schema import BOUNDS, BY_KEY
 from relibra.setups import DEFAULT_CARD, card_names, load_card
 from relibra.sim import simulate
 from relibra.workloads import DOMAINS, generate_trace
@@ -119,8 +119,11 @@ def test_an_entry_without_a_bound_is_refused(tmp_path, capsys, monkeypatch):
 
 
 def test_docs_table_is_the_schema():
+    from relibra.bench.docs_tables import rendered_text
+
     doc = (project_root() / "docs" / "setup.md").read_text()
-    assert doc_with_table(doc) == doc, "docs/setup.md's bounds table is stale: run python -m relibra.setup_schema"
+    assert rendered_text(doc, "docs/setup.md") == doc, \
+        "docs/setup.md's bounds table is stale: run python -m relibra.bench.docs_tables"
     assert all(f"`{b.key}`" in doc for b in BOUNDS if b.kind != "lengths")
 
 

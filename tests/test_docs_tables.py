@@ -18,13 +18,14 @@ from relibra.errors import ConfigError
 
 def test_every_marked_table_is_what_the_committed_records_render():
     seen = set()
-    for path in sorted(dt.DOCS_DIR.glob("*.md")):
+    for path in dt.generated_files():
         text = path.read_text()
         for name, start, end in dt.marked_tables(text, str(path)):
             assert text[start:end] == dt.render_table(name), (
                 f"{path.name}: table {name} differs from data/bench; run `python -m relibra.bench.docs_tables`")
             seen.add(name)
-    assert seen == set(dt.TABLES), f"tables never shown in docs/: {sorted(set(dt.TABLES) - seen)}"
+    every = set(dt.TABLES) | set(dt.OTHER_BLOCKS)
+    assert seen == every, f"blocks never shown in docs/ or the README: {sorted(every - seen)}"
     assert dt.update_docs(check=True) == []
 
 
@@ -127,8 +128,8 @@ def test_markers_are_replaced_and_bad_markers_named(tmp_path):
     assert text.endswith("during the runs.\n<!-- table:workload-scale end -->\nafter\n")
     assert dt.update_docs(docs, tmp_path, check=True) == []
     for bad, message in (("<!-- table:nope begin -->\n<!-- table:nope end -->\n", "unknown docs table 'nope'"),
-                         ("<!-- table:sim-speed begin -->\n", "table 'sim-speed' has no end marker"),
-                         ("<!-- table:sim-speed end -->\n", "end marker of table 'sim-speed' without")):
+                         ("<!-- table:sim-speed begin -->\n", "block 'sim-speed' has no end marker"),
+                         ("<!-- table:sim-speed end -->\n", "end marker of block 'sim-speed' without")):
         page.write_text(bad)
         with pytest.raises(ConfigError, match=message):
             dt.update_docs(docs, tmp_path, check=True)

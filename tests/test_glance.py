@@ -166,7 +166,7 @@ def test_update_readme_replaces_only_the_block(tmp_path):
     assert "1.37x" in readme_block(text)
     with pytest.raises(ConfigError, match="README.md: needs exactly one"):
         replace_block("no markers here\n", "x\n")
-    with pytest.raises(ConfigError, match="needs exactly one"):
+    with pytest.raises(ConfigError, match="README.md: end marker of block 'glance' without its begin marker"):
         readme_block(f"{END}\n{BEGIN}\n")
 
 

@@ -1,13 +1,17 @@
-"""The docs' measured tables, rendered from the benchmark records under data/bench/ (never typed).
+"""Every generated block of docs/*.md and README.md, rendered from what the kit holds (never typed): the
+measured tables from the benchmark records under data/bench/, the set-up cards' bounds table from
+relibra/setup_schema.py, and the README's results table from docs/glance.md (written by
+`relibra reproduce --update-readme`).
 
-A doc holds each table between two marker lines:
+A file holds each block between two marker lines (relibra.display.marked_blocks, the kit's one marker
+mechanism):
 
     <!-- table:NAME begin -->
     ...what render_table(NAME) returns...
     <!-- table:NAME end -->
 
-    python -m relibra.bench.docs_tables            # rewrite every marked table under docs/
-    python -m relibra.bench.docs_tables --check    # exit 1 naming each table that differs
+    python -m relibra.bench.docs_tables            # rewrite every marked block of docs/*.md and README.md
+    python -m relibra.bench.docs_tables --check    # exit 1 naming each block that differs
 
 Each table comes from one or two records (relibra.bench.records), or from a measurement file elsewhere
 under data/ (DATA_FILES), and ends with a line saying which record or file, the command that writes
@@ -22,18 +26,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from relibra.bench.records import BENCH_DIR, RECORDS, load_record
+from relibra.display import marked_blocks, md_table, with_blocks
 from relibra.errors import ConfigError
 from relibra.paths import write_text
+from relibra.setup_schema import bounds_table
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS_DIR = ROOT / "docs"
-MARKER = re.compile(r"^<!-- table:([a-z0-9-]+) (begin|end) -->$", re.MULTILINE)
 SHORT = {"qwen3-30b-a3b": "30B", "glm-4.5-air": "GLM-Air", "qwen3-235b-a22b": "235B"}
 
 
@@ -43,9 +47,7 @@ def _rows(record: dict) -> list[tuple[dict, list[dict]]]:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    return md_table(header, rows) + "\n"
 
 
 def _machine(m: dict) -> str:
@@ -446,11 +448,25 @@ TABLES: dict[str, DocTable] = {
 }
 
 
-def render_table(name: str, folder: str | Path = BENCH_DIR) -> str:
-    """The text between table NAME's markers: the table, then each record's provenance line, each after a
-    blank line."""
+def _glance(docs: Path) -> str:
+    path = docs / "glance.md"
+    if not path.exists():
+        raise ConfigError(f"{path}: missing; `relibra reproduce --update-readme` writes it")
+    text = path.read_text()
+    return text if text.endswith("\n") else text + "\n"
+
+
+# The blocks not rendered from benchmark records: name -> render(docs folder).
+OTHER_BLOCKS: dict[str, Callable[[Path], str]] = {"setup-bounds": lambda docs: bounds_table(), "glance": _glance}
+
+
+def render_table(name: str, folder: str | Path = BENCH_DIR, docs: str | Path = DOCS_DIR) -> str:
+    """The text between block NAME's markers: a records table, then each record's provenance line, each after a
+    blank line; or one of OTHER_BLOCKS."""
+    if name in OTHER_BLOCKS:
+        return OTHER_BLOCKS[name](Path(docs))
     if name not in TABLES:
-        raise ConfigError(f"unknown docs table {name!r}; tables: {', '.join(TABLES)}")
+        raise ConfigError(f"unknown docs table {name!r}; tables: {', '.join([*TABLES, *OTHER_BLOCKS])}")
     spec = TABLES[name]
     if spec.files:
         files = {f: load_data_file(f) for f in spec.files}
@@ -460,43 +476,34 @@ def render_table(name: str, folder: str | Path = BENCH_DIR) -> str:
 
 
 def marked_tables(text: str, where: str) -> list[tuple[str, int, int]]:
-    """(name, start, end) of each marked block: text[start:end] is what lies between the marker lines."""
-    found, open_name, start = [], None, 0
-    for m in MARKER.finditer(text):
-        name, kind = m.groups()
-        if kind == "begin":
-            if open_name is not None:
-                raise ConfigError(f"{where}: table {open_name!r} has no end marker before table {name!r} begins")
-            open_name, start = name, m.end() + 1
-        else:
-            if open_name != name:
-                raise ConfigError(f"{where}: end marker of table {name!r} without its begin marker")
-            found.append((name, start, m.start()))
-            open_name = None
-    if open_name is not None:
-        raise ConfigError(f"{where}: table {open_name!r} has no end marker")
+    """relibra.display.marked_blocks, with every name known (TABLES or OTHER_BLOCKS)."""
+    found = marked_blocks(text, where)
     for name, _, _ in found:
-        if name not in TABLES:
-            raise ConfigError(f"{where}: unknown docs table {name!r}; tables: {', '.join(TABLES)}")
+        if name not in TABLES and name not in OTHER_BLOCKS:
+            raise ConfigError(f"{where}: unknown docs table {name!r}; tables: {', '.join([*TABLES, *OTHER_BLOCKS])}")
     return found
 
 
-def rendered_text(text: str, where: str, folder: str | Path = BENCH_DIR) -> str:
-    """`text` with every marked table replaced by its rendering."""
-    out, last = [], 0
-    for name, start, end in marked_tables(text, where):
-        out += [text[last:start], render_table(name, folder)]
-        last = end
-    return "".join(out) + text[last:]
+def rendered_text(text: str, where: str, folder: str | Path = BENCH_DIR, docs: str | Path = DOCS_DIR) -> str:
+    """`text` with every marked block replaced by its rendering."""
+    marked_tables(text, where)  # every name known
+    return with_blocks(text, lambda name, _: render_table(name, folder, docs), where)
+
+
+def generated_files(docs: str | Path = DOCS_DIR) -> list[Path]:
+    """The files whose blocks are generated: docs/*.md, and the README beside docs/ where there is one."""
+    docs = Path(docs)
+    readme = docs.parent / "README.md"
+    return sorted(docs.glob("*.md")) + ([readme] if readme.exists() else [])
 
 
 def update_docs(docs: str | Path = DOCS_DIR, folder: str | Path = BENCH_DIR, check: bool = False) -> list[str]:
-    """Rewrite (or with check=True only compare) every marked table of docs/*.md; the tables that differed,
-    as "file: name"."""
+    """Rewrite (or with check=True only compare) every marked block of generated_files(docs); the blocks that
+    differed, as "file: name"."""
     stale = []
-    for path in sorted(Path(docs).glob("*.md")):
+    for path in generated_files(docs):
         text = path.read_text()
-        new = rendered_text(text, str(path), folder)
+        new = rendered_text(text, str(path), folder, docs)
         if new == text:
             continue
         old_blocks = {n: text[s:e] for n, s, e in marked_tables(text, str(path))}
@@ -510,7 +517,7 @@ def update_docs(docs: str | Path = DOCS_DIR, folder: str | Path = BENCH_DIR, che
 def main(argv=None) -> int:
     """`python -m relibra.bench.docs_tables [--check]`."""
     p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m relibra.bench.docs_tables",
-                                description="Render the docs' measured tables from data/bench/*.json.")
+                                description="Render every generated block of docs/*.md and README.md.")
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs")
     p.add_argument("--docs", default=str(DOCS_DIR))
     p.add_argument("--records", default=str(BENCH_DIR))

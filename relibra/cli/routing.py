@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from relibra.display import json_text, printable
+from relibra.display import json_text, md_table, printable
 from relibra.errors import ConfigError
 
 # Published routing figures that come as numbers in a paper, not as data the kit can recompute.
@@ -99,13 +99,10 @@ def _compare(args) -> int:
 def format_table(rows: list[dict]) -> str:
     """The rows as a markdown table (docs/traces.md carries one)."""
     head = ["source", "level", "experts", "tokens"] + [label for _, label in COLUMNS]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        tokens = "~500 prompts" if math.isnan(r["tokens"]) else f"{r['tokens']:.0f}"
-        cells = [r["source"], r["level"], str(r["experts"]), tokens]
-        cells += ["-" if math.isnan(r[key]) else f"{r[key]:.{3 if key == 'hottest_share' else 2}f}" for key, _ in COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    body = [[r["source"], r["level"], str(r["experts"]), "~500 prompts" if math.isnan(r["tokens"]) else f"{r['tokens']:.0f}"]
+            + ["-" if math.isnan(r[key]) else f"{r[key]:.{3 if key == 'hottest_share' else 2}f}" for key, _ in COLUMNS]
+            for r in rows]
+    return md_table(head, body)
 
 
 def register(subparsers) -> None:
