@@ -97,7 +97,7 @@ def _fixture_results(out: Path) -> None:
           "high_value": hv, "swing": hi - lo}
          for k, lo, hi, lv, hv in (("RDMA rate", 1.11, 1.52, "100", "25"), ("spare slots", 1.2, 1.31, "1", "4"),
                                    ("batch layout", 1.29, 1.3, "verl", "slime"))]),
-        case={"model": "m1", "workload": "w1", "ep": 32, "cluster": "paper"}), config={})
+        case={"model": "m1", "workload": "w1", "ep": 32, "setup": "card-x", "nodes_x_gpus": "20 x 8"}), config={})
 
 
 def test_glance_values_flow_from_the_tables(tmp_path):

@@ -7,12 +7,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from relibra.cluster import resolve_topology
 from relibra.errors import ConfigError
 from relibra.experiments.base import Result, TryThis, mean_of, names, objects, param, table, value
 from relibra.experiments.profiles import SCALES, Scale, per_profile
 from relibra.experiments.sensitivity import KNOB_NAMES, RATIOS, knob_values, sensitivity, tornado_table
-from relibra.experiments.text import cluster_text, pct, row
+from relibra.experiments.text import pct, row
 from relibra.experiments.traces import TraceParams
 from relibra.labels import RATIO_LABELS, knob_value
 from relibra.setups import DEFAULT_CARD, SetupCard, load_card
@@ -52,8 +51,9 @@ class Params(TraceParams):
         return self.setup.topology().name
 
     def subtitle(self, sizes: Sizes) -> str:
-        c = resolve_topology(sizes.cluster)  # the profile's cluster names the figure (the card's is simulated)
-        return (f"simulated ({c.name} cluster preset, {c.num_nodes} x {c.gpus_per_node} GPUs), EP {self.ep}, model "
+        c = self.setup.topology()  # the card's cluster: the one simulated
+        return (f"simulated on the `{self.setup.name}` set-up card ({c.num_nodes} x {c.gpus_per_node} GPUs), "
+                f"EP {self.ep}, model "
                 f"{self.model.name}; workload {self.the_workload(sizes)} | {self.scale_note(sizes)}")
 
 
@@ -63,14 +63,15 @@ class Result(Result):
                                       "compute per knob and value, one knob moved at a time")
     tornado: pd.DataFrame = table("per ratio and knob: default, lowest and highest ratio, the values giving them, "
                                   "swing (sorted by swing)")
-    case: dict = value(None)  # model, workload, ep and cluster of the default set-up
+    case: dict = value(None)  # model, workload, ep and set-up card (whose cluster is simulated) of the default
 
 
 def compute(p: Params, sizes: Sizes, progress: bool = True) -> Result:
     frame = sensitivity(p.model, p.ep, setup=p.setup, workload=p.the_workload(sizes),
                         micro_batches=sizes.micro_batches, layers=sizes.layers, steps=p.steps, seed=p.seed,
                         quick=sizes.quick, knobs=None if p.knobs is None else list(p.knobs), progress=progress)
-    case = {"model": p.model.name, "workload": p.the_workload(sizes), "ep": p.ep, "cluster": sizes.cluster}
+    case = {"model": p.model.name, "workload": p.the_workload(sizes), "ep": p.ep, "setup": p.setup.name,
+            "nodes_x_gpus": f"{p.setup.topology().num_nodes} x {p.setup.topology().gpus_per_node}"}
     return Result(sensitivity=frame, tornado=tornado_table(frame), case=case)
 
 
@@ -91,7 +92,7 @@ class Swing:
 
 @dataclass(frozen=True)
 class Summary:
-    case: dict  # model, workload, ep and cluster of the default set-up
+    case: dict  # model, workload, ep and set-up card of the default
     default: dict[str, float]  # ratio id -> its value at the default set-up
     swings: dict[str, tuple[Swing, ...]]  # ratio id -> its knobs, largest swing first
     flat_knobs: tuple[str, ...]  # knobs that move no ratio by more than FLAT
@@ -187,7 +188,8 @@ def rows(s: Summary, man: dict) -> list[dict]:
     c = s.case
     return [row("what moves ReLibra / Megatron most (one knob at a time)",
                 f"default {s.default['relibra_over_megatron']:.2f}x; most with {knobs}",
-                f"**simulated**, {c['model']}, {c['workload']}, EP {c['ep']} on the {cluster_text(c['cluster'])}; "
+                f"**simulated**, {c['model']}, {c['workload']}, EP {c['ep']} on the `{c['setup']}` set-up card "
+                f"({c['nodes_x_gpus']} GPUs); "
                 f"{man['scale_note']}")]
 
 
@@ -200,7 +202,8 @@ def section(s: Summary, man: dict, table_md) -> str:
     defaults = "; ".join(f"{RATIO_LABELS[q]} {s.default[q]:.3f}" for q in ratios)
     figure = next((f for f in man.get("figures", []) if f["name"] == "tornado"), None)
     return (f"## How far the headline moves: sensitivity\n\nFrom notebook 10 (simulated, `{c['model']}`, "
-            f"{c['workload']}, EP {c['ep']} on the `{c['cluster']}` cluster preset, {man['scale_note']}): one knob "
+            f"{c['workload']}, EP {c['ep']} on the `{c['setup']}` set-up card ({c['nodes_x_gpus']} GPUs), {man['scale_note']}): "
+            "one knob "
             f"moved at a time around the default set-up, whose ratios are {defaults}. Per knob, the lowest and highest "
             "ratio over its values, sorted by the swing of ReLibra / Megatron "
             f"([tornado.csv](10_sensitivity/tornado.csv)):\n\n{table_md(pd.DataFrame(cells))}\n"
