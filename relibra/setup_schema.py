@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from relibra.cluster import MODEL_PRESETS
-from relibra.costs.params import REPLICA_BUFFERS
+from relibra.costs.params import DISPATCHERS, REPLICA_BUFFERS
 from relibra.errors import ConfigError
 from relibra.workloads.config import BATCH_LAYOUTS, DOMAINS
 
@@ -174,6 +174,15 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("training.spare_slots_per_gpu", "int",
           "each slot holds one more expert's weights: the paper's replica memory (0.13-1.62% of parameters) fits 1-4; "
           "64 bounds any replica budget", 1, 64, "slots"),
+    Bound("parallel.dispatcher", "choice",
+          "the token dispatchers the cost model has a traffic rule for (relibra.costs.params.DISPATCHERS)",
+          choices=DISPATCHERS),
+    Bound("parallel.decoder_last_pipeline_num_layers", "int",
+          "Megatron's --decoder-last-pipeline-num-layers: at least one layer, at most the largest model's 256", 1, 256,
+          "layers"),
+    Bound("parallel.virtual_pipeline_stages", "int",
+          "model chunks per pipeline rank (interleaved 1F1B): at least 1, at most one layer per chunk", 1, 256,
+          "chunks"),
     Bound("calibration.megatron_skewness_min", "number",
           "max / mean tokens per GPU: at least 1, at most the EP size (every token on one GPU), 512 the largest "
           "EP the kit plans", 1.0, 512.0, "x mean"),

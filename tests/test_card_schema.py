@@ -403,7 +403,9 @@ def _finite_results(card) -> list[str]:
     assert all(v >= 0 for k, v in trace.provenance.items() if k.startswith("sequences_"))
     params = card.policy_params(["relibra"])
     params["relibra"].update(iterations=60, min_replica_tokens=1)
-    result = simulate(trace, card.topology(), ["relibra"], params=card.cost_params(4), policy_params=params,
+    pp = card.value("batch.pipeline_parallel")  # the card's layer split is its model's; the tiny model's 4 layers
+    pipeline = dict(pipeline_stages=pp if 4 % pp == 0 else 1, last_stage_layers=None, virtual_stages=1)
+    result = simulate(trace, card.topology(), ["relibra"], params=card.cost_params(4, **pipeline), policy_params=params,
                       progress=False)
     bad = []
     for row in result.summary.to_dict(orient="records"):
