@@ -130,6 +130,14 @@ class SetupCard:
         """The recipe's token dispatcher (parallel.dispatcher; DeepEP's rule where the card names none)."""
         return self.optional("parallel.dispatcher", "deepep")
 
+    @property
+    def sequence_split(self) -> int:
+        """Ranks every sequence is split over: CP x TP under the token-budget layout (the generator splits each
+        sequence as Megatron's context and sequence parallelism do), else 1 (whole sequences)."""
+        if self.value("batch.layout") != "token-budget":
+            return 1
+        return self.value("batch.context_parallel") * self.value("batch.tensor_parallel")
+
     def stage_layer_counts(self, decoder_layers: int) -> tuple[int, ...]:
         """Decoder layers of each pipeline stage for a model of `decoder_layers` (dense + MoE) layers:
         Megatron's split under batch.pipeline_parallel and parallel.decoder_last_pipeline_num_layers
@@ -162,6 +170,9 @@ class SetupCard:
         """The generator's knobs from the card; `changes` override WorkloadConfig fields."""
         fields = dict(batch_layout=self.value("batch.layout"), tokens_per_microbatch=self.tokens_per_ep_rank,
                       data_parallel_size=self.token_ranks,
+                      **({"context_parallel": self.value("batch.context_parallel"),
+                          "tensor_parallel": self.value("batch.tensor_parallel")}
+                         if self.value("batch.layout") == "token-budget" else {}),
                       global_batch_sequences=self.value("batch.global_batch_sequences"),
                       responses_per_prompt=self.value("batch.responses_per_prompt"),
                       max_sequence_tokens=self.value("lengths.max_sequence_tokens"),
@@ -199,6 +210,7 @@ class SetupCard:
                       attention_backward_factor=float(self.value("compute.attention_backward_factor")),
                       dispatcher=self.dispatcher, pipeline_stages=self.value("batch.pipeline_parallel"),
                       last_stage_layers=self.optional("parallel.decoder_last_pipeline_num_layers"),
+                      sequence_split=self.sequence_split,
                       virtual_stages=self.optional("parallel.virtual_pipeline_stages", 1),
                       overheads=overheads_from_values({k: self.value(k) for k in OVERHEAD_ENTRIES}))
         fields.update(changes)

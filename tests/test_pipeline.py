@@ -173,3 +173,36 @@ def test_slime_235b_breakdown_has_a_bubble_term():
     assert cost.info["pipeline"]["moe_layers_per_chunk"] == [24, 24, 24, 22]
     assert totals["pipeline_bubble"] > 0
     assert sum(v for k, v in totals.items() if k != "step_total") == pytest.approx(cost.step_seconds, rel=1e-9)
+
+
+# ---- the sequence split (CP x TP) -------------------------------------------------------------------
+def test_split_pieces_by_hand():
+    from relibra.workloads.layouts import split_pieces
+
+    # CP 2: 4 chunks of a 10-token sequence: 3, 3, 2, 2; rank 0 takes chunks 0 and 3 (5), rank 1 chunks 1 and 2 (5);
+    # TP 2 then halves each: [[3, 2], [3, 2]]
+    assert split_pieces(np.array([10]), 2, 2).tolist() == [[[3, 2], [3, 2]]]
+    # 7 tokens: chunks 2, 2, 2, 1; rank 0: 2 + 1 = 3, rank 1: 2 + 2 = 4; TP 1
+    assert split_pieces(np.array([7]), 2, 1).tolist() == [[[3], [4]]]
+    lengths = np.array([1, 5, 8191, 10240])
+    pieces = split_pieces(lengths, 2, 4)
+    assert pieces.shape == (4, 2, 4) and pieces.sum(axis=(1, 2)).tolist() == lengths.tolist()
+    assert (pieces.max(axis=(1, 2)) - pieces.min(axis=(1, 2)) <= 2).all()
+
+
+def test_slime_235b_trace_splits_every_sequence_over_cp_x_tp():
+    """The card's batch: bins of 16384 x CP 2 = 32768 tokens per data-parallel slot, each split over its 8 ranks, so
+    no rank holds more than a bin's eighth (plus rounding) and a rank's tokens are its slot's bin / 8."""
+    from relibra.workloads import generate_trace
+
+    card = load_card("slime-qwen3-235b")
+    cfg = card.workload_config()
+    assert (cfg.context_parallel, cfg.tensor_parallel) == (2, 4) and card.sequence_split == 8
+    trace = generate_trace("qwen3-235b-a22b", "math", 16, steps=1, seed=0, config=cfg)
+    tokens = trace.loads[0, :, 0].sum(axis=-1) // 8  # [M, ep] tokens per (micro-batch, rank)
+    assert tokens.max() <= 32768 // 8 + 8
+    slot_tokens = tokens.reshape(-1, 2, 8)  # [M, DP slot, CP x TP ranks]
+    assert (slot_tokens.max(axis=2) - slot_tokens.min(axis=2)).max() <= 2 * trace.seq_lens[0].shape[-1]
+    # the pieces' lengths are what the trace keeps; the attention of a piece is its whole sequence's / 8
+    assert int(trace.seq_lens[0].sum()) == int(tokens.sum())
+    assert card.cost_params(16).sequence_split == 8
