@@ -204,6 +204,12 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("overheads.planner_measured_experts", "int",
           "experts per MoE layer of the models a rate was measured on: these models have 16-256; 4096 bounds any",
           1, 4096, "experts"),
+    Bound("overheads.gemm_call_floor_s", "number",
+          "one grouped expert GEMM call's floor: 0 (not charged) to 0.1 s (a millisecond is measured; 0.1 s is no "
+          "kernel launch)", 0.0, 0.1, "s"),
+    Bound("overheads.copy_a2a_contention", "number",
+          "a share of the replica copies' seconds: 0 none contends with the all-to-all, 1 all of it", 0.0, 1.0),
+    Bound("overheads.plan_metadata_charged", "bool", "on or off"),
     Bound("overheads.host_to_device_GBps", "number",
           "pinned host-to-GPU copies: PCIe Gen5 x16 64 GB/s each way, NVLink-C2C 450; 1000 is past any host link",
           0.1, 1000.0, "GB/s"),

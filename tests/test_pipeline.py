@@ -206,3 +206,56 @@ def test_slime_235b_trace_splits_every_sequence_over_cp_x_tp():
     # the pieces' lengths are what the trace keeps; the attention of a piece is its whole sequence's / 8
     assert int(trace.seq_lens[0].sum()) == int(tokens.sum())
     assert card.cost_params(16).sequence_split == 8
+
+
+# ---- the costs that were charged at zero --------------------------------------------------------------
+def test_gemm_floor_contention_and_broadcast_by_hand():
+    from relibra.costs.overheads import (Overheads, copy_contention_seconds, gemm_floor_seconds, plan_metadata,
+                                         plan_broadcast_seconds)
+
+    expert = np.array([[[1e-4, 5e-3, 0.0]]])
+    tokens = np.array([[[10, 5000, 0]]])
+    # forward at least a third of the 0.6 ms floor where a GPU computes anything; an idle GPU stays at 0
+    assert np.allclose(gemm_floor_seconds(expert, tokens, 6e-4), [[[2e-4, 5e-3, 0.0]]], rtol=1e-12, atol=0)
+    push = np.array([[[1.0, 3.0]]])
+    pull = np.array([[[2.0, 0.5]]])
+    fwd, bwd = copy_contention_seconds(push, pull, 0.5, push_backward=True)
+    assert fwd.tolist() == [[1.5]] and bwd.tolist() == [[1.75]]  # 0.5 x max(3, 3.5)
+    rng = np.random.default_rng(3)
+    plan = _plan(rng, m=2)
+    assert plan_broadcast_seconds(plan, Overheads(plan_metadata_charged=True), TOPO).tolist() == [0.0, 0.0]
+    rexp, rstart, rtok = empty_replicas(2, MODEL.num_layers, 8, 1)
+    with_slots = StepPlan("x", plan.loads, plan.home, rexp, rstart, rtok, 4, plan.slots_per_gpu + 1)
+    ov = Overheads(plan_metadata_charged=True, host_to_device_GBps=1.0)
+    meta = plan_metadata(with_slots, ov, TOPO)
+    assert meta["bytes_per_microbatch"] == 3 * 4 * MODEL.num_layers * 8 * 1
+    got = plan_broadcast_seconds(with_slots, ov, TOPO)
+    first = meta["bytes_per_microbatch"] + meta["home_bytes_per_step"]
+    lat = 2 * TOPO.collective_latency_s
+    assert got[0] == pytest.approx(first / 1e9 + first / TOPO.rdma_bytes_per_s + lat)  # EP 8 spans 2 nodes
+    assert got[1] == pytest.approx(meta["bytes_per_microbatch"] * (1 / 1e9 + 1 / TOPO.rdma_bytes_per_s) + lat)
+    assert plan_broadcast_seconds(with_slots, Overheads(), TOPO).tolist() == [0.0, 0.0]
+
+
+def test_new_costs_only_slow_the_step_and_are_recorded():
+    from relibra.costs import Overheads
+
+    rng = np.random.default_rng(5)
+    plan = _plan(rng)
+    bare = cost_plan(plan, MODEL, TOPO, CostParams())
+    floored = cost_plan(plan, MODEL, TOPO, CostParams(overheads=Overheads(gemm_call_floor_s=0.05)))
+    own = floored.info["overheads"]
+    # a 50 ms floor binds on every busy GPU: 3 micro-batches x 4 layers, forward + 2 x backward = the floor
+    assert own["gemm_floor_s"] > 0
+    assert floored.step_seconds - bare.step_seconds == pytest.approx(own["gemm_floor_s"], rel=1e-9)
+    assert floored.forward["expert_compute"].min() >= 0.05 / 3
+    assert cost_plan(plan, MODEL, TOPO, CostParams(overheads=Overheads(copy_a2a_contention=1.0))).info[
+        "overheads"]["copy_contention_s"] == 0.0  # no replicas: nothing contends
+
+
+def test_attention_of_a_split_piece_is_its_sequences_share():
+    from relibra.costs import attention_core_flops
+
+    whole = MODEL.attention_core_flops(np.array([8000]))
+    pieces = np.array([[[1000] * 8]])  # one rank holding its eighth of eight 8000-token sequences
+    assert attention_core_flops(MODEL, None, 4096, pieces, split=8)[0, 0] == pytest.approx(8 * whole / 8)

@@ -268,8 +268,10 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     gpu_tokens = gpu_tokens_from(expert_tokens, plan.home, plan.replica_expert, replica_tokens)  # [M, L, ep]
     a2a = phases.dispatch_seconds(plan, model, topology, params, None, src_tokens)  # the flow layer by layer
     copies = phases.active_copies(plan, home_tokens, replica_tokens)
-    expert_gpu = phases.expert_seconds_per_gpu(gpu_tokens, copies, model, topology)
+    expert_raw = phases.expert_seconds_per_gpu(gpu_tokens, copies, model, topology)
+    expert_gpu = overheads.gemm_floor_seconds(expert_raw, gpu_tokens, params.overheads.gemm_call_floor_s)
     expert = expert_gpu.max(axis=2)
+    floor_fwd_s = float((expert - expert_raw.max(axis=2)).sum())
 
     # dense parts (the overlap window), replicas, run-time planner
     attention, other = phases.dense_seconds(src_tokens, model, topology, params, seq_lens)
@@ -278,22 +280,32 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     dense_b = np.broadcast_to((attention_b + other_b).max(axis=1)[:, None], (m, l)).copy()
     zeros = np.zeros((m, l))
     replicas = {"push_forward": zeros, "push_backward": zeros, "pull_backward": zeros, "unhidden_s": 0.0}
+    contention = (zeros, zeros)
     if (plan.replica_expert >= 0).any():
         push_gpu, pull_gpu = phases.replica_transfer_seconds(plan, model, topology, params)
         replicas = phases.replica_seconds(plan, push_gpu, pull_gpu, attention, other, params, attention_b, other_b)
+        if params.overheads.copy_a2a_contention > 0 and not plan.transfers_on_critical_path \
+                and params.overlap_transfers:
+            contention = overheads.copy_contention_seconds(push_gpu, pull_gpu, params.overheads.copy_a2a_contention,
+                                                           phases.pushes_again_for_backward(plan, params))
     planner_fwd, planner_charge = phases.planner_seconds(
         plan, topology, params, planner_s if critical_planner_s is None else critical_planner_s)
     extra = phases.non_moe_seconds(src_tokens, model, topology, params, seq_lens)
     extra_b = phases.non_moe_seconds(src_tokens, model, topology, params, seq_lens, backward=True)
 
+    # the plan's metadata reaches the GPUs before the micro-batch's first layer
+    broadcast = overheads.plan_broadcast_seconds(plan, params.overheads, topology)
+    planner_fwd = planner_fwd.copy()
+    planner_fwd[:, 0] += broadcast
     forward = {"dispatch": a2a, "expert_compute": expert, "combine": a2a.copy(), "dense_compute": dense,
-               "replica_push": replicas["push_forward"], "replica_grad": zeros.copy(), "planner": planner_fwd}
+               "replica_push": replicas["push_forward"] + contention[0], "replica_grad": zeros.copy(),
+               "planner": planner_fwd}
     # Backward mirrors the exchanges (combine's gradient goes out like dispatch and back like combine;
     # the per-GPU time is the same under the transpose) at twice the FLOPs, the attention core at
     # CostParams.attention_backward_factor (FlashAttention's backward recomputes Q K^T).
     backward = {"dispatch": a2a.copy(), "expert_compute": 2 * expert, "combine": a2a.copy(),
                 "dense_compute": dense_b, "replica_push": replicas["push_backward"],
-                "replica_grad": replicas["pull_backward"], "planner": zeros.copy()}
+                "replica_grad": replicas["pull_backward"] + contention[1], "planner": zeros.copy()}
     layout = pipeline_layout(model, params)
     stage_fwd = stage_bwd = None
     forward_pass_s = None
@@ -313,6 +325,10 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     own = charge_overheads(plan, model, topology, params, forward, backward, extra, src_tokens, seq_lens,
                            forward_pass_s)
     recompute_extra = own.pop("recompute_extra_backward")
+    # the floor is paid by forward, backward and (with recomputation) the recomputed forward
+    own.update({"gemm_floor_s": floor_fwd_s * (4 if params.overheads.activation_recompute else 3),
+                "copy_contention_s": float(contention[0].sum() + contention[1].sum()),
+                "plan_broadcast_s": float(broadcast.sum())})
     extra_b = extra_b + recompute_extra
     if layout is not None:
         stage_bwd = stage_bwd + share * recompute_extra[None]
