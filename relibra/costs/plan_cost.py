@@ -325,8 +325,12 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     own = charge_overheads(plan, model, topology, params, forward, backward, extra, src_tokens, seq_lens,
                            forward_pass_s)
     recompute_extra = own.pop("recompute_extra_backward")
+    cells = own.pop("_cells")
     # the floor is paid by forward, backward and (with recomputation) the recomputed forward
-    own.update({"gemm_floor_s": floor_fwd_s * (4 if params.overheads.activation_recompute else 3),
+    floor_factor = 4 if params.overheads.activation_recompute else 3
+    cells.update({"gemm_floor_s": floor_factor * (expert - expert_raw.max(axis=2)),
+                  "copy_contention_s": contention[0] + contention[1]})
+    own.update({"gemm_floor_s": floor_fwd_s * floor_factor,
                 "copy_contention_s": float(contention[0].sum() + contention[1].sum()),
                 "plan_broadcast_s": float(broadcast.sum())})
     extra_b = extra_b + recompute_extra
@@ -357,7 +361,7 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     buffer = "autograd" if plan.transfers_on_critical_path else params.replica_buffer
     memory = phases.replica_memory(model, ep, slots_per_layer, buffer, homes, params.grad_bytes_per_param)
     attention_note = "trace seq_lens" if seq_lens is not None else f"assumed seq_len={params.seq_len}"
-    return PlanCost(forward=forward, backward=backward, extra_forward=extra, extra_backward=extra_b,
+    cost = PlanCost(forward=forward, backward=backward, extra_forward=extra, extra_backward=extra_b,
                     expert_seconds_per_gpu=expert_gpu, gpu_tokens=gpu_tokens, migration_s=migration_s,
                     migration_bytes=migration_bytes, optimizer_s=optimizer_s, planner_s=float(planner_s),
                     tokens=int(round(float(src_tokens.sum()))), memory=memory,
@@ -370,6 +374,15 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
                     layer_stage=None if layout is None else layout[0], stage_extra_forward=stage_fwd,
                     stage_extra_backward=stage_bwd, pipeline_devices=1 if layout is None else layout[2],
                     planner_step_s=float(own["planner_exposed_s"]))
+    if layout is not None:  # the per-cell overheads of the stage whose time the breakdown shows (PlanCost.totals)
+        keep = (layer_stage % devices) == int(np.argmax(cost._device_work()))
+        mine = (np.arange(chunks) % devices) == int(np.argmax(cost._device_work()))
+        for key, arr in cells.items():
+            own[key] = float(np.asarray(arr)[:, keep].sum())
+        own["recompute_s"] += float((share[mine].sum() * recompute_extra).sum())
+        own["plan_broadcast_s"] = float(broadcast.sum()) if keep[0] else 0.0
+        own["per_stage"] = "busiest"
+    return cost
 
 
 def charge_overheads(plan: StepPlan, model: ModelShape, topology: Topology, params: CostParams, forward: dict,
@@ -389,13 +402,14 @@ def charge_overheads(plan: StepPlan, model: ModelShape, topology: Topology, para
     m, l = forward["dispatch"].shape
     recompute_extra = np.zeros(m)
     recompute_s = 0.0
+    recompute_cells = grad_add = np.zeros((m, l))
     if ov.activation_recompute:
         for comp in ("dispatch", "combine", "expert_compute", "dense_compute"):
             backward[comp] = backward[comp] + forward[comp]
         recompute_extra = phases.non_moe_seconds(src_tokens, model, topology,
                                                  dataclasses.replace(params, include_lm_head=False), seq_lens)
-        recompute_s = float(sum(forward[c].sum() for c in ("dispatch", "combine", "expert_compute", "dense_compute"))
-                            + recompute_extra.sum())
+        recompute_cells = sum(forward[c] for c in ("dispatch", "combine", "expert_compute", "dense_compute"))
+        recompute_s = float(recompute_cells.sum() + recompute_extra.sum())
     grad_add_s = 0.0
     if ov.replica_grad_add and (plan.replica_expert >= 0).any():
         adds = overheads.grad_adds_per_home(plan, phases.replica_buffer_of(plan, params))
@@ -413,4 +427,5 @@ def charge_overheads(plan: StepPlan, model: ModelShape, topology: Topology, para
             "recompute_s": recompute_s, "grad_add_s": grad_add_s, "planner_s": planner["planner_s"],
             "planner_window_s": planner["window_s"], "planner_exposed_s": planner["exposed_s"],
             "planner_rated": planner["rated"],
-            "recompute_extra_backward": recompute_extra}
+            "recompute_extra_backward": recompute_extra, "_cells": {"recompute_s": recompute_cells,
+                                                                    "grad_add_s": grad_add}}
