@@ -2,8 +2,9 @@
 cost model (relibra.costs) turns each plan into seconds, and the results come back as one tidy frame
 (relibra.metrics.METRIC_COLUMNS, source="simulated") plus one summary row per policy.
 
-The simulated EP group is one pipeline stage holding every MoE layer (no tensor or pipeline
-parallelism; docs/cost-model.md explains why the policies' throughput ratios carry over to PP).
+Every MoE layer is simulated on one EP group of the card's routing; with pipeline stages
+(CostParams.pipeline_stages) each stage's layers run on their own GPUs and the step is the 1F1B
+schedule of the stages' per-micro-batch seconds plus the per-step costs (docs/cost-model.md).
 Tokens per second count the tokens of that EP group.
 """
 
@@ -179,6 +180,7 @@ def _step_summary(name: str, step: int, cost: PlanCost, plan: StepPlan) -> dict:
         "a2a_s": totals["dispatch"] + totals["combine"], "expert_s": totals["expert_compute"],
         "dense_s": totals["dense_compute"], "exposed_transfer_s": totals["replica_push"] + totals["replica_grad"],
         "planner_exposed_s": totals["planner"], "migration_s": cost.migration_s, "optimizer_s": cost.optimizer_s,
+        "bubble_s": totals["pipeline_bubble"],
         "skewness": float(cost.skewness().mean()), "replica_memory_share": cost.memory["replica_memory_share"],
         "replica_buffer_bytes": cost.memory["replica_buffer_bytes"], "plan_s": cost.planner_s,
         "planner_on_critical_path": bool(cost.info["exposed_planner"]),
