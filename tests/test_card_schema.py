@@ -6,9 +6,8 @@ shipped cards are either refused in one line or simulated at a tiny size with fi
 
 from __future__ import annotations
 
-import dataclasses
-
 import base64
+import dataclasses
 import json
 import math
 import tempfile
