@@ -259,11 +259,11 @@ class SetupCard:
                                       f"micro-batches), times the mean {w} sequence of the card's lengths", "range": None})
         pp = self.value("batch.pipeline_parallel")
         if pp > 1:
-            out.append({"key": "derived.pipeline_schedule", "value": "1F1B" if self.optional(
-                "parallel.virtual_pipeline_stages", 1) == 1 else "interleaved 1F1B", "unit": "",
-                        "kind": "derived", "source": f"{pp} stages, Megatron's layer split (SetupCard.stage_layer_counts); "
-                        "the simulator runs the schedule over each stage's per-micro-batch seconds, the bubble its "
-                        "own term (relibra.costs.pipeline)", "range": None})
+            schedule = "1F1B" if self.optional("parallel.virtual_pipeline_stages", 1) == 1 else "interleaved 1F1B"
+            out.append({"key": "derived.pipeline_schedule", "value": schedule, "unit": "", "kind": "derived",
+                        "source": f"{pp} stages, Megatron's layer split (SetupCard.stage_layer_counts); the simulator "
+                        "runs the schedule over each stage's per-micro-batch seconds, the bubble its own term "
+                        "(relibra.costs.pipeline)", "range": None})
         return out
 
 

@@ -103,8 +103,8 @@ def simulate_case(case: Case) -> pd.DataFrame:
         mean_tokens_per_slot=float(slot_tokens.mean()), max_tokens_per_slot=int(slot_tokens.max()))
 
 
-OVERHEAD_EXTRAS = ("transfer_s", "fragmentation_s", "replica_transfers", "launch_s", "gemm_floor_s", "copy_contention_s",
-                   "plan_broadcast_s", "bubble_s")
+OVERHEAD_EXTRAS = ("transfer_s", "fragmentation_s", "replica_transfers", "launch_s", "gemm_floor_s",
+                   "copy_contention_s", "plan_broadcast_s", "bubble_s")
 _TOPOLOGY_FIELDS = {f.name for f in dataclasses.fields(Topology)}
 
 
