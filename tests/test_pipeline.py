@@ -108,8 +108,13 @@ def test_pipeline_step_has_a_bubble_and_per_step_costs_pay_none():
     assert parts == pytest.approx(totals["step_total"], rel=1e-9) and totals["pipeline_bubble"] == bubble
     frame = piped.frame()
     assert frame.loc[frame["component"] == "pipeline_bubble", "seconds"].item() == pytest.approx(bubble)
-    with pytest.raises(ConfigError, match="do not split evenly"):
-        cost_plan(plan, MODEL, TOPO, CostParams(pipeline_stages=3))
+    assert piped.info["pipeline"] == {"stages": 2, "virtual_stages": 1, "moe_layers_per_chunk": [2, 2],
+                                      "split": "megatron"}
+    # a model cut to fewer layers than the recipe's split: near-equal runs, said so
+    odd = cost_plan(plan, MODEL, TOPO, CostParams(pipeline_stages=3))
+    assert odd.info["pipeline"]["moe_layers_per_chunk"] == [1, 2, 1] and odd.info["pipeline"]["split"] == "near-even"
+    with pytest.raises(PlanError, match="cannot fill"):
+        cost_plan(plan, MODEL, TOPO, CostParams(pipeline_stages=5))
     with pytest.raises(PlanError, match="virtual stages"):
         cost_plan(plan, MODEL, TOPO, CostParams(pipeline_stages=2, virtual_stages=2, last_stage_layers=1))
 

@@ -204,20 +204,30 @@ def by_stage(per_layer: np.ndarray, layer_stage: np.ndarray, chunks: int) -> np.
     return (np.asarray(per_layer, dtype=np.float64) @ onehot).T
 
 
-def pipeline_layout(model: ModelShape, params: CostParams) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """(chunk of each MoE layer int64 [L], chunk of each leading dense layer int64 [D], devices) of the
+def pipeline_layout(model: ModelShape, params: CostParams) -> tuple[np.ndarray, np.ndarray, int, str] | None:
+    """(chunk of each MoE layer int64 [L], chunk of each leading dense layer int64 [D], devices, split) of the
     pipeline params asks for, or None for one stage. Chunks = pipeline_stages x virtual_stages, in pipeline
-    order over the decoder's D + L layers (relibra.costs.pipeline.stage_layer_counts: Megatron's split;
-    with virtual stages an even split over the chunks)."""
+    order over the decoder's D + L layers. split "megatron": relibra.costs.pipeline.stage_layer_counts
+    (Megatron's split; with virtual stages an even split over the chunks); "near-even": the model's layers
+    do not take that split (a model cut to fewer layers than its recipe splits), so near-equal runs cut at
+    the rounded multiples of layers / chunks. A set-up card refuses a split its own model does not take."""
     p, v = params.pipeline_stages, params.virtual_stages
     if p == 1 and v == 1:
         return None
     decoder = model.num_dense_layers + model.num_layers
     if v > 1 and params.last_stage_layers is not None:
         raise PlanError("pipeline: virtual stages with an uneven last stage are not modelled")
-    counts = stage_layer_counts(decoder, p * v, params.last_stage_layers)
-    moe, dense = layer_stages(counts, model.num_dense_layers, model.num_layers)
-    return moe, dense, p
+    if decoder < p * v:
+        raise PlanError(f"pipeline: {decoder} decoder layers cannot fill {p * v} pipeline chunks")
+    last = params.last_stage_layers
+    if last is not None and last >= decoder or (last is None and decoder % (p * v)) or \
+            (last is not None and (decoder - last) % (p - 1)):
+        # a model cut to fewer layers (relibra.experiments.config.scaled_model) than the recipe's split names:
+        # its layers in near-equal runs, cut at the rounded multiples of layers / chunks (info["pipeline"]["split"])
+        counts = tuple(int(x) for x in np.diff(np.linspace(0, decoder, p * v + 1).round().astype(np.int64)))
+        return (*layer_stages(counts, model.num_dense_layers, model.num_layers), p, "near-even")
+    counts = stage_layer_counts(decoder, p * v, last)
+    return (*layer_stages(counts, model.num_dense_layers, model.num_layers), p, "megatron")
 
 
 def check_seq_lens(seq_lens, src_tokens: np.ndarray) -> np.ndarray | None:
@@ -310,7 +320,7 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     stage_fwd = stage_bwd = None
     forward_pass_s = None
     if layout is not None:
-        layer_stage, dense_stage, devices = layout
+        layer_stage, dense_stage, devices, split_rule = layout
         chunks = int(max(layer_stage.max(initial=0), dense_stage.max(initial=0))) + 1
         no_head = dataclasses.replace(params, include_lm_head=False)
         dense_f = phases.non_moe_seconds(src_tokens, model, topology, no_head, seq_lens)
@@ -370,7 +380,8 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
                           "attention": attention_note, "dp_size": dp, "policy": plan.policy, "overheads": own,
                           "pipeline": None if layout is None else
                           {"stages": params.pipeline_stages, "virtual_stages": params.virtual_stages,
-                           "moe_layers_per_chunk": np.bincount(layout[0], minlength=chunks).tolist()}},
+                           "moe_layers_per_chunk": np.bincount(layout[0], minlength=chunks).tolist(),
+                           "split": layout[3]}},
                     layer_stage=None if layout is None else layout[0], stage_extra_forward=stage_fwd,
                     stage_extra_backward=stage_bwd, pipeline_devices=1 if layout is None else layout[2],
                     planner_step_s=float(own["planner_exposed_s"]))
