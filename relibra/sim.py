@@ -33,7 +33,7 @@ BALANCED_COMPUTE = "balanced-compute"
 SUMMARY_COLUMNS = [
     "policy", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced", "frac_of_balanced_compute", "skewness",
     "step_s",
-    "a2a_share", "expert_share", "exposed_transfer_share", "migration_share", "migration_s",
+    "a2a_share", "expert_share", "exposed_transfer_share", "migration_share", "migration_s", "bubble_share",
     "replica_memory_share", "replica_buffer_bytes", "plan_s", "planner_on_critical_path", "gap_to_bound",
     "steps", "tokens_per_step",
 ]
@@ -191,7 +191,8 @@ def _step_summary(name: str, step: int, cost: PlanCost, plan: StepPlan) -> dict:
 def summarize(per_step: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
     """One row per policy (SUMMARY_COLUMNS) from the per-(policy, step) figures of `simulate`.
 
-    tokens_per_s = all tokens / all seconds; shares are of the summed step time; speedup_vs_megatron,
+    tokens_per_s = all tokens / all seconds; shares are of the summed step time (bubble_share: the pipeline
+    schedule's bubble, 0 without a pipeline); speedup_vs_megatron,
     frac_of_balanced and frac_of_balanced_compute divide tokens_per_s by that of `megatron` /
     `balanced` / `balanced-compute` (NaN when absent).
     """
@@ -206,6 +207,7 @@ def summarize(per_step: pd.DataFrame, order: list[str] | None = None) -> pd.Data
         "exposed_transfer_share": g["exposed_transfer_s"].sum() / total,
         "migration_share": g["migration_s"].sum() / total,
         "migration_s": g["migration_s"].mean(),
+        "bubble_share": g["bubble_s"].sum() / total,
         "replica_memory_share": g["replica_memory_share"].max(),
         "replica_buffer_bytes": g["replica_buffer_bytes"].max(),
         "plan_s": g["plan_s"].mean(),
