@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from relibra.cluster import MODEL_PRESETS
-from relibra.costs.params import REPLICA_BUFFERS
+from relibra.costs.params import DISPATCHERS, REPLICA_BUFFERS
 from relibra.display import md_table
 from relibra.errors import ConfigError
 from relibra.workloads.config import BATCH_LAYOUTS, DOMAINS
@@ -175,6 +175,15 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("training.spare_slots_per_gpu", "int",
           "each slot holds one more expert's weights: the paper's replica memory (0.13-1.62% of parameters) fits 1-4; "
           "64 bounds any replica budget", 1, 64, "slots"),
+    Bound("parallel.dispatcher", "choice",
+          "the token dispatchers the cost model has a traffic rule for (relibra.costs.params.DISPATCHERS)",
+          choices=DISPATCHERS),
+    Bound("parallel.decoder_last_pipeline_num_layers", "int",
+          "Megatron's --decoder-last-pipeline-num-layers: at least one layer, at most the largest model's 256", 1, 256,
+          "layers"),
+    Bound("parallel.virtual_pipeline_stages", "int",
+          "model chunks per pipeline rank (interleaved 1F1B): at least 1, at most one layer per chunk", 1, 256,
+          "chunks"),
     Bound("calibration.megatron_skewness_min", "number",
           "max / mean tokens per GPU: at least 1, at most the EP size (every token on one GPU), 512 the largest "
           "EP the kit plans", 1.0, 512.0, "x mean"),
@@ -196,6 +205,12 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("overheads.planner_measured_experts", "int",
           "experts per MoE layer of the models a rate was measured on: these models have 16-256; 4096 bounds any",
           1, 4096, "experts"),
+    Bound("overheads.gemm_call_floor_s", "number",
+          "one grouped expert GEMM call's floor: 0 (not charged) to 0.1 s (a millisecond is measured; 0.1 s is no "
+          "kernel launch)", 0.0, 0.1, "s"),
+    Bound("overheads.copy_a2a_contention", "number",
+          "a share of the replica copies' seconds: 0 none contends with the all-to-all, 1 all of it", 0.0, 1.0),
+    Bound("overheads.plan_metadata_charged", "bool", "on or off"),
     Bound("overheads.host_to_device_GBps", "number",
           "pinned host-to-GPU copies: PCIe Gen5 x16 64 GB/s each way, NVLink-C2C 450; 1000 is past any host link",
           0.1, 1000.0, "GB/s"),

@@ -22,6 +22,7 @@ from pathlib import Path
 from relibra.cluster import Topology
 from relibra.costs.overheads import CARD_ENTRIES as OVERHEAD_ENTRIES, overheads_from_values
 from relibra.costs.params import CostParams
+from relibra.costs.pipeline import stage_layer_counts
 from relibra.errors import ConfigError
 from relibra.setup_schema import check_card, check_entry
 from relibra.setup_schema import check_ep as _check_ep
@@ -51,10 +52,13 @@ _SCHEMA: dict[str, type | tuple] = {
     "compute.collective_latency_s": (int, float),
     "training.distributed_optimizer": bool, "training.replica_buffer": str, "training.spare_slots_per_gpu": int,
     "calibration.megatron_skewness_min": (int, float),
+    "parallel.dispatcher": str, "parallel.decoder_last_pipeline_num_layers": int,
+    "parallel.virtual_pipeline_stages": int,
     **{key: types for key, (_, types) in OVERHEAD_ENTRIES.items()},  # the cost model's overheads section
 }
 # Entries every card must end up with (after its base); the others are optional.
-_OPTIONAL = ("batch.micro_batches", "model.name")
+_OPTIONAL = ("batch.micro_batches", "model.name", "parallel.dispatcher", "parallel.decoder_last_pipeline_num_layers",
+             "parallel.virtual_pipeline_stages")
 _REQUIRED = tuple(k for k in _SCHEMA if k not in _OPTIONAL)
 _TOKENS_PER_EP_RANK = "batch.tokens_per_ep_rank_per_microbatch"
 
@@ -116,14 +120,30 @@ class SetupCard:
         return (self.value("batch.data_parallel_size") * self.value("batch.context_parallel")
                 * self.value("batch.tensor_parallel"))
 
-    def pipeline_bubble_factor(self, micro_batches: int) -> float:
-        """Step time under a 1F1B pipeline of batch.pipeline_parallel equal stages over the step time the
-        simulator charges (every layer, every micro-batch, no pipeline): (M + PP - 1) / M. The bubble is PP - 1
-        slots of the policies' own micro-batch time, so the factor is the same for every policy and cancels in
-        their ratios; it is not charged (docs/setup.md)."""
-        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
-            raise ConfigError(f"pipeline_bubble_factor: micro_batches must be a positive integer, got {micro_batches!r}")
-        return (micro_batches + self.value("batch.pipeline_parallel") - 1) / micro_batches
+    def optional(self, key: str, default=None):
+        """An optional entry's value, or `default` where the card (and its base) has none."""
+        entry = self.entries.get(key)
+        return default if entry is None else entry.value
+
+    @property
+    def dispatcher(self) -> str:
+        """The recipe's token dispatcher (parallel.dispatcher; DeepEP's rule where the card names none)."""
+        return self.optional("parallel.dispatcher", "deepep")
+
+    @property
+    def sequence_split(self) -> int:
+        """Ranks every sequence is split over: CP x TP under the token-budget layout (the generator splits each
+        sequence as Megatron's context and sequence parallelism do), else 1 (whole sequences)."""
+        if self.value("batch.layout") != "token-budget":
+            return 1
+        return self.value("batch.context_parallel") * self.value("batch.tensor_parallel")
+
+    def stage_layer_counts(self, decoder_layers: int) -> tuple[int, ...]:
+        """Decoder layers of each pipeline stage for a model of `decoder_layers` (dense + MoE) layers:
+        Megatron's split under batch.pipeline_parallel and parallel.decoder_last_pipeline_num_layers
+        (relibra.costs.pipeline.stage_layer_counts)."""
+        return stage_layer_counts(decoder_layers, self.value("batch.pipeline_parallel"),
+                                  self.optional("parallel.decoder_last_pipeline_num_layers"))
 
     @property
     def micro_batches(self) -> int | None:
@@ -150,6 +170,9 @@ class SetupCard:
         """The generator's knobs from the card; `changes` override WorkloadConfig fields."""
         fields = dict(batch_layout=self.value("batch.layout"), tokens_per_microbatch=self.tokens_per_ep_rank,
                       data_parallel_size=self.token_ranks,
+                      **({"context_parallel": self.value("batch.context_parallel"),
+                          "tensor_parallel": self.value("batch.tensor_parallel")}
+                         if self.value("batch.layout") == "token-budget" else {}),
                       global_batch_sequences=self.value("batch.global_batch_sequences"),
                       responses_per_prompt=self.value("batch.responses_per_prompt"),
                       max_sequence_tokens=self.value("lengths.max_sequence_tokens"),
@@ -185,6 +208,10 @@ class SetupCard:
         """The cost model's knobs for an EP size; `changes` override CostParams fields."""
         fields = dict(replica_buffer=self.value("training.replica_buffer"), dp_size=self.expert_dp_size(ep),
                       attention_backward_factor=float(self.value("compute.attention_backward_factor")),
+                      dispatcher=self.dispatcher, pipeline_stages=self.value("batch.pipeline_parallel"),
+                      last_stage_layers=self.optional("parallel.decoder_last_pipeline_num_layers"),
+                      sequence_split=self.sequence_split,
+                      virtual_stages=self.optional("parallel.virtual_pipeline_stages", 1),
                       overheads=overheads_from_values({k: self.value(k) for k in OVERHEAD_ENTRIES}))
         fields.update(changes)
         return CostParams(**fields)
@@ -232,10 +259,11 @@ class SetupCard:
                                       f"micro-batches), times the mean {w} sequence of the card's lengths", "range": None})
         pp = self.value("batch.pipeline_parallel")
         if pp > 1:
-            out.append({"key": "derived.pipeline_bubble_factor", "value": f"(M + {pp - 1}) / M", "unit": "x step time",
-                        "kind": "derived", "source": "1F1B over PP equal stages, M micro-batches per step; the same "
-                        "factor for every policy, not charged by the simulator (SetupCard.pipeline_bubble_factor)",
-                        "range": None})
+            schedule = "1F1B" if self.optional("parallel.virtual_pipeline_stages", 1) == 1 else "interleaved 1F1B"
+            out.append({"key": "derived.pipeline_schedule", "value": schedule, "unit": "", "kind": "derived",
+                        "source": f"{pp} stages, Megatron's layer split (SetupCard.stage_layer_counts); the simulator "
+                        "runs the schedule over each stage's per-micro-batch seconds, the bubble its own term "
+                        "(relibra.costs.pipeline)", "range": None})
         return out
 
 
@@ -365,6 +393,35 @@ def _check(card: SetupCard, source: str | None = None) -> None:
     # one set-up each, checked at those values
     check_card(where, {k: e.value for k, e in card.entries.items()},
                {} if source else {k: e.range for k, e in card.entries.items() if e.range is not None})
+    _check_pipeline(where, card)
+
+
+def _check_pipeline(where: str, card: SetupCard) -> None:
+    """The card's pipeline splits its model's decoder layers as Megatron would (model.name where the card has
+    one); a last-stage layer count or virtual stages need a model to split."""
+    from relibra.cluster import get_model
+
+    last = card.optional("parallel.decoder_last_pipeline_num_layers")
+    virtual = card.optional("parallel.virtual_pipeline_stages", 1)
+    pp = card.value("batch.pipeline_parallel")
+    if "model.name" not in card.entries:
+        if last is not None or virtual > 1:
+            raise ConfigError(f"{where}: entries 'parallel.decoder_last_pipeline_num_layers' / "
+                              f"'parallel.virtual_pipeline_stages' need the card's 'model.name' to split its layers")
+        return
+    model = get_model(card.value("model.name"))
+    decoder = model.num_dense_layers + model.num_layers
+    if virtual > 1 and last is not None:
+        raise ConfigError(f"{where}: entries 'parallel.virtual_pipeline_stages' = {virtual} and "
+                          f"'parallel.decoder_last_pipeline_num_layers' = {last}: an uneven last stage with virtual "
+                          f"stages is not modelled")
+    try:
+        card.stage_layer_counts(decoder) if virtual == 1 else \
+            stage_layer_counts(decoder, pp * virtual)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: entries 'batch.pipeline_parallel' = {pp}, "
+                          f"'parallel.decoder_last_pipeline_num_layers' = {last}, 'parallel.virtual_pipeline_stages' "
+                          f"= {virtual} do not split the {decoder} layers of {model.name!r}: {exc}") from None
 
 
 def _derived_tokens_per_ep_rank(entries: dict) -> tuple[int, str]:

@@ -2,8 +2,9 @@
 cost model (relibra.costs) turns each plan into seconds, and the results come back as one tidy frame
 (relibra.metrics.METRIC_COLUMNS, source="simulated") plus one summary row per policy.
 
-The simulated EP group is one pipeline stage holding every MoE layer (no tensor or pipeline
-parallelism; docs/cost-model.md explains why the policies' throughput ratios carry over to PP).
+Every MoE layer is simulated on one EP group of the card's routing; with pipeline stages
+(CostParams.pipeline_stages) each stage's layers run on their own GPUs and the step is the 1F1B
+schedule of the stages' per-micro-batch seconds plus the per-step costs (docs/cost-model.md).
 Tokens per second count the tokens of that EP group.
 """
 
@@ -32,7 +33,7 @@ BALANCED_COMPUTE = "balanced-compute"
 SUMMARY_COLUMNS = [
     "policy", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced", "frac_of_balanced_compute", "skewness",
     "step_s",
-    "a2a_share", "expert_share", "exposed_transfer_share", "migration_share", "migration_s",
+    "a2a_share", "expert_share", "exposed_transfer_share", "migration_share", "migration_s", "bubble_share",
     "replica_memory_share", "replica_buffer_bytes", "plan_s", "planner_on_critical_path", "gap_to_bound",
     "steps", "tokens_per_step",
 ]
@@ -179,6 +180,7 @@ def _step_summary(name: str, step: int, cost: PlanCost, plan: StepPlan) -> dict:
         "a2a_s": totals["dispatch"] + totals["combine"], "expert_s": totals["expert_compute"],
         "dense_s": totals["dense_compute"], "exposed_transfer_s": totals["replica_push"] + totals["replica_grad"],
         "planner_exposed_s": totals["planner"], "migration_s": cost.migration_s, "optimizer_s": cost.optimizer_s,
+        "bubble_s": totals["pipeline_bubble"],
         "skewness": float(cost.skewness().mean()), "replica_memory_share": cost.memory["replica_memory_share"],
         "replica_buffer_bytes": cost.memory["replica_buffer_bytes"], "plan_s": cost.planner_s,
         "planner_on_critical_path": bool(cost.info["exposed_planner"]),
@@ -189,7 +191,8 @@ def _step_summary(name: str, step: int, cost: PlanCost, plan: StepPlan) -> dict:
 def summarize(per_step: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
     """One row per policy (SUMMARY_COLUMNS) from the per-(policy, step) figures of `simulate`.
 
-    tokens_per_s = all tokens / all seconds; shares are of the summed step time; speedup_vs_megatron,
+    tokens_per_s = all tokens / all seconds; shares are of the summed step time (bubble_share: the pipeline
+    schedule's bubble, 0 without a pipeline); speedup_vs_megatron,
     frac_of_balanced and frac_of_balanced_compute divide tokens_per_s by that of `megatron` /
     `balanced` / `balanced-compute` (NaN when absent).
     """
@@ -204,6 +207,7 @@ def summarize(per_step: pd.DataFrame, order: list[str] | None = None) -> pd.Data
         "exposed_transfer_share": g["exposed_transfer_s"].sum() / total,
         "migration_share": g["migration_s"].sum() / total,
         "migration_s": g["migration_s"].mean(),
+        "bubble_share": g["bubble_s"].sum() / total,
         "replica_memory_share": g["replica_memory_share"].max(),
         "replica_buffer_bytes": g["replica_buffer_bytes"].max(),
         "plan_s": g["plan_s"].mean(),

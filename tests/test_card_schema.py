@@ -7,6 +7,7 @@ shipped cards are either refused in one line or simulated at a tiny size with fi
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import tempfile
@@ -401,12 +402,19 @@ def _mutations(draw):
 def _finite_results(card) -> list[str]:
     """Cells of a tiny simulation of `card` that are nan or inf (balanced-compute has no planner: its plan_s and
     gap_to_bound are nan by design)."""
-    trace = generate_trace("tiny", "math", 4, steps=1, micro_batches=2, tokens_per_rank=64,
-                           config=card.workload_config())
+    # the tiny model's EP 4 group holds whole CP x TP splits only where they divide it (else whole sequences)
+    cfg = card.workload_config()
+    split = cfg.context_parallel * cfg.tensor_parallel
+    if 4 % split:
+        cfg, split = dataclasses.replace(cfg, context_parallel=1, tensor_parallel=1), 1
+    trace = generate_trace("tiny", "math", 4, steps=1, micro_batches=2, tokens_per_rank=64, config=cfg)
     assert all(v >= 0 for k, v in trace.provenance.items() if k.startswith("sequences_"))
     params = card.policy_params(["relibra"])
     params["relibra"].update(iterations=60, min_replica_tokens=1)
-    result = simulate(trace, card.topology(), ["relibra"], params=card.cost_params(4), policy_params=params,
+    pp = card.value("batch.pipeline_parallel")  # the card's layer split is its model's; the tiny model's 4 layers
+    pipeline = dict(pipeline_stages=pp if 4 % pp == 0 else 1, last_stage_layers=None, virtual_stages=1,
+                    sequence_split=split)
+    result = simulate(trace, card.topology(), ["relibra"], params=card.cost_params(4, **pipeline), policy_params=params,
                       progress=False)
     bad = []
     for row in result.summary.to_dict(orient="records"):

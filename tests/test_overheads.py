@@ -172,11 +172,17 @@ def test_overheads_table_and_eplb_plus_slots_on_a_cut_down_case():
     zero = costs[costs["variant"] == "eplb+ 0 slots"]
     assert (zero["exposed_transfer_s"] == 0).all()
     table = overheads_table(costs)
-    assert list(table["overhead"])[:5] == ["transfer overlap efficiency",
+    assert list(table["overhead"])[:7] == ["transfer overlap efficiency",
                                            "activation recomputation (every policy) and its replica pushes",
                                            "replica gradient add into the home", "planner beyond the post-rollout window",
-                                           "host-side plan metadata"]
-    assert table["charged"].iloc[0].startswith("yes") and table["charged"].iloc[4].startswith("no")
+                                           "per-call floor of the grouped expert GEMM",
+                                           "replica copies contending with the all-to-all on NVLink",
+                                           "plan metadata broadcast"]
+    assert table["charged"].iloc[0].startswith("yes") and table["charged"].iloc[6].startswith("yes")
+    from relibra.experiments.own_overheads import gap_terms
+
+    gap = gap_terms(costs).set_index("term")["gap_share"]
+    assert {"dispatch", "expert_compute", "pipeline_bubble", "migration"} <= set(gap.index)
     slots = eplb_plus_table(costs)
     assert list(slots["eplb+ spare slots"]) == list(EPLB_PLUS_SLOTS)
     assert list(slots["paper"]) == [s == 2 for s in EPLB_PLUS_SLOTS]

@@ -76,9 +76,9 @@ def _simulate(args) -> int:
           f"({topology.num_nodes} x {topology.gpus_per_node} GPUs), steps {cfg['steps']}, "
           f"{cfg['micro_batches']} micro-batches of {cfg['tokens_per_microbatch']} tokens; simulated")
     table = result.summary[["policy", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced", "skewness",
-                            "step_s", "a2a_share", "migration_share", "exposed_transfer_share",
+                            "step_s", "a2a_share", "bubble_share", "migration_share", "exposed_transfer_share",
                             "replica_memory_share", "plan_s", "gap_to_bound"]].copy()
-    for col in ("a2a_share", "migration_share", "exposed_transfer_share", "replica_memory_share"):
+    for col in ("a2a_share", "bubble_share", "migration_share", "exposed_transfer_share", "replica_memory_share"):
         table[col] = (100 * table[col]).map(lambda v: f"{v:.2f}%")
     table["tokens_per_s"] = table["tokens_per_s"].map(lambda v: f"{v:,.0f}")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -30,14 +30,18 @@ def attention_core_seconds(flops, topology: Topology) -> np.ndarray:
 
 
 def attention_core_flops(model: ModelShape, src_tokens: np.ndarray, seq_len: int,
-                         seq_lens: np.ndarray | None = None) -> np.ndarray:
+                         seq_lens: np.ndarray | None = None, split: int = 1) -> np.ndarray:
     """Forward attention-core FLOPs of one layer per (micro-batch, source rank): float64 [M, ep].
 
     seq_lens: int [M, ep, max_seqs] the lengths of the sequences on each source rank in each
     micro-batch (0-padded), from the trace; None: every token sits in a sequence of seq_len tokens
-    (src_tokens / seq_len sequences per rank), the CostParams assumption.
+    (src_tokens / seq_len sequences per rank), the CostParams assumption. split: ranks every sequence
+    is split over (CP x TP, CostParams.sequence_split): seq_lens then hold each rank's piece, and the rank's
+    core is the whole sequence's (piece x split) over split.
     """
     if seq_lens is not None:
+        if split > 1:
+            return model.attention_core_flops(np.asarray(seq_lens, dtype=np.int64) * split) / split
         return model.attention_core_flops(seq_lens)
     return np.asarray(src_tokens, dtype=np.float64) * model.attention_core_flops(np.array([seq_len])) / seq_len
 

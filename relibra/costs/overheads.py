@@ -11,7 +11,10 @@ the set-up card's [overheads] section says what the headline charges (relibra.se
   replica_grad_add_seconds  the home GPU adding each pulled replica gradient into its own (HBM-bound)
   recompute_push_window     which dense window hides the backward push under activation recomputation
   post_rollout_planner      planner seconds beyond the post-rollout window, once per step
-  plan_metadata             bytes and host-to-device seconds of one micro-batch's plan (reported)
+  plan_metadata             bytes and host-to-device seconds of one micro-batch's plan
+  plan_broadcast_seconds    the plan's metadata copied to the GPUs and broadcast over the links, per micro-batch
+  gemm_floor_seconds        a GPU's grouped expert GEMM call at least the measured per-call floor
+  copy_contention_seconds   the share of replica copy time that shares NVLink with the all-to-all
 """
 
 from __future__ import annotations
@@ -57,8 +60,18 @@ class Overheads:
     planner_measured_experts: the experts per layer of the models the planner rates were measured on; a
         model with another count (the kit's small test models, 256-expert models) has no measured rate
         and its planner is not charged (post_rollout_planner says so). None: charge every model.
-    host_to_device_GBps: the rate plan metadata is copied to the GPU at (reported by plan_metadata,
-        never charged: a micro-batch's plan is copied while the previous one runs).
+    host_to_device_GBps: the rate plan metadata is copied to the GPU at (plan_metadata).
+    gemm_call_floor_s: forward + backward seconds below which one grouped expert GEMM call does not go (the
+        flat part of data/device/expert_gemm.json below 4096 tokens: launch and host-sync bound). A GPU's
+        routed experts of one (micro-batch, layer), homes and replicas, are one grouped call (megatron-core's
+        --moe-grouped-gemm; TE's GroupedLinear takes any list of weights), so its expert seconds are at least
+        the floor wherever it computes anything: a third forward, two thirds backward (gemm_floor_seconds).
+        0: not charged.
+    copy_a2a_contention: the share, in [0, 1], of each GPU's replica copy seconds (weight pushes and gradient
+        pulls) that runs on NVLink at the same time as the layer's all-to-all and so adds to it
+        (copy_contention_seconds). Applies to plans whose copies overlap (not critical-path plans).
+    plan_metadata_charged: charge each micro-batch's plan metadata (plan_broadcast_seconds): the host-to-GPU
+        copy and a broadcast over the EP group's links, in line before the micro-batch's first layer.
     """
 
     transfer_overlap_efficiency: float = 1.0
@@ -70,12 +83,15 @@ class Overheads:
     planner_replication_s_per_cell: float = 0.0
     planner_measured_experts: int | None = None
     host_to_device_GBps: float = 25.0
+    gemm_call_floor_s: float = 0.0
+    copy_a2a_contention: float = 0.0
+    plan_metadata_charged: bool = False
 
     def __post_init__(self):
         eff = self.transfer_overlap_efficiency
         if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not 0.0 <= eff <= 1.0:
             raise ConfigError(f"overheads: transfer_overlap_efficiency must lie in [0, 1], got {eff!r}")
-        for name in ("activation_recompute", "replica_grad_add"):
+        for name in ("activation_recompute", "replica_grad_add", "plan_metadata_charged"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"overheads: {name} must be true or false, got {getattr(self, name)!r}")
         if isinstance(self.main_grad_bytes_per_param, bool) or not isinstance(self.main_grad_bytes_per_param, int) \
@@ -96,6 +112,12 @@ class Overheads:
         v = self.host_to_device_GBps
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise ConfigError(f"overheads: host_to_device_GBps must be a positive number, got {v!r}")
+        v = self.gemm_call_floor_s
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"overheads: gemm_call_floor_s must be a number of seconds >= 0, got {v!r}")
+        v = self.copy_a2a_contention
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+            raise ConfigError(f"overheads: copy_a2a_contention must lie in [0, 1], got {v!r}")
 
     @property
     def charges_planner(self) -> bool:
@@ -113,9 +135,13 @@ CARD_ENTRIES: dict[str, tuple[str, type | tuple]] = {
     "overheads.planner_replication_s_per_cell": ("planner_replication_s_per_cell", (int, float)),
     "overheads.planner_measured_experts": ("planner_measured_experts", int),
     "overheads.host_to_device_GBps": ("host_to_device_GBps", (int, float)),
+    "overheads.gemm_call_floor_s": ("gemm_call_floor_s", (int, float)),
+    "overheads.copy_a2a_contention": ("copy_a2a_contention", (int, float)),
+    "overheads.plan_metadata_charged": ("plan_metadata_charged", bool),
 }
 # Entries whose value may be 0 (a card checks the others are positive).
-CARD_ZERO_ALLOWED = ("overheads.planner_window_forward_passes",)
+CARD_ZERO_ALLOWED = ("overheads.planner_window_forward_passes", "overheads.gemm_call_floor_s",
+                     "overheads.copy_a2a_contention")
 
 
 def overheads_from_values(values: dict) -> Overheads:
@@ -247,10 +273,52 @@ def plan_metadata(plan: StepPlan, overheads: Overheads, topology: Topology) -> d
     tokens) of every layer to route its tokens (three int32 per replica slot) plus the homes once per step.
 
     Returns {"bytes_per_microbatch", "seconds_per_microbatch" (bytes at host_to_device_GBps plus one
-    collective_latency_s), "home_bytes_per_step"}. Reported, not charged (copied ahead of its micro-batch).
+    collective_latency_s), "home_bytes_per_step"}. plan_broadcast_seconds charges it with its broadcast.
     """
     _, l, ep, r = plan.replica_expert.shape
     nbytes = 3 * 4 * l * ep * r
     seconds = nbytes / (overheads.host_to_device_GBps * 1e9) + topology.collective_latency_s if nbytes else 0.0
     return {"bytes_per_microbatch": int(nbytes), "seconds_per_microbatch": float(seconds),
             "home_bytes_per_step": int(4 * plan.home.size)}
+
+
+def plan_broadcast_seconds(plan: StepPlan, overheads: Overheads, topology: Topology) -> np.ndarray:
+    """Seconds each micro-batch waits for its plan: float64 [M] (0 where the plan has no replica slots, or
+    where overheads.plan_metadata_charged is off).
+
+    The planner's host copies the micro-batch's metadata (plan_metadata: three int32 per replica slot of every
+    layer; the first micro-batch also the homes, int32 per expert of every layer) to one GPU at
+    host_to_device_GBps, which broadcasts it to the EP group: a pipelined broadcast moves the bytes once
+    through every GPU, at the RDMA rate where the group spans nodes, else at the NVLink rate; two
+    collective_latency_s (copy and broadcast).
+    """
+    m = plan.num_microbatches
+    meta = plan_metadata(plan, overheads, topology)
+    if not overheads.plan_metadata_charged or meta["bytes_per_microbatch"] == 0:
+        return np.zeros(m)
+    nbytes = np.full(m, float(meta["bytes_per_microbatch"]))
+    nbytes[0] += meta["home_bytes_per_step"]
+    link = topology.rdma_bytes_per_s if plan.ep > plan.gpus_per_node else topology.nvlink_bytes_per_s
+    return nbytes / (overheads.host_to_device_GBps * 1e9) + nbytes / link + 2 * topology.collective_latency_s
+
+
+def gemm_floor_seconds(expert_gpu: np.ndarray, gpu_tokens: np.ndarray, floor_s: float) -> np.ndarray:
+    """Forward routed-expert seconds of each GPU with the per-call floor: float64 [M, L, ep].
+
+    expert_gpu: [M, L, ep] forward seconds (phases.expert_seconds_per_gpu); gpu_tokens: [M, L, ep] its
+    token-expert pairs. A GPU that computes anything runs one grouped call, forward + backward at least
+    floor_s: its forward is at least floor_s / 3 (backward, twice the forward, the rest).
+    """
+    return np.where(np.asarray(gpu_tokens) > 0, np.maximum(expert_gpu, floor_s / 3.0), expert_gpu)
+
+
+def copy_contention_seconds(push_gpu: np.ndarray, pull_gpu: np.ndarray, share: float,
+                            push_backward: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds replica copies add to the all-to-all they share NVLink with: (forward, backward) float64 [M, L].
+
+    push_gpu, pull_gpu: [M, L, ep] each GPU's copy seconds (phases.replica_transfer_seconds); share: the
+    contending share of them (Overheads.copy_a2a_contention). Forward: the pushes'; backward: the pulls' and,
+    where the buffer pushes again for backward, those pushes'. The slowest GPU of each (micro-batch, layer).
+    """
+    backward = pull_gpu + (push_gpu if push_backward else 0.0)
+    return share * push_gpu.max(axis=2), share * backward.max(axis=2)

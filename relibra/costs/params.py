@@ -10,6 +10,12 @@ from relibra.errors import ConfigError
 
 REPLICA_BUFFERS = ("layer-shared", "per-layer")
 ROUTES = ("rail", "direct")
+# Token dispatchers a set-up card names, each with its traffic rule (relibra.costs.phases.dispatch_seconds):
+# deepep: rail route, a token sent once per destination GPU and node; alltoall (Megatron's
+# MoEAlltoAllTokenDispatcher): direct route, one row per token-expert pair; allgather (Megatron's
+# MoEAllGatherTokenDispatcher): every token of every EP rank to every other EP rank, rail route, once per node.
+DISPATCHERS = ("deepep", "alltoall", "allgather")
+DISPATCHER_ROUTE = {"deepep": ("rail", True), "alltoall": ("direct", False), "allgather": ("rail", True)}
 PLANNER_CHARGES = ("table", "measured")
 GB = 1e9
 TFLOP = 1e12
@@ -55,6 +61,18 @@ class CostParams:
         step run on a side stream behind the layer's attention (GPUs: copy engines, NCCL kernels on
         spare SMs); False: they run in line, on the critical path, as the kit's runtime does them
         (relibra.runtime.replicas: blocking point-to-point before each layer).
+    dispatcher: the recipe's token dispatcher (DISPATCHERS), which sets the route and dedup where those are
+        None: "deepep" (rail, dedup), "alltoall" (direct, one row per token-expert pair), "allgather" (every
+        source's tokens to every other EP rank, token rows not pairs, rail, once per node); None: the
+        route and dedup alone say (the topology's where None).
+    pipeline_stages: pipeline-parallel stages the decoder layers split over (relibra.costs.pipeline);
+        the step is the 1F1B schedule of per-stage, per-micro-batch times plus the per-step costs.
+    last_stage_layers: decoder layers of the last stage (Megatron's --decoder-last-pipeline-num-layers),
+        the others split the rest evenly; None: an even split.
+    virtual_stages: model chunks per pipeline device (interleaved 1F1B); 1: plain 1F1B.
+    sequence_split: ranks every sequence is split over (context x sequence parallel, CP x TP): a trace's
+        seq_lens then hold each rank's piece, and one rank's attention core is that of the whole
+        sequence (piece x split) over split (Megatron's CP load-balances the causal work).
     overheads: the costs of balancing beyond its transfers' bytes (relibra.costs.overheads.Overheads:
         overlap efficiency, activation recomputation, replica gradient adds, the post-rollout planner);
         the default charges none of them, the set-up card's [overheads] section says what to charge.
@@ -70,6 +88,11 @@ class CostParams:
     dedup: bool | None = None
     overlap_transfers: bool = True
     attention_backward_factor: float = 2.5
+    dispatcher: str | None = None
+    pipeline_stages: int = 1
+    last_stage_layers: int | None = None
+    virtual_stages: int = 1
+    sequence_split: int = 1
     overheads: Overheads = field(default_factory=Overheads)
 
     def __post_init__(self):
@@ -94,3 +117,12 @@ class CostParams:
                               f"got {self.attention_backward_factor}")
         if self.dp_size is not None and (not isinstance(self.dp_size, int) or self.dp_size <= 0):
             raise ConfigError(f"cost model: dp_size must be a positive integer or None, got {self.dp_size!r}")
+        if self.dispatcher is not None and self.dispatcher not in DISPATCHERS:
+            raise ConfigError(f"cost model: dispatcher must be one of {DISPATCHERS} or None, got {self.dispatcher!r}")
+        for name in ("pipeline_stages", "virtual_stages", "sequence_split"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"cost model: {name} must be a positive integer, got {v!r}")
+        v = self.last_stage_layers
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"cost model: last_stage_layers must be a positive integer or None, got {v!r}")

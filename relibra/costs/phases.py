@@ -24,7 +24,7 @@ from relibra.costs.calibration import planner_seconds_per_cell
 from relibra.costs.flops import attention_core_flops, attention_core_seconds, gemm_seconds
 from relibra.costs.links import collective_seconds, layer_distinct_tokens, sparse_link_seconds
 from relibra.costs.overheads import overlapped_seconds, recompute_push_window, replica_move_list
-from relibra.costs.params import REPLICA_BUFFERS, CostParams
+from relibra.costs.params import DISPATCHER_ROUTE, REPLICA_BUFFERS, CostParams
 from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan
 
@@ -32,6 +32,16 @@ from relibra.plan import StepPlan
 def route_of(topology: Topology, params: CostParams) -> str:
     """The route every exchange takes: params.route, else the topology's."""
     return topology.route if params.route is None else params.route
+
+
+def dispatch_rule_of(topology: Topology, params: CostParams) -> tuple[str, bool]:
+    """(route, dedup) of the token exchange: params.route / params.dedup where given, else the card's
+    dispatcher's (params.DISPATCHER_ROUTE), else the topology's. Replica transfers and migration take
+    route_of (the balancer's own point-to-point copies, not the dispatcher's)."""
+    rule = DISPATCHER_ROUTE.get(params.dispatcher, (topology.route, topology.dedup))
+    route = rule[0] if params.route is None else params.route
+    dedup = rule[1] if params.dedup is None else params.dedup
+    return route, dedup
 
 
 def dp_size_of(topology: Topology, params: CostParams, ep: int) -> int:
@@ -42,18 +52,24 @@ def dp_size_of(topology: Topology, params: CostParams, ep: int) -> int:
 # ---- dispatch and combine ------------------------------------------------------------------------
 def dispatch_seconds(plan: StepPlan, model: ModelShape, topology: Topology, params: CostParams,
                      token_matrix: np.ndarray | None, src_tokens: np.ndarray) -> np.ndarray:
-    """Seconds of one dispatch all-to-all per (micro-batch, layer): float64 [M, L]. Combine sends the
+    """Seconds of one dispatch exchange per (micro-batch, layer): float64 [M, L]. Combine sends the
     same bytes back along the same links, so it costs the same.
 
     token_matrix: float [M, L, ep_src, ep_dst] token-expert pairs (StepPlan.flows()[0]), or None to
     take them from the plan layer by layer (StepPlan.layer_token_matrices); src_tokens: [M, ep] tokens
-    per source rank. Under dedup (DeepEP) a token crosses to a GPU / node once
-    (links.distinct_tokens); otherwise one row per pair (Megatron's alltoall dispatcher).
+    per source rank. The rule is the dispatcher's (dispatch_rule_of): under dedup (DeepEP) a token
+    crosses to a GPU / node once (links.distinct_tokens); otherwise one row per pair (Megatron's alltoall
+    dispatcher). Megatron's allgather dispatcher (params.dispatcher "allgather") sends every token of a
+    source to every other EP rank whatever its experts (allgather_seconds): the same every layer.
     """
-    route = route_of(topology, params)
+    route, dedup = dispatch_rule_of(topology, params)
     gpn = plan.gpus_per_node
     out = np.zeros((plan.num_microbatches, plan.num_layers))
-    if topology.dedup if params.dedup is None else params.dedup:
+    if params.dispatcher == "allgather":
+        out[:] = allgather_seconds(np.asarray(src_tokens, dtype=np.float64) * model.token_bytes, gpn, topology,
+                                   route)[:, None]
+        return out
+    if dedup:
         for layer, per_gpu, per_node in layer_distinct_tokens(plan, src_tokens, model.token_bytes):
             out[:, layer] = collective_seconds(per_gpu, gpn, topology, route, per_node)
         return out
@@ -62,6 +78,21 @@ def dispatch_seconds(plan: StepPlan, model: ModelShape, topology: Topology, para
     for layer, matrix in plan.layer_token_matrices():
         out[:, layer] = collective_seconds(matrix * model.token_bytes, gpn, topology, route)
     return out
+
+
+def allgather_seconds(src_bytes: np.ndarray, gpus_per_node: int, topology: Topology, route: str) -> np.ndarray:
+    """Seconds of an all-gather of every rank's bytes to every other rank: float64 [M] (src_bytes [M, ep]).
+
+    Rank s sends src_bytes[s] to each other GPU; on the rail route once per remote node (a node's GPUs
+    forward it over NVLink, as NCCL's rail-aligned rings do), so each GPU receives the sum of the
+    others' bytes. The reduce-scatter that combines costs the same bytes backwards.
+    """
+    x = np.asarray(src_bytes, dtype=np.float64)
+    m, ep = x.shape
+    matrix = np.broadcast_to(x[:, :, None], (m, ep, ep))
+    nodes = ep // gpus_per_node
+    node_bytes = np.broadcast_to(x[:, :, None], (m, ep, nodes))
+    return collective_seconds(matrix, gpus_per_node, topology, route, node_bytes)
 
 
 # ---- routed experts ------------------------------------------------------------------------------
@@ -100,7 +131,7 @@ def dense_seconds(src_tokens: np.ndarray, model: ModelShape, topology: Topology,
     their forward FLOPs and the attention core at params.attention_backward_factor times its own.
     """
     gemm_factor, core_factor = (2.0, params.attention_backward_factor) if backward else (1.0, 1.0)
-    core = core_factor * attention_core_flops(model, src_tokens, params.seq_len, seq_lens)
+    core = core_factor * attention_core_flops(model, src_tokens, params.seq_len, seq_lens, params.sequence_split)
     attention = gemm_seconds(src_tokens, gemm_factor * model.attention_projection_flops_per_token, topology) \
         + attention_core_seconds(core, topology)
     other = gemm_seconds(src_tokens, gemm_factor * model.moe_layer_dense_flops_per_token, topology)
@@ -119,7 +150,8 @@ def non_moe_seconds(src_tokens: np.ndarray, model: ModelShape, topology: Topolog
     fpt = model.num_dense_layers * (model.attention_projection_flops_per_token + 2.0 * 3 * model.hidden * model.dense_ffn)
     if params.include_lm_head:
         fpt += 2.0 * model.hidden * model.vocab_size
-    core = core_factor * model.num_dense_layers * attention_core_flops(model, src_tokens, params.seq_len, seq_lens)
+    core = core_factor * model.num_dense_layers * attention_core_flops(model, src_tokens, params.seq_len, seq_lens,
+                                                                       params.sequence_split)
     return (gemm_seconds(src_tokens, gemm_factor * fpt, topology) + attention_core_seconds(core, topology)).max(axis=1)
 
 
@@ -307,14 +339,18 @@ def migration_seconds(prev_home: np.ndarray | None, home: np.ndarray, ep: int, g
                      "inter_node": int(round(int(cross.sum()) * state_bytes)), "experts_moved": int(moved.sum())}
 
 
-def optimizer_seconds(model: ModelShape, homes_per_gpu: int, ep: int, topology: Topology, dp_size: int = 1) -> float:
+def optimizer_seconds(model: ModelShape, homes_per_gpu: int, ep: int, topology: Topology, dp_size: int = 1,
+                      layers: int | None = None, dense_params: float | None = None) -> float:
     """Seconds of the Adam step on the busiest GPU, memory-bound.
 
     Per parameter updated: read and write the fp32 master, m and v (2 x optimizer_bytes_per_param),
     read the gradient and write the weight (2 x bytes_per_param). A distributed optimizer updates
     1 / dp_size of the GPU's experts (sharded over the expert-data-parallel ranks) and 1 / (ep x
     dp_size) of the dense parameters (sharded over every GPU); the all-gather of the updated weights
-    is not charged (the same for every policy).
+    is not charged (the same for every policy). layers, dense_params: one pipeline stage's MoE layers and
+    dense parameters (default: the whole model's).
     """
-    params = homes_per_gpu * model.num_layers * model.expert_params / dp_size + model.dense_params / (ep * dp_size)
+    layers = model.num_layers if layers is None else layers
+    dense = model.dense_params if dense_params is None else dense_params
+    params = homes_per_gpu * layers * model.expert_params / dp_size + dense / (ep * dp_size)
     return params * (2 * model.optimizer_bytes_per_param + 2 * model.bytes_per_param) / topology.memory_bytes_per_s

@@ -9,6 +9,7 @@ import numpy as np
 
 from relibra.cluster import ModelShape, Topology
 from relibra.costs import overheads, phases
+from relibra.costs.pipeline import interleaved_seconds, layer_stages, stage_layer_counts
 from relibra.costs.params import CostParams
 from relibra.errors import PlanError
 from relibra.metrics import METRIC_COLUMNS
@@ -33,7 +34,13 @@ class PlanCost:
     replica_transfer_s: the step's replica push and pull seconds (slowest GPU per (micro-batch,
         layer), summed) had none been hidden behind attention.
     info: how the step was charged: "attention" (the trace's sequence lengths or the assumed
-        seq_len), "planner_charge" (none, table, measured, fixed), "dp_size", "policy".
+        seq_len), "planner_charge" (none, table, measured, fixed), "dp_size", "policy", "pipeline".
+    layer_stage: int64 [layers] the pipeline chunk (stage, or virtual stage) of each MoE layer, chunk c on
+        device c % pipeline_devices; None: one stage holds every layer (no pipeline).
+    stage_extra_forward / stage_extra_backward: [chunks, micro_batches] the non-MoE parts by chunk (leading
+        dense layers where they sit, the LM head on the last); None without a pipeline.
+    planner_step_s: the post-rollout planner's exposed seconds, once per step (spread evenly over the
+        forward "planner" cells in the rows; taken out of the per-micro-batch work of the pipeline).
     """
 
     forward: dict
@@ -50,6 +57,11 @@ class PlanCost:
     memory: dict
     replica_transfer_s: float = 0.0
     info: dict = field(default_factory=dict)
+    layer_stage: np.ndarray | None = None
+    stage_extra_forward: np.ndarray | None = None
+    stage_extra_backward: np.ndarray | None = None
+    pipeline_devices: int = 1
+    planner_step_s: float = 0.0
 
     @property
     def microbatch_seconds(self) -> np.ndarray:
@@ -58,18 +70,67 @@ class PlanCost:
         bwd = sum(v.sum(axis=1) for v in self.backward.values())
         return fwd + bwd + self.extra_forward + self.extra_backward
 
+    def stage_seconds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(forward, backward) seconds of each pipeline chunk for each micro-batch: float64 [chunks, M] each
+        (one chunk without a pipeline); the post-rollout planner (planner_step_s) is not in them."""
+        m, l = self.gpu_tokens.shape[:2]
+        spread = self.planner_step_s / (m * l)
+        if self.layer_stage is None:
+            fwd = sum(v.sum(axis=1) for v in self.forward.values()) + self.extra_forward - spread * l
+            bwd = sum(v.sum(axis=1) for v in self.backward.values()) + self.extra_backward
+            return fwd[None, :], bwd[None, :]
+        chunks = self.stage_extra_forward.shape[0]
+        fwd = by_stage(sum(self.forward.values()), self.layer_stage, chunks) + self.stage_extra_forward
+        fwd -= spread * np.bincount(self.layer_stage, minlength=chunks)[:, None]
+        bwd = by_stage(sum(self.backward.values()), self.layer_stage, chunks) + self.stage_extra_backward
+        return fwd, bwd
+
+    def pipeline_seconds(self) -> tuple[float, float]:
+        """(the micro-batches' time under the pipeline schedule, its bubble): the 1F1B (interleaved where
+        chunks > devices) step of stage_seconds, and that minus the busiest device's own work. Without a
+        pipeline: (the sum of every micro-batch, 0)."""
+        if self.layer_stage is None:
+            return float(self.microbatch_seconds.sum() - self.planner_step_s), 0.0
+        fwd, bwd = self.stage_seconds()
+        total = interleaved_seconds(fwd, bwd, self.pipeline_devices)
+        return total, total - float(self._device_work().max())
+
+    def _device_work(self) -> np.ndarray:
+        """[devices] forward + backward seconds of each pipeline device over the step (its chunks summed)."""
+        fwd, bwd = self.stage_seconds()
+        return np.bincount(np.arange(fwd.shape[0]) % self.pipeline_devices, weights=(fwd + bwd).sum(axis=1),
+                           minlength=self.pipeline_devices)
+
     @property
     def step_seconds(self) -> float:
-        """Whole step: every micro-batch, migration and the optimizer step (planner only where exposed)."""
-        return float(self.microbatch_seconds.sum() + self.migration_s + self.optimizer_s)
+        """Whole step: every micro-batch (through the pipeline schedule where there is one), the exposed
+        post-rollout planner, migration and the optimizer step."""
+        if self.layer_stage is None:
+            return float(self.microbatch_seconds.sum() + self.migration_s + self.optimizer_s)
+        return float(self.pipeline_seconds()[0] + self.planner_step_s + self.migration_s + self.optimizer_s)
 
     def totals(self) -> dict:
-        """{component: seconds over the step} on the critical path, plus step_total."""
+        """{component: seconds over the step} on the critical path, plus pipeline_bubble and step_total.
+
+        With a pipeline the per-micro-batch components are those of the busiest device (the stage that
+        sets the pace) and pipeline_bubble is the schedule's time beyond that device's own work, so the
+        components add up to step_total; without one, every layer's, and the bubble is 0."""
         out: dict[str, float] = {}
+        keep = None
+        if self.layer_stage is not None:
+            busiest = int(np.argmax(self._device_work()))
+            keep = (self.layer_stage % self.pipeline_devices) == busiest
         for phase in (self.forward, self.backward):
             for comp, arr in phase.items():
-                out[comp] = out.get(comp, 0.0) + float(arr.sum())
-        out["dense_compute"] += float(self.extra_forward.sum() + self.extra_backward.sum())
+                out[comp] = out.get(comp, 0.0) + float((arr if keep is None else arr[:, keep]).sum())
+        if keep is None:
+            out["dense_compute"] += float(self.extra_forward.sum() + self.extra_backward.sum())
+        else:
+            mine = (np.arange(self.stage_extra_forward.shape[0]) % self.pipeline_devices) == busiest
+            out["dense_compute"] += float(self.stage_extra_forward[mine].sum() + self.stage_extra_backward[mine].sum())
+            m, l = self.gpu_tokens.shape[:2]
+            out["planner"] += self.planner_step_s * (1.0 - float(keep.sum()) / l)  # the rest of the once-per-step part
+        out["pipeline_bubble"] = self.pipeline_seconds()[1]
         out["migration"] = self.migration_s
         out["optimizer"] = self.optimizer_s
         out["step_total"] = self.step_seconds
@@ -109,7 +170,8 @@ class PlanCost:
                 parts.append((mb.ravel(), layer.ravel(), phase, comp, arr.ravel(), tok.ravel()))
         for phase, arr in (("forward", self.extra_forward), ("backward", self.extra_backward)):
             parts.append((np.arange(m), np.full(m, -1), phase, "dense_compute", arr, np.zeros(m, dtype=np.int64)))
-        step_rows = [("migration", self.migration_s, 0), ("optimizer", self.optimizer_s, 0),
+        bubble = [] if self.layer_stage is None else [("pipeline_bubble", self.pipeline_seconds()[1], 0)]
+        step_rows = bubble + [("migration", self.migration_s, 0), ("optimizer", self.optimizer_s, 0),
                      ("planner", self.planner_s, 0), ("step_total", self.step_seconds, self.tokens)]
         for comp, sec, tok in step_rows:
             parts.append((np.array([-1]), np.array([-1]), "step", comp, np.array([sec]), np.array([tok])))
@@ -133,6 +195,39 @@ class PlanCost:
                     "step": -1}
         cols = self.rows(**{**defaults, **labels})
         return pd.DataFrame(cols)[METRIC_COLUMNS]
+
+
+def by_stage(per_layer: np.ndarray, layer_stage: np.ndarray, chunks: int) -> np.ndarray:
+    """Seconds [M, L] summed over each pipeline chunk's layers: float64 [chunks, M]."""
+    onehot = np.zeros((len(layer_stage), chunks))
+    onehot[np.arange(len(layer_stage)), layer_stage] = 1.0
+    return (np.asarray(per_layer, dtype=np.float64) @ onehot).T
+
+
+def pipeline_layout(model: ModelShape, params: CostParams) -> tuple[np.ndarray, np.ndarray, int, str] | None:
+    """(chunk of each MoE layer int64 [L], chunk of each leading dense layer int64 [D], devices, split) of the
+    pipeline params asks for, or None for one stage. Chunks = pipeline_stages x virtual_stages, in pipeline
+    order over the decoder's D + L layers. split "megatron": relibra.costs.pipeline.stage_layer_counts
+    (Megatron's split; with virtual stages an even split over the chunks); "near-even": the model's layers
+    do not take that split (a model cut to fewer layers than its recipe splits), so near-equal runs cut at
+    the rounded multiples of layers / chunks. A set-up card refuses a split its own model does not take."""
+    p, v = params.pipeline_stages, params.virtual_stages
+    if p == 1 and v == 1:
+        return None
+    decoder = model.num_dense_layers + model.num_layers
+    if v > 1 and params.last_stage_layers is not None:
+        raise PlanError("pipeline: virtual stages with an uneven last stage are not modelled")
+    if decoder < p * v:
+        raise PlanError(f"pipeline: {decoder} decoder layers cannot fill {p * v} pipeline chunks")
+    last = params.last_stage_layers
+    if last is not None and last >= decoder or (last is None and decoder % (p * v)) or \
+            (last is not None and (decoder - last) % (p - 1)):
+        # a model cut to fewer layers (relibra.experiments.config.scaled_model) than the recipe's split names:
+        # its layers in near-equal runs, cut at the rounded multiples of layers / chunks (info["pipeline"]["split"])
+        counts = tuple(int(x) for x in np.diff(np.linspace(0, decoder, p * v + 1).round().astype(np.int64)))
+        return (*layer_stages(counts, model.num_dense_layers, model.num_layers), p, "near-even")
+    counts = stage_layer_counts(decoder, p * v, last)
+    return (*layer_stages(counts, model.num_dense_layers, model.num_layers), p, "megatron")
 
 
 def check_seq_lens(seq_lens, src_tokens: np.ndarray) -> np.ndarray | None:
@@ -183,8 +278,10 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     gpu_tokens = gpu_tokens_from(expert_tokens, plan.home, plan.replica_expert, replica_tokens)  # [M, L, ep]
     a2a = phases.dispatch_seconds(plan, model, topology, params, None, src_tokens)  # the flow layer by layer
     copies = phases.active_copies(plan, home_tokens, replica_tokens)
-    expert_gpu = phases.expert_seconds_per_gpu(gpu_tokens, copies, model, topology)
+    expert_raw = phases.expert_seconds_per_gpu(gpu_tokens, copies, model, topology)
+    expert_gpu = overheads.gemm_floor_seconds(expert_raw, gpu_tokens, params.overheads.gemm_call_floor_s)
     expert = expert_gpu.max(axis=2)
+    floor_fwd_s = float((expert - expert_raw.max(axis=2)).sum())
 
     # dense parts (the overlap window), replicas, run-time planner
     attention, other = phases.dense_seconds(src_tokens, model, topology, params, seq_lens)
@@ -193,45 +290,115 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     dense_b = np.broadcast_to((attention_b + other_b).max(axis=1)[:, None], (m, l)).copy()
     zeros = np.zeros((m, l))
     replicas = {"push_forward": zeros, "push_backward": zeros, "pull_backward": zeros, "unhidden_s": 0.0}
+    contention = (zeros, zeros)
     if (plan.replica_expert >= 0).any():
         push_gpu, pull_gpu = phases.replica_transfer_seconds(plan, model, topology, params)
         replicas = phases.replica_seconds(plan, push_gpu, pull_gpu, attention, other, params, attention_b, other_b)
+        if params.overheads.copy_a2a_contention > 0 and not plan.transfers_on_critical_path \
+                and params.overlap_transfers:
+            contention = overheads.copy_contention_seconds(push_gpu, pull_gpu, params.overheads.copy_a2a_contention,
+                                                           phases.pushes_again_for_backward(plan, params))
     planner_fwd, planner_charge = phases.planner_seconds(
         plan, topology, params, planner_s if critical_planner_s is None else critical_planner_s)
     extra = phases.non_moe_seconds(src_tokens, model, topology, params, seq_lens)
     extra_b = phases.non_moe_seconds(src_tokens, model, topology, params, seq_lens, backward=True)
 
+    # the plan's metadata reaches the GPUs before the micro-batch's first layer
+    broadcast = overheads.plan_broadcast_seconds(plan, params.overheads, topology)
+    planner_fwd = planner_fwd.copy()
+    planner_fwd[:, 0] += broadcast
     forward = {"dispatch": a2a, "expert_compute": expert, "combine": a2a.copy(), "dense_compute": dense,
-               "replica_push": replicas["push_forward"], "replica_grad": zeros.copy(), "planner": planner_fwd}
+               "replica_push": replicas["push_forward"] + contention[0], "replica_grad": zeros.copy(),
+               "planner": planner_fwd}
     # Backward mirrors the exchanges (combine's gradient goes out like dispatch and back like combine;
     # the per-GPU time is the same under the transpose) at twice the FLOPs, the attention core at
     # CostParams.attention_backward_factor (FlashAttention's backward recomputes Q K^T).
     backward = {"dispatch": a2a.copy(), "expert_compute": 2 * expert, "combine": a2a.copy(),
                 "dense_compute": dense_b, "replica_push": replicas["push_backward"],
-                "replica_grad": replicas["pull_backward"], "planner": zeros.copy()}
-    own = charge_overheads(plan, model, topology, params, forward, backward, extra, src_tokens, seq_lens)
-    extra_b = extra_b + own.pop("recompute_extra_backward")
+                "replica_grad": replicas["pull_backward"] + contention[1], "planner": zeros.copy()}
+    layout = pipeline_layout(model, params)
+    stage_fwd = stage_bwd = None
+    forward_pass_s = None
+    if layout is not None:
+        layer_stage, dense_stage, devices, split_rule = layout
+        chunks = int(max(layer_stage.max(initial=0), dense_stage.max(initial=0))) + 1
+        no_head = dataclasses.replace(params, include_lm_head=False)
+        dense_f = phases.non_moe_seconds(src_tokens, model, topology, no_head, seq_lens)
+        dense_b = phases.non_moe_seconds(src_tokens, model, topology, no_head, seq_lens, backward=True)
+        share = np.bincount(dense_stage, minlength=chunks)[:, None] / max(model.num_dense_layers, 1)
+        stage_fwd, stage_bwd = share * dense_f[None], share * dense_b[None]
+        stage_fwd[-1] += np.maximum(extra - dense_f, 0.0)  # the LM head on the last stage
+        stage_bwd[-1] += np.maximum(extra_b - dense_b, 0.0)
+        # the post-rollout window is a forward-only pass through the pipeline
+        forward_pass_s = interleaved_seconds(by_stage(sum(forward.values()), layer_stage, chunks) + stage_fwd,
+                                             np.zeros_like(stage_fwd), devices)
+    own = charge_overheads(plan, model, topology, params, forward, backward, extra, src_tokens, seq_lens,
+                           forward_pass_s)
+    recompute_extra = own.pop("recompute_extra_backward")
+    cells = own.pop("_cells")
+    # the floor is paid by forward, backward and (with recomputation) the recomputed forward
+    floor_factor = 4 if params.overheads.activation_recompute else 3
+    cells.update({"gemm_floor_s": floor_factor * (expert - expert_raw.max(axis=2)),
+                  "copy_contention_s": contention[0] + contention[1]})
+    own.update({"gemm_floor_s": floor_fwd_s * floor_factor,
+                "copy_contention_s": float(contention[0].sum() + contention[1].sum()),
+                "plan_broadcast_s": float(broadcast.sum())})
+    extra_b = extra_b + recompute_extra
+    if layout is not None:
+        stage_bwd = stage_bwd + share * recompute_extra[None]
 
-    # once per step
+    # once per step; with a pipeline each stage's GPUs move and update their own layers at the same time
     route = phases.route_of(topology, params)
-    migration_s, migration_bytes = phases.migration_seconds(prev_home, plan.home, ep, gpn, model, topology, dp, route)
     homes = int(plan.homes_per_gpu().max())
-    optimizer_s = phases.optimizer_seconds(model, homes, ep, topology, dp)
+    if layout is None:
+        migration_s, migration_bytes = phases.migration_seconds(prev_home, plan.home, ep, gpn, model, topology, dp,
+                                                                route)
+        optimizer_s = phases.optimizer_seconds(model, homes, ep, topology, dp)
+    else:
+        migration_bytes = {"intra_node": 0, "inter_node": 0, "experts_moved": 0}
+        per_device_mig, per_device_opt = np.zeros(devices), np.zeros(devices)
+        for c in range(chunks):
+            mine = layer_stage == c
+            if prev_home is not None:
+                sec, nbytes = phases.migration_seconds(np.asarray(prev_home)[mine], plan.home[mine], ep, gpn, model,
+                                                       topology, dp, route)
+                per_device_mig[c % devices] += sec
+                migration_bytes = {k: migration_bytes[k] + nbytes[k] for k in migration_bytes}
+            per_device_opt[c % devices] += phases.optimizer_seconds(
+                model, homes, ep, topology, dp, layers=int(mine.sum()), dense_params=model.dense_params / chunks)
+        migration_s, optimizer_s = float(per_device_mig.max()), float(per_device_opt.max())
     slots_per_layer = plan.num_replicas().max(axis=(0, 2)) if plan.replica_slots else np.zeros(l)
     buffer = "autograd" if plan.transfers_on_critical_path else params.replica_buffer
     memory = phases.replica_memory(model, ep, slots_per_layer, buffer, homes, params.grad_bytes_per_param)
     attention_note = "trace seq_lens" if seq_lens is not None else f"assumed seq_len={params.seq_len}"
-    return PlanCost(forward=forward, backward=backward, extra_forward=extra, extra_backward=extra_b,
+    cost = PlanCost(forward=forward, backward=backward, extra_forward=extra, extra_backward=extra_b,
                     expert_seconds_per_gpu=expert_gpu, gpu_tokens=gpu_tokens, migration_s=migration_s,
                     migration_bytes=migration_bytes, optimizer_s=optimizer_s, planner_s=float(planner_s),
                     tokens=int(round(float(src_tokens.sum()))), memory=memory,
                     replica_transfer_s=replicas["unhidden_s"],
                     info={"exposed_planner": planner_charge != "none", "planner_charge": planner_charge,
-                          "attention": attention_note, "dp_size": dp, "policy": plan.policy, "overheads": own})
+                          "attention": attention_note, "dp_size": dp, "policy": plan.policy, "overheads": own,
+                          "pipeline": None if layout is None else
+                          {"stages": params.pipeline_stages, "virtual_stages": params.virtual_stages,
+                           "moe_layers_per_chunk": np.bincount(layout[0], minlength=chunks).tolist(),
+                           "split": layout[3]}},
+                    layer_stage=None if layout is None else layout[0], stage_extra_forward=stage_fwd,
+                    stage_extra_backward=stage_bwd, pipeline_devices=1 if layout is None else layout[2],
+                    planner_step_s=float(own["planner_exposed_s"]))
+    if layout is not None:  # the per-cell overheads of the stage whose time the breakdown shows (PlanCost.totals)
+        keep = (layer_stage % devices) == int(np.argmax(cost._device_work()))
+        mine = (np.arange(chunks) % devices) == int(np.argmax(cost._device_work()))
+        for key, arr in cells.items():
+            own[key] = float(np.asarray(arr)[:, keep].sum())
+        own["recompute_s"] += float((share[mine].sum() * recompute_extra).sum())
+        own["plan_broadcast_s"] = float(broadcast.sum()) if keep[0] else 0.0
+        own["per_stage"] = "busiest"
+    return cost
 
 
 def charge_overheads(plan: StepPlan, model: ModelShape, topology: Topology, params: CostParams, forward: dict,
-                     backward: dict, extra: np.ndarray, src_tokens: np.ndarray, seq_lens) -> dict:
+                     backward: dict, extra: np.ndarray, src_tokens: np.ndarray, seq_lens,
+                     forward_pass_s: float | None = None) -> dict:
     """Add params.overheads' terms (relibra.costs.overheads) to the step's phases, in place.
 
     forward / backward: {component: [M, L]} as cost_plan built them (the transfers already at the overlap
@@ -246,13 +413,14 @@ def charge_overheads(plan: StepPlan, model: ModelShape, topology: Topology, para
     m, l = forward["dispatch"].shape
     recompute_extra = np.zeros(m)
     recompute_s = 0.0
+    recompute_cells = grad_add = np.zeros((m, l))
     if ov.activation_recompute:
         for comp in ("dispatch", "combine", "expert_compute", "dense_compute"):
             backward[comp] = backward[comp] + forward[comp]
         recompute_extra = phases.non_moe_seconds(src_tokens, model, topology,
                                                  dataclasses.replace(params, include_lm_head=False), seq_lens)
-        recompute_s = float(sum(forward[c].sum() for c in ("dispatch", "combine", "expert_compute", "dense_compute"))
-                            + recompute_extra.sum())
+        recompute_cells = sum(forward[c] for c in ("dispatch", "combine", "expert_compute", "dense_compute"))
+        recompute_s = float(recompute_cells.sum() + recompute_extra.sum())
     grad_add_s = 0.0
     if ov.replica_grad_add and (plan.replica_expert >= 0).any():
         adds = overheads.grad_adds_per_home(plan, phases.replica_buffer_of(plan, params))
@@ -260,7 +428,9 @@ def charge_overheads(plan: StepPlan, model: ModelShape, topology: Topology, para
                                                       ov.main_grad_bytes_per_param)
         backward["replica_grad"] = backward["replica_grad"] + grad_add
         grad_add_s = float(grad_add.sum())
-    forward_s = float(sum(v.sum() for v in forward.values()) + extra.sum())
+    # the window: one forward pass of the step (through the pipeline schedule where there is one)
+    forward_s = float(sum(v.sum() for v in forward.values()) + extra.sum()) if forward_pass_s is None \
+        else float(forward_pass_s)
     planner = overheads.post_rollout_planner(plan, forward_s, ov)
     if planner["exposed_s"] > 0:
         forward["planner"] = forward["planner"] + planner["exposed_s"] / (m * l)
@@ -268,4 +438,5 @@ def charge_overheads(plan: StepPlan, model: ModelShape, topology: Topology, para
             "recompute_s": recompute_s, "grad_add_s": grad_add_s, "planner_s": planner["planner_s"],
             "planner_window_s": planner["window_s"], "planner_exposed_s": planner["exposed_s"],
             "planner_rated": planner["rated"],
-            "recompute_extra_backward": recompute_extra}
+            "recompute_extra_backward": recompute_extra, "_cells": {"recompute_s": recompute_cells,
+                                                                    "grad_add_s": grad_add}}

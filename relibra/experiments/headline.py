@@ -103,7 +103,8 @@ def simulate_case(case: Case) -> pd.DataFrame:
         mean_tokens_per_slot=float(slot_tokens.mean()), max_tokens_per_slot=int(slot_tokens.max()))
 
 
-OVERHEAD_EXTRAS = ("transfer_s", "fragmentation_s", "replica_transfers", "launch_s")
+OVERHEAD_EXTRAS = ("transfer_s", "fragmentation_s", "replica_transfers", "launch_s", "gemm_floor_s",
+                   "copy_contention_s", "plan_broadcast_s", "bubble_s")
 _TOPOLOGY_FIELDS = {f.name for f in dataclasses.fields(Topology)}
 
 
@@ -122,8 +123,11 @@ def overhead_extras(plan, cost, model, topology) -> dict:
     expert = cost.expert_seconds_per_gpu
     fragmentation = 3.0 * float((expert.max(axis=2) - (expert - fixed).max(axis=2)).sum())  # forward + 2x backward
     transfers = int(3 * replicas.sum()) if not plan.transfers_on_critical_path else int(2 * replicas.sum())
+    own = cost.info.get("overheads", {})
     return {"transfer_s": float(cost.replica_transfer_s), "fragmentation_s": fragmentation,
-            "replica_transfers": transfers, "launch_s": transfers * topology.collective_latency_s}
+            "replica_transfers": transfers, "launch_s": transfers * topology.collective_latency_s,
+            **{k: float(own.get(k, 0.0)) for k in ("gemm_floor_s", "copy_contention_s", "plan_broadcast_s")},
+            "bubble_s": float(cost.pipeline_seconds()[1])}
 
 
 # The paper's figures for ReLibra's overheads (from a second-hand summary of arXiv 2605.08639); None: not given.
@@ -134,6 +138,10 @@ PAPER_OVERHEADS = {
     "transfers hidden behind attention": "pushes and pulls overlapped with attention",
     "replica GEMM fragmentation": None,
     "kernel launches per replica": None,
+    "grouped GEMM per-call floor": None,
+    "replica copies contending with the all-to-all": None,
+    "plan metadata broadcast": None,
+    "pipeline bubble": None,
 }
 
 
@@ -166,6 +174,18 @@ def overheads_table(grid: pd.DataFrame, policy: str = "relibra") -> pd.DataFrame
          f"transfers per micro-batch, {stat(g['launch_s'] / step)} of step time if none overlapped",
          "charged: one collective launch per push and pull at collective_latency_s (swept in the tornado), inside "
          "the overlap window; the replica GEMMs run in the grouped GEMM's one launch"),
+        ("grouped GEMM per-call floor", stat(g["gemm_floor_s"] / step) + " of step time",
+         "charged: a GPU's grouped expert GEMM of one (micro-batch, layer) takes at least the measured per-call "
+         "floor (overheads.gemm_call_floor_s, data/device/expert_gemm.json)"),
+        ("replica copies contending with the all-to-all", stat(g["copy_contention_s"] / step) + " of step time",
+         "charged: the assumed share overheads.copy_a2a_contention of the copies' seconds adds to the all-to-all "
+         "(swept 0-1 in the tornado)"),
+        ("plan metadata broadcast", stat(g["plan_broadcast_s"] / step, fmt="{:.4f}%") + " of step time",
+         "charged: each micro-batch's plan copied from the host and broadcast over the links before its first "
+         "layer (overheads.plan_metadata_charged)"),
+        ("pipeline bubble", stat(g["bubble_s"] / step) + " of step time",
+         "charged: the 1F1B schedule's time beyond the busiest stage's work (every policy; 0 without a "
+         "pipeline)"),
     ]
     return pd.DataFrame([{"overhead": name, "paper": PAPER_OVERHEADS[name] or "not given", "kit": kit, "how": how}
                          for name, kit, how in rows])

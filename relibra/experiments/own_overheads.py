@@ -71,6 +71,10 @@ def charge_settings(card_overheads: Overheads) -> dict[str, Overheads]:
         "overlap efficiency 0.7": r(ov, transfer_overlap_efficiency=0.7),
         "planner window 0": r(ov, planner_window_forward_passes=0.0),
         "planner window 2": r(ov, planner_window_forward_passes=2.0),
+        "no GEMM floor": r(ov, gemm_call_floor_s=0.0),
+        "copy contention 0": r(ov, copy_a2a_contention=0.0),
+        "copy contention 1": r(ov, copy_a2a_contention=1.0),
+        "metadata not charged": r(ov, plan_metadata_charged=False),
     }
 
 
@@ -112,7 +116,9 @@ def case_costs(case: OverheadCase) -> pd.DataFrame:
                          "migration_s": cost.migration_s,
                          "forward_s": float(sum(v.sum() for v in cost.forward.values()) + cost.extra_forward.sum()),
                          **{k: own[k] for k in ("recompute_s", "grad_add_s", "planner_s", "planner_window_s",
-                                                "planner_exposed_s")},
+                                                "planner_exposed_s", "gemm_floor_s", "copy_contention_s",
+                                                "plan_broadcast_s")},
+                         **{f"term_{k}": v for k, v in totals.items() if k != "step_total"},
                          "metadata_bytes_per_microbatch": meta["bytes_per_microbatch"],
                          "metadata_s_per_microbatch": meta["seconds_per_microbatch"],
                          "replica_memory_share": cost.memory["replica_memory_share"],
@@ -189,16 +195,44 @@ def overheads_table(costs: pd.DataFrame, variant: str = "relibra") -> pd.DataFra
          f"{_span(at('card', 'planner_window_s'), '{:.1f} s')}: {added('planner not charged')} of the step exposed",
          f"yes (window {ov.planner_window_forward_passes:g} forward passes)" if ov.charges_planner else "no",
          sweep(["planner window 0", "card", "planner window 2"])),
-        ("host-side plan metadata", "overheads.host_to_device_GBps",
+        ("per-call floor of the grouped expert GEMM", "overheads.gemm_call_floor_s",
+         f"{added('no GEMM floor')} of the step (the floor's own seconds {share('gemm_floor_s')} of the step, "
+         f"{1e3 * ov.gemm_call_floor_s:.2f} ms a call)",
+         f"yes ({1e3 * ov.gemm_call_floor_s:.2f} ms per GPU per (micro-batch, layer))" if ov.gemm_call_floor_s > 0
+         else "no", sweep(["no GEMM floor", "card"])),
+        ("replica copies contending with the all-to-all on NVLink", "overheads.copy_a2a_contention",
+         f"{added('copy contention 0')} of the step at {ov.copy_a2a_contention:g} (contention "
+         f"{share('copy_contention_s')} of the step; {share('copy_contention_s', 'copy contention 1')} at 1)",
+         f"yes ({ov.copy_a2a_contention:g} of the copy seconds)" if ov.copy_a2a_contention > 0 else "no",
+         sweep(["copy contention 0", "card", "copy contention 1"])),
+        ("plan metadata broadcast", "overheads.plan_metadata_charged",
          f"{_span(at('card', 'metadata_bytes_per_microbatch') / 1e3, '{:.0f} kB')} per micro-batch, "
-         f"{_span(1e6 * at('card', 'metadata_s_per_microbatch'), '{:.0f} us')} to copy: "
-         f"{_span(metadata / at('card', 'step_s'), '{:.4f}%')} of the step were none of it hidden",
-         "no (copied while the previous micro-batch runs; immaterial)", "-"),
+         f"{_span(1e6 * at('card', 'metadata_s_per_microbatch'), '{:.0f} us')} to copy; charged with its broadcast "
+         f"{share('plan_broadcast_s', fmt='{:.4f}%')} of the step (were none of it hidden: "
+         f"{_span(metadata / at('card', 'step_s'), '{:.4f}%')})",
+         "yes (in line before each micro-batch)" if ov.plan_metadata_charged else "no",
+         sweep(["metadata not charged", "card"])),
         ("migration", "(charged by the cost model)", f"{share('migration_s')} of the step", "yes", "-"),
         ("replica memory", "training.replica_buffer",
          f"{_span(100 * at('card', 'replica_memory_share'), '{:.2f}%')} of parameter memory per GPU", "reported", "-"),
     ]
     return pd.DataFrame(rows, columns=["overhead", "card_entry", "figure", "charged", "sweep"])
+
+
+def gap_terms(costs: pd.DataFrame, setting: str = "card", variant: str = "relibra",
+              reference: str = "balanced") -> pd.DataFrame:
+    """The gap of `variant` to `reference` term by term: per step-time term (PlanCost.totals: the
+    all-to-alls, expert and dense compute, replica transfers, planner, pipeline bubble, migration,
+    optimizer), the variant's seconds minus the reference's as a share of the reference's step (mean and
+    range over the cases), under one charge setting. The shares add up to the gap (variant step over the
+    reference's, minus 1). Columns: term, gap_share."""
+    rows = costs[costs["setting"] == setting].set_index(["model", "workload", "seed", "variant"])
+    mine, ref = rows.xs(variant, level="variant"), rows.xs(reference, level="variant")
+    terms = [c for c in costs.columns if c.startswith("term_")]
+    out = [{"term": c[len("term_"):], "gap_share": _span(100 * (mine[c] - ref[c]) / ref["step_s"], "{:+.2f}%")}
+           for c in terms]
+    out.append({"term": "step (the gap)", "gap_share": _span(100 * (mine["step_s"] / ref["step_s"] - 1), "{:+.2f}%")})
+    return pd.DataFrame(out)
 
 
 def eplb_plus_table(costs: pd.DataFrame) -> pd.DataFrame:

@@ -34,7 +34,7 @@ SENSITIVITY_COLUMNS = ["knob", "value", "is_default", "policy", *RATIOS, "relibr
 @dataclasses.dataclass(frozen=True)
 class Knob:
     """One input the sensitivity study moves: its card entry (None: not a card entry), where it acts
-    ("workload", "topology", "cost", "policy", "cluster preset") and the field it sets there. values:
+    ("workload", "topology", "cost", "overheads", "policy", "cluster preset") and the field it sets there. values:
     what it sweeps besides its default (None: the card entry's range; extra: more values beside it);
     default: a fixed default (None: the card entry's value; "card": the card's own name). A knob with a
     text default (categorical) lists its default first; a numeric one sweeps in order."""
@@ -67,6 +67,8 @@ KNOBS = {k.name: k for k in (
     Knob("GEMM half-saturation", "compute.gemm_half_tokens", "topology", "gemm_half_tokens"),
     Knob("attention efficiency", "compute.attention_efficiency", "topology", "attention_efficiency"),
     Knob("collective latency", "compute.collective_latency_s", "topology", "collective_latency_s"),
+    Knob("copy / all-to-all contention", "overheads.copy_a2a_contention", "overheads", "copy_a2a_contention"),
+    Knob("GEMM per-call floor", "overheads.gemm_call_floor_s", "overheads", "gemm_call_floor_s"),
     Knob("cluster preset", None, "cluster preset", "", values=("h800", "paper-datasheet", "h100"), default="card"),
 )}
 KNOB_NAMES = tuple(KNOBS)
@@ -119,6 +121,8 @@ def case_inputs(card, knob: Knob, value, ep: int, micro_batches: int | None = No
         topo_changes = {knob.field: float(value), "name": f"{card.name},{knob.field}={value}"}
     elif knob.acts_on == "policy":
         policy_params = {"relibra": {**policy_params.get("relibra", {}), knob.field: int(value)}}
+    elif knob.acts_on == "overheads":
+        cost_changes["overheads"] = dataclasses.replace(card.cost_params(ep).overheads, **{knob.field: float(value)})
     elif knob.name == "optimizer sharding":
         on = dataclasses.replace(card, entries={**card.entries, knob.entry: dataclasses.replace(
             card.entries[knob.entry], value=bool(value))})

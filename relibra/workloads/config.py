@@ -71,6 +71,12 @@ class WorkloadConfig:
     data_parallel_size: data-parallel ranks the global batch is split over under `token-budget`
         (each EP rank is one of them and holds global_batch_sequences / data_parallel_size sequences
         per step); None = the EP size.
+    context_parallel, tensor_parallel: under `token-budget`, the CP x TP ranks every sequence is split over
+        (Megatron's context parallelism: 2 x CP chunks, CP rank c taking chunks c and 2 CP - 1 - c;
+        sequence parallelism: each CP share over the TP ranks). Bins then hold tokens_per_microbatch x CP x TP
+        tokens (slime's max_tokens_per_gpu x CP), dealt over EP / (CP x TP) data-parallel slots, and EP rank
+        (slot x CP + c) x TP + t holds its piece of every sequence of its slot's bin (layouts.split_pieces).
+        1, 1 (default): whole sequences, as before.
     max_sequence_tokens: cap on prompt + response (DAPO-style 20k-token limit).
     length_scale: multiplies every sequence length (and the cap); below 1 for small test configs
         with few tokens per slot, so a slot still holds whole sequences.
@@ -110,6 +116,8 @@ class WorkloadConfig:
     batch_layout: str = DEFAULT_BATCH_LAYOUT
     tokens_per_microbatch: int = 16384
     data_parallel_size: int | None = None
+    context_parallel: int = 1
+    tensor_parallel: int = 1
     domain_profiles: tuple[DomainProfile, ...] | None = None
     mixed_domain_weights: tuple[float, float, float, float] = (0.25, 0.25, 0.25, 0.25)
 
@@ -138,6 +146,10 @@ class WorkloadConfig:
                 self.data_parallel_size, (int, np.integer)) or self.data_parallel_size <= 0):
             raise ConfigError(f"workload config: data_parallel_size must be None or a positive integer, "
                               f"got {self.data_parallel_size!r}")
+        for name in ("context_parallel", "tensor_parallel"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+                raise ConfigError(f"workload config: {name} must be a positive integer, got {v!r}")
         if not self.length_scale > 0:
             raise ConfigError(f"workload config: length_scale must be positive, got {self.length_scale}")
         if not self.topic_concentration > 0:
@@ -169,6 +181,9 @@ class WorkloadConfig:
         out = dataclasses.asdict(self)
         if out["microbatch_shift"] == 0:
             del out["microbatch_shift"]
+        for name in ("context_parallel", "tensor_parallel"):  # likewise: whole sequences give the old bytes
+            if out[name] == 1:
+                del out[name]
         return out
 
 

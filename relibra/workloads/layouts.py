@@ -201,6 +201,21 @@ def layout_slots(lengths: np.ndarray, group: np.ndarray, ep: int, micro_batches:
     return rank, mb
 
 
+def split_pieces(lengths: np.ndarray, cp: int, tp: int) -> np.ndarray:
+    """Tokens of each sequence on each of the CP x TP ranks that split it: int64 [n, cp, tp].
+
+    Megatron's context parallelism cuts a sequence of L tokens into 2 cp chunks (the first L mod 2 cp one
+    token longer) and gives CP rank c chunks c and 2 cp - 1 - c, so every rank gets an equal share of the
+    causal attention work; sequence parallelism then splits a CP rank's share over the tp ranks (evenly,
+    the first ones one token longer). Every piece of a sequence sums back to L.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    k = 2 * cp
+    chunk = lengths[:, None] // k + (np.arange(k)[None, :] < (lengths[:, None] % k))  # [n, 2 cp]
+    share = chunk[:, :cp] + chunk[:, ::-1][:, :cp]  # chunk c + chunk 2 cp - 1 - c: [n, cp]
+    return share[:, :, None] // tp + (np.arange(tp)[None, None, :] < (share[:, :, None] % tp))
+
+
 def slot_seq_lens(slot: np.ndarray, tokens: np.ndarray, num_slots: int) -> np.ndarray:
     """Lengths of the pieces in each slot, 0-padded: int32 [num_slots, max pieces per slot].
 
@@ -228,12 +243,20 @@ def token_budget_batches(shape: ModelShape, cfg: WorkloadConfig, domains: np.nda
     to ranks by Karmarkar-Karp on estimated forward FLOPs (token_budget_slots). micro_batches (a
     cut-down batch for small profiles): instead draw about micro_batches x ep x budget tokens and keep
     the first micro_batches x ep bins.
+    With CP x TP > 1 (cfg.context_parallel, cfg.tensor_parallel) the sequences are packed into bins of
+    budget x CP x TP tokens and dealt over ep / (CP x TP) data-parallel slots (`rank` is then the slot;
+    token_budget_step splits every sequence over its slot's CP x TP ranks).
     Returns ([(group, domain, length, rank, micro_batch) int64 [n] each, and draw_sequences' cut int8 [n], per
     step], micro-batches per rank).
     """
     rng = np.random.default_rng([int(seed), model_seed(shape), 1])
     dp = cfg.data_parallel_size or ep
     sequences = -(-cfg.global_batch_sequences * ep // dp)
+    split = cfg.context_parallel * cfg.tensor_parallel
+    if ep % split:
+        raise ConfigError(f"token-budget layout: EP {ep} is no multiple of the CP x TP = {cfg.context_parallel} x "
+                          f"{cfg.tensor_parallel} ranks that split every sequence")
+    ep, budget = ep // split, budget * split  # bins of whole sequences, dealt over the data-parallel slots
     if micro_batches is None and sequences < ep:
         raise ConfigError(f"token-budget layout: {sequences} sequences per step (global batch "
                           f"{cfg.global_batch_sequences} x ep {ep} / data_parallel_size {dp}) cannot give each of "
@@ -287,7 +310,16 @@ def token_budget_step(rng: np.random.Generator, drawn: tuple, cfg: WorkloadConfi
     group, domain, length, rank, mb, cut = drawn
     group_topics = topic_weights(rng, domain[:: cfg.responses_per_prompt], topic_freq, cfg)
     seq = np.flatnonzero(rank >= 0)
-    return StepBatch(mb[seq] * ep + rank[seq], length[seq], group_topics[group[seq]], *_cut_counts(cut[seq]))
+    cp, tp = cfg.context_parallel, cfg.tensor_parallel
+    if cp * tp == 1:
+        return StepBatch(mb[seq] * ep + rank[seq], length[seq], group_topics[group[seq]], *_cut_counts(cut[seq]))
+    pieces = split_pieces(length[seq], cp, tp)  # [n, cp, tp]
+    ep_rank = (rank[seq][:, None, None] * cp + np.arange(cp)[None, :, None]) * tp + np.arange(tp)[None, None, :]
+    slot = mb[seq][:, None, None] * ep + ep_rank
+    owner = np.broadcast_to(seq[:, None, None], pieces.shape).ravel()
+    keep = pieces.ravel() > 0  # a sequence shorter than CP x TP leaves some ranks without a piece
+    return StepBatch(slot.ravel()[keep], pieces.ravel()[keep], group_topics[group[owner[keep]]],
+                     *_cut_counts(cut[seq]))
 
 
 def _cut_counts(cut: np.ndarray) -> tuple[int, int]:
