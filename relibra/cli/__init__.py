@@ -149,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         print(version_text())  # without building the parser, which imports every command module
         return 0
     parser = build_parser()
-    args = parser.parse_args(argv)
 
     def command() -> int:
+        args = parser.parse_args(argv)  # a value a flag's Kind refuses is a ConfigError: one `error:` line
         _check_outputs(args)
         return int(args.func(args) or 0)
 

@@ -7,18 +7,42 @@ import json
 from relibra.errors import ConfigError
 
 
+def _card(v) -> str:
+    from relibra.setups import load_card
+
+    load_card(str(v))  # an unknown card or a bad .toml fails here, before any work
+    return str(v)
+
+
+def _declared():
+    """The set-up flags' declarations, shared by the commands that simulate a set-up."""
+    from dataclasses import dataclass
+
+    from relibra.experiments.base import Kind, Params, _listed, choice, integer, param
+    from relibra.setups import DEFAULT_CARD, card_names
+    from relibra.workloads import BATCH_LAYOUTS
+
+    card = Kind(f"a set-up card: a name under data/setups/ ({', '.join(card_names())}) or a .toml path", _card)
+
+    @dataclass(frozen=True)
+    class SetupOptions(Params):
+        setup: str = param(DEFAULT_CARD, "set-up card", card)
+        layout: str = param(None, "batch layout instead of the card's (docs/traces.md)", choice(BATCH_LAYOUTS))
+        tokens_per_microbatch: int = param(None, "token budget per GPU per micro-batch instead of the card's "
+                                                 "(token-budget layout; the card's schema bounds it)", integer(1))
+
+    cards = Kind("comma-separated set-up cards (names under data/setups/ or .toml paths)",
+                 lambda raw: _listed(raw, _card))
+    return SetupOptions, card, cards
+
+
 def add_setup_arguments(p) -> None:
     """--setup, --layout and --tokens-per-microbatch, shared by the commands that simulate a set-up."""
-    from relibra.setups import DEFAULT_CARD, card_names
+    from relibra.experiments.base import add_flag
 
-    p.add_argument("--setup", default=DEFAULT_CARD,
-                   help=f"set-up card: a name under data/setups/ ({', '.join(card_names())}) or a .toml path "
-                        f"(default {DEFAULT_CARD})")
-    p.add_argument("--layout", default=None,
-                   help="batch layout instead of the card's: token-budget, verl-balance, verl, verl-dynamic, slime, "
-                        "slime-dynamic, megatron (docs/traces.md)")
-    p.add_argument("--tokens-per-microbatch", type=int, default=None,
-                   help="token budget per GPU per micro-batch instead of the card's (token-budget layout)")
+    options = _declared()[0]
+    for name in ("setup", "layout", "tokens_per_microbatch"):
+        add_flag(p, options, name)
 
 
 def card_with_overrides(setup: str, layout: str | None, tokens_per_microbatch: int | None):

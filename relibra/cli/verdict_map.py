@@ -10,7 +10,9 @@ import time
 from dataclasses import dataclass
 
 from relibra.errors import ConfigError
-from relibra.experiments.base import FLAG, Kind, Params, _listed, add_flag, choice, integer, param
+from relibra.cli.setup import _declared
+from relibra.setup_schema import BOUNDS
+from relibra.experiments.base import FLAG, Params, add_flag, choice, integer, param
 
 NOTEBOOK = "12_verdict_map"
 GRID_PROFILES = {"default": "laptop", "paper": "paper"}  # --grid: the notebook 12 profile whose grid it is
@@ -20,16 +22,8 @@ AXES = (("tokens", "--tokens"), ("shift", "--shift-values"), ("models", "--model
 OVERHEADS_TAKE = ("models", "workloads", "seeds", "ep", "setup", "indent", "no_progress")
 
 
-def _card(v) -> str:
-    from relibra.setups import load_card
-
-    load_card(str(v))  # an unknown card or a bad .toml fails here
-    return str(v)
-
-
-CARD = Kind("a set-up card (a name under data/setups/ or a .toml path)", _card)
-CARDS = Kind("comma-separated set-up cards (names under data/setups/ or .toml paths)",
-             lambda raw: _listed(raw, _card))
+_, CARD, CARDS = _declared()
+EP = next(b for b in BOUNDS if b.key == "batch.expert_parallel")  # the set-up card's bound on an EP size
 
 
 @dataclass(frozen=True)
@@ -39,7 +33,7 @@ class MapOptions(Params):
     grid: str = param(None, "the grid the axes start from", choice(tuple(GRID_PROFILES)))
     cards: tuple[str, ...] = param(None, "set-up cards put on the map as points", CARDS)
     ep: int = param(None, "EP size of the grid's nodes (a card's point: its own batch.expert_parallel)",
-                    integer(1, 4096))
+                    integer(int(EP.low), int(EP.high)))
     workers: int = param(None, "worker processes", integer(1, 1024))
     overheads: bool = param(False, "print the overheads table and EPLB+ at 0/2/4 spare slots instead of the map",
                             FLAG)

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -42,13 +41,16 @@ class Kind:
         """The one line that refuses `value`: what the parameter accepts, what it got, and why."""
         return f"must be {self.accepts}; got {value!r} ({exc})"
 
-    def arg(self) -> Callable[[str], Any]:
-        """This kind as argparse's `type=`: the parsed value, or argparse's one `error:` line (exit 2)."""
+    def arg(self, flag: str) -> Callable[[str], Any]:
+        """This kind as argparse's `type=` for `flag`: the parsed value, or a ConfigError naming the flag,
+        which the command line prints as its one `error:` line (exit 2) before any work. A loader's own
+        error (an unknown preset, a card out of bounds: a RelibraError) already names what is wrong and is
+        the same line whichever command or notebook reads the value: it passes as it is."""
         def parse(text: str):
             try:
                 return self.parse(text)
-            except (ValueError, TypeError, OSError, RelibraError) as exc:
-                raise argparse.ArgumentTypeError(self.refusal(text, exc)) from None
+            except (ValueError, TypeError, OSError) as exc:
+                raise ConfigError(f"{flag} {self.refusal(text, exc)}") from None
         return parse
 
 
@@ -181,22 +183,25 @@ def spec_of(params: type, name: str) -> dict:
 
 def flag_help(params: type, name: str, default: str | None = None) -> str:
     """A command-line flag's help, made from the parameter's declaration: its doc (without the notebook's
-    "(None: ...)" note), what it accepts, and `default` (what the command takes when the flag is not given)."""
+    "(None: ...)" note), what it accepts, and its default: `default` (what the command takes when the flag
+    is not given), else the declared default unless None or False."""
     spec = spec_of(params, name)
     doc = re.sub(r" \(None: [^)]*\)$", "", spec["doc"])
+    default = default or (None if spec["default"] is None or spec["default"] is False else _text(spec["default"]))
     return (doc if spec["kind"] is FLAG else f"{doc}: {spec['kind'].accepts}") + (f" (default: {default})" if default
                                                                                  else "")
 
 
 def add_flag(parser, params: type, name: str, flag: str | None = None, default: str | None = None):
     """Add `flag` (default --<name with dashes>) to an argparse parser from Params field `name`: its Kind
-    parses the value (type=; FLAG: a switch), its doc is the help (flag_help); not given, it is None
-    (a switch: False). The action keeps the declaration it came from (`declared`: (params, name))."""
-    kind = spec_of(params, name)["kind"]
+    parses the value (type=; FLAG: a switch), its doc is the help (flag_help), its declared default is the
+    flag's. The action keeps the declaration it came from (`declared`: (params, name, default))."""
+    spec = spec_of(params, name)
     flag = flag or "--" + name.replace("_", "-")
-    how = (dict(action="store_true") if kind is FLAG else
-           dict(default=None, type=kind.arg(), metavar=name.upper()))
-    action = parser.add_argument(flag, dest=name, help=flag_help(params, name, default), **how)
+    how = (dict(action="store_true") if spec["kind"] is FLAG else
+           dict(default=spec["default"], type=spec["kind"].arg(flag), metavar=name.upper()))
+    action = parser.add_argument(flag, dest=name,
+                                 help=flag_help(params, name, default), **how)
     action.declared = (params, name, default)
     return action
 

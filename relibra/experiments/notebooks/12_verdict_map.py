@@ -20,6 +20,7 @@ from relibra.experiments.verdict_map import (RATIO_FIELDS, CardPoint, GridSpec, 
                                              claim_regions, conclusion, contour_table, default_grid, node_fields,
                                              paper_grid, rl_calibration, run_map, why_card_differs)
 from relibra.labels import CLAIMS
+from relibra.setup_schema import BOUNDS
 from relibra.setups import DEFAULT_CARD
 from relibra.workloads import MICROBATCH_SHIFT_RANGE, WORKLOADS
 
@@ -42,7 +43,8 @@ SIZES = {**per_profile(lambda name: paper_grid() if name in ("paper", "gpu") els
 
 SHARES = floats(0.0, 1.0, sort=True, note=f" (the sourced range is {MICROBATCH_SHIFT_RANGE[0]:g}-"
                                           f"{MICROBATCH_SHIFT_RANGE[1]:g})")
-MAX_TOKENS = 2**20  # tokens per EP rank per micro-batch: 50x the recipes' 2k-20k (docs/setup.md)
+# a node's tokens per EP rank per micro-batch: within the set-up card's bound on that entry (setup_schema)
+TOKENS = next(b for b in BOUNDS if b.key == "batch.tokens_per_ep_rank_per_microbatch")
 
 
 MODEL_NAMES = Kind("comma-separated model presets", lambda raw: tuple(
@@ -54,7 +56,7 @@ class Params(Params):
     profile: str = param("laptop", "sizes of the grid: tiny, laptop (default grid), paper / gpu (whole grid)", PROFILE,
                          affects=False)
     tokens: tuple[int, ...] | None = param(None, "tokens per EP rank per micro-batch of the grid's nodes (None: the "
-                                           "profile's)", integers(1, MAX_TOKENS, sort=True), sizes="tokens")
+                                           "profile's)", integers(int(TOKENS.low), int(TOKENS.high), sort=True), sizes="tokens")
     shift: tuple[float, ...] | None = param(None, "micro-batch shift values of the nodes (None: the profile's)",
                                             SHARES, sizes="shift_values")
     models: tuple[str, ...] | None = param(None, "model presets (None: the profile's)", MODEL_NAMES, sizes="models")
