@@ -3,23 +3,21 @@ flags (--model, --ep, --steps, --seed, --knobs) are notebook 10's parameters, pa
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from relibra.errors import ConfigError
-from relibra.experiments.base import FLAG, Params, add_flag, choice, integer, param
 
 NOTEBOOK = "10_sensitivity"
 
 
-def _declared():
-    from relibra.workloads import WORKLOADS
+@functools.cache
+def sensitivity_options() -> type:
+    """`relibra sensitivity`'s own options (the case's are notebook 10's Params, the rest shared_options)."""
+    from relibra.experiments.base import FLAG, Params, integer, param
 
     @dataclass(frozen=True)
     class SensitivityOptions(Params):
-        """`relibra sensitivity`'s own options (the case's are notebook 10's Params)."""
-
-        workload: str = param("mixed", "workload of the case", choice(tuple(WORKLOADS)))
-        micro_batches: int = param(None, "micro-batches per step", integer(1, 4096))
         layers: int = param(None, "keep only the first N MoE layers (at most the model's)", integer(1, 4096))
         quick: bool = param(False, "two values per knob, the default and one other (for tests and a first look)",
                             FLAG)
@@ -55,7 +53,8 @@ def _sensitivity(args) -> int:
 
 
 def register(sub) -> None:
-    from relibra.cli.setup import add_setup_arguments
+    from relibra.cli.setup import add_setup_arguments, shared_options
+    from relibra.experiments.base import add_flag
     from relibra.experiments.registry import get_notebook
     from relibra.experiments.sensitivity import KNOB_NAMES
 
@@ -63,16 +62,16 @@ def register(sub) -> None:
                        description="ReLibra/Megatron, ReLibra/EPLB+ and ReLibra/balanced-compute with one input of "
                                    "the set-up card at a time moved over its range: " + ", ".join(KNOB_NAMES) + ".",
                        allow_abbrev=False)
-    nb, own = get_notebook(NOTEBOOK).Params, _declared()
+    nb, own, shared = get_notebook(NOTEBOOK).Params, sensitivity_options(), shared_options()
     add_flag(p, nb, "model").required = True
     add_flag(p, nb, "ep").required = True
     add_setup_arguments(p)
-    add_flag(p, own, "workload")
-    add_flag(p, own, "micro_batches", default="the card's; token-budget derives them from the budget")
+    add_flag(p, shared, "workload", default="mixed")
+    add_flag(p, shared, "micro_batches", default="the card's; token-budget derives them from the budget")
     add_flag(p, own, "layers", default="all")
     add_flag(p, nb, "steps", default="2; the first is history only")
     add_flag(p, nb, "seed")
     add_flag(p, nb, "knobs", default="all")
     add_flag(p, own, "quick")
     add_flag(p, own, "json")
-    p.set_defaults(func=_sensitivity, steps=2)
+    p.set_defaults(func=_sensitivity, steps=2, workload="mixed")

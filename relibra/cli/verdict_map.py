@@ -6,13 +6,12 @@ add_flag), and the values go through the same Params.create and Params.spec as t
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
+from relibra.cli.setup import shared_options
 from relibra.errors import ConfigError
-from relibra.cli.setup import _declared
-from relibra.setup_schema import BOUNDS
-from relibra.experiments.base import FLAG, Params, add_flag, choice, integer, param
 
 NOTEBOOK = "12_verdict_map"
 GRID_PROFILES = {"default": "laptop", "paper": "paper"}  # --grid: the notebook 12 profile whose grid it is
@@ -22,24 +21,20 @@ AXES = (("tokens", "--tokens"), ("shift", "--shift-values"), ("models", "--model
 OVERHEADS_TAKE = ("models", "workloads", "seeds", "ep", "setup", "indent", "no_progress")
 
 
-_, CARD, CARDS = _declared()
-EP = next(b for b in BOUNDS if b.key == "batch.expert_parallel")  # the set-up card's bound on an EP size
+@functools.cache
+def map_options() -> type:
+    """`relibra map`'s own options (the grid's axes are notebook 12's Params, the rest shared_options)."""
+    from relibra.experiments.base import FLAG, Params, choice, param
 
+    @dataclass(frozen=True)
+    class MapOptions(Params):
+        grid: str = param("default", "the grid the axes start from", choice(tuple(GRID_PROFILES)))
+        overheads: bool = param(False, "print the overheads table and EPLB+ at 0/2/4 spare slots instead of the "
+                                       "map", FLAG)
+        indent: bool = param(False, "indent the JSON", FLAG)
+        no_progress: bool = param(False, "no progress bar", FLAG)
 
-@dataclass(frozen=True)
-class MapOptions(Params):
-    """`relibra map`'s own options (the grid's axes are notebook 12's Params)."""
-
-    grid: str = param(None, "the grid the axes start from", choice(tuple(GRID_PROFILES)))
-    cards: tuple[str, ...] = param(None, "set-up cards put on the map as points", CARDS)
-    ep: int = param(None, "EP size of the grid's nodes (a card's point: its own batch.expert_parallel)",
-                    integer(int(EP.low), int(EP.high)))
-    workers: int = param(None, "worker processes", integer(1, 1024))
-    overheads: bool = param(False, "print the overheads table and EPLB+ at 0/2/4 spare slots instead of the map",
-                            FLAG)
-    setup: str = param(None, "set-up card of --overheads", CARD)
-    indent: bool = param(False, "indent the JSON", FLAG)
-    no_progress: bool = param(False, "no progress bar", FLAG)
+    return MapOptions
 
 
 def grid_text(g) -> str:
@@ -51,10 +46,9 @@ def grid_text(g) -> str:
 
 
 def _given(args, names) -> list[str]:
-    """The flags among `names` (dests) given on the command line (not at their default)."""
-    defaults = MapOptions.defaults()
+    """The flags among `names` (dests) given on the command line: away from their declared defaults."""
     return ["--" + ("shift-values" if n == "shift" else n.replace("_", "-")) for n in names
-            if getattr(args, n) not in (None, defaults.get(n))]
+            if getattr(args, n) != args.flag_defaults[n]]
 
 
 def _map(args) -> int:
@@ -104,8 +98,10 @@ def _overheads(args) -> int:
 
 
 def register(sub) -> None:
+    from relibra.experiments.base import add_flag
     from relibra.experiments.registry import get_notebook
     from relibra.experiments.verdict_map import GRIDS
+    from relibra.setups import DEFAULT_CARD
 
     p = sub.add_parser("map", help="the verdict as a map over tokens per EP rank and micro-batch shift (simulated, "
                                    "JSON)",
@@ -115,16 +111,18 @@ def register(sub) -> None:
                                    "claims as contours and the one-sentence conclusion as JSON. The grid's axes are "
                                    "notebook 12's parameters.",
                        allow_abbrev=False)
-    add_flag(p, MapOptions, "grid", default="; ".join(f"{k} ({grid_text(GRIDS[k]())})" for k in GRID_PROFILES))
+    own, shared = map_options(), shared_options()
+    add_flag(p, own, "grid", default="; ".join(f"{k} ({grid_text(GRIDS[k]())})" for k in GRID_PROFILES))
     nb = get_notebook(NOTEBOOK).Params
     for name, flag in AXES:
         add_flag(p, nb, name, flag, default="the --grid's; --overheads: " + {
             "models": "the three paper models", "workloads": "mixed", "seeds": "0"}.get(name, "not taken"))
-    add_flag(p, MapOptions, "cards", default="every card under data/setups/")
-    add_flag(p, MapOptions, "ep", default="32")
-    add_flag(p, MapOptions, "workers", default="one per core, at most one per case")
-    add_flag(p, MapOptions, "overheads")
-    add_flag(p, MapOptions, "setup", default="the default card")
-    add_flag(p, MapOptions, "indent")
-    add_flag(p, MapOptions, "no_progress")
-    p.set_defaults(func=_map)
+    add_flag(p, shared, "cards", default="every card under data/setups/, each a point")
+    add_flag(p, shared, "ep", default="32; a card's point: its own batch.expert_parallel")
+    add_flag(p, shared, "workers", default="one per core, at most one per case")
+    add_flag(p, own, "overheads")
+    add_flag(p, shared, "setup", default=f"{DEFAULT_CARD}; --overheads only")
+    add_flag(p, own, "indent")
+    add_flag(p, own, "no_progress")
+    p.set_defaults(grid=None, setup=None)  # not given: None, so that a flag --overheads does not take is seen
+    p.set_defaults(func=_map, flag_defaults={a.dest: a.default for a in p._actions})

@@ -138,8 +138,13 @@ def floats(low: float, high: float, sort: bool = False, note: str = "") -> Kind:
                 lambda raw: _listed(raw, lambda v: _checked(_float(v), low, high), sort))
 
 
-def choice(choices: tuple) -> Kind:
-    return Kind(f"one of {', '.join(map(str, choices))}", lambda raw: _checked(raw, choices=tuple(choices)))
+def choice(choices: tuple, what: str | None = None) -> Kind:
+    """One of `choices`; the refusal says "unknown <what>" when `what` is given."""
+    def parse(raw):
+        if what is not None and raw not in choices:
+            raise ValueError(f"unknown {what} {raw!r}")
+        return _checked(raw, choices=tuple(choices))
+    return Kind(f"one of {', '.join(map(str, choices))}", parse)
 
 
 def names(known: tuple[str, ...], what: str) -> Kind:

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from relibra.analysis import microbatch_calibration, shift_stats
-from relibra.cluster import get_model
+from relibra.cluster import PAPER_MODELS, get_model
 from relibra.display import json_safe
 from relibra.errors import ConfigError
 from relibra.pool import map_in_order
@@ -32,7 +32,7 @@ from relibra.sim import simulate
 from relibra.trace import RoutingTrace
 from relibra.workloads import MICROBATCH_SHIFT_RANGE, WorkloadConfig, generate_trace
 
-MAP_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
+MAP_MODELS = PAPER_MODELS
 MAP_POLICIES = ("megatron", "eplb+", "relibra", "balanced")
 # The paper's claims (abstract) as levels of the map's fields.
 CLAIMS = (
