@@ -113,18 +113,17 @@ def register(subparsers) -> None:
                          description="Expert max/mean, Gini, the hottest expert's share, static skewness at EP 16 and "
                                      "32 and micro-batch correlations of the public data (data/public/), of traces "
                                      "generated on set-up cards and of trace files.")
-    cmp.add_argument("--model", default="qwen3-30b-a3b", help="model of the generated traces (default qwen3-30b-a3b, "
-                                                              "the public data's)")
     from relibra.experiments.base import add_flag
 
     own = compare_options()
+    add_flag(cmp, own, "model", default="qwen3-30b-a3b, the public data's")
     add_flag(cmp, own, "workloads", default="mixed,math")
     add_flag(cmp, own, "setups", default=f"{DEFAULT_CARD}, paper-stated and the Qwen3-30B-A3B recipes")
     add_flag(cmp, own, "ep", default="each card's batch.expert_parallel")
     add_flag(cmp, own, "steps", default="2")
     add_flag(cmp, own, "seed")
     add_flag(cmp, own, "microbatch_shift")
-    cmp.set_defaults(workloads=("mixed", "math"), setups=(DEFAULT_CARD, "paper-stated", "slime-qwen3-30b",
+    cmp.set_defaults(model="qwen3-30b-a3b", workloads=("mixed", "math"), setups=(DEFAULT_CARD, "paper-stated", "slime-qwen3-30b",
                                                           "verl-qwen3-30b"), steps=2)
     cmp.add_argument("--rl-trace", default="default",
                      help="the kit's real RL trace (default: the shipped data/rl_tiny_seed0.npz; 'none' to leave it out)")
