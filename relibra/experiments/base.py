@@ -213,10 +213,19 @@ def add_flag(parser, params: type, name: str, flag: str | None = None, default: 
 
 
 def param_table(params: type) -> str:
-    """The docs' parameter table of a Params class, markdown: parameter, default, what it accepts, doc."""
-    rows = [f"| `{f.name}` | `{f.default!r}` | {f.metadata['kind'].accepts} | {f.metadata['doc']} |"
+    """The docs' parameter table of a Params class, markdown: parameter, default, what it accepts, meaning (the
+    declared doc); a None default that the profile fills says so."""
+    def cell(text) -> str:
+        return str(text).replace("|", "\\|")
+
+    def default(f) -> str:
+        if f.default is None:
+            return "the profile's" if f.metadata["sizes"] else "`None`"
+        return f"`{cell(_text(f.default))}`"
+
+    rows = [f"| `{f.name}` | {default(f)} | {cell(f.metadata['kind'].accepts)} | {cell(f.metadata['doc'])} |"
             for f in fields(params)]
-    return "\n".join(["| parameter | default | accepts | meaning |", "|---|---|---|---|", *rows]) + "\n"
+    return "\n".join(["| parameter | default | accepts | meaning |", "|---|---|---|---|", *rows])
 
 
 @dataclass(frozen=True)
