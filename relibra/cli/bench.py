@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import math
 from pathlib import Path
 
 
@@ -55,17 +54,6 @@ def _sim(args) -> int:
     return 0
 
 
-def _clean(value):
-    """JSON-ready: NaN and infinities become None (the JSON standard has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
-
-
 def run_json_command(argv) -> dict:
     """Run `relibra ARGV` (a command with --json) in this process; its printed JSON object."""
     from relibra.cli import build_parser
@@ -84,6 +72,7 @@ def _record(args) -> int:
     import time
 
     from relibra.bench import records as rec
+    from relibra.display import json_safe
     from relibra.errors import ConfigError
     from relibra.paths import check_output_path
     from relibra.progress import progress as tqdm
@@ -107,7 +96,7 @@ def _record(args) -> int:
             output = run_json_command(argv)
             record["runs"].append({"command": rec.command_line(argv), "started_utc": started,
                                    "seconds": round(time.perf_counter() - t0, 2), "load_average_start": load,
-                                   "load_average_end": rec.load_average(), "output": _clean(output)})
+                                   "load_average_end": rec.load_average(), "output": json_safe(output)})
         record.update(finished_utc=rec.utc_now(), load_average_end=rec.load_average())
         path = rec.write_record(record, out_dir / f"{spec.name}.json")
         print(f"wrote {path}")

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import numbers
@@ -20,9 +21,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
-import numpy as np
 import pandas as pd
 
+from relibra.display import json_safe
 from relibra.errors import ConfigError, RelibraError
 from relibra.paths import write_text
 
@@ -359,23 +360,8 @@ class Result:
         return cls(**kwargs)
 
 
-def jsonable(obj):
-    """`obj` for json.dumps: dict keys as strings, tuples as lists, paths as strings, numpy numbers as
-    Python's, the kit's named objects (ModelShape, Topology, SetupCard) by their names, a trace read
-    from a file by its path."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, (np.generic, np.ndarray)):  # numpy numbers and arrays as Python's
-        return obj.tolist()
-    if dataclasses.is_dataclass(obj) and hasattr(obj, "name"):
-        return obj.name
-    if "file" in getattr(obj, "provenance", {}):  # a routing trace read from a file
-        return obj.provenance["file"]
-    return obj
+# `obj` for json.dumps with NaN kept (result.json round-trips it): the kit's one normaliser, not strict.
+jsonable = functools.partial(json_safe, strict=False)
 
 
 # ---- lessons ------------------------------------------------------------------------------------------
