@@ -58,8 +58,10 @@ def shared_options() -> type:
         ep: int = param(None, "expert-parallel size (divides the expert count)", integer(*ep_range))
         eps: tuple[int, ...] = param(None, "EP sizes", integers(*ep_range))
         steps: int = param(None, "training steps", integer(1, MAX_STEPS))
+        warmup_steps: int = param(None, "steps before the measured or simulated ones", integer(0, MAX_STEPS))
         micro_batches: int = param(None, "micro-batches per step", integer(1, MAX_MICRO_BATCHES))
-        tokens_per_rank: int = param(None, "about this many tokens per micro-batch and EP rank", integer(1, 2**20))
+        tokens_per_rank: int = param(None, "about this many tokens per micro-batch and EP rank (the generator bounds "
+                                           "the tokens per step)", integer(1))
         seed: int = param(0, "random seed; same seed, same numbers", integer(0, 2**32 - 1))
         policies: tuple[str, ...] = param(None, "policies", names(tuple(POLICY_NAMES), "policy"))
         workers: int = param(None, "worker processes", integer(1, 1024))
