@@ -94,7 +94,7 @@ def test_kinds_check_lists_and_numbers():
     assert integers(1, sort=True).parse("16384,64,2048") == (64, 2048, 16384)
     assert integers(0).parse("2,0") == (2, 0)  # order kept where it does not matter
     assert floats(0, 1, sort=True).parse([0.3, 0]) == (0.0, 0.3)
-    for kind, raw, why in [(integers(0), "0,0", "0 is given twice"), (integers(1), ",", "empty"),
+    for kind, raw, why in [(integers(0), "0,0", "0 is given twice"), (integers(1), ",", "an item is empty"), (integers(1), "", "empty"), (names(("a",), "letter"), "a,", "an item is empty"),
                            (integers(1), "1,x", "not an integer: 'x'"), (floats(0, 1), "nan", "not a finite number"),
                            (floats(0, 1), "0.5,0.5", "0.5 is given twice"), (number(0, 3), math.nan, "not a finite"),
                            (number(0, 3), "inf", "not a finite"), (integer(1, 10), "11", "11 is outside 1..10"),
@@ -131,7 +131,7 @@ FAMILIES = [
                                                                          "layers"),
     # lists: empty, repeated
     (["trace", "calibrate", "--eps", ","], "error: --eps must be a comma-separated list of distinct integers 1..512; "
-                                           "got ',' (empty)"),
+                                           "got ',' (an item is empty)"),
     (["map", "--seeds", "0,0"], "(0 is given twice)"),
     (["run", "--policies", "megatron,megatron"], "(megatron is given twice)"),
     # unknown names

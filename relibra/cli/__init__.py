@@ -82,8 +82,8 @@ def policy_list(text: str, flag: str = "--policies", extra: tuple[str, ...] = ()
     from relibra.policies import POLICY_NAMES
 
     names = _items(text)
-    if not names:
-        raise ConfigError(f"{flag} names no policy")
+    if not names or "" in names:
+        raise ConfigError(f"{flag} names no policy" if not names else f"{flag}: an empty policy name in {text!r}")
     known = [*POLICY_NAMES, *extra]
     unknown = [p for p in dict.fromkeys(names) if p not in known]
     if unknown:

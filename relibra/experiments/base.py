@@ -64,17 +64,21 @@ def param(default, doc: str, kind: Kind, *, sizes: str | None = None, none=None,
 
 
 def _items(raw, sep: str = ",") -> list:
+    """The items of a list, or of a `sep`-separated string (stripped; "" has none, "a," an empty one)."""
     if isinstance(raw, (list, tuple)):
         return list(raw)
     if isinstance(raw, str):
-        return [v.strip() for v in raw.split(sep) if v.strip()]
+        return [v.strip() for v in raw.split(sep)] if raw.strip() else []
     return [raw]
 
 
 def _listed(raw, each: Callable[[Any], Any], sort: bool = False, sep: str = ",") -> tuple:
     """`each` of every item of `raw` (a list, or a `sep`-separated string), as a tuple, ascending when
     `sort` (an axis whose neighbours matter); a ValueError when there is none or one is given twice."""
-    values = tuple(each(v) for v in _items(raw, sep))
+    items = _items(raw, sep)
+    if "" in items:
+        raise ValueError("an item is empty")
+    values = tuple(each(v) for v in items)
     if not values:
         raise ValueError("empty")
     twice = [v for i, v in enumerate(values) if v in values[:i]]
