@@ -38,7 +38,8 @@
 # mixed, math x seeds 0, 1, 2; card points at seed 0), `paper` and `gpu` its **whole grid** (6 budgets x
 # 4 shift values x 3 models x mixed, math x seeds 0, 1, 2; card points at seeds 0, 1, 2), `tiny` a toy
 # grid for the tests (the tiny model at EP 4, which says nothing about the paper). Every number is
-# **simulated** (`relibra.sim`) on synthetic traces; same seeds, same numbers. `relibra map --grid default|paper` prints the same grid as JSON.
+# **simulated** (`relibra.sim`) on synthetic traces; same seeds, same numbers. `relibra map --grid
+# default|paper` prints the same grid as JSON.
 
 # %% tags=["parameters"]
 profile = "laptop"  # tiny | laptop (default grid) | paper | gpu (the whole grid)

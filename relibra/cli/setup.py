@@ -46,7 +46,8 @@ def shared_options() -> type:
         setup: str = param(DEFAULT_CARD, "set-up card", one_card)
         cards: tuple[str, ...] = param(None, "set-up cards", Kind(
             "comma-separated set-up cards (names under data/setups/ or .toml paths)", lambda raw: _listed(raw, _card)))
-        layout: str = param(None, "batch layout instead of the card's (docs/traces.md)", choice(BATCH_LAYOUTS, "batch layout"))
+        layout: str = param(None, "batch layout instead of the card's (docs/traces.md)",
+                            choice(BATCH_LAYOUTS, "batch layout"))
         tokens_per_microbatch: int = param(None, "token budget per GPU per micro-batch instead of the card's "
                                                  "(token-budget layout; the card's schema bounds it)", integer(1))
         model: str = param(None, "model preset (or a shape spec such as 'deepseek-v3,layers=4')",

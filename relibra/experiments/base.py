@@ -159,7 +159,8 @@ def names(known: tuple[str, ...], what: str) -> Kind:
             raise ValueError(f"unknown {what} {v!r}")
         return v
     plural = what[:-1] + "ies" if what.endswith("y") else what + "s"
-    return Kind(f"comma-separated {plural} from {', '.join(known)}", lambda raw: _listed(raw, lambda v: known_one(str(v))))
+    return Kind(f"comma-separated {plural} from {', '.join(known)}",
+                lambda raw: _listed(raw, lambda v: known_one(str(v))))
 
 
 def objects(get: Callable[[str], Any], what: str, sep: str = ",", single: bool = False) -> Kind:
