@@ -35,10 +35,11 @@
 # publishes one, its EP size and batch) and drawn at its measured position. Every case is **full
 # scale** (every MoE layer, every micro-batch of the card's batch); the profile sets the grid: the
 # default (`laptop`) profile runs verdict_map's **default grid** (3 budgets x 2 shift values x 3 models x
-# `mixed` x 3 seeds; card points at seed 0), `paper` and `gpu` its **whole grid** (6 budgets x 4 shift
-# values x 3 models x `mixed`, `math` x 3 seeds), `tiny` a toy grid for the tests (the tiny model at EP 4,
-# which says nothing about the paper). Every number is **simulated** (`relibra.sim`) on synthetic traces;
-# same seeds, same numbers. `relibra map --grid default|paper` prints the same grid as JSON.
+# mixed, math x seeds 0, 1, 2; card points at seed 0), `paper` and `gpu` its **whole grid** (6 budgets x
+# 4 shift values x 3 models x mixed, math x seeds 0, 1, 2; card points at seeds 0, 1, 2), `tiny` a toy
+# grid for the tests (the tiny model at EP 4, which says nothing about the paper). Every number is
+# **simulated** (`relibra.sim`) on synthetic traces; same seeds, same numbers. `relibra map --grid
+# default|paper` prints the same grid as JSON.
 
 # %% tags=["parameters"]
 profile = "laptop"  # tiny | laptop (default grid) | paper | gpu (the whole grid)

@@ -135,6 +135,10 @@ class ModelShape:
         return cls(**d)
 
 
+# The paper's three models (128 routed experts, top-8 each), the grid of the headline, map, overheads and
+# calibration figures; spelled here only.
+PAPER_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
+
 MODEL_PRESETS: dict[str, ModelShape] = {
     m.name: m
     for m in [

@@ -10,28 +10,39 @@ A generated block sits between two marker lines, whatever generates it:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from collections.abc import Callable, Sequence
+from pathlib import PurePath
 
 import numpy as np
 
 from relibra.errors import ConfigError
 
 
-def json_safe(obj):
-    """`obj` with numpy scalars and arrays as Python values and NaN / infinities as None (strict JSON)."""
+def json_safe(obj, strict: bool = True):
+    """The kit's one JSON normaliser: `obj` for json.dumps, with dict keys as strings, tuples as lists, paths
+    as strings, numpy scalars and arrays as Python values, the kit's named objects (a dataclass with a
+    `name`: ModelShape, Topology, SetupCard) by their names and a routing trace read from a file by its path;
+    NaN and infinities as None when `strict` (strict JSON has none), kept otherwise."""
     if isinstance(obj, np.ndarray):
         obj = obj.tolist()
     elif isinstance(obj, np.generic):
         obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
+    if isinstance(obj, float) and strict and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
+        return {str(k): json_safe(v, strict) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
+        return [json_safe(v, strict) for v in obj]
+    if isinstance(obj, PurePath):
+        return str(obj)
+    if dataclasses.is_dataclass(obj) and hasattr(obj, "name"):
+        return obj.name
+    if "file" in getattr(obj, "provenance", {}):  # a routing trace read from a file
+        return obj.provenance["file"]
     return obj
 
 

@@ -166,7 +166,7 @@ def test_traces_are_deterministic_by_seed():
         return traces.make_trace(p.model, "math", p.ep, p.steps, seed, sizes, load_card())
 
     a = make(3)
-    traces._TRACE_CACHE.clear()
+    traces.cached_trace.cache_clear()
     b = make(3)
     assert a is not b and np.array_equal(a.loads, b.loads)
     assert not np.array_equal(a.loads, make(4).loads)
@@ -211,7 +211,7 @@ def test_ablation_same_seed_same_numbers():
 
     p, sizes = tiny("03_ablation", workload="math", policies="megatron,eplb+,relibra")
     a = nb("03_ablation").compute(p, sizes, progress=False).ablation
-    traces._TRACE_CACHE.clear()
+    traces.cached_trace.cache_clear()
     b = nb("03_ablation").compute(p, sizes, progress=False).ablation
     cols = ["model", "workload", "policy", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced", "skewness"]
     pd.testing.assert_frame_equal(a[cols], b[cols])

@@ -170,8 +170,10 @@ def test_every_input_format_is_bounded_before_it_is_decoded(fmt, write, tmp_path
 IMPOSSIBLE = [  # (argv, what the error names, seconds allowed)
     (["trace", "generate", "--model", "tiny", "--workload", "math", "--ep", "2", "--steps", "2",
       "--tokens-per-rank", str(10**12), "--out", "x.npz"], "tokens per step"),
-    (["trace", "generate", "--model", "tiny", "--workload", "math", "--ep", "2", "--steps", "100000",
+    (["trace", "generate", "--model", "tiny", "--workload", "math", "--ep", "2", "--steps", "2",
       "--out", "x.txt"], ".npz"),
+    (["trace", "generate", "--model", "tiny", "--workload", "math", "--ep", "2", "--steps", "100000",
+      "--out", "x.npz"], "--steps must be an integer 1..10000"),
     (["bench", "planner", "--model", "deepseek-v3", "--ep", "256", "--cluster", "paper"], "exceeds"),
 ]
 
@@ -388,8 +390,8 @@ GEN = ["trace", "generate", "--model", "tiny", "--workload", "math", "--ep", "2"
 
 @pytest.mark.parametrize("argv, env, said", [
     (GEN + ["--seed", "-1"], {}, "seed"),
-    (GEN + ["--length-scale", "inf"], {}, "length_scale"),
-    (GEN + ["--length-scale", "nan"], {}, "length_scale"),
+    (GEN + ["--length-scale", "inf"], {}, "--length-scale"),
+    (GEN + ["--length-scale", "nan"], {}, "--length-scale"),
     (["trace", "stats", "x.npz"], {"RELIBRA_MAX_TRACE_BYTES": "1e400"}, "RELIBRA_MAX_TRACE_BYTES"),
     (["trace", "stats", "x.npz"], {"RELIBRA_MAX_TRACE_BYTES": "nan"}, "RELIBRA_MAX_TRACE_BYTES"),
     (["run", "--model", "tiny", "--steps", "1"], {"RELIBRA_CPU_FIT": "fit.json"}, "nosuch_field"),

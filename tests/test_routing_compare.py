@@ -69,4 +69,4 @@ def test_routing_compare_command(capsys):
     text = capsys.readouterr().out
     assert "kit: token-budget-tp1, small, math, EP 4, shift 0.5 | micro-batch" in text and "DODOCO" in text
     assert main(["routing", "compare", "--microbatch-shift", "2"]) == 2
-    assert "--microbatch-shift values must lie in [0, 1]" in capsys.readouterr().err
+    assert "--microbatch-shift must be a comma-separated list of distinct numbers in [0, 1]" in capsys.readouterr().err

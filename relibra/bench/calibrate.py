@@ -21,10 +21,18 @@ def add_arguments(p) -> None:
     p.add_argument("--quick", action="store_true", help="fewer sizes (a smoke run)")
     p.add_argument("--model", default=None, help="fit the cpu-gloo-fit preset for this model's expert shape "
                    "(e.g. moe-cpu); without it, the 4-rank tiny/small measurements of the cpu-gloo preset")
-    p.add_argument("--world", type=int, default=2, help="gloo ranks of the all-to-all benchmark (default 2)")
+    p.add_argument("--world", type=int, default=None,
+                   help="with --model: gloo ranks of the all-to-all benchmark (default 2); without it the cpu-gloo "
+                        f"measurements run on {CPU_GLOO_WORLD} ranks")
+
+
+CPU_GLOO_WORLD = 4  # ranks of the cpu-gloo preset's measurements (relibra.bench.cpu_preset.calibrate_cpu_gloo)
 
 
 def run(args) -> int:
+    if args.world is not None and not args.model:
+        raise ConfigError(f"--world goes with --model; the cpu-gloo measurements run on {CPU_GLOO_WORLD} ranks")
+    args.world = 2 if args.world is None else args.world
     if args.repeats <= 0 or args.world < 2:
         raise ConfigError(f"--repeats must be positive and --world at least 2, got {args.repeats}, {args.world}")
     if args.out:
@@ -44,7 +52,7 @@ def run(args) -> int:
                                             if k in ("attention_efficiency", "max_rel_err")},
                           "preset": result["preset"]}, indent=1))
         return 0
-    result = calibrate_cpu_gloo(repeats=args.repeats, quick=args.quick)
+    result = calibrate_cpu_gloo(world=CPU_GLOO_WORLD, repeats=args.repeats, quick=args.quick)
     if args.out:
         write_text(args.out, json.dumps(result, indent=2) + "\n")
     print(json.dumps({"expert_tiny_fit": result["expert"]["tiny"]["fit_forward_backward"],

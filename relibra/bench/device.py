@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from relibra.bench.gemm import fit_gemm_efficiency, time_expert_forward_backward
-from relibra.cluster import get_model, get_topology
+from relibra.cluster import PAPER_MODELS, get_model, get_topology
 from relibra.errors import ConfigError
 from relibra.paths import write_text
 
-SHAPES = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
+SHAPES = PAPER_MODELS
 TOKENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 

@@ -411,6 +411,15 @@ def file_provenance(name: str, data: dict) -> str:
     return (f"Measured by `{spec.command}` ({spec.path}), {date + ', ' if date else ''}on {machine}{load}.\n")
 
 
+def params_table(notebook: str) -> str:
+    """A notebook's parameter table, made from its Params' declarations (relibra.experiments.base.param_table):
+    the same declarations give the notebook's parameters and the command line's flags."""
+    from relibra.experiments.base import param_table
+    from relibra.experiments.registry import get_notebook
+
+    return param_table(get_notebook(notebook).Params)
+
+
 @dataclasses.dataclass(frozen=True)
 class DocTable:
     """A rendered table: the records it reads (the first one's provenance line closes it)."""
@@ -445,6 +454,8 @@ TABLES: dict[str, DocTable] = {
     "trace-stats": DocTable(("trace-stats",), trace_stats),
     "runtime-measured": DocTable((), runtime_measured, files=("runtime-measured",)),
     "runtime-ranks": DocTable((), runtime_ranks, files=("runtime-measured",)),
+    **{f"params-{nb.replace('_', '-')}": DocTable((), lambda records, nb=nb: params_table(nb))
+       for nb in ("10_sensitivity", "12_verdict_map")},
 }
 
 

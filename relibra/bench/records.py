@@ -26,6 +26,7 @@ import platform
 import subprocess
 from pathlib import Path
 
+from relibra.cluster import PAPER_MODELS
 from relibra.errors import ConfigError
 from relibra.paths import write_text
 
@@ -33,7 +34,6 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "data" / "bench"
 
 ALL_POLICIES = ("megatron,eplb,eplb+,lplb+,eplb+lp,llep,relibra,relibra-reorder,relibra-replicate,relibra-lpt,"
                 "relibra-split,relibra-h,balanced")
-PAPER_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
 
 
 KINDS = ("measured", "simulated", "computed")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from relibra.analysis import trace_stats
+from relibra.cluster import PAPER_MODELS
 from relibra.progress import progress as tqdm
 from relibra.workloads import WorkloadConfig, generate_trace
 
@@ -37,7 +38,7 @@ SHIFT_KEYS = ("mb_hot_overlap", "mb_corr", "mb_vs_step_hot_overlap", "step_hot_o
               "history_hot_overlap", "history_mb_hot_overlap")
 
 
-def calibration_table(models: tuple[str, ...] = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b"),
+def calibration_table(models: tuple[str, ...] = PAPER_MODELS,
                       workloads: tuple[str, ...] = ("mixed",), eps: tuple[int, ...] = (8, 16, 32, 64),
                       steps: int = 4, micro_batches: int | None = None, seed: int = 0, tokens_per_rank: int | None = None,
                       config: WorkloadConfig | None = None, progress: bool = False) -> list[dict]:

@@ -78,11 +78,12 @@ def policy_list(text: str, flag: str = "--policies", extra: tuple[str, ...] = ()
     """The comma-separated policy names of `text`, every one checked before any work: ConfigError names
     each unknown one and lists the known ones (relibra.policies.POLICY_NAMES, plus `extra`)."""
     from relibra.errors import ConfigError
+    from relibra.experiments.base import _items
     from relibra.policies import POLICY_NAMES
 
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names:
-        raise ConfigError(f"{flag} names no policy")
+    names = _items(text)
+    if not names or "" in names:
+        raise ConfigError(f"{flag} names no policy" if not names else f"{flag}: an empty policy name in {text!r}")
     known = [*POLICY_NAMES, *extra]
     unknown = [p for p in dict.fromkeys(names) if p not in known]
     if unknown:
@@ -103,18 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Arguments that name something the command will write. Each is checked before the command runs
-# (relibra.paths.check_output_path), so a bad path fails at once, not after the work is done.
-OUTPUT_ARGS = ("out",)
+# Arguments that name something the command will write, with the kind of path (None: a file or a folder, as
+# the command says). Each is checked before the command runs (relibra.paths.check_output_path), so a bad
+# path fails at once, not after the work is done.
+OUTPUT_ARGS = {"out": None, "metrics": "file"}
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
     from relibra.paths import check_output_path
 
-    for name in OUTPUT_ARGS:
+    for name, kind in OUTPUT_ARGS.items():
         value = getattr(args, name, None)
         if isinstance(value, str):
-            check_output_path(value, flag="--" + name.replace("_", "-"))
+            check_output_path(value, kind=kind, flag="--" + name.replace("_", "-"))
 
 
 class Terminated(KeyboardInterrupt):
@@ -149,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         print(version_text())  # without building the parser, which imports every command module
         return 0
     parser = build_parser()
-    args = parser.parse_args(argv)
 
     def command() -> int:
+        args = parser.parse_args(argv)  # a value a flag's Kind refuses is a ConfigError: one `error:` line
         _check_outputs(args)
         return int(args.func(args) or 0)
 

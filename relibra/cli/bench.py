@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import math
 from pathlib import Path
 
 
@@ -55,17 +54,6 @@ def _sim(args) -> int:
     return 0
 
 
-def _clean(value):
-    """JSON-ready: NaN and infinities become None (the JSON standard has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
-
-
 def run_json_command(argv) -> dict:
     """Run `relibra ARGV` (a command with --json) in this process; its printed JSON object."""
     from relibra.cli import build_parser
@@ -84,6 +72,7 @@ def _record(args) -> int:
     import time
 
     from relibra.bench import records as rec
+    from relibra.display import json_safe
     from relibra.errors import ConfigError
     from relibra.paths import check_output_path
     from relibra.progress import progress as tqdm
@@ -107,7 +96,7 @@ def _record(args) -> int:
             output = run_json_command(argv)
             record["runs"].append({"command": rec.command_line(argv), "started_utc": started,
                                    "seconds": round(time.perf_counter() - t0, 2), "load_average_start": load,
-                                   "load_average_end": rec.load_average(), "output": _clean(output)})
+                                   "load_average_end": rec.load_average(), "output": json_safe(output)})
         record.update(finished_utc=rec.utc_now(), load_average_end=rec.load_average())
         path = rec.write_record(record, out_dir / f"{spec.name}.json")
         print(f"wrote {path}")
@@ -118,34 +107,36 @@ def register(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks that print their figures")
     bsub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
 
-    def common(p, model="qwen3-235b-a22b", ep=32):
-        p.add_argument("--model", default=model, help=f"model preset (default {model})")
-        p.add_argument("--ep", type=int, default=ep, help=f"expert-parallel size (default {ep})")
-        p.add_argument("--seed", type=int, default=0)
+    from relibra.cli.setup import shared_options
+    from relibra.experiments.base import add_flag
+
+    shared = shared_options()
+
+    def common(p, *names, **defaults):
+        """The declared flags `names` (with model, EP and seed), defaults `defaults`, and --json."""
+        defaults = {"model": "qwen3-235b-a22b", "ep": 32, "seed": 0, **defaults}
+        for name in ("model", "ep", "seed", *names):
+            add_flag(p, shared, name, default=None if defaults.get(name) is None else str(defaults[name]))
+        p.set_defaults(**defaults)
         p.add_argument("--json", action="store_true", help="print one JSON object {\"results\": [...]}")
 
     p = bsub.add_parser("workload", help="seconds to generate synthetic routing traces")
-    common(p)
-    p.add_argument("--workload", default="mixed")
-    p.add_argument("--steps", type=int, default=1)
+    common(p, "workload", "steps", workload="mixed", steps=1)
     p.set_defaults(func=_workload)
 
     p = bsub.add_parser("planner", help="planner seconds per step and per (micro-batch, layer), peak memory, plan size, validate seconds")
     common(p)
+    add_flag(p, shared, "micro_batches", default="the layout's own count")
     p.add_argument("--policies", default="relibra,eplb", help="comma-separated policy names")
     p.add_argument("--cluster", default="paper", help="cluster preset or spec the plans are made for")
-    p.add_argument("--layout", default=None,
-                   help="batch layout of the planned trace (token-budget, verl-balance, ...; default: the generator's, "
-                        "token-budget); verl-balance gives 32 micro-batches per step, the planner targets' count")
-    p.add_argument("--micro-batches", type=int, default=None,
-                   help="micro-batches per step (default: the layout's own count)")
+    add_flag(p, shared, "layout", default="the generator's, token-budget; verl-balance gives 32 micro-batches per "
+                                          "step, the planner targets' count")
     p.set_defaults(func=_planner)
 
     p = bsub.add_parser("sim", help="seconds to simulate one step for one policy (planning excluded)")
-    common(p)
+    common(p, "micro_batches", micro_batches=32)
     p.add_argument("--policy", default="relibra")
     p.add_argument("--cluster", default="paper")
-    p.add_argument("--micro-batches", type=int, default=32, help="micro-batches of the simulated step (default 32)")
     p.set_defaults(func=_sim)
 
     p = bsub.add_parser("record", help="run named benchmark lists and keep their figures in data/bench/NAME.json")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 
 from relibra.errors import ConfigError
 
@@ -20,8 +21,14 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same trace")
     p.add_argument("--out", required=True, help="output trace .npz")
     p.add_argument("--metrics", help="also write per-step metrics, evaluations and statistics as JSON")
-    p.add_argument("--domains", default=",".join(DOMAINS), help=f"comma-separated task domains (default all: "
-                   f"{','.join(DOMAINS)})")
+    from relibra.cli.setup import shared_options
+    from relibra.experiments.base import add_flag, names, param
+
+    @dataclass(frozen=True)
+    class RLOptions(shared_options()):
+        domains: tuple[str, ...] = param(DOMAINS, "task domains", names(tuple(DOMAINS), "task domain"))
+
+    add_flag(p, RLOptions, "domains")
     p.add_argument("--prompts", type=int, default=32, help="prompts per step (default 32)")
     p.add_argument("--group-size", type=int, default=8, help="sampled responses per prompt (default 8)")
     p.add_argument("--micro-batches", type=int, default=8, help="micro-batches per step (default 8)")
@@ -50,9 +57,8 @@ def register(subparsers) -> None:
                         "megatron-core GPTModel under megatron DDP and optimizer on --nproc gloo ranks (EP = "
                         "every rank), ReLibra planning between rollout and training (docs/rl.md)")
     p.add_argument("--nproc", type=int, default=None, help="--trainer megatron: gloo ranks = EP size (default 2)")
-    p.add_argument("--policies", default=None,
-                   help="--trainer megatron: comma-separated balancing policies, each run from the same seed "
-                        "(default megatron,relibra)")
+    add_flag(p, RLOptions, "policies", default="megatron,relibra; --trainer megatron only, each policy run from "
+                                                 "the same seed")
     p.add_argument("--replica-slots", type=int, default=None,
                    help="--trainer megatron: replica slots per rank for balancing policies (default 2)")
     p.set_defaults(func=_rl)
@@ -97,11 +103,11 @@ def _rl(args) -> int:
         raise ConfigError(f"{', '.join(given)} go with --trainer megatron")
     if megatron:
         args.nproc = 2 if args.nproc is None else args.nproc
-        args.policies = "megatron,relibra" if args.policies is None else args.policies
+        args.policies = ("megatron", "relibra") if args.policies is None else args.policies
         args.replica_slots = 2 if args.replica_slots is None else args.replica_slots
         if args.nproc <= 0:
             raise ConfigError(f"--nproc must be positive, got {args.nproc}")
-    cfg = RLConfig(steps=args.steps, seed=args.seed, domains=tuple(d.strip() for d in args.domains.split(",") if d.strip()),
+    cfg = RLConfig(steps=args.steps, seed=args.seed, domains=tuple(args.domains),
                    prompts_per_step=args.prompts, group_size=args.group_size, micro_batches=args.micro_batches,
                    ep=args.ep if args.ep is not None else (args.nproc if megatron else 4),
                    warmup_steps=args.warmup_steps, lr=args.lr, shuffle_sequences=args.shuffle,
@@ -154,7 +160,7 @@ def _rl_megatron(args, cfg, progress: bool) -> int:
     from relibra.rl.megatron_loop import check_megatron_config, megatron_rl_worker
     from relibra.runtime.launch import launch
 
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    policies = list(args.policies)
     if args.replica_slots < 0:
         raise ConfigError(f"--replica-slots must be >= 0, got {args.replica_slots}")
     check_megatron_config(cfg, args.nproc, policies, args.replica_slots)

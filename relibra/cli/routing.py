@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 from relibra.display import json_text, md_table, printable
-from relibra.errors import ConfigError
 
 # Published routing figures that come as numbers in a paper, not as data the kit can recompute.
 LITERATURE = (
@@ -21,21 +21,25 @@ COLUMNS = (("max_over_mean", "max/mean"), ("gini", "Gini"), ("hottest_share", "h
            ("mb_corr", "mb vs next"), ("step_corr", "step vs next"))
 
 
-def _floats(text: str, flag: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag} must be comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise ConfigError(f"{flag} names no value")
-    return values
+@functools.cache
+def compare_options() -> type:
+    """`routing compare`'s own declared options (the rest are shared_options)."""
+    from dataclasses import dataclass
 
+    from relibra.cli.setup import _card, shared_options
+    from relibra.experiments.base import Kind, _items, _listed, floats, param
 
-def _names(text: str, flag: str) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    if not names:
-        raise ConfigError(f"{flag} names nothing")
-    return names
+    def cards(raw) -> tuple:
+        return () if not _items(raw) else _listed(raw, _card)  # '' names none
+
+    @dataclass(frozen=True)
+    class CompareOptions(shared_options()):
+        setups: tuple[str, ...] = param(None, "set-up cards to generate on",
+                                        Kind("comma-separated set-up cards ('' for none)", cards))
+        microbatch_shift: tuple[float, ...] = param((0.0,), "micro-batch shifts (WorkloadConfig.microbatch_shift)",
+                                                    floats(0.0, 1.0))
+
+    return CompareOptions
 
 
 def compare_rows(model: str, workloads, setups, ep: int | None, steps: int, seed: int, shifts, rl_trace: str | None,
@@ -72,20 +76,9 @@ def compare_rows(model: str, workloads, setups, ep: int | None, steps: int, seed
 
 
 def _compare(args) -> int:
-    from relibra.workloads import WORKLOADS
-
-    workloads = _names(args.workloads, "--workloads")
-    bad = [w for w in workloads if w not in WORKLOADS]
-    if bad:
-        raise ConfigError(f"--workloads: unknown {', '.join(bad)}; known: {', '.join(WORKLOADS)}")
-    shifts = _floats(args.microbatch_shift, "--microbatch-shift")
-    if any(not 0 <= s <= 1 for s in shifts):
-        raise ConfigError(f"--microbatch-shift values must lie in [0, 1], got {args.microbatch_shift}")
-    if args.steps < 1 or (args.ep is not None and args.ep < 1):
-        raise ConfigError("--steps and --ep must be positive")
-    rows = compare_rows(args.model, workloads, _names(args.setups, "--setups") if args.setups else [], args.ep,
-                        args.steps, args.seed, shifts, None if args.rl_trace == "none" else args.rl_trace,
-                        args.trace, args.public, progress=not args.json)
+    rows = compare_rows(args.model, args.workloads, args.setups, args.ep, args.steps, args.seed, args.microbatch_shift,
+                        None if args.rl_trace == "none" else args.rl_trace, args.trace, args.public,
+                        progress=not args.json)
     if args.json:
         print(json_text({"rows": rows, "literature": list(LITERATURE)}, sort_keys=True))
         return 0
@@ -117,18 +110,18 @@ def register(subparsers) -> None:
                          description="Expert max/mean, Gini, the hottest expert's share, static skewness at EP 16 and "
                                      "32 and micro-batch correlations of the public data (data/public/), of traces "
                                      "generated on set-up cards and of trace files.")
-    cmp.add_argument("--model", default="qwen3-30b-a3b", help="model of the generated traces (default qwen3-30b-a3b, "
-                                                              "the public data's)")
-    cmp.add_argument("--workloads", default="mixed,math", help="comma-separated workloads (default mixed,math)")
-    cmp.add_argument("--setups", default=f"{DEFAULT_CARD},paper-stated,slime-qwen3-30b,verl-qwen3-30b",
-                     help=f"comma-separated set-up cards to generate on (default {DEFAULT_CARD}, paper-stated and the "
-                          f"Qwen3-30B-A3B recipes; '' for none)")
-    cmp.add_argument("--ep", type=int, default=None, help="EP size of the generated traces (default: each card's "
-                                                          "batch.expert_parallel)")
-    cmp.add_argument("--steps", type=int, default=2, help="steps per generated trace (default 2)")
-    cmp.add_argument("--seed", type=int, default=0, help="seed of the generated traces (default 0)")
-    cmp.add_argument("--microbatch-shift", default="0", help="comma-separated micro-batch shifts (WorkloadConfig.microbatch_shift, "
-                                                         "0-1; default 0)")
+    from relibra.experiments.base import add_flag
+
+    own = compare_options()
+    add_flag(cmp, own, "model", default="qwen3-30b-a3b, the public data's")
+    add_flag(cmp, own, "workloads", default="mixed,math")
+    add_flag(cmp, own, "setups", default=f"{DEFAULT_CARD}, paper-stated and the Qwen3-30B-A3B recipes")
+    add_flag(cmp, own, "ep", default="each card's batch.expert_parallel")
+    add_flag(cmp, own, "steps", default="2")
+    add_flag(cmp, own, "seed")
+    add_flag(cmp, own, "microbatch_shift")
+    cmp.set_defaults(model="qwen3-30b-a3b", workloads=("mixed", "math"), setups=(DEFAULT_CARD, "paper-stated", "slime-qwen3-30b",
+                                                          "verl-qwen3-30b"), steps=2)
     cmp.add_argument("--rl-trace", default="default",
                      help="the kit's real RL trace (default: the shipped data/rl_tiny_seed0.npz; 'none' to leave it out)")
     cmp.add_argument("--trace", action="append", default=[], help="another trace file (repeatable)")

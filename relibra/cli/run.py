@@ -12,12 +12,11 @@ the simulator's prediction, and the speed-up over megatron with its bootstrap 95
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
 from relibra.errors import ConfigError
-
-POLICY_CHOICES_HINT = "megatron, relibra, balanced, eplb+, ... (relibra.policies)"
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,19 +27,23 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         DataOptions()
     p.add_argument("--nodes", type=int, default=par.nodes,
                    help=f"simulated nodes (ranks are split evenly; default {par.nodes})")
-    p.add_argument("--policies", "--policy", dest="policies", default="megatron,relibra",
-                   help=f"comma-separated policies, alternating step by step on the same data ({POLICY_CHOICES_HINT}; "
-                        "default megatron,relibra)")
-    p.add_argument("--steps", type=int, default=meas.steps, help=f"timed steps per policy (default {meas.steps})")
-    p.add_argument("--warmup-steps", type=int, default=meas.warmup_steps,
-                   help=f"untimed steps per policy run first (default {meas.warmup_steps})")
+    from relibra.cli.setup import shared_options
+    from relibra.experiments.base import add_flag
+
+    shared, own = shared_options(), run_options()
+    add_flag(p, shared, "policies", default="megatron,relibra; they alternate step by step on the same data")
+    p.add_argument("--policy", dest="policies", type=p._option_string_actions["--policies"].type,
+                   metavar="POLICIES", help="the same as --policies")
+    add_flag(p, own, "steps", default=str(meas.steps))
+    add_flag(p, own, "warmup_steps", default=str(meas.warmup_steps))
     p.add_argument("--no-split-waiting", dest="split_waiting", action="store_false",
                    help="no timed barrier before all-to-alls and replica transfers (waiting then hides in them)")
     p.add_argument("--trace", default=None, help="RoutingTrace .npz (EP must equal the number of ranks)")
     p.add_argument("--model", default=model.name, help=f"model preset (default {model.name})")
     p.add_argument("--workload", default=data.workload, help=f"workload of the synthetic trace (default {data.workload})")
-    p.add_argument("--micro-batches", type=int, default=data.micro_batches,
-                   help=f"micro-batches per step (default {data.micro_batches})")
+    add_flag(p, shared, "micro_batches", default=str(data.micro_batches))
+    p.set_defaults(policies=("megatron", "relibra"), steps=meas.steps, warmup_steps=meas.warmup_steps,
+                   micro_batches=data.micro_batches)
     p.add_argument("--tokens-per-rank", type=int, default=data.tokens_per_rank,
                    help=f"tokens per rank and micro-batch (default {data.tokens_per_rank})")
     p.add_argument("--expert-order", choices=("hot-first", "trace"), default=data.expert_order,
@@ -63,6 +66,24 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="after a rolled-back migration: keep training on the old placement (one warning) or stop")
     p.add_argument("--json", action="store_true", help="print one JSON object {\"results\": [...]} instead of tables")
     p.add_argument("--out", default=None, help="folder for metrics.csv and summary.json")
+
+
+MAX_RUN_STEPS = 1000  # timed steps per policy: a CPU run of 1000 steps already takes hours (docs/runtime.md)
+
+
+@functools.cache
+def run_options() -> type:
+    """`relibra run`'s own declared options (the rest are shared_options)."""
+    from dataclasses import dataclass
+
+    from relibra.experiments.base import Params, integer, param
+
+    @dataclass(frozen=True)
+    class RunFlags(Params):
+        steps: int = param(None, "timed steps per policy", integer(1, MAX_RUN_STEPS))
+        warmup_steps: int = param(None, "untimed steps per policy run first", integer(0, MAX_RUN_STEPS))
+
+    return RunFlags
 
 
 def _parse_value(text: str):
@@ -95,7 +116,7 @@ def request_from_args(args):
         faults=FaultOptions(collective_timeout_s=args.collective_timeout, on_migration_failure=args.on_migration_failure))
     data = DataOptions(trace=args.trace, workload=args.workload, micro_batches=args.micro_batches,
                        tokens_per_rank=args.tokens_per_rank, expert_order=args.expert_order)
-    request = RuntimeRequest(policies=tuple(p.strip() for p in str(args.policies).split(",")), policy_params=params,
+    request = RuntimeRequest(policies=tuple(args.policies), policy_params=params,
                              data=data, run=run).validate()
     if args.out is not None:
         from relibra.paths import check_output_path

@@ -2,23 +2,80 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 from relibra.errors import ConfigError
 
 
+def _card(v) -> str:
+    from relibra.setups import load_card
+
+    load_card(str(v))  # an unknown card or a bad .toml fails here, before any work
+    return str(v)
+
+
+MAX_STEPS = 10_000  # steps of a generated trace or a run: an assumption, far above the hundreds an RL run records
+MAX_MICRO_BATCHES = 4096  # micro-batches per step: above any recipe's (docs/setup.md), within int32 slot counts
+
+
+@functools.cache
+def shared_options() -> type:
+    """The declarations (relibra.experiments.base.param) of the flags several commands share: the set-up
+    card and its overrides, the case (model, workload, EP, steps, micro-batches, seed), worker processes.
+    Built on first use: `relibra --version` imports none of the kit's work."""
+    from dataclasses import dataclass
+
+    from relibra.cluster import get_model
+    from relibra.experiments.base import Kind, Params, _listed, choice, integer, integers, names, param
+    from relibra.policies import POLICY_NAMES
+    from relibra.setup_schema import BOUNDS
+    from relibra.setups import DEFAULT_CARD, card_names
+    from relibra.workloads import BATCH_LAYOUTS, WORKLOADS
+
+    one_card = Kind(f"a set-up card: a name under data/setups/ ({', '.join(card_names())}) or a .toml path", _card)
+    ep_bound = next(b for b in BOUNDS if b.key == "batch.expert_parallel")  # the card schema's bound on an EP size
+    ep_range = (int(ep_bound.low), int(ep_bound.high))
+
+    def one_model(v) -> str:
+        get_model(str(v))  # an unknown preset or a bad shape spec fails here
+        return str(v)
+
+    @dataclass(frozen=True)
+    class Shared(Params):
+        setup: str = param(DEFAULT_CARD, "set-up card", one_card)
+        cards: tuple[str, ...] = param(None, "set-up cards", Kind(
+            "comma-separated set-up cards (names under data/setups/ or .toml paths)", lambda raw: _listed(raw, _card)))
+        layout: str = param(None, "batch layout instead of the card's (docs/traces.md)",
+                            choice(BATCH_LAYOUTS, "batch layout"))
+        tokens_per_microbatch: int = param(None, "token budget per GPU per micro-batch instead of the card's "
+                                                 "(token-budget layout; the card's schema bounds it)", integer(1))
+        model: str = param(None, "model preset (or a shape spec such as 'deepseek-v3,layers=4')",
+                           Kind("a model preset or shape spec", one_model))
+        models: tuple[str, ...] = param(None, "model presets", Kind("comma-separated model presets",
+                                                                    lambda raw: _listed(raw, one_model)))
+        workload: str = param(None, "workload", choice(tuple(WORKLOADS), "workload"))
+        workloads: tuple[str, ...] = param(None, "workloads", names(tuple(WORKLOADS), "workload"))
+        ep: int = param(None, "expert-parallel size (divides the expert count)", integer(*ep_range))
+        eps: tuple[int, ...] = param(None, "EP sizes", integers(*ep_range))
+        steps: int = param(None, "training steps", integer(1, MAX_STEPS))
+        warmup_steps: int = param(None, "steps before the measured or simulated ones", integer(0, MAX_STEPS))
+        micro_batches: int = param(None, "micro-batches per step", integer(1, MAX_MICRO_BATCHES))
+        tokens_per_rank: int = param(None, "about this many tokens per micro-batch and EP rank (the generator bounds "
+                                           "the tokens per step)", integer(1))
+        seed: int = param(0, "random seed; same seed, same numbers", integer(0, 2**32 - 1))
+        policies: tuple[str, ...] = param(None, "policies", names(tuple(POLICY_NAMES), "policy"))
+        workers: int = param(None, "worker processes", integer(1, 1024))
+
+    return Shared
+
+
 def add_setup_arguments(p) -> None:
     """--setup, --layout and --tokens-per-microbatch, shared by the commands that simulate a set-up."""
-    from relibra.setups import DEFAULT_CARD, card_names
+    from relibra.experiments.base import add_flag
 
-    p.add_argument("--setup", default=DEFAULT_CARD,
-                   help=f"set-up card: a name under data/setups/ ({', '.join(card_names())}) or a .toml path "
-                        f"(default {DEFAULT_CARD})")
-    p.add_argument("--layout", default=None,
-                   help="batch layout instead of the card's: token-budget, verl-balance, verl, verl-dynamic, slime, "
-                        "slime-dynamic, megatron (docs/traces.md)")
-    p.add_argument("--tokens-per-microbatch", type=int, default=None,
-                   help="token budget per GPU per micro-batch instead of the card's (token-budget layout)")
+    for name in ("setup", "layout", "tokens_per_microbatch"):
+        add_flag(p, shared_options(), name)
 
 
 def card_with_overrides(setup: str, layout: str | None, tokens_per_microbatch: int | None):

@@ -20,10 +20,6 @@ def _simulate(args) -> int:
     policies = policy_list(args.policies, extra=(BALANCED_COMPUTE,))  # every name, before any work
     card = card_with_overrides(args.setup, args.layout, args.tokens_per_microbatch)
     topology = card.topology() if args.cluster is None else parse_topology(args.cluster)
-    if args.steps is not None and args.steps <= 0:
-        raise ConfigError(f"--steps must be positive, got {args.steps}")
-    if args.warmup_steps < 0:
-        raise ConfigError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
     if args.trace:
         trace = RoutingTrace.load(args.trace)
         if args.model and trace.model.name != args.model:
@@ -47,11 +43,10 @@ def _simulate(args) -> int:
         if args.cluster is None:
             card.check_ep(args.ep)
         topology.ep_layout(args.ep)
-        if args.micro_batches is not None and args.micro_batches <= 0:
-            raise ConfigError(f"--micro-batches must be positive, got {args.micro_batches}")
         steps = DEFAULT_STEPS if args.steps is None else args.steps
         trace = generate_trace(args.model, args.workload, args.ep, steps=args.warmup_steps + steps,
-                               seed=args.seed, micro_batches=args.micro_batches or card.micro_batches,
+                               seed=args.seed,
+                               micro_batches=card.micro_batches if args.micro_batches is None else args.micro_batches,
                                tokens_per_rank=args.tokens_per_rank, progress=not args.json,
                                config=card.workload_config())
         workload = args.workload
@@ -93,7 +88,7 @@ def _plain(value):
 
 
 def register(sub) -> None:
-    from relibra.cli.setup import add_setup_arguments
+    from relibra.cli.setup import add_setup_arguments, shared_options
     from relibra.cluster import TOPOLOGY_PRESETS
 
     p = sub.add_parser("simulate", help="simulate policies on a cluster from a routing trace", allow_abbrev=False,
@@ -102,9 +97,12 @@ def register(sub) -> None:
                                    "(relibra setup show). Without --trace, a synthetic trace of "
                                    "--workload is generated from --seed (--warmup-steps extra steps come first, "
                                    "so history-based policies have a history).")
-    p.add_argument("--model", help="model preset (required without --trace)")
-    p.add_argument("--workload", help="math, science, instruct, code or mixed (required without --trace)")
-    p.add_argument("--ep", type=int, help="expert-parallel size (required without --trace)")
+    from relibra.experiments.base import add_flag
+
+    shared = shared_options()
+    add_flag(p, shared, "model", default="required without --trace")
+    add_flag(p, shared, "workload", default="required without --trace")
+    add_flag(p, shared, "ep", default="required without --trace")
     add_setup_arguments(p)
     p.add_argument("--cluster", default=None,
                    help="cluster instead of the card's: a preset (" + ", ".join(TOPOLOGY_PRESETS) + "), a preset "
@@ -112,17 +110,13 @@ def register(sub) -> None:
                         "nvlink_GBps=450,rdma_GBps=50,matmul_tflops=790' (default: the set-up card's cluster)")
     p.add_argument("--policies", default="megatron,eplb,eplb+,lplb+,llep,relibra,balanced",
                    help="comma-separated policy names (megatron and balanced are always added as references)")
-    p.add_argument("--steps", type=int, default=None,
-                   help=f"steps to simulate, the last ones of --trace; more than the trace holds is an error "
-                        f"(default {DEFAULT_STEPS}, or every step of a shorter --trace)")
-    p.add_argument("--warmup-steps", type=int, default=4,
-                   help="generated steps before the simulated ones, history for eplb (default 4)")
+    add_flag(p, shared, "steps", default=f"{DEFAULT_STEPS}, or every step of a shorter --trace; the last ones of "
+                                         "--trace, more than it holds is an error")
+    add_flag(p, shared, "warmup_steps", default="4: generated steps before the simulated ones, history for eplb")
     p.add_argument("--trace", help="a trace file (.npz) instead of a synthetic one")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--micro-batches", type=int, default=None,
-                   help="micro-batches per step (default: the card's; token-budget derives them from the budget)")
-    p.add_argument("--tokens-per-rank", type=int, default=None,
-                   help="tokens per micro-batch and EP rank of the synthetic trace (default: the generator's)")
+    add_flag(p, shared, "seed")
+    add_flag(p, shared, "micro_batches", default="the card's; token-budget derives them from the budget")
+    add_flag(p, shared, "tokens_per_rank", default="the generator's")
     p.add_argument("--seq-len", type=int, default=4096, help="sequence length for attention's cost (default 4096)")
     p.add_argument("--replica-buffer", default=None, choices=["layer-shared", "per-layer"],
                    help="replica buffer of the overlapped policies (default: the card's, layer-shared)")
@@ -135,4 +129,4 @@ def register(sub) -> None:
                         "from counts; off: one row per token-expert pair (default: the cluster's dispatcher, "
                         "on for the GPU presets, off for cpu-gloo)")
     p.add_argument("--json", action="store_true", help="print one JSON object {\"config\": ..., \"results\": [...]}")
-    p.set_defaults(func=_simulate)
+    p.set_defaults(func=_simulate, warmup_steps=4)

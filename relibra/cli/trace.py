@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -17,21 +18,21 @@ def register(subparsers) -> None:
 
     gen = sub.add_parser("generate", help="write a synthetic RL routing trace",
                          description="Generate a synthetic RL routing trace (relibra.workloads) and save it as .npz.")
-    gen.add_argument("--model", required=True, help="model preset (qwen3-30b-a3b, glm-4.5-air, qwen3-235b-a22b, tiny, small)")
-    gen.add_argument("--workload", required=True, help="math, science, instruct, code or mixed")
-    gen.add_argument("--ep", type=int, required=True, help="expert-parallel size (divides the expert count)")
-    gen.add_argument("--steps", type=int, required=True, help="training steps")
-    gen.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same trace")
-    gen.add_argument("--micro-batches", type=int, default=None,
-                     help="micro-batches per step (default: the card's; token-budget derives them from the budget, "
-                          "a number sizes a cut-down batch)")
-    gen.add_argument("--tokens-per-rank", type=int, default=None,
-                     help="about this many tokens per micro-batch and EP rank (default: the card's budget, or derived "
-                          "from its batch for the fixed-count layouts)")
-    from relibra.cli.setup import add_setup_arguments
+    from relibra.cli.setup import add_setup_arguments, shared_options
+    from relibra.experiments.base import add_flag
+
+    shared = shared_options()
+    add_flag(gen, shared, "model").required = True
+    add_flag(gen, shared, "workload").required = True
+    add_flag(gen, shared, "ep").required = True
+    add_flag(gen, shared, "steps").required = True
+    add_flag(gen, shared, "seed")
+    add_flag(gen, shared, "micro_batches", default="the card's; token-budget derives them from the budget, a number "
+                                                  "sizes a cut-down batch")
+    add_flag(gen, shared, "tokens_per_rank", default="the card's budget, or derived from its batch for the "
+                                                     "fixed-count layouts")
     add_setup_arguments(gen)
-    gen.add_argument("--length-scale", type=float, default=1.0,
-                     help="multiply sequence lengths (default 1; e.g. 1/32 with --tokens-per-rank 256)")
+    add_flag(gen, _generate_options(), "length_scale", default="1; e.g. 1/32 with --tokens-per-rank 256")
     gen.add_argument("--token-level", action="store_true",
                      help="also keep per-token top-k ids (small configs only, e.g. the runtime's)")
     gen.add_argument("--out", required=True, help="output .npz file")
@@ -87,17 +88,33 @@ def register(subparsers) -> None:
     cal = sub.add_parser("calibrate", help="skewness and shift statistics of generated traces per model and EP",
                          description="Generate traces for each (model, workload, EP) and print static-placement "
                                      "skewness and shift statistics (the figures in docs/traces.md).")
-    cal.add_argument("--models", default="qwen3-30b-a3b,glm-4.5-air,qwen3-235b-a22b", help="comma-separated presets")
-    cal.add_argument("--workloads", default="mixed", help="comma-separated workloads (default mixed)")
-    cal.add_argument("--eps", default="8,16,32,64", help="comma-separated EP sizes (default 8,16,32,64)")
-    cal.add_argument("--steps", type=int, default=4, help="steps per trace (default 4)")
-    cal.add_argument("--micro-batches", type=int, default=None,
-                     help="micro-batches per step (default: the card's; token-budget derives them from the budget)")
-    cal.add_argument("--tokens-per-rank", type=int, default=None, help="tokens per micro-batch and rank (default: the card's)")
+    from relibra.cluster import PAPER_MODELS
+
+    add_flag(cal, shared, "models", default=",".join(PAPER_MODELS))
+    add_flag(cal, shared, "workloads", default="mixed")
+    add_flag(cal, shared, "eps", default="8,16,32,64")
+    add_flag(cal, shared, "steps", default="4")
+    add_flag(cal, shared, "micro_batches", default="the card's; token-budget derives them from the budget")
+    add_flag(cal, shared, "tokens_per_rank", default="the card's")
     add_setup_arguments(cal)
-    cal.add_argument("--seed", type=int, default=0)
+    add_flag(cal, shared, "seed")
     cal.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    cal.set_defaults(func=_calibrate)
+    cal.set_defaults(func=_calibrate, models=PAPER_MODELS, workloads=("mixed",), eps=(8, 16, 32, 64), steps=4)
+
+
+@functools.cache
+def _generate_options() -> type:
+    """`trace generate`'s own option (the rest are shared_options)."""
+    from dataclasses import dataclass
+
+    from relibra.experiments.base import Params, number, param
+
+    @dataclass(frozen=True)
+    class GenerateOptions(Params):
+        length_scale: float = param(1.0, "multiply sequence lengths (an assumption's range: 1/1000 to 100 times the "
+                                         "card's)", number(0.001, 100.0))
+
+    return GenerateOptions
 
 
 # Dense-shape flags of `trace import`: (flag, ModelShape field, default of an explicit shape).
@@ -226,7 +243,8 @@ def _generate(args) -> int:
     card = card_with_overrides(args.setup, args.layout, args.tokens_per_microbatch)
     config = card.workload_config(length_scale=args.length_scale)
     trace = generate_trace(args.model, args.workload, args.ep, args.steps, seed=args.seed,
-                           micro_batches=args.micro_batches or card.micro_batches, tokens_per_rank=args.tokens_per_rank,
+                           micro_batches=card.micro_batches if args.micro_batches is None else args.micro_batches,
+                           tokens_per_rank=args.tokens_per_rank,
                            progress=sys.stderr.isatty(), config=config, token_level=args.token_level)
     trace.save(args.out)
     print(f"wrote {args.out}: {trace.num_steps} steps x {trace.num_microbatches} micro-batches x "
@@ -315,21 +333,14 @@ def _import(args) -> int:
     return 0
 
 
-def _ints(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ConfigError(f"{flag} takes comma-separated integers, got {text!r}") from None
-
-
 def _calibrate(args) -> int:
     from relibra.cli.setup import card_with_overrides
     from relibra.bench.workload import SHIFT_KEYS, calibration_table
 
     card = card_with_overrides(args.setup, args.layout, args.tokens_per_microbatch)
-    rows = calibration_table(tuple(m for m in args.models.split(",") if m),
-                             tuple(w for w in args.workloads.split(",") if w), _ints(args.eps, "--eps"),
-                             steps=args.steps, micro_batches=args.micro_batches or card.micro_batches, seed=args.seed,
+    rows = calibration_table(args.models, args.workloads, args.eps, steps=args.steps,
+                             micro_batches=card.micro_batches if args.micro_batches is None else args.micro_batches,
+                             seed=args.seed,
                              tokens_per_rank=args.tokens_per_rank, progress=sys.stderr.isatty(),
                              config=card.workload_config())
     if args.json:

@@ -1,79 +1,128 @@
 """`relibra map`: the verdict as a map over tokens per EP rank and micro-batch shift, printed as JSON; with
---overheads, the overheads table and EPLB+ at 0, 2 and 4 spare slots instead."""
+--overheads, the overheads table and EPLB+ at 0, 2 and 4 spare slots instead.
+
+The grid's axes are notebook 12's parameters: their flags are made from its Params (relibra.experiments.base.
+add_flag), and the values go through the same Params.create and Params.spec as the notebook's."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
+import functools
 import time
+from dataclasses import dataclass
+
+from relibra.cli.setup import shared_options
+from relibra.errors import ConfigError
+
+NOTEBOOK = "12_verdict_map"
+GRID_PROFILES = {"default": "laptop", "paper": "paper"}  # --grid: the notebook 12 profile whose grid it is
+# notebook 12's parameters as flags: (field, flag); each goes through its Params
+AXES = (("tokens", "--tokens"), ("shift", "--shift-values"), ("models", "--models"), ("workloads", "--workloads"),
+        ("seeds", "--seeds"))
+OVERHEADS_TAKE = ("models", "workloads", "seeds", "ep", "setup", "indent", "no_progress")
 
 
-def _ints(text: str | None):
-    return None if text is None else tuple(int(x) for x in text.split(",") if x.strip())
+@functools.cache
+def map_options() -> type:
+    """`relibra map`'s own options (the grid's axes are notebook 12's Params, the rest shared_options)."""
+    from relibra.experiments.base import FLAG, Params, choice, param
+
+    @dataclass(frozen=True)
+    class MapOptions(Params):
+        grid: str = param("default", "the grid the axes start from", choice(tuple(GRID_PROFILES)))
+        overheads: bool = param(False, "print the overheads table and EPLB+ at 0/2/4 spare slots instead of the "
+                                       "map", FLAG)
+        indent: bool = param(False, "indent the JSON", FLAG)
+        no_progress: bool = param(False, "no progress bar", FLAG)
+
+    return MapOptions
 
 
-def _names(text: str | None):
-    return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
+def grid_text(g) -> str:
+    """What a GridSpec simulates, in words (the help of --grid, notebook 12's markdown)."""
+    def seeds(s) -> str:
+        return f"seed{'s' * (len(s) > 1)} {', '.join(map(str, s))}"
+    return (f"{len(g.tokens)} budgets x {len(g.shift.values)} shift values x {len(g.models)} models x "
+            f"{', '.join(g.workloads)} x {seeds(g.seeds)}; card points at {seeds(g.card_seeds or g.seeds)}")
+
+
+def _given(args, names) -> list[str]:
+    """The flags among `names` (dests) given on the command line: away from their declared defaults."""
+    return ["--" + ("shift-values" if n == "shift" else n.replace("_", "-")) for n in names
+            if getattr(args, n) != args.flag_defaults[n]]
 
 
 def _map(args) -> int:
     if args.overheads:
         return _overheads(args)
-    from relibra.experiments.verdict_map import GRIDS, map_json, run_map
+    wrong = _given(args, ("setup",))
+    if wrong:
+        raise ConfigError(f"{', '.join(wrong)} goes with --overheads only")
+    import dataclasses
 
-    changes = {k: v for k, v in (("models", _names(args.models)), ("workloads", _names(args.workloads)),
-                                 ("seeds", _ints(args.seeds)), ("tokens", _ints(args.tokens)),
-                                 ("cards", _names(args.cards)), ("ep", args.ep)) if v is not None}
-    spec = GRIDS[args.grid](**changes)
-    if args.shift_values is not None:
-        values = tuple(float(x) for x in args.shift_values.split(","))
-        spec = dataclasses.replace(spec, shift=dataclasses.replace(spec.shift, values=values))
+    from relibra.display import json_text
+    from relibra.experiments.registry import get_notebook
+    from relibra.experiments.verdict_map import map_json, run_map
+
+    params, grid = get_notebook(NOTEBOOK).create(profile=GRID_PROFILES[args.grid or "default"],
+                                                 **{name: getattr(args, name) for name, _ in AXES})
+    spec = dataclasses.replace(params.spec(grid), **{k: getattr(args, k) for k in ("cards", "ep")
+                                                     if getattr(args, k) is not None})
     start = time.perf_counter()
-    result = run_map(spec, workers=args.workers, progress=not args.no_progress)
-    out = map_json(result)
+    out = map_json(run_map(spec, workers=args.workers, progress=not args.no_progress))
     out["wall_s"] = time.perf_counter() - start
-    print(json.dumps(out, indent=1 if args.indent else None))
+    print(json_text(out, indent=1 if args.indent else None))
     return 0
 
 
 def _overheads(args) -> int:
+    wrong = _given(args, [n for n in ("grid", "cards", "workers", *(a for a, _ in AXES)) if n not in OVERHEADS_TAKE])
+    if wrong:
+        raise ConfigError(f"--overheads takes none of {', '.join(wrong)} (it takes --models, --workloads (one), "
+                          "--seeds, --ep and --setup)")
+    if args.workloads is not None and len(args.workloads) > 1:
+        raise ConfigError(f"--overheads simulates one workload; got --workloads {','.join(args.workloads)}")
+    from relibra.display import json_text
     from relibra.experiments.own_overheads import (eplb_plus_table, overhead_cases, overhead_costs, overheads_table,
                                                    ratios)
-    from relibra.setups import DEFAULT_CARD
 
-    models = _names(args.models) or ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
-    cases = overhead_cases(args.setup or DEFAULT_CARD, models, (_names(args.workloads) or ("mixed",))[0],
-                           _ints(args.seeds) or (0,), args.ep or 32)
+    given = {"setup": args.setup, "models": args.models, "workload": args.workloads and args.workloads[0],
+             "seeds": args.seeds, "ep": args.ep}
+    cases = overhead_cases(**{k: v for k, v in given.items() if v is not None})
     costs = overhead_costs(cases, progress=not args.no_progress)
     out = {"source": "simulated", "cases": [c.__dict__ for c in cases],
            "overheads": overheads_table(costs).to_dict(orient="records"),
            "eplb_plus_slots": eplb_plus_table(costs).to_dict(orient="records"),
            "ratios": ratios(costs).to_dict(orient="records")}
-    print(json.dumps(out, indent=1 if args.indent else None, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+    print(json_text(out, indent=1 if args.indent else None, default=str))
     return 0
 
 
 def register(sub) -> None:
+    from relibra.experiments.base import add_flag
+    from relibra.experiments.registry import get_notebook
+    from relibra.experiments.verdict_map import GRIDS
+    from relibra.setups import DEFAULT_CARD
+
     p = sub.add_parser("map", help="the verdict as a map over tokens per EP rank and micro-batch shift (simulated, "
                                    "JSON)",
                        description="Simulate ReLibra / Megatron, ReLibra / EPLB+ and the gap to Balanced on a grid of "
                                    "tokens per EP rank per micro-batch x micro-batch shift, at full scale, plus each "
                                    "named set-up card as a point; print the cases, the node fields, the paper's "
-                                   "claims as contours and the one-sentence conclusion as JSON.",
+                                   "claims as contours and the one-sentence conclusion as JSON. The grid's axes are "
+                                   "notebook 12's parameters.",
                        allow_abbrev=False)
-    p.add_argument("--grid", choices=("default", "paper"), default="default",
-                   help="default: coarse (3 budgets x 2 shift values, mixed, seed 0); paper: the whole grid")
-    p.add_argument("--models", default=None, help="comma-separated model presets (default: the grid's three)")
-    p.add_argument("--workloads", default=None, help="comma-separated workloads (default: the grid's)")
-    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the grid's)")
-    p.add_argument("--tokens", default=None, help="comma-separated tokens per EP rank per micro-batch")
-    p.add_argument("--shift-values", default=None, help="comma-separated values of the grid's shift field")
-    p.add_argument("--cards", default=None, help="comma-separated set-up cards to put on the map (default: all)")
-    p.add_argument("--ep", type=int, default=None, help="EP size (default 32)")
-    p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
-    p.add_argument("--overheads", action="store_true",
-                   help="print the overheads table and EPLB+ at 0/2/4 spare slots instead of the map")
-    p.add_argument("--setup", default=None, help="set-up card of --overheads (default: the default card)")
-    p.add_argument("--indent", action="store_true", help="indent the JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_map)
+    own, shared = map_options(), shared_options()
+    add_flag(p, own, "grid", default="; ".join(f"{k} ({grid_text(GRIDS[k]())})" for k in GRID_PROFILES))
+    nb = get_notebook(NOTEBOOK).Params
+    for name, flag in AXES:
+        add_flag(p, nb, name, flag, default="the --grid's; --overheads: " + {
+            "models": "the three paper models", "workloads": "mixed", "seeds": "0"}.get(name, "not taken"))
+    add_flag(p, shared, "cards", default="every card under data/setups/, each a point")
+    add_flag(p, shared, "ep", default="32; a card's point: its own batch.expert_parallel")
+    add_flag(p, shared, "workers", default="one per core, at most one per case")
+    add_flag(p, own, "overheads")
+    add_flag(p, shared, "setup", default=f"{DEFAULT_CARD}; --overheads only")
+    add_flag(p, own, "indent")
+    add_flag(p, own, "no_progress")
+    p.set_defaults(grid=None, setup=None)  # not given: None, so that a flag --overheads does not take is seen
+    p.set_defaults(func=_map, flag_defaults={a.dest: a.default for a in p._actions})

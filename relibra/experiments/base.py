@@ -11,16 +11,19 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import math
+import numbers
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
-import numpy as np
 import pandas as pd
 
+from relibra.display import json_safe
 from relibra.errors import ConfigError, RelibraError
 from relibra.paths import write_text
 
@@ -29,10 +32,27 @@ from relibra.paths import write_text
 @dataclass(frozen=True)
 class Kind:
     """How one parameter's raw value becomes its value: `parse` (raises ValueError, TypeError or
-    ConfigError) and `accepts`, what it takes, for the error that names it."""
+    ConfigError) and `accepts`, what it takes, for the error that names it. The same Kind parses a
+    notebook's parameter (Params.create) and the command-line flag made from it (`arg`)."""
 
     accepts: str
     parse: Callable[[Any], Any]
+
+    def refusal(self, value, exc: BaseException) -> str:
+        """The one line that refuses `value`: what the parameter accepts, what it got, and why."""
+        return f"must be {self.accepts}; got {value!r} ({exc})"
+
+    def arg(self, flag: str) -> Callable[[str], Any]:
+        """This kind as argparse's `type=` for `flag`: the parsed value, or a ConfigError naming the flag,
+        which the command line prints as its one `error:` line (exit 2) before any work. A loader's own
+        error (an unknown preset, a card out of bounds: a RelibraError) already names what is wrong and is
+        the same line whichever command or notebook reads the value: it passes as it is."""
+        def parse(text: str):
+            try:
+                return self.parse(text)
+            except (ValueError, TypeError, OSError) as exc:
+                raise ConfigError(f"{flag} {self.refusal(text, exc)}") from None
+        return parse
 
 
 def param(default, doc: str, kind: Kind, *, sizes: str | None = None, none=None, affects: bool = True):
@@ -44,27 +64,46 @@ def param(default, doc: str, kind: Kind, *, sizes: str | None = None, none=None,
 
 
 def _items(raw, sep: str = ",") -> list:
+    """The items of a list, or of a `sep`-separated string (stripped; "" has none, "a," an empty one)."""
     if isinstance(raw, (list, tuple)):
         return list(raw)
     if isinstance(raw, str):
-        return [v.strip() for v in raw.split(sep) if v.strip()]
+        return [v.strip() for v in raw.split(sep)] if raw.strip() else []
     return [raw]
 
 
-def _listed(raw, each: Callable[[Any], Any]) -> tuple:
-    """`each` of every item of `raw` (a list, or a comma-separated string), as a tuple; a ValueError when
-    there is none."""
-    values = tuple(each(v) for v in _items(raw))
+def _listed(raw, each: Callable[[Any], Any], sort: bool = False, sep: str = ",") -> tuple:
+    """`each` of every item of `raw` (a list, or a `sep`-separated string), as a tuple, ascending when
+    `sort` (an axis whose neighbours matter); a ValueError when there is none or one is given twice."""
+    items = _items(raw, sep)
+    if "" in items:
+        raise ValueError("an item is empty")
+    values = tuple(each(v) for v in items)
     if not values:
         raise ValueError("empty")
-    return values
+    twice = [v for i, v in enumerate(values) if v in values[:i]]
+    if twice:
+        raise ValueError(f"{_text(twice[0])} is given twice")
+    return tuple(sorted(values)) if sort else values
 
 
 def _int(raw) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, (int, np.integer, str)) or (
+    if isinstance(raw, bool) or not isinstance(raw, (numbers.Integral, str)) or (
             isinstance(raw, str) and not re.fullmatch(r"-?\d+", raw.strip())):
         raise ValueError(f"not an integer: {raw!r}")
     return int(raw)
+
+
+def _float(raw) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (numbers.Real, str)):
+        raise ValueError(f"not a number: {raw!r}")
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"not a number: {raw!r}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"not a finite number: {raw!r}")
+    return v
 
 
 def _span(low, high) -> str:
@@ -73,10 +112,11 @@ def _span(low, high) -> str:
 
 
 def _checked(v, low=None, high=None, choices: tuple | None = None):
-    """`v` when it is one of `choices` (if given) and within [low, high] (each bound if given)."""
+    """`v` when it is one of `choices` (if given) and within [low, high] (each bound if given); NaN is in no
+    range."""
     if choices is not None and v not in choices:
         raise ValueError(f"{v!r} is not one of them")
-    if (low is not None and v < low) or (high is not None and v > high):
+    if v != v or (low is not None and v < low) or (high is not None and v > high):
         raise ValueError(f"{v} is outside {_span(low, high)}")
     return v
 
@@ -88,30 +128,44 @@ def integer(low: int | None = None, high: int | None = None, choices: tuple[int,
 
 
 def number(low: float, high: float) -> Kind:
-    return Kind(f"a number in [{low}, {high}]", lambda raw: _checked(float(raw), low, high))
+    return Kind(f"a number in [{low}, {high}]", lambda raw: _checked(_float(raw), low, high))
 
 
-def integers(low: int | None = None, high: int | None = None) -> Kind:
-    return Kind(f"a comma-separated list of integers {_span(low, high)}",
-                lambda raw: _listed(raw, lambda v: _checked(_int(v), low, high)))
+def integers(low: int | None = None, high: int | None = None, sort: bool = False) -> Kind:
+    """A comma-separated list of distinct integers in range; ascending when `sort`."""
+    return Kind(f"a comma-separated list of distinct integers {_span(low, high)}",
+                lambda raw: _listed(raw, lambda v: _checked(_int(v), low, high), sort))
 
 
-def choice(choices: tuple) -> Kind:
-    return Kind(f"one of {', '.join(map(str, choices))}", lambda raw: _checked(raw, choices=tuple(choices)))
+def floats(low: float, high: float, sort: bool = False, note: str = "") -> Kind:
+    """A comma-separated list of distinct finite numbers in [low, high]; ascending when `sort`."""
+    return Kind(f"a comma-separated list of distinct numbers in [{low:g}, {high:g}]{note}",
+                lambda raw: _listed(raw, lambda v: _checked(_float(v), low, high), sort))
+
+
+def choice(choices: tuple, what: str | None = None) -> Kind:
+    """One of `choices`; the refusal says "unknown <what>" when `what` is given."""
+    def parse(raw):
+        if what is not None and raw not in choices:
+            raise ValueError(f"unknown {what} {raw!r}")
+        return _checked(raw, choices=tuple(choices))
+    return Kind(f"one of {', '.join(map(str, choices))}", parse)
 
 
 def names(known: tuple[str, ...], what: str) -> Kind:
-    """A comma-separated list of `what` (each one of `known`), as a tuple without repeats."""
+    """A comma-separated list of distinct `what`s, each one of `known`, as a tuple."""
     def known_one(v: str) -> str:
         if v not in known:
             raise ValueError(f"unknown {what} {v!r}")
         return v
-    return Kind(f"comma-separated {what}s from {', '.join(known)}",
-                lambda raw: tuple(dict.fromkeys(_listed(raw, lambda v: known_one(str(v))))))
+    plural = what[:-1] + "ies" if what.endswith("y") else what + "s"
+    return Kind(f"comma-separated {plural} from {', '.join(known)}",
+                lambda raw: _listed(raw, lambda v: known_one(str(v))))
 
 
 def objects(get: Callable[[str], Any], what: str, sep: str = ",", single: bool = False) -> Kind:
-    """Names resolved by `get` (e.g. a model preset to its ModelShape): a tuple, or one object when single."""
+    """Names resolved by `get` (e.g. a model preset to its ModelShape): a tuple of distinct ones, or one
+    object when single."""
     def parse(raw):
         values = _items(raw, sep)
         if single and len(values) > 1:
@@ -129,6 +183,55 @@ def _flag(raw) -> bool:
 
 FLAG = Kind("True or False", _flag)
 PATH = Kind("a folder path", lambda raw: str(raw))
+
+
+def spec_of(params: type, name: str) -> dict:
+    """Field `name`'s declaration in a Params class: {"doc", "kind", "default", "sizes", ...}."""
+    f = next((f for f in fields(params) if f.name == name), None)
+    if f is None:
+        raise ConfigError(f"{params.__module__}: no parameter {name!r}")
+    return {**f.metadata, "default": f.default}
+
+
+def flag_help(params: type, name: str, default: str | None = None) -> str:
+    """A command-line flag's help, made from the parameter's declaration: its doc (without the notebook's
+    "(None: ...)" note), what it accepts, and its default: `default` (what the command takes when the flag
+    is not given), else the declared default unless None or False."""
+    spec = spec_of(params, name)
+    doc = re.sub(r" \(None: [^)]*\)$", "", spec["doc"])
+    default = default or (None if spec["default"] is None or spec["default"] is False else _text(spec["default"]))
+    return (doc if spec["kind"] is FLAG else f"{doc}: {spec['kind'].accepts}") + (f" (default: {default})" if default
+                                                                                 else "")
+
+
+def add_flag(parser, params: type, name: str, flag: str | None = None, default: str | None = None):
+    """Add `flag` (default --<name with dashes>) to an argparse parser from Params field `name`: its Kind
+    parses the value (type=; FLAG: a switch), its doc is the help (flag_help), its declared default is the
+    flag's. The action keeps the declaration it came from (`declared`: (params, name, default))."""
+    spec = spec_of(params, name)
+    flag = flag or "--" + name.replace("_", "-")
+    how = (dict(action="store_true") if spec["kind"] is FLAG else
+           dict(default=spec["default"], type=spec["kind"].arg(flag), metavar=name.upper()))
+    action = parser.add_argument(flag, dest=name,
+                                 help=flag_help(params, name, default), **how)
+    action.declared = (params, name, default)
+    return action
+
+
+def param_table(params: type) -> str:
+    """The docs' parameter table of a Params class, markdown: parameter, default, what it accepts, meaning (the
+    declared doc); a None default that the profile fills says so."""
+    def cell(text) -> str:
+        return str(text).replace("|", "\\|")
+
+    def default(f) -> str:
+        if f.default is None:
+            return "the profile's" if f.metadata["sizes"] else "`None`"
+        return f"`{cell(_text(f.default))}`"
+
+    rows = [f"| `{f.name}` | {default(f)} | {cell(f.metadata['kind'].accepts)} | {cell(f.metadata['doc'])} |"
+            for f in fields(params)]
+    return "\n".join(["| parameter | default | accepts | meaning |", "|---|---|---|---|", *rows])
 
 
 @dataclass(frozen=True)
@@ -183,7 +286,7 @@ class Params:
         try:
             return kind.parse(value)
         except (ValueError, TypeError, OSError, RelibraError) as exc:
-            raise ConfigError(f"{notebook}: {f.name} must be {kind.accepts}; got {value!r} ({exc})") from None
+            raise ConfigError(f"{notebook}: {f.name} {kind.refusal(value, exc)}") from None
 
     def check(self, notebook: str, sizes) -> None:
         """Checks across fields (an EP size the cluster must hold...); none by default."""
@@ -262,23 +365,8 @@ class Result:
         return cls(**kwargs)
 
 
-def jsonable(obj):
-    """`obj` for json.dumps: dict keys as strings, tuples as lists, paths as strings, numpy numbers as
-    Python's, the kit's named objects (ModelShape, Topology, SetupCard) by their names, a trace read
-    from a file by its path."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if isinstance(obj, (np.generic, np.ndarray)):  # numpy numbers and arrays as Python's
-        return obj.tolist()
-    if dataclasses.is_dataclass(obj) and hasattr(obj, "name"):
-        return obj.name
-    if "file" in getattr(obj, "provenance", {}):  # a routing trace read from a file
-        return obj.provenance["file"]
-    return obj
+# `obj` for json.dumps with NaN kept (result.json round-trips it): the kit's one normaliser, not strict.
+jsonable = functools.partial(json_safe, strict=False)
 
 
 # ---- lessons ------------------------------------------------------------------------------------------

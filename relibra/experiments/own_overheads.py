@@ -19,7 +19,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from relibra.cluster import get_model
+from relibra.cluster import PAPER_MODELS, get_model
 from relibra.costs import Overheads, cost_plan, plan_metadata
 from relibra.policies import get_policy
 from relibra.policies.eplb import EPLB_PLUS_VARIANTS, PAPER_EPLB_PLUS
@@ -31,7 +31,7 @@ from relibra.workloads import generate_trace
 EPLB_PLUS_SLOTS = tuple(v["redundant_slots_per_gpu"] for v in EPLB_PLUS_VARIANTS.values())
 # The EPLB+ the paper compares with (relibra.policies.eplb.PAPER_EPLB_PLUS): ReLibra's slots and buffer.
 PAPER_EPLB_PLUS_SLOTS = EPLB_PLUS_VARIANTS[PAPER_EPLB_PLUS]["redundant_slots_per_gpu"]
-OVERHEAD_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
+OVERHEAD_MODELS = PAPER_MODELS
 
 
 @dataclasses.dataclass(frozen=True)

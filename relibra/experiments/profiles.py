@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from relibra.cluster import PAPER_MODELS
 from relibra.errors import ConfigError
 
 
@@ -47,7 +48,7 @@ PROFILES: dict[str, str] = {
            "`measured_dir` (default results/gpu_runs)",
 }
 
-_PAPER_GRID = dict(models=("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b"),
+_PAPER_GRID = dict(models=PAPER_MODELS,
                    workloads=("math", "science", "instruct", "code", "mixed"), model="qwen3-235b-a22b",
                    workload="mixed", ep=32, ep_sizes=(8, 16, 32, 64), cluster="paper")
 SCALES: dict[str, Scale] = {

@@ -12,9 +12,7 @@ declare, parses and checks every value (relibra.experiments.base.Params.create) 
 
 from __future__ import annotations
 
-import ast
 import json
-import re
 import time
 from pathlib import Path
 
@@ -32,28 +30,23 @@ def notebook_source(notebook: str) -> Path:
     return project_root() / "notebooks" / f"{get_notebook(notebook).name}.py"
 
 
-def parameters_cell(text: str) -> str:
-    """The source of the cell tagged "parameters" in py:percent text (`# %% tags=["parameters"]`)."""
-    cells = re.split(r"^# %%", text, flags=re.M)
-    tagged = [c for c in cells if re.match(r"[^\n]*tags=\[[^\]]*[\"']parameters[\"']", c)]
-    if len(tagged) != 1:
-        raise ConfigError(f"expected exactly one cell tagged 'parameters', found {len(tagged)}")
-    return tagged[0].split("\n", 1)[1] if "\n" in tagged[0] else ""
-
-
 def assigned_names(source: str) -> list[str]:
-    """Names assigned at the top level of `source` (the form of papermill's parameters cells)."""
-    out = []
-    for node in ast.parse(source).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, ast.AnnAssign) else []
-        out += [t.id for t in targets if isinstance(t, ast.Name)]
-    return out
+    """The parameter names a parameters cell's `source` assigns, in order, as papermill reads them (its
+    PythonTranslator.inspect: what `papermill --help-notebook` lists)."""
+    from papermill.translators import PythonTranslator
+
+    return [p.name for p in PythonTranslator.inspect({"source": source})]
 
 
 def declared_parameters(notebook: str) -> list[str]:
-    """The names the notebook's parameters cell assigns, in order."""
-    return assigned_names(parameters_cell(notebook_source(notebook).read_text()))
+    """The names the notebook's cell tagged "parameters" assigns, in order (jupytext reads the py:percent
+    source)."""
+    import jupytext
+
+    cells = [c for c in jupytext.read(notebook_source(notebook)).cells if "parameters" in c.metadata.get("tags", [])]
+    if len(cells) != 1:
+        raise ConfigError(f"{notebook}: expected exactly one cell tagged 'parameters', found {len(cells)}")
+    return assigned_names(cells[0].source)
 
 
 def injected_names(namespace: dict) -> list[str]:

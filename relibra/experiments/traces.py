@@ -4,6 +4,7 @@ synthetic routing traces at a profile's scale (cached per kernel)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from relibra.cluster import ModelShape, Topology, get_model, resolve_topology
@@ -188,19 +189,19 @@ def traced_sizes(table: dict[str, Scale]):
     return sizes_of
 
 
-_TRACE_CACHE: dict[tuple, object] = {}
-
-
 def make_trace(model: ModelShape, workload: str, ep: int, steps: int, seed: int, sizes: Scale, card: SetupCard):
     """The synthetic RL routing trace of (model cut to sizes.layers, workload, ep) with the profile's
     micro-batches and tokens per rank (cached per kernel), its batch laid out as `card` says.
 
     Returns a RoutingTrace with loads int32 [steps, micro_batches, layers, ep, experts].
     """
-    shape = scaled_model(model, sizes.layers)
-    key = (shape, workload, int(ep), int(steps), sizes.micro_batches, sizes.tokens_per_rank, int(seed), card.name)
-    if key not in _TRACE_CACHE:
-        _TRACE_CACHE[key] = generate_trace(shape, workload, int(ep), int(steps), seed=int(seed),
-                                           micro_batches=sizes.micro_batches, tokens_per_rank=sizes.tokens_per_rank,
-                                           config=card.workload_config())
-    return _TRACE_CACHE[key]
+    return cached_trace(scaled_model(model, sizes.layers), workload, int(ep), int(steps), sizes.micro_batches,
+                        sizes.tokens_per_rank, int(seed), card.workload_config())
+
+
+@functools.cache
+def cached_trace(shape: ModelShape, workload: str, ep: int, steps: int, micro_batches: int | None,
+                 tokens_per_rank: int | None, seed: int, config):
+    """generate_trace, once per kernel for each set of inputs (`cached_trace.cache_clear()` forgets them)."""
+    return generate_trace(shape, workload, ep, steps, seed=seed, micro_batches=micro_batches,
+                          tokens_per_rank=tokens_per_rank, config=config)

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from relibra.analysis import microbatch_calibration, shift_stats
-from relibra.cluster import get_model
+from relibra.cluster import PAPER_MODELS, get_model
 from relibra.display import json_safe
 from relibra.errors import ConfigError
 from relibra.labels import CLAIMS, PAPER_CLAIMS
@@ -33,7 +33,7 @@ from relibra.sim import simulate
 from relibra.trace import RoutingTrace
 from relibra.workloads import MICROBATCH_SHIFT_RANGE, WorkloadConfig, generate_trace
 
-MAP_MODELS = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
+MAP_MODELS = PAPER_MODELS
 MAP_POLICIES = ("megatron", "eplb+", "relibra", "balanced")
 # The map's fields: the paper's claims (relibra.labels.PAPER_CLAIMS), each a column of every case.
 RATIO_FIELDS = tuple(c.id for c in PAPER_CLAIMS)

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from relibra.experiments.base import PATH, Params, Result, TryThis, integer, mean_of, objects, param, table, value
-from relibra.cluster import Topology
+from relibra.cluster import PAPER_MODELS, Topology
 from relibra.errors import ConfigError
 from relibra.experiments.headline import (alternative_cases, alternative_ratios, budget_cases, budget_ratios,
                                           case_ratios, headline_cases, overheads_table, run_cases, trace_cases,
@@ -33,7 +33,7 @@ class Sizes:
     sweep_*: the tokens-per-micro-batch sweep (one model and workload, seed 0); alternative: the card
     of the one-sequence family."""
 
-    models: tuple[str, ...] = ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
+    models: tuple[str, ...] = PAPER_MODELS
     workloads: tuple[str, ...] = ("math", "science", "instruct", "code", "mixed")
     seeds: tuple[int, ...] = (0, 1, 2)
     ep: int = 32

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from relibra.cluster import get_model
-from relibra.experiments.base import (PATH, Kind, Params, Result, TryThis, integers, mean_of, names, objects, param,
-                                      table, value)
+from relibra.experiments.base import (PATH, Kind, Params, Result, TryThis, floats, integers, mean_of, names, objects,
+                                      param, table, value)
 from relibra.experiments.profiles import per_profile
 from relibra.experiments.text import pct, row
 from relibra.experiments.traces import PROFILE
@@ -20,6 +20,7 @@ from relibra.experiments.verdict_map import (RATIO_FIELDS, CardPoint, GridSpec, 
                                              merge_coincident, node_fields, paper_grid, rl_calibration, run_map,
                                              why_card_differs)
 from relibra.labels import CLAIMS, PAPER_CLAIMS
+from relibra.setup_schema import BOUNDS
 from relibra.setups import DEFAULT_CARD
 from relibra.workloads import MICROBATCH_SHIFT_RANGE, WORKLOADS
 
@@ -40,17 +41,10 @@ SIZES = {**per_profile(lambda name: paper_grid() if name in ("paper", "gpu") els
                           cards=(DEFAULT_CARD, "one-sequence"), card_changes=TINY_CARD_CHANGES)}
 
 
-def _shares(raw) -> tuple[float, ...]:
-    values = tuple(dict.fromkeys(float(v) for v in (raw if isinstance(raw, (list, tuple)) else str(raw).split(","))
-                                 if str(v).strip()))
-    bad = [v for v in values if not 0.0 <= v <= 1.0]
-    if bad or not values:
-        raise ValueError(f"{bad[0]} is outside [0, 1]" if bad else "empty")
-    return values
-
-
-SHARES = Kind(f"comma-separated shares in [0, 1] (the sourced range is {MICROBATCH_SHIFT_RANGE[0]:g}-"
-              f"{MICROBATCH_SHIFT_RANGE[1]:g})", _shares)
+SHARES = floats(0.0, 1.0, sort=True, note=f" (the sourced range is {MICROBATCH_SHIFT_RANGE[0]:g}-"
+                                          f"{MICROBATCH_SHIFT_RANGE[1]:g})")
+# a node's tokens per EP rank per micro-batch: within the set-up card's bound on that entry (setup_schema)
+TOKENS = next(b for b in BOUNDS if b.key == "batch.tokens_per_ep_rank_per_microbatch")
 
 
 MODEL_NAMES = Kind("comma-separated model presets", lambda raw: tuple(
@@ -62,7 +56,7 @@ class Params(Params):
     profile: str = param("laptop", "sizes of the grid: tiny, laptop (default grid), paper / gpu (whole grid)", PROFILE,
                          affects=False)
     tokens: tuple[int, ...] | None = param(None, "tokens per EP rank per micro-batch of the grid's nodes (None: the "
-                                           "profile's)", integers(1), sizes="tokens")
+                                           "profile's)", integers(int(TOKENS.low), int(TOKENS.high), sort=True), sizes="tokens")
     shift: tuple[float, ...] | None = param(None, "micro-batch shift values of the nodes (None: the profile's)",
                                             SHARES, sizes="shift_values")
     models: tuple[str, ...] | None = param(None, "model presets (None: the profile's)", MODEL_NAMES, sizes="models")
@@ -73,7 +67,7 @@ class Params(Params):
 
     def spec(self, g: GridSpec) -> GridSpec:
         """The profile's grid with this notebook's axes."""
-        return dataclasses.replace(g, tokens=tuple(sorted(self.tokens)), models=self.models, workloads=self.workloads,
+        return dataclasses.replace(g, tokens=self.tokens, models=self.models, workloads=self.workloads,
                                    seeds=self.seeds, shift=dataclasses.replace(g.shift, values=tuple(self.shift)))
 
     def scale_note(self, sizes: GridSpec) -> str:
