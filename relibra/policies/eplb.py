@@ -42,6 +42,7 @@ from relibra.cluster import Topology
 from relibra.errors import ConfigError
 from relibra.plan import PlanInfo, StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, register
+from relibra.policies.relabel import apply_gpu_permutation, match_gpus
 from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import RoutingTrace
 
@@ -193,13 +194,34 @@ def copies_from_phy2log(phy2log: np.ndarray, ep: int, num_experts: int) -> np.nd
     return held
 
 
-def choose_homes(held: np.ndarray) -> np.ndarray:
+def choose_homes(held: np.ndarray, prev_home: np.ndarray | None = None) -> np.ndarray:
     """One home per expert among its copies: int64 [layers, experts].
 
-    Experts with one copy are homed there; then, in expert order, each replicated expert is homed
-    on the copy GPU that homes the fewest experts so far (lowest GPU on ties), which keeps the
-    optimizer state as evenly spread as the copies allow.
+    held: bool [layers, experts, ep]. Experts with one copy are homed there; then, in expert order,
+    each replicated expert is homed on the copy GPU that homes the fewest experts so far (lowest GPU
+    on ties), which keeps the optimizer state as evenly spread as the copies allow. With prev_home
+    (int [layers, experts], the placement the step starts from), a replicated expert whose previous
+    home holds one of its copies stays there first, as long as the busiest GPU of the layer ends up
+    homing no more experts than without prev_home (where staying would break that, the layer's stays
+    are capped lower, down to none: the balancing choice).
     """
+    balanced = _homes(held, None, None)
+    if prev_home is None:
+        return balanced
+    cap = homes_per_gpu_max(balanced)  # [layers]
+    stay_cap = cap.copy()
+    home = _homes(held, np.asarray(prev_home, dtype=np.int64), stay_cap)
+    while True:
+        over = homes_per_gpu_max(home) > cap
+        if not over.any():
+            return home
+        stay_cap[over] -= 1  # at 0 nothing stays: the balancing choice, within cap
+        home[over] = _homes(held[over], np.asarray(prev_home, dtype=np.int64)[over], stay_cap[over])
+
+
+def _homes(held: np.ndarray, prev_home: np.ndarray | None, stay_cap: np.ndarray | None) -> np.ndarray:
+    """choose_homes' greedy: int64 [layers, experts]; replicated experts whose prev_home holds a copy
+    stay there while that GPU homes fewer than stay_cap [layers] experts."""
     layers, experts, ep = held.shape
     ncopies = held.sum(axis=2)
     home = np.argmax(held, axis=2)  # single-copy experts: their only GPU
@@ -208,15 +230,31 @@ def choose_homes(held: np.ndarray) -> np.ndarray:
     lay = np.broadcast_to(np.arange(layers)[:, None], home.shape)
     np.add.at(homes_on, (lay[single], home[single]), 1)
     row = np.arange(layers)
+    placed = single.copy()
+    if prev_home is not None:
+        can_stay = ~single & np.take_along_axis(held, prev_home[:, :, None], axis=2)[:, :, 0]
+        for e in range(experts):
+            stay = can_stay[:, e] & (homes_on[row, prev_home[:, e]] < stay_cap)
+            home[stay, e] = prev_home[stay, e]
+            homes_on[row[stay], prev_home[stay, e]] += 1
+            placed[stay, e] = True
     for e in range(experts):
-        multi = ~single[:, e]
-        if not multi.any():
+        todo = ~placed[:, e]
+        if not todo.any():
             continue
         count = np.where(held[:, e, :], homes_on, np.iinfo(np.int64).max)
         chosen = np.argmin(count, axis=1)
-        home[multi, e] = chosen[multi]
-        homes_on[row[multi], chosen[multi]] += 1
+        home[todo, e] = chosen[todo]
+        homes_on[row[todo], chosen[todo]] += 1
     return home
+
+
+def homes_per_gpu_max(home: np.ndarray) -> np.ndarray:
+    """The most experts one GPU homes, per layer: int64 [layers] (home int [layers, experts])."""
+    layers, _ = home.shape
+    counts = np.zeros((layers, int(home.max()) + 1), dtype=np.int64)
+    np.add.at(counts, (np.broadcast_to(np.arange(layers)[:, None], home.shape), home), 1)
+    return counts.max(axis=1)
 
 
 @dataclass(frozen=True)
@@ -267,8 +305,15 @@ def plan_from_copies(policy: str, loads: np.ndarray, held: np.ndarray, home: np.
 
 
 def eplb_copies(weight: np.ndarray, ep: int, gpus_per_node: int, redundant_slots_per_gpu: int,
-                num_groups: int | None) -> tuple[np.ndarray, np.ndarray, str, int]:
-    """Run EPLB on weight [L, E]; return (held [L, E, ep], home [L, E], replica_scope, slots_per_gpu)."""
+                num_groups: int | None, prev_home: np.ndarray | None = None,
+                relabel: bool = True) -> tuple[np.ndarray, np.ndarray, str, int]:
+    """Run EPLB on weight [L, E]; return (held [L, E, ep], home [L, E], replica_scope, slots_per_gpu).
+
+    With prev_home (int [L, E]) and relabel, EPLB's GPU labels are permuted per layer to keep the
+    most experts at home (relibra.policies.relabel.match_gpus: whole nodes first when EPLB's policy is
+    hierarchical, then GPUs inside them), and homes prefer the previous one (choose_homes). Which
+    experts share a GPU, and the copies per expert, are EPLB's.
+    """
     import torch  # heavy: EPLB's tensors; other policies and `relibra --help` load without it
 
     layers, experts = weight.shape
@@ -278,8 +323,12 @@ def eplb_copies(weight: np.ndarray, ep: int, gpus_per_node: int, redundant_slots
     phy2log, _, _ = rebalance_experts(torch.from_numpy(np.asarray(weight, dtype=np.float64)), num_replicas,
                                       groups, num_nodes, ep)
     held = copies_from_phy2log(phy2log.numpy(), ep, experts)
-    home = choose_homes(held)
     hierarchical = groups % num_nodes == 0
+    if prev_home is not None and relabel:
+        held = apply_gpu_permutation(held, match_gpus(held, prev_home, gpus_per_node if hierarchical else ep))
+        home = choose_homes(held, prev_home)
+    else:
+        home = choose_homes(held)
     return held, home, ("node" if hierarchical else "any"), num_replicas // ep
 
 
@@ -294,6 +343,12 @@ class EplbPolicy(Policy):
         here route without groups), which makes the hierarchical policy apply and keeps every copy
         of an expert inside one node. A count not divisible by the node count selects EPLB's global
         policy (copies anywhere).
+    relabel: map EPLB's new placement onto the previous step's homes so that the fewest experts move
+        (relibra.policies.relabel: a per-layer matching of GPU labels, whole nodes first under the
+        hierarchical policy; the balance is EPLB's). False: EPLB's own GPU labels, every home rebuilt.
+    replan_interval: k, EPLB re-plans at steps that are multiples of k, from that step's prediction,
+        and the placement (copies and homes) stays until the next re-plan; the tokens of each step
+        are split over the copies it holds. 1 re-plans every step.
     At step 0 there is no history: the prediction is uniform, so EPLB packs by index.
     """
 
@@ -301,6 +356,8 @@ class EplbPolicy(Policy):
     window: int = 4
     redundant_slots_per_gpu: int = 2
     num_groups: int | None = None
+    relabel: bool = True
+    replan_interval: int = 1
 
     def __post_init__(self):
         check_nonnegative_int(self.name, window=self.window, redundant_slots_per_gpu=self.redundant_slots_per_gpu,
@@ -309,6 +366,7 @@ class EplbPolicy(Policy):
             raise ConfigError(f"policy {self.name!r}: window must be at least 1 step, got {self.window}")
         if self.num_groups is not None and self.num_groups < 1:
             raise ConfigError(f"policy {self.name!r}: num_groups must be positive, got {self.num_groups}")
+        check_replan(self.name, self.relabel, self.replan_interval)
 
     def predicted_load(self, trace: RoutingTrace, step: int) -> np.ndarray:
         """float64 [layers, experts] tokens per expert EPLB is fed for `step`."""
@@ -317,16 +375,36 @@ class EplbPolicy(Policy):
             return np.ones((trace.num_layers, trace.num_experts))
         return trace.loads[lo:step].sum(axis=(0, 1, 3), dtype=np.float64) / (step - lo)
 
+    def copies(self, trace: RoutingTrace, step: int, gpus_per_node: int,
+               prev_home: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, str, int]:
+        """(held [L, E, ep], home [L, E], replica_scope, slots_per_gpu) for `step`: EPLB run on the
+        prediction of the step that last re-planned (replan_step), relabelled onto prev_home."""
+        return eplb_copies(self.predicted_load(trace, replan_step(step, self.replan_interval)), trace.ep,
+                           gpus_per_node, self.redundant_slots_per_gpu, self.num_groups, prev_home, self.relabel)
+
     def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
               prev_home: np.ndarray | None) -> StepPlan:
         start, start_cpu = time.perf_counter(), time.process_time()
-        held, home, scope, slots = eplb_copies(self.predicted_load(trace, step), trace.ep, gpus_per_node,
-                                               self.redundant_slots_per_gpu, self.num_groups)
+        held, home, scope, slots = self.copies(trace, step, gpus_per_node, prev_home)
         rebalance_s, rebalance_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
         plan = plan_from_copies(self.name, trace.loads[step], held, home, gpus_per_node, slots, scope)
         plan.info = EplbInfo(rebalance_seconds=rebalance_s, rebalance_cpu_seconds=rebalance_cpu_s,
                              copies_per_expert_max=int(held.sum(axis=2).max()))
         return plan
+
+
+def replan_step(step: int, replan_interval: int) -> int:
+    """The step whose loads placed `step`: the last multiple of replan_interval at or before it."""
+    return step - step % replan_interval
+
+
+def check_replan(policy: str, relabel, replan_interval) -> None:
+    """ConfigError unless relabel is a bool and replan_interval a positive integer."""
+    if not isinstance(relabel, (bool, np.bool_)):
+        raise ConfigError(f"policy {policy!r}: relabel must be true or false, got {relabel!r}")
+    if isinstance(replan_interval, bool) or not isinstance(replan_interval, (int, np.integer)) or replan_interval < 1:
+        raise ConfigError(f"policy {policy!r}: replan_interval must be a positive number of steps, "
+                          f"got {replan_interval!r}")
 
 
 @register
