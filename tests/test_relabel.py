@@ -147,3 +147,64 @@ def test_replan_interval_is_checked(name, bad):
 def test_relabel_is_checked():
     with pytest.raises(ConfigError, match="relabel must be true or false"):
         get_policy("eplb+", relabel="yes")
+
+
+# ---- the re-plan interval, chosen above the policies (relibra.experiments.replan) ----------------------
+def test_choose_replan_interval_keeps_the_best_throughput():
+    from relibra.experiments.replan import choose_replan_interval
+    from relibra.setups import load_card
+
+    trace = make_trace(5, ep=8, experts=32, layers=2, steps=8)
+    card = load_card("slime-qwen3-30b")
+    best, table = choose_replan_interval(trace, nodes_of(4), "eplb+", card, candidates=(1, 2, 4))
+    assert list(table["replan_interval"]) == [1, 2, 4]
+    assert best == int(table.loc[table["tokens_per_s"].idxmax(), "replan_interval"])
+    moved = table.set_index("replan_interval")["experts_moved"]
+    assert moved[4] < moved[1]  # fewer re-plans move fewer experts per step
+
+
+def test_replan_inputs_are_checked():
+    from relibra.experiments.replan import choose_replan_interval, replan_steps, replan_window
+    from relibra.setups import load_card
+
+    assert replan_window((1, 2, 4, 8)) == 8 and replan_window((2, 3)) == 6
+    with pytest.raises(ConfigError, match="positive integers"):
+        replan_window((1, 0))
+    with pytest.raises(ConfigError, match="needs 8 steps"):
+        replan_steps(make_trace(0, ep=4, experts=8, steps=7), (1, 2, 4))
+    assert replan_steps(make_trace(0, ep=4, experts=8, steps=13), (1, 2, 4)) == [8, 9, 10, 11]
+    with pytest.raises(ConfigError, match="'relibra' does not re-home experts"):
+        choose_replan_interval(make_trace(0, ep=4, experts=8, steps=8), nodes_of(4), "relibra",
+                               load_card("slime-qwen3-30b"))
+
+
+def _card_cases():
+    from relibra.setups import card_names
+
+    return card_names()
+
+
+@pytest.mark.parametrize("card_name", _card_cases())
+def test_no_rehoming_policy_is_slower_than_megatron(card_name):
+    """Every card's cluster, batch and EP at 2 layers: each re-homing policy at the re-plan interval it
+    chooses is at least as fast as Megatron on the same steps, and without its migration it is faster
+    than Megatron at every interval (so where k = 1 loses, migration alone is why)."""
+    from relibra.experiments.config import scaled_model
+    from relibra.experiments.replan import REHOMING_POLICIES, rehoming_at_best_interval, replan_window
+    from relibra.setups import load_card
+    from relibra.workloads import generate_trace
+
+    card = load_card(card_name)
+    model = card.value("model.name") if "model.name" in card.entries else "qwen3-30b-a3b"
+    ep = card.value("batch.expert_parallel")
+    candidates = (1, 2, 4)
+    trace = generate_trace(scaled_model(model, 2), "math", ep, steps=2 * replan_window(candidates), seed=0,
+                           micro_batches=card.micro_batches, config=card.workload_config(), progress=False)
+    table = rehoming_at_best_interval(trace, card.topology(), card, references=("megatron",),
+                                      candidates=candidates)
+    megatron = table.set_index("policy").loc["megatron"]
+    best = table[table["best"] & table["policy"].isin(REHOMING_POLICIES)]
+    assert sorted(best["policy"]) == sorted(REHOMING_POLICIES)
+    assert (best["tokens_per_s"] >= megatron["tokens_per_s"]).all(), best
+    rehoming = table[table["policy"].isin(REHOMING_POLICIES)]
+    assert (rehoming["step_s"] - rehoming["migration_s"] < megatron["step_s"]).all(), rehoming
