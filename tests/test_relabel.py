@@ -92,9 +92,14 @@ def test_matching_never_moves_more_and_keeps_the_balance(seed, ep, gpn, experts)
     assert matched[np.arange(held.shape[0])[:, None], np.arange(experts)[None], new_home].all()
     assert experts_moved(prev_home, new_home) <= experts_moved(prev_home, home)
     assert experts_moved(prev_home, new_home) <= experts_moved(prev_home, relabel_home(home, perm))
-    # staying home never makes the busiest GPU home more experts than the balancing choice
-    counts = lambda h: np.array([np.bincount(row, minlength=ep).max() for row in h])  # noqa: E731
-    assert (counts(new_home) <= counts(choose_homes(matched))).all()
+    # staying home gives no GPU more homes (optimizer state) or replicas than the balancing choice's busiest
+    def per_gpu(h):
+        homes = np.stack([np.bincount(row, minlength=ep) for row in h])  # [L, ep]
+        return homes, matched.sum(axis=1) - homes  # homes and replicas per GPU
+    homes, replicas = per_gpu(new_home)
+    homes_b, replicas_b = per_gpu(choose_homes(matched))
+    assert (homes.max(axis=1) <= homes_b.max(axis=1)).all()
+    assert (replicas.max(axis=1) <= replicas_b.max(axis=1)).all()
 
 
 def test_bad_group_size():

@@ -28,6 +28,10 @@ ordering, including its order among equal loads), each into the lightest pack th
 (the lowest such pack on ties). Like EPLB, all arithmetic is float32: the input is cast to
 float32, group sums are torch float32 sums, loads per copy are float32 quotients and pack loads
 float32 running sums.
+
+The policies (EplbPolicy `eplb`, EplbOraclePolicy `eplb+`) deploy EPLB's placement the way a cluster
+would: relabelled onto the previous step's homes so that the fewest experts move
+(relibra.policies.relabel), and re-planned every `replan_interval` steps.
 """
 
 from __future__ import annotations
@@ -201,22 +205,25 @@ def choose_homes(held: np.ndarray, prev_home: np.ndarray | None = None) -> np.nd
     each replicated expert is homed on the copy GPU that homes the fewest experts so far (lowest GPU
     on ties), which keeps the optimizer state as evenly spread as the copies allow. With prev_home
     (int [layers, experts], the placement the step starts from), a replicated expert whose previous
-    home holds one of its copies stays there first, as long as the busiest GPU of the layer ends up
-    homing no more experts than without prev_home (where staying would break that, the layer's stays
-    are capped lower, down to none: the balancing choice).
+    home holds one of its copies stays there first, as long as no GPU of the layer ends up homing more
+    experts (optimizer state), or holding more replicas (replica buffer), than the most one GPU does
+    without prev_home; where staying would break that, the layer's stays are capped lower, down to
+    none: the balancing choice.
     """
     balanced = _homes(held, None, None)
     if prev_home is None:
         return balanced
-    cap = homes_per_gpu_max(balanced)  # [layers]
-    stay_cap = cap.copy()
-    home = _homes(held, np.asarray(prev_home, dtype=np.int64), stay_cap)
+    prev_home = np.asarray(prev_home, dtype=np.int64)
+    most_homes, most_replicas = homes_and_replicas_max(held, balanced)  # [layers] each
+    stay_cap = most_homes.copy()
+    home = _homes(held, prev_home, stay_cap)
     while True:
-        over = homes_per_gpu_max(home) > cap
-        if not over.any():
+        homes_now, replicas_now = homes_and_replicas_max(held, home)
+        out = (homes_now > most_homes) | (replicas_now > most_replicas)
+        if not out.any():
             return home
-        stay_cap[over] -= 1  # at 0 nothing stays: the balancing choice, within cap
-        home[over] = _homes(held[over], np.asarray(prev_home, dtype=np.int64)[over], stay_cap[over])
+        stay_cap[out] -= 1  # at 0 nothing stays: the balancing choice itself
+        home[out] = _homes(held[out], prev_home[out], stay_cap[out])
 
 
 def _homes(held: np.ndarray, prev_home: np.ndarray | None, stay_cap: np.ndarray | None) -> np.ndarray:
@@ -249,12 +256,13 @@ def _homes(held: np.ndarray, prev_home: np.ndarray | None, stay_cap: np.ndarray 
     return home
 
 
-def homes_per_gpu_max(home: np.ndarray) -> np.ndarray:
-    """The most experts one GPU homes, per layer: int64 [layers] (home int [layers, experts])."""
-    layers, _ = home.shape
-    counts = np.zeros((layers, int(home.max()) + 1), dtype=np.int64)
-    np.add.at(counts, (np.broadcast_to(np.arange(layers)[:, None], home.shape), home), 1)
-    return counts.max(axis=1)
+def homes_and_replicas_max(held: np.ndarray, home: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The most experts one GPU homes and the most replicas one GPU holds, per layer: (int64 [layers],
+    int64 [layers]); held: bool [layers, experts, ep], home: int [layers, experts]."""
+    layers, _, ep = held.shape
+    homes = np.zeros((layers, ep), dtype=np.int64)
+    np.add.at(homes, (np.broadcast_to(np.arange(layers)[:, None], home.shape), home), 1)
+    return homes.max(axis=1), (held.sum(axis=1) - homes).max(axis=1)
 
 
 @dataclass(frozen=True)
