@@ -88,18 +88,23 @@ def test_matching_never_moves_more_and_keeps_the_balance(seed, ep, gpn, experts)
     assert (nodes.reshape(-1, ep // gpn, gpn) == nodes.reshape(-1, ep // gpn, gpn)[:, :, :1]).all()
     matched = apply_gpu_permutation(held, perm)
     assert gpu_sets(matched) == gpu_sets(held)  # the same GPUs' contents: EPLB's balance
-    new_home = choose_homes(matched, prev_home)
-    assert matched[np.arange(held.shape[0])[:, None], np.arange(experts)[None], new_home].all()
-    assert experts_moved(prev_home, new_home) <= experts_moved(prev_home, home)
-    assert experts_moved(prev_home, new_home) <= experts_moved(prev_home, relabel_home(home, perm))
-    # staying home gives no GPU more homes (optimizer state) or replicas than the balancing choice's busiest
-    def per_gpu(h):
-        homes = np.stack([np.bincount(row, minlength=ep) for row in h])  # [L, ep]
-        return homes, matched.sum(axis=1) - homes  # homes and replicas per GPU
-    homes, replicas = per_gpu(new_home)
-    homes_b, replicas_b = per_gpu(choose_homes(matched))
-    assert (homes.max(axis=1) <= homes_b.max(axis=1)).all()
-    assert (replicas.max(axis=1) <= replicas_b.max(axis=1)).all()
+    for reference in (None, relabel_home(home, perm)):  # the balancing choice, EPLB's own homes relabelled
+        new_home = choose_homes(matched, prev_home, reference)
+        assert matched[np.arange(held.shape[0])[:, None], np.arange(experts)[None], new_home].all()
+        assert experts_moved(prev_home, new_home) <= experts_moved(prev_home, home)
+        assert experts_moved(prev_home, new_home) <= experts_moved(prev_home, relabel_home(home, perm))
+        # staying home gives no GPU more homes (optimizer state) or replicas than the reference's busiest
+        homes, replicas = per_gpu(matched, new_home)
+        ref = choose_homes(matched) if reference is None else reference
+        homes_r, replicas_r = per_gpu(matched, ref)
+        assert (homes.max(axis=1) <= homes_r.max(axis=1)).all()
+        assert (replicas.max(axis=1) <= replicas_r.max(axis=1)).all()
+
+
+def per_gpu(held: np.ndarray, home: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Homes and replicas per GPU: (int [L, ep], int [L, ep])."""
+    homes = np.stack([np.bincount(row, minlength=held.shape[2]) for row in home])
+    return homes, held.sum(axis=1) - homes
 
 
 def test_bad_group_size():

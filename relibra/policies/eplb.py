@@ -46,7 +46,7 @@ from relibra.cluster import Topology
 from relibra.errors import ConfigError
 from relibra.plan import PlanInfo, StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, register
-from relibra.policies.relabel import apply_gpu_permutation, match_gpus
+from relibra.policies.relabel import apply_gpu_permutation, match_gpus, relabel_home
 from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import RoutingTrace
 
@@ -198,7 +198,8 @@ def copies_from_phy2log(phy2log: np.ndarray, ep: int, num_experts: int) -> np.nd
     return held
 
 
-def choose_homes(held: np.ndarray, prev_home: np.ndarray | None = None) -> np.ndarray:
+def choose_homes(held: np.ndarray, prev_home: np.ndarray | None = None,
+                 reference: np.ndarray | None = None) -> np.ndarray:
     """One home per expert among its copies: int64 [layers, experts].
 
     held: bool [layers, experts, ep]. Experts with one copy are homed there; then, in expert order,
@@ -206,15 +207,17 @@ def choose_homes(held: np.ndarray, prev_home: np.ndarray | None = None) -> np.nd
     on ties), which keeps the optimizer state as evenly spread as the copies allow. With prev_home
     (int [layers, experts], the placement the step starts from), a replicated expert whose previous
     home holds one of its copies stays there first, as long as no GPU of the layer ends up homing more
-    experts (optimizer state), or holding more replicas (replica buffer), than the most one GPU does
-    without prev_home; where staying would break that, the layer's stays are capped lower, down to
-    none: the balancing choice.
+    experts (optimizer state), or holding more replicas (replica buffer), than the busiest GPU of
+    `reference` (int [layers, experts], a home choice for the same copies; default the balancing
+    choice); where staying would break that, the layer's stays are capped lower, down to none, and
+    last the layer takes `reference` itself.
     """
     balanced = _homes(held, None, None)
     if prev_home is None:
         return balanced
     prev_home = np.asarray(prev_home, dtype=np.int64)
-    most_homes, most_replicas = homes_and_replicas_max(held, balanced)  # [layers] each
+    reference = balanced if reference is None else np.asarray(reference, dtype=np.int64)
+    most_homes, most_replicas = homes_and_replicas_max(held, reference)  # [layers] each
     stay_cap = most_homes.copy()
     home = _homes(held, prev_home, stay_cap)
     while True:
@@ -222,8 +225,11 @@ def choose_homes(held: np.ndarray, prev_home: np.ndarray | None = None) -> np.nd
         out = (homes_now > most_homes) | (replicas_now > most_replicas)
         if not out.any():
             return home
-        stay_cap[out] -= 1  # at 0 nothing stays: the balancing choice itself
-        home[out] = _homes(held[out], prev_home[out], stay_cap[out])
+        stay_cap[out] -= 1  # at 0 nothing stays (the balancing greedy); below 0, the reference
+        retry, give_up = out & (stay_cap >= 0), out & (stay_cap < 0)
+        home[give_up] = reference[give_up]
+        if retry.any():
+            home[retry] = _homes(held[retry], prev_home[retry], stay_cap[retry])
 
 
 def _homes(held: np.ndarray, prev_home: np.ndarray | None, stay_cap: np.ndarray | None) -> np.ndarray:
@@ -319,8 +325,9 @@ def eplb_copies(weight: np.ndarray, ep: int, gpus_per_node: int, redundant_slots
 
     With prev_home (int [L, E]) and relabel, EPLB's GPU labels are permuted per layer to keep the
     most experts at home (relibra.policies.relabel.match_gpus: whole nodes first when EPLB's policy is
-    hierarchical, then GPUs inside them), and homes prefer the previous one (choose_homes). Which
-    experts share a GPU, and the copies per expert, are EPLB's.
+    hierarchical, then GPUs inside them), and homes prefer the previous one (choose_homes) without any
+    GPU homing more experts or holding more replicas than the busiest under the unrelabelled homes.
+    Which experts share a GPU, and the copies per expert, are EPLB's.
     """
     import torch  # heavy: EPLB's tensors; other policies and `relibra --help` load without it
 
@@ -331,12 +338,13 @@ def eplb_copies(weight: np.ndarray, ep: int, gpus_per_node: int, redundant_slots
     phy2log, _, _ = rebalance_experts(torch.from_numpy(np.asarray(weight, dtype=np.float64)), num_replicas,
                                       groups, num_nodes, ep)
     held = copies_from_phy2log(phy2log.numpy(), ep, experts)
+    home = choose_homes(held)
     hierarchical = groups % num_nodes == 0
     if prev_home is not None and relabel:
-        held = apply_gpu_permutation(held, match_gpus(held, prev_home, gpus_per_node if hierarchical else ep))
-        home = choose_homes(held, prev_home)
-    else:
-        home = choose_homes(held)
+        perm = match_gpus(held, prev_home, gpus_per_node if hierarchical else ep)
+        held = apply_gpu_permutation(held, perm)
+        # stays bounded by EPLB's own homes, relabelled: no GPU homes or holds more than there
+        home = choose_homes(held, prev_home, reference=relabel_home(home, perm))
     return held, home, ("node" if hierarchical else "any"), num_replicas // ep
 
 
