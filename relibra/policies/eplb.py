@@ -28,6 +28,10 @@ ordering, including its order among equal loads), each into the lightest pack th
 (the lowest such pack on ties). Like EPLB, all arithmetic is float32: the input is cast to
 float32, group sums are torch float32 sums, loads per copy are float32 quotients and pack loads
 float32 running sums.
+
+The policies (EplbPolicy `eplb`, EplbOraclePolicy `eplb+`) deploy EPLB's placement the way a cluster
+would: relabelled onto the previous step's homes so that the fewest experts move
+(relibra.policies.relabel), and re-planned every `replan_interval` steps.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from relibra.cluster import Topology
 from relibra.errors import ConfigError
 from relibra.plan import PlanInfo, StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, register
+from relibra.policies.relabel import apply_gpu_permutation, match_gpus, relabel_home
 from relibra.policies.split import pack_replicas, replica_runs
 from relibra.trace import RoutingTrace
 
@@ -193,13 +198,43 @@ def copies_from_phy2log(phy2log: np.ndarray, ep: int, num_experts: int) -> np.nd
     return held
 
 
-def choose_homes(held: np.ndarray) -> np.ndarray:
+def choose_homes(held: np.ndarray, prev_home: np.ndarray | None = None,
+                 reference: np.ndarray | None = None) -> np.ndarray:
     """One home per expert among its copies: int64 [layers, experts].
 
-    Experts with one copy are homed there; then, in expert order, each replicated expert is homed
-    on the copy GPU that homes the fewest experts so far (lowest GPU on ties), which keeps the
-    optimizer state as evenly spread as the copies allow.
+    held: bool [layers, experts, ep]. Experts with one copy are homed there; then, in expert order,
+    each replicated expert is homed on the copy GPU that homes the fewest experts so far (lowest GPU
+    on ties), which keeps the optimizer state as evenly spread as the copies allow. With prev_home
+    (int [layers, experts], the placement the step starts from), a replicated expert whose previous
+    home holds one of its copies stays there first, as long as no GPU of the layer ends up homing more
+    experts (optimizer state), or holding more replicas (replica buffer), than the busiest GPU of
+    `reference` (int [layers, experts], a home choice for the same copies; default the balancing
+    choice); where staying would break that, the layer's stays are capped lower, down to none, and
+    last the layer takes `reference` itself.
     """
+    balanced = _homes(held, None, None)
+    if prev_home is None:
+        return balanced
+    prev_home = np.asarray(prev_home, dtype=np.int64)
+    reference = balanced if reference is None else np.asarray(reference, dtype=np.int64)
+    most_homes, most_replicas = homes_and_replicas_max(held, reference)  # [layers] each
+    stay_cap = most_homes.copy()
+    home = _homes(held, prev_home, stay_cap)
+    while True:
+        homes_now, replicas_now = homes_and_replicas_max(held, home)
+        out = (homes_now > most_homes) | (replicas_now > most_replicas)
+        if not out.any():
+            return home
+        stay_cap[out] -= 1  # at 0 nothing stays (the balancing greedy); below 0, the reference
+        retry, give_up = out & (stay_cap >= 0), out & (stay_cap < 0)
+        home[give_up] = reference[give_up]
+        if retry.any():
+            home[retry] = _homes(held[retry], prev_home[retry], stay_cap[retry])
+
+
+def _homes(held: np.ndarray, prev_home: np.ndarray | None, stay_cap: np.ndarray | None) -> np.ndarray:
+    """choose_homes' greedy: int64 [layers, experts]; replicated experts whose prev_home holds a copy
+    stay there while that GPU homes fewer than stay_cap [layers] experts."""
     layers, experts, ep = held.shape
     ncopies = held.sum(axis=2)
     home = np.argmax(held, axis=2)  # single-copy experts: their only GPU
@@ -208,15 +243,32 @@ def choose_homes(held: np.ndarray) -> np.ndarray:
     lay = np.broadcast_to(np.arange(layers)[:, None], home.shape)
     np.add.at(homes_on, (lay[single], home[single]), 1)
     row = np.arange(layers)
+    placed = single.copy()
+    if prev_home is not None:
+        can_stay = ~single & np.take_along_axis(held, prev_home[:, :, None], axis=2)[:, :, 0]
+        for e in range(experts):
+            stay = can_stay[:, e] & (homes_on[row, prev_home[:, e]] < stay_cap)
+            home[stay, e] = prev_home[stay, e]
+            homes_on[row[stay], prev_home[stay, e]] += 1
+            placed[stay, e] = True
     for e in range(experts):
-        multi = ~single[:, e]
-        if not multi.any():
+        todo = ~placed[:, e]
+        if not todo.any():
             continue
         count = np.where(held[:, e, :], homes_on, np.iinfo(np.int64).max)
         chosen = np.argmin(count, axis=1)
-        home[multi, e] = chosen[multi]
-        homes_on[row[multi], chosen[multi]] += 1
+        home[todo, e] = chosen[todo]
+        homes_on[row[todo], chosen[todo]] += 1
     return home
+
+
+def homes_and_replicas_max(held: np.ndarray, home: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The most experts one GPU homes and the most replicas one GPU holds, per layer: (int64 [layers],
+    int64 [layers]); held: bool [layers, experts, ep], home: int [layers, experts]."""
+    layers, _, ep = held.shape
+    homes = np.zeros((layers, ep), dtype=np.int64)
+    np.add.at(homes, (np.broadcast_to(np.arange(layers)[:, None], home.shape), home), 1)
+    return homes.max(axis=1), (held.sum(axis=1) - homes).max(axis=1)
 
 
 @dataclass(frozen=True)
@@ -267,8 +319,16 @@ def plan_from_copies(policy: str, loads: np.ndarray, held: np.ndarray, home: np.
 
 
 def eplb_copies(weight: np.ndarray, ep: int, gpus_per_node: int, redundant_slots_per_gpu: int,
-                num_groups: int | None) -> tuple[np.ndarray, np.ndarray, str, int]:
-    """Run EPLB on weight [L, E]; return (held [L, E, ep], home [L, E], replica_scope, slots_per_gpu)."""
+                num_groups: int | None, prev_home: np.ndarray | None = None,
+                relabel: bool = True) -> tuple[np.ndarray, np.ndarray, str, int]:
+    """Run EPLB on weight [L, E]; return (held [L, E, ep], home [L, E], replica_scope, slots_per_gpu).
+
+    With prev_home (int [L, E]) and relabel, EPLB's GPU labels are permuted per layer to keep the
+    most experts at home (relibra.policies.relabel.match_gpus: whole nodes first when EPLB's policy is
+    hierarchical, then GPUs inside them), and homes prefer the previous one (choose_homes) without any
+    GPU homing more experts or holding more replicas than the busiest under the unrelabelled homes.
+    Which experts share a GPU, and the copies per expert, are EPLB's.
+    """
     import torch  # heavy: EPLB's tensors; other policies and `relibra --help` load without it
 
     layers, experts = weight.shape
@@ -280,6 +340,11 @@ def eplb_copies(weight: np.ndarray, ep: int, gpus_per_node: int, redundant_slots
     held = copies_from_phy2log(phy2log.numpy(), ep, experts)
     home = choose_homes(held)
     hierarchical = groups % num_nodes == 0
+    if prev_home is not None and relabel:
+        perm = match_gpus(held, prev_home, gpus_per_node if hierarchical else ep)
+        held = apply_gpu_permutation(held, perm)
+        # stays bounded by EPLB's own homes, relabelled: no GPU homes or holds more than there
+        home = choose_homes(held, prev_home, reference=relabel_home(home, perm))
     return held, home, ("node" if hierarchical else "any"), num_replicas // ep
 
 
@@ -294,6 +359,12 @@ class EplbPolicy(Policy):
         here route without groups), which makes the hierarchical policy apply and keeps every copy
         of an expert inside one node. A count not divisible by the node count selects EPLB's global
         policy (copies anywhere).
+    relabel: map EPLB's new placement onto the previous step's homes so that the fewest experts move
+        (relibra.policies.relabel: a per-layer matching of GPU labels, whole nodes first under the
+        hierarchical policy; the balance is EPLB's). False: EPLB's own GPU labels, every home rebuilt.
+    replan_interval: k, EPLB re-plans at steps that are multiples of k, from that step's prediction,
+        and the placement (copies and homes) stays until the next re-plan; the tokens of each step
+        are split over the copies it holds. 1 re-plans every step.
     At step 0 there is no history: the prediction is uniform, so EPLB packs by index.
     """
 
@@ -301,6 +372,8 @@ class EplbPolicy(Policy):
     window: int = 4
     redundant_slots_per_gpu: int = 2
     num_groups: int | None = None
+    relabel: bool = True
+    replan_interval: int = 1
 
     def __post_init__(self):
         check_nonnegative_int(self.name, window=self.window, redundant_slots_per_gpu=self.redundant_slots_per_gpu,
@@ -309,6 +382,7 @@ class EplbPolicy(Policy):
             raise ConfigError(f"policy {self.name!r}: window must be at least 1 step, got {self.window}")
         if self.num_groups is not None and self.num_groups < 1:
             raise ConfigError(f"policy {self.name!r}: num_groups must be positive, got {self.num_groups}")
+        check_replan(self.name, self.relabel, self.replan_interval)
 
     def predicted_load(self, trace: RoutingTrace, step: int) -> np.ndarray:
         """float64 [layers, experts] tokens per expert EPLB is fed for `step`."""
@@ -317,16 +391,36 @@ class EplbPolicy(Policy):
             return np.ones((trace.num_layers, trace.num_experts))
         return trace.loads[lo:step].sum(axis=(0, 1, 3), dtype=np.float64) / (step - lo)
 
+    def copies(self, trace: RoutingTrace, step: int, gpus_per_node: int,
+               prev_home: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, str, int]:
+        """(held [L, E, ep], home [L, E], replica_scope, slots_per_gpu) for `step`: EPLB run on the
+        prediction of the step that last re-planned (replan_step), relabelled onto prev_home."""
+        return eplb_copies(self.predicted_load(trace, replan_step(step, self.replan_interval)), trace.ep,
+                           gpus_per_node, self.redundant_slots_per_gpu, self.num_groups, prev_home, self.relabel)
+
     def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
               prev_home: np.ndarray | None) -> StepPlan:
         start, start_cpu = time.perf_counter(), time.process_time()
-        held, home, scope, slots = eplb_copies(self.predicted_load(trace, step), trace.ep, gpus_per_node,
-                                               self.redundant_slots_per_gpu, self.num_groups)
+        held, home, scope, slots = self.copies(trace, step, gpus_per_node, prev_home)
         rebalance_s, rebalance_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
         plan = plan_from_copies(self.name, trace.loads[step], held, home, gpus_per_node, slots, scope)
         plan.info = EplbInfo(rebalance_seconds=rebalance_s, rebalance_cpu_seconds=rebalance_cpu_s,
                              copies_per_expert_max=int(held.sum(axis=2).max()))
         return plan
+
+
+def replan_step(step: int, replan_interval: int) -> int:
+    """The step whose loads placed `step`: the last multiple of replan_interval at or before it."""
+    return step - step % replan_interval
+
+
+def check_replan(policy: str, relabel, replan_interval) -> None:
+    """ConfigError unless relabel is a bool and replan_interval a positive integer."""
+    if not isinstance(relabel, (bool, np.bool_)):
+        raise ConfigError(f"policy {policy!r}: relabel must be true or false, got {relabel!r}")
+    if isinstance(replan_interval, bool) or not isinstance(replan_interval, (int, np.integer)) or replan_interval < 1:
+        raise ConfigError(f"policy {policy!r}: replan_interval must be a positive number of steps, "
+                          f"got {replan_interval!r}")
 
 
 @register

@@ -32,7 +32,7 @@ from relibra.cluster import Topology
 from relibra.errors import PlanError
 from relibra.plan import StepPlan
 from relibra.policies.base import register
-from relibra.policies.eplb import EplbInfo, EplbOraclePolicy, eplb_copies, plan_from_copies
+from relibra.policies.eplb import EplbInfo, EplbOraclePolicy, plan_from_copies
 from relibra.trace import RoutingTrace
 
 
@@ -97,8 +97,7 @@ class EplbLpOraclePolicy(EplbOraclePolicy):
               prev_home: np.ndarray | None) -> StepPlan:
         loads = trace.loads[step]
         start, start_cpu = time.perf_counter(), time.process_time()
-        held, home, scope, slots = eplb_copies(self.predicted_load(trace, step), trace.ep, gpus_per_node,
-                                               self.redundant_slots_per_gpu, self.num_groups)
+        held, home, scope, slots = self.copies(trace, step, gpus_per_node, prev_home)
         rebalance_s, rebalance_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
         expert_tokens = loads.sum(axis=2, dtype=np.int64)
 

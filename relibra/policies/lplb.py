@@ -3,9 +3,10 @@
 Written from LPLB's README and the contract of its lplb/planner.py (see docs/policies.md for what
 was read and where the kit differs). Top to bottom:
 
-1. Reorder (once per step): EPLB without replication (num_replicas = experts, num_groups = the
-   topology's groups, num_nodes = ep / gpus_per_node, num_gpus = ep) on the step's loads summed
-   over micro-batches (an oracle, as in eplb+); then each GPU's experts in decreasing load.
+1. Reorder (at every re-plan, each `replan_interval` steps): EPLB without replication (num_replicas =
+   experts, num_groups = the topology's groups, num_nodes = ep / gpus_per_node, num_gpus = ep) on
+   the re-plan step's loads summed over micro-batches (an oracle, as in eplb+), its GPU labels
+   matched to the previous homes (relabel_reorder); then each GPU's experts in decreasing load.
 2. Redundant experts along a fixed topology `r2o` int [ep, columns] (LPLB's redundant_to_original):
    GPU g's redundant slot (c, j) holds a copy of the (c * columns + j)-th most loaded expert of GPU
    r2o[g, j]. Every column is a permutation of its group's GPUs, so every expert has at most 2
@@ -44,7 +45,8 @@ from relibra.cluster import Topology
 from relibra.errors import ConfigError
 from relibra.plan import PlanInfo, RuntimePlanner, StepPlan
 from relibra.policies.base import Policy, check_nonnegative_int, register
-from relibra.policies.eplb import plan_from_copies, rebalance_experts
+from relibra.policies.eplb import check_replan, plan_from_copies, rebalance_experts, replan_step
+from relibra.policies.relabel import match_gpus, relabel_home
 from relibra.trace import RoutingTrace
 
 # LPLB's topologies (tests/utils.py of deepseek-ai/LPLB): r2o columns, one entry per GPU of a group.
@@ -165,6 +167,23 @@ def lplb_solve(expert_tokens: np.ndarray, home: np.ndarray, edges: tuple[np.ndar
     return out, fallbacks
 
 
+def relabel_reorder(home: np.ndarray, by_load: np.ndarray, prev_home: np.ndarray,
+                    group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """lplb_reorder's placement with its GPU labels matched to prev_home (relibra.policies.relabel).
+
+    home: int [L, E]; by_load: int [L, ep, E / ep]; prev_home: int [L, E]; group_size: GPUs that
+    move as one block. Returns (home, by_load) relabelled: the same experts share a GPU.
+    """
+    layers, experts = home.shape
+    ep = by_load.shape[1]
+    held = np.zeros((layers, experts, ep), dtype=bool)
+    np.put_along_axis(held, home[:, :, None], True, axis=2)
+    perm = match_gpus(held, prev_home, group_size)  # [L, ep]
+    moved = np.empty_like(by_load)
+    np.put_along_axis(moved, np.broadcast_to(perm[:, :, None], by_load.shape), by_load, axis=1)
+    return relabel_home(home, perm), moved
+
+
 @dataclass(frozen=True)
 class LplbInfo(PlanInfo):
     """lplb+'s clocks and counts: rebalance_seconds / rebalance_cpu_seconds (steps 1-2, once per step;
@@ -192,14 +211,22 @@ class LplbOraclePolicy(Policy):
         same replica buffer ReLibra gets.
     topology: "auto" (cube for 8 GPUs, hypercube for 16, torus beyond), "cube" (groups of 8),
         "hypercube" (groups of 16) or "torus" (one group).
+    relabel: map step 1's placement onto the previous step's homes so that the fewest experts move
+        (relibra.policies.relabel, whole nodes first when EPLB's policy is hierarchical), before the
+        redundant copies are laid along the topology. False: EPLB's own GPU labels.
+    replan_interval: k, steps 1-2 run at steps that are multiples of k, on that step's loads; the
+        homes and copies stay until the next re-plan, and step 3 splits each step's own tokens.
     """
 
     name: ClassVar[str] = "lplb+"
     redundant_slots_per_gpu: int = 2
     topology: str = "auto"
+    relabel: bool = True
+    replan_interval: int = 1
 
     def __post_init__(self):
         check_nonnegative_int(self.name, redundant_slots_per_gpu=self.redundant_slots_per_gpu)
+        check_replan(self.name, self.relabel, self.replan_interval)
         if self.topology not in TOPOLOGIES:
             raise ConfigError(f"policy {self.name!r}: topology must be one of {TOPOLOGIES}, got {self.topology!r}")
 
@@ -209,8 +236,11 @@ class LplbOraclePolicy(Policy):
         m, l, ep, e = loads.shape
         start, start_cpu = time.perf_counter(), time.process_time()
         r2o, group_size = lplb_r2o(ep, gpus_per_node, self.topology)
-        weight = loads.sum(axis=(0, 2), dtype=np.int64).astype(np.float64)
-        home, by_load = lplb_reorder(weight, ep, ep // gpus_per_node, ep // group_size)
+        weight = trace.loads[replan_step(step, self.replan_interval)].sum(axis=(0, 2), dtype=np.int64)
+        home, by_load = lplb_reorder(weight.astype(np.float64), ep, ep // gpus_per_node, ep // group_size)
+        if prev_home is not None and self.relabel:
+            hierarchical = (ep // group_size) % (ep // gpus_per_node) == 0  # EPLB's policy split
+            home, by_load = relabel_reorder(home, by_load, prev_home, gpus_per_node if hierarchical else ep)
         edges = lplb_edges(by_load, r2o, self.redundant_slots_per_gpu)
         rebalance_s, rebalance_cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
         el, ex, eo, eg = edges
