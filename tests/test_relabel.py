@@ -196,9 +196,10 @@ def _card_cases():
 
 @pytest.mark.parametrize("card_name", _card_cases())
 def test_no_rehoming_policy_is_slower_than_megatron(card_name):
-    """Every card's cluster, batch and EP at 2 layers: each re-homing policy at the re-plan interval it
-    chooses is at least as fast as Megatron on the same steps, and without its migration it is faster
-    than Megatron at every interval (so where k = 1 loses, migration alone is why)."""
+    """Every card's cluster, batch and EP at 2 layers (one per pipeline stage where the card has more): each
+    re-homing policy at the re-plan interval it chooses is at least as fast as Megatron on the same steps, and
+    without its migration it is faster than Megatron at every interval (so where k = 1 loses, migration alone
+    is why)."""
     from relibra.experiments.config import scaled_model
     from relibra.experiments.replan import REHOMING_POLICIES, rehoming_at_best_interval, replan_window
     from relibra.setups import load_card
@@ -208,7 +209,8 @@ def test_no_rehoming_policy_is_slower_than_megatron(card_name):
     model = card.value("model.name") if "model.name" in card.entries else "qwen3-30b-a3b"
     ep = card.value("batch.expert_parallel")
     candidates = (1, 2, 4)
-    trace = generate_trace(scaled_model(model, 2), "math", ep, steps=2 * replan_window(candidates), seed=0,
+    layers = max(2, int(card.value("batch.pipeline_parallel")))  # every pipeline stage holds a layer
+    trace = generate_trace(scaled_model(model, layers), "math", ep, steps=2 * replan_window(candidates), seed=0,
                            micro_batches=card.micro_batches, config=card.workload_config(), progress=False)
     table = rehoming_at_best_interval(trace, card.topology(), card, references=("megatron",),
                                       candidates=candidates)
