@@ -252,15 +252,47 @@ def _execute(execute, name: str) -> None:
 
     thread = threading.Thread(target=target, name=f"papermill {name}", daemon=True)
     thread.start()
+    dead_since = None
     try:
         while thread.is_alive():
             thread.join(0.2)
+            ended = _ended_kernel()
+            if ended is None:
+                continue
+            dead_since = dead_since or time.monotonic()
+            if time.monotonic() - dead_since > KERNEL_DEATH_GRACE_S:  # papermill has not noticed
+                _kill_kernels()  # what the kernel started (its worker pool)
+                raise KernelDied(f"the kernel {ended} while notebook {name} ran")
     except BaseException:
         _kill_kernels()
         thread.join(5)  # papermill sees the dead kernel and stops writing
         raise
     if failure:
         raise failure[0]
+
+
+KERNEL_DEATH_GRACE_S = 3.0  # how long papermill may take to report a kernel that ended
+
+
+class KernelDied(RuntimeError):
+    """A notebook's kernel ended (killed, out of memory) and papermill kept waiting for its reply."""
+
+
+def _ended_kernel() -> str | None:
+    """How the first kernel of this process that has ended did ('was killed by SIGKILL', 'exited with
+    code 1'), or None while all run."""
+    for km in list(_KERNELS):
+        process = getattr(getattr(km, "provisioner", None), "process", None)
+        code = process.poll() if process is not None else None
+        if code is None:
+            continue
+        if code < 0:
+            try:
+                return f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with code {code}"
+    return None
 
 
 def select_notebooks(names: list[str] | None) -> list[str]:
@@ -483,10 +515,10 @@ def _reproduce(args) -> int:
         readme_block(readme.read_text(), str(readme))
         if parameters or args.seed:
             raise ConfigError("--update-readme takes the default parameters only: the README shows the default run")
-    if args.out != DEFAULT_OUT:
-        print(f"results go to {args.out}")
-    started = time.perf_counter()
-    with OutputLock(args.out):  # held from the first notebook to the report
+    with OutputLock(args.out):  # one writer from the first notebook to the report
+        if args.out != DEFAULT_OUT:
+            print(f"results go to {args.out}")
+        started = time.perf_counter()
         statuses = run_notebooks(names, args.profile, args.out, seed=args.seed or 0,
                                  measured_dir=args.measured_dir, extra_parameters=parameters,
                                  progress=not args.quiet)
