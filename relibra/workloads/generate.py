@@ -40,6 +40,11 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
     cfg, target, micro_batches = _checked(shape, config or WorkloadConfig(), workload, ep, steps, seed, micro_batches,
                                           tokens_per_rank)
     domains, weights = domain_mix(workload, cfg)
+    if cfg.batch_layout == "token-budget" or target is not None:  # the tokens a micro-batch could hold, before drawing
+        check_trace_size(shape, cfg, ep, steps, None, target, None)
+    else:
+        check_trace_size(shape, cfg, ep, steps, micro_batches, target,
+                         micro_batches * ep * -(-cfg.global_batch_sequences // (micro_batches * ep)))
     budget_batches, sequences = None, None
     if cfg.batch_layout == "token-budget":  # every step's batch first: they fix the trace's one micro-batch count
         budget = int(target) if target is not None else cfg.tokens_per_microbatch
@@ -86,15 +91,16 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
 MAX_STEPS = 100_000  # steps of one generated trace (the paper's runs: hundreds)
 
 
-def check_trace_size(shape: ModelShape, cfg: WorkloadConfig, ep: int, steps: int, micro_batches: int,
+def check_trace_size(shape: ModelShape, cfg: WorkloadConfig, ep: int, steps: int, micro_batches: int | None,
                      target: int | None, sequences: int | None) -> None:
     """Before any routing is drawn: the loads int32 [steps, micro_batches, layers, ep, experts] within the
     loader's limit (what the trace file could be read back with), and the most tokens one micro-batch
     could hold within int32 (the trace's counts): sequences are cut at length_scale x max_sequence_tokens,
-    so a slot holds at most its sequences (or its token target plus one sequence) at that cap."""
+    so a slot holds at most its sequences (or its token target plus one sequence) at that cap.
+    micro_batches None: not known yet (token-budget derives it from the drawn batches); one is assumed."""
     from relibra.trace.io import check_decoded_bytes
 
-    loads_bytes = steps * micro_batches * shape.num_layers * ep * shape.num_experts * 4
+    loads_bytes = steps * (micro_batches or 1) * shape.num_layers * ep * shape.num_experts * 4
     check_decoded_bytes(loads_bytes, "generate_trace", f"the loads of {steps} steps x {micro_batches} micro-batches "
                         f"x {shape.num_layers} layers x EP {ep} x {shape.num_experts} experts")
     cap = max(2, round(cfg.length_scale * cfg.max_sequence_tokens))
