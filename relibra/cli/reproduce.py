@@ -559,14 +559,17 @@ def register(sub) -> None:
     p.add_argument("--profile", default="laptop", choices=list(PROFILES),
                    help="sizes of every experiment (default laptop: all notebooks within 20 minutes on 2 cores)")
     p.add_argument("--out", default=None, help="output folder (default: results, or results/runs/<parameters> when "
-                   "-p or --seed sets other parameters than the notebooks' defaults)")
+                   "-p or --seed sets other parameters than the notebooks' defaults); one run writes to it at a time "
+                   "(OUT/.reproduce.lock holds its pid)")
     p.add_argument("--seed", type=int, default=None, help="seed of every trace (default 0); an error for a notebook "
                    "that takes no seed")
     p.add_argument("--measured-dir", default=None,
                    help="folder of measured results from GPU nodes (gpu profile; default results/gpu_runs)")
     p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="set a notebook parameter, as papermill's -p (e.g. -p ep 16); each is checked against "
-                   "every chosen notebook's parameters (name, type, range) before any notebook starts")
+                   "every chosen notebook's parameters (name, type, range) before any notebook starts; -p out_dir is "
+                   "--out (the same checks), and what reproduce sets itself (profile, seed, measured_dir) is an error: "
+                   "give its option")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--update-readme", action="store_true",
                    help="after a run where every notebook passed, copy OUT/glance.md (the results table built "
