@@ -163,3 +163,17 @@ def test_model_json_shapes_are_checked(tmp_path):
                                 "num_attention_heads": 4, "num_kv_heads": 1000}))
     with pytest.raises(ConfigError, match="num_kv_heads=1000"):
         model_from_json(str(path))
+
+
+@pytest.mark.parametrize("fmt", ["megatron-replay", "verl", "sglang", "vllm", "slime"])
+def test_npz_inputs_declaring_more_than_the_limit_are_refused_before_loading(fmt, tmp_path):
+    """A 0.1 MB .npz whose one member declares 800 MB of ids: every importer that reads .npz reads its
+    headers first (relibra.trace.read_npz) and refuses it at the loader's limit (here 100 MiB)."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    np.savez_compressed(folder / "step_0.npz", routed_experts=np.zeros((25_000_000, 4, 2), dtype=np.int32))
+    assert (folder / "step_0.npz").stat().st_size < 2 << 20
+    rc, err, peak = _peak("trace", "import", "--format", fmt, str(folder), "--model", "tiny", "--ep", "2",
+                          "--out", str(tmp_path / "t.npz"), env={"RELIBRA_MAX_TRACE_BYTES": str(100 << 20)})
+    assert rc == 2 and "over the loader's limit of 104857600 bytes" in err, err
+    assert peak - _baseline() < 60, peak
