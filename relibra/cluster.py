@@ -18,6 +18,15 @@ import numpy as np
 from relibra.errors import ConfigError
 
 
+# The largest value of each ModelShape field the kit accepts: several times the largest published MoE
+# (Kimi-K2: 61 layers, 384 experts, hidden 7168, 64 heads, vocabulary 163840; DeepSeek-V3: 256 experts,
+# dense FFN 18432), so that a typo (an extra digit or three) is refused before any array is sized by it.
+MODEL_LIMITS = {"num_layers": 1024, "num_experts": 65536, "top_k": 1024, "hidden": 131072, "moe_ffn": 262144,
+                "num_shared_experts": 64, "num_dense_layers": 1024, "dense_ffn": 262144,
+                "num_attention_heads": 1024, "num_kv_heads": 1024, "head_dim": 2048, "vocab_size": 2**24,
+                "bytes_per_param": 16, "optimizer_bytes_per_param": 64}
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """Shape of an MoE transformer, enough to size its routing and cost its compute.
@@ -54,6 +63,14 @@ class ModelShape:
                 raise ConfigError(f"model {self.name!r}: {field} must be an integer >= {low}, got {value!r}")
         if self.top_k > self.num_experts:
             raise ConfigError(f"model {self.name!r}: top_k={self.top_k} exceeds num_experts={self.num_experts}")
+        for field, most in MODEL_LIMITS.items():
+            if getattr(self, field) > most:
+                raise ConfigError(f"model {self.name!r}: {field}={getattr(self, field)} is over the kit's bound of "
+                                  f"{most} (relibra.cluster.MODEL_LIMITS)")
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ConfigError(f"model {self.name!r}: num_kv_heads={self.num_kv_heads} must divide "
+                              f"num_attention_heads={self.num_attention_heads} (each KV head serves a whole group "
+                              f"of query heads)")
 
     @property
     def expert_params(self) -> int:
@@ -425,6 +442,9 @@ TOPOLOGY_PRESETS: dict[str, Topology] = {
 FITTED_CPU_PRESET = Path(__file__).resolve().parent.parent / "data" / "cpu_gloo_fit.json"
 
 
+MAX_PRESET_FILE_BYTES = 1 << 20  # data/cpu_gloo_fit.json is about 3 kB
+
+
 def read_preset_file(path: str, where: str | None = None) -> Topology:
     """The Topology in the "preset" entry of a fit file (`relibra calibrate` writes data/cpu_gloo_fit.json,
     scripts/device_check.sh data/device/<gpu>_preset.json). Fitted presets are loaded only by this call
@@ -433,8 +453,11 @@ def read_preset_file(path: str, where: str | None = None) -> Topology:
     the file (and `where`, e.g. the environment variable that pointed to it)."""
     name = f"{where}={path}" if where else str(path)
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        with open(path, "rb") as f:
+            text = f.read(MAX_PRESET_FILE_BYTES + 1)
+        if len(text) > MAX_PRESET_FILE_BYTES:
+            raise ConfigError(f"{name}: larger than {MAX_PRESET_FILE_BYTES} bytes; a preset file is a few kB")
+        doc = json.loads(text)
     except (OSError, ValueError, RecursionError) as exc:
         raise ConfigError(f"{name}: cannot read a preset file ({type(exc).__name__}: {exc})") from None
     preset = doc.get("preset") if isinstance(doc, dict) else None

@@ -72,6 +72,56 @@ def sources_section(manifests: dict[str, dict], statuses: dict[str, dict]) -> st
             f"statistics of routing that a trained model chose.\n\n{md_table(pd.DataFrame(rows))}\n")
 
 
+def _written(folder: Path) -> float:
+    """When a folder's content was last written (its newest file's mtime; the folder's own if empty)."""
+    times = [f.stat().st_mtime for f in folder.iterdir() if f.is_file()]
+    return max(times, default=folder.stat().st_mtime)
+
+
+def notebook_folders(out_dir: str | Path) -> list[dict]:
+    """Every folder of out_dir that belongs to a notebook, in notebook order: <nb>/ (its results, or
+    what a stopped run left), <nb>.failed/ (the executed copy of a run that failed, showing the cell)
+    and .<nb>.previous/ (results a run that was killed had set aside; the next run into out_dir puts
+    them back). Each with what it holds, when it was written, and whether it is stale: superseded by a
+    newer run of its notebook, or incomplete."""
+    out_dir, rows = Path(out_dir), []
+    for name in NOTEBOOKS:
+        current, failed, previous = out_dir / name, out_dir / f"{name}.failed", out_dir / f".{name}.previous"
+        manifest = current / "manifest.json"
+        results_at = manifest.stat().st_mtime if manifest.is_file() else None
+        failed_at = _written(failed) if failed.is_dir() else None
+        if current.is_dir():
+            if results_at is None:
+                holds, stale = "incomplete: no manifest.json (a run stopped before its end)", "yes" + (
+                    f": the earlier results are in {previous.name}" if previous.is_dir() else "")
+            else:
+                holds = "results"
+                stale = ("yes: a later run failed (see {0})".format(failed.name)
+                         if failed_at is not None and failed_at > results_at else "no")
+            rows.append({"folder": f"{name}/", "holds": holds, "written": _written(current), "stale": stale})
+        if failed_at is not None:
+            rows.append({"folder": f"{failed.name}/", "holds": "a failed run's executed notebook (the failing cell)",
+                         "written": failed_at,
+                         "stale": f"yes: {name}/ holds a newer run" if results_at and results_at > failed_at else "no"})
+        if previous.is_dir():
+            rows.append({"folder": f"{previous.name}/", "holds": "results set aside by a run that was killed; the "
+                         "next `relibra reproduce` into this folder puts them back", "written": _written(previous),
+                         "stale": "no"})
+    for row in rows:
+        row["written"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(row["written"]))
+    return rows
+
+
+def folders_section(out_dir: str | Path) -> str:
+    """## Notebook folders: the table of notebook_folders."""
+    rows = notebook_folders(out_dir)
+    if not rows:
+        return "## Notebook folders\n\nNone yet.\n"
+    stale = sum(r["stale"] != "no" for r in rows)
+    return (f"## Notebook folders\n\nEvery notebook folder in this directory; {stale} of {len(rows)} stale "
+            f"(superseded by a newer run of the notebook, or incomplete).\n\n{md_table(pd.DataFrame(rows))}\n")
+
+
 def environment_section() -> str:
     env = environment()
     return f"## Environment\n\n{md_table(pd.DataFrame({'item': list(env), 'value': [str(v) for v in env.values()]}))}\n"
@@ -122,6 +172,7 @@ def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | 
     if failed:
         head += "**Failed notebooks:** " + ", ".join(f"{n} ({statuses[n].get('error', '')})" for n in failed) + "\n\n"
     path = out_dir / "REPORT.md"
-    sections = sources_section(manifests, statuses), environment_section(), figures_section(manifests, results)
+    sections = (sources_section(manifests, statuses), folders_section(out_dir), environment_section(),
+                figures_section(manifests, results))
     write_text(path, head + "\n".join(sections))
     return path

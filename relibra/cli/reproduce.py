@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import os
 import re
+import fcntl
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from relibra.errors import ConfigError
-from relibra.paths import write_text
+from relibra.paths import check_output_path, write_text
 
 
 def load_notebook(name: str):
@@ -51,6 +54,11 @@ def export_html(executed: Path) -> Path:
     return html
 
 
+# The kernel managers this process started (IpcKernelManager registers each), so that an interrupt
+# can end their kernels and everything the kernels started (_kill_kernels).
+_KERNELS: list = []
+
+
 def _kernel_manager():
     """A KernelManager class that talks to the kernel over IPC sockets in a private temporary folder
     (not TCP, which ipykernel warns is unencrypted)."""
@@ -61,6 +69,7 @@ def _kernel_manager():
 
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
+            _KERNELS.append(self)
             self.folder = Path(tempfile.mkdtemp(prefix=f"relibra-kernel-{os.getpid()}-"))
             self.transport = "ipc"
             self.ip = str(self.folder / "kernel")
@@ -79,6 +88,32 @@ def _kernel_manager():
     return IpcKernelManager
 
 
+def _kill_kernels() -> None:
+    """End every kernel this process started and every process each kernel started (its worker pools):
+    jupyter_client starts a kernel in a session of its own, so its process group is exactly the kernel
+    and its children. SIGKILL: what they were writing is discarded anyway (the notebook's folder is put
+    back as it was)."""
+    while _KERNELS:
+        km = _KERNELS.pop()
+        provisioner = getattr(km, "provisioner", None)
+        process = getattr(provisioner, "process", None)
+        group = getattr(provisioner, "pgid", None)
+        try:
+            if group and group != os.getpgrp():
+                os.killpg(group, signal.SIGKILL)
+            elif process is not None:
+                process.kill()
+        except (ProcessLookupError, PermissionError):
+            pass
+        if process is not None:
+            try:
+                process.wait(timeout=5)
+            except Exception:  # noqa: BLE001 - gone already, or not our child
+                pass
+        if getattr(km, "folder", None):
+            shutil.rmtree(km.folder, ignore_errors=True)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -87,6 +122,81 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # alive, another user's
         pass
     return True
+
+
+LOCK_NAME = ".reproduce.lock"
+_HELD: dict[str, int] = {}  # output folders this process holds the lock of, and how often
+
+
+class OutputLock:
+    """One writer per output folder: <out>/.reproduce.lock, holding the writer's pid, locked with
+    flock(2) while the writer runs. The kernel drops the lock when its holder ends in any way
+    (SIGKILL included), so a lock file left by a dead run is taken over; a live holder makes the
+    second run fail with one ConfigError naming its pid. The file is removed on a clean release."""
+
+    def __init__(self, out_dir: str | os.PathLike):
+        self.out_dir = Path(out_dir)
+        self.path = self.out_dir / LOCK_NAME
+        self.fd: int | None = None
+        self.previous_holder = ""  # pid written by a run that died holding the folder, if any
+
+    def __enter__(self) -> "OutputLock":
+        self.key = str(self.out_dir.resolve())
+        if self.key in _HELD:  # this process holds it already (relibra reproduce, then run_notebooks)
+            _HELD[self.key] += 1
+            return self
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise ConfigError(f"--out {self.out_dir}: another `relibra reproduce` (pid {holder}) is writing "
+                                  f"there ({self.path}); wait for it to end or give another --out") from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:  # released and removed between our open and flock: try again
+                same = False
+            if same:
+                break
+            os.close(fd)
+        self.previous_holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+        _HELD[self.key] = 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _HELD[self.key] -= 1
+        if self.fd is not None and not _HELD[self.key]:
+            del _HELD[self.key]
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+            os.close(self.fd)  # releases the flock
+            self.fd = None
+
+
+def recover_folders(out_dir: Path) -> list[str]:
+    """Put back what runs killed outright (SIGKILL, a power cut) left in out_dir; call it holding
+    out_dir's OutputLock, so that no live run owns these. A .<nb>.previous folder holds <nb>'s results
+    from before such a run: they replace the incomplete <nb>/ it left. A .<nb>.running.ipynb is that
+    run's unfinished executed copy: removed. Returns the notebooks whose results were put back."""
+    restored = []
+    for previous in sorted(out_dir.glob(".*.previous")):
+        if previous.is_dir():
+            nb_out = out_dir / previous.name[1:-len(".previous")]
+            had_results = any(previous.iterdir())
+            _restore_notebook_folder(nb_out, previous)
+            if had_results:
+                restored.append(nb_out.name)
+    for running in out_dir.glob(".*.running.ipynb"):
+        running.unlink(missing_ok=True)
+    return restored
 
 
 def _start_notebook_folder(nb_out: Path) -> Path:
@@ -124,6 +234,65 @@ def _end_notebook_folder(nb_out: Path, previous: Path, finished: bool) -> Path:
     nb_out.rename(failed)
     _restore_notebook_folder(nb_out, previous)
     return failed
+
+
+def _execute(execute, name: str) -> None:
+    """execute() (papermill) in a thread, the main thread waiting. nbclient installs its own SIGINT and
+    SIGTERM handlers on an event loop in the main thread, which only ask the kernel to shut down and
+    keep waiting on the running cell (a worker pool inside it runs on for minutes); in a thread it
+    installs none, so SIGINT (KeyboardInterrupt) and SIGTERM (relibra.cli.Terminated) reach this thread
+    at once. They end the kernel and its children (_kill_kernels) before going on."""
+    failure: list[BaseException] = []
+
+    def target():
+        try:
+            execute()
+        except BaseException as exc:  # handed to the main thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, name=f"papermill {name}", daemon=True)
+    thread.start()
+    dead_since = None
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+            ended = _ended_kernel()
+            if ended is None:
+                continue
+            dead_since = dead_since or time.monotonic()
+            if time.monotonic() - dead_since > KERNEL_DEATH_GRACE_S:  # papermill has not noticed
+                _kill_kernels()  # what the kernel started (its worker pool)
+                raise KernelDied(f"the kernel {ended} while notebook {name} ran")
+    except BaseException:
+        _kill_kernels()
+        thread.join(5)  # papermill sees the dead kernel and stops writing
+        raise
+    if failure:
+        raise failure[0]
+
+
+KERNEL_DEATH_GRACE_S = 3.0  # how long papermill may take to report a kernel that ended
+
+
+class KernelDied(RuntimeError):
+    """A notebook's kernel ended (killed, out of memory) and papermill kept waiting for its reply."""
+
+
+def _ended_kernel() -> str | None:
+    """How the first kernel of this process that has ended did ('was killed by SIGKILL', 'exited with
+    code 1'), or None while all run."""
+    for km in list(_KERNELS):
+        process = getattr(getattr(km, "provisioner", None), "process", None)
+        code = process.poll() if process is not None else None
+        if code is None:
+            continue
+        if code < 0:
+            try:
+                return f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with code {code}"
+    return None
 
 
 def select_notebooks(names: list[str] | None) -> list[str]:
@@ -173,40 +342,53 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
     statuses: dict[str, dict] = {}
     bar = tqdm(names, desc=f"notebooks ({profile})", unit="nb", disable=not progress)
     try:
-        for name in bar:
-            bar.set_postfix_str(name)
-            nb_out = out_dir / name
-            previous = _start_notebook_folder(nb_out)
-            given = run_parameters(name, profile, seed, measured_dir)
-            params = {"out_dir": str(nb_out), **given, **(extra_parameters or {})}
-            started = time.perf_counter()
-            status = {"status": "ok", "profile": given.get("profile", "none")}
-            executed = nb_out / f"{name}.ipynb"
-            try:
+        with OutputLock(out_dir):  # one writer per folder
+            for restored in recover_folders(out_dir):
+                bar.write(f"note: {restored}: the results from before a run that was killed are back in "
+                          f"{out_dir / restored}", file=sys.stderr)
+            for name in bar:
+                bar.set_postfix_str(name)
+                nb_out = out_dir / name
+                previous = _start_notebook_folder(nb_out)
+                given = run_parameters(name, profile, seed, measured_dir)
+                params = {"out_dir": str(nb_out), **given, **(extra_parameters or {})}
+                started = time.perf_counter()
+                status = {"status": "ok", "profile": given.get("profile", "none")}
+                executed = nb_out / f"{name}.ipynb"
+                # papermill saves the executed copy after every cell; it goes beside the folder until the end,
+                # so that nothing papermill writes late can land in a folder put back after an interrupt
+                running = out_dir / f".{name}.running.ipynb"
                 try:
-                    # no fd capture: what the kernel process and its children write to the OS-level
-                    # stderr (progress bars, worker processes) goes to the console, not into the notebook
-                    pm.execute_notebook(load_notebook(name), str(executed), parameters=params,
-                                        kernel_name="python3", progress_bar=False, cwd=str(project_root()),
-                                        kernel_manager_class=_kernel_manager(),
-                                        extra_arguments=["--IPKernelApp.capture_fd_output=False"])
-                except PapermillExecutionError as exc:
-                    status.update(status="failed", error=f"{exc.ename}: {str(exc.evalue)[:300]}")
-                except Exception as exc:  # the kernel died, the notebook file is missing...
-                    status.update(status="failed", error=f"{type(exc).__name__}: {str(exc)[:300]}")
-                if html and executed.exists():
-                    export_html(executed)
-            except BaseException:  # interrupted: the previous results stay as they were
-                _restore_notebook_folder(nb_out, previous)
-                raise
-            where = _end_notebook_folder(nb_out, previous, status["status"] == "ok")
-            status["wall_seconds"] = round(time.perf_counter() - started, 1)
-            statuses[name] = status
-            if status["status"] != "ok":  # said even with --quiet, on stderr
-                bar.write(f"error: {name}: failed in {status['wall_seconds']:.1f} s ({status['error']}); "
-                          f"executed copy in {where}", file=sys.stderr)
-            elif progress:
-                bar.write(f"{name}: ok in {status['wall_seconds']:.1f} s")
+                    try:
+                        # no fd capture: what the kernel process and its children write to the OS-level
+                        # stderr (progress bars, worker processes) goes to the console, not into the notebook
+                        _execute(lambda: pm.execute_notebook(
+                            load_notebook(name), str(running), parameters=params, kernel_name="python3",
+                            progress_bar=False, cwd=str(project_root()), kernel_manager_class=_kernel_manager(),
+                            extra_arguments=["--IPKernelApp.capture_fd_output=False"]), name)
+                    except PapermillExecutionError as exc:
+                        status.update(status="failed", error=f"{exc.ename}: {str(exc.evalue)[:300]}")
+                    except Exception as exc:  # the kernel died, the notebook file is missing...
+                        status.update(status="failed", error=f"{type(exc).__name__}: {str(exc)[:300]}")
+                    finally:
+                        _KERNELS.clear()
+                    if running.exists():
+                        nb_out.mkdir(exist_ok=True)  # a notebook that removed its own folder
+                        os.replace(running, executed)
+                    if html and executed.exists():
+                        export_html(executed)
+                except BaseException:  # interrupted: the previous results stay as they were
+                    running.unlink(missing_ok=True)
+                    _restore_notebook_folder(nb_out, previous)
+                    raise
+                where = _end_notebook_folder(nb_out, previous, status["status"] == "ok")
+                status["wall_seconds"] = round(time.perf_counter() - started, 1)
+                statuses[name] = status
+                if status["status"] != "ok":  # said even with --quiet, on stderr
+                    bar.write(f"error: {name}: failed in {status['wall_seconds']:.1f} s ({status['error']}); "
+                              f"executed copy in {where}", file=sys.stderr)
+                elif progress:
+                    bar.write(f"{name}: ok in {status['wall_seconds']:.1f} s")
     finally:
         for key, value in saved.items():
             os.environ.pop(key, None)
@@ -215,13 +397,44 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
     return statuses
 
 
+# Notebook parameters that `relibra reproduce` sets itself, and the option that sets each.
+OWN_PARAMETERS = {"profile": "--profile", "seed": "--seed", "measured_dir": "--measured-dir",
+                  "interactive": "(none: a reproduction is headless)"}
+
+
+def check_own_options(names: list[str], named: bool, seed: int | None, measured_dir: str | None, parameters: dict,
+                      out: str | None) -> str | None:
+    """-p NAME VALUE for what reproduce sets itself is refused, naming the option that sets it; -p out_dir
+    is --out (a clash when both are given); --seed and --measured-dir must apply to the notebooks chosen
+    (named by the user: every one of them; all notebooks, the default: at least one). Returns the output folder given (or None)."""
+    from relibra.experiments import get_notebook
+
+    for name, option in OWN_PARAMETERS.items():
+        if name in parameters:
+            raise ConfigError(f"-p {name}: reproduce sets {name} itself; give {option}"
+                              if option.startswith("--") else f"-p {name}: reproduce sets {name} itself {option}")
+    if "out_dir" in parameters:
+        given = parameters.pop("out_dir")
+        if out is not None and str(given) != out:
+            raise ConfigError(f"-p out_dir {given} and --out {out} name two output folders; give one (--out)")
+        out = str(given)
+    for flag, key, value in (("--seed", "seed", seed), ("--measured-dir", "measured_dir", measured_dir)):
+        if value is None:
+            continue
+        without = [n for n in names if key not in get_notebook(n).Params.names()]
+        if without and (named or len(without) == len(names)):
+            raise ConfigError(f"{flag} {value}: notebook{'s' if len(without) > 1 else ''} {', '.join(without)} "
+                              f"take{'' if len(without) > 1 else 's'} no {key}")
+    return out
+
+
 def run_parameters(name: str, profile: str, seed: int, measured_dir: str | None) -> dict:
     """The options of `relibra reproduce` as the parameters notebook `name` declares: profile, seed and
     measured_dir where it takes them, and interactive=False (headless: the static figures only)."""
     from relibra.experiments import get_notebook
 
     declared = get_notebook(name).Params.names()
-    given = {"profile": profile, "seed": int(seed), "measured_dir": measured_dir, "interactive": False}
+    given = {"profile": profile, "seed": None if seed is None else int(seed), "measured_dir": measured_dir, "interactive": False}
     return {k: v for k, v in given.items() if k in declared and v is not None}
 
 
@@ -262,7 +475,7 @@ def output_folder(out: str | None, seed: int, parameters: dict) -> str:
     return str(Path(DEFAULT_OUT) / "runs" / re.sub(r"[^A-Za-z0-9_.,=+-]", "_", slug))
 
 
-def check_output_folder(out: str) -> None:
+def check_output_folder(out: str, flag: str = "--out") -> None:
     """Refuse an output folder inside the repository other than results/ when git tracks anything in it
     (docs/ holds the tracked glance.md, notebooks/ the sources): a run rewrites what it finds there."""
     import subprocess
@@ -279,7 +492,7 @@ def check_output_folder(out: str) -> None:
     except (OSError, subprocess.SubprocessError):
         tracked = "(git unavailable: every folder of the repository counts as tracked)"
     if tracked:
-        raise ConfigError(f"--out {out}: inside the repository's tracked files ({tracked.splitlines()[0]}, ...); "
+        raise ConfigError(f"{flag} {out}: inside the repository's tracked files ({tracked.splitlines()[0]}, ...); "
                           f"give a folder under {DEFAULT_OUT}/ or outside the repository")
 
 
@@ -290,22 +503,28 @@ def _reproduce(args) -> int:
 
     names = select_notebooks(args.notebooks)
     parameters = parse_parameters(args.parameter)
-    args.out = output_folder(args.out, args.seed, parameters)
-    check_output_folder(args.out)
-    check_parameters(names, args.profile, args.seed, args.measured_dir, parameters)
+    out = check_own_options(names, bool(args.notebooks), args.seed, args.measured_dir, parameters, args.out)
+    flag = "--out" if out == args.out else "-p out_dir"  # -p out_dir: the same checks as --out
+    if out is not None:
+        check_output_path(out, flag=flag)
+    args.out = output_folder(out, args.seed or 0, parameters)
+    check_output_folder(args.out, flag)
+    check_parameters(names, args.profile, args.seed or 0, args.measured_dir, parameters)
     readme = project_root() / "README.md"
     if args.update_readme:  # a README without its markers fails now, not after the notebooks ran
         readme_block(readme.read_text(), str(readme))
         if parameters or args.seed:
             raise ConfigError("--update-readme takes the default parameters only: the README shows the default run")
-    if args.out != DEFAULT_OUT:
-        print(f"results go to {args.out}")
-    started = time.perf_counter()
-    statuses = run_notebooks(names, args.profile, args.out, seed=args.seed, measured_dir=args.measured_dir,
-                             extra_parameters=parameters, progress=not args.quiet)
-    total = time.perf_counter() - started
-    report = write_report(args.out, args.profile, statuses, total_seconds=total)
-    glance = write_glance(args.out)
+    with OutputLock(args.out):  # one writer from the first notebook to the report
+        if args.out != DEFAULT_OUT:
+            print(f"results go to {args.out}")
+        started = time.perf_counter()
+        statuses = run_notebooks(names, args.profile, args.out, seed=args.seed or 0,
+                                 measured_dir=args.measured_dir, extra_parameters=parameters,
+                                 progress=not args.quiet)
+        total = time.perf_counter() - started
+        report = write_report(args.out, args.profile, statuses, total_seconds=total)
+        glance = write_glance(args.out)
     failed = [n for n, s in statuses.items() if s["status"] != "ok"]
     print(f"{len(names) - len(failed)}/{len(names)} notebooks ok in {total / 60:.1f} min; report: {report}; "
           f"results table: {glance}")
@@ -340,13 +559,17 @@ def register(sub) -> None:
     p.add_argument("--profile", default="laptop", choices=list(PROFILES),
                    help="sizes of every experiment (default laptop: all notebooks within 20 minutes on 2 cores)")
     p.add_argument("--out", default=None, help="output folder (default: results, or results/runs/<parameters> when "
-                   "-p or --seed sets other parameters than the notebooks' defaults)")
-    p.add_argument("--seed", type=int, default=0, help="seed of every trace (default 0)")
+                   "-p or --seed sets other parameters than the notebooks' defaults); one run writes to it at a time "
+                   "(OUT/.reproduce.lock holds its pid)")
+    p.add_argument("--seed", type=int, default=None, help="seed of every trace (default 0); an error for a notebook "
+                   "that takes no seed")
     p.add_argument("--measured-dir", default=None,
                    help="folder of measured results from GPU nodes (gpu profile; default results/gpu_runs)")
     p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
                    help="set a notebook parameter, as papermill's -p (e.g. -p ep 16); each is checked against "
-                   "every chosen notebook's parameters (name, type, range) before any notebook starts")
+                   "every chosen notebook's parameters (name, type, range) before any notebook starts; -p out_dir is "
+                   "--out (the same checks), and what reproduce sets itself (profile, seed, measured_dir) is an error: "
+                   "give its option")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--update-readme", action="store_true",
                    help="after a run where every notebook passed, copy OUT/glance.md (the results table built "

@@ -107,6 +107,10 @@ def _rl(args) -> int:
         args.replica_slots = 2 if args.replica_slots is None else args.replica_slots
         if args.nproc <= 0:
             raise ConfigError(f"--nproc must be positive, got {args.nproc}")
+        from relibra.limits import check_local_ranks, check_replica_slots
+
+        check_local_ranks(args.nproc)
+        check_replica_slots(args.replica_slots, args.experts)
     cfg = RLConfig(steps=args.steps, seed=args.seed, domains=tuple(args.domains),
                    prompts_per_step=args.prompts, group_size=args.group_size, micro_batches=args.micro_batches,
                    ep=args.ep if args.ep is not None else (args.nproc if megatron else 4),

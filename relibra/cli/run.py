@@ -135,6 +135,9 @@ def _run(args) -> int:
         return _under_torchrun(args)
     if args.nproc <= 0:
         raise ConfigError(f"--nproc must be a positive integer, got {args.nproc}")
+    from relibra.limits import check_local_ranks
+
+    check_local_ranks(args.nproc)
     if args.nodes > 0 and args.nproc % args.nodes:
         raise ConfigError(f"--nodes {args.nodes} does not divide --nproc {args.nproc}")
     request = request_from_args(args)

@@ -144,12 +144,12 @@ def model_from_json(path: str):
     import os
 
     from relibra.cluster import ModelShape
-    from relibra.trace.io import parse_json
+    from relibra.trace.io import parse_json, read_bounded
 
     where = f"--model-json {path}"
     try:
         with open(path, "rb") as fh:
-            d = parse_json(fh.read(), where)
+            d = parse_json(read_bounded(fh, where, MAX_MODEL_JSON_BYTES, ConfigError), where)
     except OSError as exc:
         raise ConfigError(f"{where}: {exc.strerror}") from None
     if not isinstance(d, dict):
@@ -197,8 +197,13 @@ def model_from_json(path: str):
         raise ConfigError(f"{where}: {exc}") from None
 
 
+MAX_MODEL_JSON_BYTES = 1 << 20  # a model's config.json is a few kB; a ModelShape JSON under 1 kB
+
+
 def _import_shape(args):
     """(model for the importer: a ModelShape, a preset name or None, {dense field: value} the flags set)."""
+    import dataclasses
+
     from relibra.cluster import get_model
 
     dense = {field: getattr(args, field) for _, field, _ in DENSE_FLAGS if getattr(args, field) is not None}
@@ -210,10 +215,31 @@ def _import_shape(args):
     if args.model_json is not None:
         if args.model is not None or explicit:
             raise ConfigError(f"--model-json gives the whole shape; drop {', '.join(['--model'] * (args.model is not None) + explicit)}")
-        return model_from_json(args.model_json), dense
+        model = model_from_json(args.model_json)
+        dataclasses.replace(model, **dense)  # the flags' shape checked (KV heads divide heads, ...) before any file
+        return model, dense
     if args.model is not None:
-        get_model(args.model)  # an unknown preset fails before any file is read
+        # an unknown preset, or flags that make no model with it, fail before any file is read
+        dataclasses.replace(get_model(args.model), **dense)
+    else:
+        check_dense_fields(dense)
     return args.model, dense
+
+
+def check_dense_fields(dense: dict) -> None:
+    """--heads/--kv-heads/--head-dim/--vocab without a model to apply them to yet: each within
+    relibra.cluster.MODEL_LIMITS, and --kv-heads dividing --heads when both are given."""
+    from relibra.cluster import MODEL_LIMITS
+
+    flags = {field: flag for flag, field, _ in DENSE_FLAGS}
+    for field, value in dense.items():
+        if value > MODEL_LIMITS[field]:
+            raise ConfigError(f"{flags[field]} {value} is over the kit's bound of {MODEL_LIMITS[field]} "
+                              f"(relibra.cluster.MODEL_LIMITS)")
+    heads, kv = dense.get("num_attention_heads"), dense.get("num_kv_heads")
+    if heads is not None and kv is not None and heads % kv:
+        raise ConfigError(f"--kv-heads {kv} must divide --heads {heads} (each KV head serves a whole group of "
+                          f"query heads)")
 
 
 def _with_dense(trace, dense: dict):

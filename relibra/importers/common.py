@@ -373,6 +373,7 @@ class TraceBuilder:
         if self.keep_tokens:
             width = int(mb_tokens.max())
             dtype = np.int16 if e <= np.iinfo(np.int16).max else np.int32
+            check_padding(mb_tokens, l_, self.top_k, np.dtype(dtype).itemsize, source)
             te = np.full((len(steps), num_mb, width, l_, self.top_k), -1, dtype=dtype)
             tsr = np.full((len(steps), num_mb, width), -1, dtype=np.int16 if ep <= np.iinfo(np.int16).max else np.int32)
             for si, s in enumerate(steps):
@@ -387,6 +388,27 @@ class TraceBuilder:
         if steps != list(range(len(steps))):
             provenance.setdefault("steps", steps)
         return RoutingTrace(loads, model, ep, int(mb_tokens.max()), provenance, te, tsr)
+
+
+# Token-level ids are stored padded to the widest micro-batch ([steps, micro_batches, widest, layers, k]).
+# Ragged micro-batches may make that padding this many times the ids themselves, beyond PAD_FREE_BYTES.
+PAD_MAX_FACTOR = 4
+PAD_FREE_BYTES = 64 << 20
+
+
+def check_padding(mb_tokens: np.ndarray, layers: int, top_k: int, id_bytes: int, source: str) -> None:
+    """Refuse, before allocating, token-level ids whose padding to the widest micro-batch would take more
+    than PAD_MAX_FACTOR times the ids (and more than PAD_FREE_BYTES), or more than the loader's limit.
+    mb_tokens: int [steps, micro_batches] tokens of each micro-batch."""
+    per_token = layers * top_k * id_bytes + 4  # the ids and the token's source rank
+    held = int(mb_tokens.sum()) * per_token
+    padded = int(mb_tokens.size) * int(mb_tokens.max()) * per_token
+    if padded > PAD_FREE_BYTES and padded > PAD_MAX_FACTOR * held:
+        raise TraceError(f"{source}: micro-batches are ragged (widest {int(mb_tokens.max())} tokens, mean "
+                         f"{float(mb_tokens.mean()):.0f}); their token-level ids padded to the widest would take "
+                         f"{padded} bytes for {held} bytes of ids (over {PAD_MAX_FACTOR}x); import with --loads-only "
+                         f"(keep_tokens=False: exact counts, no ids)")
+    check_decoded_bytes(padded, source, "the token-level ids padded to the widest micro-batch")
 
 
 def assemble(slots: dict[tuple[int, int, int], np.ndarray], model: ModelShape, ep: int, provenance: dict,

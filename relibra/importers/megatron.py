@@ -34,6 +34,7 @@ from relibra.errors import ConfigError, TraceError
 from relibra.importers.common import (TraceBuilder, as_count, check_ep, check_ids, expand_paths, load_container,
                                       natural_index, resolve_model, source_provenance)
 from relibra.trace import RoutingTrace, expert_ids_from_json, parse_json
+from relibra.trace.io import bounded_lines
 
 _KEY_PATTERNS = {
     "step": re.compile(r"(?:^|[^a-z])step[_-]?(\d+)", re.I),
@@ -149,7 +150,7 @@ def _jsonl_records(path: str):
     """(line number, record dict) of one JSONL file, read line by line."""
     any_record = False
     with open(path, "rb") as fh:
-        for n, raw in enumerate(fh, start=1):
+        for n, raw in bounded_lines(fh, path):
             if not raw.strip():
                 continue
             rec = parse_json(raw, f"{path}: line {n}")

@@ -29,6 +29,7 @@ from relibra.errors import TraceError
 from relibra.importers.common import (as_count, check_ep, check_sequence, expand_paths, import_sequences,
                                       load_container, natural_index, resolve_model, source_provenance)
 from relibra.trace import JSON_BYTES_PER_CHAR, RoutingTrace, check_decoded_bytes, parse_json
+from relibra.trace.io import bounded_lines
 
 DTYPES = {"int32": np.int32, "int16": np.int16, "uint16": np.uint16, "uint8": np.uint8}
 
@@ -76,7 +77,7 @@ def _responses(path: str):
     """(where, response dict) of a .json (object or list) or .jsonl (one object per line)."""
     if path.endswith(".jsonl"):
         with open(path, "rb") as fh:
-            for n, raw in enumerate(fh, start=1):
+            for n, raw in bounded_lines(fh, path):
                 if not raw.strip():
                     continue
                 yield f"{path}: line {n}", parse_json(raw, f"{path}: line {n}")

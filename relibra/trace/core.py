@@ -166,6 +166,8 @@ class RoutingTrace:
             self.seq_lens = sl.astype(np.int32)
 
     def _validate_tokens(self, where: str) -> None:
+        """Token-level ids against the loads, a chunk of tokens at a time (TOKEN_CHUNK_IDS ids), so that
+        the memory beyond the arrays themselves stays a few chunks whatever the trace's size."""
         te, tsr = self.token_experts, self.token_src_rank
         s, m, l, _, e = self.loads.shape
         k = self.model.top_k
@@ -175,28 +177,36 @@ class RoutingTrace:
             raise TraceError(f"{where}: field 'token_experts' must have shape [{s}, {m}, tokens, {l}, {k}], got {te.shape}")
         if tsr.shape != te.shape[:3]:
             raise TraceError(f"{where}: field 'token_src_rank' must have shape {te.shape[:3]}, got {tsr.shape}")
-        valid = tsr >= 0
-        bad_src = (tsr >= self.ep) | (tsr < -1)
-        if bad_src.any():
-            first = _first(bad_src)
-            raise TraceError(f"{where}: field 'token_src_rank' at {first} holds {_num(tsr[first])}, outside "
-                             f"[0, ep={self.ep}) and not the padding -1")
-        pad = (te != -1) & ~valid[..., None, None]
-        if pad.any():
-            first = _first(pad)
-            raise TraceError(f"{where}: field 'token_experts' at {first} holds {_num(te[first])} for a padded token "
-                             f"(token_src_rank -1); padding must be -1")
-        ids = te[valid]  # [n, L, K]
-        if ((ids < 0) | (ids >= e)).any():
-            bad = np.argwhere(((te < 0) | (te >= e)) & valid[..., None, None])[0]
-            raise TraceError(f"{where}: field 'token_experts' at {tuple(int(i) for i in bad)} holds "
-                             f"{int(te[tuple(bad)])}, outside [0, {e})")
-        srt = np.sort(ids, axis=-1)
-        if (srt[..., 1:] == srt[..., :-1]).any():
-            dup = np.sort(te, axis=-1)
-            dmask = (dup[..., 1:] == dup[..., :-1]).any(-1) & valid[..., None]
-            raise TraceError(f"{where}: field 'token_experts' repeats an expert within one token's top-k at "
-                             f"[step, micro_batch, token, layer]={tuple(int(i) for i in np.argwhere(dmask)[0])}")
+        t = te.shape[2]
+        rows_te, rows_src = te.reshape(s * m * t, l, k), tsr.reshape(s * m * t)
+
+        def at(row: int, *rest: int) -> tuple:
+            return (*(int(i) for i in np.unravel_index(row, (s, m, t))), *(int(i) for i in rest))
+
+        for lo, hi in token_chunks(s * m * t, l * k):
+            src, ids = rows_src[lo:hi], rows_te[lo:hi]
+            bad_src = (src >= self.ep) | (src < -1)
+            if bad_src.any():
+                first = at(lo + int(np.argmax(bad_src)))
+                raise TraceError(f"{where}: field 'token_src_rank' at {first} holds {_num(tsr[first])}, outside "
+                                 f"[0, ep={self.ep}) and not the padding -1")
+            valid = src >= 0
+            pad = (ids != -1) & ~valid[:, None, None]
+            if pad.any():
+                first = at(lo + int(np.argwhere(pad)[0][0]), *np.argwhere(pad)[0][1:])
+                raise TraceError(f"{where}: field 'token_experts' at {first} holds {_num(te[first])} for a padded "
+                                 f"token (token_src_rank -1); padding must be -1")
+            out = ((ids < 0) | (ids >= e)) & valid[:, None, None]
+            if out.any():
+                r, li, ki = (int(i) for i in np.argwhere(out)[0])
+                first = at(lo + r, li, ki)
+                raise TraceError(f"{where}: field 'token_experts' at {first} holds {int(te[first])}, outside [0, {e})")
+            srt = np.sort(ids, axis=-1)
+            dup = (srt[..., 1:] == srt[..., :-1]).any(-1) & valid[:, None]
+            if dup.any():
+                r, li = (int(i) for i in np.argwhere(dup)[0])
+                raise TraceError(f"{where}: field 'token_experts' repeats an expert within one token's top-k at "
+                                 f"[step, micro_batch, token, layer]={at(lo + r, li)}")
         if not np.array_equal(loads_from_tokens(te, tsr, self.ep, e), self.loads):
             raise TraceError(f"{where}: field 'loads' disagrees with the counts of 'token_experts'")
 
@@ -342,18 +352,37 @@ def skewness(per_rank: np.ndarray) -> np.ndarray:
     return np.where(mean > 0, mx / np.where(mean > 0, mean, 1.0), 1.0)
 
 
+TOKEN_CHUNK_IDS = 1 << 20  # token ids validated or counted at once (a few MB of temporaries)
+
+
+def token_chunks(rows: int, ids_per_row: int, chunk_ids: int = TOKEN_CHUNK_IDS):
+    """(start, stop) row ranges of about chunk_ids ids each (at least one row) covering `rows` rows."""
+    step = max(1, chunk_ids // max(ids_per_row, 1))
+    for start in range(0, rows, step):
+        yield start, min(rows, start + step)
+
+
 def loads_from_tokens(token_experts: np.ndarray, token_src_rank: np.ndarray, ep: int, num_experts: int) -> np.ndarray:
-    """Count token-level ids into loads.
+    """Count token-level ids into loads, a chunk of tokens at a time (memory: the int32 loads plus a few
+    chunks, not a multiple of the ids).
 
     token_experts: int [steps, micro_batches, tokens, layers, top_k] (-1 padded);
     token_src_rank: int [steps, micro_batches, tokens] (-1 padded). Returns int32 [S, M, L, ep, E].
     """
     s, m, t, l, k = token_experts.shape
-    valid = token_src_rank >= 0  # [S, M, T]
-    si, mi, ti = np.nonzero(valid)
-    ids = token_experts[si, mi, ti].astype(np.int64)  # [n, L, K]
-    src = token_src_rank[si, mi, ti].astype(np.int64)
-    layer = np.broadcast_to(np.arange(l)[None, :, None], ids.shape)
-    flat = ((((si[:, None, None] * m + mi[:, None, None]) * l + layer) * ep + src[:, None, None]) * num_experts + ids)
-    counts = np.bincount(flat.ravel(), minlength=s * m * l * ep * num_experts)
-    return counts.reshape(s, m, l, ep, num_experts).astype(np.int32)
+    block = l * ep * num_experts  # the loads of one (step, micro-batch)
+    counts = np.zeros(s * m * block, dtype=np.int32)
+    rows_te, rows_src = token_experts.reshape(s * m * t, l, k), token_src_rank.reshape(s * m * t)
+    layer = np.arange(l, dtype=np.int64)[None, :, None]
+    for lo, hi in token_chunks(s * m * t, l * k):
+        src = rows_src[lo:hi]
+        rows = np.flatnonzero(src >= 0)
+        if not rows.size:
+            continue
+        slot = (rows + lo) // t  # step * m + micro_batch
+        first = int(slot[0])
+        flat = ((((slot - first)[:, None, None] * l + layer) * ep + src[rows].astype(np.int64)[:, None, None])
+                * num_experts + rows_te[lo:hi][rows])
+        span = (int(slot[-1]) - first + 1) * block
+        counts[first * block:first * block + span] += np.bincount(flat.ravel(), minlength=span).astype(np.int32)
+    return counts.reshape(s, m, l, ep, num_experts)

@@ -59,6 +59,35 @@ def check_decoded_bytes(nbytes: int, where: str, what: str, max_bytes: int | Non
                          f"bytes; raise it with {MAX_TRACE_BYTES_ENV} or max_bytes= if the file is trusted")
 
 
+def read_bounded(fh, where: str, max_bytes: int, error=TraceError) -> bytes:
+    """The whole of a binary file object, refused (`error`, naming `where`) once it passes max_bytes: at
+    most max_bytes + 1 bytes are read, so a huge or endless input (a sparse file, /dev/zero) costs no
+    more than the bound."""
+    data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise error(f"{where}: larger than {max_bytes} bytes, the most this input may hold")
+    return data
+
+
+def bounded_lines(fh, where: str, max_line_bytes: int | None = None):
+    """(line number, raw bytes) of each line of a binary file object, each line read with a bound
+    (default: the loader's limit over JSON_BYTES_PER_CHAR, what parse_json would accept) so that one
+    line without an end costs no more than the bound; a longer line is a TraceError naming it."""
+    if max_line_bytes is None:
+        max_line_bytes = max_trace_bytes() // JSON_BYTES_PER_CHAR
+    n = 0
+    while True:
+        raw = fh.readline(max_line_bytes + 1)
+        if not raw:
+            return
+        n += 1
+        if len(raw) > max_line_bytes:
+            raise TraceError(f"{where}: line {n} is longer than {max_line_bytes} bytes, the most one record may "
+                             f"hold (the loader's limit / {JSON_BYTES_PER_CHAR}); raise it with {MAX_TRACE_BYTES_ENV} "
+                             f"if the file is trusted")
+        yield n, raw
+
+
 # No count, id or seed needs more digits; Python itself refuses to convert more than 4300 by default.
 MAX_JSON_INT_DIGITS = 4300
 

@@ -40,6 +40,11 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
     cfg, target, micro_batches = _checked(shape, config or WorkloadConfig(), workload, ep, steps, seed, micro_batches,
                                           tokens_per_rank)
     domains, weights = domain_mix(workload, cfg)
+    if cfg.batch_layout == "token-budget" or target is not None:  # the tokens a micro-batch could hold, before drawing
+        check_trace_size(shape, cfg, ep, steps, None, target, None)
+    else:
+        check_trace_size(shape, cfg, ep, steps, micro_batches, target,
+                         micro_batches * ep * -(-cfg.global_batch_sequences // (micro_batches * ep)))
     budget_batches, sequences = None, None
     if cfg.batch_layout == "token-budget":  # every step's batch first: they fix the trace's one micro-batch count
         budget = int(target) if target is not None else cfg.tokens_per_microbatch
@@ -47,6 +52,7 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
                                                              micro_batches)
     elif target is None:  # the global batch, rounded up to whole sequences in every slot
         sequences = micro_batches * ep * -(-cfg.global_batch_sequences // (micro_batches * ep))
+    check_trace_size(shape, cfg, ep, steps, micro_batches, target, sequences)
     if token_level:
         _check_token_level(shape, cfg, workload, steps, micro_batches, ep, target, sequences)
 
@@ -82,6 +88,32 @@ def generate_trace(model: str | ModelShape, workload: str, ep: int, steps: int, 
     return _assemble(shape, cfg, workload, ep, seed, target, loads, slot_tokens, step_lens, step_ids or None, cut)
 
 
+MAX_STEPS = 100_000  # steps of one generated trace (the paper's runs: hundreds)
+
+
+def check_trace_size(shape: ModelShape, cfg: WorkloadConfig, ep: int, steps: int, micro_batches: int | None,
+                     target: int | None, sequences: int | None) -> None:
+    """Before any routing is drawn: the loads int32 [steps, micro_batches, layers, ep, experts] within the
+    loader's limit (what the trace file could be read back with), and the most tokens one micro-batch
+    could hold within int32 (the trace's counts): sequences are cut at length_scale x max_sequence_tokens,
+    so a slot holds at most its sequences (or its token target plus one sequence) at that cap.
+    micro_batches None: not known yet (token-budget derives it from the drawn batches); one is assumed."""
+    from relibra.trace.io import check_decoded_bytes
+
+    loads_bytes = steps * (micro_batches or 1) * shape.num_layers * ep * shape.num_experts * 4
+    check_decoded_bytes(loads_bytes, "generate_trace", f"the loads of {steps} steps x {micro_batches} micro-batches "
+                        f"x {shape.num_layers} layers x EP {ep} x {shape.num_experts} experts")
+    cap = max(2, round(cfg.length_scale * cfg.max_sequence_tokens))
+    if sequences is not None:  # the global batch dealt evenly to the slots
+        per_rank = sequences // (micro_batches * ep) * cap
+    else:
+        per_rank = (target if target is not None else cfg.tokens_per_microbatch) + cap
+    if per_rank * ep > _INT32_MAX:
+        raise ConfigError(f"generate_trace: a micro-batch could hold up to {per_rank * ep} tokens (sequences cut at "
+                          f"length_scale {cfg.length_scale:g} x max_sequence_tokens {cfg.max_sequence_tokens} = {cap} "
+                          f"tokens, over {ep} ranks), beyond the int32 counts of a trace ({_INT32_MAX})")
+
+
 def _int_at_least(value, low: int) -> bool:
     """An integer (not a bool) of at least `low`."""
     return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= low
@@ -94,6 +126,8 @@ def _checked(shape: ModelShape, cfg: WorkloadConfig, workload: str, ep: int, ste
     layouts' default micro-batch count filled in."""
     if workload not in WORKLOADS:
         raise ConfigError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
+    if _int_at_least(steps, 1) and steps > MAX_STEPS:  # checked before any step's batch is drawn
+        raise ConfigError(f"generate_trace: steps={steps} is over the bound of {MAX_STEPS} steps per trace")
     if micro_batches is None and cfg.batch_layout != "token-budget":
         micro_batches = FIXED_COUNT_MICRO_BATCHES
     for name, value in (("ep", ep), ("steps", steps), ("micro_batches", micro_batches)):
