@@ -41,8 +41,9 @@ class TraceParams(Params):
     profile: str = param("laptop", "sizes of every experiment", PROFILE, affects=False)
     model: ModelShape = param(None, "one model preset (None: the profile's)", MODEL, sizes="model")
     workload: tuple[str, ...] | None = param(None, "workloads, e.g. 'math,code' (None: the profile's)", WORKLOAD)
-    ep: int = param(None, "expert-parallel size (None: the profile's)", integer(1), sizes="ep")
-    steps: int = param(None, "training steps per trace (None: the profile's)", integer(1), sizes="steps")
+    ep: int = param(None, "expert-parallel size (None: the profile's)", integer(1, 1024), sizes="ep")
+    steps: int = param(None, "training steps per trace (None: the profile's)", integer(1, 10000),
+                       sizes="steps")
     seed: int = param(0, "same seed, same numbers", integer(0))
     out_dir: str | None = param(None, "where results go (None: results/<notebook>)", PATH, affects=False)
 

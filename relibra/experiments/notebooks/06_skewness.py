@@ -27,7 +27,7 @@ class Params(TracedParams):
     policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES,
                                       none="megatron,eplb,eplb+,lplb+,eplb+lp,llep,relibra")
     ep_sizes: tuple[int, ...] = param(None, "EP sizes of the sweep, e.g. '8,16,32,64' (None: the profile's)",
-                                      integers(1), sizes="ep_sizes")
+                                      integers(1, 1024), sizes="ep_sizes")
 
     def ep_sizes_used(self, sizes: Scale) -> tuple[int, ...]:
         return (self.ep,) + self.ep_sizes

@@ -48,7 +48,8 @@ class Params(Params):
     profile: str = param("laptop", "RL run sizes", PROFILE, affects=False)
     policies: tuple[str, ...] = param(None, "policies simulated on the real trace (None: this notebook's)", POLICIES,
                                       none="megatron,eplb,eplb+,relibra,balanced")
-    rl_steps: int = param(None, "GRPO steps of the RL run (None: the profile's)", integer(1), sizes="steps")
+    rl_steps: int = param(None, "GRPO steps of the RL run (None: the profile's)", integer(1, 10000),
+                          sizes="steps")
     seed: int = param(0, "same seed, same run", integer(0))
     out_dir: str | None = param(None, "where results go (None: results/09_rl_workload)", PATH, affects=False)
 
