@@ -43,13 +43,17 @@ DTYPES = ("float64", "float32", "bfloat16")
 class MegatronSetup:
     """dtype: model parameters (float64, float32, bfloat16); distributed_optimizer: shard master copies
     and Adam state over data parallelism (megatron's DistributedOptimizer); clip_grad: megatron's
-    global-norm clip (0 = off; it needs float32 gradients, so float32 or bfloat16)."""
+    global-norm clip (0 = off; it needs float32 gradients, so float32 or bfloat16); grouped_gemm:
+    TEGroupedMLP experts (relibra.runtime.model.grouped_moe_spec); gradient_accumulation_fusion:
+    megatron's fused weight-gradient accumulation into main_grad (float32 or bfloat16)."""
 
     dtype: str = "float64"
     distributed_optimizer: bool = False
     lr: float = 1e-2
     weight_decay: float = 0.01
     clip_grad: float = 0.0
+    grouped_gemm: bool = False
+    gradient_accumulation_fusion: bool = False
 
     def validate(self) -> "MegatronSetup":
         if self.dtype not in DTYPES:
@@ -58,11 +62,16 @@ class MegatronSetup:
             raise ConfigError("megatron's DistributedOptimizer takes float32 or bfloat16 parameters, not float64")
         if self.clip_grad > 0 and self.dtype == "float64":
             raise ConfigError("megatron's gradient clipping takes float32 gradients; use clip_grad=0 with float64")
+        if self.gradient_accumulation_fusion and self.dtype == "float64":
+            raise ConfigError("megatron's gradient-accumulation fusion accumulates into float32, bfloat16 or float16 "
+                              "main_grad; use float32 or bfloat16 with gradient_accumulation_fusion")
         return self
 
     @property
     def name(self) -> str:
-        return f"{self.dtype}{'+distributed-optimizer' if self.distributed_optimizer else ''}"
+        return (f"{self.dtype}{'+distributed-optimizer' if self.distributed_optimizer else ''}"
+                f"{'+grouped-gemm' if self.grouped_gemm else ''}"
+                f"{'+grad-accum-fusion' if self.gradient_accumulation_fusion else ''}")
 
 
 def megatron_grid(ep: int):
@@ -129,7 +138,8 @@ class MegatronTrainer:
         self.timer = Timer()
         build_cfg = ModelConfig(cfg.shape, cfg.num_layers, cfg.replica_slots, cfg.seed,
                                 "float64" if setup.dtype == "float64" else "float32")
-        model = build_model(build_cfg, pgc, max_tokens)
+        model = build_model(build_cfg, pgc, max_tokens, grouped_gemm=setup.grouped_gemm,
+                            gradient_accumulation_fusion=setup.gradient_accumulation_fusion)
         if setup.dtype == "bfloat16":
             model = model.to(torch.bfloat16)
         self.model = model.to(self.device)

@@ -23,7 +23,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from relibra.runtime import compat
 from relibra.runtime.config import ModelConfig
-from relibra.runtime.spec import gpt_layer_spec, physical_config
+from relibra.runtime.spec import gpt_layer_spec, physical_config, wrap_moe_spec
 
 
 def _generator(*key: int) -> torch.Generator:
@@ -58,10 +58,16 @@ def transformer_config(cfg: ModelConfig):
     )
 
 
-def build_model(cfg: ModelConfig, pg_collection, max_tokens: int):
+def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: bool = False,
+                gradient_accumulation_fusion: bool = False):
     """GPTModel of `cfg` for this rank: megatron's local layer spec, ReLibra's MoE spec, every rank
     holding E / ep home slots and cfg.replica_slots replica slots per layer. Weights are initialized
-    (init_weights) for the static contiguous placement; max_tokens: longest sequence (rotary table)."""
+    (init_weights) for the static contiguous placement; max_tokens: longest sequence (rotary table).
+
+    grouped_gemm: the experts are megatron's TEGroupedMLP (one grouped linear layer per projection,
+    a parameter per slot); without CUDA its grouped linear layers are the host stand-ins of
+    relibra.runtime.standins. gradient_accumulation_fusion: megatron's fused weight-gradient path
+    (weight gradients accumulate in main_grad: needs megatron DDP); without CUDA the host kernel."""
     compat.apply()
     # megatron-core's GPT model warns at import (no Apex); it loads here, once a rank has set its warning
     # filters (relibra.runtime.quiet): ranks import this module while unpickling their function.
@@ -78,16 +84,44 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int):
     # expert_model_parallel_size marks the expert weights as expert-parallel (allreduce=False), so
     # megatron's DDP reduces them over the expert data-parallel group, never across experts.
     config = dataclasses.replace(physical_config(transformer_config(cfg), ep, cfg.replica_slots),
-                                 expert_model_parallel_size=ep)
+                                 expert_model_parallel_size=ep, moe_grouped_gemm=grouped_gemm,
+                                 gradient_accumulation_fusion=gradient_accumulation_fusion)
+    spec = gpt_layer_spec(cfg.num_experts)
+    if grouped_gemm or gradient_accumulation_fusion:
+        from relibra.runtime import standins
+
+        if gradient_accumulation_fusion and compat.cuda_absent():
+            standins.install_cpu_wgrad_fusion()
+        if grouped_gemm:
+            spec.submodules.mlp = grouped_moe_spec(cfg.num_experts)
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(cfg.torch_dtype)  # megatron's torch norms take the default dtype
     try:
-        model = GPTModel(config, gpt_layer_spec(cfg.num_experts), vocab_size=cfg.shape.vocab_size,
+        model = GPTModel(config, spec, vocab_size=cfg.shape.vocab_size,
                          max_sequence_length=max(max_tokens, 1), position_embedding_type="rope",
                          pg_collection=pg_collection)
     finally:
         torch.set_default_dtype(previous_dtype)
     return model
+
+
+def grouped_moe_spec(num_experts: int):
+    """The MoE spec with grouped-GEMM experts, wrapped: Transformer Engine's (TEGroupedMLP over
+    TEColumnParallelGroupedLinear / TERowParallelGroupedLinear) where TE and CUDA are present, else
+    TEGroupedMLP over the host stand-ins (relibra.runtime.standins)."""
+    from relibra.runtime import standins
+
+    spec = standins.te_grouped_moe_spec(num_experts)
+    if not compat.cuda_absent():
+        try:
+            from megatron.core.extensions.transformer_engine import (TEColumnParallelGroupedLinear,
+                                                                     TERowParallelGroupedLinear)
+        except ImportError:
+            TEColumnParallelGroupedLinear = None
+        if TEColumnParallelGroupedLinear is not None:
+            spec.submodules.experts.submodules.linear_fc1 = TEColumnParallelGroupedLinear
+            spec.submodules.experts.submodules.linear_fc2 = TERowParallelGroupedLinear
+    return wrap_moe_spec(spec, num_experts)
 
 
 def init_dense_weights(model, seed: int, expert_params: set[int]) -> None:

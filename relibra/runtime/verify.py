@@ -30,6 +30,7 @@ from relibra.runtime.collect import gather_arrays, gather_list
 from relibra.runtime.groups import build_groups
 from relibra.runtime.migration import InjectedFailure, MigrationError, migrate_homes
 from relibra.runtime.plans import cross_node_replica_plan, in_node_replica_plan, reordered_home, static_plan
+from relibra.runtime.slots import logical_state_dict
 from relibra.trace import static_placement
 from relibra.workloads import generate_trace
 
@@ -234,6 +235,18 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
     return {"diffs": diffs, "checks": checks}
 
 
+def sharded_expert_tensors(model) -> dict[tuple, np.ndarray]:
+    """{(sharded key, *global offset): float64 array} of every routed-expert tensor of the model's
+    distributed-checkpoint view (megatron's sharded_state_dict, factories applied)."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+
+    sharded = model.sharded_state_dict()
+    apply_factories(sharded)
+    return {(t.key, *map(int, t.global_offset)): t.data.detach().double().cpu().numpy()
+            for t in nested_values(sharded) if isinstance(t, ShardedTensor) and ".experts." in t.key}
+
+
 def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, model: str = "tiny", steps: int = 3,
                                 micro_batches: int = 2, tokens_per_rank: int = 16, replica_slots: int = 2,
                                 seed: int = 0) -> dict:
@@ -289,6 +302,11 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
                             "dense": trainer.dense_state()}
             for what in ("param", "master", "exp_avg_sq"):
                 record[kind][what] = gather_arrays(trainer.logical_expert_state(what))
+            # what a weight push and a distributed checkpoint read: logical names, replica slots left out
+            record[kind]["logical_state_dict"] = {
+                k: v.detach().double().cpu().numpy() for k, v in logical_state_dict(trainer.model, gather=True).items()
+                if torch.is_tensor(v)}
+            record[kind]["sharded_experts"] = gather_arrays(sharded_expert_tensors(trainer.model))
             # every DP replica holds the same experts: compare them across replicas too
             mine = trainer.logical_expert_state("param")
             flat = torch.tensor(np.concatenate([mine[k] for k in sorted(mine)]))
@@ -305,10 +323,17 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
                 "master": max_diff(rl["master"], st["master"]),
                 "exp_avg_sq": max_diff(rl["exp_avg_sq"], st["exp_avg_sq"]),
                 "dense": float(np.abs(rl["dense"] - st["dense"]).max()),
+                "logical_state_dict": max_diff(rl["logical_state_dict"], st["logical_state_dict"]),
+                "sharded_experts": max_diff(rl["sharded_experts"], st["sharded_experts"]),
                 "losses": rl["losses"], "static_losses": st["losses"], "norms": rl["norms"], "static_norms": st["norms"],
             }
             checks[f"{setup.name}: migrated"] = rl["moved"] > 0 and st["moved"] == 0
             checks[f"{setup.name}: replicas carried tokens"] = rl["replica_tokens"] > 0
+        if setup.gradient_accumulation_fusion and torch.cuda.device_count() == 0:
+            from relibra.runtime import standins  # the fused weight-gradient path ran (host kernel)
+
+            counter = standins.FUSED_GROUPED_WGRADS if setup.grouped_gemm else standins.FUSED_WGRAD_CALLS
+            checks[f"{setup.name}: fused weight-gradient path ran on rank {rank}"] = counter[0] > 0
     flag = torch.tensor([int(checks["ep_groups_agree"])])
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     checks["ep_groups_agree"] = bool(flag.item())
