@@ -205,3 +205,33 @@ def test_grouped_experts_and_grad_accum_fusion_equivalence_2_ranks():
             assert d["master"] <= 2 * LR * STEPS and d["dense"] <= 2 * LR * STEPS, (name, d)
             assert d["logical_state_dict"] <= 2 * LR * STEPS, (name, d)
     assert len(diffs) == 4
+
+
+def test_replicas_under_full_and_selective_recompute_2_ranks():
+    """megatron's activation recompute with replicas and migrations, EP 2 under megatron DDP: full (every
+    transformer layer re-run in backward: the replica slots get fresh leaves in the re-run and the
+    gradients are pulled from those) and selective (the MoE layer; with grouped experts also their
+    activation, CheckpointWithoutOutput); the worker checks that the experts ran twice per forward."""
+    setups = [dict(dtype="float64", recompute="full"),
+              dict(dtype="float64", grouped_gemm=True, recompute="selective"),
+              dict(dtype="float32", grouped_gemm=True, gradient_accumulation_fusion=True, recompute="selective"),
+              dict(dtype="float32", gradient_accumulation_fusion=True, recompute="full")]
+    diffs = _equivalence(2, 2, setups)
+    for name, d in diffs.items():
+        print(name, {k: f"{v:.3g}" for k, v in d.items() if not isinstance(v, list)})
+        if name.startswith("float64"):
+            assert d["loss"] <= 1e-12 and d["param"] <= 1e-10 and d["dense"] <= 1e-10, (name, d)
+        else:
+            assert d["loss"] <= 1e-5 and d["master"] <= 2 * LR * STEPS, (name, d)
+    assert len(diffs) == 4
+
+
+def test_megatron_setup_refuses_fusion_in_float64_and_unknown_recompute():
+    from relibra.runtime.megatron_train import MegatronSetup
+
+    with pytest.raises(ConfigError, match="gradient_accumulation_fusion"):
+        MegatronSetup(dtype="float64", gradient_accumulation_fusion=True).validate()
+    with pytest.raises(ConfigError, match="recompute must be"):
+        MegatronSetup(dtype="float32", recompute="block").validate()
+    assert MegatronSetup(dtype="bfloat16", grouped_gemm=True, gradient_accumulation_fusion=True,
+                         recompute="full").validate().name == "bfloat16+grouped-gemm+grad-accum-fusion+recompute-full"

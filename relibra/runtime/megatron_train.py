@@ -45,7 +45,10 @@ class MegatronSetup:
     and Adam state over data parallelism (megatron's DistributedOptimizer); clip_grad: megatron's
     global-norm clip (0 = off; it needs float32 gradients, so float32 or bfloat16); grouped_gemm:
     TEGroupedMLP experts (relibra.runtime.model.grouped_moe_spec); gradient_accumulation_fusion:
-    megatron's fused weight-gradient accumulation into main_grad (float32 or bfloat16)."""
+    megatron's fused weight-gradient accumulation into main_grad (float32 or bfloat16); recompute:
+    megatron's activation recompute, "" (off), "full" (every transformer layer, uniform, one layer per
+    checkpoint) or "selective" (the MoE layer: recompute_modules ["moe"], plus "moe_act" with grouped
+    experts)."""
 
     dtype: str = "float64"
     distributed_optimizer: bool = False
@@ -54,6 +57,7 @@ class MegatronSetup:
     clip_grad: float = 0.0
     grouped_gemm: bool = False
     gradient_accumulation_fusion: bool = False
+    recompute: str = ""
 
     def validate(self) -> "MegatronSetup":
         if self.dtype not in DTYPES:
@@ -62,6 +66,8 @@ class MegatronSetup:
             raise ConfigError("megatron's DistributedOptimizer takes float32 or bfloat16 parameters, not float64")
         if self.clip_grad > 0 and self.dtype == "float64":
             raise ConfigError("megatron's gradient clipping takes float32 gradients; use clip_grad=0 with float64")
+        if self.recompute not in ("", "full", "selective"):
+            raise ConfigError(f"megatron set-up: recompute must be '', 'full' or 'selective', got {self.recompute!r}")
         if self.gradient_accumulation_fusion and self.dtype == "float64":
             raise ConfigError("megatron's gradient-accumulation fusion accumulates into float32, bfloat16 or float16 "
                               "main_grad; use float32 or bfloat16 with gradient_accumulation_fusion")
@@ -71,7 +77,8 @@ class MegatronSetup:
     def name(self) -> str:
         return (f"{self.dtype}{'+distributed-optimizer' if self.distributed_optimizer else ''}"
                 f"{'+grouped-gemm' if self.grouped_gemm else ''}"
-                f"{'+grad-accum-fusion' if self.gradient_accumulation_fusion else ''}")
+                f"{'+grad-accum-fusion' if self.gradient_accumulation_fusion else ''}"
+                f"{'+recompute-' + self.recompute if self.recompute else ''}")
 
 
 def megatron_grid(ep: int):
@@ -139,7 +146,8 @@ class MegatronTrainer:
         build_cfg = ModelConfig(cfg.shape, cfg.num_layers, cfg.replica_slots, cfg.seed,
                                 "float64" if setup.dtype == "float64" else "float32")
         model = build_model(build_cfg, pgc, max_tokens, grouped_gemm=setup.grouped_gemm,
-                            gradient_accumulation_fusion=setup.gradient_accumulation_fusion)
+                            gradient_accumulation_fusion=setup.gradient_accumulation_fusion,
+                            recompute=setup.recompute)
         if setup.dtype == "bfloat16":
             model = model.to(torch.bfloat16)
         self.model = model.to(self.device)

@@ -59,7 +59,7 @@ def transformer_config(cfg: ModelConfig):
 
 
 def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: bool = False,
-                gradient_accumulation_fusion: bool = False):
+                gradient_accumulation_fusion: bool = False, recompute: str = ""):
     """GPTModel of `cfg` for this rank: megatron's local layer spec, ReLibra's MoE spec, every rank
     holding E / ep home slots and cfg.replica_slots replica slots per layer. Weights are initialized
     (init_weights) for the static contiguous placement; max_tokens: longest sequence (rotary table).
@@ -67,7 +67,9 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: 
     grouped_gemm: the experts are megatron's TEGroupedMLP (one grouped linear layer per projection,
     a parameter per slot); without CUDA its grouped linear layers are the host stand-ins of
     relibra.runtime.standins. gradient_accumulation_fusion: megatron's fused weight-gradient path
-    (weight gradients accumulate in main_grad: needs megatron DDP); without CUDA the host kernel."""
+    (weight gradients accumulate in main_grad: needs megatron DDP); without CUDA the host kernel.
+    recompute: megatron's activation recompute, "full" (each transformer layer re-run in backward) or
+    "selective" (the MoE layer, and with grouped experts their activation)."""
     compat.apply()
     # megatron-core's GPT model warns at import (no Apex); it loads here, once a rank has set its warning
     # filters (relibra.runtime.quiet): ranks import this module while unpickling their function.
@@ -85,10 +87,14 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: 
     # megatron's DDP reduces them over the expert data-parallel group, never across experts.
     config = dataclasses.replace(physical_config(transformer_config(cfg), ep, cfg.replica_slots),
                                  expert_model_parallel_size=ep, moe_grouped_gemm=grouped_gemm,
-                                 gradient_accumulation_fusion=gradient_accumulation_fusion)
+                                 gradient_accumulation_fusion=gradient_accumulation_fusion,
+                                 **_recompute_options(recompute, grouped_gemm))
     spec = gpt_layer_spec(cfg.num_experts)
-    if grouped_gemm or gradient_accumulation_fusion:
+    if grouped_gemm or gradient_accumulation_fusion or recompute:
         from relibra.runtime import standins
+
+        if recompute:
+            standins.install_cpu_rng_checkpointing()
 
         if gradient_accumulation_fusion and compat.cuda_absent():
             standins.install_cpu_wgrad_fusion()
@@ -103,6 +109,18 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: 
     finally:
         torch.set_default_dtype(previous_dtype)
     return model
+
+
+def _recompute_options(recompute: str, grouped_gemm: bool) -> dict:
+    """TransformerConfig fields of megatron's activation recompute ("" off, "full", "selective")."""
+    if not recompute:
+        return {}
+    if recompute == "full":
+        return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    if recompute == "selective":
+        return dict(recompute_granularity="selective",
+                    recompute_modules=["moe", "moe_act"] if grouped_gemm else ["moe"])
+    raise ValueError(f"recompute must be '', 'full' or 'selective', got {recompute!r}")
 
 
 def grouped_moe_spec(num_experts: int):

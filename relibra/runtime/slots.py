@@ -49,9 +49,10 @@ def _named_moe_layers(model) -> list:
 
 def logical_state_dict(model, gather: bool = False) -> dict:
     """The model's state dict named as a stock megatron-core model of the same spec names it at EP 1:
-    every routed expert under `<layer>.experts.local_experts.<e>.` (grouped experts: `<layer>.experts.
-    linear_fc1.weight<e>`, TE's names) with e its LOGICAL id, replica slots left out. This is what a per-step weight push to a rollout engine (SGLang, vLLM) or a
-    Hugging Face conversion reads: the slot an expert sits in never shows.
+    every routed expert under `<layer>.experts.local_experts.<e>.` (grouped experts:
+    `<layer>.experts.linear_fc1.weight<e>`, TE's names) with e its LOGICAL id, replica slots left out.
+    This is what a per-step weight push to a rollout engine (SGLang, vLLM) or a Hugging Face
+    conversion reads: the slot an expert sits in never shows.
 
     gather=False: this rank's home experts (and every dense tensor), a rank's share of the push;
     gather=True: every logical expert on every rank, all-gathered over each layer's EP group

@@ -45,7 +45,8 @@ from relibra.runtime.router import SUPPORTED_DISPATCHERS, PlacementRouter, check
 # The legacy grouped GEMM (one weight for all local experts); newer releases have dropped it.
 GroupedMLP = getattr(_experts, "GroupedMLP", None)
 
-__all__ = ["SUPPORTED_DISPATCHERS", "OccupiedGroupedMLP", "OccupiedSequentialMLP", "check_config", "gpt_layer_spec", "moe_layer_spec",
+__all__ = ["SUPPORTED_DISPATCHERS", "OccupiedGroupedMLP", "OccupiedSequentialMLP", "check_config", "gpt_layer_spec",
+           "moe_layer_spec",
            "physical_config", "wrap_moe_spec"]
 
 

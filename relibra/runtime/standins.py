@@ -23,17 +23,28 @@ Transformer Engine's GroupedLinear. Tests and the CPU runtime use them; on a GPU
    What they do not mirror: FP8 / FP4, delayed weight-gradient compute, userbuffer communication, TE's
    `_extra_state`, tensor parallelism inside experts (the kit refuses it anyway).
 `te_grouped_moe_spec` is megatron's TE MoE spec with these classes in TE's place.
+
+3. Activation recompute. megatron-core's CheckpointFunction (tensor_parallel/random.py) saves and
+   restores the CUDA generator's state around the recomputed forward (`_get_cuda_rng_state`,
+   `_set_cuda_rng_state`); a CPU-only torch has no CUDA generator. `install_cpu_rng_checkpointing`
+   makes both host no-ops (the host generator is saved and restored by megatron itself, and the
+   kit's models draw no random numbers in forward: no dropout). Selective recompute of the grouped
+   experts' activation ("moe_act") runs megatron's CheckpointWithoutOutput, which in 0.16.1 always
+   takes its FP8 branch (`self.fp8 = fp8 is not None` with fp8=False) and so names TE's
+   FP8GlobalStateManager, fp8_autocast and activation_recompute_forward; without TE they are given
+   their FP8-off meaning (FP8 disabled, no recipe, null contexts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ColumnGroupedLinear", "RowGroupedLinear", "grouped_linear", "install_cpu_wgrad_fusion",
-           "te_grouped_moe_spec"]
+__all__ = ["ColumnGroupedLinear", "RowGroupedLinear", "grouped_linear", "install_cpu_rng_checkpointing",
+           "install_cpu_wgrad_fusion", "te_grouped_moe_spec"]
 
 
 # ---- 1. gradient-accumulation fusion ------------------------------------------------------------
@@ -64,6 +75,24 @@ def install_cpu_wgrad_fusion() -> bool:
     kernel.relibra_host = True
     layers.fused_weight_gradient_mlp_cuda = kernel
     layers._grad_accum_fusion_available = True
+    return True
+
+
+# ---- 3. activation recompute without a CUDA generator -------------------------------------------
+def install_cpu_rng_checkpointing() -> bool:
+    """megatron's recompute on a CPU-only torch: its CUDA generator state save / restore become no-ops
+    (an empty state). Returns False (changes nothing) when CUDA is available."""
+    if torch.cuda.is_available():
+        return False
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    megatron_random._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    megatron_random._set_cuda_rng_state = lambda *args, **kwargs: None
+    if not getattr(megatron_random, "HAVE_TE", False):
+        megatron_random.FP8GlobalStateManager = types.SimpleNamespace(is_fp8_enabled=lambda: False,
+                                                                      get_fp8_recipe=lambda: None)
+        megatron_random.fp8_autocast = lambda *args, **kwargs: contextlib.nullcontext()
+        megatron_random.activation_recompute_forward = lambda *args, **kwargs: contextlib.nullcontext()
     return True
 
 

@@ -281,6 +281,9 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
             trainer = MegatronTrainer(ModelConfig(cfg.shape, L, replica_slots if kind == "relibra" else 0, seed),
                                       setup, pgc, tokens_per_rank * 2)
             losses, norms, moved, replica_tokens = [], [], 0, 0
+            expert_runs = [0]  # expert-MLP forwards: under recompute each is re-run in backward
+            for moe in trainer.hook.slots.moes:
+                moe.experts.register_forward_pre_hook(lambda *_: expert_runs.__setitem__(0, expert_runs[0] + 1))
             for step in range(steps):
                 loads = trace.loads[step][:, :, sources]  # [M, L, ep, E]: this EP group's sources
                 if kind == "static":
@@ -298,7 +301,10 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
                 losses.append(float(loss.item()) / dp)
                 norms.append(res["grad_norm"])
                 moved += res["experts_moved"]
+            forwards = steps * micro_batches * L
             record[kind] = {"losses": losses, "norms": norms, "moved": moved, "replica_tokens": replica_tokens,
+                            "recomputed": expert_runs[0] == 2 * forwards if setup.recompute else
+                            expert_runs[0] == forwards,
                             "dense": trainer.dense_state()}
             for what in ("param", "master", "exp_avg_sq"):
                 record[kind][what] = gather_arrays(trainer.logical_expert_state(what))
@@ -329,6 +335,8 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
             }
             checks[f"{setup.name}: migrated"] = rl["moved"] > 0 and st["moved"] == 0
             checks[f"{setup.name}: replicas carried tokens"] = rl["replica_tokens"] > 0
+            checks[f"{setup.name}: experts ran {'twice (recompute)' if setup.recompute else 'once'} per forward"] = (
+                rl["recomputed"] and st["recomputed"])
         if setup.gradient_accumulation_fusion and torch.cuda.device_count() == 0:
             from relibra.runtime import standins  # the fused weight-gradient path ran (host kernel)
 
