@@ -235,3 +235,33 @@ def test_megatron_setup_refuses_fusion_in_float64_and_unknown_recompute():
         MegatronSetup(dtype="float32", recompute="block").validate()
     assert MegatronSetup(dtype="bfloat16", grouped_gemm=True, gradient_accumulation_fusion=True,
                          recompute="full").validate().name == "bfloat16+grouped-gemm+grad-accum-fusion+recompute-full"
+
+
+def test_migration_under_optimizer_cpu_offload_2_ranks():
+    """bf16 with megatron's DistributedOptimizer and optimizer CPU offload (HybridDeviceOptimizer: each
+    expert shard's master and Adam state live on a host copy that a host Adam steps), EP 2: migration
+    moves the host copy's master and state and the shard, so training matches static placement as
+    without offload (same bounds as the bf16 distributed optimizer)."""
+    diffs = _equivalence(2, 2, [dict(dtype="bfloat16", distributed_optimizer=True, clip_grad=1.0,
+                                     optimizer_cpu_offload=True)])
+    d = diffs["bfloat16+distributed-optimizer+cpu-offload"]
+    print({k: f"{v:.3g}" for k, v in d.items() if not isinstance(v, list)})
+    assert d["loss"] <= 1e-2 and d["master"] <= 2 * LR * STEPS and d["dense"] <= 2 * LR * STEPS, d
+
+
+def test_precision_aware_optimizer_is_refused_by_name():
+    """Transformer Engine's FusedAdam (megatron's use_precision_aware_optimizer) needs CUDA; a stand-in
+    shaped as megatron's DistributedOptimizer with that config is refused before any state moves."""
+    from types import SimpleNamespace
+
+    from relibra.runtime.optstate import OptimizerState
+
+    class DistributedOptimizer:  # megatron's class name is what optstate dispatches on
+        config = SimpleNamespace(use_precision_aware_optimizer=True)
+
+    with pytest.raises(ConfigError, match="use_precision_aware_optimizer=False"):
+        OptimizerState(DistributedOptimizer())
+    with pytest.raises(ConfigError, match="optimizer CPU offload runs under the DistributedOptimizer"):
+        from relibra.runtime.megatron_train import MegatronSetup
+
+        MegatronSetup(dtype="bfloat16", optimizer_cpu_offload=True).validate()

@@ -29,10 +29,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from relibra.errors import ConfigError
+from relibra.runtime import compat
 from relibra.plan import StepPlan
 from relibra.runtime.config import ModelConfig
 from relibra.runtime.data import SourceBatch
 from relibra.runtime.hook import ReLibraHook
+from relibra.runtime.optstate import OptimizerState
 from relibra.runtime.model import build_model, init_dense_weights, logical_expert_weights
 from relibra.runtime.timing import Timer
 
@@ -48,7 +50,8 @@ class MegatronSetup:
     megatron's fused weight-gradient accumulation into main_grad (float32 or bfloat16); recompute:
     megatron's activation recompute, "" (off), "full" (every transformer layer, uniform, one layer per
     checkpoint) or "selective" (the MoE layer: recompute_modules ["moe"], plus "moe_act" with grouped
-    experts)."""
+    experts); optimizer_cpu_offload: megatron's HybridDeviceOptimizer under the DistributedOptimizer
+    (optimizer_cpu_offload, offload fraction 1: fp32 masters and Adam state in host memory)."""
 
     dtype: str = "float64"
     distributed_optimizer: bool = False
@@ -58,6 +61,7 @@ class MegatronSetup:
     grouped_gemm: bool = False
     gradient_accumulation_fusion: bool = False
     recompute: str = ""
+    optimizer_cpu_offload: bool = False
 
     def validate(self) -> "MegatronSetup":
         if self.dtype not in DTYPES:
@@ -68,6 +72,9 @@ class MegatronSetup:
             raise ConfigError("megatron's gradient clipping takes float32 gradients; use clip_grad=0 with float64")
         if self.recompute not in ("", "full", "selective"):
             raise ConfigError(f"megatron set-up: recompute must be '', 'full' or 'selective', got {self.recompute!r}")
+        if self.optimizer_cpu_offload and not self.distributed_optimizer:
+            raise ConfigError("megatron's optimizer CPU offload runs under the DistributedOptimizer; set "
+                              "distributed_optimizer=True with optimizer_cpu_offload")
         if self.gradient_accumulation_fusion and self.dtype == "float64":
             raise ConfigError("megatron's gradient-accumulation fusion accumulates into float32, bfloat16 or float16 "
                               "main_grad; use float32 or bfloat16 with gradient_accumulation_fusion")
@@ -78,7 +85,8 @@ class MegatronSetup:
         return (f"{self.dtype}{'+distributed-optimizer' if self.distributed_optimizer else ''}"
                 f"{'+grouped-gemm' if self.grouped_gemm else ''}"
                 f"{'+grad-accum-fusion' if self.gradient_accumulation_fusion else ''}"
-                f"{'+recompute-' + self.recompute if self.recompute else ''}")
+                f"{'+recompute-' + self.recompute if self.recompute else ''}"
+                f"{'+cpu-offload' if self.optimizer_cpu_offload else ''}")
 
 
 def megatron_grid(ep: int):
@@ -165,10 +173,17 @@ class MegatronTrainer:
         opt_config = OptimizerConfig(optimizer="adam", lr=setup.lr, weight_decay=setup.weight_decay,
                                      adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, bf16=bf16,
                                      use_distributed_optimizer=setup.distributed_optimizer,
-                                     clip_grad=setup.clip_grad)
+                                     clip_grad=setup.clip_grad, optimizer_cpu_offload=setup.optimizer_cpu_offload,
+                                     optimizer_offload_fraction=1.0 if setup.optimizer_cpu_offload else 0.0,
+                                     pin_cpu_grads=not compat.cuda_absent(), pin_cpu_params=not compat.cuda_absent())
+        if setup.optimizer_cpu_offload and compat.cuda_absent():
+            from relibra.runtime import standins
+
+            standins.install_cpu_optimizer_offload()
         self.optimizer = get_megatron_optimizer(opt_config, [self.ddp], pg_collection=pgc,
                                                 use_gloo_process_groups=False)
         self.hook.optimizer = self.optimizer
+        OptimizerState(self.optimizer, pgc.expt_dp)  # refuses, before training, state a migration cannot move
 
     def step(self, plan: StepPlan, batches: list[SourceBatch], tokens_per_microbatch: list[int]) -> dict:
         """One training step on this rank's batches (one sequence per micro-batch), summed next-token

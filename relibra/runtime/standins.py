@@ -33,6 +33,14 @@ Transformer Engine's GroupedLinear. Tests and the CPU runtime use them; on a GPU
    takes its FP8 branch (`self.fp8 = fp8 is not None` with fp8=False) and so names TE's
    FP8GlobalStateManager, fp8_autocast and activation_recompute_forward; without TE they are given
    their FP8-off meaning (FP8 disabled, no recipe, null contexts).
+
+4. Optimizer CPU offload. megatron-core's HybridDeviceOptimizer (optimizer/cpu_offloading/
+   hybrid_optimizer.py, under the DistributedOptimizer with optimizer_cpu_offload) moves the first
+   `offload_fraction` of the CUDA parameters' elements into host copies that a host Adam steps
+   (state keyed by the copy; `state[p]["master_param"]` is the copy) and copies them back after each
+   step; a parameter not on CUDA it leaves alone, so on a CPU-only torch it offloads nothing and then
+   fails to find the copy. `install_cpu_optimizer_offload` splits the parameters as on a GPU, every
+   parameter counted as device memory: the offloaded ones get their own host copy, as on a GPU.
 """
 
 from __future__ import annotations
@@ -43,8 +51,8 @@ import types
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ColumnGroupedLinear", "RowGroupedLinear", "grouped_linear", "install_cpu_rng_checkpointing",
-           "install_cpu_wgrad_fusion", "te_grouped_moe_spec"]
+__all__ = ["ColumnGroupedLinear", "RowGroupedLinear", "grouped_linear", "install_cpu_optimizer_offload",
+           "install_cpu_rng_checkpointing", "install_cpu_wgrad_fusion", "te_grouped_moe_spec"]
 
 
 # ---- 1. gradient-accumulation fusion ------------------------------------------------------------
@@ -93,6 +101,45 @@ def install_cpu_rng_checkpointing() -> bool:
                                                                       get_fp8_recipe=lambda: None)
         megatron_random.fp8_autocast = lambda *args, **kwargs: contextlib.nullcontext()
         megatron_random.activation_recompute_forward = lambda *args, **kwargs: contextlib.nullcontext()
+    return True
+
+
+# ---- 4. optimizer CPU offload without CUDA --------------------------------------------------------
+def _host_offload_split(self, offload_fraction: float):
+    """HybridDeviceOptimizer's split of its parameters into host-stepped copies and the rest, with every
+    parameter counted as device memory. Returns megatron's five values: (cpu_param_groups,
+    gpu_param_groups, {param: host copy}, {host copy: param}, {param: fp32 copy})."""
+    params = [p for group in self.param_groups for p in group["params"]]
+    threshold = sum(p.numel() for p in params) * offload_fraction
+    offloaded = 0
+    cpu_groups, gpu_groups, to_copy, from_copy, to_fp32 = [], [], {}, {}, {}
+    for group in self.param_groups:
+        cpu_group, gpu_group = dict(group, params=[]), dict(group, params=[])
+        for orig in group["params"]:
+            param, copied = orig, offloaded < threshold
+            if copied:
+                param = orig.detach().clone()
+                offloaded += param.numel()
+            if self.param_update_in_fp32 and param.dtype != torch.float32:
+                param = param.detach().clone().float()
+                to_fp32[orig] = param
+            if copied:
+                to_copy[orig], from_copy[param] = param, orig
+            (cpu_group if copied else gpu_group)["params"].append(param)
+        for kept, out in ((gpu_group, gpu_groups), (cpu_group, cpu_groups)):
+            if kept["params"]:
+                out.append(kept)
+    return cpu_groups, gpu_groups, to_copy, from_copy, to_fp32
+
+
+def install_cpu_optimizer_offload() -> bool:
+    """megatron's optimizer CPU offload on a CPU-only torch (see the module doc). Returns False (changes
+    nothing) when CUDA is available."""
+    if torch.cuda.is_available():
+        return False
+    from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
+
+    HybridDeviceOptimizer._get_sub_optimizer_param_groups = _host_offload_split
     return True
 
 
