@@ -73,8 +73,24 @@ def check_parallelism(moe) -> None:
              "context_parallel_size": cfg.context_parallel_size}
     bad = [f"{k}={v}" for k, v in sizes.items() if v > 1] + (["sequence_parallel=True"] if cfg.sequence_parallel else [])
     if bad:
+        why = "; ".join(f"{b} ({_UNSUPPORTED_PARALLELISM[b.split('=')[0]]})" for b in bad)
         raise ConfigError("ReLibraHook runs on EP x DP grids only (tensor, expert-tensor, pipeline and context "
-                          f"parallel sizes 1, no sequence parallelism); this model has {', '.join(bad)}")
+                          f"parallel sizes 1, no sequence parallelism); this model has {why}")
+
+
+# Why each parallelism the hook refuses is refused (check_parallelism names the setting and this).
+_UNSUPPORTED_PARALLELISM = {
+    "tensor_model_parallel_size": "each rank's router sees its share of the TP group's tokens, and the plan's "
+                                  "per-source token split is not made per TP rank",
+    "sequence_parallel": "a rank's router sees a slice of the sequence, which the plan's per-source token split "
+                         "does not describe",
+    "expert_tensor_parallel_size": "an expert's weights are split over ranks, while migration and replicas move "
+                                   "whole experts (and gloo's all_gather takes no uneven shards)",
+    "pipeline_model_parallel_size": "the hook's MoE layers would be one stage's, and 1F1B keeps several "
+                                    "micro-batches in flight while replica leaves are one micro-batch's",
+    "context_parallel_size": "a rank's router sees a context shard of each sequence; context parallelism also "
+                             "needs Transformer Engine's attention on GPUs",
+}
 
 
 class ReLibraHook:

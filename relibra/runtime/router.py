@@ -51,7 +51,9 @@ def check_config(config) -> None:
     dispatcher = getattr(config, "moe_token_dispatcher_type", "alltoall")
     if dispatcher not in SUPPORTED_DISPATCHERS:
         raise ConfigError(f"ReLibra MoE layers run on megatron-core's {' or '.join(SUPPORTED_DISPATCHERS)} token "
-                          f"dispatcher; the model config sets moe_token_dispatcher_type={dispatcher!r}")
+                          f"dispatcher; the model config sets moe_token_dispatcher_type={dispatcher!r} (the flex "
+                          "dispatcher runs DeepEP or HybridEP, which need GPUs, so the kit has not checked that they "
+                          "carry the physical routing map to replica slots)")
 
 
 class _GivenTopk:
