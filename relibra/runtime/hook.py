@@ -56,11 +56,11 @@ from relibra.trace import static_placement
 def check_parallelism(moe) -> None:
     """Refuse (ConfigError) a MoE layer built with parallelism the hook does not execute.
 
-    Supported: expert parallelism times data parallelism. Refused: tensor (and sequence) parallelism,
-    expert tensor parallelism, pipeline and context parallelism: with them a rank's router sees a
-    shard of the sequence and an expert's weights are split over ranks, which the plan's per-rank
-    token split and whole-expert transfers do not describe; the hook's layers would also be one
-    pipeline stage's, not the plan's."""
+    Supported: expert parallelism times data parallelism, and tensor parallelism with sequence
+    parallelism and whole experts (expert TP 1): each rank's router then routes its own slice of the
+    sequence, and that slice is the rank's source in the plan. Refused, each named with its reason
+    (_UNSUPPORTED_PARALLELISM): TP without SP, expert tensor parallelism, pipeline and context
+    parallelism."""
     cfg = moe.config
 
     def size(group) -> int:
@@ -71,7 +71,14 @@ def check_parallelism(moe) -> None:
                                                 size(getattr(moe.experts, "tp_group", None))),
              "pipeline_model_parallel_size": cfg.pipeline_model_parallel_size,
              "context_parallel_size": cfg.context_parallel_size}
-    bad = [f"{k}={v}" for k, v in sizes.items() if v > 1] + (["sequence_parallel=True"] if cfg.sequence_parallel else [])
+    if sizes["tensor_model_parallel_size"] > 1 and cfg.sequence_parallel and sizes["expert_tensor_parallel_size"] == 1:
+        # TP with sequence parallelism and whole experts: each rank's router sees its own slice of the
+        # sequence, the rank is that slice's source in the plan
+        del sizes["tensor_model_parallel_size"]
+        sequence_parallel = False
+    else:
+        sequence_parallel = cfg.sequence_parallel
+    bad = [f"{k}={v}" for k, v in sizes.items() if v > 1] + (["sequence_parallel=True"] if sequence_parallel else [])
     if bad:
         why = "; ".join(f"{b} ({_UNSUPPORTED_PARALLELISM[b.split('=')[0]]})" for b in bad)
         raise ConfigError("ReLibraHook runs on EP x DP grids only (tensor, expert-tensor, pipeline and context "

@@ -89,8 +89,9 @@ class MegatronSetup:
                 f"{'+cpu-offload' if self.optimizer_cpu_offload else ''}")
 
 
-def megatron_grid(ep: int):
-    """megatron's process groups for tensor / pipeline size 1 and EP `ep` (DP = world / ep), via
+def megatron_grid(ep: int, tp: int = 1):
+    """megatron's process groups for pipeline size 1, tensor parallelism `tp` (with sequence parallelism
+    in the model; expert TP 1) and EP `ep` (DP = world / tp; expert DP = world / ep), via
     parallel_state.initialize_model_parallel (once per process); returns the ProcessGroupCollection."""
     from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -99,10 +100,11 @@ def megatron_grid(ep: int):
 
     compat.apply()
     world = dist.get_world_size()
-    if ep <= 0 or world % ep:
-        raise ConfigError(f"EP {ep} does not divide the {world} ranks")
+    if ep <= 0 or world % ep or tp <= 0 or world % tp:
+        raise ConfigError(f"EP {ep} and TP {tp} must divide the {world} ranks")
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(expert_model_parallel_size=ep, create_gloo_process_groups=False)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                                 expert_tensor_parallel_size=1, create_gloo_process_groups=False)
     elif parallel_state.get_expert_model_parallel_world_size() != ep:
         raise ConfigError(f"megatron's process groups are initialized with EP "
                           f"{parallel_state.get_expert_model_parallel_world_size()}, not {ep}")
@@ -122,6 +124,18 @@ def packed_forward(model, ids: np.ndarray, lengths: list[int] | None = None, dev
                                           torch.as_tensor(lengths, device=device))
         masked |= segment[:, None] != segment[None, :]
     return model(ids_t, positions, masked.view(1, 1, t, t)).view(t, -1)
+
+
+def tp_token_loss(model, batch: SourceBatch, scale: float, device) -> torch.Tensor:
+    """Under tensor parallelism (logits split over the vocabulary): the summed next-token cross-entropy
+    of one sequence times `scale`, computed by GPTModel itself (megatron's vocab-parallel
+    cross-entropy, given the labels)."""
+    t = len(batch.ids)
+    ids = torch.as_tensor(np.asarray(batch.ids, dtype=np.int64), device=device).view(1, t)
+    labels = torch.as_tensor(np.asarray(batch.labels, dtype=np.int64), device=device).view(1, t)
+    positions = torch.arange(t, device=device).view(1, t)
+    causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=device), 1).view(1, 1, t, t)
+    return model(ids, positions, causal, labels=labels).sum() * scale
 
 
 def token_loss(model, batch: SourceBatch, scale: float, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,6 +164,8 @@ class MegatronTrainer:
         self.setup = setup
         self.device = torch.device(device)
         self.ep_group = pgc.ep
+        self.pgc = pgc
+        self.tp = pgc.tp.size() if getattr(pgc, "tp", None) is not None else 1
         self.timer = Timer()
         build_cfg = ModelConfig(cfg.shape, cfg.num_layers, cfg.replica_slots, cfg.seed,
                                 "float64" if setup.dtype == "float64" else "float32")
@@ -189,7 +205,10 @@ class MegatronTrainer:
         """One training step on this rank's batches (one sequence per micro-batch), summed next-token
         cross-entropy over the micro-batch's tokens. Returns run()'s dict."""
         def loss(m: int, batch: SourceBatch) -> torch.Tensor:
-            return token_loss(self.ddp, batch, 1.0 / (tokens_per_microbatch[m] * len(batches)), self.device)[0]
+            scale = 1.0 / (tokens_per_microbatch[m] * len(batches))
+            if self.tp > 1:
+                return tp_token_loss(self.ddp, batch, scale, self.device)
+            return token_loss(self.ddp, batch, scale, self.device)[0]
 
         return self.run(plan, batches, loss)
 
@@ -208,7 +227,12 @@ class MegatronTrainer:
             loss.backward()
             self.hook.after_backward(m)
             loss_total += float(loss.detach())
-        self.ddp.finish_grad_sync()
+        if self.tp > 1:  # megatron's own: DP reduction, plus sequence-parallel weights (norms, router) over TP
+            from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+            finalize_model_grads([self.ddp], pg_collection=self.pgc)
+        else:
+            self.ddp.finish_grad_sync()
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise ConfigError("megatron's optimizer skipped the step (inf or nan gradients)")

@@ -60,6 +60,7 @@ def transformer_config(cfg: ModelConfig):
 
 def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: bool = False,
                 gradient_accumulation_fusion: bool = False, recompute: str = ""):
+    tp = pg_collection.tp.size() if getattr(pg_collection, "tp", None) is not None else 1
     """GPTModel of `cfg` for this rank: megatron's local layer spec, ReLibra's MoE spec, every rank
     holding E / ep home slots and cfg.replica_slots replica slots per layer. Weights are initialized
     (init_weights) for the static contiguous placement; max_tokens: longest sequence (rotary table).
@@ -88,7 +89,9 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: 
     config = dataclasses.replace(physical_config(transformer_config(cfg), ep, cfg.replica_slots),
                                  expert_model_parallel_size=ep, moe_grouped_gemm=grouped_gemm,
                                  gradient_accumulation_fusion=gradient_accumulation_fusion,
-                                 **_recompute_options(recompute, grouped_gemm))
+                                 **_recompute_options(recompute, grouped_gemm),
+                                 **(dict(tensor_model_parallel_size=tp, sequence_parallel=True,
+                                         expert_tensor_parallel_size=1) if tp > 1 else {}))
     spec = gpt_layer_spec(cfg.num_experts)
     if grouped_gemm or gradient_accumulation_fusion or recompute:
         from relibra.runtime import standins
@@ -100,6 +103,14 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: 
             standins.install_cpu_wgrad_fusion()
         if grouped_gemm:
             spec.submodules.mlp = grouped_moe_spec(cfg.num_experts)
+    if tp > 1:
+        from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+        from relibra.runtime.standins import SequenceParallelRMSNorm
+
+        spec.submodules.input_layernorm = SequenceParallelRMSNorm
+        spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+        spec = TransformerBlockSubmodules(layer_specs=[spec] * cfg.num_layers, layer_norm=SequenceParallelRMSNorm)
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(cfg.torch_dtype)  # megatron's torch norms take the default dtype
     try:

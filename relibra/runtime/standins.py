@@ -51,7 +51,7 @@ import types
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ColumnGroupedLinear", "RowGroupedLinear", "grouped_linear", "install_cpu_optimizer_offload",
+__all__ = ["ColumnGroupedLinear", "RowGroupedLinear", "SequenceParallelRMSNorm", "grouped_linear", "install_cpu_optimizer_offload",
            "install_cpu_rng_checkpointing", "install_cpu_wgrad_fusion", "te_grouped_moe_spec"]
 
 
@@ -141,6 +141,25 @@ def install_cpu_optimizer_offload() -> bool:
 
     HybridDeviceOptimizer._get_sub_optimizer_param_groups = _host_offload_split
     return True
+
+
+# ---- 5. a norm that takes sequence parallelism ----------------------------------------------------
+class SequenceParallelRMSNorm(torch.nn.Module):
+    """RMSNorm with megatron's norm constructor (config, hidden_size, eps) that, unlike megatron's
+    WrappedTorchNorm (which asserts `not config.sequence_parallel`), runs under sequence parallelism as
+    TE's TENorm does: it normalizes each token's hidden vector, so a sequence slice needs nothing from
+    the rest, and it marks its weight `sequence_parallel` so that megatron's finalize_model_grads
+    all-reduces the weight's gradient over the tensor-parallel group (each rank saw its slice only).
+    forward(x [..., hidden]) -> [..., hidden]."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        self.weight.sequence_parallel = config.sequence_parallel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 # ---- 2. Transformer Engine's GroupedLinear, on the host ----------------------------------------

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from relibra.cluster import get_topology
-from relibra.errors import PlanError
+from relibra.errors import ConfigError, PlanError
 from relibra.policies import get_policy
 from relibra.runtime.config import ModelConfig, NodeLayout, TrainConfig
 from relibra.runtime.data import TraceData
@@ -235,6 +235,24 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
     return {"diffs": diffs, "checks": checks}
 
 
+def _tp_sequence(data: TraceData, step: int, micro_batch: int, sources: slice, rank: int, tp: int,
+                 num_layers: int, num_experts: int):
+    """One TP group's sequence (the group is its EP group): its sources' tokens back to back, cut to a
+    multiple of tp. Under sequence parallelism TP rank r routes slice r of it, so the slices are the
+    plan's sources. Returns (SourceBatch: the whole sequence's ids and labels, slice `rank`'s replayed
+    ids [L, T / tp, K]; loads int [L, tp, E] of every slice)."""
+    from relibra.runtime.data import SourceBatch
+
+    parts = [data.batch(step, micro_batch, s, num_layers) for s in range(sources.start, sources.stop)]
+    n = sum(len(p.ids) for p in parts) // tp * tp
+    ids, labels = (np.concatenate([getattr(p, f) for p in parts])[:n] for f in ("ids", "labels"))
+    replay = np.concatenate([p.replay for p in parts], axis=1)[:, :n]  # [L, n, K]
+    slices = np.split(replay, tp, axis=1)
+    loads = np.stack([np.stack([np.bincount(sl[layer].reshape(-1), minlength=num_experts) for sl in slices])
+                      for layer in range(num_layers)])
+    return SourceBatch(ids, labels, np.ascontiguousarray(slices[rank])), loads
+
+
 def sharded_expert_tensors(model) -> dict[tuple, np.ndarray]:
     """{(sharded key, *global offset): float64 array} of every routed-expert tensor of the model's
     distributed-checkpoint view (megatron's sharded_state_dict, factories applied)."""
@@ -249,7 +267,7 @@ def sharded_expert_tensors(model) -> dict[tuple, np.ndarray]:
 
 def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, model: str = "tiny", steps: int = 3,
                                 micro_batches: int = 2, tokens_per_rank: int = 16, replica_slots: int = 2,
-                                seed: int = 0) -> dict:
+                                seed: int = 0, tp: int = 1) -> dict:
     """ReLibra against static placement under megatron DDP and get_megatron_optimizer, per set-up.
 
     Grid: EP `ep`, DP world / ep (megatron's initialize_model_parallel). The trace has one source per
@@ -263,8 +281,11 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
     from relibra.runtime.megatron_train import MegatronSetup, MegatronTrainer, megatron_grid
 
     torch.use_deterministic_algorithms(False)
-    pgc = megatron_grid(ep)
+    pgc = megatron_grid(ep, tp)
     dp = world // ep
+    if tp > 1 and dist.get_process_group_ranks(pgc.tp) != dist.get_process_group_ranks(pgc.ep):
+        raise ConfigError(f"TP {tp} x EP {ep}: the worker feeds each EP group one sequence, so its TP group must "
+                          "be its EP group (TP = EP)")
     e_rank, d_rank = pgc.ep.rank(), pgc.expt_dp.rank()
     src = d_rank * ep + e_rank
     trace = _make_trace(model, world, steps, micro_batches, tokens_per_rank, seed)
@@ -286,19 +307,24 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
                 moe.experts.register_forward_pre_hook(lambda *_: expert_runs.__setitem__(0, expert_runs[0] + 1))
             for step in range(steps):
                 loads = trace.loads[step][:, :, sources]  # [M, L, ep, E]: this EP group's sources
+                batches = [data.batch(step, m, src, L) for m in range(micro_batches)]
+                # the loss is a mean over this DP replica's tokens of the micro-batch
+                ntok = [int(sum(data.batch(step, m, s, L).ids.size for s in range(sources.start, sources.stop)))
+                        for m in range(micro_batches)]
+                if tp > 1:  # the TP group runs its sources' tokens as one sequence; each rank routes its slice
+                    parts = [_tp_sequence(data, step, m, sources, e_rank, tp, L, E) for m in range(micro_batches)]
+                    batches = [b for b, _ in parts]
+                    loads = np.stack([slice_loads for _, slice_loads in parts])  # the slices are the sources
+                    ntok = [len(b.ids) for b in batches]
                 if kind == "static":
                     plan = static_plan(loads, ep)
                 else:
                     plan = in_node_replica_plan(loads, ep, replica_slots, home=homes[step % len(homes)])
                     replica_tokens += int(plan.occupied_replica_tokens().sum())
-                batches = [data.batch(step, m, src, L) for m in range(micro_batches)]
-                # the loss is a mean over this DP replica's tokens of the micro-batch
-                ntok = [int(sum(data.batch(step, m, s, L).ids.size for s in range(sources.start, sources.stop)))
-                        for m in range(micro_batches)]
                 res = trainer.step(plan, batches, ntok)
                 loss = torch.tensor([res["loss"]], dtype=torch.float64)
                 dist.all_reduce(loss)
-                losses.append(float(loss.item()) / dp)
+                losses.append(float(loss.item()) / (dp * tp))  # every TP rank holds its group's loss
                 norms.append(res["grad_norm"])
                 moved += res["experts_moved"]
             forwards = steps * micro_batches * L
