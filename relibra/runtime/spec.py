@@ -46,8 +46,7 @@ from relibra.runtime.router import SUPPORTED_DISPATCHERS, PlacementRouter, check
 GroupedMLP = getattr(_experts, "GroupedMLP", None)
 
 __all__ = ["SUPPORTED_DISPATCHERS", "OccupiedGroupedMLP", "OccupiedSequentialMLP", "check_config", "gpt_layer_spec",
-           "moe_layer_spec",
-           "physical_config", "wrap_moe_spec"]
+           "moe_layer_spec", "physical_config", "wrap_moe_spec"]
 
 
 class _LogicalSlots:

@@ -41,6 +41,10 @@ Transformer Engine's GroupedLinear. Tests and the CPU runtime use them; on a GPU
    step; a parameter not on CUDA it leaves alone, so on a CPU-only torch it offloads nothing and then
    fails to find the copy. `install_cpu_optimizer_offload` splits the parameters as on a GPU, every
    parameter counted as device memory: the offloaded ones get their own host copy, as on a GPU.
+
+5. Sequence parallelism. megatron's torch norm (WrappedTorchNorm) refuses `sequence_parallel`;
+   TE's TENorm and APEX's FusedLayerNorm take it. `SequenceParallelRMSNorm` is an RMSNorm with
+   megatron's norm constructor whose weight is marked `sequence_parallel`.
 """
 
 from __future__ import annotations
@@ -51,8 +55,9 @@ import types
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ColumnGroupedLinear", "RowGroupedLinear", "SequenceParallelRMSNorm", "grouped_linear", "install_cpu_optimizer_offload",
-           "install_cpu_rng_checkpointing", "install_cpu_wgrad_fusion", "te_grouped_moe_spec"]
+__all__ = ["ColumnGroupedLinear", "RowGroupedLinear", "SequenceParallelRMSNorm", "grouped_linear",
+           "install_cpu_optimizer_offload", "install_cpu_rng_checkpointing", "install_cpu_wgrad_fusion",
+           "te_grouped_moe_spec"]
 
 
 # ---- 1. gradient-accumulation fusion ------------------------------------------------------------
@@ -84,82 +89,6 @@ def install_cpu_wgrad_fusion() -> bool:
     layers.fused_weight_gradient_mlp_cuda = kernel
     layers._grad_accum_fusion_available = True
     return True
-
-
-# ---- 3. activation recompute without a CUDA generator -------------------------------------------
-def install_cpu_rng_checkpointing() -> bool:
-    """megatron's recompute on a CPU-only torch: its CUDA generator state save / restore become no-ops
-    (an empty state). Returns False (changes nothing) when CUDA is available."""
-    if torch.cuda.is_available():
-        return False
-    from megatron.core.tensor_parallel import random as megatron_random
-
-    megatron_random._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
-    megatron_random._set_cuda_rng_state = lambda *args, **kwargs: None
-    if not getattr(megatron_random, "HAVE_TE", False):
-        megatron_random.FP8GlobalStateManager = types.SimpleNamespace(is_fp8_enabled=lambda: False,
-                                                                      get_fp8_recipe=lambda: None)
-        megatron_random.fp8_autocast = lambda *args, **kwargs: contextlib.nullcontext()
-        megatron_random.activation_recompute_forward = lambda *args, **kwargs: contextlib.nullcontext()
-    return True
-
-
-# ---- 4. optimizer CPU offload without CUDA --------------------------------------------------------
-def _host_offload_split(self, offload_fraction: float):
-    """HybridDeviceOptimizer's split of its parameters into host-stepped copies and the rest, with every
-    parameter counted as device memory. Returns megatron's five values: (cpu_param_groups,
-    gpu_param_groups, {param: host copy}, {host copy: param}, {param: fp32 copy})."""
-    params = [p for group in self.param_groups for p in group["params"]]
-    threshold = sum(p.numel() for p in params) * offload_fraction
-    offloaded = 0
-    cpu_groups, gpu_groups, to_copy, from_copy, to_fp32 = [], [], {}, {}, {}
-    for group in self.param_groups:
-        cpu_group, gpu_group = dict(group, params=[]), dict(group, params=[])
-        for orig in group["params"]:
-            param, copied = orig, offloaded < threshold
-            if copied:
-                param = orig.detach().clone()
-                offloaded += param.numel()
-            if self.param_update_in_fp32 and param.dtype != torch.float32:
-                param = param.detach().clone().float()
-                to_fp32[orig] = param
-            if copied:
-                to_copy[orig], from_copy[param] = param, orig
-            (cpu_group if copied else gpu_group)["params"].append(param)
-        for kept, out in ((gpu_group, gpu_groups), (cpu_group, cpu_groups)):
-            if kept["params"]:
-                out.append(kept)
-    return cpu_groups, gpu_groups, to_copy, from_copy, to_fp32
-
-
-def install_cpu_optimizer_offload() -> bool:
-    """megatron's optimizer CPU offload on a CPU-only torch (see the module doc). Returns False (changes
-    nothing) when CUDA is available."""
-    if torch.cuda.is_available():
-        return False
-    from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
-
-    HybridDeviceOptimizer._get_sub_optimizer_param_groups = _host_offload_split
-    return True
-
-
-# ---- 5. a norm that takes sequence parallelism ----------------------------------------------------
-class SequenceParallelRMSNorm(torch.nn.Module):
-    """RMSNorm with megatron's norm constructor (config, hidden_size, eps) that, unlike megatron's
-    WrappedTorchNorm (which asserts `not config.sequence_parallel`), runs under sequence parallelism as
-    TE's TENorm does: it normalizes each token's hidden vector, so a sequence slice needs nothing from
-    the rest, and it marks its weight `sequence_parallel` so that megatron's finalize_model_grads
-    all-reduces the weight's gradient over the tensor-parallel group (each rank saw its slice only).
-    forward(x [..., hidden]) -> [..., hidden]."""
-
-    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused):
-        super().__init__()
-        self.eps = eps
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
-        self.weight.sequence_parallel = config.sequence_parallel
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 # ---- 2. Transformer Engine's GroupedLinear, on the host ----------------------------------------
@@ -305,3 +234,79 @@ def te_grouped_moe_spec(num_experts: int, shared_experts: bool = False):
     if not shared_experts:
         spec.submodules.shared_experts = None
     return spec
+
+
+# ---- 3. activation recompute without a CUDA generator -------------------------------------------
+def install_cpu_rng_checkpointing() -> bool:
+    """megatron's recompute on a CPU-only torch: its CUDA generator state save / restore become no-ops
+    (an empty state). Returns False (changes nothing) when CUDA is available."""
+    if torch.cuda.is_available():
+        return False
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    megatron_random._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    megatron_random._set_cuda_rng_state = lambda *args, **kwargs: None
+    if not getattr(megatron_random, "HAVE_TE", False):
+        megatron_random.FP8GlobalStateManager = types.SimpleNamespace(is_fp8_enabled=lambda: False,
+                                                                      get_fp8_recipe=lambda: None)
+        megatron_random.fp8_autocast = lambda *args, **kwargs: contextlib.nullcontext()
+        megatron_random.activation_recompute_forward = lambda *args, **kwargs: contextlib.nullcontext()
+    return True
+
+
+# ---- 4. optimizer CPU offload without CUDA --------------------------------------------------------
+def _host_offload_split(self, offload_fraction: float):
+    """HybridDeviceOptimizer's split of its parameters into host-stepped copies and the rest, with every
+    parameter counted as device memory. Returns megatron's five values: (cpu_param_groups,
+    gpu_param_groups, {param: host copy}, {host copy: param}, {param: fp32 copy})."""
+    params = [p for group in self.param_groups for p in group["params"]]
+    threshold = sum(p.numel() for p in params) * offload_fraction
+    offloaded = 0
+    cpu_groups, gpu_groups, to_copy, from_copy, to_fp32 = [], [], {}, {}, {}
+    for group in self.param_groups:
+        cpu_group, gpu_group = dict(group, params=[]), dict(group, params=[])
+        for orig in group["params"]:
+            param, copied = orig, offloaded < threshold
+            if copied:
+                param = orig.detach().clone()
+                offloaded += param.numel()
+            if self.param_update_in_fp32 and param.dtype != torch.float32:
+                param = param.detach().clone().float()
+                to_fp32[orig] = param
+            if copied:
+                to_copy[orig], from_copy[param] = param, orig
+            (cpu_group if copied else gpu_group)["params"].append(param)
+        for kept, out in ((gpu_group, gpu_groups), (cpu_group, cpu_groups)):
+            if kept["params"]:
+                out.append(kept)
+    return cpu_groups, gpu_groups, to_copy, from_copy, to_fp32
+
+
+def install_cpu_optimizer_offload() -> bool:
+    """megatron's optimizer CPU offload on a CPU-only torch (see the module doc). Returns False (changes
+    nothing) when CUDA is available."""
+    if torch.cuda.is_available():
+        return False
+    from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
+
+    HybridDeviceOptimizer._get_sub_optimizer_param_groups = _host_offload_split
+    return True
+
+
+# ---- 5. a norm that takes sequence parallelism -----------------------------------------------
+class SequenceParallelRMSNorm(torch.nn.Module):
+    """RMSNorm with megatron's norm constructor (config, hidden_size, eps) that, unlike megatron's
+    WrappedTorchNorm (which asserts `not config.sequence_parallel`), runs under sequence parallelism as
+    TE's TENorm does: it normalizes each token's hidden vector, so a sequence slice needs nothing from
+    the rest, and it marks its weight `sequence_parallel` so that megatron's finalize_model_grads
+    all-reduces the weight's gradient over the tensor-parallel group (each rank saw its slice only).
+    forward(x [..., hidden]) -> [..., hidden]."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        self.weight.sequence_parallel = config.sequence_parallel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
