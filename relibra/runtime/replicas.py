@@ -146,10 +146,14 @@ class ReplicaBuffer:
         self.loaded_layer = layer
         self.timer.add(phase, "replica_push", time.perf_counter() - t0)
 
+    def _first_home(self) -> torch.nn.Parameter:
+        """A home expert weight of this rank (every slot is built alike: its dtype and main_grad speak for all)."""
+        return self.slots.mlp_params(self.slots.home_mlps(0)[0])[0]
+
     def grad_dtype(self) -> torch.dtype:
         """dtype in which replica gradients travel: where the home experts' gradients are read from
         (the same on every rank: every rank's slots are built alike)."""
-        return gradient_dtype(self.slots.home_expert_parameters()[0])
+        return gradient_dtype(self._first_home())
 
     def before_forward(self, layer: int, requires_grad: bool) -> None:
         """Load `layer`'s replicas and give the slot modules fresh leaves aliasing the buffers. Under
@@ -158,7 +162,7 @@ class ReplicaBuffer:
         into; the leaf has no `grad_added_to_main_grad`, so no dummy gradient lands in `.grad`."""
         if self.loaded_layer != layer:
             self.push(layer, "forward")
-        home = self.slots.home_expert_parameters()[0]
+        home = self._first_home()
         fused = getattr(home, "main_grad", None) is not None
         leaves = []
         for r, buffers in enumerate(self.buffers):
