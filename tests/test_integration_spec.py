@@ -21,7 +21,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig  # no
 
 from relibra.errors import ConfigError  # noqa: E402
 from relibra.runtime.router import PlacementRouter  # noqa: E402
-from relibra.runtime.spec import OccupiedSequentialMLP, check_config, physical_config, wrap_moe_spec  # noqa: E402
+from relibra.runtime.spec import (OccupiedGroupedMLP, OccupiedSequentialMLP, check_config,  # noqa: E402
+                                  physical_config, wrap_moe_spec)
 
 
 def _config(**changes):
@@ -60,7 +61,7 @@ def test_wrap_block_spec_wraps_moe_layers_only():
     assert wrapped.layer_specs[0].submodules.mlp == block.layer_specs[0].submodules.mlp
 
 
-def test_wrap_keeps_te_linear_classes_and_refuses_grouped_gemm():
+def test_wrap_keeps_te_linear_classes_wraps_te_grouped_and_refuses_legacy_grouped_gemm():
     class TELikeColumn:  # stands in for TEColumnParallelLinear (Transformer Engine needs CUDA)
         pass
 
@@ -77,11 +78,11 @@ def test_wrap_keeps_te_linear_classes_and_refuses_grouped_gemm():
     te_grouped = ModuleSpec(module=MoELayer, submodules=MoESubmodules(
         experts=ModuleSpec(module=TEGroupedMLP,
                            submodules=MLPSubmodules(linear_fc1=TELikeColumn, linear_fc2=TELikeRow))))
-    with pytest.raises(ConfigError, match="TEGroupedMLP.*moe_grouped_gemm=False"):
-        wrap_moe_spec(te_grouped, 8)
+    experts = wrap_moe_spec(te_grouped, 8).submodules.experts  # TE's layout: one weight{i} per expert
+    assert experts.module is OccupiedGroupedMLP and experts.submodules.linear_fc1 is TELikeColumn
     with pytest.warns(UserWarning, match="legacy GroupedMLP"):  # megatron's own deprecation notice
         grouped = get_gpt_layer_local_spec(num_experts=4, moe_grouped_gemm=True)
-    with pytest.raises(ConfigError, match="GroupedMLP.*moe_grouped_gemm=False"):
+    with pytest.raises(ConfigError, match="legacy GroupedMLP.*TEGroupedMLP.*moe_grouped_gemm=False"):
         wrap_moe_spec(grouped, 4)
 
 
@@ -96,7 +97,6 @@ def test_wrap_refuses_a_spec_without_moe_and_bad_expert_counts():
     (dict(moe_expert_capacity_factor=1.0), "moe_expert_capacity_factor=1.0"),
     (dict(moe_expert_capacity_factor=1.0, moe_pad_expert_input_to_capacity=True), "token dropping"),
     (dict(moe_token_dispatcher_type="flex"), "moe_token_dispatcher_type='flex'"),
-    (dict(moe_grouped_gemm=True), "moe_grouped_gemm=True"),
 ])
 def test_build_time_refusals(changes, match):
     try:

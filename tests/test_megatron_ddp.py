@@ -73,7 +73,9 @@ def test_megatron_hook_refuses_tensor_pipeline_and_context_parallelism():
     from relibra.runtime.hook import check_parallelism
 
     check_parallelism(_moe())  # EP x DP: accepted
-    for kwargs, named in [(dict(tp=2, sequence_parallel=True), "tensor_model_parallel_size=2"),
+    check_parallelism(_moe(tp=2, sequence_parallel=True))  # TP + SP with whole experts: accepted
+    for kwargs, named in [(dict(tp=2), "tensor_model_parallel_size=2"),
+                          (dict(tp=2, sequence_parallel=True, expert_tp=2), "expert_tensor_parallel_size=2"),
                           (dict(expert_tp=2), "expert_tensor_parallel_size=2"),
                           (dict(pp=2), "pipeline_model_parallel_size=2"), (dict(cp=2), "context_parallel_size=2"),
                           (dict(sequence_parallel=True), "sequence_parallel=True")]:

@@ -65,6 +65,9 @@ class _HostStream:
     def wait_event(self, event) -> None:
         return None
 
+    def wait(self, stream=None) -> None:  # Event.wait (HybridDeviceOptimizer's copy-back)
+        return None
+
     def query(self) -> bool:
         return True
 

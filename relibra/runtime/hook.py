@@ -56,11 +56,11 @@ from relibra.trace import static_placement
 def check_parallelism(moe) -> None:
     """Refuse (ConfigError) a MoE layer built with parallelism the hook does not execute.
 
-    Supported: expert parallelism times data parallelism. Refused: tensor (and sequence) parallelism,
-    expert tensor parallelism, pipeline and context parallelism: with them a rank's router sees a
-    shard of the sequence and an expert's weights are split over ranks, which the plan's per-rank
-    token split and whole-expert transfers do not describe; the hook's layers would also be one
-    pipeline stage's, not the plan's."""
+    Supported: expert parallelism times data parallelism, and tensor parallelism with sequence
+    parallelism and whole experts (expert TP 1): each rank's router then routes its own slice of the
+    sequence, and that slice is the rank's source in the plan. Refused, each named with its reason
+    (_UNSUPPORTED_PARALLELISM): TP without SP, expert tensor parallelism, pipeline and context
+    parallelism."""
     cfg = moe.config
 
     def size(group) -> int:
@@ -71,10 +71,33 @@ def check_parallelism(moe) -> None:
                                                 size(getattr(moe.experts, "tp_group", None))),
              "pipeline_model_parallel_size": cfg.pipeline_model_parallel_size,
              "context_parallel_size": cfg.context_parallel_size}
-    bad = [f"{k}={v}" for k, v in sizes.items() if v > 1] + (["sequence_parallel=True"] if cfg.sequence_parallel else [])
+    if sizes["tensor_model_parallel_size"] > 1 and cfg.sequence_parallel and sizes["expert_tensor_parallel_size"] == 1:
+        # TP with sequence parallelism and whole experts: each rank's router sees its own slice of the
+        # sequence, the rank is that slice's source in the plan
+        del sizes["tensor_model_parallel_size"]
+        sequence_parallel = False
+    else:
+        sequence_parallel = cfg.sequence_parallel
+    bad = [f"{k}={v}" for k, v in sizes.items() if v > 1] + (["sequence_parallel=True"] if sequence_parallel else [])
     if bad:
+        why = "; ".join(f"{b} ({_UNSUPPORTED_PARALLELISM[b.split('=')[0]]})" for b in bad)
         raise ConfigError("ReLibraHook runs on EP x DP grids only (tensor, expert-tensor, pipeline and context "
-                          f"parallel sizes 1, no sequence parallelism); this model has {', '.join(bad)}")
+                          f"parallel sizes 1, no sequence parallelism); this model has {why}")
+
+
+# Why each parallelism the hook refuses is refused (check_parallelism names the setting and this).
+_UNSUPPORTED_PARALLELISM = {
+    "tensor_model_parallel_size": "each rank's router sees its share of the TP group's tokens, and the plan's "
+                                  "per-source token split is not made per TP rank",
+    "sequence_parallel": "a rank's router sees a slice of the sequence, which the plan's per-source token split "
+                         "does not describe",
+    "expert_tensor_parallel_size": "an expert's weights are split over ranks, while migration and replicas move "
+                                   "whole experts (and gloo's all_gather takes no uneven shards)",
+    "pipeline_model_parallel_size": "the hook's MoE layers would be one stage's, and 1F1B keeps several "
+                                    "micro-batches in flight while replica leaves are one micro-batch's",
+    "context_parallel_size": "a rank's router sees a context shard of each sequence; context parallelism also "
+                             "needs Transformer Engine's attention on GPUs",
+}
 
 
 class ReLibraHook:

@@ -29,10 +29,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from relibra.errors import ConfigError
+from relibra.runtime import compat
 from relibra.plan import StepPlan
 from relibra.runtime.config import ModelConfig
 from relibra.runtime.data import SourceBatch
 from relibra.runtime.hook import ReLibraHook
+from relibra.runtime.optstate import OptimizerState
 from relibra.runtime.model import build_model, init_dense_weights, logical_expert_weights
 from relibra.runtime.timing import Timer
 
@@ -43,13 +45,23 @@ DTYPES = ("float64", "float32", "bfloat16")
 class MegatronSetup:
     """dtype: model parameters (float64, float32, bfloat16); distributed_optimizer: shard master copies
     and Adam state over data parallelism (megatron's DistributedOptimizer); clip_grad: megatron's
-    global-norm clip (0 = off; it needs float32 gradients, so float32 or bfloat16)."""
+    global-norm clip (0 = off; it needs float32 gradients, so float32 or bfloat16); grouped_gemm:
+    TEGroupedMLP experts (relibra.runtime.model.grouped_moe_spec); gradient_accumulation_fusion:
+    megatron's fused weight-gradient accumulation into main_grad (float32 or bfloat16); recompute:
+    megatron's activation recompute, "" (off), "full" (every transformer layer, uniform, one layer per
+    checkpoint) or "selective" (the MoE layer: recompute_modules ["moe"], plus "moe_act" with grouped
+    experts); optimizer_cpu_offload: megatron's HybridDeviceOptimizer under the DistributedOptimizer
+    (optimizer_cpu_offload, offload fraction 1: fp32 masters and Adam state in host memory)."""
 
     dtype: str = "float64"
     distributed_optimizer: bool = False
     lr: float = 1e-2
     weight_decay: float = 0.01
     clip_grad: float = 0.0
+    grouped_gemm: bool = False
+    gradient_accumulation_fusion: bool = False
+    recompute: str = ""
+    optimizer_cpu_offload: bool = False
 
     def validate(self) -> "MegatronSetup":
         if self.dtype not in DTYPES:
@@ -58,15 +70,28 @@ class MegatronSetup:
             raise ConfigError("megatron's DistributedOptimizer takes float32 or bfloat16 parameters, not float64")
         if self.clip_grad > 0 and self.dtype == "float64":
             raise ConfigError("megatron's gradient clipping takes float32 gradients; use clip_grad=0 with float64")
+        if self.recompute not in ("", "full", "selective"):
+            raise ConfigError(f"megatron set-up: recompute must be '', 'full' or 'selective', got {self.recompute!r}")
+        if self.optimizer_cpu_offload and not self.distributed_optimizer:
+            raise ConfigError("megatron's optimizer CPU offload runs under the DistributedOptimizer; set "
+                              "distributed_optimizer=True with optimizer_cpu_offload")
+        if self.gradient_accumulation_fusion and self.dtype == "float64":
+            raise ConfigError("megatron's gradient-accumulation fusion accumulates into float32, bfloat16 or float16 "
+                              "main_grad; use float32 or bfloat16 with gradient_accumulation_fusion")
         return self
 
     @property
     def name(self) -> str:
-        return f"{self.dtype}{'+distributed-optimizer' if self.distributed_optimizer else ''}"
+        return (f"{self.dtype}{'+distributed-optimizer' if self.distributed_optimizer else ''}"
+                f"{'+grouped-gemm' if self.grouped_gemm else ''}"
+                f"{'+grad-accum-fusion' if self.gradient_accumulation_fusion else ''}"
+                f"{'+recompute-' + self.recompute if self.recompute else ''}"
+                f"{'+cpu-offload' if self.optimizer_cpu_offload else ''}")
 
 
-def megatron_grid(ep: int):
-    """megatron's process groups for tensor / pipeline size 1 and EP `ep` (DP = world / ep), via
+def megatron_grid(ep: int, tp: int = 1):
+    """megatron's process groups for pipeline size 1, tensor parallelism `tp` (with sequence parallelism
+    in the model; expert TP 1) and EP `ep` (DP = world / tp; expert DP = world / ep), via
     parallel_state.initialize_model_parallel (once per process); returns the ProcessGroupCollection."""
     from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -75,10 +100,11 @@ def megatron_grid(ep: int):
 
     compat.apply()
     world = dist.get_world_size()
-    if ep <= 0 or world % ep:
-        raise ConfigError(f"EP {ep} does not divide the {world} ranks")
+    if ep <= 0 or world % ep or tp <= 0 or world % tp:
+        raise ConfigError(f"EP {ep} and TP {tp} must divide the {world} ranks")
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(expert_model_parallel_size=ep, create_gloo_process_groups=False)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                                 expert_tensor_parallel_size=1, create_gloo_process_groups=False)
     elif parallel_state.get_expert_model_parallel_world_size() != ep:
         raise ConfigError(f"megatron's process groups are initialized with EP "
                           f"{parallel_state.get_expert_model_parallel_world_size()}, not {ep}")
@@ -98,6 +124,18 @@ def packed_forward(model, ids: np.ndarray, lengths: list[int] | None = None, dev
                                           torch.as_tensor(lengths, device=device))
         masked |= segment[:, None] != segment[None, :]
     return model(ids_t, positions, masked.view(1, 1, t, t)).view(t, -1)
+
+
+def tp_token_loss(model, batch: SourceBatch, scale: float, device) -> torch.Tensor:
+    """Under tensor parallelism (logits split over the vocabulary): the summed next-token cross-entropy
+    of one sequence times `scale`, computed by GPTModel itself (megatron's vocab-parallel
+    cross-entropy, given the labels)."""
+    t = len(batch.ids)
+    ids = torch.as_tensor(np.asarray(batch.ids, dtype=np.int64), device=device).view(1, t)
+    labels = torch.as_tensor(np.asarray(batch.labels, dtype=np.int64), device=device).view(1, t)
+    positions = torch.arange(t, device=device).view(1, t)
+    causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=device), 1).view(1, 1, t, t)
+    return model(ids, positions, causal, labels=labels).sum() * scale
 
 
 def token_loss(model, batch: SourceBatch, scale: float, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,10 +164,14 @@ class MegatronTrainer:
         self.setup = setup
         self.device = torch.device(device)
         self.ep_group = pgc.ep
+        self.pgc = pgc
+        self.tp = pgc.tp.size() if getattr(pgc, "tp", None) is not None else 1
         self.timer = Timer()
         build_cfg = ModelConfig(cfg.shape, cfg.num_layers, cfg.replica_slots, cfg.seed,
                                 "float64" if setup.dtype == "float64" else "float32")
-        model = build_model(build_cfg, pgc, max_tokens)
+        model = build_model(build_cfg, pgc, max_tokens, grouped_gemm=setup.grouped_gemm,
+                            gradient_accumulation_fusion=setup.gradient_accumulation_fusion,
+                            recompute=setup.recompute)
         if setup.dtype == "bfloat16":
             model = model.to(torch.bfloat16)
         self.model = model.to(self.device)
@@ -147,16 +189,26 @@ class MegatronTrainer:
         opt_config = OptimizerConfig(optimizer="adam", lr=setup.lr, weight_decay=setup.weight_decay,
                                      adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, bf16=bf16,
                                      use_distributed_optimizer=setup.distributed_optimizer,
-                                     clip_grad=setup.clip_grad)
+                                     clip_grad=setup.clip_grad, optimizer_cpu_offload=setup.optimizer_cpu_offload,
+                                     optimizer_offload_fraction=1.0 if setup.optimizer_cpu_offload else 0.0,
+                                     pin_cpu_grads=not compat.cuda_absent(), pin_cpu_params=not compat.cuda_absent())
+        if setup.optimizer_cpu_offload and compat.cuda_absent():
+            from relibra.runtime import standins
+
+            standins.install_cpu_optimizer_offload()
         self.optimizer = get_megatron_optimizer(opt_config, [self.ddp], pg_collection=pgc,
                                                 use_gloo_process_groups=False)
         self.hook.optimizer = self.optimizer
+        OptimizerState(self.optimizer, pgc.expt_dp)  # refuses, before training, state a migration cannot move
 
     def step(self, plan: StepPlan, batches: list[SourceBatch], tokens_per_microbatch: list[int]) -> dict:
         """One training step on this rank's batches (one sequence per micro-batch), summed next-token
         cross-entropy over the micro-batch's tokens. Returns run()'s dict."""
         def loss(m: int, batch: SourceBatch) -> torch.Tensor:
-            return token_loss(self.ddp, batch, 1.0 / (tokens_per_microbatch[m] * len(batches)), self.device)[0]
+            scale = 1.0 / (tokens_per_microbatch[m] * len(batches))
+            if self.tp > 1:
+                return tp_token_loss(self.ddp, batch, scale, self.device)
+            return token_loss(self.ddp, batch, scale, self.device)[0]
 
         return self.run(plan, batches, loss)
 
@@ -175,7 +227,12 @@ class MegatronTrainer:
             loss.backward()
             self.hook.after_backward(m)
             loss_total += float(loss.detach())
-        self.ddp.finish_grad_sync()
+        if self.tp > 1:  # megatron's own: DP reduction, plus sequence-parallel weights (norms, router) over TP
+            from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+            finalize_model_grads([self.ddp], pg_collection=self.pgc)
+        else:
+            self.ddp.finish_grad_sync()
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise ConfigError("megatron's optimizer skipped the step (inf or nan gradients)")

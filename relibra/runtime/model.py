@@ -23,7 +23,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from relibra.runtime import compat
 from relibra.runtime.config import ModelConfig
-from relibra.runtime.spec import gpt_layer_spec, physical_config
+from relibra.runtime.spec import gpt_layer_spec, physical_config, wrap_moe_spec
 
 
 def _generator(*key: int) -> torch.Generator:
@@ -58,10 +58,19 @@ def transformer_config(cfg: ModelConfig):
     )
 
 
-def build_model(cfg: ModelConfig, pg_collection, max_tokens: int):
+def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: bool = False,
+                gradient_accumulation_fusion: bool = False, recompute: str = ""):
+    tp = pg_collection.tp.size() if getattr(pg_collection, "tp", None) is not None else 1
     """GPTModel of `cfg` for this rank: megatron's local layer spec, ReLibra's MoE spec, every rank
     holding E / ep home slots and cfg.replica_slots replica slots per layer. Weights are initialized
-    (init_weights) for the static contiguous placement; max_tokens: longest sequence (rotary table)."""
+    (init_weights) for the static contiguous placement; max_tokens: longest sequence (rotary table).
+
+    grouped_gemm: the experts are megatron's TEGroupedMLP (one grouped linear layer per projection,
+    a parameter per slot); without CUDA its grouped linear layers are the host stand-ins of
+    relibra.runtime.standins. gradient_accumulation_fusion: megatron's fused weight-gradient path
+    (weight gradients accumulate in main_grad: needs megatron DDP); without CUDA the host kernel.
+    recompute: megatron's activation recompute, "full" (each transformer layer re-run in backward) or
+    "selective" (the MoE layer, and with grouped experts their activation)."""
     compat.apply()
     # megatron-core's GPT model warns at import (no Apex); it loads here, once a rank has set its warning
     # filters (relibra.runtime.quiet): ranks import this module while unpickling their function.
@@ -78,16 +87,70 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int):
     # expert_model_parallel_size marks the expert weights as expert-parallel (allreduce=False), so
     # megatron's DDP reduces them over the expert data-parallel group, never across experts.
     config = dataclasses.replace(physical_config(transformer_config(cfg), ep, cfg.replica_slots),
-                                 expert_model_parallel_size=ep)
+                                 expert_model_parallel_size=ep, moe_grouped_gemm=grouped_gemm,
+                                 gradient_accumulation_fusion=gradient_accumulation_fusion,
+                                 **_recompute_options(recompute, grouped_gemm),
+                                 **(dict(tensor_model_parallel_size=tp, sequence_parallel=True,
+                                         expert_tensor_parallel_size=1) if tp > 1 else {}))
+    spec = gpt_layer_spec(cfg.num_experts)
+    if grouped_gemm or gradient_accumulation_fusion or recompute:
+        from relibra.runtime import standins
+
+        if recompute:
+            standins.install_cpu_rng_checkpointing()
+
+        if gradient_accumulation_fusion and compat.cuda_absent():
+            standins.install_cpu_wgrad_fusion()
+        if grouped_gemm:
+            spec.submodules.mlp = grouped_moe_spec(cfg.num_experts)
+    if tp > 1:
+        from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+        from relibra.runtime.standins import SequenceParallelRMSNorm
+
+        spec.submodules.input_layernorm = SequenceParallelRMSNorm
+        spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
+        spec = TransformerBlockSubmodules(layer_specs=[spec] * cfg.num_layers, layer_norm=SequenceParallelRMSNorm)
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(cfg.torch_dtype)  # megatron's torch norms take the default dtype
     try:
-        model = GPTModel(config, gpt_layer_spec(cfg.num_experts), vocab_size=cfg.shape.vocab_size,
+        model = GPTModel(config, spec, vocab_size=cfg.shape.vocab_size,
                          max_sequence_length=max(max_tokens, 1), position_embedding_type="rope",
                          pg_collection=pg_collection)
     finally:
         torch.set_default_dtype(previous_dtype)
     return model
+
+
+def _recompute_options(recompute: str, grouped_gemm: bool) -> dict:
+    """TransformerConfig fields of megatron's activation recompute ("" off, "full", "selective")."""
+    if not recompute:
+        return {}
+    if recompute == "full":
+        return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    if recompute == "selective":
+        return dict(recompute_granularity="selective",
+                    recompute_modules=["moe", "moe_act"] if grouped_gemm else ["moe"])
+    raise ValueError(f"recompute must be '', 'full' or 'selective', got {recompute!r}")
+
+
+def grouped_moe_spec(num_experts: int):
+    """The MoE spec with grouped-GEMM experts, wrapped: Transformer Engine's (TEGroupedMLP over
+    TEColumnParallelGroupedLinear / TERowParallelGroupedLinear) where TE and CUDA are present, else
+    TEGroupedMLP over the host stand-ins (relibra.runtime.standins)."""
+    from relibra.runtime import standins
+
+    spec = standins.te_grouped_moe_spec(num_experts)
+    if not compat.cuda_absent():
+        try:
+            from megatron.core.extensions.transformer_engine import (TEColumnParallelGroupedLinear,
+                                                                     TERowParallelGroupedLinear)
+        except ImportError:
+            TEColumnParallelGroupedLinear = None
+        if TEColumnParallelGroupedLinear is not None:
+            spec.submodules.experts.submodules.linear_fc1 = TEColumnParallelGroupedLinear
+            spec.submodules.experts.submodules.linear_fc2 = TERowParallelGroupedLinear
+    return wrap_moe_spec(spec, num_experts)
 
 
 def init_dense_weights(model, seed: int, expert_params: set[int]) -> None:

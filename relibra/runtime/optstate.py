@@ -10,8 +10,17 @@ A migrated expert carries its weights, the optimizer's master copy of them and t
   megatron DistributedOptimizer           each data-parallel rank holds a contiguous shard of every
                                           parameter's fp32 master and state (its range of the grad
                                           buffer); a parameter may be split between ranks
+  DistributedOptimizer with CPU offload   the same shards, stepped by megatron's HybridDeviceOptimizer
+  (optimizer_cpu_offload)                 (optimizer/cpu_offloading/hybrid_optimizer.py): an offloaded
+                                          shard has a host copy that the host Adam steps; its state is
+                                          keyed by the copy and `state["master_param"]` is the copy,
+                                          which is copied back onto the shard after each step. The copy
+                                          is the master read; both copy and shard are written.
 A megatron ChainedOptimizer (what get_megatron_optimizer returns) is searched sub-optimizer by
 sub-optimizer (megatron/core/optimizer/optimizer.py, distrib_optimizer.py of megatron-core 0.16.1).
+Refused, with one error naming the setting: megatron's precision-aware optimizer
+(use_precision_aware_optimizer: Transformer Engine's FusedAdam keeps the master weights, or only
+their low bits with store_param_remainders, and the moments in its own dtypes and scales).
 
 `OptimizerState.gather` returns, for each parameter, the whole master and state tensors (flat); on a
 sharded optimizer the ranks of the data-parallel group that shares the shards assemble them with one
@@ -36,12 +45,27 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 @dataclass
 class _Piece:
     """Elements [start, end) of a parameter's flattened master and state live in `master` (1-D or the
-    parameter's shape), whose state is inner.state[master]."""
+    parameter's shape), whose state is inner.state[master]; `mirrors` hold copies of the master that
+    are written with it (a host-offloaded shard's device shard)."""
 
     master: torch.Tensor
     inner: torch.optim.Optimizer
     start: int
     end: int
+    mirrors: tuple = ()
+
+
+def _hybrid_piece(hybrid, shard: torch.Tensor, start: int, end: int) -> _Piece:
+    """The piece of a DistributedOptimizer shard stepped by megatron's HybridDeviceOptimizer: the master
+    is the sub-optimizer's own copy (host copy or fp32 copy; the shard itself when neither), the state
+    that sub-optimizer's state of the copy."""
+    inner_param = hybrid.param_to_inner_param.get(shard, shard)
+    owner = next((sub for sub in hybrid.sub_optimizers
+                  if any(p is inner_param for g in sub.param_groups for p in g["params"])), None)
+    if owner is None:
+        raise ConfigError("migration cannot find the sub-optimizer of an expert shard in megatron's "
+                          "HybridDeviceOptimizer (optimizer CPU offload)")
+    return _Piece(inner_param, owner, start, end, () if inner_param is shard else (shard,))
 
 
 def _sub_optimizers(optimizer) -> list:
@@ -60,13 +84,21 @@ def _pieces(optimizer) -> tuple[dict[int, list[_Piece]], bool]:
                     out[id(p)] = [_Piece(p, sub, 0, p.numel())]
         elif name == "DistributedOptimizer":
             sharded = True
+            if getattr(getattr(sub, "config", None), "use_precision_aware_optimizer", False):
+                raise ConfigError("migration cannot move expert state held by megatron's precision-aware optimizer "
+                                  "(use_precision_aware_optimizer=True: Transformer Engine's FusedAdam keeps the "
+                                  "master weights, or their remainder bits, and the moments in its own dtypes and "
+                                  "scales); train with use_precision_aware_optimizer=False")
+            hybrid = sub.optimizer if type(sub.optimizer).__name__ == "HybridDeviceOptimizer" else None
             fp32 = {id(m): s for mg, sg in zip(sub.model_fp32_groups, sub.shard_fp32_groups) for m, s in zip(mg, sg)}
             for p, (gbuf, dtype, bucket) in sub.model_param_gbuf_map.items():
                 rng = sub.gbuf_ranges[gbuf][dtype][bucket]["param_map"][p]["param"]
                 master = fp32.get(id(p)) if id(p) in fp32 else getattr(p, "main_param", None)
                 if master is None or rng.end <= rng.start:
                     continue
-                out.setdefault(id(p), []).append(_Piece(master, sub.optimizer, rng.start, rng.end))
+                piece = (_hybrid_piece(hybrid, master, rng.start, rng.end) if hybrid is not None
+                         else _Piece(master, sub.optimizer, rng.start, rng.end))
+                out.setdefault(id(p), []).append(piece)
         elif name == "Float16OptimizerWithFloat16Params":
             for mg, fg in zip(sub.float16_groups, sub.fp32_from_float16_groups):
                 for p, master in zip(mg, fg):
@@ -111,7 +143,8 @@ class OptimizerState:
     @staticmethod
     def _state(piece: _Piece) -> dict:
         state = piece.inner.state.get(piece.master, {})
-        extra = [k for k, v in state.items() if torch.is_tensor(v) and k not in MOMENTS and k != "step"]
+        extra = [k for k, v in state.items() if torch.is_tensor(v) and k not in MOMENTS and k != "step"
+                 and not (k == "master_param" and v is piece.master)]  # the offloaded copy's own entry
         if extra:
             raise ConfigError(f"migration moves {', '.join(MOMENTS)} and step; the optimizer also keeps "
                               f"{', '.join(map(str, extra))} (amsgrad or another optimizer?), which it would lose")
@@ -153,9 +186,13 @@ class OptimizerState:
         master, *moments, step = tensors
         for piece in self._of(p):
             m = piece.master
-            m.data.view(-1).copy_(master[piece.start: piece.end].to(m.dtype))
+            for target in (m, *piece.mirrors):
+                target.data.view(-1).copy_(master[piece.start: piece.end].to(device=target.device, dtype=target.dtype))
             state = piece.inner.state[piece.master]
             for key, full in zip(MOMENTS, moments):
-                state[key] = full[piece.start: piece.end].to(m.dtype).reshape(m.shape).clone()
-            # one step tensor per parameter (AdamW bumps it in place), on the host as non-capturable AdamW keeps it
-            state["step"] = step.reshape(()).to(device="cpu", dtype=torch.float32).clone()
+                state[key] = full[piece.start: piece.end].to(device=m.device, dtype=m.dtype).reshape(m.shape).clone()
+            # one step tensor per parameter (AdamW bumps it in place), where the optimizer keeps it: on the host
+            # for a non-capturable, non-fused AdamW, beside the master for a fused or capturable one
+            group = next((g for g in piece.inner.param_groups if any(q is m for q in g["params"])), {})
+            on_device = group.get("fused") or group.get("capturable")
+            state["step"] = step.reshape(()).to(device=m.device if on_device else "cpu", dtype=torch.float32).clone()

@@ -12,6 +12,10 @@ occupy one buffer. Per micro-batch, on every rank in lock step:
                              Writes go through `.data`, which autograd does not version-count.
   after the backward:        pull every layer's replica gradients into the home experts' gradients
                              (point-to-point), then drop the replica leaves and their gradients.
+                             A leaf's gradient is its `.grad` plus its `main_grad`: under megatron
+                             DDP each leaf carries a zero main_grad (the home's gradient dtype),
+                             where gradient-accumulation fusion (megatron's fused weight-gradient
+                             GEMM, TE's fuse_wgrad_accumulation) accumulates instead of `.grad`.
                              The home gradient is where the wrapped model keeps it: `main_grad`
                              under megatron's DistributedDataParallel (its backward hooks move
                              `.grad` into the grad buffer and clear it), `.grad` otherwise. Under
@@ -34,6 +38,23 @@ import torch
 import torch.distributed as dist
 
 from relibra.errors import PlanError
+
+
+def gradient_dtype(p: torch.nn.Parameter) -> torch.dtype:
+    """dtype of the tensor p's gradient is read from: main_grad's (fp32 for a bf16 model under megatron
+    DDP with grad_reduce_in_fp32) or p's own."""
+    main = getattr(p, "main_grad", None)
+    return main.dtype if main is not None else p.dtype
+
+
+def replica_gradient(p: torch.nn.Parameter) -> torch.Tensor:
+    """A replica leaf's whole gradient: its `main_grad` (where megatron's fused weight-gradient path,
+    gradient_accumulation_fusion, or TE's fuse_wgrad_accumulation put it) plus `.grad` (where autograd
+    put it otherwise); zeros when it took no tokens."""
+    main = getattr(p, "main_grad", None)
+    if main is None:
+        return p.grad if p.grad is not None else torch.zeros_like(p)
+    return main if p.grad is None else main + p.grad.to(main.dtype)
 
 
 def home_gradient(p: torch.nn.Parameter) -> torch.Tensor:
@@ -125,14 +146,31 @@ class ReplicaBuffer:
         self.loaded_layer = layer
         self.timer.add(phase, "replica_push", time.perf_counter() - t0)
 
+    def _first_home(self) -> torch.nn.Parameter:
+        """A home expert weight of this rank (every slot is built alike: its dtype and main_grad speak for all)."""
+        return self.slots.mlp_params(self.slots.home_mlps(0)[0])[0]
+
+    def grad_dtype(self) -> torch.dtype:
+        """dtype in which replica gradients travel: where the home experts' gradients are read from
+        (the same on every rank: every rank's slots are built alike)."""
+        return gradient_dtype(self._first_home())
+
     def before_forward(self, layer: int, requires_grad: bool) -> None:
-        """Load `layer`'s replicas and give the slot modules fresh leaves aliasing the buffers."""
+        """Load `layer`'s replicas and give the slot modules fresh leaves aliasing the buffers. Under
+        megatron DDP (home weights carry `main_grad`) each leaf gets a zero `main_grad` of the home's
+        gradient dtype, which megatron's gradient-accumulation fusion and TE's grouped linear write
+        into; the leaf has no `grad_added_to_main_grad`, so no dummy gradient lands in `.grad`."""
         if self.loaded_layer != layer:
             self.push(layer, "forward")
+        home = self._first_home()
+        fused = getattr(home, "main_grad", None) is not None
         leaves = []
-        for mlp, buffers in zip(self.slots.replica_mlps, self.buffers):
+        for r, buffers in enumerate(self.buffers):
             pair = [torch.nn.Parameter(b.data, requires_grad=requires_grad) for b in buffers]
-            mlp.linear_fc1.weight, mlp.linear_fc2.weight = pair
+            if fused and requires_grad:
+                for leaf in pair:
+                    leaf.main_grad = torch.zeros(leaf.shape, dtype=home.main_grad.dtype, device=leaf.device)
+            self.slots.set_replica_params(layer, r, *pair)
             leaves.append(pair)
         self.leaves[layer] = leaves
 
@@ -148,17 +186,18 @@ class ReplicaBuffer:
         t0 = time.perf_counter()
         sends, recvs = [], []
         tag = 0
+        dtype = self.grad_dtype() if self.leaves else None
         for layer in sorted(self.leaves):
             for e, h, g, r in self.transfers(layer):
                 if self.rank == g:
                     for p in self.leaves[layer][r]:
-                        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                        grad = replica_gradient(p).to(dtype).contiguous()
                         sends.append((dist.isend(grad, self._global(h), group=self.group, tag=tag), grad))
                         self.bytes_pulled += grad.numel() * grad.element_size()
                         tag += 1
                 elif self.rank == h:
                     for p in self.slots.mlp_params(self._home_mlp(layer, e)):
-                        buf = torch.empty_like(p)
+                        buf = torch.empty(p.shape, dtype=dtype, device=p.device)
                         recvs.append((dist.irecv(buf, self._global(g), group=self.group, tag=tag), buf,
                                       home_gradient(p)))
                         tag += 1
@@ -166,7 +205,7 @@ class ReplicaBuffer:
                     tag += 2
         for work, buf, target in recvs:
             work.wait()
-            target.add_(buf)
+            target.add_(buf.to(target.dtype))
         for work, _ in sends:
             work.wait()
         self.leaves = {}

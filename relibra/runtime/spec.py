@@ -14,10 +14,14 @@ classes, activation, metainfo) except two:
   experts  SequentialMLP becomes OccupiedSequentialMLP: the same per-expert MLPs (built from the
            user's linear layer classes), skipping slots that hold no tokens, so an empty replica slot
            costs nothing, and saving a checkpoint under logical expert ids (never replica slots).
-Grouped-GEMM experts (GroupedMLP, TEGroupedMLP) keep all local experts in one weight tensor, so a
-replica slot could not get weights of its own nor its gradient be pulled home; they are refused with
-one error that names the fix (moe_grouped_gemm=False). `check_config` refuses, at build time, the
-config options the plans cannot honour (token dropping, the flex dispatcher, grouped GEMM).
+  experts  TEGroupedMLP (grouped GEMM: Transformer Engine's GroupedLinear keeps one parameter
+           weight{i} per local expert) becomes OccupiedGroupedMLP: the replica slots are the last R
+           members of each grouped linear layer, a slot with no tokens is a zero-row member of the
+           grouped GEMM, and the checkpoint names the home members by logical expert id.
+The legacy GroupedMLP keeps all local experts in one weight tensor, so a replica slot could not get
+weights of its own nor its gradient be pulled home; it is refused with one error that names the fix.
+`check_config` refuses, at build time, the config options the plans cannot honour (token dropping,
+the flex dispatcher).
 The model's config counts physical slots (`physical_config`); the router sizes itself by E.
 Which expert each slot holds, and the replica weights, are the step hook's business
 (relibra.runtime.hook, relibra.runtime.slots).
@@ -30,25 +34,25 @@ import dataclasses
 import functools
 
 import torch
-from megatron.core.transformer.moe.experts import GroupedMLP, SequentialMLP, TEGroupedMLP
+from megatron.core.transformer.moe import experts as _experts
+from megatron.core.transformer.moe.experts import SequentialMLP, TEGroupedMLP
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from relibra.errors import ConfigError
 from relibra.runtime.router import SUPPORTED_DISPATCHERS, PlacementRouter, check_config
 
-__all__ = ["SUPPORTED_DISPATCHERS", "OccupiedSequentialMLP", "check_config", "gpt_layer_spec", "moe_layer_spec",
-           "physical_config", "wrap_moe_spec"]
+# The legacy grouped GEMM (one weight for all local experts); newer releases have dropped it.
+GroupedMLP = getattr(_experts, "GroupedMLP", None)
+
+__all__ = ["SUPPORTED_DISPATCHERS", "OccupiedGroupedMLP", "OccupiedSequentialMLP", "check_config", "gpt_layer_spec",
+           "moe_layer_spec", "physical_config", "wrap_moe_spec"]
 
 
-class OccupiedSequentialMLP(SequentialMLP):
-    """SequentialMLP that runs only the local slots with tokens (an empty slot adds no GEMM).
-
-    forward(hidden [T, H] sorted by slot, tokens_per_expert int [slots], probs [T]) -> ([T, H], None).
-    `logical_experts` names the logical expert of each home slot and the number E of logical experts,
+class _LogicalSlots:
+    """`logical_experts` names the logical expert of each home slot and the number E of logical experts,
     read from the placement of relibra.runtime.slots.ExpertSlots (which registers itself as `placement`
-    = (slots, layer)); before that the slots keep megatron's static labels.
-    """
+    = (slots, layer)); before that the slots keep megatron's static labels."""
 
     placement = None  # (ExpertSlots, layer index), set by ExpertSlots
 
@@ -58,6 +62,13 @@ class OccupiedSequentialMLP(SequentialMLP):
             return None
         slots, layer = self.placement
         return [int(e) for e in slots.local_experts(layer)], slots.num_experts
+
+
+class OccupiedSequentialMLP(_LogicalSlots, SequentialMLP):
+    """SequentialMLP that runs only the local slots with tokens (an empty slot adds no GEMM).
+
+    forward(hidden [T, H] sorted by slot, tokens_per_expert int [slots], probs [T]) -> ([T, H], None).
+    """
 
     def forward(self, permuted_local_hidden_states: torch.Tensor, tokens_per_expert: torch.Tensor,
                 permuted_probs: torch.Tensor):
@@ -102,16 +113,78 @@ class OccupiedSequentialMLP(SequentialMLP):
         return out
 
 
+class OccupiedGroupedMLP(_LogicalSlots, TEGroupedMLP):
+    """megatron-core's TEGroupedMLP whose grouped linear layers hold every slot of this rank as a member:
+    members 0 .. E/ep - 1 are the home slots, the last R the replica slots (weight{i} of linear_fc1
+    [2 * ffn or ffn, hidden] and linear_fc2 [hidden, ffn]). The forward is TEGroupedMLP's: a slot that
+    holds no tokens this micro-batch is a zero-row member of the grouped GEMM. Replica members get their
+    weights and gradients from the step hook (relibra.runtime.replicas), like SequentialMLP's slots.
+    """
+
+    def __init__(self, num_local_experts, config, submodules, pg_collection=None):
+        super().__init__(num_local_experts, config, submodules, pg_collection=pg_collection)
+        self.dp_group = pg_collection.expt_dp if pg_collection is not None else None
+        for name in ("linear_fc1", "linear_fc2"):
+            linear = getattr(self, name)
+            if getattr(linear, "single_grouped_weight", False) or not hasattr(linear, "weight0"):
+                raise ConfigError(f"{type(linear).__name__} keeps its experts' weights in one grouped parameter "
+                                  "(Transformer Engine's single_grouped_weight); ReLibra needs one parameter per "
+                                  "expert (weight0 .. weightN-1): leave NVTE_GROUPED_LINEAR_SINGLE_PARAM unset")
+
+    def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
+        """megatron's distributed-checkpoint view of the home members under their LOGICAL expert ids,
+        with SequentialMLP's sharded keys (as TEGroupedMLP's own view has them, so either layout loads
+        the other); replica members are left out."""
+        if self.logical_experts is None:
+            return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
+        from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group, make_sharded_tensors_for_checkpoint
+
+        metadata = ensure_metadata_has_dp_cp_group(metadata)
+        singleton = metadata.get("singleton_local_shards", False)
+        ids, num_experts = self.logical_experts
+        out = {}
+        for name, tp_axis in (("linear_fc1", 0), ("linear_fc2", 1)):
+            linear = getattr(self, name)
+            for slot, expert in enumerate(ids):
+                tensors = {"weight": getattr(linear, f"weight{slot}")}
+                if getattr(linear, "use_bias", False):
+                    tensors["bias"] = getattr(linear, f"bias{slot}")
+                if singleton:
+                    key_prefix, offsets = f"{prefix}experts.{int(expert)}.{name}.", sharded_offsets
+                else:
+                    key_prefix = f"{prefix}experts.{name}."
+                    offsets = (*sharded_offsets, (len(sharded_offsets), int(expert), num_experts))
+                part = make_sharded_tensors_for_checkpoint(
+                    tensors, key_prefix, {"weight": tp_axis, "bias": 0} if tp_axis == 0 else {"weight": 1},
+                    offsets, tp_group=self.tp_group, dp_cp_group=metadata["dp_cp_group"])
+                for key, sh in part.items():
+                    if name == "linear_fc1" and self.config.gated_linear_unit:
+                        sh = apply_swiglu_sharded_factory(sh, offsets, singleton)
+                    sh.replica_id = (*sh.replica_id[:2], self.dp_group.rank() if self.dp_group is not None else 0)
+                    out[f"{prefix}{name}.{key.rsplit('.', 1)[-1]}{slot}"] = sh
+        return out
+
+
 def _wrap_experts(experts, where: str):
     module = experts.module if isinstance(experts, ModuleSpec) else experts
-    if isinstance(module, type) and issubclass(module, (GroupedMLP, TEGroupedMLP)):
-        raise ConfigError(f"{where}: the experts are {module.__name__} (grouped GEMM); ReLibra needs one MLP module "
-                          "per expert slot: build the spec with moe_grouped_gemm=False (SequentialMLP)")
-    if isinstance(module, type) and issubclass(module, OccupiedSequentialMLP):
+    if GroupedMLP is not None and isinstance(module, type) and issubclass(module, GroupedMLP):
+        raise ConfigError(f"{where}: the experts are the legacy GroupedMLP (grouped GEMM over one weight tensor for "
+                          "all local experts), so a replica slot can neither hold weights of its own nor send its "
+                          "gradient home; build the spec with Transformer Engine's grouped experts (TEGroupedMLP: "
+                          "moe_grouped_gemm=True, moe_use_legacy_grouped_gemm=False) or SequentialMLP "
+                          "(moe_grouped_gemm=False)")
+    if isinstance(module, type) and issubclass(module, (OccupiedSequentialMLP, OccupiedGroupedMLP)):
         return experts  # wrapped already
+    if module is TEGroupedMLP:
+        if not isinstance(experts, ModuleSpec):
+            raise ConfigError(f"{where}: the experts are the bare class TEGroupedMLP; give them as a ModuleSpec with "
+                              "their MLPSubmodules (linear_fc1, linear_fc2), as megatron-core's specs do")
+        return dataclasses.replace(experts, module=OccupiedGroupedMLP)
     if module is not SequentialMLP:
         raise ConfigError(f"{where}: the experts are {getattr(module, '__name__', module)!r}; ReLibra wraps "
-                          "megatron-core's SequentialMLP experts (it relabels their checkpoint by logical expert)")
+                          "megatron-core's SequentialMLP or TEGroupedMLP experts (it relabels their checkpoint by "
+                          "logical expert)")
     if not isinstance(experts, ModuleSpec):
         raise ConfigError(f"{where}: the experts are the bare class SequentialMLP; give them as a ModuleSpec with "
                           "their MLPSubmodules (linear_fc1, linear_fc2), as megatron-core's specs do")
@@ -124,7 +197,7 @@ def wrap_moe_spec(spec, num_experts: int):
     spec: a ModuleSpec (a TransformerLayer spec, or a MoELayer spec itself) or a TransformerBlockSubmodules
     (get_gpt_decoder_block_spec); num_experts: logical experts E (the router's width). The model config's
     num_moe_experts must count physical slots, ep * (E / ep + replica_slots) (physical_config).
-    Raises ConfigError when the spec holds no MoE layer or its experts are grouped-GEMM ones."""
+    Raises ConfigError when the spec holds no MoE layer or its experts are the legacy GroupedMLP."""
     if not isinstance(num_experts, int) or isinstance(num_experts, bool) or num_experts <= 0:
         raise ConfigError(f"num_experts must be a positive integer, got {num_experts!r}")
     spec = copy.deepcopy(spec)

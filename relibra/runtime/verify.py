@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from relibra.cluster import get_topology
-from relibra.errors import PlanError
+from relibra.errors import ConfigError, PlanError
 from relibra.policies import get_policy
 from relibra.runtime.config import ModelConfig, NodeLayout, TrainConfig
 from relibra.runtime.data import TraceData
@@ -30,6 +30,7 @@ from relibra.runtime.collect import gather_arrays, gather_list
 from relibra.runtime.groups import build_groups
 from relibra.runtime.migration import InjectedFailure, MigrationError, migrate_homes
 from relibra.runtime.plans import cross_node_replica_plan, in_node_replica_plan, reordered_home, static_plan
+from relibra.runtime.slots import logical_state_dict
 from relibra.trace import static_placement
 from relibra.workloads import generate_trace
 
@@ -234,9 +235,39 @@ def equivalence_worker(rank: int, world: int, nodes: int, model: str = "tiny", s
     return {"diffs": diffs, "checks": checks}
 
 
+def _tp_sequence(data: TraceData, step: int, micro_batch: int, sources: slice, rank: int, tp: int,
+                 num_layers: int, num_experts: int):
+    """One TP group's sequence (the group is its EP group): its sources' tokens back to back, cut to a
+    multiple of tp. Under sequence parallelism TP rank r routes slice r of it, so the slices are the
+    plan's sources. Returns (SourceBatch: the whole sequence's ids and labels, slice `rank`'s replayed
+    ids [L, T / tp, K]; loads int [L, tp, E] of every slice)."""
+    from relibra.runtime.data import SourceBatch
+
+    parts = [data.batch(step, micro_batch, s, num_layers) for s in range(sources.start, sources.stop)]
+    n = sum(len(p.ids) for p in parts) // tp * tp
+    ids, labels = (np.concatenate([getattr(p, f) for p in parts])[:n] for f in ("ids", "labels"))
+    replay = np.concatenate([p.replay for p in parts], axis=1)[:, :n]  # [L, n, K]
+    slices = np.split(replay, tp, axis=1)
+    loads = np.stack([np.stack([np.bincount(sl[layer].reshape(-1), minlength=num_experts) for sl in slices])
+                      for layer in range(num_layers)])
+    return SourceBatch(ids, labels, np.ascontiguousarray(slices[rank])), loads
+
+
+def sharded_expert_tensors(model) -> dict[tuple, np.ndarray]:
+    """{(sharded key, *global offset): float64 array} of every routed-expert tensor of the model's
+    distributed-checkpoint view (megatron's sharded_state_dict, factories applied)."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+
+    sharded = model.sharded_state_dict()
+    apply_factories(sharded)
+    return {(t.key, *map(int, t.global_offset)): t.data.detach().double().cpu().numpy()
+            for t in nested_values(sharded) if isinstance(t, ShardedTensor) and ".experts." in t.key}
+
+
 def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, model: str = "tiny", steps: int = 3,
                                 micro_batches: int = 2, tokens_per_rank: int = 16, replica_slots: int = 2,
-                                seed: int = 0) -> dict:
+                                seed: int = 0, tp: int = 1) -> dict:
     """ReLibra against static placement under megatron DDP and get_megatron_optimizer, per set-up.
 
     Grid: EP `ep`, DP world / ep (megatron's initialize_model_parallel). The trace has one source per
@@ -250,8 +281,11 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
     from relibra.runtime.megatron_train import MegatronSetup, MegatronTrainer, megatron_grid
 
     torch.use_deterministic_algorithms(False)
-    pgc = megatron_grid(ep)
+    pgc = megatron_grid(ep, tp)
     dp = world // ep
+    if tp > 1 and dist.get_process_group_ranks(pgc.tp) != dist.get_process_group_ranks(pgc.ep):
+        raise ConfigError(f"TP {tp} x EP {ep}: the worker feeds each EP group one sequence, so its TP group must "
+                          "be its EP group (TP = EP)")
     e_rank, d_rank = pgc.ep.rank(), pgc.expt_dp.rank()
     src = d_rank * ep + e_rank
     trace = _make_trace(model, world, steps, micro_batches, tokens_per_rank, seed)
@@ -268,27 +302,43 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
             trainer = MegatronTrainer(ModelConfig(cfg.shape, L, replica_slots if kind == "relibra" else 0, seed),
                                       setup, pgc, tokens_per_rank * 2)
             losses, norms, moved, replica_tokens = [], [], 0, 0
+            expert_runs = [0]  # expert-MLP forwards: under recompute each is re-run in backward
+            for moe in trainer.hook.slots.moes:
+                moe.experts.register_forward_pre_hook(lambda *_: expert_runs.__setitem__(0, expert_runs[0] + 1))
             for step in range(steps):
                 loads = trace.loads[step][:, :, sources]  # [M, L, ep, E]: this EP group's sources
+                batches = [data.batch(step, m, src, L) for m in range(micro_batches)]
+                # the loss is a mean over this DP replica's tokens of the micro-batch
+                ntok = [int(sum(data.batch(step, m, s, L).ids.size for s in range(sources.start, sources.stop)))
+                        for m in range(micro_batches)]
+                if tp > 1:  # the TP group runs its sources' tokens as one sequence; each rank routes its slice
+                    parts = [_tp_sequence(data, step, m, sources, e_rank, tp, L, E) for m in range(micro_batches)]
+                    batches = [b for b, _ in parts]
+                    loads = np.stack([slice_loads for _, slice_loads in parts])  # the slices are the sources
+                    ntok = [len(b.ids) for b in batches]
                 if kind == "static":
                     plan = static_plan(loads, ep)
                 else:
                     plan = in_node_replica_plan(loads, ep, replica_slots, home=homes[step % len(homes)])
                     replica_tokens += int(plan.occupied_replica_tokens().sum())
-                batches = [data.batch(step, m, src, L) for m in range(micro_batches)]
-                # the loss is a mean over this DP replica's tokens of the micro-batch
-                ntok = [int(sum(data.batch(step, m, s, L).ids.size for s in range(sources.start, sources.stop)))
-                        for m in range(micro_batches)]
                 res = trainer.step(plan, batches, ntok)
                 loss = torch.tensor([res["loss"]], dtype=torch.float64)
                 dist.all_reduce(loss)
-                losses.append(float(loss.item()) / dp)
+                losses.append(float(loss.item()) / (dp * tp))  # every TP rank holds its group's loss
                 norms.append(res["grad_norm"])
                 moved += res["experts_moved"]
+            forwards = steps * micro_batches * L
             record[kind] = {"losses": losses, "norms": norms, "moved": moved, "replica_tokens": replica_tokens,
+                            "recomputed": expert_runs[0] == 2 * forwards if setup.recompute else
+                            expert_runs[0] == forwards,
                             "dense": trainer.dense_state()}
             for what in ("param", "master", "exp_avg_sq"):
                 record[kind][what] = gather_arrays(trainer.logical_expert_state(what))
+            # what a weight push and a distributed checkpoint read: logical names, replica slots left out
+            record[kind]["logical_state_dict"] = {
+                k: v.detach().double().cpu().numpy() for k, v in logical_state_dict(trainer.model, gather=True).items()
+                if torch.is_tensor(v)}
+            record[kind]["sharded_experts"] = gather_arrays(sharded_expert_tensors(trainer.model))
             # every DP replica holds the same experts: compare them across replicas too
             mine = trainer.logical_expert_state("param")
             flat = torch.tensor(np.concatenate([mine[k] for k in sorted(mine)]))
@@ -305,10 +355,19 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
                 "master": max_diff(rl["master"], st["master"]),
                 "exp_avg_sq": max_diff(rl["exp_avg_sq"], st["exp_avg_sq"]),
                 "dense": float(np.abs(rl["dense"] - st["dense"]).max()),
+                "logical_state_dict": max_diff(rl["logical_state_dict"], st["logical_state_dict"]),
+                "sharded_experts": max_diff(rl["sharded_experts"], st["sharded_experts"]),
                 "losses": rl["losses"], "static_losses": st["losses"], "norms": rl["norms"], "static_norms": st["norms"],
             }
             checks[f"{setup.name}: migrated"] = rl["moved"] > 0 and st["moved"] == 0
             checks[f"{setup.name}: replicas carried tokens"] = rl["replica_tokens"] > 0
+            checks[f"{setup.name}: experts ran {'twice (recompute)' if setup.recompute else 'once'} per forward"] = (
+                rl["recomputed"] and st["recomputed"])
+        if setup.gradient_accumulation_fusion and torch.cuda.device_count() == 0:
+            from relibra.runtime import standins  # the fused weight-gradient path ran (host kernel)
+
+            counter = standins.FUSED_GROUPED_WGRADS if setup.grouped_gemm else standins.FUSED_WGRAD_CALLS
+            checks[f"{setup.name}: fused weight-gradient path ran on rank {rank}"] = counter[0] > 0
     flag = torch.tensor([int(checks["ep_groups_agree"])])
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     checks["ep_groups_agree"] = bool(flag.item())
