@@ -132,9 +132,9 @@ def test_sparse_model_json_and_preset_files_are_refused_before_reading(tmp_path)
 
 @pytest.mark.parametrize("argv, words", [
     (["trace", "generate", "--model", "tiny", "--workload", "math", "--ep", "4", "--steps", "1000000000", "--out", "g.npz"],
-     "over the bound of 100000 steps"),
+     "--steps must be an integer 1..10000"),
     (["trace", "generate", "--model", "tiny", "--workload", "math", "--ep", "4", "--steps", "2", "--out", "g.npz", "--length-scale",
-      "8e5"], "beyond the int32 counts"),
+      "8e5"], "--length-scale must be a number in [0.001, 100.0]"),
     (["trace", "generate", "--model", "tiny,num_kv_heads=3", "--workload", "math", "--ep", "4", "--steps", "2", "--out", "g.npz"],
      "num_kv_heads=3 must divide num_attention_heads=4"),
     (["trace", "generate", "--model", "tiny,vocab=100000000", "--workload", "math", "--ep", "4", "--steps", "2", "--out", "g.npz"],
@@ -152,6 +152,20 @@ def test_sizes_and_shapes_are_refused_before_any_work(argv, words, tmp_path, cap
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err
+
+
+def test_the_generator_refuses_what_would_overflow_before_drawing():
+    """Below the command line's bounds, generate_trace itself checks the loads' size and the int32 token
+    counts before any routing is drawn (a caller in code passes no flag check)."""
+    import dataclasses
+
+    from relibra.errors import ConfigError
+    from relibra.workloads import WorkloadConfig, generate_trace
+
+    with pytest.raises(ConfigError, match="beyond the int32 counts"):
+        generate_trace("tiny", "math", 4, steps=2, config=dataclasses.replace(WorkloadConfig(), length_scale=8e5))
+    with pytest.raises(ConfigError, match="generate_trace"):
+        generate_trace("tiny", "math", 4, steps=10**9)
 
 
 def test_model_json_shapes_are_checked(tmp_path):
