@@ -174,19 +174,57 @@ def test_compat_checks_megatron_version_on_every_device(monkeypatch, cuda):
 
     monkeypatch.setattr(compat, "_applied", False)
     monkeypatch.setattr(compat, "cuda_absent", lambda: not cuda)
-    monkeypatch.setattr(compat, "megatron_version", lambda: "0.15.3")
-    with pytest.raises(ConfigError, match="tested with megatron-core 0.16.0 and 0.16.1; found 0.15.3"):
-        compat.apply()
-    with pytest.raises(ConfigError, match="found 0.15.3"):
-        PlacementRouter(_config(), None, num_experts=4)  # the router checks too, whoever builds it
+    for refused in ("0.14.0", "0.19.2"):  # releases outside the supported lines, whatever their API
+        monkeypatch.setattr(compat, "megatron_version", lambda v=refused: v)
+        with pytest.raises(ConfigError, match=f"supports megatron-core 0.15.x and 0.16.x releases .*found {refused}"):
+            compat.apply()
+        with pytest.raises(ConfigError, match=f"found {refused}"):
+            PlacementRouter(_config(), None, num_experts=4)  # the router checks too, whoever builds it
+    # a development build is judged by its API, not by its version string
+    monkeypatch.setattr(compat, "megatron_version", lambda: "0.17.0rc0.dev4")
+    assert compat.check_megatron_version() == "0.17.0rc0.dev4"
+    monkeypatch.setattr(compat, "missing_api", lambda: ["TopKRouter.routing"])
+    with pytest.raises(ConfigError, match=r"0.16.0rc0 \(a development build, judged by its API\) lacks .*TopKRouter"):
+        monkeypatch.setattr(compat, "megatron_version", lambda: "0.16.0rc0")
+        compat.check_megatron_version()
+    monkeypatch.undo()
+    monkeypatch.setattr(compat, "_applied", False)
+    monkeypatch.setattr(compat, "cuda_absent", lambda: not cuda)
+    assert compat.missing_api() == []  # the installed release has every call the kit makes
     if cuda:
-        monkeypatch.setattr(compat, "megatron_version", lambda: "0.16.0")
         from megatron.core.transformer.moe import moe_utils
 
         # a CUDA machine without Transformer Engine: megatron-core leaves te_general_gemm unbound
         monkeypatch.delattr(moe_utils, "te_general_gemm", raising=False)
-        assert compat.apply() is False  # a tested release on a CUDA machine: checked, host patches off
+        assert compat.apply() is False  # a supported release on a CUDA machine: checked, host patches off
         assert moe_utils.te_general_gemm is None  # the router GEMM's torch path, on every device
+
+
+def test_wrap_takes_019_partial_moe_specs():
+    """megatron-core 0.19 builds layer specs as functools.partial(MoELayer, submodules=...); the wrap finds them."""
+    import functools
+
+    user = get_gpt_layer_local_spec(num_experts=4)
+    moe = user.submodules.mlp
+    user.submodules.mlp = functools.partial(moe.module, submodules=moe.submodules, **(moe.params or {}))
+    wrapped = wrap_moe_spec(user, num_experts=4)
+    sub = wrapped.submodules.mlp.keywords["submodules"]
+    assert wrapped.submodules.mlp.func is MoELayer
+    assert sub.router.func is PlacementRouter and sub.experts.module is OccupiedSequentialMLP
+    assert user.submodules.mlp.keywords["submodules"].experts.module is SequentialMLP  # the user's spec untouched
+
+
+def test_config_rebuilds_keep_a_stacks_extra_attributes():
+    """verl's router_replay_patch sets enable_routing_replay on the config object (not a dataclass field);
+    physical_config and the router's rebuild keep it, and re-derive what __post_init__ derives."""
+    from relibra.runtime.router import rebuild_config
+
+    config = _config()
+    config.enable_routing_replay = True  # as verl's patched TransformerConfig.__init__ leaves it
+    physical = physical_config(config, ep=2, replica_slots=1)
+    assert physical.num_moe_experts == 6 and physical.enable_routing_replay is True
+    assert rebuild_config(physical, num_moe_experts=4).enable_routing_replay is True
+    assert "enable_routing_replay" not in vars(rebuild_config(_config(), num_moe_experts=6))
 
 
 def test_hook_given_ids_are_checked_against_the_router():

@@ -30,12 +30,14 @@ import dataclasses
 import functools
 
 import torch
-from megatron.core.transformer.moe.experts import GroupedMLP, SequentialMLP, TEGroupedMLP
-from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.core.transformer.moe.experts import SequentialMLP, TEGroupedMLP
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from relibra.errors import ConfigError
-from relibra.runtime.router import SUPPORTED_DISPATCHERS, PlacementRouter, check_config
+from relibra.runtime import compat
+from relibra.runtime.router import SUPPORTED_DISPATCHERS, PlacementRouter, check_config, rebuild_config
+
+GroupedMLP = compat.legacy_grouped_mlp()  # None from 0.19, which removed it
 
 __all__ = ["SUPPORTED_DISPATCHERS", "OccupiedSequentialMLP", "check_config", "gpt_layer_spec", "moe_layer_spec",
            "physical_config", "wrap_moe_spec"]
@@ -104,7 +106,7 @@ class OccupiedSequentialMLP(SequentialMLP):
 
 def _wrap_experts(experts, where: str):
     module = experts.module if isinstance(experts, ModuleSpec) else experts
-    if isinstance(module, type) and issubclass(module, (GroupedMLP, TEGroupedMLP)):
+    if isinstance(module, type) and issubclass(module, tuple(c for c in (GroupedMLP, TEGroupedMLP) if c)):
         raise ConfigError(f"{where}: the experts are {module.__name__} (grouped GEMM); ReLibra needs one MLP module "
                           "per expert slot: build the spec with moe_grouped_gemm=False (SequentialMLP)")
     if isinstance(module, type) and issubclass(module, OccupiedSequentialMLP):
@@ -131,16 +133,19 @@ def wrap_moe_spec(spec, num_experts: int):
     found = []
 
     def visit(node, where):
-        if isinstance(node, ModuleSpec):
-            if isinstance(node.module, type) and issubclass(node.module, MoELayer):
-                sub = node.submodules
-                if sub is None:
-                    raise ConfigError(f"{where}: the MoELayer spec has no submodules")
-                sub.experts = _wrap_experts(sub.experts, where)
-                sub.router = functools.partial(PlacementRouter, num_experts=num_experts)
-                found.append(where)
-                return
+        moe = compat.moe_spec_parts(node)  # a ModuleSpec(MoELayer), or 0.19's partial(MoELayer)
+        if moe is not None:
+            sub = moe[1]
+            if sub is None:
+                raise ConfigError(f"{where}: the MoELayer spec has no submodules")
+            sub.experts = _wrap_experts(sub.experts, where)
+            sub.router = functools.partial(PlacementRouter, num_experts=num_experts)
+            found.append(where)
+        elif isinstance(node, ModuleSpec):
             visit(node.submodules, where + ".submodules")
+        elif isinstance(node, functools.partial):
+            for name, value in node.keywords.items():
+                visit(value, f"{where}.{name}")
         elif dataclasses.is_dataclass(node) and not isinstance(node, type):
             for f in dataclasses.fields(node):
                 visit(getattr(node, f.name), f"{where}.{f.name}")
@@ -186,4 +191,4 @@ def physical_config(config, ep: int, replica_slots: int):
     if replica_slots < 0:
         raise ConfigError(f"replica slots must be >= 0, got {replica_slots}")
     check_config(config)
-    return dataclasses.replace(config, num_moe_experts=ep * (experts // ep + replica_slots))
+    return rebuild_config(config, num_moe_experts=ep * (experts // ep + replica_slots))
