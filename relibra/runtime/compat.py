@@ -30,10 +30,13 @@ patch 4 is applied (the rest then runs on NCCL); on the host the patches below a
 
 Code paths that differ between releases, each named with the release that needs it:
   0.16  `routing_takes_padding_mask`: TopKRouter.routing(logits, padding_mask) (0.15: routing(logits)).
+  0.16  `router_in_moe_submodules`: the MoE spec names its router (0.15: MoELayer builds TopKRouter by
+        name; `build_routers_from_submodules` makes that name build the router the spec names).
   0.16  `native_router_replay`: TopKRouter builds a RouterReplay when the config sets
         moe_enable_routing_replay, and topk_routing_with_score_function asks it for the top-k
         (router_replay=...). 0.15 has neither: `given_topk` then hands given ids to the router
         through the top-k call of topk_routing_with_score_function (`_GivenTopkTorch`).
+  0.16  `moe_layer_regions`: MoELayer.route and .preprocess (0.15: one router_and_preprocess).
   0.19  `legacy_grouped_mlp`: GroupedMLP was removed (None there; TEGroupedMLP remains).
   0.19  `moe_spec_parts`: layer specs may hold functools.partial(MoELayer, submodules=...) instead
         of a ModuleSpec(module=MoELayer).
@@ -51,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import sys
 
 import torch
 from megatron.core import package_info
@@ -217,6 +221,55 @@ def routing_replay_option() -> dict:
 
     fields = {f.name for f in __import__("dataclasses").fields(TransformerConfig)}
     return {"moe_enable_routing_replay": True} if "moe_enable_routing_replay" in fields else {}
+
+
+@functools.cache
+def router_in_moe_submodules() -> bool:
+    """0.16: MoESubmodules has a `router` the MoELayer builds; 0.15: MoELayer.__init__ builds
+    `TopKRouter(config=..., pg_collection=...)` by its module-level name (build_routers_from_submodules)."""
+    import dataclasses
+
+    from megatron.core.transformer.moe.moe_layer import MoESubmodules
+
+    return "router" in {f.name for f in dataclasses.fields(MoESubmodules)}
+
+
+def build_routers_from_submodules() -> None:
+    """0.15 (no router in MoESubmodules): re-bind moe_layer's module-level name TopKRouter to a function
+    that builds, for the MoELayer calling it, the router its submodules name in `relibra_router`
+    (relibra.runtime.spec.wrap_moe_spec sets it), and megatron-core's TopKRouter for any other layer.
+    The layer stays megatron's own MoELayer class: 0.15's TransformerLayer hands its process groups only to
+    that exact class. Idempotent."""
+    from megatron.core.transformer.moe import moe_layer
+
+    if getattr(moe_layer.TopKRouter, "builds_from_submodules", False):
+        return
+    stock = moe_layer.TopKRouter
+
+    def router_of_calling_layer(*args, **kwargs):
+        caller = sys._getframe(1).f_locals.get("self")  # the MoELayer whose __init__ builds its router
+        factory = getattr(getattr(caller, "submodules", None), "relibra_router", None)
+        if not isinstance(caller, moe_layer.MoELayer) or factory is None:
+            return stock(*args, **kwargs)
+        return factory(*args, **kwargs)
+
+    router_of_calling_layer.builds_from_submodules = True
+    moe_layer.TopKRouter = router_of_calling_layer
+
+
+def moe_layer_regions() -> list[tuple[str, str, dict]]:
+    """The MoELayer methods the runtime times (relibra.runtime.engine.instrument): (method, region,
+    timed_region keywords). 0.16: route, preprocess (its count all-gather), dispatch,
+    routed_experts_compute, combine. 0.15 has no route / preprocess: router_and_preprocess runs both and
+    is timed as the router (its permute and count all-gather included; the permute region stays empty)."""
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    tail = [("dispatch", "dispatch", {"collective": ("forward", "backward")}),
+            ("routed_experts_compute", "expert_compute", {"count_tokens": True}),
+            ("combine", "combine", {"collective": ("forward", "backward")})]
+    if hasattr(MoELayer, "route") and hasattr(MoELayer, "preprocess"):
+        return [("route", "router", {}), ("preprocess", "permute", {"collective": ("forward",)})] + tail
+    return [("router_and_preprocess", "router", {"collective": ("forward",)})] + tail
 
 
 def legacy_grouped_mlp():

@@ -139,7 +139,11 @@ def wrap_moe_spec(spec, num_experts: int):
             if sub is None:
                 raise ConfigError(f"{where}: the MoELayer spec has no submodules")
             sub.experts = _wrap_experts(sub.experts, where)
-            sub.router = functools.partial(PlacementRouter, num_experts=num_experts)
+            if compat.router_in_moe_submodules():
+                sub.router = functools.partial(PlacementRouter, num_experts=num_experts)
+            else:  # 0.15: MoELayer builds its router itself, by the name compat re-binds
+                sub.relibra_router = functools.partial(PlacementRouter, num_experts=num_experts)
+                compat.build_routers_from_submodules()
             found.append(where)
         elif isinstance(node, ModuleSpec):
             visit(node.submodules, where + ".submodules")
