@@ -250,7 +250,10 @@ def slime_worker(rank: int, world: int) -> dict:
     plan = plan_step.last_plan
     out["plan_loads_equal_routed"] = bool(
         (plan.loads[:, :, rank].sum(axis=-1) == TOKENS * K).all())
-    out["experts_moved_or_replicas"] = int((plan.home != hook.home).sum()) + int(plan.replica_tokens.sum())
+    from relibra.trace import static_placement
+
+    out["experts_moved"] = int((plan.home != static_placement(LAYERS, E, 2)).sum())
+    out["replica_tokens"] = int(plan.replica_tokens.sum())
     os.environ["ROUTING_REPLAY_STAGE"] = "replay_backward"
     diffs = []
     for m, batch in enumerate(batches):
@@ -265,6 +268,13 @@ def slime_worker(rank: int, world: int) -> dict:
     out["train"] = hook.replay_counts()
     out["train_max_abs_diff"] = max(diffs)
     out["forward_index"] = [r.routing_replay.forward_index for r in routers]
+    # the next rollout's log-prob recompute, after the step: no hook call, homes as migrated, no replicas
+    SlimeRoutingReplay.clear_all_forward()
+    os.environ["ROUTING_REPLAY_STAGE"] = "replay_forward"
+    with torch.no_grad():
+        after = [_run(model, batch) for batch in batches]
+    out["after_step_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(after, logprob_out))
+    out["after_step"] = hook.replay_counts()
     # without slime's megatron patch the replay is not applied: refused
     SlimeRoutingReplay.clear_all_forward()
     patched = router_module.topk_routing_with_score_function
@@ -300,8 +310,10 @@ def test_slime_replay_drives_the_plan_and_a_planless_logprob_forward_runs():
     assert out["replay_objects"] == ["SlimeRoutingReplay"] * LAYERS
     assert out["logprob"] == {"tokens": tokens, "followed": tokens}  # no plan: routed home, replay followed
     assert out["train"] == {"tokens": tokens, "followed": tokens}  # 100% of tokens followed slime's replay
-    assert out["plan_loads_equal_routed"] and out["experts_moved_or_replicas"] > 0
+    assert out["plan_loads_equal_routed"] and out["experts_moved"] + out["replica_tokens"] > 0
     assert out["train_max_abs_diff"] < TOL  # same function as the planless forward
     assert out["forward_index"] == [MICRO] * LAYERS  # each micro-batch replayed exactly once
+    assert out["after_step"] == {"tokens": 2 * tokens, "followed": 2 * tokens}  # counted since begin_step
+    assert out["after_step_max_abs_diff"] < TOL  # planless forward after migrations: homes, same function
     assert "did not follow the replayed routing" in out["unpatched"]
     assert "holds 2 micro-batches, none at index 2" in out["exhausted"]

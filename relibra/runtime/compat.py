@@ -37,6 +37,7 @@ Code paths that differ between releases, each named with the release that needs 
         (router_replay=...). 0.15 has neither: `given_topk` then hands given ids to the router
         through the top-k call of topk_routing_with_score_function (`_GivenTopkTorch`).
   0.16  `moe_layer_regions`: MoELayer.route and .preprocess (0.15: one router_and_preprocess).
+  0.15  `provide_global_tp_group`: layers that read parallel_state's TP group get the model's.
   0.19  `legacy_grouped_mlp`: GroupedMLP was removed (None there; TEGroupedMLP remains).
   0.19  `moe_spec_parts`: layer specs may hold functools.partial(MoELayer, submodules=...) instead
         of a ModuleSpec(module=MoELayer).
@@ -270,6 +271,26 @@ def moe_layer_regions() -> list[tuple[str, str, dict]]:
     if hasattr(MoELayer, "route") and hasattr(MoELayer, "preprocess"):
         return [("route", "router", {}), ("preprocess", "permute", {"collective": ("forward",)})] + tail
     return [("router_and_preprocess", "router", {"collective": ("forward",)})] + tail
+
+
+def release_line() -> tuple[int, int]:
+    """(major, minor) of the installed megatron-core (development builds: the line they lead to)."""
+    try:
+        return Version(megatron_version()).release[:2]
+    except InvalidVersion:
+        return (0, 0)
+
+
+def provide_global_tp_group(pg_collection) -> None:
+    """0.15: attention's output projection (tensor_parallel/layers.py,
+    linear_with_grad_accumulation_and_async_allreduce) is given no tp_group and falls back to
+    parallel_state's; a model built from explicit process groups (the runtime's) then finds none. Where
+    parallel_state holds no tensor-parallel group, it gets pg_collection.tp. Later releases pass the group."""
+    from megatron.core import parallel_state
+
+    if release_line() != (0, 15) or parallel_state._TENSOR_MODEL_PARALLEL_GROUP is not None:
+        return
+    parallel_state._TENSOR_MODEL_PARALLEL_GROUP = pg_collection.tp
 
 
 def legacy_grouped_mlp():

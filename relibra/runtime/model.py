@@ -74,6 +74,7 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int):
     # The model has no dropout, so megatron's attention needs no seeded CUDA RNG streams: its own no-op
     # tracker serves the fork around its (zero) attention dropout, on the host and on GPUs alike.
     megatron_random.initialize_rng_tracker(inference_rng_tracker=True)
+    compat.provide_global_tp_group(pg_collection)
     ep = pg_collection.ep.size()
     # expert_model_parallel_size marks the expert weights as expert-parallel (allreduce=False), so
     # megatron's DDP reduces them over the expert data-parallel group, never across experts.
