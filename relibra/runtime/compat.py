@@ -37,7 +37,8 @@ Code paths that differ between releases, each named with the release that needs 
         (router_replay=...). 0.15 has neither: `given_topk` then hands given ids to the router
         through the top-k call of topk_routing_with_score_function (`_GivenTopkTorch`).
   0.16  `moe_layer_regions`: MoELayer.route and .preprocess (0.15: one router_and_preprocess).
-  0.15  `provide_global_tp_group`: layers that read parallel_state's TP group get the model's.
+  0.16  `provide_global_tp_group`: a layer given no TP group passes None through (0.15 asserts
+        parallel_state's; it then gets the model's).
   0.19  `legacy_grouped_mlp`: GroupedMLP was removed (None there; TEGroupedMLP remains).
   0.19  `moe_spec_parts`: layer specs may hold functools.partial(MoELayer, submodules=...) instead
         of a ModuleSpec(module=MoELayer).
@@ -47,7 +48,8 @@ Code paths that differ between releases, each named with the release that needs 
   installed here; its release line is refused until it is tested (docs/integration.md).
 
 Tested: 0.15.3 (a CI step of its own: ./reproduce.sh test-mcore 0.15), 0.16.0 and 0.16.1 (files the kit
-reaches identical), and the development build 0.16.0rc0.dev132713 (runtime and integration tests).
+reaches identical), and the development build 0.16.0rc0.dev132713 from PyPI (runtime and integration
+tests), whose API is 0.15's on every probe here (no RouterReplay, no router in the MoE spec).
 """
 
 from __future__ import annotations
@@ -273,24 +275,24 @@ def moe_layer_regions() -> list[tuple[str, str, dict]]:
     return [("router_and_preprocess", "router", {"collective": ("forward",)})] + tail
 
 
-def release_line() -> tuple[int, int]:
-    """(major, minor) of the installed megatron-core (development builds: the line they lead to)."""
-    try:
-        return Version(megatron_version()).release[:2]
-    except InvalidVersion:
-        return (0, 0)
-
-
 def provide_global_tp_group(pg_collection) -> None:
-    """0.15: attention's output projection (tensor_parallel/layers.py,
-    linear_with_grad_accumulation_and_async_allreduce) is given no tp_group and falls back to
-    parallel_state's; a model built from explicit process groups (the runtime's) then finds none. Where
-    parallel_state holds no tensor-parallel group, it gets pg_collection.tp. Later releases pass the group."""
-    from megatron.core import parallel_state
+    """0.15 (and the 0.16.0rc0 development builds on PyPI): attention's output projection
+    (tensor_parallel/layers.py, linear_with_grad_accumulation_and_async_allreduce) falls back to
+    parallel_state's TP group, and utils.get_tensor_model_parallel_group_if_none asserts it exists; a model
+    built from explicit process groups (the runtime's) has none there. 0.16 passes None through. Probed by
+    that call; where it asserts, parallel_state's TP group becomes pg_collection.tp."""
+    import warnings
 
-    if release_line() != (0, 15) or parallel_state._TENSOR_MODEL_PARALLEL_GROUP is not None:
+    from megatron.core import parallel_state, utils
+
+    if parallel_state._TENSOR_MODEL_PARALLEL_GROUP is not None:
         return
-    parallel_state._TENSOR_MODEL_PARALLEL_GROUP = pg_collection.tp
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            utils.get_tensor_model_parallel_group_if_none(None)
+    except AssertionError:
+        parallel_state._TENSOR_MODEL_PARALLEL_GROUP = pg_collection.tp
 
 
 def legacy_grouped_mlp():
