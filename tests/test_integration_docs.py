@@ -1,9 +1,9 @@
 """Every snippet of docs/integration.md runs: the setup, then each stack's snippet (megatron-core, verl,
 slime), on 2 gloo ranks (EP 2), one launch. Each stack's run starts from a fresh setup.
 
-For slime, a stand-in shaped as slime's RoutingReplay and bridge (tests/test_integration_replay.py) is
-installed on every router and filled by one recording forward first, as slime's fill_routing_replay
-fills it from the rollout's routed experts.
+For slime, slime's RoutingReplay (tests/stack_doubles.py, with slime's megatron patch) is installed on
+every router and filled by one recording forward first, as slime's fill_routing_replay fills it from the
+rollout's routed experts.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("megatron.core")
+# megatron-core's own RouterReplay (0.16); on 0.15 verl's and slime's replay are tested by test_stack_replay.py
+pytest.importorskip("megatron.core.transformer.moe.router_replay")
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "integration.md"
 STACKS = ("megatron-core", "verl", "slime")
@@ -72,6 +74,7 @@ def docs_worker(rank: int, world: int) -> dict:
             "home_matches_plan": bool((hook.home == plan.home).all()),
         }
         os.environ.pop("ROUTING_REPLAY_STAGE", None)
+        os.environ.pop("ENABLE_ROUTING_REPLAY", None)
         from megatron.core import parallel_state
         from megatron.core.transformer.moe.router_replay import RouterReplay
 

@@ -6,7 +6,8 @@
 - native replay drives the plan: RouterReplay RECORD in a rollout forward, the recorded ids become
   the plan's loads, and training replays them through RouterReplay.set_replay_data + REPLAY_FORWARD
   (the hook gets no ids); outputs equal the rollout's;
-- slime's replay object (a stand-in shaped as slime/utils/routing_replay.py's) drives the same way;
+- slime's RoutingReplay (tests/stack_doubles.py, shaped as slime/utils/routing_replay.py's, with slime's
+  megatron patch applied) drives the same way;
 - logical checkpoints: after a migration, megatron's dist_checkpointing saves the ReLibra model and
   loads into a stock megatron-core model of the same spec: equal outputs; logical_state_dict(gather=True)
   loads into a stock EP 1 model: equal outputs.
@@ -21,63 +22,25 @@ import numpy as np
 import pytest
 
 pytest.importorskip("megatron.core")
+# megatron-core's own RouterReplay (0.16); on 0.15 verl's and slime's replay are tested by test_stack_replay.py
+pytest.importorskip("megatron.core.transformer.moe.router_replay")
 
 E, K, HIDDEN, LAYERS, TOKENS, MICRO, R = 4, 2, 16, 2, 12, 2, 1
 TOL = 1e-10
 
 
-# ---- a stand-in for slime's routing replay (slime/utils/routing_replay.py), same attributes and calls ----
-class StandInSlimeRoutingReplay:
-    """slime's RoutingReplay: top_indices_list, forward_index, backward_index, record, pop_forward, pop_backward."""
-
-    current = None  # slime's module-level ROUTING_REPLAY, set by a forward pre-hook on the router
-
-    def __init__(self):
-        self.forward_index = 0
-        self.backward_index = 0
-        self.top_indices_list = []
-
-    def record(self, top_indices):
-        self.top_indices_list.append(top_indices.detach().clone())
-
-    def pop_forward(self):
-        ids = self.top_indices_list[self.forward_index]
-        self.forward_index += 1
-        return ids.to(dtype=__import__("torch").int32)
-
-    def pop_backward(self):
-        ids = self.top_indices_list[self.backward_index]
-        self.backward_index += 1
-        return ids.to(dtype=__import__("torch").int32)
-
-
-class StandInSlimeBridge:
-    """slime's _SlimeRouterReplay: only get_replay_topk, the stage read from ROUTING_REPLAY_STAGE."""
-
-    def __init__(self, original):
-        self.original = original
-
-    def get_replay_topk(self, scores, topk, num_groups, group_topk, compute_topk):
-        stage = os.environ.get("ROUTING_REPLAY_STAGE", "fallthrough")
-        replay = StandInSlimeRoutingReplay.current
-        if stage == "record":
-            probs, ids = compute_topk(scores, topk, num_groups, group_topk)
-            replay.record(ids)
-            return probs, ids
-        if stage == "replay_forward":
-            ids = replay.pop_forward().long()
-            return scores.gather(1, ids), ids
-        return compute_topk(scores, topk, num_groups, group_topk)
-
-
+# ---- slime's routing replay (tests/stack_doubles.py: slime/utils/routing_replay.py and its megatron patch) ----
 def install_slime_stand_in(router):
-    router.routing_replay = StandInSlimeRoutingReplay()
-    router.router_replay = StandInSlimeBridge(router.router_replay)
+    """slime's RoutingReplay on an already built router, as the line slime's patch adds to
+    TopKRouter.__init__ (register_routing_replay) would have installed it; slime's compute_topk wrap is
+    applied to megatron-core's topk_routing_with_score_function once."""
+    import sys
 
-    def pre_forward(module, args):
-        StandInSlimeRoutingReplay.current = module.routing_replay
+    from stack_doubles import apply_slime_megatron_patch
 
-    router.register_forward_pre_hook(pre_forward)
+    os.environ["ENABLE_ROUTING_REPLAY"] = "1"
+    apply_slime_megatron_patch()
+    sys.modules["slime.utils.routing_replay"].register_routing_replay(router)
 
 
 # ---- the worker ----------------------------------------------------------------------------------
@@ -138,6 +101,7 @@ def integration_worker(rank: int, world: int, ckpt_dir: str) -> dict:
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.tensor_parallel import random as mrandom
     from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
+    from megatron.core.transformer.moe.router import TopKRouter
     from megatron.core.transformer.moe.shared_experts import SharedExpertMLP
 
     from relibra.integrations import slime as slime_adapter
@@ -160,7 +124,7 @@ def integration_worker(rank: int, world: int, ckpt_dir: str) -> dict:
     out["shared_experts"] = [type(m.shared_experts).__name__ for m in layers]
     assert all(isinstance(m.shared_experts, SharedExpertMLP) for m in layers)
     assert all(isinstance(m.experts, OccupiedSequentialMLP) for m in layers)
-    assert user_spec.submodules.mlp.submodules.router.__name__ == "TopKRouter"  # the user's spec is untouched
+    assert getattr(user_spec.submodules.mlp.submodules, "router", None) in (None, TopKRouter)  # the user's spec is untouched
     hook = ReLibraHook(model, ep_group, ranks_per_node=2)
     hook.slots.load_logical_weights(_expert_weights)
     hook.optimizer = torch.optim.AdamW(hook.slots.home_expert_parameters())
@@ -221,10 +185,9 @@ def integration_worker(rank: int, world: int, ckpt_dir: str) -> dict:
             hook.before_microbatch(m)
             diffs.append(float((_run(model, batch) - rollout_out[m]).abs().max()))
     os.environ.pop("ROUTING_REPLAY_STAGE")
+    os.environ.pop("ENABLE_ROUTING_REPLAY")  # back to megatron's own replay object
     out["slime_replay_max_abs_diff"] = max(diffs)
     out["slime_forward_index"] = [moe.router.routing_replay.forward_index for moe in layers]
-    for moe in layers:  # back to megatron's own replay object
-        moe.router.router_replay = moe.router.router_replay.original
 
     # -- logical checkpoint after the migrations, into a stock model of the user's spec --
     out["home_rank0_layer0"] = hook.home[0].tolist()

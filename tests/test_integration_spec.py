@@ -15,6 +15,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec,
 from megatron.core.transformer.mlp import MLPSubmodules  # noqa: E402
 from megatron.core.transformer.moe.experts import SequentialMLP, TEGroupedMLP  # noqa: E402
 from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules  # noqa: E402
+from megatron.core.transformer.moe.router import TopKRouter  # noqa: E402
 from megatron.core.transformer.moe.shared_experts import SharedExpertMLP  # noqa: E402
 from megatron.core.transformer.spec_utils import ModuleSpec  # noqa: E402
 from megatron.core.transformer.transformer_config import TransformerConfig  # noqa: E402
@@ -36,26 +37,39 @@ def _config(**changes):
     return TransformerConfig(**base)
 
 
+def _placement_router_experts(moe_spec) -> int | None:
+    """E of the PlacementRouter a wrapped MoE spec builds: its router submodule (megatron-core 0.16), or the
+    submodules' relibra_router, which 0.15's MoELayer builds (relibra.runtime.compat)."""
+    from relibra.runtime import compat
+
+    assert issubclass(moe_spec.module, MoELayer)
+    if compat.router_in_moe_submodules():
+        router = moe_spec.submodules.router
+        assert router.func is PlacementRouter
+        return router.keywords["num_experts"]
+    return moe_spec.submodules.relibra_router.keywords["num_experts"]
+
+
 def test_wrap_keeps_the_layer_spec_but_router_and_experts():
     user = get_gpt_layer_local_spec(num_experts=4)
     wrapped = wrap_moe_spec(user, num_experts=4)
     moe, original = wrapped.submodules.mlp, user.submodules.mlp
-    assert moe.module is MoELayer and moe.metainfo == original.metainfo
-    assert moe.submodules.router.func is PlacementRouter and moe.submodules.router.keywords == {"num_experts": 4}
+    assert getattr(moe, "metainfo", None) == getattr(original, "metainfo", None)  # 0.16+
+    assert _placement_router_experts(moe) == 4
     assert moe.submodules.experts.module is OccupiedSequentialMLP
     assert moe.submodules.experts.submodules == original.submodules.experts.submodules  # the user's linear layers
     assert moe.submodules.shared_experts == original.submodules.shared_experts
     assert moe.submodules.shared_experts.module is SharedExpertMLP
     assert wrapped.submodules.self_attention == user.submodules.self_attention
-    assert original.submodules.router.__name__ == "TopKRouter"  # the user's spec is not changed
+    assert original.module is MoELayer and getattr(original.submodules, "router", TopKRouter) is TopKRouter  # untouched
     assert original.submodules.experts.module is SequentialMLP
 
 
 def test_wrap_block_spec_wraps_moe_layers_only():
     block = get_gpt_decoder_block_spec(_config(), use_transformer_engine=False, pp_rank=0)
     wrapped = wrap_moe_spec(block, num_experts=4)
-    kinds = [layer.submodules.mlp.module.__name__ for layer in wrapped.layer_specs]
-    assert kinds == ["MLP", "MoELayer", "MoELayer"]
+    kinds = [layer.submodules.mlp.module for layer in wrapped.layer_specs]
+    assert kinds[0].__name__ == "MLP" and all(issubclass(k, MoELayer) for k in kinds[1:])
     for layer in wrapped.layer_specs[1:]:
         assert layer.submodules.mlp.submodules.experts.module is OccupiedSequentialMLP
     assert wrapped.layer_specs[0].submodules.mlp == block.layer_specs[0].submodules.mlp
@@ -120,7 +134,6 @@ def test_shared_expert_model_from_the_stock_block_spec(single_rank):
     shared experts, and computes what the stock model computes with the same weights."""
     import torch
     from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.transformer.moe.router_replay import RouterReplay
 
     from relibra.runtime.hook import ReLibraHook
     from relibra.runtime.plans import static_plan
@@ -133,7 +146,7 @@ def test_shared_expert_model_from_the_stock_block_spec(single_rank):
     block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, pp_rank=0)
     relibra = GPTModel(physical, wrap_moe_spec(block, 4), vocab_size=32, max_sequence_length=16,
                        position_embedding_type="rope")
-    RouterReplay.clear_global_router_replay_instances()
+    _clear_native_replay()
     shared = [layer.mlp.shared_experts for layer in relibra.decoder.layers[1:]]
     assert all(isinstance(s, SharedExpertMLP) for s in shared)
     assert shared[0].linear_fc1.weight.shape == (32, 16)  # moe_shared_expert_intermediate_size x hidden
@@ -174,19 +187,62 @@ def test_compat_checks_megatron_version_on_every_device(monkeypatch, cuda):
 
     monkeypatch.setattr(compat, "_applied", False)
     monkeypatch.setattr(compat, "cuda_absent", lambda: not cuda)
-    monkeypatch.setattr(compat, "megatron_version", lambda: "0.15.3")
-    with pytest.raises(ConfigError, match="tested with megatron-core 0.16.0 and 0.16.1; found 0.15.3"):
-        compat.apply()
-    with pytest.raises(ConfigError, match="found 0.15.3"):
-        PlacementRouter(_config(), None, num_experts=4)  # the router checks too, whoever builds it
+    for refused in ("0.14.0", "0.19.2"):  # releases outside the supported lines, whatever their API
+        monkeypatch.setattr(compat, "megatron_version", lambda v=refused: v)
+        with pytest.raises(ConfigError, match=f"supports megatron-core 0.15.x and 0.16.x releases .*found {refused}"):
+            compat.apply()
+        with pytest.raises(ConfigError, match=f"found {refused}"):
+            PlacementRouter(_config(), None, num_experts=4)  # the router checks too, whoever builds it
+    # a development build is judged by its API, not by its version string
+    monkeypatch.setattr(compat, "megatron_version", lambda: "0.17.0rc0.dev4")
+    assert compat.check_megatron_version() == "0.17.0rc0.dev4"
+    monkeypatch.setattr(compat, "missing_api", lambda: ["TopKRouter.routing"])
+    with pytest.raises(ConfigError, match=r"0.16.0rc0 \(a development build, judged by its API\) lacks .*TopKRouter"):
+        monkeypatch.setattr(compat, "megatron_version", lambda: "0.16.0rc0")
+        compat.check_megatron_version()
+    monkeypatch.undo()
+    monkeypatch.setattr(compat, "_applied", False)
+    monkeypatch.setattr(compat, "cuda_absent", lambda: not cuda)
+    assert compat.missing_api() == []  # the installed release has every call the kit makes
     if cuda:
-        monkeypatch.setattr(compat, "megatron_version", lambda: "0.16.0")
         from megatron.core.transformer.moe import moe_utils
 
         # a CUDA machine without Transformer Engine: megatron-core leaves te_general_gemm unbound
         monkeypatch.delattr(moe_utils, "te_general_gemm", raising=False)
-        assert compat.apply() is False  # a tested release on a CUDA machine: checked, host patches off
+        assert compat.apply() is False  # a supported release on a CUDA machine: checked, host patches off
         assert moe_utils.te_general_gemm is None  # the router GEMM's torch path, on every device
+
+
+def test_wrap_takes_019_partial_moe_specs():
+    """megatron-core 0.19 builds layer specs as functools.partial(MoELayer, submodules=...); the wrap finds them."""
+    import functools
+
+    from relibra.runtime import compat
+
+    if not compat.router_in_moe_submodules():
+        pytest.skip("0.15's MoE spec names no router; 0.19's partial specs do")
+
+    user = get_gpt_layer_local_spec(num_experts=4)
+    moe = user.submodules.mlp
+    user.submodules.mlp = functools.partial(moe.module, submodules=moe.submodules, **(moe.params or {}))
+    wrapped = wrap_moe_spec(user, num_experts=4)
+    sub = wrapped.submodules.mlp.keywords["submodules"]
+    assert wrapped.submodules.mlp.func is MoELayer
+    assert sub.router.func is PlacementRouter and sub.experts.module is OccupiedSequentialMLP
+    assert user.submodules.mlp.keywords["submodules"].experts.module is SequentialMLP  # the user's spec untouched
+
+
+def test_config_rebuilds_keep_a_stacks_extra_attributes():
+    """verl's router_replay_patch sets enable_routing_replay on the config object (not a dataclass field);
+    physical_config and the router's rebuild keep it, and re-derive what __post_init__ derives."""
+    from relibra.runtime.router import rebuild_config
+
+    config = _config()
+    config.enable_routing_replay = True  # as verl's patched TransformerConfig.__init__ leaves it
+    physical = physical_config(config, ep=2, replica_slots=1)
+    assert physical.num_moe_experts == 6 and physical.enable_routing_replay is True
+    assert rebuild_config(physical, num_moe_experts=4).enable_routing_replay is True
+    assert "enable_routing_replay" not in vars(rebuild_config(_config(), num_moe_experts=6))
 
 
 def test_hook_given_ids_are_checked_against_the_router():
@@ -227,7 +283,6 @@ def test_replay_loads_count_ids_and_refuse_bad_ones():
 def test_slime_adapter_reads_ahead_without_consuming_and_refuses_what_it_cannot_read(single_rank):
     import torch
     from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.transformer.moe.router_replay import RouterReplay
 
     from relibra.errors import PlanError
     from relibra.integrations.slime import step_replay_ids
@@ -236,7 +291,7 @@ def test_slime_adapter_reads_ahead_without_consuming_and_refuses_what_it_cannot_
     model = GPTModel(physical_config(config, ep=1, replica_slots=0),
                      wrap_moe_spec(get_gpt_decoder_block_spec(config, use_transformer_engine=False, pp_rank=0), 4),
                      vocab_size=32, max_sequence_length=16, position_embedding_type="rope")
-    RouterReplay.clear_global_router_replay_instances()
+    _clear_native_replay()
     with pytest.raises(ConfigError, match="no slime RoutingReplay"):
         step_replay_ids(model, 1)
 
@@ -261,7 +316,6 @@ def test_router_calls_a_one_argument_routing_patch_without_padding_mask(single_r
     import numpy as np
     import torch
     from megatron.core.transformer.moe.router import TopKRouter
-    from megatron.core.transformer.moe.router_replay import RouterReplay
 
     from relibra.runtime.router import make_layer_route
 
@@ -275,11 +329,20 @@ def test_router_calls_a_one_argument_routing_patch_without_padding_mask(single_r
         return flat.softmax(-1) * routing_map, routing_map
 
     router = PlacementRouter(physical_config(_config(), ep=1, replica_slots=0), _single_rank_groups(), num_experts=4)
-    RouterReplay.clear_global_router_replay_instances()
+    _clear_native_replay()
     monkeypatch.setattr(TopKRouter, "routing", one_argument_routing)
     router.route = make_layer_route(np.arange(4), np.arange(4), [], None)
     probs, physical = router.routing(torch.rand(3, 1, 4))
     assert calls == [(3, 1, 4)] and physical[:, :2].all() and not physical[:, 2:].any()
+
+
+def _clear_native_replay():
+    """Forget megatron-core's RouterReplay instances (0.16; 0.15 has none)."""
+    try:
+        from megatron.core.transformer.moe.router_replay import RouterReplay
+    except ImportError:
+        return
+    RouterReplay.clear_global_router_replay_instances()
 
 
 def _single_rank_groups():

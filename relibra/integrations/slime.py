@@ -1,13 +1,16 @@
 """slime's own routing replay (THUDM/slime, slime/utils/routing_replay.py) as the planner's input.
 
-slime does not use megatron-core's RouterReplay state. Its patched megatron-core gives every
-TopKRouter a `routing_replay` (a RoutingReplay: `top_indices_list` of int [T, K] tensors, one per
-micro-batch, filled from the rollout engine's routed experts before training by the actor's
-fill_routing_replay; `forward_index` / `backward_index` advance as the forward and the recompute
-consume them), and replaces `router.router_replay` by a bridge object with only `get_replay_topk`,
-which reads the stage from the environment (ROUTING_REPLAY_STAGE). The ReLibra router routes through
-that bridge as megatron-core's TopKRouter does, so slime's replay drives routing unchanged; this
-module reads the ids the next step will replay, without consuming them, to make its plan:
+slime does not use megatron-core's RouterReplay state. Its megatron patch (docker/patch/latest/
+megatron.patch, THUDM/slime @624b824) adds two lines to megatron-core: TopKRouter.__init__ calls
+register_routing_replay(self), which (ENABLE_ROUTING_REPLAY=1) gives the router a `routing_replay` (a
+RoutingReplay: `top_indices_list` of int [T, K] tensors, one per micro-batch, filled from the rollout
+engine's routed experts by the actor's fill_routing_replay; `forward_index` / `backward_index` advance as
+the forward and the recompute pop them) and a forward pre-hook making it the current one; and
+topk_routing_with_score_function wraps its compute_topk with get_routing_replay_compute_topk, which pops
+the current RoutingReplay in the stages replay_forward / replay_backward (ROUTING_REPLAY_STAGE). The
+ReLibra router calls megatron-core's routing, so slime's replay drives it unchanged (and the router checks
+that every token followed it, relibra.runtime.replay); this module reads the ids the next step will
+replay, without consuming them, to make its plan:
 
     ids = step_replay_ids(model, micro_batches)              # [M][L] int [T, K], this rank's
     trace = relibra.integrations.megatron.replay_trace(model, ids, ep_group)

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from relibra.plan import StepPlan
 from relibra.runtime.config import ModelConfig, TrainConfig
+from relibra.runtime import compat
 from relibra.runtime.data import SourceBatch
 from relibra.runtime.hook import ReLibraHook
 from relibra.runtime.model import build_model, forward_loss, init_dense_weights, logical_expert_weights
@@ -23,13 +24,9 @@ def instrument(model, slots, timer: Timer) -> None:
     and every layer's self-attention; the collectives (the permute's count all-gather, dispatch and
     combine) also time their waiting (Timer.wait)."""
     for moe in slots.moes:
-        moe.route = timed_region(moe.route, timer, "router")
-        moe.preprocess = timed_region(moe.preprocess, timer, "permute", collective=("forward",))  # count all-gather
-        moe.dispatch = timed_region(moe.dispatch, timer, "dispatch", collective=("forward", "backward"))
-        moe.routed_experts_compute = timed_region(moe.routed_experts_compute, timer, "expert_compute",
-                                                  count_tokens=True)
+        for method, region, kwargs in compat.moe_layer_regions():  # what megatron-core's release has
+            setattr(moe, method, timed_region(getattr(moe, method), timer, region, **kwargs))
         moe.experts.forward = timed_region(moe.experts.forward, timer, "expert_gemm")
-        moe.combine = timed_region(moe.combine, timer, "combine", collective=("forward", "backward"))
     for layer in model.decoder.layers:
         layer.self_attention.forward = timed_region(layer.self_attention.forward, timer, "attention")
 

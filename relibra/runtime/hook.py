@@ -39,7 +39,7 @@ import time
 import numpy as np
 import torch
 
-from relibra.errors import ConfigError
+from relibra.errors import ConfigError, PlanError
 from relibra.plan import StepPlan
 from relibra.runtime.migration import InjectedFailure, MigrationError, migrate_homes
 from relibra.runtime.placement import (check_plan_for_runtime, home_slot_index, replica_routes, replicas_in_use,
@@ -136,10 +136,37 @@ class ReLibraHook:
                                        self.timer) if self.replica_slots else None)
         self.plan: StepPlan | None = None
         self.failure: InjectedFailure | None = None  # tests of the rollback path set it
+        self.set_home_routes()
 
     @property
     def home(self) -> np.ndarray:
         return self.slots.home
+
+    def set_home_routes(self) -> None:
+        """Route every token to its expert's home under the current placement, with no replicas: what a
+        forward outside a planned step runs on (slime's log-prob recompute, an evaluation forward). Set
+        at construction, after a migration and when the plan's last micro-batch is done (end_step)."""
+        rexp = np.full((self.slots.num_layers, self.ep, self.replica_slots), -1, dtype=np.int64)
+        slots = slot_experts(self.slots.home, rexp)
+        hs = home_slot_index(self.slots.home, self.ep, self.replica_slots)
+        for layer, router in enumerate(self.slots.routers):
+            router.route = make_layer_route(slots[layer], hs[layer], [], None, router.weight.device)
+        if self.replicas is not None:
+            self.replicas.set_microbatch(rexp, self.slots.home)
+
+    def end_step(self) -> None:
+        """Leave the step: later forwards route home (set_home_routes) until the next begin_step. Called by
+        after_backward of the plan's last micro-batch; call it yourself after a forward-only step. The plan
+        stays (`plan`); before_microbatch may enter it again."""
+        self.set_home_routes()
+
+    def replay_counts(self) -> dict:
+        """{"tokens", "followed"}: tokens routed under replay (given ids or the stack's replay object) since
+        begin_step, summed over MoE layers, and how many of them followed the replayed routing exactly.
+        A routing call in which any token departs raises ReplayError, so followed < tokens never reaches
+        an optimizer step."""
+        routers = self.slots.routers
+        return {"tokens": sum(r.replay_tokens for r in routers), "followed": sum(r.replay_followed for r in routers)}
 
     def _check_ddp_marking(self) -> None:
         """Under megatron DDP (parameters carry main_grad) expert weights must be marked expert-parallel
@@ -172,6 +199,9 @@ class ReLibraHook:
                 plan = static_plan(plan.loads, self.ranks_per_node, home=self.slots.home, policy=plan.policy)
             self.timer.add("step", "migration", time.perf_counter() - t0)
         self.plan = plan
+        for router in self.slots.routers:
+            router.reset_replay_counts()
+        self.set_home_routes()  # a forward before before_microbatch routes home under the new placement
         return {"experts_moved": moved, "migration_error": error}
 
     def before_microbatch(self, micro_batch: int, replay: np.ndarray | None = None, src: int | None = None) -> None:
@@ -182,6 +212,11 @@ class ReLibraHook:
         single-rank reference runs every rank's tokens in turn)."""
         t0 = time.perf_counter()
         plan = self.plan
+        if plan is None:
+            raise PlanError(f"before_microbatch({micro_batch}) before any plan: call begin_step(plan) first (a forward "
+                            "without a plan, such as a log-prob recompute, needs no hook call: it routes home)")
+        if not 0 <= micro_batch < plan.loads.shape[0]:
+            raise PlanError(f"micro-batch {micro_batch} is outside the step's plan of {plan.loads.shape[0]} micro-batches")
         src = self.slots.rank if src is None else src
         rexp = replicas_in_use(plan, micro_batch, self.replica_slots)  # [L, ep, R]
         slots = slot_experts(self.slots.home, rexp)
@@ -199,6 +234,8 @@ class ReLibraHook:
         under megatron DDP, else .grad)."""
         if self.replicas is not None:
             self.replicas.pull_gradients()
+        if self.plan is not None and micro_batch == self.plan.loads.shape[0] - 1:
+            self.end_step()
 
     # ---- inspection --------------------------------------------------------------------------
     def logical_expert_state(self, what: str = "param") -> dict[tuple[int, int], np.ndarray]:

@@ -11,7 +11,6 @@ logical (layer, expert) id, so any placement of the same seed computes the same 
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
 
 import numpy as np
@@ -23,6 +22,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from relibra.runtime import compat
 from relibra.runtime.config import ModelConfig
+from relibra.runtime.router import rebuild_config
 from relibra.runtime.spec import gpt_layer_spec, physical_config, wrap_moe_spec
 
 
@@ -51,7 +51,7 @@ def transformer_config(cfg: ModelConfig):
         num_moe_experts=shape.num_experts, moe_router_topk=shape.top_k, moe_ffn_hidden_size=shape.moe_ffn,
         ffn_hidden_size=shape.moe_ffn, normalization="RMSNorm",
         moe_token_dispatcher_type="alltoall", moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0,
-        moe_enable_routing_replay=True, moe_router_dtype="fp64" if cfg.dtype == "float64" else "fp32",
+        **compat.routing_replay_option(), moe_router_dtype="fp64" if cfg.dtype == "float64" else "fp32",
         gated_linear_unit=True, activation_func=F.silu, bias_activation_fusion=False, add_bias_linear=False,
         hidden_dropout=0.0, attention_dropout=0.0, masked_softmax_fusion=False, apply_rope_fusion=False,
         use_cpu_initialization=True, perform_initialization=False, params_dtype=cfg.torch_dtype,
@@ -83,15 +83,16 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: 
     # The model has no dropout, so megatron's attention needs no seeded CUDA RNG streams: its own no-op
     # tracker serves the fork around its (zero) attention dropout, on the host and on GPUs alike.
     megatron_random.initialize_rng_tracker(inference_rng_tracker=True)
+    compat.provide_global_tp_group(pg_collection)
     ep = pg_collection.ep.size()
     # expert_model_parallel_size marks the expert weights as expert-parallel (allreduce=False), so
     # megatron's DDP reduces them over the expert data-parallel group, never across experts.
-    config = dataclasses.replace(physical_config(transformer_config(cfg), ep, cfg.replica_slots),
-                                 expert_model_parallel_size=ep, moe_grouped_gemm=grouped_gemm,
-                                 gradient_accumulation_fusion=gradient_accumulation_fusion,
-                                 **_recompute_options(recompute, grouped_gemm),
-                                 **(dict(tensor_model_parallel_size=tp, sequence_parallel=True,
-                                         expert_tensor_parallel_size=1) if tp > 1 else {}))
+    config = rebuild_config(physical_config(transformer_config(cfg), ep, cfg.replica_slots),
+                            expert_model_parallel_size=ep, moe_grouped_gemm=grouped_gemm,
+                            gradient_accumulation_fusion=gradient_accumulation_fusion,
+                            **_recompute_options(recompute, grouped_gemm),
+                            **(dict(tensor_model_parallel_size=tp, sequence_parallel=True,
+                                    expert_tensor_parallel_size=1) if tp > 1 else {}))
     spec = gpt_layer_spec(cfg.num_experts)
     if grouped_gemm or gradient_accumulation_fusion or recompute:
         from relibra.runtime import standins

@@ -5,11 +5,14 @@ The router scores the E logical experts (its weight is [E, hidden]). Its top-k i
   1. from the step hook (`route.replay_ids`, ReLibraHook.before_microbatch(m, replay)): the given ids,
      probabilities gathered from the router's scores so router gradients still flow; the router's
      `router_replay` object is not touched;
-  2. else from whatever replay object the training stack installed as `router_replay`, exactly as
-     megatron-core's TopKRouter would consult it: megatron-core's RouterReplay (verl and NeMo-RL call
-     RouterReplay.set_replay_data and REPLAY_FORWARD; RECORD records the logical ids) or slime's own
-     bridge object (relibra.integrations.slime);
+  2. else from whatever replay the training stack installed, exactly as megatron-core's TopKRouter
+     would consult it: megatron-core's RouterReplay (NeMo-RL: RouterReplay.set_replay_data and
+     REPLAY_FORWARD; RECORD records the logical ids), verl's patched routing and its RouterReplay, or
+     slime's RoutingReplay, which its patched topk_routing_with_score_function pops;
   3. else from the router's own scores.
+When ids are replayed (1, or 2 in a replay stage) the router counts the tokens whose routing is exactly
+the replayed ids (`replay_tokens`, `replay_followed`) and refuses the call with one ReplayError when any
+token departs from them (relibra.runtime.replay): a replay the stack's code skipped is never silent.
 Each (token,
 expert) pair then goes to exactly one physical slot: of this rank's tokens routed to expert e, the
 first n_1 (in token order) go to the first replica that the plan gives this rank for e, the next n_2
@@ -29,6 +32,7 @@ from megatron.core.transformer.moe.router import TopKRouter
 
 from relibra.errors import ConfigError, PlanError
 from relibra.runtime import compat
+from relibra.runtime.replay import ReplayError, expected_ids, followed_tokens, slime_expected_ids
 
 # The token dispatchers whose routing map the router may answer over physical slots: both take any
 # boolean [tokens, slots] map and send each marked pair to the rank owning the slot.
@@ -56,24 +60,79 @@ def check_config(config) -> None:
                           "carry the physical routing map to replica slots)")
 
 
+def rebuild_config(config, **changes):
+    """dataclasses.replace(config, **changes) that keeps the attributes a training stack set on the config
+    object beyond its dataclass fields (verl's router_replay_patch sets `enable_routing_replay` so; a plain
+    replace would rebuild it from the class default and the stack's replay would be dropped).
+
+    An attribute is carried over when the original holds it and a rebuild with no changes does not hold the
+    same value: so values __post_init__ derives from the fields are derived anew, never copied."""
+    fields = {f.name for f in dataclasses.fields(config)}
+    rebuilt = dataclasses.replace(config, **changes)
+    extra = {k: v for k, v in vars(config).items() if k not in fields}
+    if extra:
+        fresh = vars(dataclasses.replace(config))
+        for name, value in extra.items():
+            if name not in fresh or not _same(fresh[name], value):
+                object.__setattr__(rebuilt, name, value)
+    return rebuilt
+
+
+def _same(a, b) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - tensors, arrays: not one truth value
+        return False
+
+
+class _ReplayForward:
+    """The replay action of _GivenTopk: equal to any stack's REPLAY_FORWARD enum member (value
+    "replay_forward": megatron-core's RouterReplayAction, verl's own), unequal to every other action."""
+
+    value = "replay_forward"
+
+    def __eq__(self, other) -> bool:
+        return getattr(other, "value", other) == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return "REPLAY_FORWARD (given ids)"
+
+
+def check_given_ids(ids: torch.Tensor, scores: torch.Tensor, topk: int, layer) -> torch.Tensor:
+    """ids as int64 on the scores' device, or PlanError when they do not fit [T, K] over the router's experts."""
+    ids = ids.to(device=scores.device, dtype=torch.int64)
+    if ids.dim() != 2 or ids.shape[0] != scores.shape[0] or ids.shape[1] != topk:
+        raise PlanError(f"MoE layer {layer}: replayed ids have shape {tuple(ids.shape)}; the router "
+                        f"routes {scores.shape[0]} tokens to top-{topk}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= scores.shape[1]):
+        raise PlanError(f"MoE layer {layer}: replayed ids span [{int(ids.min())}, {int(ids.max())}]; "
+                        f"the router has {scores.shape[1]} experts")
+    return ids
+
+
 class _GivenTopk:
     """Stands in for a router's replay object for one routing call: top-k = the given ids [T, K].
 
-    Follows megatron-core's get_replay_topk contract (scores, topk, num_groups, group_topk,
-    default_compute_topk) -> (probs [T, K] gathered from the scores, ids [T, K])."""
+    Serves both contracts a router's replay object has: megatron-core 0.16's get_replay_topk (scores,
+    topk, num_groups, group_topk, default_compute_topk) -> (probs [T, K] gathered from the scores, ids
+    [T, K]), and the attributes verl's router_replay_patch reads (router_replay_action equal to its
+    REPLAY_FORWARD, target_topk_idx)."""
 
     def __init__(self, ids: torch.Tensor, layer):
         self.ids = ids
         self.layer = layer
+        self.router_replay_action = _ReplayForward()
+        self.target_topk_idx = ids
+        self.replay_backward_list = []
+        self.layer_number = layer
 
     def get_replay_topk(self, scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):
-        ids = self.ids.to(device=scores.device, dtype=torch.int64)
-        if ids.dim() != 2 or ids.shape[0] != scores.shape[0] or ids.shape[1] != topk:
-            raise PlanError(f"MoE layer {self.layer}: replayed ids have shape {tuple(ids.shape)}; the router "
-                            f"routes {scores.shape[0]} tokens to top-{topk}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= scores.shape[1]):
-            raise PlanError(f"MoE layer {self.layer}: replayed ids span [{int(ids.min())}, {int(ids.max())}]; "
-                            f"the router has {scores.shape[1]} experts")
+        ids = check_given_ids(self.ids, scores, topk, self.layer)
         return scores.gather(1, ids), ids
 
 
@@ -139,21 +198,37 @@ class PlacementRouter(TopKRouter):
     logical [E, hidden] one. Before each forward the step hook sets `route` (a LayerRoute).
     """
 
-    def __init__(self, config, pg_collection=None, *, num_experts: int):
+    def __init__(self, config, pg_collection=None, *, num_experts: int, **kwargs):
         compat.check_megatron_version()  # on every device: the subclass depends on TopKRouter's internals
         check_config(config)
         if config.num_moe_experts < num_experts:
             raise ConfigError(f"the model config counts {config.num_moe_experts} expert slots, fewer than the "
                               f"{num_experts} logical experts: build it with relibra.runtime.spec.physical_config")
-        super().__init__(config=dataclasses.replace(config, num_moe_experts=num_experts), pg_collection=pg_collection)
+        # kwargs: what a release passes beyond (config, pg_collection), e.g. 0.19's is_mtp_layer.
+        super().__init__(config=rebuild_config(config, num_moe_experts=num_experts), pg_collection=pg_collection,
+                         **kwargs)
         self.num_slots = config.num_moe_experts
         self.route: LayerRoute | None = None
+        self.replay_tokens = 0  # tokens routed under replay since reset_replay_counts
+        self.replay_followed = 0  # of them, tokens routed exactly as replayed
+        asked = [name for name in ("moe_enable_routing_replay", "enable_routing_replay")
+                 if getattr(self.config, name, False) is True]
+        if asked and getattr(self, "router_replay", None) is None:
+            raise ConfigError(f"the model config sets {asked[0]}=True but the router was built without a replay "
+                              "object (router_replay is None): the stack's replay would be ignored")
+
+    def reset_replay_counts(self) -> None:
+        self.replay_tokens = self.replay_followed = 0
 
     def _topk_routing(self, logits: torch.Tensor, padding_mask: torch.Tensor | None):
-        # megatron-core 0.16 added padding_mask to TopKRouter.routing; a stack that patches routing with
-        # the older one-argument signature (verl's router_replay_patch) still gets a plain call.
+        # megatron-core 0.16 added padding_mask to TopKRouter.routing (compat.routing_takes_padding_mask);
+        # 0.15, and a stack that patches routing with the one-argument signature (verl's
+        # router_replay_patch), get a plain call.
         if padding_mask is None:
             return super().routing(logits)
+        if not compat.routing_takes_padding_mask():
+            raise ConfigError(f"MoE layer {self.layer_number}: a padding mask was given, but this megatron-core's "
+                              "TopKRouter.routing takes none")
         return super().routing(logits, padding_mask=padding_mask)
 
     def routing(self, logits: torch.Tensor, padding_mask: torch.Tensor | None = None):
@@ -162,19 +237,40 @@ class PlacementRouter(TopKRouter):
             raise PlanError(f"MoE layer {self.layer_number}: no route set; call the step hook's before_microbatch "
                             "before the forward")
         if route.replay_ids is not None:
-            installed = self.router_replay
-            self.router_replay = _GivenTopk(route.replay_ids, self.layer_number)
-            try:
+            given = _GivenTopk(route.replay_ids, self.layer_number)
+            # router_replay is swapped for the given ids; only slime's stage overrides them (then its ids count)
+            decided, expected = slime_expected_ids(self, self.layer_number)
+            expected = expected if decided else route.replay_ids
+
+            def check(scores, topk):
+                return check_given_ids(route.replay_ids, scores, topk, self.layer_number)
+
+            with compat.given_topk(self, given, route.replay_ids, check):
                 probs, routing_map = self._topk_routing(logits, padding_mask)  # [T, E] each
-            finally:
-                self.router_replay = installed
         else:
+            expected = expected_ids(self, self.layer_number)
             probs, routing_map = self._topk_routing(logits, padding_mask)
+        if expected is not None:
+            self._count_followed(routing_map, expected, given=route.replay_ids is not None)
         physical_map = physical_routing_map(routing_map, route, self.num_slots)
         # Every slot reads its logical expert's probability; the map keeps one slot per pair.
         expert_of_slot = route.slot_expert.clamp(min=0)
         physical_probs = probs.index_select(1, expert_of_slot) * physical_map
         return physical_probs, physical_map
+
+    def _count_followed(self, routing_map: torch.Tensor, expected: torch.Tensor, given: bool) -> None:
+        """Count the tokens routed exactly as replayed; ReplayError when any was not."""
+        followed = followed_tokens(routing_map, expected)
+        tokens, ok = int(followed.numel()), int(followed.sum())
+        self.replay_tokens += tokens
+        self.replay_followed += ok
+        if ok != tokens:
+            t = int(torch.nonzero(~followed)[0, 0])
+            routed = torch.nonzero(routing_map[t]).flatten().tolist()
+            source = "the ids given to the hook" if given else "the stack's replay object"
+            raise ReplayError(f"MoE layer {self.layer_number}: {tokens - ok} of {tokens} tokens did not follow the "
+                              f"replayed routing ({source}); token {t} went to experts {routed}, replay says "
+                              f"{sorted(expected[t].tolist())}: the routing call did not use the replay")
 
 
 def make_layer_route(slot_expert: np.ndarray, home_slot: np.ndarray, replica_routes: list,

@@ -34,16 +34,14 @@ import dataclasses
 import functools
 
 import torch
-from megatron.core.transformer.moe import experts as _experts
 from megatron.core.transformer.moe.experts import SequentialMLP, TEGroupedMLP
-from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from relibra.errors import ConfigError
-from relibra.runtime.router import SUPPORTED_DISPATCHERS, PlacementRouter, check_config
+from relibra.runtime import compat
+from relibra.runtime.router import SUPPORTED_DISPATCHERS, PlacementRouter, check_config, rebuild_config
 
-# The legacy grouped GEMM (one weight for all local experts); newer releases have dropped it.
-GroupedMLP = getattr(_experts, "GroupedMLP", None)
+GroupedMLP = compat.legacy_grouped_mlp()  # None from 0.19, which removed it
 
 __all__ = ["SUPPORTED_DISPATCHERS", "OccupiedGroupedMLP", "OccupiedSequentialMLP", "check_config", "gpt_layer_spec",
            "moe_layer_spec", "physical_config", "wrap_moe_spec"]
@@ -204,16 +202,23 @@ def wrap_moe_spec(spec, num_experts: int):
     found = []
 
     def visit(node, where):
-        if isinstance(node, ModuleSpec):
-            if isinstance(node.module, type) and issubclass(node.module, MoELayer):
-                sub = node.submodules
-                if sub is None:
-                    raise ConfigError(f"{where}: the MoELayer spec has no submodules")
-                sub.experts = _wrap_experts(sub.experts, where)
+        moe = compat.moe_spec_parts(node)  # a ModuleSpec(MoELayer), or 0.19's partial(MoELayer)
+        if moe is not None:
+            sub = moe[1]
+            if sub is None:
+                raise ConfigError(f"{where}: the MoELayer spec has no submodules")
+            sub.experts = _wrap_experts(sub.experts, where)
+            if compat.router_in_moe_submodules():
                 sub.router = functools.partial(PlacementRouter, num_experts=num_experts)
-                found.append(where)
-                return
+            else:  # 0.15: MoELayer builds its router itself, by the name compat re-binds
+                sub.relibra_router = functools.partial(PlacementRouter, num_experts=num_experts)
+                compat.build_routers_from_submodules()
+            found.append(where)
+        elif isinstance(node, ModuleSpec):
             visit(node.submodules, where + ".submodules")
+        elif isinstance(node, functools.partial):
+            for name, value in node.keywords.items():
+                visit(value, f"{where}.{name}")
         elif dataclasses.is_dataclass(node) and not isinstance(node, type):
             for f in dataclasses.fields(node):
                 visit(getattr(node, f.name), f"{where}.{f.name}")
@@ -259,4 +264,4 @@ def physical_config(config, ep: int, replica_slots: int):
     if replica_slots < 0:
         raise ConfigError(f"replica slots must be >= 0, got {replica_slots}")
     check_config(config)
-    return dataclasses.replace(config, num_moe_experts=ep * (experts // ep + replica_slots))
+    return rebuild_config(config, num_moe_experts=ep * (experts // ep + replica_slots))

@@ -267,7 +267,7 @@ def sharded_expert_tensors(model) -> dict[tuple, np.ndarray]:
 
 def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, model: str = "tiny", steps: int = 3,
                                 micro_batches: int = 2, tokens_per_rank: int = 16, replica_slots: int = 2,
-                                seed: int = 0, tp: int = 1) -> dict:
+                                seed: int = 0, tp: int = 1, device: str = "cpu") -> dict:
     """ReLibra against static placement under megatron DDP and get_megatron_optimizer, per set-up.
 
     Grid: EP `ep`, DP world / ep (megatron's initialize_model_parallel). The trace has one source per
@@ -276,7 +276,8 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
     static placement (Adam state is created), step 1 every expert migrates (weights, masters, Adam state)
     plus replicas, step 2 migrates again. Static: megatron's placement, no replica slots. Rank 0
     returns {set-up name: {"loss": max abs diff over steps, "param", "master", "exp_avg_sq", "dense":
-    max abs diff after the last step, "grad_norm": max abs diff}, "checks": {...}}.
+    max abs diff after the last step, "grad_norm": max abs diff}, "checks": {...}}. device: where the models
+    run ("cuda" under a "cpu:gloo,cuda:nccl" process group, scripts/device_check.py); figures stay on the host.
     """
     from relibra.runtime.megatron_train import MegatronSetup, MegatronTrainer, megatron_grid
 
@@ -300,7 +301,7 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
         record = {}
         for kind in ("static", "relibra"):
             trainer = MegatronTrainer(ModelConfig(cfg.shape, L, replica_slots if kind == "relibra" else 0, seed),
-                                      setup, pgc, tokens_per_rank * 2)
+                                      setup, pgc, tokens_per_rank * 2, device=device)
             losses, norms, moved, replica_tokens = [], [], 0, 0
             expert_runs = [0]  # expert-MLP forwards: under recompute each is re-run in backward
             for moe in trainer.hook.slots.moes:
