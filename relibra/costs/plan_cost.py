@@ -217,9 +217,9 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     route = phases.route_of(topology, params)
     migration_s, migration_bytes = phases.migration_seconds(prev_home, plan.home, ep, gpn, model, topology, dp, route)
     # optimizer state in host memory: its PCIe leg, overlapped with the link transfer (relibra.costs.memory)
-    host_s, host_bytes = offload_migration_seconds(prev_home, plan.home, ep, model, topology.pcie_GBps, dp,
-                                                   params.optimizer_offload_fraction)
-    migration_s, migration_bytes = max(migration_s, host_s), {**migration_bytes, "host_pcie": host_bytes}
+    host_s, _ = offload_migration_seconds(prev_home, plan.home, ep, model, topology.pcie_GBps, dp,
+                                          params.optimizer_offload_fraction)
+    migration_s = max(migration_s, host_s)
     homes = int(plan.homes_per_gpu().max())
     optimizer_s = phases.optimizer_seconds(model, homes, ep, topology, dp)
     slots_per_layer = plan.num_replicas().max(axis=(0, 2)) if plan.replica_slots else np.zeros(l)
