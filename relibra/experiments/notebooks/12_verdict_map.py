@@ -49,8 +49,9 @@ def _shares(raw) -> tuple[float, ...]:
     return values
 
 
-SHARES = Kind(f"comma-separated shares in [0, 1] (the sourced range is {MICROBATCH_SHIFT_RANGE[0]:g}-"
-              f"{MICROBATCH_SHIFT_RANGE[1]:g})", _shares)
+SHARES = Kind(f"comma-separated shares in [0, 1] (an assumption: {MICROBATCH_SHIFT_RANGE[0]:g}-"
+              f"{MICROBATCH_SHIFT_RANGE[1]:g} where the kit's tiny CPU RL trace sits, the default grid adds 0.7 as its "
+              "sensitivity)", _shares)
 
 
 MODEL_NAMES = Kind("comma-separated model presets", lambda raw: tuple(
@@ -81,7 +82,9 @@ class Params(Params):
         cut = ("" if g.name != "tiny" else "; TOY GRID (tiny profile: the tiny model, EP 4, a 16-sequence batch)")
         return (f"{g.name} grid: full scale (every MoE layer, every micro-batch of the card's batch), "
                 f"{len(g.models)} models x {len(g.workloads)} workloads x {len(g.seeds)} seeds "
-                f"({', '.join(map(str, g.seeds))}), {len(g.tokens)} budgets x {len(g.shift.values)} shift values{cut}")
+                f"({', '.join(map(str, g.seeds))}), {len(g.tokens)} budgets x {len(g.shift.values)} shift values"
+                + (f" x {len(g.step_sequences)} step sizes ({', '.join(map(str, g.step_sequences))} sequences)"
+                   if g.step_sequences else "") + cut)
 
     def simulated_on(self) -> str:
         return "each set-up card's cluster"
@@ -90,13 +93,16 @@ class Params(Params):
 @dataclass(kw_only=True)
 class Result(Result):
     cases: pd.DataFrame = table("one row per simulated case (grid node or card point; model, workload, seed): tokens/s "
-                                "per policy, the three ratios, the measured tokens per EP rank and correlations")
-    nodes: pd.DataFrame = table("per grid node (tokens per EP rank, shift): best, mean and worst of each ratio over "
-                                "models x workloads x seeds, and the node's measured position")
-    cards: pd.DataFrame = table("per named set-up card: its measured position and the mean, best and worst of each "
-                                "ratio over its cases, simulated at full scale on the card's own inputs")
-    contours: pd.DataFrame = table("the paper's claims as contours: per claim level, where the best-over-cases field "
-                                   "crosses it on the grid's edges, with the measured correlation there")
+                                "per policy, the three ratios, the simulated tokens per EP rank, the generated "
+                                "trace's correlations, the memory per GPU and whether it fits (feasible)")
+    nodes: pd.DataFrame = table("per grid node (step size, tokens per EP rank, shift): best, mean and worst of each "
+                                "ratio over the feasible models x workloads x seeds, the node's simulated position "
+                                "and feasible")
+    cards: pd.DataFrame = table("per named set-up card: its simulated position, memory verdict and the mean, best and "
+                                "worst of each ratio over its feasible cases, at full scale on the card's own inputs")
+    contours: pd.DataFrame = table("the paper's claims as contours: per claim level and step size, where the "
+                                   "best-over-feasible-cases field crosses it on the grid's edges (tokens: the budget "
+                                   "axis), with the generated trace's correlation there")
     conclusion: str = value("")  # the map's one-sentence answer
     regions: list = value(None)  # per claim: where on the grid it holds (verdict_map.claim_regions)
     grid: dict = value(None)  # the GridSpec simulated
@@ -126,6 +132,7 @@ class Summary:
     best_over_eplb_plus: tuple[float, float, float]  # the best ReLibra / EPLB+, its shift and correlation
     shift_effect: tuple[float, float, float] | None  # lowest and highest shift, ReLibra / EPLB+'s mean change
     calibration: dict
+    out_of_memory: tuple[str, ...] = ()  # cards that do not fit in memory: left out of every figure
 
     def why(self, x: CardPoint) -> str:
         """Why card x's figure is not the paper's (verdict_map.why_card_differs)."""
@@ -133,18 +140,21 @@ class Summary:
 
 
 def summarize(r: Result) -> Summary:
-    own, g = r.cases[r.cases["kind"] == "card"], r.cases[r.cases["kind"] == "grid"]
+    own = r.cases[(r.cases["kind"] == "card") & r.cases["feasible"].astype(bool)]
+    g = r.cases[(r.cases["kind"] == "grid") & r.cases["feasible"].astype(bool)]
     cards = tuple(CardPoint(x["setup"], *((x[f"{f}_mean"], x[f"{f}_best"]) for f in RATIO_FIELDS[:2]),
                        tuple(x[f"gap_to_balanced_{k}"] for k in ("mean", "best", "worst")), x["tokens_per_ep_rank"],
                        x["mb_vs_step_corr"], x["micro_batches"], int(x["cases"]),
                        tuple(float(own.loc[own["setup"] == x["setup"], f"tokens_per_s_{p}"].mean())
-                             for p in ("eplb+", "megatron"))) for _, x in r.cards.iterrows())
+                             for p in ("eplb+", "megatron"))) for _, x in r.cards.iterrows() if x["feasible"])
     eplb = r.nodes.loc[r.nodes["relibra_over_eplb_plus_best"].idxmax()]
     lo, hi = g["shift_value"].min(), g["shift_value"].max()
     at = [float(g.loc[g["shift_value"] == v, "relibra_over_eplb_plus"].mean()) for v in (lo, hi)]
     return Summary(r.conclusion, tuple(r.regions), cards,
                    (eplb["relibra_over_eplb_plus_best"], eplb["shift_value"], eplb["mb_vs_step_corr"]),
-                   (lo, hi, at[1] - at[0]) if hi > lo else None, r.calibration)
+                   (lo, hi, at[1] - at[0]) if hi > lo else None, r.calibration,
+                   tuple(f"{x['setup']} ({x.get('memory_GB', float('nan')):.0f} GB of {x.get('hbm_GB', float('nan')):.0f}"
+                         " GB per GPU)" for _, x in r.cards.iterrows() if not x["feasible"]))
 
 
 def story(s: Summary) -> str:
@@ -156,6 +166,9 @@ def story(s: Summary) -> str:
         f"- `{x.setup}`: ReLibra / Megatron {_x(x.over_megatron[0])} (best {_x(x.over_megatron[1])}), / EPLB+ "
         f"{_x(x.over_eplb_plus[0])}, gap to Balanced {pct(x.gap[0])}: "
         f"{s.why(x)}." for x in s.cards]
+    if s.out_of_memory:
+        lines.append("Left out (they do not fit in memory, `relibra setup show CARD`): " + "; ".join(s.out_of_memory)
+                     + ".")
     if s.shift_effect:
         lines.append("Moving the micro-batch shift from {:g} to {:g} changes ReLibra / EPLB+ by {:+.3f} on average "
                      "over the grid's cases: EPLB+ balances the step's total once, so it loses exactly what the "
@@ -186,7 +199,8 @@ def card_table(s: Summary) -> pd.DataFrame:
     the paper's figures (relibra.labels.CLAIMS)."""
     meg, eplb, gap = (CLAIMS[k] for k in RATIO_FIELDS)
     out = {"": [f"{meg.label} (mean; best)", f"{eplb.label} (mean; best)", f"{gap.label} (mean; range)",
-                "tokens per EP rank per micro-batch (measured)", "micro-batch vs step correlation (measured)",
+                "tokens per EP rank per micro-batch (simulated mean)",
+                "micro-batch vs step correlation (generated trace)",
                 "cases (models x workloads x seeds)"]}
     out.update({f"`{x.setup}`": [f"{_x(x.over_megatron[0])}; {_x(x.over_megatron[1])}",
                                  f"{_x(x.over_eplb_plus[0])}; {_x(x.over_eplb_plus[1])}",
@@ -227,5 +241,6 @@ TRIES = (
 
 def plot_inputs(r: Result) -> dict:
     """What plots.verdict_map_plot draws, from the result: nodes, cards, claims, calibration."""
-    return {"nodes": r.nodes, "cards": r.cards, "claims": MAP_CLAIMS, "calibration": r.calibration}
+    return {"nodes": r.nodes, "cards": r.cards, "claims": MAP_CLAIMS, "calibration": r.calibration,
+            "shift_range": MICROBATCH_SHIFT_RANGE}
 
