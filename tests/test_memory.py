@@ -165,3 +165,29 @@ def test_migration_pays_the_pcie_leg_when_the_optimizer_is_offloaded():
     quick = fast.with_changes(pcie_GBps=1000.0)
     assert cost_plan(plan, MODEL, quick, prev_home=prev, params=CostParams(
         dp_size=1, optimizer_offload_fraction=1.0)).migration_s == pytest.approx(in_hbm.migration_s)
+
+
+# ---- the headline: a case that does not fit enters no "up to" ------------------------------------------------
+def test_the_headline_verdict_leaves_out_cases_that_do_not_fit():
+    import pandas as pd
+
+    from relibra.experiments import headline as hl
+
+    speeds = {("a", "w", 0, True): (100, 120, 130, 150), ("big", "w", 0, False): (100, 100, 190, 200)}
+    grid = pd.DataFrame([{"model": m, "workload": w, "seed": s, "feasible": ok, "policy": p, "tokens_per_s": v}
+                         for (m, w, s, ok), vals in speeds.items()
+                         for p, v in zip(("megatron", "eplb+", "relibra", "balanced"), vals)])
+    meg = hl.verdict_table(grid).set_index("claim").loc["ReLibra / Megatron"]
+    assert meg["best"] == pytest.approx(1.3) and meg["best_case"] == "a, w, seed 0" and meg["cases"] == 1
+    everything = hl.verdict_table(grid.assign(feasible=True)).set_index("claim").loc["ReLibra / Megatron"]
+    assert everything["best"] == pytest.approx(1.9)  # the infeasible case would have been the "up to"
+
+
+def test_a_headline_case_carries_its_memory_verdict():
+    from relibra.experiments import headline as hl
+
+    rows = hl.simulate_case(hl.Case(DEFAULT_CARD, "tiny", "math", 0, ep=4, steps=2, micro_batches=2,
+                                    policies=("megatron", "relibra")))
+    expected = load_card(DEFAULT_CARD).memory_budget("tiny", 4)
+    assert rows["feasible"].all() and rows["memory_GB"].iloc[0] == pytest.approx(expected.total_bytes / 1e9)
+    assert rows["hbm_GB"].iloc[0] == pytest.approx(141.0)
