@@ -191,3 +191,13 @@ def test_a_headline_case_carries_its_memory_verdict():
     expected = load_card(DEFAULT_CARD).memory_budget("tiny", 4)
     assert rows["feasible"].all() and rows["memory_GB"].iloc[0] == pytest.approx(expected.total_bytes / 1e9)
     assert rows["hbm_GB"].iloc[0] == pytest.approx(141.0)
+
+
+def test_the_sensitivity_study_sweeps_the_optimizer_offload():
+    from relibra.experiments.sensitivity import KNOBS, case_inputs, knob_values
+
+    card = load_card(DEFAULT_CARD)
+    assert knob_values(quick=True)["optimizer offload"] == [0.0, 1.0]
+    for value in (0.0, 1.0):
+        params = case_inputs(card, KNOBS["optimizer offload"], value, 32)[2]
+        assert params.optimizer_offload_fraction == value
