@@ -4,8 +4,8 @@ Pure functions over a model shape and a `MemoryLayout` (what the set-up card say
 of the model and batch). Units are in the names: _params (parameters), _bytes, _GB (1e9 bytes).
 
 Bytes per parameter (bf16 training with fp32 main gradients and Adam, Megatron's mixed-precision
-(distributed) optimizer; NVIDIA/Megatron-LM docs/source/api-guide/dist_optimizer.md, the table "bf16 param,
-fp32 grads: 18 bytes per parameter, 6 + 12 / d distributed"):
+(distributed) optimizer; NVIDIA/Megatron-LM docs/user-guide/features/dist_optimizer.md:19 at d98e8a64:
+"bf16 parameters, fp32 gradients: 18 bytes per parameter, 6 + 12 / d distributed"):
 
   weights    ModelShape.bytes_per_param (2, bf16), every parameter the GPU holds
   gradients  main_grad_bytes_per_param (4: Megatron keeps main_grad in fp32 under
