@@ -23,7 +23,8 @@ def _map(args) -> int:
 
     changes = {k: v for k, v in (("models", _names(args.models)), ("workloads", _names(args.workloads)),
                                  ("seeds", _ints(args.seeds)), ("tokens", _ints(args.tokens)),
-                                 ("cards", _names(args.cards)), ("ep", args.ep)) if v is not None}
+                                 ("cards", _names(args.cards)), ("ep", args.ep),
+                                 ("step_sequences", _ints(args.step_sequences))) if v is not None}
     spec = GRIDS[args.grid](**changes)
     if args.shift_values is not None:
         values = tuple(float(x) for x in args.shift_values.split(","))
@@ -68,6 +69,9 @@ def register(sub) -> None:
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the grid's)")
     p.add_argument("--tokens", default=None, help="comma-separated tokens per EP rank per micro-batch")
     p.add_argument("--shift-values", default=None, help="comma-separated values of the grid's shift field")
+    p.add_argument("--step-sequences", default=None,
+                   help="comma-separated step sizes (sequences per step) of the nodes, one facet each (default: the "
+                        "grid's 128,1024)")
     p.add_argument("--cards", default=None, help="comma-separated set-up cards to put on the map (default: all)")
     p.add_argument("--ep", type=int, default=None, help="EP size (default 32)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: one per core)")
