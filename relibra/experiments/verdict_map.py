@@ -121,10 +121,10 @@ class GridSpec:
         return {**dataclasses.asdict(self), "cards": list(self.card_list)}
 
 
-# The micro-batch shift is the generator's explicit input WorkloadConfig.microbatch_shift, from the kit's value
-# (0: no shift beyond the sequences a micro-batch holds) to the sharpest the routing data support
-# (MICROBATCH_SHIFT_RANGE: 0.3, where qwen3-30b-a3b on the default card at EP 32 reaches the micro-batch
-# correlations of the kit's real RL trace; docs/traces.md).
+# The micro-batch shift is the generator's explicit input WorkloadConfig.microbatch_shift, an assumption: from the
+# kit's value (0: no shift beyond the sequences a micro-batch holds) to MICROBATCH_SHIFT_RANGE's 0.3, where
+# qwen3-30b-a3b on the default card at EP 32 reaches the micro-batch correlations of the kit's tiny CPU RL trace
+# (docs/traces.md), then SHIFT_SENSITIVITY_END (0.7) as the sensitivity beyond that range.
 def default_grid(**changes) -> GridSpec:
     """The coarse grid of the default profile: 3 budgets x 3 shift values (the range's ends and the sensitivity
     end 0.7) x 3 models x (`mixed`, `math`: the paper grid's two workloads) x 3 seeds, at two step sizes: the
@@ -499,8 +499,9 @@ def why_card_differs(x: CardPoint, regions, best_over_eplb_plus: tuple[float, fl
     if x.over_eplb_plus[1] < eplb["level"]:
         where = "nowhere" if best < eplb["level"] else "only elsewhere"
         parts.append(f"{eplb['level']:g}x over EPLB+ is reached {where} on the grid (best {best:.2f}x at shift "
-                     f"{shift:g}, correlation {corr:.2f}, the sharpest shift the routing data support being "
-                     f"{MICROBATCH_SHIFT_RANGE[1]:g})")
+                     f"{shift:g}, correlation {corr:.2f}; the shift is assumed, {MICROBATCH_SHIFT_RANGE[0]:g}-"
+                     f"{MICROBATCH_SHIFT_RANGE[1]:g} where the tiny CPU RL trace sits, {SHIFT_SENSITIVITY_END:g} its "
+                     "sensitivity)")
     if not gap["lower"] <= x.gap[0] <= gap["level"]:
         side = "below" if x.gap[0] < gap["lower"] else "above"
         parts.append(f"its gap to Balanced ({100 * x.gap[0]:.1f}%) is {side} the paper's "
