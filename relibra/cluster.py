@@ -298,12 +298,14 @@ class Topology:
     dispatcher: str = "deepep"  # token exchange: "deepep" (rail route, one copy per token and node / GPU) or
     #                             "alltoall" (direct NIC to NIC, one row per token-expert pair); see relibra.costs
     shared_link: bool = False  # one link for all traffic (a single machine's loopback), at nvlink_GBps
+    pcie_GBps: float = 64.0  # host link per GPU and direction (PCIe Gen5 x16: 32 GT/s x 16 lanes = 64 GB/s)
 
     def __post_init__(self):
         for field in ("num_nodes", "gpus_per_node"):
             if getattr(self, field) <= 0:
                 raise ConfigError(f"topology {self.name!r}: {field} must be a positive integer, got {getattr(self, field)}")
-        for field in ("nvlink_GBps", "rdma_GBps", "matmul_tflops", "gemm_half_tokens", "memory_GBps", "hbm_bytes"):
+        for field in ("nvlink_GBps", "rdma_GBps", "matmul_tflops", "gemm_half_tokens", "memory_GBps", "hbm_bytes",
+                      "pcie_GBps"):
             value = getattr(self, field)
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"topology {self.name!r}: {field} must be positive and finite, got {value}")

@@ -54,6 +54,9 @@ _SCHEMA: dict[str, type | tuple] = {
     "calibration.megatron_skewness_min": (int, float),
     "parallel.dispatcher": str, "parallel.decoder_last_pipeline_num_layers": int,
     "parallel.virtual_pipeline_stages": int,
+    # memory: the HBM budget (relibra.costs.memory) and where the optimizer state lives
+    "cluster.hbm_GB": (int, float), "cluster.pcie_GBps": (int, float), "optimizer.cpu_offload_fraction": (int, float),
+    "memory.dispatcher_buffer_GB": (int, float), "memory.activation_scale": (int, float),
     **{key: types for key, (_, types) in OVERHEAD_ENTRIES.items()},  # the cost model's overheads section
 }
 # Entries every card must end up with (after its base); the others are optional.
@@ -189,7 +192,9 @@ class SetupCard:
                       matmul_tflops=float(self.value("compute.matmul_tflops")),
                       gemm_half_tokens=float(self.value("compute.gemm_half_tokens")),
                       attention_efficiency=float(self.value("compute.attention_efficiency")),
-                      collective_latency_s=float(self.value("compute.collective_latency_s")))
+                      collective_latency_s=float(self.value("compute.collective_latency_s")),
+                      hbm_bytes=float(self.value("cluster.hbm_GB")) * 1e9,
+                      pcie_GBps=float(self.value("cluster.pcie_GBps")))
         fields.update(changes)
         return Topology(**fields)
 
@@ -212,9 +217,82 @@ class SetupCard:
                       last_stage_layers=self.optional("parallel.decoder_last_pipeline_num_layers"),
                       sequence_split=self.sequence_split,
                       virtual_stages=self.optional("parallel.virtual_pipeline_stages", 1),
+                      optimizer_offload_fraction=float(self.value("optimizer.cpu_offload_fraction")),
                       overheads=overheads_from_values({k: self.value(k) for k in OVERHEAD_ENTRIES}))
         fields.update(changes)
         return CostParams(**fields)
+
+    # ---- memory: does the set-up fit the GPU (relibra.costs.memory) ------------------------------------
+    def peak_tokens_per_gpu(self) -> int:
+        """Token rows one GPU holds in the card's largest micro-batch: under the token-budget layout the bin
+        (tokens per EP rank) or a longest sequence alone, whichever is larger (an over-long sample gets a bin of
+        its own); under a fixed micro-batch count ceil(sequences per (micro-batch, rank)) longest sequences;
+        split over the CP x TP ranks of a data-parallel rank."""
+        split = self.value("batch.context_parallel") * self.value("batch.tensor_parallel")
+        longest = -(-self.value("lengths.max_sequence_tokens") // split)
+        if self.value("batch.layout") == "token-budget":
+            return max(self.tokens_per_ep_rank, longest)
+        per_slot = -(-self.value("batch.global_batch_sequences") // (self.token_ranks * self.micro_batches))
+        return per_slot * longest
+
+    def memory_layout(self, ep: int | None = None):
+        """The card's relibra.costs.memory.MemoryLayout at EP size `ep` (None: the card's batch.expert_parallel)."""
+        from relibra.costs.memory import MemoryLayout
+
+        ep = self.value("batch.expert_parallel") if ep is None else ep
+        return MemoryLayout(
+            tp=self.value("batch.tensor_parallel"), pp=self.value("batch.pipeline_parallel"),
+            cp=self.value("batch.context_parallel"), ep=int(ep), dp=self.value("batch.data_parallel_size"),
+            distributed_optimizer=self.value("training.distributed_optimizer"),
+            optimizer_offload_fraction=float(self.value("optimizer.cpu_offload_fraction")),
+            recompute=self.value("overheads.activation_recompute"), tokens_per_gpu=float(self.peak_tokens_per_gpu()),
+            hbm_bytes=float(self.value("cluster.hbm_GB")) * 1e9, micro_batches=self.micro_batches,
+            main_grad_bytes_per_param=self.value("overheads.main_grad_bytes_per_param"),
+            spare_slots=self.value("training.spare_slots_per_gpu"), replica_buffer=self.value("training.replica_buffer"),
+            dispatcher_buffer_bytes=float(self.value("memory.dispatcher_buffer_GB")) * 1e9,
+            activation_scale=float(self.value("memory.activation_scale")))
+
+    def memory_models(self, models=None) -> tuple[str, ...]:
+        """The models a card's memory is budgeted for: `models` if given, else the card's model.name (a recipe
+        for that model), else the map's three models."""
+        if models is not None:
+            return tuple(models)
+        if "model.name" in self.entries:
+            return (self.value("model.name"),)
+        return ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
+
+    def memory_budget(self, model: str | None = None, ep: int | None = None):
+        """The busiest GPU's relibra.costs.memory.MemoryBudget for `model` (None: the card's model.name) at EP
+        size `ep` (None: the card's)."""
+        from relibra.cluster import get_model
+        from relibra.costs.memory import memory_budget
+
+        if model is None:
+            if "model.name" not in self.entries:
+                raise ConfigError(f"set-up card {self.name!r} names no model; give one to budget its memory")
+            model = self.value("model.name")
+        return memory_budget(get_model(model), self.memory_layout(ep))
+
+    def fits(self, model: str | None = None, ep: int | None = None) -> bool:
+        """Whether the set-up fits the GPU's HBM (memory_budget(model, ep).fits)."""
+        return self.memory_budget(model, ep).fits
+
+    def memory_sweep(self, model: str | None = None, ep: int | None = None) -> list[dict]:
+        """The memory verdict at each end of every swept entry the budget reads (assumed entries with a range):
+        [{"key", "value", "total_GB", "fits"}], the other entries at their values."""
+        keys = ("cluster.hbm_GB", "optimizer.cpu_offload_fraction", "memory.activation_scale",
+                "memory.dispatcher_buffer_GB", "training.distributed_optimizer", "overheads.activation_recompute",
+                "training.spare_slots_per_gpu", "batch.tokens_per_gpu_per_microbatch")
+        out = []
+        for key in keys:
+            entry = self.entries.get(key)
+            if entry is None or entry.range is None:
+                continue
+            for end in entry.range:
+                card = self.with_values(f"memory sweep: {key} at {end!r}", **{key.replace(".", "__"): end})
+                b = card.memory_budget(model, ep)
+                out.append({"key": key, "value": end, "total_GB": b.total_bytes / 1e9, "fits": b.fits})
+        return out
 
     def policy_params(self, policies=None) -> dict:
         """{policy: {param: value}} for relibra.sim.simulate: ReLibra's replica slots per GPU; only for the

@@ -26,7 +26,8 @@ NB = get_notebook("12_verdict_map")
 def _case(kind, setup, tokens, shift, meg, eplb, gap, corr, x=None):
     return {"kind": kind, "setup": setup, "model": "m", "workload": "w", "seed": 0, "tokens": tokens,
             "shift_value": shift, "tokens_per_ep_rank": float(x if x is not None else tokens), "mb_vs_step_corr": corr,
-            "mb_corr": corr - 0.1, "micro_batches": 4, "relibra_over_megatron": meg, "relibra_over_eplb_plus": eplb,
+            "mb_corr": corr - 0.1, "micro_batches": 4, "step_sequences": 1024, "sequences_per_rank": 32.0,
+            "feasible": True, "relibra_over_megatron": meg, "relibra_over_eplb_plus": eplb,
             "gap_to_balanced": gap, "tokens_per_s_megatron": 100.0, "tokens_per_s_eplb+": 100.0 * meg / eplb}
 
 
@@ -105,6 +106,23 @@ def test_the_figure_draws_reached_claims_as_contours_without_warnings():
     axes = fig.axes
     texts = [t.get_text() for ax in axes for t in ax.texts]
     assert any(t == "paper 1.60x" for t in texts)  # 1.6x lies inside the grid's 1.1-1.8x: a contour label
-    assert any("1.20x: reached nowhere" in t for t in texts)  # EPLB+'s best is 1.1x
-    assert any("every node is below it" in t for t in texts)  # the gap is 3% everywhere
+    assert any("1.20x: reached at no feasible node" in t for t in texts)  # EPLB+'s best is 1.1x
+    assert any("every feasible node is below it" in t for t in texts)  # the gap is 3% everywhere
+    assert not any(t == "does not fit" for t in texts)  # every synthetic case fits
     assert np.isclose(float(r.nodes["relibra_over_megatron_best"].max()), 1.8)
+
+
+def test_the_figure_draws_a_node_that_does_not_fit_as_such():
+    r = _result()
+    cases = r.cases.copy()
+    cases.loc[(cases["kind"] == "grid") & (cases["tokens"] == 32768), "feasible"] = False
+    mr = MapResult(GridSpec("synthetic", tokens=(2048, 8192, 32768), shift=ShiftAxis("microbatch_shift", (0.0, 0.3)),
+                            models=("m",), workloads=("w",), seeds=(0,), cards=("a", "b", "c")), cases)
+    nodes = node_fields(mr)
+    assert nodes.loc[nodes["tokens"] == 32768, "relibra_over_megatron_best"].isna().all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = plots.verdict_map_plot(nodes, card_points(mr), CLAIMS, r.calibration, "synthetic")
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert sum(t == "does not fit" for t in texts) == 2 * 3  # two nodes, three panels
+    assert not any(t == "paper 1.60x" for t in texts)  # 1.6x was reached only at the infeasible 32768 nodes

@@ -81,8 +81,8 @@ def test_grid_help_and_notebook_12_markdown_say_what_the_grids_are():
     from relibra.cli.verdict_map import grid_text
     from relibra.experiments.verdict_map import default_grid, paper_grid
 
-    assert grid_text(default_grid()) == ("3 budgets x 2 shift values x 3 models x mixed, math x seeds 0, 1, 2; card "
-                                         "points at seed 0")
+    assert grid_text(default_grid()) == ("2 step sizes x 3 budgets x 3 shift values x 3 models x mixed, math x "
+                                         "seeds 0, 1, 2; card points at seed 0")
     text = " ".join(line.lstrip("# ").strip() for line in
                     (project_root() / "notebooks" / "12_verdict_map.py").read_text().splitlines())
     help_text = " ".join(dict(_parsers(build_parser()))["relibra map"].format_help().split())

@@ -47,7 +47,8 @@ def _synthetic_result():
         for v, corr, over_eplb in ((0.2, 0.95, 1.05), (0.05, 0.7, 1.25)):
             rows.append({"kind": "grid", "tokens": t, "shift_value": v, "model": "m", "workload": "w", "seed": 0,
                          "tokens_per_ep_rank": float(t), "mb_vs_step_corr": corr - 0.01 * np.log2(t / 2048),
-                         "micro_batches": 4, "relibra_over_megatron": speed + (0.05 if v == 0.05 else 0.0),
+                         "micro_batches": 4, "step_sequences": 1024, "sequences_per_rank": 32.0, "feasible": True,
+                         "relibra_over_megatron": speed + (0.05 if v == 0.05 else 0.0),
                          "relibra_over_eplb_plus": over_eplb, "gap_to_balanced": 0.04})
     return vm.MapResult(spec, pd.DataFrame(rows))
 
@@ -72,6 +73,7 @@ def test_claim_regions_and_the_one_sentence_conclusion():
     assert not any("reached by" in line for line in lines)  # no card points in this result
     cards = pd.DataFrame([{"kind": "card", "setup": "a-card", "model": "m", "workload": "w", "seed": 0,
                            "tokens_per_ep_rank": 4096.0, "mb_vs_step_corr": 0.9, "micro_batches": 3,
+                           "step_sequences": 64, "sequences_per_rank": 4.0, "feasible": True,
                            "relibra_over_megatron": 1.1, "relibra_over_eplb_plus": 1.3, "gap_to_balanced": 0.02}])
     with_card = vm.MapResult(result.spec, pd.concat([result.frame, cards], ignore_index=True))
     hits = {h["id"]: h["cards"] for h in vm.card_hits(with_card)}
@@ -85,6 +87,35 @@ def test_claim_regions_and_the_one_sentence_conclusion():
     mega_points = next(c for c in contours if c["level"] == 1.6)["points"]
     assert mega_points and all(8192 < p["tokens_per_ep_rank"] < 32768 for p in mega_points)
     assert all(0.6 < p["mb_vs_step_corr"] < 1.0 for p in mega_points)
+
+
+def test_an_infeasible_node_or_card_enters_no_statement_of_the_verdict():
+    result = _synthetic_result()
+    frame = result.frame.copy()
+    # the 32768 budget does not fit in memory: its 1.7-1.75x over Megatron must leave the verdict
+    frame.loc[frame["tokens"] == 32768, "feasible"] = False
+    cards = pd.DataFrame([{"kind": "card", "setup": "big-card", "model": "m", "workload": "w", "seed": 0,
+                           "tokens_per_ep_rank": 30000.0, "mb_vs_step_corr": 0.9, "micro_batches": 3,
+                           "step_sequences": 1024, "sequences_per_rank": 32.0, "feasible": False,
+                           "relibra_over_megatron": 1.9, "relibra_over_eplb_plus": 1.5, "gap_to_balanced": 0.02}])
+    cut = vm.MapResult(result.spec, pd.concat([frame, cards], ignore_index=True))
+    nodes = vm.node_fields(cut)
+    assert list(nodes["feasible"]) == [True] * 4 + [False] * 2
+    assert list(nodes["feasible_cases"]) == [1] * 4 + [0] * 2
+    assert nodes.loc[~nodes["feasible"], "relibra_over_megatron_best"].isna().all()
+    regions = {r["claim"]: r for r in vm.claim_regions(cut)}
+    mega = regions["up to 1.6x over Megatron-LM"]
+    assert (mega["nodes"], mega["of_nodes"], mega["best"]) == (0, 4, pytest.approx(1.45))  # 8192 at shift 0.05
+    assert mega["best_tokens"] == 8192
+    text = vm.conclusion(cut)
+    assert "up to 1.6x over Megatron-LM is reached nowhere on the grid's feasible nodes (best 1.45x" in text
+    assert "2 of 6 nodes do not fit in memory for any model and are left out" in text
+    assert "big-card (" not in text and "cards that do not fit in memory (left out): big-card" in text
+    points = vm.card_points(cut)
+    assert not points.loc[0, "feasible"] and np.isnan(points.loc[0, "relibra_over_megatron_best"])
+    # every contour point lies at a feasible node's budget or between two feasible ones
+    for c in vm.claim_contours(cut):
+        assert all(p["tokens"] <= 8192 for p in c["points"])
 
 
 def test_a_cut_down_grid_end_to_end():
@@ -105,6 +136,8 @@ def test_a_cut_down_grid_end_to_end():
     first = result.frame.iloc[0]
     for key in ("relibra_over_megatron", "relibra_over_eplb_plus", "gap_to_balanced", "mb_vs_step_corr"):
         assert again[key] == first[key]
+    # the tiny model fits the card's HBM at every node; every row carries its memory verdict
+    assert result.frame["feasible"].all() and (result.frame["memory_GB"] < result.frame["hbm_GB"]).all()
     out = vm.map_json(result)
     text = json.dumps(out, allow_nan=False)
     assert json.loads(text)["conclusion"] == out["conclusion"]
@@ -118,7 +151,10 @@ def test_grids_and_bad_specs():
     assert d.models == p.models == vm.MAP_MODELS and len(p.seeds) >= 3 and len(d.seeds) >= 3 and d.workloads == p.workloads == ("mixed", "math")
     assert min(p.tokens) == 1024 and max(p.tokens) == 32768 and set(d.tokens) <= set(p.tokens)
     assert d.shift.values[0] == p.shift.values[0] == 0.0  # both start at the kit's value
-    assert d.shift.values[-1] == p.shift.values[-1] == vm.MICROBATCH_SHIFT_RANGE[1] and d.shift.field == "microbatch_shift"
+    # the assumed range's end, then its sensitivity to 0.7; both step sizes (4 and 32 sequences per rank)
+    assert vm.MICROBATCH_SHIFT_RANGE[1] in d.shift.values and vm.MICROBATCH_SHIFT_RANGE[1] in p.shift.values
+    assert d.shift.values[-1] == p.shift.values[-1] == vm.SHIFT_SENSITIVITY_END >= 0.7
+    assert d.shift.field == "microbatch_shift" and d.step_sequences == p.step_sequences == (128, 1024)
     with pytest.raises(ConfigError, match="tokens must be positive"):
         _tiny_spec(tokens=(0,))
     with pytest.raises(ConfigError, match="not a WorkloadConfig field"):

@@ -102,9 +102,10 @@ def _show(args) -> int:
 
     card = load_card(args.card)
     rows = card.rows() + card.derived_rows()
+    budgets = [card.memory_budget(m) for m in card.memory_models()]
     if args.json:
-        print(json.dumps({"name": card.name, "description": card.description, "path": card.path, "entries": rows},
-                         indent=2))
+        print(json.dumps({"name": card.name, "description": card.description, "path": card.path, "entries": rows,
+                          "memory": [b.to_dict() for b in budgets]}, indent=2))
         return 0
     print(f"set-up card {card.name} ({card.path})\n{card.description}\n")
     for row in rows:
@@ -114,6 +115,16 @@ def _show(args) -> int:
         rng = "" if row["range"] is None else f"  [sweep {row['range'][0]} .. {row['range'][1]}]"
         print(f"{row['key']} = {value} {row['unit']}".rstrip() + f"  ({row['kind']}){rng}")
         print(f"    source: {row['source']}")
+    ep = card.value("batch.expert_parallel")
+    for b in budgets:
+        layout = card.memory_layout()
+        print(f"\nmemory per GPU, {b.model} at EP {ep}, TP {layout.tp}, PP {layout.pp}, CP {layout.cp}, DP {layout.dp}, "
+              f"{layout.tokens_per_gpu:.0f} token rows per GPU per micro-batch (relibra.costs.memory):")
+        for line in b.lines():
+            print("  " + line)
+        for r in card.memory_sweep(b.model):
+            print(f"  sweep {r['key']} = {r['value']}: {r['total_GB']:.1f} GB, "
+                  + ("fits" if r["fits"] else "does NOT fit"))
     return 0
 
 

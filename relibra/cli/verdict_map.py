@@ -17,7 +17,7 @@ NOTEBOOK = "12_verdict_map"
 GRID_PROFILES = {"default": "laptop", "paper": "paper"}  # --grid: the notebook 12 profile whose grid it is
 # notebook 12's parameters as flags: (field, flag); each goes through its Params
 AXES = (("tokens", "--tokens"), ("shift", "--shift-values"), ("models", "--models"), ("workloads", "--workloads"),
-        ("seeds", "--seeds"))
+        ("seeds", "--seeds"), ("step_sequences", "--step-sequences"))
 OVERHEADS_TAKE = ("models", "workloads", "seeds", "ep", "setup", "indent", "no_progress")
 
 
@@ -41,7 +41,8 @@ def grid_text(g) -> str:
     """What a GridSpec simulates, in words (the help of --grid, notebook 12's markdown)."""
     def seeds(s) -> str:
         return f"seed{'s' * (len(s) > 1)} {', '.join(map(str, s))}"
-    return (f"{len(g.tokens)} budgets x {len(g.shift.values)} shift values x {len(g.models)} models x "
+    steps = f"{len(g.step_sequences)} step sizes x " if g.step_sequences else ""
+    return (f"{steps}{len(g.tokens)} budgets x {len(g.shift.values)} shift values x {len(g.models)} models x "
             f"{', '.join(g.workloads)} x {seeds(g.seeds)}; card points at {seeds(g.card_seeds or g.seeds)}")
 
 

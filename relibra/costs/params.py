@@ -73,6 +73,10 @@ class CostParams:
     sequence_split: ranks every sequence is split over (context x sequence parallel, CP x TP): a trace's
         seq_lens then hold each rank's piece, and one rank's attention core is that of the whole
         sequence (piece x split) over split (Megatron's CP load-balances the causal work).
+    optimizer_offload_fraction: share of the optimizer state kept in host memory (Megatron's
+        --optimizer-cpu-offload with --optimizer-offload-fraction): migration moves that share of each
+        moved expert's state shard over PCIe, out of the old home's host and into the new one's
+        (relibra.costs.memory.offload_migration_seconds); 0 (default) = all in HBM.
     overheads: the costs of balancing beyond its transfers' bytes (relibra.costs.overheads.Overheads:
         overlap efficiency, activation recomputation, replica gradient adds, the post-rollout planner);
         the default charges none of them, the set-up card's [overheads] section says what to charge.
@@ -94,6 +98,7 @@ class CostParams:
     virtual_stages: int = 1
     sequence_split: int = 1
     overheads: Overheads = field(default_factory=Overheads)
+    optimizer_offload_fraction: float = 0.0
 
     def __post_init__(self):
         if not isinstance(self.overheads, Overheads):
@@ -115,6 +120,9 @@ class CostParams:
         if not (math.isfinite(self.attention_backward_factor) and self.attention_backward_factor > 0):
             raise ConfigError(f"cost model: attention_backward_factor must be positive and finite, "
                               f"got {self.attention_backward_factor}")
+        f = self.optimizer_offload_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
+            raise ConfigError(f"cost model: optimizer_offload_fraction must lie in [0, 1], got {f!r}")
         if self.dp_size is not None and (not isinstance(self.dp_size, int) or self.dp_size <= 0):
             raise ConfigError(f"cost model: dp_size must be a positive integer or None, got {self.dp_size!r}")
         if self.dispatcher is not None and self.dispatcher not in DISPATCHERS:

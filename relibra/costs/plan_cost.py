@@ -11,6 +11,7 @@ from relibra.cluster import ModelShape, Topology
 from relibra.costs import overheads, phases
 from relibra.costs.pipeline import interleaved_seconds, layer_stages, stage_layer_counts
 from relibra.costs.params import CostParams
+from relibra.costs.memory import offload_migration_seconds
 from relibra.errors import PlanError
 from relibra.metrics import METRIC_COLUMNS
 from relibra.plan import StepPlan, gpu_tokens_from, home_tokens_of
@@ -349,24 +350,32 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
 
     # once per step; with a pipeline each stage's GPUs move and update their own layers at the same time
     route = phases.route_of(topology, params)
+
+    def host_leg_s(prev, new) -> float:  # offloaded optimizer state's PCIe leg, overlapped with the link transfer
+        return offload_migration_seconds(prev, new, ep, model, topology.pcie_GBps, dp,
+                                         params.optimizer_offload_fraction)[0]
+
     homes = int(plan.homes_per_gpu().max())
     if layout is None:
         migration_s, migration_bytes = phases.migration_seconds(prev_home, plan.home, ep, gpn, model, topology, dp,
                                                                 route)
+        migration_s = max(migration_s, host_leg_s(prev_home, plan.home))
         optimizer_s = phases.optimizer_seconds(model, homes, ep, topology, dp)
     else:
         migration_bytes = {"intra_node": 0, "inter_node": 0, "experts_moved": 0}
-        per_device_mig, per_device_opt = np.zeros(devices), np.zeros(devices)
+        per_device_mig, per_device_host, per_device_opt = np.zeros(devices), np.zeros(devices), np.zeros(devices)
         for c in range(chunks):
             mine = layer_stage == c
             if prev_home is not None:
                 sec, nbytes = phases.migration_seconds(np.asarray(prev_home)[mine], plan.home[mine], ep, gpn, model,
                                                        topology, dp, route)
                 per_device_mig[c % devices] += sec
+                per_device_host[c % devices] += host_leg_s(np.asarray(prev_home)[mine], plan.home[mine])
                 migration_bytes = {k: migration_bytes[k] + nbytes[k] for k in migration_bytes}
             per_device_opt[c % devices] += phases.optimizer_seconds(
                 model, homes, ep, topology, dp, layers=int(mine.sum()), dense_params=model.dense_params / chunks)
-        migration_s, optimizer_s = float(per_device_mig.max()), float(per_device_opt.max())
+        migration_s = float(np.maximum(per_device_mig, per_device_host).max())
+        optimizer_s = float(per_device_opt.max())
     slots_per_layer = plan.num_replicas().max(axis=(0, 2)) if plan.replica_slots else np.zeros(l)
     buffer = "autograd" if plan.transfers_on_critical_path else params.replica_buffer
     memory = phases.replica_memory(model, ep, slots_per_layer, buffer, homes, params.grad_bytes_per_param)

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from relibra.cluster import Topology, get_model
+from relibra.costs.memory import memory_budget
 from relibra.experiments.config import scaled_model
 from relibra.labels import CLAIMS
 from relibra.pool import map_in_order
@@ -97,7 +98,12 @@ def simulate_case(case: Case) -> pd.DataFrame:
                       policy_params=card.policy_params(case.policies), progress=False, workload=case.workload,
                       step_extras=lambda plan, cost: overhead_extras(plan, cost, trace.model, topology))
     extras = result.per_step.groupby("policy")[list(OVERHEAD_EXTRAS)].mean()
+    # does the set-up fit: the full model's memory on the busiest GPU against the cluster's HBM
+    # (relibra.costs.memory; a cut-down trace is budgeted as the whole model it stands for)
+    full = trace.model if case.trace is not None else get_model(case.model)
+    budget = memory_budget(full, dataclasses.replace(card.memory_layout(case.ep), hbm_bytes=topology.hbm_bytes))
     return result.summary.join(extras, on="policy").assign(
+        feasible=bool(budget.fits), memory_GB=budget.total_bytes / 1e9, hbm_GB=budget.hbm_bytes / 1e9,
         setup=card.name, model=case.model, workload=case.workload, seed=case.seed, ep=case.ep, layout=layout,
         tokens_per_microbatch=tokens, label=case.label, layers=trace.num_layers, micro_batches=trace.num_microbatches,
         mean_tokens_per_slot=float(slot_tokens.mean()), max_tokens_per_slot=int(slot_tokens.max()))
@@ -231,6 +237,9 @@ def verdict_table(grid: pd.DataFrame) -> pd.DataFrame:
     The gap to the ideal is 1 - ReLibra / balanced (the paper's Balanced: routing forced uniform) and,
     beside it, 1 - ReLibra / balanced-compute (the same routing with every GPU at the mean compute).
     """
+    grid = grid[grid["feasible"].astype(bool)] if "feasible" in grid else grid  # what does not fit is no claim
+    if grid.empty:
+        return pd.DataFrame()
     ran = set(grid["policy"])
     claims = [k for k in VERDICT_CLAIMS if {CLAIMS[k].numerator, CLAIMS[k].denominator} <= ran]
     table = claim_table(grid, [k for k in CASE_KEYS if k in grid], claims)
@@ -270,6 +279,8 @@ def budget_ratios(sweep: pd.DataFrame) -> pd.DataFrame:
     keys = ["setup", "layout", "tokens_per_microbatch", "model", "workload", "seed"]
     out = claim_table(sweep, keys, VERDICT_CLAIMS[:2])
     out["mean_tokens_per_slot"] = sweep.groupby(keys)["mean_tokens_per_slot"].first().to_numpy()
+    if "feasible" in sweep:  # whether the budget fits in memory (relibra.costs.memory)
+        out["feasible"] = sweep.groupby(keys)["feasible"].all().to_numpy()
     return out
 
 

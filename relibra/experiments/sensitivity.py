@@ -61,6 +61,7 @@ KNOBS = {k.name: k for k in (
          default=WorkloadConfig().topic_concentration),
     Knob("spare slots", "training.spare_slots_per_gpu", "policy", "spare_slots_per_gpu"),
     Knob("optimizer sharding", "training.distributed_optimizer", "cost", "dp_size"),
+    Knob("optimizer offload", "optimizer.cpu_offload_fraction", "cost", "optimizer_offload_fraction"),
     Knob("NVLink rate", "cluster.nvlink_GBps", "topology", "nvlink_GBps"),
     Knob("RDMA rate", "cluster.rdma_GBps", "topology", "rdma_GBps"),
     Knob("GEMM rate", "compute.matmul_tflops", "topology", "matmul_tflops"),
@@ -127,6 +128,8 @@ def case_inputs(card, knob: Knob, value, ep: int, micro_batches: int | None = No
         on = dataclasses.replace(card, entries={**card.entries, knob.entry: dataclasses.replace(
             card.entries[knob.entry], value=bool(value))})
         cost_changes["dp_size"] = on.expert_dp_size(ep)
+    elif knob.acts_on == "cost":
+        cost_changes[knob.field] = float(value)
     cfg = card.workload_config(**cfg_changes)
     if cfg.batch_layout != "token-budget" and micro_batches is None:
         micro_batches = card.micro_batches  # None: the generator's fixed count for such layouts

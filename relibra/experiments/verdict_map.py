@@ -1,11 +1,16 @@
 """The verdict as a map: ReLibra / Megatron, ReLibra / EPLB+ and the gap to Balanced over the two inputs no
-source fixes, tokens per EP rank per micro-batch and the micro-batch shift of the routing.
+source fixes, tokens per EP rank per micro-batch and the micro-batch shift of the routing, faceted by the step's
+size (sequences per token-holding rank per step).
 
 A grid (GridSpec) is every (tokens per EP rank, shift value) node x model x workload x seed at full scale
 (every MoE layer, every micro-batch of the set-up card's batch), on the card's token-budget layout with its
 budget replaced by the node's tokens; the shift is one WorkloadConfig field (ShiftAxis) moved over its
-values, everything else the card's. Each named card is also a point: simulated as the card says, its
-position the tokens per EP rank and the micro-batch-vs-step load correlation its trace measures. Every
+values, everything else the card's; each step size of `step_sequences` is a facet of its own. Each named card
+is also a point: simulated as the card says, its position the mean tokens per EP rank per micro-batch of its
+simulated trace and the micro-batch-vs-step load correlation of that generated trace, in the facet nearest its
+own step size. Every case carries its memory verdict (SetupCard.memory_budget at the case's model, EP and
+tokens): `feasible` is False where the busiest GPU needs more than the card's HBM, and such cases enter no
+best, mean or worst of the map (node_fields, card_points, claim_regions, conclusion). Every
 case is one trace of `steps` steps with its last step simulated (relibra.sim.simulate, as the headline
 does), so a card's point at the card's own inputs is the headline's case. `run_map` simulates a grid,
 `node_fields` / `card_points` summarise it, `claim_contours` / `claim_regions` / `conclusion` say where the
@@ -34,6 +39,10 @@ from relibra.trace import RoutingTrace
 from relibra.workloads import MICROBATCH_SHIFT_RANGE, WorkloadConfig, generate_trace
 
 MAP_MODELS = PAPER_MODELS
+# The micro-batch shift is an assumption: no public source gives micro-batch-level routing statistics of a large
+# MoE. 0-0.3 (MICROBATCH_SHIFT_RANGE) is where the kit's tiny CPU RL trace sits; the map shows the sensitivity to
+# SHIFT_SENSITIVITY_END beyond it, labelled as such.
+SHIFT_SENSITIVITY_END = 0.7
 MAP_POLICIES = ("megatron", "eplb+", "relibra", "balanced")
 # The map's fields: the paper's claims (relibra.labels.PAPER_CLAIMS), each a column of every case.
 RATIO_FIELDS = tuple(c.id for c in PAPER_CLAIMS)
@@ -65,7 +74,8 @@ class GridSpec:
     every node's cases; cards: the named cards simulated as points (at their own inputs), over the same models
     (a card that publishes its model: that model only, card_scope), workloads and card_seeds; ep: the nodes'
     EP size (a card's point: the card's batch.expert_parallel); steps per trace (the last simulated);
-    card_changes: (card key, value) pairs applied to every card (cut-down test grids).
+    card_changes: (card key, value) pairs applied to every card (cut-down test grids); step_sequences: the
+    step sizes (global batch, sequences) of the nodes, one facet each (empty: the setup card's own).
     """
 
     name: str
@@ -80,11 +90,15 @@ class GridSpec:
     ep: int = 32
     steps: int = 3
     card_changes: tuple[tuple[str, object], ...] = ()
+    step_sequences: tuple[int, ...] = ()
 
     def __post_init__(self):
         if not self.tokens or any(not isinstance(t, (int, np.integer)) or isinstance(t, bool) or t <= 0
                                   for t in self.tokens):
             raise ConfigError(f"grid {self.name!r}: tokens must be positive integers, got {self.tokens!r}")
+        if any(not isinstance(t, (int, np.integer)) or isinstance(t, bool) or t <= 0 for t in self.step_sequences):
+            raise ConfigError(f"grid {self.name!r}: step_sequences must be positive integers, got "
+                              f"{self.step_sequences!r}")
         for key in ("models", "workloads", "seeds"):
             if not getattr(self, key):
                 raise ConfigError(f"grid {self.name!r}: no {key}")
@@ -101,23 +115,26 @@ class GridSpec:
         return {**dataclasses.asdict(self), "cards": list(self.card_list)}
 
 
-# The micro-batch shift is the generator's explicit input WorkloadConfig.microbatch_shift, from the kit's value
-# (0: no shift beyond the sequences a micro-batch holds) to the sharpest the routing data support
-# (MICROBATCH_SHIFT_RANGE: 0.3, where qwen3-30b-a3b on the default card at EP 32 reaches the micro-batch
-# correlations of the kit's real RL trace; docs/traces.md).
+# The micro-batch shift is the generator's explicit input WorkloadConfig.microbatch_shift, an assumption: from the
+# kit's value (0: no shift beyond the sequences a micro-batch holds) to MICROBATCH_SHIFT_RANGE's 0.3, where
+# qwen3-30b-a3b on the default card at EP 32 reaches the micro-batch correlations of the kit's tiny CPU RL trace
+# (docs/traces.md), then SHIFT_SENSITIVITY_END (0.7) as the sensitivity beyond that range.
 def default_grid(**changes) -> GridSpec:
-    """The coarse grid of the default profile: 3 budgets x 2 shift values (the range's ends) x 3 models x
-    (`mixed`, `math`: the paper grid's two workloads) x 3 seeds; every card's point (both workloads, seed 0)."""
+    """The coarse grid of the default profile: 3 budgets x 3 shift values (the range's ends and the sensitivity
+    end 0.7) x 3 models x (`mixed`, `math`: the paper grid's two workloads) x 3 seeds, at two step sizes: the
+    default card's 1024 sequences (32 per rank) and 128 (4 per rank, as slime's Qwen3-235B recipe: 64
+    sequences over 16 ranks); every card's point (both workloads, seed 0)."""
     return GridSpec(**{"name": "default", "tokens": (2048, 8192, 32768), "card_seeds": (0,),
-                       "shift": ShiftAxis("microbatch_shift", MICROBATCH_SHIFT_RANGE), **changes})
+                       "shift": ShiftAxis("microbatch_shift", (*MICROBATCH_SHIFT_RANGE, SHIFT_SENSITIVITY_END)),
+                       "step_sequences": (128, 1024), **changes})
 
 
 def paper_grid(**changes) -> GridSpec:
     """The whole grid: 6 budgets (1k-32k tokens per EP rank) x 4 shift values x 3 models x (`mixed`, `math`)
     x 3 seeds; every card's point on the same models, workloads and seeds."""
-    shift = tuple(float(x) for x in np.round(np.linspace(*MICROBATCH_SHIFT_RANGE, 4), 6))
+    shift = tuple(float(x) for x in np.round(np.linspace(*MICROBATCH_SHIFT_RANGE, 4), 6)) + (0.5, SHIFT_SENSITIVITY_END)
     return GridSpec(**{"name": "paper", "tokens": (1024, 2048, 4096, 8192, 16384, 32768),
-                       "shift": ShiftAxis("microbatch_shift", shift), **changes})
+                       "shift": ShiftAxis("microbatch_shift", shift), "step_sequences": (128, 1024), **changes})
 
 
 GRIDS = {"default": default_grid, "paper": paper_grid}
@@ -137,14 +154,17 @@ class MapCase:
     ep: int
     tokens: int | None = None
     shift_value: object = None
+    step_sequences: int | None = None
 
 
 def map_cases(spec: GridSpec) -> list[MapCase]:
     """Every case of `spec`: the grid nodes, then the card points; slowest first within each (most
     layers, then fewest tokens per rank: the most micro-batches), so the workers finish together."""
     load_card(spec.setup)  # an unknown card fails here, before any work
-    grid = [MapCase(spec, "grid", spec.setup, m, w, int(s), spec.ep, int(t), v) for m in spec.models
-            for w in spec.workloads for s in spec.seeds for t in spec.tokens for v in spec.shift.values]
+    steps = spec.step_sequences or (None,)
+    grid = [MapCase(spec, "grid", spec.setup, m, w, int(s), spec.ep, int(t), v, None if g is None else int(g))
+            for g in steps for m in spec.models for w in spec.workloads for s in spec.seeds for t in spec.tokens
+            for v in spec.shift.values]
     cards = []
     for c in spec.card_list:
         models, ep = card_scope(c, spec)
@@ -152,7 +172,7 @@ def map_cases(spec: GridSpec) -> list[MapCase]:
                   for s in (spec.card_seeds or spec.seeds)]
 
     def cost(c: MapCase):
-        return (-get_model(c.model).num_layers, c.tokens or 0)
+        return (-get_model(c.model).num_layers, -(c.step_sequences or 0), c.tokens or 0)
 
     return sorted(grid, key=cost) + sorted(cards, key=cost)
 
@@ -176,7 +196,7 @@ def card_scope(name: str, spec: GridSpec) -> tuple[tuple[str, ...], int]:
 
 def simulate_map_case(case: MapCase) -> dict:
     """One case simulated: a dict of the case's keys, tokens_per_s of each policy, the three ratios, each
-    policy's skewness, and the case's measured position (micro_batches, mean_tokens_per_slot,
+    policy's skewness, and the case's simulated position (micro_batches, mean_tokens_per_slot,
     mb_vs_step_corr and mb_corr of its trace's expert loads, relibra.analysis.shift_stats)."""
     field = case.spec.shift.field
     card = _card(case.setup, case.spec.card_changes)
@@ -187,6 +207,8 @@ def simulate_map_case(case: MapCase) -> dict:
                               "token-budget")
         card = card.with_values("verdict map: tokens per EP rank per micro-batch",
                                 batch__tokens_per_ep_rank_per_microbatch=int(case.tokens))
+        if case.step_sequences is not None:
+            card = card.with_values("verdict map: the step's size", batch__global_batch_sequences=case.step_sequences)
     cfg = card.workload_config()
     if case.shift_value is not None:
         cfg = dataclasses.replace(cfg, **{field: case.shift_value})
@@ -197,10 +219,14 @@ def simulate_map_case(case: MapCase) -> dict:
     s = result.summary.set_index("policy")
     tps = s["tokens_per_s"]
     stats = shift_stats(trace.loads.sum(axis=3, dtype=np.int64))
+    budget = card.memory_budget(case.model, case.ep)
     row = {"kind": case.kind, "setup": card.name if case.kind == "card" else case.setup, "model": case.model,
            "workload": case.workload, "seed": case.seed, "ep": case.ep, "tokens": case.tokens, "shift_field": field,
            "shift_value": getattr(cfg, field), "layout": cfg.batch_layout, "layers": trace.num_layers,
            "micro_batches": trace.num_microbatches, "tokens_per_ep_rank": float(trace.seq_lens[-1].sum(axis=-1).mean()),
+           "step_sequences": card.value("batch.global_batch_sequences"),
+           "sequences_per_rank": card.value("batch.global_batch_sequences") / card.token_ranks,
+           "memory_GB": budget.total_bytes / 1e9, "hbm_GB": budget.hbm_bytes / 1e9, "feasible": bool(budget.fits),
            "mb_vs_step_corr": float(stats["mb_vs_step_corr"]), "mb_corr": float(stats["mb_corr"]),
            "relibra_over_megatron": float(tps["relibra"] / tps["megatron"]),
            "relibra_over_eplb_plus": float(tps["relibra"] / tps["eplb+"]),
@@ -235,26 +261,44 @@ def run_map(spec: GridSpec, workers: int | None = None, progress: bool = True) -
 
 
 # ---- the map's fields and contours -------------------------------------------------------------------
+NODE_KEYS = ["step_sequences", "tokens", "shift_value"]
+
+
 def node_fields(result: MapResult) -> pd.DataFrame:
-    """One row per grid node (tokens, shift_value): for each ratio its best over the node's cases (max for
-    the two speed-ups, min for the gap: the paper's "up to" and "within"), mean and worst; the node's mean
-    measured position (tokens_per_ep_rank, mb_vs_step_corr, micro_batches); the case count."""
-    return _case_stats(result.grid.groupby(["tokens", "shift_value"], sort=True), ("best", "mean", "worst"))
+    """One row per grid node (step_sequences, tokens, shift_value): for each ratio its best over the node's
+    feasible cases (max for the two speed-ups, min for the gap: the paper's "up to" and "within"), mean and
+    worst (NaN where no case fits in memory); the node's mean simulated position over all its cases
+    (tokens_per_ep_rank, mb_vs_step_corr, micro_batches, sequences_per_rank); the case counts (cases,
+    feasible_cases) and `feasible` (at least one case fits)."""
+    return _case_stats(result.grid, NODE_KEYS, ("best", "mean", "worst"))
 
 
-def _case_stats(by, stats: tuple[str, ...]) -> pd.DataFrame:
-    """Per group of cases: the mean measured position, each ratio's `stats` (best: max of a speed-up, min of
-    the gap; worst the other way; mean) and the case count."""
-    out = by[["tokens_per_ep_rank", "mb_vs_step_corr", "micro_batches"]].mean()
+def _case_stats(frame: pd.DataFrame, keys, stats: tuple[str, ...]) -> pd.DataFrame:
+    """Per group of cases (grouped by `keys`, in sorted order): the mean simulated position over every case,
+    each ratio's `stats` over the feasible cases only (Claim.best: max of a speed-up, min of the gap; worst the
+    other way; mean), the case counts and whether any case is feasible."""
+    by = frame.groupby(keys, sort=True)
+    out = by[["tokens_per_ep_rank", "mb_vs_step_corr", "micro_batches", "sequences_per_rank"]].mean()
+    ok = frame[frame["feasible"].astype(bool)].groupby(keys, sort=True)
     for c in PAPER_CLAIMS:
         for stat in stats:
-            out[f"{c.id}_{stat}"] = by[c.id].agg({"best": c.best, "mean": "mean", "worst": c.worst}[stat])
+            out[f"{c.id}_{stat}"] = ok[c.id].agg({"best": c.best, "mean": "mean", "worst": c.worst}[stat])
     out["cases"] = by.size()
+    out["feasible_cases"] = by["feasible"].sum().astype(int)
+    out["feasible"] = out["feasible_cases"] > 0
     return out.reset_index()
 
 
+def facets(fields: pd.DataFrame) -> list:
+    """The step sizes (sequences per step) of the nodes, in order: one facet of the map each."""
+    return sorted(fields["step_sequences"].unique())
+
+
 def field_matrix(fields: pd.DataFrame, column: str, spec: GridSpec) -> np.ndarray:
-    """A node field as float64 [len(spec.tokens), len(spec.shift.values)] (NaN where a node is missing)."""
+    """A node field of one facet (fields of one step size) as float64 [len(spec.tokens), len(spec.shift.values)]
+    (NaN where a node is missing or infeasible)."""
+    if fields["step_sequences"].nunique() > 1:
+        raise ConfigError("field_matrix: the nodes of one facet (one step_sequences) at a time")
     return fields.pivot(index="tokens", columns="shift_value", values=column).reindex(
         index=list(spec.tokens), columns=list(spec.shift.values)).to_numpy(np.float64)
 
@@ -291,37 +335,42 @@ def contour_points(values: np.ndarray, xs, ys, level: float) -> list[tuple[float
 
 
 def claim_contours(result: MapResult, fields: pd.DataFrame | None = None) -> list[dict]:
-    """The paper's claims as contours of the best-over-cases fields: per claim and level, the crossing points
-    (tokens per EP rank, shift value) and, beside each, the node-mean correlation there, bilinear in
-    (log2 tokens, shift value)."""
+    """The paper's claims as contours of the best-over-feasible-cases fields, per facet (step size): per claim
+    and level, the crossing points on the grid's axes (tokens: the node budget, shift value) and, beside each,
+    the node-mean simulated tokens per EP rank and generated-trace correlation there, bilinear in (log2 tokens,
+    shift value)."""
     fields = node_fields(result) if fields is None else fields
     spec = result.spec
     lx = np.log2(np.asarray(spec.tokens, dtype=np.float64))
     ys = np.asarray(spec.shift.values, dtype=np.float64)
     order = np.argsort(ys)
-    corr = field_matrix(fields, "mb_vs_step_corr", spec)[:, order]
-
-    def corr_at(x: float, y: float) -> float:
-        return float(np.interp(math.log2(x), lx, np.array([np.interp(y, ys[order], row) for row in corr])))
-
     out = []
-    for c in PAPER_CLAIMS:
-        best = field_matrix(fields, f"{c.id}_best", spec)
-        for level in [c.level] + ([c.lower] if c.lower is not None else []):
-            pts = contour_points(best, spec.tokens, spec.shift.values, level)
-            out.append({"claim": c.statement, "field": f"{c.id}_best", "level": level,
-                        "points": [{"tokens_per_ep_rank": x, "shift_value": y, "mb_vs_step_corr": corr_at(x, y)}
-                                   for x, y in pts]})
+    for step in facets(fields):
+        facet = fields[fields["step_sequences"] == step]
+        corr = field_matrix(facet, "mb_vs_step_corr", spec)[:, order]
+        simulated = np.log2(field_matrix(facet, "tokens_per_ep_rank", spec)[:, order])
+
+        def at(x: float, y: float, m: np.ndarray) -> float:
+            return float(np.interp(math.log2(x), lx, np.array([np.interp(y, ys[order], row) for row in m])))
+
+        for c in PAPER_CLAIMS:
+            best = field_matrix(facet, f"{c.id}_best", spec)
+            for level in [c.level] + ([c.lower] if c.lower is not None else []):
+                pts = contour_points(best, spec.tokens, spec.shift.values, level)
+                out.append({"claim": c.statement, "field": f"{c.id}_best", "level": level,
+                            "step_sequences": int(step),
+                            "points": [{"tokens": x, "shift_value": y, "tokens_per_ep_rank": 2.0 ** at(x, y, simulated),
+                                        "mb_vs_step_corr": at(x, y, corr)} for x, y in pts]})
     return out
 
 
 # ---- where the claims hold: facts per claim, then one line each -----------------------------------------
 def claim_regions(result: MapResult, fields: pd.DataFrame | None = None) -> list[dict]:
-    """Per paper claim (PAPER_CLAIMS' order): the grid nodes where its best-over-cases field meets it
-    (Claim.holds), its verdict ("holds": at every node, "holds only where": at some, "does not hold": at
-    none), the smallest tokens per EP rank and the largest correlation among the nodes that meet it, and the
-    best value anywhere with its node; a gap also its worst value and the nodes inside and below the paper's
-    range. Only feasible nodes count (a `feasible` column of `fields`, where present)."""
+    """Per paper claim (PAPER_CLAIMS' order): the feasible grid nodes where its best-over-cases field meets it
+    (Claim.holds), its verdict ("holds": at every such node, "holds only where": at some, "does not hold": at
+    none), the smallest tokens per EP rank (budget and simulated) and the largest generated-trace correlation
+    among the nodes that meet it, and the best value anywhere with its node; a gap also its worst value and the
+    nodes inside and below the paper's range. A node that does not fit in memory enters no statement."""
     fields = node_fields(result) if fields is None else fields
     infeasible = 0
     if "feasible" in fields:
@@ -345,7 +394,11 @@ def claim_regions(result: MapResult, fields: pd.DataFrame | None = None) -> list
                        "min_tokens": int(held["tokens"].min()) if len(held) else None,
                        "max_corr": float(held["mb_vs_step_corr"].max()) if len(held) else None,
                        "grid_max_corr": float(fields["mb_vs_step_corr"].max()),
-                       "grid_min_tokens": int(fields["tokens"].min())})
+                       "grid_min_tokens": int(fields["tokens"].min()),
+                       "best_tokens_per_ep_rank": float(best["tokens_per_ep_rank"]),
+                       "best_step_sequences": int(best["step_sequences"]) if "step_sequences" in best else None,
+                       "min_tokens_per_ep_rank": float(held["tokens_per_ep_rank"].min()) if len(held) else None,
+                       "grid_min_tokens_per_ep_rank": float(fields["tokens_per_ep_rank"].min())})
         if c.lower is not None:  # the paper's own range: nodes inside it, below it, and the worst gap
             region["inside_range_nodes"] = int(fields[col].map(c.inside_range).sum())
             region["below_range_nodes"] = int((fields[col] < c.lower).sum())
@@ -364,13 +417,13 @@ def claim_line(r: dict) -> str:
         return f"{c.statement}: not decided: no {scope} of the grid"
     if r["verdict"] == "does not hold":
         where = (f"does not hold: reached at no {scope} of the grid (best {c.fmt(r['best'])}, at "
-                 f"{r['best_tokens']} tokens per EP rank, correlation {r['best_corr']:.2f})")
+                 f"{r['best_tokens_per_ep_rank']:.0f} simulated tokens per EP rank, correlation {r['best_corr']:.2f})")
     elif r["verdict"] == "holds":
         where = f"holds at every {scope} of the grid ({r['of_nodes']})"
     else:
         cond = []
         if r["min_tokens"] != r["grid_min_tokens"]:
-            cond.append(f"at least {r['min_tokens']} tokens per EP rank")
+            cond.append(f"at least {r['min_tokens_per_ep_rank']:.0f} simulated tokens per EP rank")
         if r["max_corr"] < r["grid_max_corr"]:
             cond.append(f"micro-batch vs step correlation at most {r['max_corr']:.2f}")
         where = (f"holds only where {' and '.join(cond) or 'the nodes listed in the table are'} "
@@ -416,13 +469,18 @@ def conclusion(result: MapResult, fields: pd.DataFrame | None = None) -> str:
     scope = (f"On the {spec.name} grid ({len(spec.models)} models x {len(spec.workloads)} workloads x "
              f"{len(spec.seeds)} seeds at full scale, {min(spec.tokens)}-{max(spec.tokens)} tokens per EP rank, "
              f"{spec.shift.field} {', '.join(map(str, spec.shift.values))}): ")
-    return scope + "; ".join(conclusion_lines(result, fields)) + "."
+    text = scope + "; ".join(conclusion_lines(result, fields))
+    points = card_points(result)
+    if not points.empty and (~points["feasible"].astype(bool)).any():
+        text += "; cards that do not fit in memory (left out): " + ", ".join(points.loc[~points["feasible"].astype(
+            bool), "setup"])
+    return text + "."
 
 
 @dataclass(frozen=True)
 class CardPoint:
     """One named card's point (a verdict_map.card_points row): ReLibra / Megatron and / EPLB+ as (mean, best)
-    and the gap to Balanced as (mean, best, worst) over its cases; its measured position; EPLB+'s and
+    and the gap to Balanced as (mean, best, worst) over its cases; its simulated position; EPLB+'s and
     Megatron's mean tokens/s there."""
 
     setup: str
@@ -445,10 +503,10 @@ def why_card_differs(x: CardPoint, regions, best_over_eplb_plus: tuple[float, fl
     (eplb_tps, meg_tps), (best, shift, corr) = x.tokens_per_s, best_over_eplb_plus
     parts = [f"it packs {x.tokens_per_ep_rank:.0f} tokens per EP rank per micro-batch ({mbs} a step)"]
     if not meg.holds(x.over_megatron[1]):
-        parts.append(f"{meg.level:g}x over Megatron needs at least {meg_region['min_tokens']} tokens per EP "
-                     "rank on the grid" if meg_region["min_tokens"] else f"the grid reaches {meg.level:g}x over "
-                     f"Megatron nowhere (best {meg_region['best']:.2f}x at {meg_region['best_tokens']} tokens per "
-                     "EP rank)")
+        parts.append(f"{meg.level:g}x over Megatron needs at least {meg_region['min_tokens_per_ep_rank']:.0f} "
+                     "simulated tokens per EP rank on the grid" if meg_region["min_tokens"] else
+                     f"the grid reaches {meg.level:g}x over Megatron nowhere (best {meg_region['best']:.2f}x at "
+                     f"{meg_region['best_tokens_per_ep_rank']:.0f} simulated tokens per EP rank)")
     if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
         parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over {mbs} "
                      "a step its own costs exceed what its balance saves, which, not micro-batch shift, lifts "
@@ -461,8 +519,9 @@ def why_card_differs(x: CardPoint, regions, best_over_eplb_plus: tuple[float, fl
     if not eplb.holds(x.over_eplb_plus[1]):
         where = "nowhere" if not eplb.holds(best) else "only elsewhere"
         parts.append(f"{eplb.level:g}x over EPLB+ is reached {where} on the grid (best {best:.2f}x at shift "
-                     f"{shift:g}, correlation {corr:.2f}, the sharpest shift the routing data support being "
-                     f"{MICROBATCH_SHIFT_RANGE[1]:g})")
+                     f"{shift:g}, correlation {corr:.2f}; the shift is assumed, {MICROBATCH_SHIFT_RANGE[0]:g}-"
+                     f"{MICROBATCH_SHIFT_RANGE[1]:g} where the tiny CPU RL trace sits, {SHIFT_SENSITIVITY_END:g} its "
+                     "sensitivity)")
     if not gap.inside_range(x.gap[0]):
         side = "below" if x.gap[0] < gap.lower else "above"
         parts.append(f"its gap to Balanced ({gap.fmt(x.gap[0])}) is {side} the paper's {gap.paper[len('within '):]}")
@@ -470,10 +529,18 @@ def why_card_differs(x: CardPoint, regions, best_over_eplb_plus: tuple[float, fl
 
 
 def card_points(result: MapResult) -> pd.DataFrame:
-    """One row per named card (over its cases): mean position (tokens_per_ep_rank, mb_vs_step_corr), and the
-    mean, best and worst of each ratio."""
+    """One row per named card (over its cases, in the cards' order): mean simulated position
+    (tokens_per_ep_rank, mb_vs_step_corr, sequences_per_rank), the mean, best and worst of each ratio over its
+    feasible cases (NaN where none fits), the case counts and `feasible`."""
     c = result.cards
-    return pd.DataFrame() if c.empty else _case_stats(c.groupby("setup", sort=False), ("mean", "best", "worst"))
+    if c.empty:
+        return pd.DataFrame()
+    order = list(dict.fromkeys(c["setup"]))
+    out = _case_stats(c, ["setup"], ("mean", "best", "worst"))
+    if "memory_GB" in c:  # the busiest GPU over the card's cases (rows of simulate_map_case carry it)
+        memory = c.groupby("setup")[["memory_GB", "hbm_GB"]].max()
+        out = out.join(memory, on="setup")
+    return out.set_index("setup").loc[order].reset_index()
 
 
 def merge_coincident(cards: pd.DataFrame) -> pd.DataFrame:
@@ -483,6 +550,8 @@ def merge_coincident(cards: pd.DataFrame) -> pd.DataFrame:
         return cards
     cols = ["tokens_per_ep_rank", "mb_vs_step_corr"] + [f"{f}_mean" for f in RATIO_FIELDS]
     key = cards[cols].round(3).astype(str).agg("|".join, axis=1)
+    if "feasible" in cards:
+        key = key + "|" + cards["feasible"].astype(str)
     out = cards.groupby(key, sort=False).first()
     out["setup"] = cards.groupby(key, sort=False)["setup"].agg(" = ".join)
     return out.reset_index(drop=True)
@@ -499,12 +568,12 @@ def map_json(result: MapResult) -> dict:
 
 
 def contour_table(contours: list[dict]) -> pd.DataFrame:
-    """claim_contours as one row per (claim, crossing point); a claim that crosses nowhere keeps one row of
-    NaN positions, so every claim is in the table."""
-    empty = {"tokens_per_ep_rank": np.nan, "shift_value": np.nan, "mb_vs_step_corr": np.nan}
-    return pd.DataFrame([{"claim": c["claim"], "field": c["field"], "level": c["level"], **pt} for c in contours
-                         for pt in c["points"]] or [{"claim": c["claim"], "field": c["field"], "level": c["level"],
-                                                     **empty} for c in contours])
+    """claim_contours as one row per (claim, facet, crossing point; tokens: the node budget axis, interpolated);
+    a claim that crosses nowhere in a facet keeps one row of NaN positions, so every claim is in the table."""
+    empty = {"tokens": np.nan, "shift_value": np.nan, "tokens_per_ep_rank": np.nan, "mb_vs_step_corr": np.nan}
+    return pd.DataFrame([{"claim": c["claim"], "field": c["field"], "level": c["level"],
+                          "step_sequences": c["step_sequences"], **pt} for c in contours
+                         for pt in (c["points"] or [empty])])
 
 
 def rl_calibration(path=DEFAULT_RL_TRACE) -> dict:

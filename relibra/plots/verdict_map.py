@@ -1,5 +1,6 @@
-"""Figure of notebook 12: the verdict as a map over tokens per EP rank and the micro-batch vs step
-correlation, the paper's claims as contours, each named set-up card and the calibration as labelled points."""
+"""Figure of notebook 12: the verdict as a map over the simulated tokens per EP rank and the micro-batch vs step
+correlation of the generated trace, one row of panels per step size, the paper's claims as contours, each named
+set-up card and the calibration as labelled points; nodes and cards that do not fit in memory drawn as such."""
 
 from __future__ import annotations
 
@@ -20,101 +21,146 @@ CARD_COLORS = ("#d62728", "#ff7f0e", "#e377c2", "#8c564b", "#17becf", "#bcbd22",
 
 
 def _matrix(nodes: pd.DataFrame, column: str) -> np.ndarray:
-    """A node column as [tokens, shift values] (both sorted)."""
-    return nodes.pivot_table(index="tokens", columns="shift_value", values=column, aggfunc="mean").to_numpy(float)
+    """A node column of one facet as [tokens, shift values] (both sorted; NaN stays NaN)."""
+    return nodes.pivot(index="tokens", columns="shift_value", values=column).sort_index().sort_index(
+        axis=1).to_numpy(float, copy=True)
+
+
+def card_facets(cards: pd.DataFrame, steps) -> list:
+    """The facet (step size of the grid's nodes) each card is drawn in: the one whose sequences per rank per step
+    is nearest the card's in log scale. steps: [(step_sequences, sequences_per_rank)] of the facets."""
+    if cards.empty:
+        return []
+    return [min(steps, key=lambda s: abs(np.log(s[1]) - np.log(c)))[0] for c in cards["sequences_per_rank"]]
 
 
 def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibration: dict, subtitle: str,
-                     grid_note: str = ""):
-    """One panel per ratio (ReLibra / Megatron, / EPLB+, gap to Balanced): the best-over-cases field of the
-    grid's nodes (colour, with each node's value written) over tokens per EP rank per micro-batch (log x)
-    and the nodes' measured micro-batch vs step load correlation (y, falling as the shift rises); the paper's
-    claim as a black contour (1.6x, 1.2x; 6% and 10% for the gap), or a note where the grid does not reach
-    it; each named card a labelled marker at its measured position with its mean ratio; the calibration
-    (the kit's real RL trace's correlation) a dotted line.
+                     grid_note: str = "", shift_range=(0.0, 0.3)):
+    """One row of panels per step size of the grid (sequences per step), one panel per ratio (ReLibra /
+    Megatron, / EPLB+, gap to Balanced): the best-over-feasible-cases field of the facet's nodes (colour, with
+    each node's value written) over the simulated mean tokens per EP rank per micro-batch (log x) and the
+    micro-batch vs step load correlation of the generated trace (y, falling as the shift rises); nodes where no
+    case fits in memory a grey hatched cross ("does not fit"); nodes at a shift beyond `shift_range` (the
+    assumed range) with a dashed edge, the shift's sensitivity; the paper's claim as a black contour (1.6x, 1.2x;
+    6% and 10% for the gap) over the feasible nodes, or a note where they do not reach it; each named card a
+    labelled marker in the facet nearest its step size (hollow and grey-labelled when it does not fit); the
+    calibration (the kit's tiny real RL trace's correlation) a dotted line.
 
     nodes: verdict_map.node_fields; cards: verdict_map.card_points (coincident cards merged: verdict_map.merge_coincident); claims: relibra.labels.PAPER_CLAIMS;
     calibration: {"label", "mb_vs_step_corr", "tokens_per_ep_rank"} or {}.
     """
-    fig, axes = plt.subplots(1, len(PANELS), figsize=(6.2 * len(PANELS), 6.4))
-    xs, ys = _matrix(nodes, "tokens_per_ep_rank"), _matrix(nodes, "mb_vs_step_corr")
+    steps = [(s, float(nodes.loc[nodes["step_sequences"] == s, "sequences_per_rank"].mean()))
+             for s in sorted(nodes["step_sequences"].unique())]
+    fig, axes = plt.subplots(len(steps), len(PANELS), figsize=(6.2 * len(PANELS), 5.6 * len(steps) + 0.8),
+                             squeeze=False)
+    facet_of = card_facets(cards, steps)
     card_xy = cards[["tokens_per_ep_rank", "mb_vs_step_corr"]].to_numpy(float) if len(cards) else np.empty((0, 2))
-    all_x = np.concatenate([xs.ravel(), card_xy[:, 0]])
-    all_y = np.concatenate([ys.ravel(), card_xy[:, 1]] + ([[calibration["mb_vs_step_corr"]]] if calibration else []))
+    all_x = np.concatenate([nodes["tokens_per_ep_rank"].to_numpy(float), card_xy[:, 0]])
+    all_y = np.concatenate([nodes["mb_vs_step_corr"].to_numpy(float), card_xy[:, 1]]
+                           + ([[calibration["mb_vs_step_corr"]]] if calibration else []))
     xlim = (2 ** np.floor(np.log2(np.nanmin(all_x)) - 0.3), 2 ** np.ceil(np.log2(np.nanmax(all_x)) + 0.3))
-    ylim = (max(0.0, float(np.nanmin(all_y)) - 0.05), min(1.02, float(np.nanmax(all_y)) + 0.04))
+    ylim = (max(-0.05, float(np.nanmin(all_y)) - 0.05), min(1.02, float(np.nanmax(all_y)) + 0.04))
     card_handles = []
-    for ax, (field, title, fmt, cmap) in zip(axes, PANELS):
-        z = _matrix(nodes, f"{field}_best")
-        lo, hi = float(np.nanmin(z)), float(np.nanmax(z))
-        surface = min(z.shape) >= 2  # contours need two nodes along each axis
-        # the claim's level, and its lower end where it states a range
-        levels = [lv for c in claims if c.id == field for lv in (c.level, c.lower) if lv is not None]
-        # the colour scale spans the grid's nodes and the cards' points
-        card_values = list(cards[f"{field}_mean"]) if len(cards) else []
-        span_lo, span_hi = min([lo] + card_values), max([hi] + card_values)
-        norm = plt.Normalize(span_lo, span_hi)
-        if surface:
-            ax.contourf(xs, ys, z, levels=12, cmap=cmap, norm=norm, alpha=0.85)
-        sc = ax.scatter(xs.ravel(), ys.ravel(), c=z.ravel(), cmap=cmap, norm=norm, s=36, edgecolors="0.15",
-                        linewidths=0.6, zorder=3)
-        for x, y, v in zip(xs.ravel(), ys.ravel(), z.ravel()):
-            ax.annotate(fmt.format(v), (x, y), xytext=(0, 6), textcoords="offset points", ha="center", fontsize=7,
-                        color="0.05", zorder=4,
-                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7})
-        notes = []
-        for level in levels:
-            if surface and lo <= level <= hi:
-                cs = ax.contour(xs, ys, z, levels=[level], colors="black", linewidths=2.0, linestyles="--", zorder=5)
-                ax.clabel(cs, fmt={level: "paper " + fmt.format(level)}, fontsize=8)
-            elif field == "gap_to_balanced":
-                side = "below" if hi < level else "above"
-                notes.append(f"paper's {fmt.format(level)}: every node is {side} it ({fmt.format(lo)}-{fmt.format(hi)})")
-            else:
-                notes.append(f"paper's {fmt.format(level)}: reached nowhere on this grid (best {fmt.format(hi)})")
-        if calibration:
-            ax.axhline(calibration["mb_vs_step_corr"], color="0.25", lw=1.0, ls=":", zorder=2)
-            ax.text(xlim[1] / 1.05, calibration["mb_vs_step_corr"] - 0.004,
-                    f"real RL trace: {calibration['mb_vs_step_corr']:.2f}", fontsize=7, color="0.25", va="top", ha="right")
-        for i, (_, c) in enumerate(cards.iterrows()):
-            marker, color = CARD_MARKERS[i % len(CARD_MARKERS)], CARD_COLORS[i % len(CARD_COLORS)]
-            ax.scatter([c["tokens_per_ep_rank"]], [c["mb_vs_step_corr"]], marker=marker, s=110, c=color,
-                       edgecolors="black", linewidths=1.0, zorder=6)
-            ax.annotate(fmt.format(c[f"{field}_mean"]), (c["tokens_per_ep_rank"], c["mb_vs_step_corr"]),
-                        xytext=(7, -11), textcoords="offset points", fontsize=8, fontweight="bold", color=color,
-                        zorder=7, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": color, "alpha": 0.85})
-            if ax is axes[0]:
-                card_handles.append(Line2D([], [], marker=marker, color="none", markerfacecolor=color,
-                                           markeredgecolor="black", markersize=9, label=f"card {c['setup']}"))
-        notes = list(dict.fromkeys(notes))
-        if len(notes) == 2 and field == "gap_to_balanced" and notes[0].split(":")[1] == notes[1].split(":")[1]:
-            notes = [f"paper's {fmt.format(min(levels))}-{fmt.format(max(levels))}:"
-                     + notes[0].split(":", 1)[1]]  # one note for the range when both ends lie on one side
-        if notes:
-            ax.text(0.02, 0.02, "\n".join(notes), transform=ax.transAxes, fontsize=8, va="bottom",
-                    bbox={"boxstyle": "round", "fc": "white", "ec": "0.5", "alpha": 0.9}, zorder=8)
-        ax.set_xscale("log", base=2)
-        ticks = [2 ** k for k in range(int(np.log2(xlim[0])), int(np.log2(xlim[1])) + 1)]
-        ax.set_xticks(ticks, [f"{t // 1024}k" if t >= 1024 else str(t) for t in ticks])
-        ax.set_xlim(*xlim)
-        ax.set_ylim(*ylim)
-        ax.set_xlabel("tokens per EP rank per micro-batch (measured mean, log scale)")
-        ax.set_ylabel("micro-batch vs step load correlation (measured)")
-        ax.set_title(f"{title}: best over cases per node")
-        # a narrow colour range gets one more digit, so that no two ticks read the same
-        tick_fmt = fmt if span_hi - span_lo > 0.05 else fmt.replace(".2f", ".3f").replace(".1%", ".2%")
-        fig.colorbar(sc, ax=ax, shrink=0.8, pad=0.02, format=(lambda v, _, f=tick_fmt: f.format(v)))
+    for row, (step, per_rank) in enumerate(steps):
+        facet = nodes[nodes["step_sequences"] == step]
+        xs, ys = _matrix(facet, "tokens_per_ep_rank"), _matrix(facet, "mb_vs_step_corr")
+        fit = _matrix(facet.assign(feasible=facet["feasible"].astype(float)), "feasible") > 0
+        shifts = np.sort(facet["shift_value"].unique())
+        beyond = np.broadcast_to(shifts[None, :] > shift_range[1], xs.shape)
+        for ax, (field, title, fmt, cmap) in zip(axes[row], PANELS):
+            z = np.where(fit, _matrix(facet, f"{field}_best"), np.nan)
+            ok = ~np.isnan(z)
+            lo, hi = (float(np.nanmin(z)), float(np.nanmax(z))) if ok.any() else (0.0, 1.0)
+            surface = ok.all() and min(z.shape) >= 2  # contours need two nodes along each axis, all feasible
+            levels = [lv for c in claims if c.id == field for lv in (c.level, c.lower) if lv is not None]
+            in_facet = [i for i, f in enumerate(facet_of) if f == step]
+            card_values = [v for v in cards[f"{field}_mean"].iloc[in_facet] if np.isfinite(v)] if len(cards) else []
+            span_lo, span_hi = min([lo] + card_values), max([hi] + card_values)
+            norm = plt.Normalize(span_lo, span_hi if span_hi > span_lo else span_lo + 1e-9)
+            if surface:
+                ax.contourf(xs, ys, z, levels=12, cmap=cmap, norm=norm, alpha=0.85)
+            sc = ax.scatter(xs[ok & ~beyond], ys[ok & ~beyond], c=z[ok & ~beyond], cmap=cmap, norm=norm, s=36,
+                            edgecolors="0.15", linewidths=0.6, zorder=3)
+            ax.scatter(xs[ok & beyond], ys[ok & beyond], c=z[ok & beyond], cmap=cmap, norm=norm, s=36,
+                       edgecolors="0.15", linewidths=1.0, linestyles="--", zorder=3)
+            ax.scatter(xs[~ok], ys[~ok], marker="X", s=70, c="0.75", edgecolors="0.3", hatch="////", zorder=3)
+            for x, y, v in zip(xs.ravel(), ys.ravel(), z.ravel()):
+                ax.annotate("does not fit" if np.isnan(v) else fmt.format(v), (x, y), xytext=(0, 6),
+                            textcoords="offset points", ha="center", fontsize=7,
+                            color="0.45" if np.isnan(v) else "0.05", zorder=4,
+                            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7})
+            notes = []
+            for level in levels:
+                if surface and lo <= level <= hi:
+                    cs = ax.contour(xs, ys, z, levels=[level], colors="black", linewidths=2.0, linestyles="--",
+                                    zorder=5)
+                    ax.clabel(cs, fmt={level: "paper " + fmt.format(level)}, fontsize=8)
+                elif not ok.any():
+                    notes.append("no node of this step size fits in memory")
+                elif field == "gap_to_balanced" and not lo <= level <= hi:
+                    side = "below" if hi < level else "above"
+                    notes.append(f"paper's {fmt.format(level)}: every feasible node is {side} it "
+                                 f"({fmt.format(lo)}-{fmt.format(hi)})")
+                elif not lo <= level <= hi:
+                    notes.append(f"paper's {fmt.format(level)}: reached at no feasible node (best {fmt.format(hi)})")
+                else:
+                    notes.append(f"paper's {fmt.format(level)}: crossed between feasible nodes (no contour drawn "
+                                 "where nodes do not fit)")
+            if calibration:
+                ax.axhline(calibration["mb_vs_step_corr"], color="0.25", lw=1.0, ls=":", zorder=2)
+                ax.text(xlim[1] / 1.05, calibration["mb_vs_step_corr"] - 0.004,
+                        f"tiny real RL trace: {calibration['mb_vs_step_corr']:.2f}", fontsize=7, color="0.25",
+                        va="top", ha="right")
+            for i, (_, c) in enumerate(cards.iterrows()):
+                marker, color = CARD_MARKERS[i % len(CARD_MARKERS)], CARD_COLORS[i % len(CARD_COLORS)]
+                fits = bool(c["feasible"])
+                if ax is axes[0][0]:
+                    card_handles.append(Line2D([], [], marker=marker, color="none",
+                                               markerfacecolor=color if fits else "none", markeredgecolor="black"
+                                               if fits else color, markersize=9,
+                                               label=f"card {c['setup']}" + ("" if fits else " (does not fit)")))
+                if facet_of[i] != step:
+                    continue
+                ax.scatter([c["tokens_per_ep_rank"]], [c["mb_vs_step_corr"]], marker=marker, s=110,
+                           c=color if fits else "none", edgecolors="black" if fits else color, linewidths=1.0,
+                           zorder=6)
+                text = fmt.format(c[f"{field}_mean"]) if fits else "does not fit"
+                ax.annotate(text, (c["tokens_per_ep_rank"], c["mb_vs_step_corr"]), xytext=(7, -11),
+                            textcoords="offset points", fontsize=8, fontweight="bold", color=color, zorder=7,
+                            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": color, "alpha": 0.85})
+            notes = list(dict.fromkeys(notes))
+            if notes:
+                ax.text(0.02, 0.02, "\n".join(notes), transform=ax.transAxes, fontsize=8, va="bottom",
+                        bbox={"boxstyle": "round", "fc": "white", "ec": "0.5", "alpha": 0.9}, zorder=8)
+            ax.set_xscale("log", base=2)
+            ticks = [2 ** k for k in range(int(np.log2(xlim[0])), int(np.log2(xlim[1])) + 1)]
+            ax.set_xticks(ticks, [f"{t // 1024}k" if t >= 1024 else str(t) for t in ticks])
+            ax.set_xlim(*xlim)
+            ax.set_ylim(*ylim)
+            ax.set_xlabel("tokens per EP rank per micro-batch (simulated mean, log scale)")
+            ax.set_ylabel("micro-batch vs step load correlation\n(generated trace)")
+            ax.set_title(f"{title}\n{step} sequences per step ({per_rank:g} per rank): best over feasible cases",
+                         fontsize=10)
+            tick_fmt = fmt if span_hi - span_lo > 0.05 else fmt.replace(".2f", ".3f").replace(".1%", ".2%")
+            fig.colorbar(sc, ax=ax, shrink=0.8, pad=0.02, format=(lambda v, _, f=tick_fmt: f.format(v)))
     handles = card_handles + [
         Line2D([], [], marker="o", color="none", markerfacecolor="0.7", markeredgecolor="0.15", markersize=6,
-               label="grid node (best over models x workloads x seeds)"),
+               label="grid node (best over feasible models x workloads x seeds)"),
+        Line2D([], [], marker="o", color="none", markerfacecolor="0.7", markeredgecolor="0.15", markersize=6,
+               linestyle="none", markeredgewidth=1.0, label=f"node at a shift beyond {shift_range[1]:g}: sensitivity "
+                                                           "of the assumed shift"),
+        Line2D([], [], marker="X", color="none", markerfacecolor="0.75", markeredgecolor="0.3", markersize=8,
+               label="node where no case fits in HBM (left out of every claim)"),
         Line2D([], [], color="black", lw=2.0, ls="--", label="the paper's claim (contour)")]
     if calibration:
         handles.append(Line2D([], [], color="0.25", lw=1.0, ls=":", label=f"{calibration['label']}"))
-    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=min(4, len(handles)), fontsize=8,
-               title="card markers: the card's mean over its cases" + (f"; {grid_note}" if grid_note else ""),
-               title_fontsize=8)
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=min(3, len(handles)), fontsize=8,
+               title="card markers: the card's mean over its feasible cases, in the facet nearest its step size"
+                     + (f"; {grid_note}" if grid_note else ""), title_fontsize=8)
     titled(fig, "The verdict as a map: where do the paper's claims (1.6x over Megatron, 1.2x over EPLB+, within "
-           "6-10% of Balanced) hold? Higher correlation = less micro-batch shift", subtitle)
-    rows = (len(handles) + 3) // 4
-    fig.tight_layout(rect=(0, (0.35 + 0.25 * rows) / 6.4, 1, 0.97))
+           f"6-10% of Balanced) hold? Higher correlation = less micro-batch shift (an assumption, "
+           f"{shift_range[0]:g}-{shift_range[1]:g} with sensitivity beyond)", subtitle)
+    rows = (len(handles) + 2) // 3
+    height = 5.6 * len(steps) + 0.8
+    fig.tight_layout(rect=(0, (0.35 + 0.25 * rows) / height, 1, 0.97))
     return fig

@@ -41,8 +41,9 @@ SIZES = {**per_profile(lambda name: paper_grid() if name in ("paper", "gpu") els
                           cards=(DEFAULT_CARD, "one-sequence"), card_changes=TINY_CARD_CHANGES)}
 
 
-SHARES = floats(0.0, 1.0, sort=True, note=f" (the sourced range is {MICROBATCH_SHIFT_RANGE[0]:g}-"
-                                          f"{MICROBATCH_SHIFT_RANGE[1]:g})")
+SHARES = floats(0.0, 1.0, sort=True, note=f" (an assumption: {MICROBATCH_SHIFT_RANGE[0]:g}-"
+                                          f"{MICROBATCH_SHIFT_RANGE[1]:g} where the kit's tiny CPU RL trace sits, the "
+                                          "default grid adds 0.7 as its sensitivity)")
 # a node's tokens per EP rank per micro-batch: within the set-up card's bound on that entry (setup_schema)
 TOKENS = next(b for b in BOUNDS if b.key == "batch.tokens_per_ep_rank_per_microbatch")
 
@@ -63,19 +64,25 @@ class Params(Params):
     workloads: tuple[str, ...] | None = param(None, "workloads (None: the profile's)", names(WORKLOADS, "workload"),
                                               sizes="workloads")
     seeds: tuple[int, ...] | None = param(None, "seeds (None: the profile's)", integers(0), sizes="seeds")
+    step_sequences: tuple[int, ...] | None = param(
+        None, "step sizes of the grid's nodes in sequences per step, one facet each (None: the profile's)",
+        integers(1, 1 << 20, sort=True), sizes="step_sequences")
     out_dir: str | None = param(None, "where results go (None: results/12_verdict_map)", PATH, affects=False)
 
     def spec(self, g: GridSpec) -> GridSpec:
         """The profile's grid with this notebook's axes."""
         return dataclasses.replace(g, tokens=self.tokens, models=self.models, workloads=self.workloads,
-                                   seeds=self.seeds, shift=dataclasses.replace(g.shift, values=tuple(self.shift)))
+                                   seeds=self.seeds, step_sequences=tuple(self.step_sequences),
+                                   shift=dataclasses.replace(g.shift, values=tuple(self.shift)))
 
     def scale_note(self, sizes: GridSpec) -> str:
         g = self.spec(sizes)
         cut = ("" if g.name != "tiny" else "; TOY GRID (tiny profile: the tiny model, EP 4, a 16-sequence batch)")
         return (f"{g.name} grid: full scale (every MoE layer, every micro-batch of the card's batch), "
                 f"{len(g.models)} models x {len(g.workloads)} workloads x {len(g.seeds)} seeds "
-                f"({', '.join(map(str, g.seeds))}), {len(g.tokens)} budgets x {len(g.shift.values)} shift values{cut}")
+                f"({', '.join(map(str, g.seeds))}), {len(g.tokens)} budgets x {len(g.shift.values)} shift values"
+                + (f" x {len(g.step_sequences)} step sizes ({', '.join(map(str, g.step_sequences))} sequences)"
+                   if g.step_sequences else "") + cut)
 
     def simulated_on(self) -> str:
         return "each set-up card's cluster"
@@ -84,13 +91,16 @@ class Params(Params):
 @dataclass(kw_only=True)
 class Result(Result):
     cases: pd.DataFrame = table("one row per simulated case (grid node or card point; model, workload, seed): tokens/s "
-                                "per policy, the three ratios, the measured tokens per EP rank and correlations")
-    nodes: pd.DataFrame = table("per grid node (tokens per EP rank, shift): best, mean and worst of each ratio over "
-                                "models x workloads x seeds, and the node's measured position")
-    cards: pd.DataFrame = table("per named set-up card: its measured position and the mean, best and worst of each "
-                                "ratio over its cases, simulated at full scale on the card's own inputs")
-    contours: pd.DataFrame = table("the paper's claims as contours: per claim level, where the best-over-cases field "
-                                   "crosses it on the grid's edges, with the measured correlation there")
+                                "per policy, the three ratios, the simulated tokens per EP rank, the generated "
+                                "trace's correlations, the memory per GPU and whether it fits (feasible)")
+    nodes: pd.DataFrame = table("per grid node (step size, tokens per EP rank, shift): best, mean and worst of each "
+                                "ratio over the feasible models x workloads x seeds, the node's simulated position "
+                                "and feasible")
+    cards: pd.DataFrame = table("per named set-up card: its simulated position, memory verdict and the mean, best and "
+                                "worst of each ratio over its feasible cases, at full scale on the card's own inputs")
+    contours: pd.DataFrame = table("the paper's claims as contours: per claim level and step size, where the "
+                                   "best-over-feasible-cases field crosses it on the grid's edges (tokens: the budget "
+                                   "axis), with the generated trace's correlation there")
     conclusion: str = value("")  # the map's answer as one text (its scope, then one clause per claim)
     verdict: list = value(None)  # the map's answer, one line per paper claim (verdict_map.conclusion_lines)
     regions: list = value(None)  # per claim: where on the grid it holds (verdict_map.claim_regions)
@@ -123,6 +133,7 @@ class Summary:
     best_over_eplb_plus: tuple[float, float, float]  # the best ReLibra / EPLB+, its shift and correlation
     shift_effect: tuple[float, float, float] | None  # lowest and highest shift, ReLibra / EPLB+'s mean change
     calibration: dict
+    out_of_memory: tuple[str, ...] = ()  # cards that do not fit in memory: left out of every figure
 
     def why(self, x: CardPoint) -> str:
         """Why card x's figure is not the paper's (verdict_map.why_card_differs)."""
@@ -130,18 +141,22 @@ class Summary:
 
 
 def summarize(r: Result) -> Summary:
-    own, g = r.cases[r.cases["kind"] == "card"], r.cases[r.cases["kind"] == "grid"]
+    own = r.cases[(r.cases["kind"] == "card") & r.cases["feasible"].astype(bool)]
+    g = r.cases[(r.cases["kind"] == "grid") & r.cases["feasible"].astype(bool)]
     cards = tuple(CardPoint(x["setup"], *((x[f"{f}_mean"], x[f"{f}_best"]) for f in RATIO_FIELDS[:2]),
                        tuple(x[f"gap_to_balanced_{k}"] for k in ("mean", "best", "worst")), x["tokens_per_ep_rank"],
                        x["mb_vs_step_corr"], x["micro_batches"], int(x["cases"]),
                        tuple(float(own.loc[own["setup"].isin(x["setup"].split(" = ")), f"tokens_per_s_{p}"].mean())
-                             for p in ("eplb+", "megatron"))) for _, x in merge_coincident(r.cards).iterrows())
+                             for p in ("eplb+", "megatron"))) for _, x in merge_coincident(r.cards).iterrows()
+                  if x["feasible"])
     eplb = r.nodes.loc[r.nodes["relibra_over_eplb_plus_best"].idxmax()]
     lo, hi = g["shift_value"].min(), g["shift_value"].max()
     at = [float(g.loc[g["shift_value"] == v, "relibra_over_eplb_plus"].mean()) for v in (lo, hi)]
     return Summary(r.conclusion, tuple(r.verdict or ()), tuple(r.regions), cards,
                    (eplb["relibra_over_eplb_plus_best"], eplb["shift_value"], eplb["mb_vs_step_corr"]),
-                   (lo, hi, at[1] - at[0]) if hi > lo else None, r.calibration)
+                   (lo, hi, at[1] - at[0]) if hi > lo else None, r.calibration,
+                   tuple(f"{x['setup']} ({x.get('memory_GB', float('nan')):.0f} GB of {x.get('hbm_GB', float('nan')):.0f}"
+                         " GB per GPU)" for _, x in r.cards.iterrows() if not x["feasible"]))
 
 
 def story(s: Summary) -> str:
@@ -150,6 +165,9 @@ def story(s: Summary) -> str:
         f"- `{x.setup}`: ReLibra / Megatron {_x(x.over_megatron[0])} (best {_x(x.over_megatron[1])}), / EPLB+ "
         f"{_x(x.over_eplb_plus[0])}, gap to Balanced {pct(x.gap[0])}: "
         f"{s.why(x)}." for x in s.cards]
+    if s.out_of_memory:
+        lines.append("Left out (they do not fit in memory, `relibra setup show CARD`): " + "; ".join(s.out_of_memory)
+                     + ".")
     if s.shift_effect:
         lines.append("Moving the micro-batch shift from {:g} to {:g} changes ReLibra / EPLB+ by {:+.3f} on average "
                      "over the grid's cases: EPLB+ balances the step's total once, so it loses exactly what the "
@@ -181,8 +199,9 @@ def card_table(s: Summary) -> pd.DataFrame:
     the paper's figures (relibra.labels.CLAIMS)."""
     meg, eplb, gap = (CLAIMS[k] for k in RATIO_FIELDS)
     out = {"": [f"{meg.label} (mean; best)", f"{eplb.label} (mean; best)", f"{gap.label} (mean; range)",
-                "tokens per EP rank per micro-batch (simulated trace)",
-                "micro-batch vs step correlation (simulated trace)", "cases (models x workloads x seeds)"]}
+                "tokens per EP rank per micro-batch (simulated mean)",
+                "micro-batch vs step correlation (generated trace)",
+                "cases (models x workloads x seeds)"]}
     out.update({f"`{x.setup}`": [f"{_x(x.over_megatron[0])}; {_x(x.over_megatron[1])}",
                                  f"{_x(x.over_eplb_plus[0])}; {_x(x.over_eplb_plus[1])}",
                                  f"{pct(x.gap[0])}; {pct(x.gap[1])}-{pct(x.gap[2])}", f"{x.tokens_per_ep_rank:.0f}",
@@ -223,5 +242,6 @@ TRIES = (
 
 def plot_inputs(r: Result) -> dict:
     """What plots.verdict_map_plot draws, from the result: nodes, cards, claims, calibration."""
-    return {"nodes": r.nodes, "cards": merge_coincident(r.cards), "claims": PAPER_CLAIMS, "calibration": r.calibration}
+    return {"nodes": r.nodes, "cards": merge_coincident(r.cards), "claims": PAPER_CLAIMS, "calibration": r.calibration,
+            "shift_range": MICROBATCH_SHIFT_RANGE}
 
