@@ -122,7 +122,7 @@ def test_the_figure_draws_a_node_that_does_not_fit_as_such():
     assert nodes.loc[nodes["tokens"] == 32768, "relibra_over_megatron_best"].isna().all()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fig = plots.verdict_map_plot(nodes, card_points(mr), CLAIMS, r.calibration, "synthetic")
+        fig = plots.verdict_map_plot(nodes, card_points(mr), PAPER_CLAIMS, r.calibration, "synthetic")
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert sum(t == "does not fit" for t in texts) == 2 * 3  # two nodes, three panels
     assert not any(t == "paper 1.60x" for t in texts)  # 1.6x was reached only at the infeasible 32768 nodes
