@@ -38,7 +38,8 @@ TINY_CARD_CHANGES = (("batch.global_batch_sequences", 16), ("batch.data_parallel
 SIZES = {**per_profile(lambda name: paper_grid() if name in ("paper", "gpu") else default_grid()),
          "tiny": GridSpec("tiny", tokens=(512, 2048), shift=ShiftAxis("microbatch_shift", MICROBATCH_SHIFT_RANGE),
                           models=("tiny",), workloads=("mixed",), seeds=(0,), ep=4, steps=2,
-                          cards=(DEFAULT_CARD, "one-sequence"), card_changes=TINY_CARD_CHANGES)}
+                          cards=(DEFAULT_CARD, "one-sequence"), card_changes=TINY_CARD_CHANGES,
+                          step_sequences=(16,))}  # one facet: the 16-sequence batch of TINY_CARD_CHANGES
 
 
 SHARES = floats(0.0, 1.0, sort=True, note=f" (an assumption: {MICROBATCH_SHIFT_RANGE[0]:g}-"
