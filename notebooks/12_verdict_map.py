@@ -47,7 +47,7 @@ shift = None        # micro-batch shift values, e.g. "0,0.3" (default: the profi
 models = None       # model presets (default: the profile's)
 workloads = None    # workloads (default: the profile's)
 seeds = None        # seeds, e.g. "0,1,2" (default: the profile's)
-out_dir = None      # default: results/12_verdict_map
+out_dir = None      # default: results/interactive/12_verdict_map
 
 # %%
 from relibra import experiments as ex, plots

@@ -321,8 +321,8 @@ def replay_figure(replay: pd.DataFrame, scale_note: str = ""):
         ax.set_ylim(bottom=0)
     policy = replay["policy"].iloc[0]
     handles, labels = axes[0].get_legend_handles_labels()
-    titled(fig, f"Routing replay: policy `{policy}` ({POLICY_LABELS.get(policy, policy)}) planned from history vs "
-           "from the exact loads, as the micro-batch shift grows (mean over the step's micro-batches)",
+    titled(fig, f"Routing replay: `{policy}` ({POLICY_LABELS.get(policy, policy)}) planned from history vs from the "
+           "exact loads as the micro-batch shift grows (means over the step's micro-batches)",
            "simulated (the paper's GPUs and links); synthetic Zipf routing"
            + (f" | {scale_note}" if scale_note else ""))
     fig.tight_layout(rect=(0, 0.08, 1, 1))

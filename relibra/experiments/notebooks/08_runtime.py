@@ -55,7 +55,8 @@ class Params(Params):
     policies: tuple[str, ...] = param(None, "policies, alternating step by step (None: megatron,relibra)",
                                       POLICIES, none="megatron,relibra")
     seed: int = param(0, "same seed, same trace and plans (measured times still vary)", integer(0))
-    out_dir: str | None = param(None, "where results go (None: results/08_runtime)", PATH, affects=False)
+    out_dir: str | None = param(None, "where results go (None: results/interactive/08_runtime)", PATH,
+                                affects=False)
     measured_dir: str | None = param(None, "gpu profile: folder of measured runs (None: the profile's)", PATH,
                                      sizes="measured_dir")
     nproc: int = param(None, "ranks of the gloo run (None: the profile's)", integer(1), sizes="nproc")

@@ -69,7 +69,8 @@ class Params(Params):
     workloads: tuple[str, ...] | None = param(None, "workloads (None: the profile's)", names(WORKLOADS, "workload"),
                                               sizes="workloads")
     seeds: tuple[int, ...] | None = param(None, "seeds (None: the profile's)", integers(0), sizes="seeds")
-    out_dir: str | None = param(None, "where results go (None: results/12_verdict_map)", PATH, affects=False)
+    out_dir: str | None = param(None, "where results go (None: results/interactive/12_verdict_map)", PATH,
+                                affects=False)
 
     def spec(self, g: GridSpec) -> GridSpec:
         """The profile's grid with this notebook's axes."""
