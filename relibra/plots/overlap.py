@@ -11,7 +11,7 @@ Checked:
   its layout and are not compared;
 - a legend's frame against every text outside it (a legend printed over a subtitle or a label);
 - a legend's frame against data: a line's or an error bar's vertices, and scatter markers, inside it;
-- a marker drawn above a text (higher zorder) whose centre lies inside that text's box;
+- a marker drawn above a text (higher zorder) that covers part of that text's box;
 - a text clipped by its panel (clip on, and its box runs past the panel's edge).
 """
 
@@ -143,11 +143,17 @@ def text_overlaps(fig, min_px: float = MIN_PX) -> list[str]:
                     break
     for ax in fig.axes:
         for c in ax.collections:
-            if not isinstance(c, PathCollection) or not c.get_visible():
+            if not isinstance(c, PathCollection) or not c.get_visible() or not len(c.get_offsets()):
                 continue
             centres = c.get_offset_transform().transform(np.asarray(c.get_offsets()))
+            sizes = np.resize(np.asarray(c.get_sizes(), dtype=float), len(centres))  # points^2 per marker
+            half = np.sqrt(sizes) / 2 * fig.dpi / 72  # half a marker's width, in pixels
             for t, box in texts:
-                if t.axes is ax and c.get_zorder() > t.get_zorder() and box.padded(-min_px).count_contains(centres):
+                if t.axes is not ax or c.get_zorder() <= t.get_zorder():
+                    continue
+                hit = ((np.minimum(box.x1, centres[:, 0] + half) - np.maximum(box.x0, centres[:, 0] - half) > min_px)
+                       & (np.minimum(box.y1, centres[:, 1] + half) - np.maximum(box.y0, centres[:, 1] - half) > min_px))
+                if hit.any():
                     problems.append(f"a marker ({c.get_label()!r}) is drawn over text {_name(t)}")
     for t, box in texts:
         clip = t.get_clip_box() if t.get_clip_on() else None
