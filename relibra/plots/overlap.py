@@ -43,6 +43,36 @@ def _tick_labels(fig) -> tuple[set[int], list[Text]]:
     return every, drawn
 
 
+def _corners(t: Text, box: Bbox, renderer) -> np.ndarray:
+    """The 4 pixel corners [4, 2] of `t`'s own rectangle: its box when level; when rotated, its level box
+    turned by the angle about the centre of `box` (the axis-aligned box around it), so that slanted tick
+    labels side by side do not count as overlapping where only their enclosing boxes meet."""
+    angle = t.get_rotation() % 180
+    if angle == 0:
+        return np.array([[box.x0, box.y0], [box.x1, box.y0], [box.x1, box.y1], [box.x0, box.y1]])
+    t.set_rotation(0)
+    try:
+        level = t.get_window_extent(renderer)
+    finally:
+        t.set_rotation(angle)
+    w, h, a = level.width / 2, level.height / 2, np.deg2rad(angle)
+    rot = np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]])
+    return np.array([[-w, -h], [w, -h], [w, h], [-w, h]]) @ rot.T + [(box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2]
+
+
+def _polygons_overlap(a: np.ndarray, b: np.ndarray, min_px: float) -> bool:
+    """Two convex polygons [n, 2] overlap by more than `min_px` along every separating axis (their edges'
+    normals)."""
+    for poly in (a, b):
+        edges = np.roll(poly, -1, axis=0) - poly
+        for nx, ny in np.c_[-edges[:, 1], edges[:, 0]]:
+            n = np.array([nx, ny]) / (np.hypot(nx, ny) or 1.0)
+            pa, pb = a @ n, b @ n
+            if min(pa.max(), pb.max()) - max(pa.min(), pb.min()) <= min_px:
+                return False
+    return True
+
+
 def _texts(fig, renderer) -> list[tuple[Text, Bbox]]:
     """Every drawn, non-empty text artist of `fig` with its pixel box."""
     ticks, drawn = _tick_labels(fig)
@@ -118,11 +148,12 @@ def text_overlaps(fig, min_px: float = MIN_PX) -> list[str]:
     texts = _texts(fig, renderer)
     legends = [lg for lg in fig.findobj(Legend) if lg.get_visible()]
     problems = []
+    corners = {id(t): _corners(t, box, renderer) for t, box in texts}
     for (a, ba), (b, bb) in combinations(texts, 2):
         la, lb = _legend_of(a, legends), _legend_of(b, legends)
         if la is not None and la is lb:
             continue
-        if _overlap(ba, bb, min_px):
+        if _overlap(ba, bb, min_px) and _polygons_overlap(corners[id(a)], corners[id(b)], min_px):
             problems.append(f"text {_name(a)} overlaps text {_name(b)}")
     for lg in legends:
         frame = lg.get_window_extent(renderer)
