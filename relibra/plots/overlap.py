@@ -12,7 +12,8 @@ Checked:
 - a legend's frame against every text outside it (a legend printed over a subtitle or a label);
 - a legend's frame against data: a line's or an error bar's vertices, and scatter markers, inside it;
 - a marker drawn above a text (higher zorder) that covers part of that text's box;
-- a text clipped by its panel (clip on, and its box runs past the panel's edge).
+- a text clipped by its panel (clip on, and its box runs past the panel's edge), or a text written in a
+  panel (ax.text, annotate) that runs past its top or bottom edge, into the title or the tick labels.
 """
 
 from __future__ import annotations
@@ -190,6 +191,10 @@ def text_overlaps(fig, min_px: float = MIN_PX) -> list[str]:
         clip = t.get_clip_box() if t.get_clip_on() else None
         if clip is not None and t.axes is not None and not _inside(box, clip, min_px):
             problems.append(f"text {_name(t)} is clipped by its panel's edge")
+        elif t.axes is not None and t in t.axes.texts and t.axes.axison:
+            frame = t.axes.patch.get_window_extent(renderer)
+            if box.y1 > frame.y1 + min_px or box.y0 < frame.y0 - min_px:
+                problems.append(f"text {_name(t)} runs past its panel's top or bottom edge")
     return list(dict.fromkeys(problems))
 
 
