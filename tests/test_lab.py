@@ -129,8 +129,8 @@ def test_quiet_machine_waits_for_the_load_to_fall_then_goes_on():
     clock = [0.0]
     loads = iter([8.9, 6.0, 3.0, 1.5, 1.0])
     said = []
-    q = quiet_machine(60, poll_s=5, cores=2, load=lambda: next(loads), sleep=lambda s: clock.__setitem__(0, clock[0] + s),
-                      clock=lambda: clock[0], say=said.append)
+    q = quiet_machine(60, poll_s=5, cores=2, load=lambda: next(loads),
+                      sleep=lambda s: clock.__setitem__(0, clock[0] + s), clock=lambda: clock[0], say=said.append)
     assert not q.busy and q.load_at_start == 1.5 and q.waited_s == 15.0 and len(said) == 1
 
 

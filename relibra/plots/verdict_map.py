@@ -36,14 +36,16 @@ def merge_coincident(cards: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-def _labels_below(x: np.ndarray, y: np.ndarray, ylim, height_pt: float, gap_pt: float = 14.0) -> list[bool]:
-    """Per node (x, y: [n]): put its label below its marker, because the next node up the same column is
-    closer than `gap_pt` points (an axes `height_pt` points tall spanning `ylim`), so two labels above
-    their markers would meet."""
+def _labels_below(x: np.ndarray, y: np.ndarray, ylim, height_pt: float, gap_pt: float = 20.0) -> list[bool]:
+    """Per node (x, y: [n]): put its label below its marker, because a node above it in about the same
+    column (within a third of a doubling of x) is closer than `gap_pt` points (an axes `height_pt` points
+    tall spanning `ylim`; 20 points: the label's offset, its height and the marker above), so two labels above
+    their markers would meet or cover a marker."""
     per_pt = (ylim[1] - ylim[0]) / max(height_pt, 1.0)
+    lx = np.log2(np.asarray(x, dtype=float))
     below = [False] * len(x)
     for i in range(len(x)):
-        above = [y[j] - y[i] for j in range(len(x)) if j != i and x[j] == x[i] and y[j] >= y[i]]
+        above = [y[j] - y[i] for j in range(len(x)) if j != i and abs(lx[j] - lx[i]) < 1 / 3 and y[j] >= y[i]]
         below[i] = bool(above) and min(above) < gap_pt * per_pt
     return below
 

@@ -272,8 +272,8 @@ def replay_story(s: Summary) -> str:
     elif r1 > r0 * 1.02:
         text += (f" The replay plan's slowest GPU still rises {pct(r1 / r0 - 1)} from shift {w.low:g} to "
                  f"{w.high:g} (history's: {pct(h1 / h0 - 1)}): its homes are set once per step (section 5), so "
-                 "when the hot experts "                 "move between micro-batches, one node can hold more than its share, and copies inside a node "
-                 "cannot move load to the other node.")
+                 "when the hot experts move between micro-batches, one node can hold more than its share, and "
+                 "copies inside a node cannot move load to the other node.")
     return text
 
 

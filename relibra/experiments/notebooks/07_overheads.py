@@ -137,7 +137,8 @@ def story(s: Summary) -> str:
                    + ("" if pd.isna(x.transfer_overlap) else f"; {pct(x.transfer_overlap)} of replica "
                       "transfers hidden") + ".")
         if x.fetched_in_line:
-            out[-1] += (" It fetches its replicas' weights on the critical path, so it hides none of them, and autograd "
+            out[-1] += (" It fetches its replicas' weights on the critical path, so it hides none of them, and "
+                        "autograd "
                         "keeps every layer's fetched copies until backward: its replica memory grows with the layers, "
                         "where the other policies reuse one layer-shared buffer (relibra.costs.phases.replica_memory).")
     return "\n".join(out)
