@@ -180,3 +180,20 @@ def test_a_failed_run_lists_its_real_parameters_in_the_report():
               "error": "X", "wall_seconds": 1.0}
     row = next(ln for ln in sources_section({}, {"00_tutorial": status}).splitlines() if "00_tutorial" in ln)
     assert "ep=16, skew=2.0" in row and "defaults" not in row
+
+
+def test_relibra_run_on_a_busy_machine_says_so_in_its_summary(tmp_path, monkeypatch, capsys):
+    """`relibra run` checks the load before it measures: busier than its cores after --quiet-wait, it goes on
+    and summary.json (and the console) carry the warning."""
+    import os
+
+    from relibra.cli import main
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (99.0, 99.0, 99.0))
+    code = main(["run", "--nproc", "2", "--nodes", "1", "--policies", "megatron,relibra", "--steps", "1",
+                 "--warmup-steps", "0", "--micro-batches", "1", "--tokens-per-rank", "32", "--quiet-wait", "0",
+                 "--out", str(tmp_path / "run")])
+    assert code == 0
+    load = json.loads((tmp_path / "run" / "summary.json").read_text())["machine_load"]
+    assert load["load_at_start"] == 99.0 and "busy machine" in load["warning"] and load["max_wait_s"] == 0.0
+    assert "warning: measured on a busy machine" in capsys.readouterr().err
