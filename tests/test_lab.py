@@ -197,3 +197,14 @@ def test_relibra_run_on_a_busy_machine_says_so_in_its_summary(tmp_path, monkeypa
     load = json.loads((tmp_path / "run" / "summary.json").read_text())["machine_load"]
     assert load["load_at_start"] == 99.0 and "busy machine" in load["warning"] and load["max_wait_s"] == 0.0
     assert "warning: measured on a busy machine" in capsys.readouterr().err
+
+
+def test_the_share_of_replica_transfers_hidden_lies_in_0_1_for_llep_too():
+    """Notebook 07: LLEP fetches its replicas on the critical path, so it hides none of them: 0, not the
+    negative share the replica gradients' adds (compute, charged beside the pulls) used to make."""
+    nb = get_notebook("07_overheads")
+    p, sizes = nb.create(profile="tiny", policies="llep,relibra")
+    t = nb.compute(p, sizes).overheads.set_index("policy")
+    assert t.loc["llep", "transfers_on_critical_path"] and abs(t.loc["llep", "transfer_overlap"]) < 1e-9
+    assert t["transfer_overlap"].dropna().between(0, 1).all()
+    assert (t["exposed_transfer_s"] <= t["transfer_s"] * (1 + 1e-9)).all()
