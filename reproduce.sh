@@ -26,6 +26,10 @@ setup() {
         "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
         fingerprint > "$STAMP"
     fi
+    # JupyterLab: double-clicking a notebook's .py source opens it as a notebook (Jupytext's viewer), a
+    # setting of this environment only (its app settings), never of the user's own JupyterLab.
+    mkdir -p "$VENV/share/jupyter/lab/settings/overrides.d"
+    cp notebooks/jupyterlab-overrides.json "$VENV/share/jupyter/lab/settings/overrides.d/relibra.json"
 }
 
 # The browser test (tests/test_browser.py) drives JupyterLab in Debian's Chromium through Selenium and

@@ -17,7 +17,7 @@
 # # 00 - Expert parallelism and load imbalance, from scratch
 #
 # **The question: what is expert-parallel load imbalance, and how much of it do a better placement and
-# replicas remove?**
+# replicas remove, when routing replay tells the planner each micro-batch's exact loads?**
 #
 # A Mixture-of-Experts (MoE) layer holds many *experts* (small feed-forward networks) and a *router*
 # that sends every token to its top-k experts. With **expert parallelism (EP)** the experts are spread
@@ -27,9 +27,25 @@
 # at the pace of the GPU with the **most tokens**. *Rank skewness* = max tokens per GPU / mean tokens
 # per GPU says how much slower than a perfectly balanced layer that is.
 #
+# A training **step** processes its batch in several **micro-batches**, one after another; each
+# micro-batch routes its own tokens. Two levers balance the GPUs:
+#
+# - the **placement**: which GPU is home to which expert, chosen once per step. *static* is Megatron's
+#   layout (experts 0-3 on GPU 0, 4-7 on GPU 1, ...); *search* is ReLibra's, a *simulated annealing*
+#   search (try swapping two experts' homes, keep the swap if it balances better, sometimes keep a worse
+#   one early on to escape a dead end); *lpt* is the greedy "longest processing time first" rule (take
+#   experts hottest first, put each on the GPU with the fewest tokens so far);
+# - **replicas**: each GPU has a few *spare slots*; a slot can hold a copy of another GPU's expert for
+#   one micro-batch, and take part of that expert's tokens.
+#
+# The toy routing's expert popularity follows a **Zipf law**: the expert ranked r-th most popular gets a
+# share proportional to 1 / r^skew (skew 0: all equal; the larger, the more a few experts dominate).
+# The *shift* is how much of that ranking changes from one micro-batch to the next.
+#
 # One toy layer (16 experts, top-2) over `ep` GPUs in 2 nodes answers it below: first in one figure,
 # then step by step (routing and per-GPU load, a balancing plan drawn, what the simulator charges per
-# phase, and the skew slider). Every number comes from `relibra.experiments`, every figure from
+# phase), then why the plan can use exact loads at all (routing replay), why its two levers work at two
+# timescales, and the sliders. Every number comes from `relibra.experiments`, every figure from
 # `relibra.plots`, the times from the kit's cost model; papermill (`-p name value`) may set any of the
 # parameters below and nothing else.
 
@@ -43,8 +59,8 @@ tokens_per_gpu = 4096 # tokens each GPU routes per micro-batch (each picks 2 exp
 micro_batches = 4     # micro-batches in the toy step
 micro_batch = 0       # which micro-batch sections 1-3 show
 seed = 0              # same seed, same numbers
-out_dir = None        # default: results/00_tutorial
-interactive = True    # show the sliders of section 4 when a live front end is attached
+out_dir = None        # default: results/interactive/00_tutorial (never the reproduction's results/00_tutorial)
+interactive = True    # show the sliders of section 6 when a live front end is attached
 
 # %%
 from relibra import experiments as ex, plots
@@ -63,6 +79,10 @@ case = result.case
 # annealing; lpt: greedy) and 0, 1 or 2 spare replica slots per GPU. Left: rank skewness; right: the
 # slowest GPU's expert time, which the whole layer waits for. Dashed: perfectly balanced. Each bar is
 # labelled with the most slots any GPU actually filled.
+#
+# The planner fills the slots by **water-filling**: inside each node it repeatedly moves tokens of the
+# busiest GPU's hottest expert onto a copy on the node's least-loaded GPU, until the node's GPUs are level
+# with their mean (like water poured into connected vessels); it stops early when no move is worth a copy.
 
 # %%
 grid = result.placement_replica_grid
@@ -80,7 +100,7 @@ ex.show(run.story(result))
 # %% [markdown]
 # ### Try this
 #
-# Change a parameter in the cell above (or pass it with `-p`) and rerun. Each suggestion says which way
+# Change a parameter in the parameters cell at the top (or pass it with `-p`) and rerun. Each suggestion says which way
 # the result moves; `tests/test_lessons.py` makes exactly that change and checks the direction.
 
 # %%
@@ -90,7 +110,7 @@ ex.show(run.try_this())
 # ## 1. Routing, static placement, per-GPU load
 #
 # `tutorial_trace` draws the routing: in each micro-batch every GPU routes `tokens_per_gpu` tokens, and
-# each token picks 2 of the 16 experts. Expert popularity follows a Zipf law with exponent `skew`;
+# each token picks 2 of the 16 experts. Expert popularity follows the Zipf law with exponent `skew`;
 # between micro-batches a share `shift` of the popularity ranking is reshuffled, as happens in RL when
 # each micro-batch holds different prompts and responses. The table counts token-expert pairs per
 # micro-batch and expert, hottest experts (over the step) first.
@@ -142,12 +162,46 @@ run.save_figure(fig, "phases", "Simulated time per phase of the toy layer for on
 ex.show(nb.phase_story(case, p.micro_batch))
 
 # %% [markdown]
-# ## 4. Try it: the sliders
+# ## 4. Routing replay: why the planner may use each micro-batch's exact loads
+#
+# Everything above planned from the loads of the very micro-batches it balances. In ordinary training
+# nobody knows them in advance: a balancer such as EPLB plans from **history**, the loads of earlier
+# steps. RL post-training is different: the rollout has already run every sequence through the model,
+# and **routing replay** (the paper's R3) records which experts each token chose and makes the training
+# pass route the same way. So before a step starts, the planner can know every micro-batch's exact loads.
+#
+# The figure plans step 1 of a two-step toy trace twice with the chosen policy: from step 0's loads
+# (history: its homes and copies are kept, each copy taking the same share of its expert's tokens), and
+# from step 1's replayed loads. The micro-batch shift grows along the x axis.
+
+# %%
+fig = plots.replay_figure(result.replay, run.scale_note())
+run.save_figure(fig, "routing_replay", "Slowest-GPU expert time and rank skewness of a plan made from the previous "
+                f"step's loads and of one made from the replayed exact loads, against the micro-batch shift "
+                f"({run.scale_note()})", source="simulated", hardware=case["hardware"])
+ex.show(nb.replay_story(nb.summarize(result)))
+
+# %% [markdown]
+# ## 5. Two timescales: reorder across nodes once per step, replicate inside a node per micro-batch
+#
+# ReLibra's two levers move different amounts of data over different links. Inside a node GPUs talk over
+# **NVLink**; between nodes over **RDMA** network cards, several times slower. A replica must receive its
+# expert's weights before its micro-batch (and send the gradient back after), so copies are cheap only
+# inside a node: ReLibra makes them per micro-batch, there. Moving an expert's *home* to another node is
+# worth it only once per step, because that one migration then serves all the step's micro-batches and
+# layers. The numbers, from the link rates the cost model uses:
+
+# %%
+ex.show(nb.timescale_story(nb.summarize(result)))
+
+# %% [markdown]
+# ## 6. Try it: the sliders
 #
 # In JupyterLab the cell below shows controls for EP, spare slots and skew (and placement, shift,
 # micro-batch); moving one recomputes the plan and redraws the load bars and the plan. Run headless
-# (papermill sets `interactive = False`) it shows nothing, so the figure after it draws what the skew
-# slider shows: static placement without replicas and the chosen plan, at every skew from 0 to 3.
+# with `interactive = False` (`relibra reproduce` sets it; papermill keeps the default unless you pass
+# `-p interactive False`) it shows nothing, so the figure after it draws what the skew slider shows:
+# static placement without replicas and the chosen plan, at every skew from 0 to 3.
 
 # %%
 plots.tutorial_interactive(tutorial.tutorial_case, choices={"ep": tutorial.TUTORIAL_EP_SIZES, "placement":
@@ -159,6 +213,20 @@ fig = plots.skew_sweep_figure(result.skew_sweep, run.scale_note())
 run.save_figure(fig, "skew_sweep", "Rank skewness and slowest-GPU expert time against the skew slider, static "
                 f"placement vs the chosen plan ({run.scale_note()})", source="simulated", hardware=case["hardware"])
 ex.show(nb.skew_story(nb.summarize(result)))
+
+# %% [markdown]
+# ## Summary
+#
+# - A layer runs at the pace of its busiest GPU; rank skewness says how far from balanced that is, and
+#   hot experts under a static placement make it large.
+# - Two levers fix it: the placement (homes, once per step, across nodes) and replicas (copies in spare
+#   slots, per micro-batch, inside a node), each at the timescale its link allows (section 5).
+# - Both need to know where the tokens go. History guesses, and the guess is wrong as soon as the hot
+#   experts move between micro-batches; routing replay gives the exact loads of every micro-batch of an
+#   RL step before it runs, which is what makes per-micro-batch balancing possible (section 4).
+#
+# Next: notebook `01_routing_dynamics` measures how much real-looking RL routing shifts between
+# micro-batches and steps, the quantity that decides how much replay gains over history.
 
 # %%
 run.finish()

@@ -36,7 +36,7 @@ workload = None     # math | science | instruct | code | mixed, or several: "mat
 ep = None           # expert-parallel size: ranks the trace routes from (None: the profile's)
 steps = None        # training steps per trace (None: the profile's)
 seed = 0            # same seed, same traces
-out_dir = None      # default: results/01_routing_dynamics
+out_dir = None      # default: results/interactive/01_routing_dynamics
 
 # %%
 from relibra import experiments as ex, plots

@@ -44,7 +44,7 @@ setup = "token-budget-tp1"     # set-up card: token-budget-tp1 | paper-stated | 
 tokens_per_microbatch = None  # token budget per GPU per micro-batch instead of the card's (e.g. 4096)
 trace = None        # a routing trace file (.npz) the kit wrote, simulated instead of the synthetic grid
 cluster = None      # a cluster preset (h800, nvl72, ...), a fitted .json or a spec string (None: the card cluster)
-out_dir = None      # default: results/02_throughput
+out_dir = None      # default: results/interactive/02_throughput
 
 # %%
 from relibra import experiments as ex, plots

@@ -40,7 +40,7 @@ cluster = None      # cluster preset: paper | h800 | nvl72 | cpu-gloo
 policies = None     # default: megatron, relibra-reorder, relibra-replicate, relibra, balanced
 steps = None        # training steps per routing trace
 seed = 0            # same seed, same numbers
-out_dir = None      # default: results/03_ablation
+out_dir = None      # default: results/interactive/03_ablation
 
 # %%
 from relibra import experiments as ex, plots

@@ -43,7 +43,7 @@ trace = None        # a routing trace file (.npz) the kit wrote, studied instead
 policies = None     # comma-separated policy names (None: this notebook's set)
 steps = None        # training steps per routing trace
 seed = 0            # same seed, same numbers
-out_dir = None      # default: results/04_reordering
+out_dir = None      # default: results/interactive/04_reordering
 
 # %%
 from relibra import experiments as ex, plots

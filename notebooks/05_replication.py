@@ -42,7 +42,7 @@ trace = None        # a routing trace file (.npz) the kit wrote, studied instead
 policies = None     # comma-separated policy names (None: this notebook's set)
 steps = None        # training steps per routing trace
 seed = 0            # same seed, same numbers
-out_dir = None      # default: results/05_replication
+out_dir = None      # default: results/interactive/05_replication
 spare_slot_counts = "1,2,3,4"  # spare replica slots per GPU swept in section 2
 
 # %%

@@ -35,7 +35,7 @@ trace = None        # a routing trace file (.npz) the kit wrote, studied instead
 policies = None     # comma-separated policy names (None: this notebook's set)
 steps = None        # training steps per routing trace
 seed = 0            # same seed, same numbers
-out_dir = None      # default: results/06_skewness
+out_dir = None      # default: results/interactive/06_skewness
 ep_sizes = None     # EP sizes of the sweep, e.g. "8,16,32,64" (None: the profile's)
 
 # %%

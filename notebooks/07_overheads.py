@@ -42,7 +42,7 @@ cluster = None      # cluster preset: paper | h800 | nvl72 | cpu-gloo
 policies = None     # comma-separated policy names (None: this notebook's set)
 steps = None        # training steps per routing trace
 seed = 0            # same seed, same numbers
-out_dir = None      # default: results/07_overheads
+out_dir = None      # default: results/interactive/07_overheads
 
 # %%
 from relibra import experiments as ex, plots

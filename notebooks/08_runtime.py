@@ -37,7 +37,7 @@
 profile = "laptop"   # tiny | laptop (default) | paper | gpu: the runtime's model, steps and launches
 policies = None      # comma-separated policy names (None: megatron,relibra)
 seed = 0             # same seed, same trace and plans (measured times still vary)
-out_dir = None       # default: results/08_runtime
+out_dir = None       # default: results/interactive/08_runtime
 measured_dir = None  # gpu profile: folder of measured runs (None: the profile's, results/gpu_runs)
 nproc = None         # ranks of the gloo run (None: the profile's)
 nodes = None         # simulated nodes the ranks are grouped into (None: the profile's)

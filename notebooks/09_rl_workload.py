@@ -31,7 +31,7 @@ profile = "laptop"  # tiny | laptop (default) | paper | gpu: RL run sizes (see r
 policies = None     # policies simulated on the real trace (None: megatron,eplb,eplb+,relibra,balanced)
 rl_steps = None     # GRPO steps of the RL run (None: the profile's)
 seed = 0            # same seed, same run
-out_dir = None      # default: results/09_rl_workload
+out_dir = None      # default: results/interactive/09_rl_workload
 
 # %%
 from relibra import experiments as ex, plots

@@ -59,7 +59,7 @@ setup = "token-budget-tp1"     # set-up card of the default: token-budget-tp1 | 
 steps = None        # training steps per trace (the first only gives history)
 knobs = None        # comma-separated subset, e.g. "batch layout,NVLink rate" (default: the profile's; all in laptop)
 seed = 0            # same seed, same numbers
-out_dir = None      # default: results/10_sensitivity
+out_dir = None      # default: results/interactive/10_sensitivity
 
 # %%
 from relibra import experiments as ex, plots

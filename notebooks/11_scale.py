@@ -44,7 +44,7 @@ eps = None          # comma-separated EP sizes (default: 16,32,64,128,256)
 workload = None     # math | science | instruct | code | mixed
 policies = None     # default: megatron,eplb+,llep,relibra,relibra-h
 seed = 0            # same seed, same numbers
-out_dir = None      # default: results/11_scale
+out_dir = None      # default: results/interactive/11_scale
 
 # %%
 from relibra import experiments as ex, plots

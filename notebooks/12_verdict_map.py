@@ -55,7 +55,7 @@ models = None       # model presets (default: the profile's)
 workloads = None    # workloads (default: the profile's)
 seeds = None        # seeds, e.g. "0,1,2" (default: the profile's)
 step_sequences = None  # step sizes in sequences per step, one facet each, e.g. "128,1024" (default: the profile's)
-out_dir = None      # default: results/12_verdict_map
+out_dir = None      # default: results/interactive/12_verdict_map
 
 # %%
 from relibra import experiments as ex, plots

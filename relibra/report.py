@@ -59,7 +59,8 @@ def sources_section(manifests: dict[str, dict], statuses: dict[str, dict]) -> st
         man = man or {}
         rows.append({
             "notebook": name, "profile": man.get("config", {}).get("profile", st.get("profile", "?")),
-            "parameters": man.get("non_default") or "defaults",
+            "parameters": (st["parameters"] if st.get("status", "ok") != "ok" and "parameters" in st
+                           else man.get("non_default")) or "defaults",
             "figures": len(man.get("figures", [])),
             "results are": "; ".join(f"{s['source']} ({s['hardware']})" for s in man.get("sources", [])) or "-",
             "wall s": st.get("wall_seconds", man.get("wall_seconds", float("nan"))), "written": man.get("written", "-"),

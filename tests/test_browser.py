@@ -2,7 +2,9 @@
 token, a temporary root holding a fresh copy of notebooks/) driven by Debian's headless Chromium
 through Selenium and /usr/bin/chromedriver, as a learner would use it:
 
-- 00_tutorial.py opened with *Open With > Notebook* (the Jupytext pairing), its parameters cell pointed
+- 00_tutorial.py opened by a double-click in the file browser (the kit's JupyterLab setting,
+  notebooks/jupyterlab-overrides.json, installed into the server's app settings as ./reproduce.sh installs
+  it into .venv, makes Jupytext's notebook the default viewer of .py files), its parameters cell pointed
   at a temporary results folder, *Run All*, then the skew and spare-slots sliders dragged: the load and
   plan figures redraw with other images and the rank skewness the controls print moves the way the
   notebook's *Try this* says;
@@ -44,6 +46,7 @@ ROOT = project_root()
 SHOTS = Path(os.environ.get("RELIBRA_BROWSER_SHOTS") or Path(tempfile.gettempdir()) / "relibra-browser")
 SERVER_START_S = 90  # a cold JupyterLab on a busy 2-core machine takes 10-20 s
 RUN_S = 300  # the most one notebook run may take before the test fails
+LAB_OVERRIDES = "notebooks/jupyterlab-overrides.json"  # ./reproduce.sh copies it into .venv's lab settings
 
 
 def _skip_reason() -> str | None:
@@ -143,6 +146,10 @@ class Lab:
         self.root = state / "root"
         self.results = state / "results"
         shutil.copytree(ROOT / "notebooks", self.root / "notebooks", ignore=shutil.ignore_patterns("*.ipynb"))
+        # the kit's JupyterLab setting, where ./reproduce.sh puts it in .venv (app settings, overrides.d)
+        self.app_settings = state / "app-settings"
+        (self.app_settings / "overrides.d").mkdir(parents=True)
+        shutil.copy(ROOT / LAB_OVERRIDES, self.app_settings / "overrides.d" / "relibra.json")
         self.port = _free_port()
         self.token = secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
@@ -158,6 +165,7 @@ class Lab:
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
              f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
              f"--ServerApp.root_dir={self.root}", "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
+             f"--LabApp.app_settings_dir={self.app_settings}",
              "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
              "--LabApp.extension_manager=readonly"],
             cwd=self.root, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
@@ -268,7 +276,8 @@ def _menu_item(driver, label: str):
 
 
 def open_as_notebook(driver, lab, name: str) -> None:
-    """The file browser: into notebooks/, right-click `name`, Open With > Notebook; wait for its kernel."""
+    """The file browser: into notebooks/, double-click `name` (as a learner opens a file); it must open as a
+    notebook, not in the text editor; wait for its kernel."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
@@ -279,9 +288,15 @@ def open_as_notebook(driver, lab, name: str) -> None:
     here = _wait(driver, lambda d: listing_item(name)(d) or listing_item("notebooks")(d), 20)
     if here.text.split("\n")[0].strip() == "notebooks":
         ActionChains(driver).double_click(here).perform()
-    ActionChains(driver).context_click(_wait(driver, listing_item(name), 20)).perform()
-    ActionChains(driver).move_to_element(_menu_item(driver, "Open With")).perform()
-    ActionChains(driver).move_to_element(_menu_item(driver, "Notebook")).click().perform()
+    ActionChains(driver).double_click(_wait(driver, listing_item(name), 20)).perform()
+    _wait(driver, lambda d: d.execute_script(
+        "const w = jupyterapp.shell.currentWidget;"
+        "return !!(w && w.context && w.context.path === arguments[0]);", f"notebooks/{name}"), 60)
+    kind = driver.execute_script(
+        "const w = jupyterapp.shell.currentWidget;"
+        "return [jupyterapp.docRegistry.defaultWidgetFactory(arguments[0]).name, !!(w.content.model"
+        " && w.content.model.cells), w.context.model.type];", f"notebooks/{name}")
+    assert kind[1], f"double-clicking {name} opened it with {kind[0]!r} as {kind[2]!r}, not as a notebook"
     _wait(driver, lambda d: d.execute_script(
         "const w = jupyterapp.shell.currentWidget;"
         "return !!(w && w.context && w.context.path === arguments[0] && w.content.widgets"
@@ -457,9 +472,25 @@ def test_tutorial_sliders_redraw_the_plan(lab, browser, tmp_path, capsys):
 
     t0 = time.monotonic()
     open_as_notebook(browser, lab, "00_tutorial.py")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    opened = SHOTS / "tutorial_double_click.png"
+    browser.save_screenshot(str(opened))  # the whole window: the file browser and the notebook it opened
     set_parameters(browser, out_dir=str(lab.results / "00_tutorial"))
     run_s = run_cells(browser, lab)
     assert (lab.results / "00_tutorial" / "manifest.json").exists()
+    replay = browser.execute_script(
+        "const cells = jupyterapp.shell.currentWidget.content.widgets;"
+        "const i = cells.findIndex(c => c.model.sharedModel.getSource().includes('## 4. Routing replay'));"
+        "return i < 0 ? null : [cells[i].node, cells[i + 1].node];")
+    assert replay, "the tutorial has no routing-replay section"
+    replay_imgs = [i for i in replay[1].find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output img")
+                   if int(i.get_attribute("naturalWidth") or 0) > 300]
+    assert replay_imgs, "the routing-replay figure is not drawn"
+    section = SHOTS / "tutorial_routing_replay.png"
+    browser.execute_script("arguments[0].scrollIntoView({block: 'start'});", replay[0])
+    browser.execute_async_script(_SETTLE, replay[1])
+    time.sleep(1.0)
+    browser.save_screenshot(str(section))  # the heading, its figure and the text under it
 
     box = _wait(browser, lambda d: next(iter(d.find_elements(By.CSS_SELECTOR, ".jupyter-widgets.widget-vbox")), None),
                 30)
@@ -495,8 +526,7 @@ def test_tutorial_sliders_redraw_the_plan(lab, browser, tmp_path, capsys):
     assert after[1] == headless_figures(dict(placement="search", spare_slots=0, skew=0.0)), \
         "the redrawn figures differ from the same figures rendered headless"
 
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    kept = [shutil.copy(shots[k], SHOTS / shots[k].name) for k in ("before", "after")]
+    kept = [opened, section, *(shutil.copy(shots[k], SHOTS / shots[k].name) for k in ("before", "after"))]
     kept += save_figures(before[1], SHOTS / "tutorial_before") + save_figures(after[1], SHOTS / "tutorial_after")
     with capsys.disabled():
         print(f"\n[browser] 00_tutorial: Run All {run_s:.1f} s, whole test {time.monotonic() - t0:.1f} s; shown "

@@ -61,3 +61,18 @@ def test_a_reversed_claim_fails():
     t = get_notebook("00_tutorial").tries[0]
     before, after, _ = outcome("00_tutorial", 0)
     assert holds(t, before, after) and not holds(dataclasses.replace(t, direction=-t.direction), before, after)
+
+
+def test_replay_holds_while_history_worsens():
+    """The tutorial's routing-replay section (its fourth "Try this"): as the micro-batch shift grows from 0
+    to 1, the slowest GPU of the plan made from history worsens, while the plan made from the replayed exact
+    loads moves less than a quarter as much and stays within 25% of balanced at every shift."""
+    from relibra.experiments.tutorial import tutorial_replay
+
+    for ep in (4, 16):
+        t = tutorial_replay(ep=ep).pivot(index="shift", columns="plan", values="slowest_gpu_ms")
+        balanced = tutorial_replay(ep=ep, shifts=(0.0,))["balanced_ms"].iloc[0]
+        history, replay = t["history"], t["replay"]
+        assert history.iloc[-1] > 1.3 * history.iloc[0], history.to_dict()
+        assert abs(replay.iloc[-1] - replay.iloc[0]) < 0.25 * (history.iloc[-1] - history.iloc[0]), t.to_dict()
+        assert (replay <= 1.25 * balanced).all() and (history >= 0.99 * replay).all(), t.to_dict()

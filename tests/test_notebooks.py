@@ -49,6 +49,8 @@ def test_notebook_runs_with_its_figures_inline(executed, name):
         for key in ("png", "svg"):
             assert (folder / fig[key]).stat().st_size > 1000
         assert fig["source"] in ("simulated", "measured", "synthetic", "real") and fig["hardware"] and fig["caption"]
+        # relibra.plots.overlap: no text over another, under a legend or a marker, or past its panel
+        assert fig["text_overlaps"] == [], (name, fig["name"], fig["text_overlaps"])
     assert len(list(folder.glob("*.csv"))) == len(manifest["tables"])
     nb = nbformat.read(folder / f"{name}.ipynb", as_version=4)
     # every saved figure is shown exactly once in the executed notebook

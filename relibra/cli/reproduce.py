@@ -353,7 +353,8 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
                 given = run_parameters(name, profile, seed, measured_dir)
                 params = {"out_dir": str(nb_out), **given, **(extra_parameters or {})}
                 started = time.perf_counter()
-                status = {"status": "ok", "profile": given.get("profile", "none")}
+                status = {"status": "ok", "profile": given.get("profile", "none"),
+                          "parameters": non_default_text(name, {**given, **(extra_parameters or {})})}
                 executed = nb_out / f"{name}.ipynb"
                 # papermill saves the executed copy after every cell; it goes beside the folder until the end,
                 # so that nothing papermill writes late can land in a folder put back after an interrupt
@@ -426,6 +427,17 @@ def check_own_options(names: list[str], named: bool, seed: int | None, measured_
             raise ConfigError(f"{flag} {value}: notebook{'s' if len(without) > 1 else ''} {', '.join(without)} "
                               f"take{'' if len(without) > 1 else 's'} no {key}")
     return out
+
+
+def non_default_text(name: str, parameters: dict) -> str:
+    """`parameters` of notebook `name` that differ from its defaults, as the manifest's non_default
+    ("ep=16, seed=1"; "" when none): what REPORT.md shows for a run that wrote no manifest."""
+    from relibra.experiments import get_notebook
+
+    params = get_notebook(name).Params
+    defaults, settings = params.defaults(), params.settings()
+    return ", ".join(f"{k}={v}" for k, v in parameters.items() if k not in settings and k in defaults
+                     and v != defaults[k])
 
 
 def run_parameters(name: str, profile: str, seed: int, measured_dir: str | None) -> dict:

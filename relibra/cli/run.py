@@ -12,6 +12,7 @@ the simulator's prediction, and the speed-up over megatron with its bootstrap 95
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
@@ -125,6 +126,22 @@ def request_from_args(args):
     return request
 
 
+QUIET_WAIT_S = 60.0  # the default bound on waiting for a quiet machine (--quiet-wait)
+QUIET_WAIT_ENV = "RELIBRA_QUIET_WAIT_S"  # overrides it (the tests set 0: their machine is shared)
+
+
+def quiet_wait_s(args) -> float:
+    """--quiet-wait, else $RELIBRA_QUIET_WAIT_S, else QUIET_WAIT_S; a ConfigError when negative or no number."""
+    raw = args.quiet_wait if args.quiet_wait is not None else os.environ.get(QUIET_WAIT_ENV, QUIET_WAIT_S)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"${QUIET_WAIT_ENV} must be a number of seconds, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"--quiet-wait must be >= 0 seconds, got {value:g}")
+    return value
+
+
 def _run(args) -> int:
     from relibra.experiments.runtime import prepare, report
     from relibra.runtime.quiet import quiet_known_warnings
@@ -141,15 +158,21 @@ def _run(args) -> int:
     if args.nodes > 0 and args.nproc % args.nodes:
         raise ConfigError(f"--nodes {args.nodes} does not divide --nproc {args.nproc}")
     request = request_from_args(args)
+    wait_s = quiet_wait_s(args)
     # Trace and plans are made once here (bad input fails before any process starts) and shipped to the ranks.
     prepared = prepare(request, args.nproc)
+    from relibra.experiments.machine import quiet_machine
     from relibra.runtime.launch import launch
     from relibra.runtime.train import worker
 
+    quiet = quiet_machine(wait_s, say=lambda text: print(text, file=sys.stderr))
+    if quiet.busy:
+        print(f"warning: {quiet.warning}", file=sys.stderr)
     result = launch(worker, args.nproc, request.run, prepared.runs,
                     threads_per_rank=request.run.parallelism.threads_per_rank,
                     timeout_s=request.run.faults.collective_timeout_s)
-    return report(RunResult.from_dict(result), prepared, request, as_json=args.json, out=args.out)
+    return report(RunResult.from_dict(result), prepared, request, as_json=args.json, out=args.out,
+                  machine_load=dataclasses.asdict(quiet))
 
 
 def _under_torchrun(args) -> int:
@@ -196,5 +219,9 @@ def register(sub) -> None:
     p.add_argument("--nproc", type=int, default=2, help="ranks to launch (default 2)")
     p.add_argument("--torchrun", action="store_true",
                    help="join the torchrun job this process belongs to (RANK, WORLD_SIZE, ...) instead of launching")
+    p.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
+                   help="before measuring, wait at most this long while the 1-minute load average is above the "
+                        f"usable cores, then go on (with a warning in the output and summary.json when still busy); "
+                        f"default ${QUIET_WAIT_ENV} or {QUIET_WAIT_S:g} s, 0: do not wait")
     add_run_arguments(p)
     p.set_defaults(func=_run)

@@ -6,9 +6,11 @@ its parameters, its sizes per profile, its typed result, its compute function, i
     result = run.compute()
 
 which checks the parameters papermill injected against the module's Params (each value parsed and
-checked by its field's Kind), takes the module's sizes for the chosen profile, makes
-`results/<notebook>/` and returns a Run; `run.compute()` runs the module's compute(params, sizes) and
-saves its typed result there, the notebook draws figures from it (relibra.plots, PNG + SVG), and
+checked by its field's Kind), takes the module's sizes for the chosen profile, makes its output
+folder (out_dir; without one, `results/interactive/<notebook>/`, so that a run in JupyterLab never
+replaces the reproduction's `results/<notebook>/`, which `relibra reproduce` names) and returns a Run;
+`run.compute()` runs the module's compute(params, sizes) and saves its typed result there, the
+notebook draws figures from it (relibra.plots, PNG + SVG), and
 `run.finish()` writes manifest.json. relibra.report and relibra.glance read the typed results back
 through the registry to write results/REPORT.md and the README's table.
 

@@ -7,8 +7,11 @@ import os
 import platform
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from importlib import metadata
 
+from relibra.errors import ConfigError
 from relibra.experiments.config import project_root
 
 
@@ -62,3 +65,47 @@ def this_machine() -> str:
     proc = platform.processor() or platform.machine()
     # Wall-clock figures on a shared machine depend on what else runs: give the load with them.
     return f"this machine: {usable_cpus()} CPU cores ({proc}), 1 planner thread, load average {os.getloadavg()[0]:.1f}"
+
+
+@dataclass(frozen=True)
+class QuietCheck:
+    """What the machine was doing before a measured run (quiet_machine): the 1-minute load average when the
+    check began and when the run started, the cores it is compared with, the seconds waited, and a warning
+    ("" when the machine was quiet) that the run's result and REPORT.md carry."""
+
+    load_at_check: float
+    load_at_start: float
+    cores: int
+    waited_s: float
+    max_wait_s: float
+    warning: str = ""
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.warning)
+
+
+def quiet_machine(max_wait_s: float, poll_s: float = 5.0, cores: int | None = None, load=None,
+                  sleep=time.sleep, clock=time.monotonic, say=None) -> QuietCheck:
+    """Before a measured run: wait while the 1-minute load average is above the cores this process may use,
+    at most `max_wait_s` seconds (polling every `poll_s`), then go on either way; busy: a warning that says
+    the measured times are inflated. load, sleep, clock: os.getloadavg's 1-minute figure, time.sleep and
+    time.monotonic by default (tests pass their own); say(text): told once when the wait begins."""
+    if max_wait_s < 0 or poll_s <= 0:
+        raise ConfigError(f"quiet_machine: max_wait_s must be >= 0 and poll_s > 0, got {max_wait_s}, {poll_s}")
+    read = load or (lambda: os.getloadavg()[0])
+    cores = cores or usable_cpus()
+    first = now = float(read())
+    start = clock()
+    if now > cores and max_wait_s > 0 and say is not None:
+        say(f"the machine is busy (1-minute load average {now:.1f} on {cores} cores): waiting up to "
+            f"{max_wait_s:g} s for it to fall before measuring")
+    while now > cores and clock() - start < max_wait_s:
+        sleep(min(poll_s, max(0.0, max_wait_s - (clock() - start))))
+        now = float(read())
+    waited = clock() - start
+    warning = "" if now <= cores else (
+        f"measured on a busy machine: 1-minute load average {now:.1f} on {cores} usable cores (above 1 per core) "
+        f"after waiting {waited:.0f} s (at most {max_wait_s:g} s) for it to fall; other work inflates every "
+        "measured time, so the timings and their ratios are less reliable than on an idle machine")
+    return QuietCheck(round(first, 2), round(now, 2), cores, round(waited, 1), float(max_wait_s), warning)

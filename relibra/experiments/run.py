@@ -60,6 +60,11 @@ def injected_names(namespace: dict) -> list[str]:
     return assigned_names(history[-2])
 
 
+# Where a run without out_dir writes (a notebook run in JupyterLab, or papermill without out_dir): never
+# results/<notebook>/, which only `relibra reproduce` (it always passes out_dir) writes.
+INTERACTIVE_DIR = Path("results") / "interactive"
+
+
 class Run:
     """A notebook's checked parameters and sizes; saves its figures and tables under `out_dir` and
     records them in manifest.json (each figure with its caption, and whether it shows simulated or
@@ -68,7 +73,7 @@ class Run:
     def __init__(self, notebook: Notebook, params, sizes, non_default: dict):
         self.notebook, self.params, self.sizes = notebook, params, sizes
         self.non_default = non_default  # parameters set away from the notebook's defaults
-        self.out_dir = resolve_path(getattr(params, "out_dir", None) or Path("results") / notebook.name)
+        self.out_dir = resolve_path(getattr(params, "out_dir", None) or INTERACTIVE_DIR / notebook.name)
         self.started = time.perf_counter()
         self.figures: list[dict] = []
         self.tables: list[dict] = []
@@ -111,10 +116,12 @@ class Run:
         if hardware is None:
             hardware = self.params.simulated_on() if source == "simulated" else "this machine"
         from relibra.plots import save_figure  # matplotlib: only where figures are drawn, not for checks
+        from relibra.plots.overlap import text_overlaps
 
+        overlaps = text_overlaps(fig)  # before saving: in a kernel, save_figure closes the figure
         paths = save_figure(fig, self.out_dir / name)
         self.figures.append({"name": name, "png": paths[0].name, "svg": paths[1].name, "caption": caption,
-                             "source": source, "hardware": hardware})
+                             "source": source, "hardware": hardware, "text_overlaps": overlaps})
         self.sources.setdefault(f"{source}|{hardware}", {"source": source, "hardware": hardware})
 
     def finish(self) -> Path:

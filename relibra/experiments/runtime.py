@@ -367,17 +367,20 @@ def segment_frame(summaries: list[PolicySummary]) -> pd.DataFrame:
 
 # ---- reports ----------------------------------------------------------------------------------------------
 def report(result: RunResult, prepared: Prepared, request: RuntimeRequest, as_json: bool = False,
-           out: str | None = None) -> int:
+           out: str | None = None, machine_load: dict | None = None) -> int:
     """Print the summaries (a table, or one JSON object) and the equivalence lines, then write metrics.csv
     (relibra.metrics rows of every rank and step) and summary.json to `out` (printed first: an --out that
-    fails loses nothing). Returns the exit code (1 when the equivalence check fails)."""
+    fails loses nothing). machine_load: the load check made before measuring (relibra.experiments.machine
+    .QuietCheck as a dict), kept in the JSON and summary.json as "machine_load", its warning repeated.
+    Returns the exit code (1 when the equivalence check fails)."""
     summaries = summarise(result, prepared, request)
     check = request.run.measurement.check_equivalence
     record = {"results": [dataclasses.asdict(s) for s in summaries],
-              "equivalence": {k: dataclasses.asdict(v) for k, v in result.equivalence.items()}}
+              "equivalence": {k: dataclasses.asdict(v) for k, v in result.equivalence.items()},
+              **({"machine_load": machine_load} if machine_load is not None else {})}
     stream = sys.stderr if as_json else sys.stdout
     if as_json:
-        print(json_text(record if check else {"results": record["results"]}))
+        print(json_text(record if check else {k: v for k, v in record.items() if k != "equivalence"}))
     else:
         _print_tables(result, summaries)
     for policy, eq in result.equivalence.items() if check else ():
@@ -391,6 +394,8 @@ def report(result: RunResult, prepared: Prepared, request: RuntimeRequest, as_js
             frame(result.metric_rows(request.run.model.name, request.data.workload)).to_csv(tmp, index=False)
         write_text(os.path.join(out, "summary.json"), json_text(record, indent=2))
         print(f"wrote {out}/metrics.csv and summary.json", file=stream)
+    if machine_load and machine_load.get("warning"):
+        print(f"warning: {machine_load['warning']}", file=sys.stderr)
     return int(check and not all(eq.ok() for eq in result.equivalence.values()))
 
 

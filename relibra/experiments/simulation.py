@@ -80,6 +80,9 @@ def simulate_with_plans(trace, topology: Topology, policies, card: SetupCard, st
         row["migration_inter_node_gb"] = cost.migration_bytes["inter_node"] / 1e9
         row["forward_s"] = float(sum(v.sum() for v in cost.forward.values()) + cost.extra_forward.sum())
         row["transfer_s"] = cost.replica_transfer_s  # pushes and pulls had none been hidden (relibra.costs)
+        # the replica gradients' adds into their homes: charged with the exposed gradient pulls, but compute
+        row["replica_grad_add_s"] = float(cost.info["overheads"].get("grad_add_s", 0.0))
+        row["transfers_on_critical_path"] = float(bool(plan.transfers_on_critical_path))  # fetched in line (LLEP)
         return row
 
     result = simulate(trace, topology, list(policies), steps=min(history_steps(steps), trace.num_steps),
@@ -88,7 +91,8 @@ def simulate_with_plans(trace, topology: Topology, policies, card: SetupCard, st
     per_step = result.per_step
     extra = per_step.groupby("policy")[["gpu_skewness", "node_skewness", "cross_node_share", "replicas_per_gpu",
                                         "migration_gb", "migration_inter_node_gb", "forward_s", "transfer_s",
-                                        "exposed_transfer_s"]].mean()
+                                        "exposed_transfer_s", "replica_grad_add_s",
+                                        "transfers_on_critical_path"]].mean()
     summary = result.summary.join(extra, on="policy")  # its speedup_vs_megatron: relibra.sim's
     labels = {"model": trace.model.name, "workload": workload or str(trace.provenance.get("workload", "")),
               "ep": trace.ep, "cluster": topology.name}

@@ -45,7 +45,8 @@ class TraceParams(Params):
     steps: int = param(None, "training steps per trace (None: the profile's)", integer(1, 10000),
                        sizes="steps")
     seed: int = param(0, "same seed, same numbers", integer(0))
-    out_dir: str | None = param(None, "where results go (None: results/<notebook>)", PATH, affects=False)
+    out_dir: str | None = param(None, "where results go (None: results/interactive/<notebook>)", PATH,
+                                affects=False)
 
     def workloads(self, sizes: Scale) -> tuple[str, ...]:
         """The workloads of the notebook's grid: the parameter's, else the profile's."""

@@ -168,3 +168,87 @@ def tutorial_skew_sweep(placement: str = "search", spare_slots: int = 2, skews=T
             case = tutorial_case(place, slots, skew, **toy)
             rows.append({"skew": float(skew), "placement": place, "spare_slots": slots, **_means(case["summary"])})
     return pd.DataFrame(rows)
+
+
+# ---- routing replay: a plan from history beside a plan from the replayed exact loads ----------------
+TUTORIAL_SHIFTS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)  # the micro-batch shifts the replay section compares
+
+
+def tutorial_two_steps(skew: float = 1.2, shift: float = 0.5, seed: int = 0, micro_batches: int = 4,
+                       tokens_per_rank: int = 4096, ep: int = 4) -> RoutingTrace:
+    """Two consecutive steps of the toy routing: tutorial_trace's 2 x micro_batches micro-batches (the
+    ranking drifts by `shift` before each one, across the step boundary too) cut into steps.
+    Returns a RoutingTrace with loads int32 [2, micro_batches, 1, ep, 16]."""
+    one = tutorial_trace(skew, shift, seed, micro_batches=2 * micro_batches, tokens_per_rank=tokens_per_rank, ep=ep)
+    loads = one.loads.reshape(2, micro_batches, 1, ep, TUTORIAL_MODEL.num_experts)
+    return RoutingTrace(loads, TUTORIAL_MODEL, ep, one.tokens_per_microbatch, {**one.provenance, "steps": 2})
+
+
+def history_plan(policy, trace: RoutingTrace, step: int, topology: Topology):
+    """The plan a balancer makes for `step` when all it knows is the previous step's routing.
+
+    The policy plans one micro-batch holding the whole previous step's loads (its homes, its replicas and
+    each replica's share of its expert's tokens); that plan then runs every micro-batch of `step` on the
+    tokens that really arrive: same homes, same copies, each copy taking the same share (rounded down) of
+    its expert's actual tokens. Returns a StepPlan over trace.loads[step] (replicas fixed for the step)."""
+    from relibra.policies.eplb import plan_from_copies
+
+    if step < 1:
+        raise ConfigError(f"tutorial: a plan from history needs a previous step, got step {step}")
+    m, e, ep = trace.num_microbatches, trace.num_experts, trace.ep
+    seen = trace.loads[step - 1].sum(axis=0, dtype=np.int64).astype(np.int32)[None, None]  # [1, 1, L, ep, E]
+    past = RoutingTrace(seen, trace.model, ep, trace.tokens_per_microbatch * m, {"history of step": step})
+    guess = policy.plan(past, 0, topology)
+    _, gpn = topology.ep_layout(ep)
+    seen_tokens = seen[0, 0].sum(axis=1, dtype=np.int64)  # [L, E]
+    share = np.zeros((trace.num_layers, e, ep))  # [L, E, ep] share of an expert's tokens its copy on a GPU takes
+    rexp, rtok = guess.replica_expert[0], guess.occupied_replica_tokens()[0]  # [L, ep, slots]
+    for layer, g, r in zip(*np.nonzero(rexp >= 0)):
+        x = rexp[layer, g, r]
+        share[layer, x, g] += rtok[layer, g, r] / seen_tokens[layer, x]
+    held = share > 0
+    held[np.arange(trace.num_layers)[:, None], np.arange(e)[None, :], guess.home] = True
+    actual = trace.loads[step].sum(axis=2, dtype=np.int64)  # [M, L, E]
+
+    def copy_tokens(li, ei, gi):  # int [M, n]: each copy's share of what its expert really gets
+        return np.floor(share[li, ei, gi][None, :] * actual[:, li, ei]).astype(np.int64)
+
+    return plan_from_copies(f"{policy.name} (from history)", trace.loads[step], held, guess.home, gpn,
+                            guess.slots_per_gpu, guess.replica_scope, copy_tokens)
+
+
+def tutorial_replay(placement: str = "search", spare_slots: int = 2, shifts=TUTORIAL_SHIFTS, skew: float = 1.2,
+                    seed: int = 0, ep: int = 4, tokens_per_gpu: int = 4096, micro_batches: int = 4) -> pd.DataFrame:
+    """Routing replay on the toy layer: for every micro-batch shift of `shifts`, the chosen placement x
+    spare-slots policy plans step 1 of tutorial_two_steps twice: from the previous step's loads
+    (plan "history", history_plan) and from step 1's exact loads, which routing replay makes known
+    before the step runs (plan "replay"). One row per shift and plan: mean over step 1's micro-batches
+    of the slowest GPU's simulated forward expert ms, rank skewness, and the balanced ms."""
+    topo = tutorial_topology(ep)
+    name, params = tutorial_policy(placement, spare_slots)
+    policy = get_policy(name, **params)
+    flops = expert_flops_per_token(TUTORIAL_MODEL)
+    rows = []
+    for shift in shifts:
+        trace = tutorial_two_steps(skew, float(shift), seed, micro_batches, tokens_per_gpu, ep)
+        for kind, plan in (("history", history_plan(policy, trace, 1, topo)), ("replay", policy.plan(trace, 1, topo))):
+            plan.validate(trace.loads[1])
+            total = plan.gpu_tokens()[:, 0]  # [M, ep]
+            seconds = cost_plan(plan, TUTORIAL_MODEL, topo).expert_seconds_per_gpu[:, 0]  # [M, ep]
+            per_gpu = TUTORIAL_MODEL.num_experts // ep
+            balanced_s = per_gpu * gemm_seconds(total.mean(axis=1) / per_gpu, flops, topo)
+            rows.append({"shift": float(shift), "plan": kind, "policy": name, "placement": placement,
+                         "spare_slots": int(spare_slots), "slowest_gpu_ms": float(1e3 * seconds.max(axis=1).mean()),
+                         "skewness": float(skewness(total).mean()), "balanced_ms": float(1e3 * balanced_s.mean())})
+    return pd.DataFrame(rows)
+
+
+def tutorial_timescales(ep: int = 4) -> dict:
+    """Why ReLibra works at two timescales, from the toy cluster's link rates (tutorial_topology: the
+    `paper` preset of relibra.cluster, cut to 2 nodes): one expert's weights (bytes, bf16) and the
+    microseconds to push them once over NVLink (inside a node) and over RDMA (across nodes)."""
+    topo = tutorial_topology(ep)
+    bytes_ = TUTORIAL_MODEL.expert_bytes
+    return {"nvlink_GBps": topo.nvlink_GBps, "rdma_GBps": topo.rdma_GBps, "expert_bytes": int(bytes_),
+            "nvlink_us": 1e6 * bytes_ / topo.nvlink_bytes_per_s, "rdma_us": 1e6 * bytes_ / topo.rdma_bytes_per_s,
+            "topology": topo.name}

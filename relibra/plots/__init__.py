@@ -17,7 +17,8 @@ from relibra.plots.sensitivity import tornado_plot
 from relibra.plots.style import save_figure, set_style
 from relibra.plots.throughput import (ablation_plot, fraction_of_balanced, reorder_plot, replication_plot,
                                       skewness_plot, spare_slot_plot, throughput_bars)
-from relibra.plots.tutorial import phase_figure, plan_figure, skew_sweep_figure, tutorial_figure, tutorial_grid_figure
+from relibra.plots.tutorial import (phase_figure, plan_figure, replay_figure, skew_sweep_figure, tutorial_figure,
+                                    tutorial_grid_figure)
 from relibra.plots.verdict_map import verdict_map_plot
 from relibra.plots.widgets import tutorial_interactive
 

@@ -37,6 +37,8 @@ def headline_cases_plot(ratios: pd.DataFrame, subtitle: str):
         ax.text(0.99, paper_x, f"paper: {paper}", ha="right", va="bottom", fontsize=8,
                 transform=ax.get_yaxis_transform())
         ax.axhline(1.0, color="0.2", lw=0.8)
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(lo, max(hi, paper_x + 0.1 * (max(hi, paper_x) - lo)))  # room above the line for its label
         ax.set_xticks(range(len(workloads)), workloads)
         ax.set_xlabel("workload")
         ax.set_ylabel("tokens/s ratio")

@@ -45,18 +45,28 @@ def overhead_bars(table: pd.DataFrame, subtitle: str):
                "replica memory, whole model (paper: 0.13-1.62%)"),
               ("transfer_overlap", "% of replica transfers hidden", "transfer overlap")]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+    crit = (d["transfers_on_critical_path"] if "transfers_on_critical_path" in d else
+            d["planner_on_critical_path"]).astype(bool)
     for ax, (col, ylabel, title) in zip(axes, panels):
         vals = 100 * d[col].astype(float).fillna(0.0)
         ax.bar(np.arange(len(d)), vals, color=[palette[p] for p in d["policy"]])
-        for xi, (v, raw, crit) in enumerate(zip(vals, d[col], d["planner_on_critical_path"].astype(bool))):
-            text = ("n/a" if pd.isna(raw) else "0 (moved on the\ncritical path)" if col == "transfer_overlap" and crit
-                    and v == 0 else f"{v:.2f}")
+        for xi, (v, raw, c) in enumerate(zip(vals, d[col], crit)):
+            text = ("n/a" if pd.isna(raw) else "0: moved on the\ncritical path" if col == "transfer_overlap" and c
+                    and v == 0 else f"{v:.2f}\nheld for every layer\nuntil backward" if c and col.startswith(
+                        "replica_memory") and v > 0 else f"{v:.2f}")
             ax.text(xi, v, text, ha="center", va="bottom", fontsize=7)
         ax.set_xticks(np.arange(len(d)), [POLICY_LABELS.get(p, p) for p in d["policy"]], rotation=25, ha="right")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
-    titled(fig, "Overheads per policy (n/a: the policy moves no replica weights; a policy that moves them on the "
-           "critical path hides none)", subtitle)
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.25)  # room for the bars' labels
+    notes = []
+    if d["transfer_overlap"].isna().any():
+        notes.append("n/a: the policy moves no replica weights")
+    if crit.any():
+        notes.append("a policy that fetches replica weights on the critical path (" + ", ".join(
+            POLICY_LABELS.get(p, p) for p in d.loc[crit, "policy"]) + ") hides none of them, and autograd keeps "
+            "every layer's fetched copies until backward, hence its replica memory")
+    titled(fig, "Overheads per policy" + (f" ({'; '.join(notes)})" if notes else ""), subtitle)
     fig.tight_layout()
     return fig
 

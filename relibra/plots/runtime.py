@@ -97,7 +97,7 @@ def runtime_speedup_plot(results: pd.DataFrame, subtitle: str, recorded: pd.Data
     if recorded is not None and "speedup_ci_low" in recorded:
         rows += [(f"reference {r['nodes_x_ranks']}, launch {int(r['launch']) + 1}", r)
                  for _, r in recorded[recorded["policy"] != "megatron"].iterrows()]
-    fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(rows) + 2.0))
     for i, (name, r) in enumerate(rows):
         color = POLICY_COLORS.get(r["policy"], "0.5")
         ax.errorbar(r["speedup_vs_megatron"], i, xerr=[[r["speedup_vs_megatron"] - r["speedup_ci_low"]],
@@ -110,9 +110,12 @@ def runtime_speedup_plot(results: pd.DataFrame, subtitle: str, recorded: pd.Data
                   fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("Megatron's median step / the policy's (x)")
-    ax.legend(fontsize=8, loc="lower right")
+    handles, labels = ax.get_legend_handles_labels()
     titled(fig, "Speed-up over Megatron: measured with its 95% interval, and simulated", subtitle)
-    fig.tight_layout()
+    # the legend under the panel, where it can cover no row's interval
+    fig.tight_layout(rect=(0, 0.6 / fig.get_figheight(), 1, 1))
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=len(labels), frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
     return fig
 
 

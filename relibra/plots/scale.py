@@ -52,6 +52,9 @@ def ep_sweep_plot(table: pd.DataFrame, subtitle: str):
                     continue
                 style = dict(color=palette[policy], ls="--", marker="") if policy == "balanced-compute" else dict(
                     color=palette[policy], marker="o", ms=4)
+                if policy == "relibra-h":  # often on ReLibra's line: drawn over it, dashed, hollow squares
+                    style = dict(color=palette[policy], ls=(0, (4, 2)), marker="s", ms=6, mfc="none", mew=1.2,
+                                 zorder=3)
                 ax.plot(g["ep"], g["speedup_vs_megatron"], label=POLICY_LABELS.get(policy, policy), **style)
             ax.axhline(1.0, color="0.7", lw=0.8)
             case = table[(table["model"] == model) & (table["cluster"] == cluster)]

@@ -177,10 +177,12 @@ def spare_slot_plot(sweep: pd.DataFrame, subtitle: str):
         ax.set_xlabel("spare replica slots per GPU")
         ax.set_ylabel(ylabel)
         ax.set_xticks(list(x))
-        ax.legend(fontsize=7, loc="lower right")
+    handles, labels = axes[0].get_legend_handles_labels()
     titled(fig, "ReLibra vs the number of spare replica slots per GPU (mean over the workload's steps; replica "
            "buffer counted against the whole model's parameters)", subtitle)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))  # one legend under the panels, off the lines
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=len(labels), frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
     return fig
 
 

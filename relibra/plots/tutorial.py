@@ -35,8 +35,18 @@ def _case_titled(fig, head: str, case: dict):
 
 
 def _gpu_panel(ax, g: pd.DataFrame, ylabel: str, top: float, title: str) -> None:
-    """Ticks (GPU and node), y label and limit, title and legend of a panel of one bar per GPU."""
-    ax.set_xticks(g["gpu"].to_numpy(), [f"GPU {gpu}\n(node {node})" for gpu, node in zip(g["gpu"], g["node"])])
+    """Ticks (GPU and node), y label and limit, title and legend of a panel of one bar per GPU. Up to 4
+    GPUs each tick names its node; beyond, ticks are GPU numbers, a dotted line parts the nodes and the
+    x label says which GPUs each node holds."""
+    gpus, nodes = g["gpu"].to_numpy(), g["node"].to_numpy()
+    if len(gpus) <= 4:
+        ax.set_xticks(gpus, [f"GPU {gpu}\n(node {node})" for gpu, node in zip(gpus, nodes)])
+    else:
+        ax.set_xticks(gpus, [str(gpu) for gpu in gpus])
+        parts = [f"node {n}: GPUs {gpus[nodes == n].min()}-{gpus[nodes == n].max()}" for n in np.unique(nodes)]
+        ax.set_xlabel(f"GPU ({'; '.join(parts)})")
+        for n in np.unique(nodes)[1:]:
+            ax.axvline(gpus[nodes == n].min() - 0.5, color="0.3", ls=":", lw=1)
     ax.set_ylabel(ylabel)
     ax.set_ylim(0, top)
     ax.set_title(title)
@@ -93,13 +103,17 @@ def plan_figure(case: dict, micro_batch: int = 0):
     home_tokens = plan.home_flow().sum(axis=2)[micro_batch, 0]  # [E] tokens computed at home
     e = len(home)
     slots = plan.replica_slots
-    fig, (ax, fx) = plt.subplots(1, 2, figsize=(14, 5.6), gridspec_kw={"width_ratios": [1.1, 1]})
+    fig, (ax, fx) = plt.subplots(1, 2, figsize=(14, 5.6 if ep <= 8 else 7.5), gridspec_kw={"width_ratios": [1.1, 1]})
 
     # -- left: expert-home map -------------------------------------------------------------------
     per_gpu = e // ep
     cols = per_gpu + max(slots, 0)
     cell, pad = 1.0, 0.15
     box_w, box_h = cols * cell + 2 * pad, cell + 0.9
+    per_row = min(gpn, 4)  # GPUs per row of the map: a node of 8 takes two rows
+    rows_per_node = -(-gpn // per_row)
+    node_h = rows_per_node * (box_h + 0.4) - 0.4  # one node's rows
+    num_nodes = ep // gpn
     vmax = float(et.max()) or 1.0
     cmap = sns.light_palette(HOME_COLOR, as_cmap=True)
 
@@ -110,7 +124,9 @@ def plan_figure(case: dict, micro_batch: int = 0):
 
     for g in range(ep):
         node, local = divmod(g, gpn)
-        x0, y0 = local * (box_w + 0.4), (1 - node) * (box_h + 1.2)
+        row, col = divmod(local, per_row)
+        x0 = col * (box_w + 0.4)
+        y0 = (num_nodes - 1 - node) * (node_h + 1.2) + (rows_per_node - 1 - row) * (box_h + 0.4)
         ax.add_patch(FancyBboxPatch((x0, y0), box_w, box_h, boxstyle="round,pad=0.05", fc="white", ec="0.3"))
         ax.text(x0 + box_w / 2, y0 + box_h - 0.3, f"GPU {g}", ha="center", va="center", fontsize=9, fontweight="bold")
         for j, ex in enumerate(np.nonzero(home == g)[0]):
@@ -123,12 +139,12 @@ def plan_figure(case: dict, micro_batch: int = 0):
                        fc=REPLICA_COLOR, ec="0.3", alpha=0.85)
             else:
                 square(cx, y0, "empty\nslot", color="0.4", fill=False, ec="0.5", ls="--")
-    width = gpn * (box_w + 0.4)
-    for node in range(ep // gpn):
-        y0 = (1 - node) * (box_h + 1.2)
-        ax.text(-0.3, y0 + box_h / 2, f"node {node}", rotation=90, ha="right", va="center", fontsize=9)
+    width = per_row * (box_w + 0.4)
+    for node in range(num_nodes):
+        y0 = (num_nodes - 1 - node) * (node_h + 1.2)
+        ax.text(-0.3, y0 + node_h / 2, f"node {node}", rotation=90, ha="right", va="center", fontsize=9)
     ax.set_xlim(-0.8, width)
-    ax.set_ylim(-0.3, 2 * box_h + 1.4)
+    ax.set_ylim(-0.3, num_nodes * node_h + (num_nodes - 1) * 1.2 + 0.2)
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title("expert-home map: home experts (blue: tokens computed there) and replica slots (orange)")
@@ -152,13 +168,21 @@ def plan_figure(case: dict, micro_batch: int = 0):
         codes = [MPath.MOVETO, *[MPath.CURVE4] * 3, MPath.LINETO, *[MPath.CURVE4] * 3, MPath.CLOSEPOLY]
         fx.add_patch(PathPatch(MPath(verts, codes), fc=color, ec="none", alpha=0.55))
         if label:
-            fx.text(0.8, y0b + tokens / 2, label, ha="right", va="center", fontsize=7, color="0.1")
+            band_labels.append((y0b + tokens / 2, label))
+
+    band_labels: list[tuple[float, str]] = []
 
     for ex in range(e):
         band(ex, int(home[ex]), float(home_tokens[ex]), HOME_COLOR)
     for _, row in reps.iterrows():
         band(int(row["expert"]), int(row["gpu"]), float(row["replica_tokens"]), REPLICA_COLOR,
              f"e{int(row['expert'])}: {int(row['replica_tokens'])} of {int(row['expert_tokens'])} to its copy")
+    top = max(ey[-1], gy[-1])
+    # one label's height in data units: 7-point text with a little leading, over the panel's height in points
+    step = top * 7 * 1.35 / (fx.get_position().height * fig.get_figheight() * 72)
+    for y, label in zip(spread(sorted(y for y, _ in band_labels), step, 0.0, top),
+                        (lbl for _, lbl in sorted(band_labels))):
+        fx.text(0.8, y, label, ha="right", va="center", fontsize=7, color="0.1")
     for ex in range(e):
         fx.add_patch(Rectangle((0.08, ey[ex]), 0.04, tokens[ex], fc="0.35"))
         if tokens[ex] > 0.025 * total:
@@ -177,6 +201,18 @@ def plan_figure(case: dict, micro_batch: int = 0):
               ["computed at the expert's home", "sent to a replica (copy) in the same node"], fontsize=7,
               loc="lower center", bbox_to_anchor=(0.5, -0.1), ncol=2)
     return _case_titled(fig, f"The StepPlan of micro-batch {micro_batch}: ", case)
+
+
+def spread(ys: list[float], step: float, low: float, high: float) -> list[float]:
+    """Label positions near sorted `ys`, at least `step` apart and inside [low, high] where they fit:
+    pushed down past their upper neighbours, then back up from `high`."""
+    out = []
+    for y in ys:
+        out.append(max(y, low + step / 2, out[-1] + step if out else y))
+    for i in range(len(out) - 1, -1, -1):
+        ceiling = high - step / 2 if i == len(out) - 1 else out[i + 1] - step
+        out[i] = min(out[i], ceiling)
+    return out
 
 
 def phase_figure(case: dict, micro_batch: int = 0):
@@ -232,9 +268,9 @@ def tutorial_grid_figure(grid: pd.DataFrame, scale_note: str = ""):
     titled(fig, "Toy layer: every placement x number of spare replica slots (bar label: most slots any GPU "
            "actually filled; dashed: balanced)", f"simulated ({d['hardware'].iloc[0]}); synthetic Zipf routing"
            + (f" | {scale_note}" if scale_note else ""))
-    fig.tight_layout(rect=(0, 0, 1, 0.9))
-    fig.legend(handles, labels, title="spare slots per GPU", ncol=len(labels), loc="upper center",
-               bbox_to_anchor=(0.5, 1.0), fontsize=8, title_fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # the legend goes under the panels, clear of the title
+    fig.legend(handles, labels, title="spare slots per GPU", ncol=len(labels), loc="lower center",
+               bbox_to_anchor=(0.5, 0.0), fontsize=8, title_fontsize=8, frameon=False)
     return fig
 
 
@@ -250,13 +286,46 @@ def skew_sweep_figure(sweep: pd.DataFrame, scale_note: str = ""):
     axes[0].axhline(1.0, color="0.2", ls="--", lw=1)
     axes[1].plot(sweep["skew"].unique(), sweep.groupby("skew", sort=False)["balanced_ms"].mean(), color="0.2", ls="--",
                  lw=1, label="balanced")
-    axes[0].set_ylabel("rank skewness (max / mean tokens)")
-    axes[1].set_ylabel("slowest GPU, expert compute (ms)")
+    axes[0].set_ylabel("rank skewness\n(max / mean tokens)")
+    axes[1].set_ylabel("slowest GPU,\nexpert compute (ms)")
     for ax in axes:
         ax.set_xlabel("skew (Zipf exponent of expert popularity)")
         ax.set_ylim(bottom=0)
-    axes[1].legend(fontsize=8, loc="lower right")
+    handles, labels = axes[1].get_legend_handles_labels()
     titled(fig, "What the skew slider shows: imbalance as expert popularity gets more peaked (dashed: balanced)",
            "simulated (the paper's GPUs and links); synthetic Zipf routing" + (f" | {scale_note}" if scale_note else ""))
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.08, 1, 1))  # the legend goes under the panels, clear of the lines
+    fig.legend(handles, labels, ncol=len(labels), loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
+               frameon=False)
+    return fig
+
+
+def replay_figure(replay: pd.DataFrame, scale_note: str = ""):
+    """Routing replay, drawn (relibra.experiments.tutorial_replay): the slowest GPU's expert ms and the rank
+    skewness of the plan made from the previous step's loads (history) and of the plan made from the
+    replayed exact loads, against the micro-batch shift; balanced dashed."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.9), sharex=True)
+    styles = {"history": dict(color="0.45", marker="s", ls="--",
+                              label="planned from the previous step's loads (history)"),
+              "replay": dict(color=HOME_COLOR, marker="o", label="planned from this step's replayed loads (replay)")}
+    for plan, d in replay.groupby("plan", sort=False):
+        axes[0].plot(d["shift"], d["slowest_gpu_ms"], **styles[plan])
+        axes[1].plot(d["shift"], d["skewness"], **styles[plan])
+    b = replay.groupby("shift", sort=True)["balanced_ms"].mean()
+    axes[0].plot(b.index, b.to_numpy(), color="0.2", ls=":", lw=1.2, label="balanced")
+    axes[1].axhline(1.0, color="0.2", ls=":", lw=1.2)
+    axes[0].set_ylabel("slowest GPU,\nexpert compute (ms)")
+    axes[1].set_ylabel("rank skewness\n(max / mean tokens)")
+    for ax in axes:
+        ax.set_xlabel("micro-batch shift (share of the popularity ranking reshuffled)")
+        ax.set_ylim(bottom=0)
+    policy = replay["policy"].iloc[0]
+    handles, labels = axes[0].get_legend_handles_labels()
+    titled(fig, f"Routing replay: `{policy}` ({POLICY_LABELS.get(policy, policy)}) planned from history vs from the "
+           "exact loads as the micro-batch shift grows (means over the step's micro-batches)",
+           "simulated (the paper's GPUs and links); synthetic Zipf routing"
+           + (f" | {scale_note}" if scale_note else ""))
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.legend(handles, labels, ncol=len(labels), loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
+               frameon=False)
     return fig

@@ -34,6 +34,48 @@ def card_facets(cards: pd.DataFrame, steps) -> list:
     return [min(steps, key=lambda s: abs(np.log(s[1]) - np.log(c)))[0] for c in cards["sequences_per_rank"]]
 
 
+def _labels_below(x: np.ndarray, y: np.ndarray, ylim, height_pt: float, gap_pt: float = 20.0) -> list[bool]:
+    """Per node (x, y: [n]): put its label below its marker, because a node above it in about the same
+    column (within a third of a doubling of x) is closer than `gap_pt` points (an axes `height_pt` points
+    tall spanning `ylim`; 20 points: the label's offset, its height and the marker above), so two labels above
+    their markers would meet or cover a marker."""
+    per_pt = (ylim[1] - ylim[0]) / max(height_pt, 1.0)
+    lx = np.log2(np.asarray(x, dtype=float))
+    below = [False] * len(x)
+    for i in range(len(x)):
+        above = [y[j] - y[i] for j in range(len(x)) if j != i and abs(lx[j] - lx[i]) < 1 / 3 and y[j] >= y[i]]
+        below[i] = bool(above) and min(above) < gap_pt * per_pt
+    return below
+
+
+def _clear_clabel(ax, cs, text: str, points: np.ndarray, ylim) -> None:
+    """Label contour set `cs` with `text` at the first of its vertices, farthest from `points` [n, 2] (the
+    nodes, the cards and their labels; a log2 x axis) first, where the label meets no other text of `ax`."""
+    verts = np.concatenate([seg for segs in cs.allsegs for seg in segs if len(seg)])
+    scale = np.array([max(np.ptp(np.log2(points[:, 0])), 1.0), max(ylim[1] - ylim[0], 1e-9)])
+
+    def norm(p):
+        return np.c_[np.log2(p[:, 0]), p[:, 1]] / scale
+
+    far = np.linalg.norm(norm(verts)[:, None, :] - norm(points)[None, :, :], axis=2).min(axis=1)
+    renderer = ax.figure.canvas.get_renderer()
+    others = [t.get_window_extent(renderer) for t in ax.texts if t.get_visible() and t.get_text().strip()]
+    tries = [*np.argsort(-far)[:80], int(np.argmax(far))]  # the farthest again, and kept, when none is clear
+    for n, i in enumerate(tries):
+        before = set(map(id, ax.texts))
+        # not inline (a label tried and removed would leave a gap in the line): on a white box instead
+        cs.clabel(fmt={cs.levels[0]: text}, fontsize=8, manual=[tuple(verts[i])], inline=False)
+        new = [t for t in ax.texts if id(t) not in before]
+        for t in new:  # level, on a white box: it fits between the nodes' labels where a slanted one would not
+            t.set_rotation(0)
+            t.set_bbox({"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85})
+        if n == len(tries) - 1 or not any(t.get_window_extent(renderer).overlaps(o) for t in new for o in others):
+            return
+        for t in new:
+            t.remove()
+        cs.labelTexts.clear(), cs.labelCValues.clear(), cs.labelXYs.clear()
+
+
 def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibration: dict, subtitle: str,
                      grid_note: str = "", shift_range=(0.0, 0.3)):
     """One row of panels per step size of the grid (sequences per step), one panel per ratio (ReLibra /
@@ -60,7 +102,7 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
                            + ([[calibration["mb_vs_step_corr"]]] if calibration else []))
     xlim = (2 ** np.floor(np.log2(np.nanmin(all_x)) - 0.3), 2 ** np.ceil(np.log2(np.nanmax(all_x)) + 0.3))
     ylim = (max(-0.05, float(np.nanmin(all_y)) - 0.05), min(1.02, float(np.nanmax(all_y)) + 0.04))
-    card_handles = []
+    card_handles, contour_labels = [], []  # the contours' labels are placed once the layout is final
     for row, (step, per_rank) in enumerate(steps):
         facet = nodes[nodes["step_sequences"] == step]
         xs, ys = _matrix(facet, "tokens_per_ep_rank"), _matrix(facet, "mb_vs_step_corr")
@@ -84,17 +126,25 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
             ax.scatter(xs[ok & beyond], ys[ok & beyond], c=z[ok & beyond], cmap=cmap, norm=norm, s=36,
                        edgecolors="0.15", linewidths=1.0, linestyles="--", zorder=3)
             ax.scatter(xs[~ok], ys[~ok], marker="X", s=70, c="0.75", edgecolors="0.3", hatch="////", zorder=3)
-            for x, y, v in zip(xs.ravel(), ys.ravel(), z.ravel()):
-                ax.annotate("does not fit" if np.isnan(v) else fmt.format(v), (x, y), xytext=(0, 6),
-                            textcoords="offset points", ha="center", fontsize=7,
-                            color="0.45" if np.isnan(v) else "0.05", zorder=4,
+            below = _labels_below(xs.ravel(), ys.ravel(), ylim, fig.get_figheight() * 72 * ax.get_position().height)
+            for x, y, v, down in zip(xs.ravel(), ys.ravel(), z.ravel(), below):
+                # above the card markers (zorder 6), so that no card hides a node's label; below a node whose
+                # label would meet the label of the node above it
+                ax.annotate("does not fit" if np.isnan(v) else fmt.format(v), (x, y), xytext=(0, -6 if down else 6),
+                            textcoords="offset points", ha="center", va="top" if down else "bottom", fontsize=7,
+                            color="0.45" if np.isnan(v) else "0.05", zorder=6.5,
                             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7})
             notes = []
             for level in levels:
                 if surface and lo <= level <= hi:
                     cs = ax.contour(xs, ys, z, levels=[level], colors="black", linewidths=2.0, linestyles="--",
                                     zorder=5)
-                    ax.clabel(cs, fmt={level: "paper " + fmt.format(level)}, fontsize=8)
+                    card_xy = cards[["tokens_per_ep_rank", "mb_vs_step_corr"]].to_numpy(float)[in_facet] \
+                        if len(cards) else np.empty((0, 2))
+                    points = np.concatenate([np.c_[xs.ravel(), ys.ravel()], card_xy])
+                    lift = 12 * (ylim[1] - ylim[0]) / (fig.get_figheight() * 72 * ax.get_position().height)
+                    labels = points + [0.0, lift]  # about where the nodes' labels sit, above their markers
+                    contour_labels.append((ax, cs, "paper " + fmt.format(level), np.concatenate([points, labels])))
                 elif not ok.any():
                     notes.append("no node of this step size fits in memory")
                 elif field == "gap_to_balanced" and not lo <= level <= hi:
@@ -163,4 +213,6 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
     rows = (len(handles) + 2) // 3
     height = 5.6 * len(steps) + 0.8
     fig.tight_layout(rect=(0, (0.35 + 0.25 * rows) / height, 1, 0.97))
+    for ax, cs, text, points in contour_labels:
+        _clear_clabel(ax, cs, text, points, ylim)
     return fig

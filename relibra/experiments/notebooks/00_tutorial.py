@@ -10,10 +10,11 @@ import pandas as pd
 
 from relibra.errors import ConfigError
 from relibra.experiments.base import (FLAG, PATH, Params, Result, TryThis, choice, integer, live, mean_of, number,
-                                      param, table)
+                                      param, table, value)
 from relibra.experiments.text import pct
 from relibra.experiments.tutorial import (TUTORIAL_EP_SIZES, TUTORIAL_MAX_SPARE_SLOTS, TUTORIAL_PLACEMENTS,
-                                          tutorial_case, tutorial_grid, tutorial_skew_sweep)
+                                          TUTORIAL_SHIFTS, tutorial_case, tutorial_grid, tutorial_replay,
+                                          tutorial_skew_sweep, tutorial_timescales)
 
 QUESTION = "What is expert-parallel load imbalance, and how do a placement and replicas fix it?"
 
@@ -35,7 +36,8 @@ class Params(Params):
     micro_batches: int = param(4, "micro-batches in the toy step", integer(1, 4096))
     micro_batch: int = param(0, "which micro-batch sections 1-3 show", integer(0))
     seed: int = param(0, "same seed, same numbers", integer(0))
-    out_dir: str | None = param(None, "where results go (None: results/00_tutorial)", PATH, affects=False)
+    out_dir: str | None = param(None, "where results go (None: results/interactive/00_tutorial)", PATH,
+                                affects=False)
     interactive: bool = param(True, "show the sliders when a live front end is attached", FLAG, affects=False)
 
     def check(self, notebook: str, sizes) -> None:
@@ -60,16 +62,24 @@ class Result(Result):
     replicas: pd.DataFrame = table("occupied replica slots: expert, home GPU, tokens taken per micro-batch")
     phases: pd.DataFrame = table("simulated seconds per micro-batch, direction and phase (slowest GPU)")
     placement_replica_grid: pd.DataFrame = table("rank skewness and slowest-GPU time per placement x spare slots")
-    skew_sweep: pd.DataFrame = table("slowest-GPU time per placement as the skew slider moves (section 5)")
+    skew_sweep: pd.DataFrame = table("slowest-GPU time per placement as the skew slider moves (section 6)")
+    replay: pd.DataFrame = table("slowest-GPU time and skewness of a plan from history and one from the replayed "
+                                 "exact loads, per micro-batch shift (section 4)")
+    replay_shift: float = value()  # this run's shift, one of the replay table's
+    timescales: dict = value()  # link rates and one expert's push time over NVLink and RDMA (section 5)
     case: dict = live()
 
 
 def compute(p: Params, sizes=None) -> Result:
     case = tutorial_case(**p.case_args())
     toy = {k: getattr(p, k) for k in ("shift", "seed", "ep", "tokens_per_gpu", "micro_batches")}  # all but skew
+    shifts = tuple(sorted({*TUTORIAL_SHIFTS, p.shift}))
+    replay = tutorial_replay(p.placement, p.spare_slots, shifts, p.skew, p.seed, p.ep, p.tokens_per_gpu,
+                             p.micro_batches)
     return Result(expert_tokens=case["expert_tokens"], gpu_load=case["gpu_table"], replicas=case["replicas"],
                   phases=case["phases"], placement_replica_grid=tutorial_grid(skew=p.skew, **toy),
-                  skew_sweep=tutorial_skew_sweep(p.placement, p.spare_slots, **toy), case=case)
+                  skew_sweep=tutorial_skew_sweep(p.placement, p.spare_slots, **toy), replay=replay,
+                  replay_shift=p.shift, timescales=tutorial_timescales(p.ep), case=case)
 
 
 @dataclass(frozen=True)
@@ -98,12 +108,28 @@ class SkewSweep:
 
 
 @dataclass(frozen=True)
+class Replay:
+    """Section 4: the slowest GPU's ms of the plan from history and of the plan from the replayed exact
+    loads, at the smallest shift, at this run's shift and at the largest shift; the balanced ms."""
+
+    policy: str
+    low: float
+    here: float
+    high: float
+    history: tuple[float, float, float]  # at low, here, high
+    replay: tuple[float, float, float]
+    balanced_ms: float
+
+
+@dataclass(frozen=True)
 class Summary:
     static: Choice  # static placement, no replicas
     best: Choice  # the fastest slowest GPU of the grid
     same_bars: tuple[tuple[int, int, int, tuple[str, ...]], ...]  # (a, b, slots used, placements): a and b
     # spare slots give the same plan because the planner filled at most `used` slots per GPU
     sweep: SkewSweep
+    replay: Replay
+    timescales: dict
 
 
 def _choice(x) -> Choice:
@@ -137,7 +163,16 @@ def summarize(r: Result) -> Summary:
             if np.isclose(ra["slowest_gpu_ms"], rb["slowest_gpu_ms"]) and rb["max_replicas_per_gpu"] <= a:
                 same.setdefault((a, b, int(rb["max_replicas_per_gpu"])), []).append(placement)
     return Summary(_choice(grid[_is_static(grid)].iloc[0]), _choice(grid.loc[grid["slowest_gpu_ms"].idxmin()]),
-                   tuple((*k, tuple(v)) for k, v in same.items()), _skew_sweep(r.skew_sweep))
+                   tuple((*k, tuple(v)) for k, v in same.items()), _skew_sweep(r.skew_sweep),
+                   _replay(r.replay, r.replay_shift), dict(r.timescales))
+
+
+def _replay(t: pd.DataFrame, here: float) -> Replay:
+    ms = t.pivot(index="shift", columns="plan", values="slowest_gpu_ms")
+    low, high = float(ms.index.min()), float(ms.index.max())
+    at = [low, float(here), high]
+    return Replay(str(t["policy"].iloc[0]), *at, tuple(float(ms.loc[x, "history"]) for x in at),
+                  tuple(float(ms.loc[x, "replay"]) for x in at), float(t["balanced_ms"].mean()))
 
 
 def story(s: Summary) -> str:
@@ -220,16 +255,69 @@ def skew_story(s: Summary) -> str:
     return text
 
 
+def replay_story(s: Summary) -> str:
+    """Section 4: what planning from history costs as the micro-batch shift grows, and what replay keeps."""
+    w, (h0, hh, h1), (r0, rh, r1) = s.replay, s.replay.history, s.replay.replay
+    text = (f"At shift {w.low:g} the two plans are alike: the slowest GPU takes {h0:.3f} ms planned from the "
+            f"previous step and {r0:.3f} ms planned from the replayed loads (balanced: {w.balanced_ms:.3f} ms). "
+            f"At shift {w.high:g} the plan from history reaches {h1:.3f} ms ({h1 / w.balanced_ms:.2f}x balanced): its "
+            f"homes and copies were chosen for experts that are no longer hot. The replay plan, made from the "
+            f"exact loads of each micro-batch, stays at {r1:.3f} ms ({r1 / w.balanced_ms:.2f}x balanced)")
+    if w.low < w.here < w.high:
+        text += f"; at this run's shift, {w.here:g}, history gives {hh:.3f} ms and replay {rh:.3f} ms"
+    text += "."
+    if abs(h1 - r1) < 1e-3 * r1:
+        text += (f" Here both plans are the same ({w.policy}: nothing it decides depends on the loads), so "
+                 "history costs nothing; choose a placement other than static, or spare slots, to see the gap.")
+    elif r1 > r0 * 1.02:
+        text += (f" The replay plan's slowest GPU still rises {pct(r1 / r0 - 1)} from shift {w.low:g} to "
+                 f"{w.high:g} (history's: {pct(h1 / h0 - 1)}): its homes are set once per step (section 5), so "
+                 "when the hot experts move between micro-batches, one node can hold more than its share, and "
+                 "copies inside a node cannot move load to the other node.")
+    return text
+
+
+def timescale_story(s: Summary) -> str:
+    """Section 5: the two timescales, from the toy cluster's link rates."""
+    t = s.timescales
+    return (f"On the `{t['topology']}` links (the `paper` preset of relibra/cluster.py: NVLink "
+            f"{t['nvlink_GBps']:g} GB/s and RDMA {t['rdma_GBps']:g} GB/s per GPU, each way), one toy expert's "
+            f"weights, {t['expert_bytes'] / 1e6:.1f} MB in bf16, take {t['nvlink_us']:.0f} us to copy to a GPU of "
+            f"the same node and {t['rdma_us']:.0f} us to a GPU of the other node, "
+            f"{t['nvlink_GBps'] / t['rdma_GBps']:.1f}x longer. A micro-batch's expert compute "
+            f"on the slowest GPU is about {s.best.slowest_gpu_ms * 1e3:.0f} us, so a copy per micro-batch pays "
+            "for itself only over NVLink, where it also hides behind attention; across nodes the kit moves "
+            "expert homes instead, once per step, and that one migration is spread over all the step's "
+            "micro-batches.")
+
+
+def _history_ms(r: Result) -> float:
+    """The plan from history's slowest-GPU ms at this run's shift (section 4)."""
+    return mean_of(r.replay, "slowest_gpu_ms", plan="history", shift=r.replay_shift)
+
+
+def _history_excess_ms(r: Result) -> float:
+    """How much longer the plan from history's slowest GPU takes than the replay plan's, at this run's shift."""
+    return _history_ms(r) - mean_of(r.replay, "slowest_gpu_ms", plan="replay", shift=r.replay_shift)
+
+
 def _static_skewness(r: Result) -> float:
     return mean_of(r.placement_replica_grid, "skewness", placement="static", spare_slots=0)
 
 
 TRIES = (
-    TryThis(lambda p, s: {"skew": 0.0}, "static placement's rank skewness (section 4, no spare slots)",
+    TryThis(lambda p, s: {"skew": 0.0}, "static placement's rank skewness (the first figure, 0 spare slots)",
             _static_skewness, -1, "with uniform routing no expert is hot enough to pile tokens on one GPU"),
     TryThis(lambda p, s: {"spare_slots": 0}, "the slowest GPU's expert time in this plan",
             lambda r: mean_of(r.case["summary"], "slowest_gpu_ms"), +1,
             "without copies nothing takes tokens off the GPU that holds a hot expert"),
-    TryThis(lambda p, s: {"ep": 16}, "static placement's rank skewness (section 4)", _static_skewness, +1,
-            "at EP 16 each GPU holds one expert, so a hot expert is a hot GPU"),
+    TryThis(lambda p, s: {"ep": 16}, "static placement's rank skewness (the first figure, 0 spare slots)",
+            _static_skewness, +1, "at EP 16 each GPU holds one expert, so a hot expert is a hot GPU"),
+    TryThis(lambda p, s: {"shift": 1.0}, "the slowest GPU's expert time of the plan made from history (section 4, "
+            "at this run's shift)", _history_ms, +1,
+            "the previous step's hot experts are no longer this step's, so its homes and copies sit in the wrong "
+            "places; the replay plan's, made from the exact loads, moves far less (section 4 shows both)"),
+    TryThis(lambda p, s: {"shift": 0.0}, "how much longer the plan from history's slowest GPU takes than the replay "
+            "plan's (section 4, at this run's shift)", _history_excess_ms, -1,
+            "when the hot experts never move, the previous step predicts this one and history is as good as replay"),
 )

@@ -77,7 +77,8 @@ class Params(Params):
     trace: RoutingTrace | None = param(None, "a routing trace file (.npz) simulated instead of the synthetic grid "
                                        "(None: the grid)", TRACE)
     cluster: Topology | None = param(None, "the cluster every case runs on (None: the set-up card's)", CLUSTER)
-    out_dir: str | None = param(None, "where results go (None: results/02_throughput)", PATH, affects=False)
+    out_dir: str | None = param(None, "where results go (None: results/interactive/02_throughput)", PATH,
+                                affects=False)
 
     def check(self, notebook: str, g: Sizes) -> None:
         """A trace fixes its own batch; the EP size fits the cluster (the card's or `cluster`)."""

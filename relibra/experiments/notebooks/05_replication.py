@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from relibra.errors import ConfigError
 from relibra.experiments.base import Result, TryThis, integers, mean_of, param, table
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.experiments.simulation import full_model_memory_share, simulate_trace, simulate_workloads
@@ -28,6 +29,15 @@ class Params(TracedParams):
                                       none="relibra-reorder,relibra-split,relibra,megatron")
     spare_slot_counts: tuple[int, ...] = param("1,2,3,4", "spare replica slots per GPU swept in section 2",
                                                integers(0, 16))
+
+    def check(self, notebook: str, sizes) -> None:
+        """The spare-slot sweep runs ReLibra's replication, which needs at least one slot per GPU; checked
+        here, before any work, rather than by the planner minutes in."""
+        if 0 in self.spare_slot_counts:
+            raise ConfigError(f"{notebook}: spare_slot_counts must be 1 or more each (ReLibra's replication sweep "
+                              f"needs a spare slot per GPU; no replication is the policy relibra-reorder, already "
+                              f"compared in section 1), got {','.join(map(str, self.spare_slot_counts))}")
+        super().check(notebook, sizes)
 
 
 @dataclass(kw_only=True)

@@ -3,6 +3,7 @@ shipped reference measurement (data/runtime_measured.json)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import pandas as pd
 from relibra.errors import ConfigError
 from relibra.experiments.base import PATH, Params, Result, integer, param, table, value
 from relibra.experiments.config import resolve_path
+from relibra.experiments.machine import quiet_machine
 from relibra.experiments.runtime import (WAITING, DataOptions, PolicySummary, RuntimeRequest, oversubscribed,
                                          prepare, recorded_runtime, runtime_agreement, runtime_segments_story,
                                          runtime_topology, segment_frame, summarise, summary_frame)
@@ -43,10 +45,12 @@ class Sizes:
     micro_batches: int = 2
     repeats: int = 2
     measured_dir: str | None = None
+    quiet_wait_s: float = 120.0  # the longest wait for a quiet machine before measuring (machine.quiet_machine)
 
 
-SIZES = {"tiny": Sizes(steps=1, tokens_per_rank=64, micro_batches=1, repeats=1), "laptop": Sizes(steps=20, repeats=1),
-         "paper": Sizes(steps=30, repeats=3), "gpu": Sizes(measured_dir="results/gpu_runs")}
+SIZES = {"tiny": Sizes(steps=1, tokens_per_rank=64, micro_batches=1, repeats=1, quiet_wait_s=0.0),
+         "laptop": Sizes(steps=20, repeats=1), "paper": Sizes(steps=30, repeats=3, quiet_wait_s=300.0),
+         "gpu": Sizes(measured_dir="results/gpu_runs")}
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,8 @@ class Params(Params):
     policies: tuple[str, ...] = param(None, "policies, alternating step by step (None: megatron,relibra)",
                                       POLICIES, none="megatron,relibra")
     seed: int = param(0, "same seed, same trace and plans (measured times still vary)", integer(0))
-    out_dir: str | None = param(None, "where results go (None: results/08_runtime)", PATH, affects=False)
+    out_dir: str | None = param(None, "where results go (None: results/interactive/08_runtime)", PATH,
+                                affects=False)
     measured_dir: str | None = param(None, "gpu profile: folder of measured runs (None: the profile's)", PATH,
                                      sizes="measured_dir")
     nproc: int = param(None, "ranks of the gloo run (None: the profile's)", integer(1), sizes="nproc")
@@ -96,6 +101,7 @@ class Result(Result):
                                                 "command, launch and policy")
     label: str = value("")
     hardware: str = value("")
+    machine_load: dict = value(None)  # the load check before measuring (machine.QuietCheck); None: read runs
 
 
 def read_measured(folder) -> dict:
@@ -117,7 +123,9 @@ def measure(p: Params, s: Sizes) -> dict:
     request = p.request(s)
     prepared = prepare(request, p.nproc)
     summaries, launches, parts = [], [], []
-    load_before = os.getloadavg()[0]  # other work on the machine inflates wall-clock times: say so
+    # other work on the machine inflates wall-clock times: wait a while for a quiet one, else say so
+    quiet = quiet_machine(s.quiet_wait_s, say=print)
+    load_before = os.getloadavg()[0]
     for repeat in tqdm(range(s.repeats), desc="runtime launches", unit="launch"):
         result = RunResult.from_dict(launch(worker, p.nproc, request.run, prepared.runs, threads_per_rank=1,
                                             timeout_s=request.run.faults.collective_timeout_s))
@@ -127,8 +135,10 @@ def measure(p: Params, s: Sizes) -> dict:
         launches += [repeat] * len(new)
     load = max(load_before, os.getloadavg()[0])
     over = " OVERSUBSCRIBED (ranks > cores: times say nothing about speed)" if oversubscribed(p.nproc) else ""
+    busy = f"; BUSY: 1-min load {quiet.load_at_start:.1f} on {quiet.cores} cores at the start" if quiet.busy else ""
     return {"summaries": summaries, "launches": launches, "metrics": pd.concat(parts, ignore_index=True),
-            "hardware": f"{summaries[0].hardware}; 1-min load average up to {load:.1f}{over}"}
+            "hardware": f"{summaries[0].hardware}; 1-min load average up to {load:.1f}{busy}{over}",
+            "machine_load": dataclasses.asdict(quiet)}
 
 
 def compute(p: Params, s: Sizes) -> Result:
@@ -151,7 +161,7 @@ def compute(p: Params, s: Sizes) -> Result:
                                           ignore_index=True),
                   rank_times=rank_times,
                   recorded_step_results=recorded.assign(date=where["date"], cpus=where["machine"]["cpus"]),
-                  label=label, hardware=measured["hardware"])
+                  label=label, hardware=measured["hardware"], machine_load=measured.get("machine_load"))
 
 
 @dataclass(frozen=True)
@@ -182,6 +192,7 @@ class Summary:
     layouts: tuple[Layout, ...]
     segments: str  # per policy, the step's segments (experiments.runtime.runtime_segments_story)
     agreement: str  # measured vs simulated (experiments.runtime.runtime_agreement)
+    busy: str = ""  # the warning of a run measured on a busy machine ("" when it was quiet)
 
 
 def _launches(rows: pd.DataFrame, prefix: str) -> tuple:
@@ -213,11 +224,12 @@ def summarize(r: Result) -> Summary:
                                   "oversubscribed" in d and bool(d["oversubscribed"].any())))
     segments = runtime_segments_story(r.step_segments, WAITING) if len(r.step_segments) else ""
     return Summary(r.hardware, recorded, tuple(layouts), segments,
-                   runtime_agreement(r.step_results) if len(r.step_results) else "")
+                   runtime_agreement(r.step_results) if len(r.step_results) else "",
+                   (r.machine_load or {}).get("warning", ""))
 
 
 def story(s: Summary) -> str:
-    return s.segments + "\n\n" + s.agreement
+    return (f"**Warning: {s.busy}.**\n\n" if s.busy else "") + s.segments + "\n\n" + s.agreement
 
 
 def _speedups(v: Versus) -> str:
@@ -237,7 +249,8 @@ def _speedups(v: Versus) -> str:
 def rows(s: Summary, man: dict) -> list[dict]:
     """This run's measured step times and the shipped reference, each next to the simulator's, with the
     measured speed-up's interval."""
-    how = {"this run": f"**measured** on {s.hardware}; simulated on the fitted CPU preset; {man['scale_note']}",
+    how = {"this run": f"**measured** on {s.hardware}; simulated on the fitted CPU preset; {man['scale_note']}"
+                       + (f"; warning: {s.busy}" if s.busy else ""),
            "the shipped reference": s.recorded}
     return [row(f"runtime step time on the CPU, {x.table} (median over launches)"
                 + (f", {x.layout} (nodes x ranks)" if x.layout else ""),

@@ -51,7 +51,8 @@ class Params(Params):
     rl_steps: int = param(None, "GRPO steps of the RL run (None: the profile's)", integer(1, 10000),
                           sizes="steps")
     seed: int = param(0, "same seed, same run", integer(0))
-    out_dir: str | None = param(None, "where results go (None: results/09_rl_workload)", PATH, affects=False)
+    out_dir: str | None = param(None, "where results go (None: results/interactive/09_rl_workload)", PATH,
+                                affects=False)
 
     def scale_note(self, sizes: Sizes) -> str:
         return (f"{self.profile} profile: the tiny MoE policy of relibra.rl, {self.rl_steps} GRPO steps after "

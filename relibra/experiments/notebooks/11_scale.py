@@ -39,7 +39,8 @@ class Params(Params):
     policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES,
                                       none=",".join(SCALE_POLICIES))
     seed: int = param(0, "same seed, same numbers", integer(0))
-    out_dir: str | None = param(None, "where results go (None: results/11_scale)", PATH, affects=False)
+    out_dir: str | None = param(None, "where results go (None: results/interactive/11_scale)", PATH,
+                                affects=False)
 
     def the_workload(self) -> str:
         return self.workload[0] if self.workload else SCALES[self.profile].workload

@@ -68,7 +68,8 @@ class Params(Params):
     step_sequences: tuple[int, ...] | None = param(
         None, "step sizes of the grid's nodes in sequences per step, one facet each (None: the profile's)",
         integers(1, 1 << 20, sort=True), sizes="step_sequences")
-    out_dir: str | None = param(None, "where results go (None: results/12_verdict_map)", PATH, affects=False)
+    out_dir: str | None = param(None, "where results go (None: results/interactive/12_verdict_map)", PATH,
+                                affects=False)
 
     def spec(self, g: GridSpec) -> GridSpec:
         """The profile's grid with this notebook's axes."""
