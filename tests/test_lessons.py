@@ -16,7 +16,7 @@ from relibra.experiments.base import TryThis
 BASE = {"profile": "tiny"}
 ROOMY = {**BASE, "cluster": "paper"}
 TEST_BASE = {"00_tutorial": {}, "05_replication": {**BASE, "spare_slot_counts": "1"}, "03_ablation": ROOMY, "06_skewness": ROOMY,
-             "07_overheads": ROOMY}  # 02 and 10 run on the set-up card, whose cluster holds twice the EP
+             "07_overheads": ROOMY}  # 02 and 10 run on the set-up card, whose cluster holds 4x the EP
 CASES = [(name, i) for name in NOTEBOOKS for i in range(len(get_notebook(name).tries))]
 
 

@@ -72,9 +72,9 @@ def test_report_names_every_notebook(executed):
     text = (out / "REPORT.md").read_text()
     for name in NOTEBOOKS:
         assert f"### {name}" in text and f"{name}/{name}.html" in text
-    # the verdict map's table per set-up card opens the report; the default card's headline follows it
-    assert text.startswith("# ReLibra kit: reproduction report\n\n## The verdict: the paper's claims per set-up card")
-    assert text.index("## The verdict:") < text.index("## The default card's headline in detail")
+    # the verdict map's answer, one line per claim, opens the report; the default card's headline follows it
+    assert text.startswith("# ReLibra kit: reproduction report\n\n## The answer (simulated)\n\n- **up to 1.6x")
+    assert text.index("## The answer") < text.index("## The default card's headline in detail")
     assert "## Environment" in text
 
 
@@ -95,7 +95,7 @@ def test_report_shows_sensitivity_beside_the_headline(executed):
     assert len(defaults) == len(knobs) and (defaults[list(RATIOS)].nunique() == 1).all()
     assert ((tornado["low"] <= tornado["default"]) & (tornado["default"] <= tornado["high"])).all()
     text = (out / "REPORT.md").read_text()
-    head, sens = text.index("## The verdict"), text.index("## How far the headline moves: sensitivity")
+    head, sens = text.index("## The answer"), text.index("## How far the headline moves: sensitivity")
     assert head < sens < text.index("## What ran")
     section = text[sens:text.index("## What ran")]
     assert all(f"| {k} |" in section for k in knobs) and "10_sensitivity/tornado.png" in section
@@ -270,7 +270,7 @@ def test_notebooks_folder_holds_sources_only():
      "10_sensitivity: setup: set-up card 'slime-qwen3-235b': entry 'batch.tokens_per_gpu_per_microbatch' has no range"),
     ("04_reordering", {"model": "qwen3-30b-a3b,glm-4.5-air"}, "studies one model"),
     ("08_runtime", {"nproc": 4, "nodes": 3}, "must divide"),
-    ("09_rl_workload", {"rl_steps": 0}, "rl_steps must be an integer >= 1"),
+    ("09_rl_workload", {"rl_steps": 0}, "rl_steps must be an integer 1..10000"),
     ("01_routing_dynamics", {"cluster": "paper"}, "unknown parameter 'cluster'"),
     ("10_sensitivity", {"knobs": "spare slots,NVLink"}, "unknown sensitivity knob"),
     ("10_sensitivity", {"policies": "relibra"}, "unknown parameter 'policies'"),
@@ -304,7 +304,7 @@ _CHANGED = {"model": "qwen3-30b-a3b", "workload": "code", "ep": 8, "steps": 2, "
             "shift": 0.1, "tokens_per_gpu": 512, "micro_batches": 2, "micro_batch": 1,
             "knobs": "spare slots,NVLink rate", "models": "tiny,qwen3-30b-a3b", "clusters": "paper,nodes=32;nvl72",
             "eps": "8,16", "setup": "one-sequence", "tokens_per_microbatch": 4096, "trace": "data/tiny_math_ep4.npz",
-            "tokens": "1024,4096", "workloads": "math", "seeds": "0,1"}
+            "tokens": "1024,4096", "workloads": "math", "seeds": "0,1", "step_sequences": "128,1024"}
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
