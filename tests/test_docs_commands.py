@@ -128,9 +128,12 @@ def test_other_commands_parse(args):
     build_parser().parse_args(args)
 
 
+@pytest.mark.docs_commands
 def test_every_reproduce_command_runs_at_tiny(tmp_path):
+    """Each reproduce command of the pages at the tiny profile; the whole run (`./reproduce.sh` with no
+    notebook named) is tests/test_notebooks.py's, which runs every notebook at the tiny profile."""
     failures = []
-    for i, key in enumerate(plan()[0]):
+    for i, key in enumerate(k for k in plan()[0] if k != ["reproduce", "--profile", "tiny"]):
         out = tmp_path / f"run{i}"
         argv = [sys.executable, "-m", "relibra", *key, "--out", str(out), "--quiet"]
         done = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=1800)
@@ -141,6 +144,7 @@ def test_every_reproduce_command_runs_at_tiny(tmp_path):
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.docs_commands
 def test_the_papermill_recipe_runs_at_tiny(tmp_path):
     for words in plan()[1]:
         line = shell_line(words, tmp_path)
