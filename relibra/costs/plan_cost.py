@@ -308,15 +308,17 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
     broadcast = overheads.plan_broadcast_seconds(plan, params.overheads, topology)
     planner_fwd = planner_fwd.copy()
     planner_fwd[:, 0] += broadcast
-    forward = {"dispatch": a2a, "expert_compute": expert, "combine": a2a.copy(), "dense_compute": dense,
-               "replica_push": replicas["push_forward"] + contention[0], "replica_grad": zeros.copy(),
+    # the copies' contention slows the all-to-all it meets, so it is charged to that exchange (dispatch),
+    # not to the copies: the copies' own exposed seconds stay at most their transfer time
+    forward = {"dispatch": a2a + contention[0], "expert_compute": expert, "combine": a2a.copy(), "dense_compute": dense,
+               "replica_push": replicas["push_forward"], "replica_grad": zeros.copy(),
                "planner": planner_fwd}
     # Backward mirrors the exchanges (combine's gradient goes out like dispatch and back like combine;
     # the per-GPU time is the same under the transpose) at twice the FLOPs, the attention core at
     # CostParams.attention_backward_factor (FlashAttention's backward recomputes Q K^T).
-    backward = {"dispatch": a2a.copy(), "expert_compute": 2 * expert, "combine": a2a.copy(),
+    backward = {"dispatch": a2a + contention[1], "expert_compute": 2 * expert, "combine": a2a.copy(),
                 "dense_compute": dense_b, "replica_push": replicas["push_backward"],
-                "replica_grad": replicas["pull_backward"] + contention[1], "planner": zeros.copy()}
+                "replica_grad": replicas["pull_backward"], "planner": zeros.copy()}
     layout = pipeline_layout(model, params)
     stage_fwd = stage_bwd = None
     forward_pass_s = None

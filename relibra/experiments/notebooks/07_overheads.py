@@ -12,6 +12,7 @@ from relibra.experiments.machine import this_machine
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.experiments.simulation import full_model_memory_share, simulate_with_plans
 from relibra.experiments.text import cluster_text, pct, row, unique
+from relibra.errors import RelibraError
 from relibra.experiments.traces import POLICIES, SimParams, make_trace
 from relibra.labels import IDEALS, short
 from relibra.policies import get_policy
