@@ -118,14 +118,22 @@ def one_f_one_b_seconds(forward: np.ndarray, backward: np.ndarray) -> float:
             order += [("F", s, warm + i), ("B", s, i)]
         order += [("B", s, i) for i in range(m - warm, m)]
         orders.append(order)
-    dur = {("F", s, i): f[s, i] for s in range(p) for i in range(m)}
-    dur.update({("B", s, i): b[s, i] for s in range(p) for i in range(m)})
+    return _run_chunks(orders, f, b)
+
+
+def _run_chunks(orders: list, f: np.ndarray, b: np.ndarray) -> float:
+    """_run over model chunks in pipeline order: f, b float [chunks, micro_batches] seconds; a chunk's forward
+    of a micro-batch waits for the chunk before it, its backward for the chunk after it (the last chunk's for
+    its own forward)."""
+    chunks, m = f.shape
+    dur = {("F", c, i): f[c, i] for c in range(chunks) for i in range(m)}
+    dur.update({("B", c, i): b[c, i] for c in range(chunks) for i in range(m)})
 
     def dep(op):
-        kind, s, i = op
+        kind, c, i = op
         if kind == "F":
-            return ("F", s - 1, i) if s > 0 else None
-        return ("B", s + 1, i) if s < p - 1 else ("F", s, i)
+            return ("F", c - 1, i) if c > 0 else None
+        return ("B", c + 1, i) if c < chunks - 1 else ("F", c, i)
 
     return _run(orders, dur, dep)
 
@@ -176,13 +184,4 @@ def interleaved_seconds(forward: np.ndarray, backward: np.ndarray, devices: int)
             local, mb = bwd_id(k)
             order.append(("B", local * devices + d, mb))
         orders.append(order)
-    dur = {("F", c, i): f[c, i] for c in range(chunks) for i in range(m)}
-    dur.update({("B", c, i): b[c, i] for c in range(chunks) for i in range(m)})
-
-    def dep(op):
-        kind, c, i = op
-        if kind == "F":
-            return ("F", c - 1, i) if c > 0 else None
-        return ("B", c + 1, i) if c < chunks - 1 else ("F", c, i)
-
-    return _run(orders, dur, dep)
+    return _run_chunks(orders, f, b)
