@@ -511,6 +511,11 @@ def why_card_differs(x: CardPoint, regions, best_over_eplb_plus: tuple[float, fl
         parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over {mbs} "
                      "a step its own costs exceed what its balance saves, which, not micro-batch shift, lifts "
                      f"ReLibra / EPLB+ to {x.over_eplb_plus[0]:.2f}x")
+    elif eplb.holds(x.over_eplb_plus[0]):  # the claim reached although the micro-batches follow their step
+        parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, yet ReLibra / EPLB+ "
+                     f"is {x.over_eplb_plus[0]:.2f}x: what EPLB+'s placement for the step's total leaves unbalanced "
+                     f"in each of its {mbs} is paid in each (and, where the card pipelines, again in the 1F1B "
+                     "bubble)")
     else:
         parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, so a once-per-step "
                      "EPLB+ already balances most of each micro-batch's load" if x.mb_vs_step_corr >= 0.85 else
