@@ -304,7 +304,7 @@ _CHANGED = {"model": "qwen3-30b-a3b", "workload": "code", "ep": 8, "steps": 2, "
             "shift": 0.1, "tokens_per_gpu": 512, "micro_batches": 2, "micro_batch": 1,
             "knobs": "spare slots,NVLink rate", "models": "tiny,qwen3-30b-a3b", "clusters": "paper,nodes=32;nvl72",
             "eps": "8,16", "setup": "one-sequence", "tokens_per_microbatch": 4096, "trace": "data/tiny_math_ep4.npz",
-            "tokens": "1024,4096", "workloads": "math", "seeds": "0,1", "step_sequences": "128,1024"}
+            "tokens": "1024,4096", "workloads": "math", "seeds": "0,1", "step_sequences": "64,256"}
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
