@@ -298,6 +298,17 @@ def provide_global_tp_group(pg_collection) -> None:
         parallel_state._TENSOR_MODEL_PARALLEL_GROUP = pg_collection.tp
 
 
+def dp_cp_metadata(metadata: dict | None) -> dict | None:
+    """The sharded-state metadata with its data x context-parallel group, as 0.16's MLP.sharded_state_dict
+    wants it (megatron's ensure_metadata_has_dp_cp_group); 0.15's sharded-state API has no such group, so
+    there the metadata passes as it is."""
+    try:
+        from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
+    except ImportError:  # 0.15
+        return metadata
+    return ensure_metadata_has_dp_cp_group(metadata)
+
+
 def legacy_grouped_mlp():
     """The legacy GroupedMLP class (one weight for all local experts), or None where a release removed
     it (0.19: only TEGroupedMLP remains)."""

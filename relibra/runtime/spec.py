@@ -90,9 +90,8 @@ class OccupiedSequentialMLP(_LogicalSlots, SequentialMLP):
         if self.logical_experts is None:
             return super().sharded_state_dict(prefix, sharded_offsets, metadata)
         from megatron.core.dist_checkpointing.utils import replace_prefix_for_sharding
-        from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 
-        metadata = ensure_metadata_has_dp_cp_group(metadata)
+        metadata = compat.dp_cp_metadata(metadata)
         singleton = (metadata or {}).get("singleton_local_shards", False)
         ids, num_experts = self.logical_experts
         out = {}
