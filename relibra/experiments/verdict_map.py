@@ -463,17 +463,19 @@ def conclusion_lines(result: MapResult, fields: pd.DataFrame | None = None) -> l
     return lines
 
 
-def conclusion(result: MapResult, fields: pd.DataFrame | None = None) -> str:
-    """The map's answer as one text: its scope, then conclusion_lines joined."""
+def conclusion(result: MapResult, fields: pd.DataFrame | None = None, lines: list[str] | None = None) -> str:
+    """The map's answer as one text: its scope, then `lines` (default: conclusion_lines) joined, then the cards
+    that do not fit in memory."""
     spec = result.spec
     scope = (f"On the {spec.name} grid ({len(spec.models)} models x {len(spec.workloads)} workloads x "
              f"{len(spec.seeds)} seeds at full scale, {min(spec.tokens)}-{max(spec.tokens)} tokens per EP rank, "
              f"{spec.shift.field} {', '.join(map(str, spec.shift.values))}): ")
-    text = scope + "; ".join(conclusion_lines(result, fields))
+    text = scope + "; ".join(conclusion_lines(result, fields) if lines is None else lines)
     points = card_points(result)
-    if not points.empty and (~points["feasible"].astype(bool)).any():
-        text += "; cards that do not fit in memory (left out): " + ", ".join(points.loc[~points["feasible"].astype(
-            bool), "setup"])
+    if not points.empty:
+        out = ~points["feasible"].astype(bool)
+        if out.any():
+            text += "; cards that do not fit in memory (left out): " + ", ".join(points.loc[out, "setup"])
     return text + "."
 
 
@@ -566,10 +568,11 @@ def map_json(result: MapResult) -> dict:
     """The whole map as plain JSON: spec, every case's row, the node fields, the claims' contours and regions,
     the card points and the conclusion. Marked simulated."""
     fields = node_fields(result)
+    lines = conclusion_lines(result, fields)
     return json_safe({"source": "simulated", "grid": result.spec.to_dict(), "cases": result.frame.to_dict("records"),
                       "nodes": fields.to_dict("records"), "contours": claim_contours(result, fields),
                       "regions": claim_regions(result, fields), "card_points": card_points(result).to_dict("records"),
-                      "conclusion": conclusion(result, fields), "verdict": conclusion_lines(result, fields)})
+                      "conclusion": conclusion(result, fields, lines), "verdict": lines})
 
 
 def contour_table(contours: list[dict]) -> pd.DataFrame:

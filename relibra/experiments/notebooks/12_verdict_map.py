@@ -114,9 +114,10 @@ def compute(p: Params, sizes: GridSpec, progress: bool = True, workers: int | No
     spec = p.spec(sizes)
     result = run_map(spec, workers=workers, progress=progress)
     fields = node_fields(result)
+    lines = conclusion_lines(result, fields)  # the answer, one line per claim; the conclusion joins them
     return Result(cases=result.frame, nodes=fields, cards=card_points(result),
                   contours=contour_table(claim_contours(result, fields)),
-                  conclusion=conclusion(result, fields), verdict=conclusion_lines(result, fields),
+                  conclusion=conclusion(result, fields, lines), verdict=lines,
                   regions=claim_regions(result, fields), grid=spec.to_dict(),
                   calibration=rl_calibration())
 
