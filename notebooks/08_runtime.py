@@ -44,7 +44,7 @@ nodes = None         # simulated nodes the ranks are grouped into (None: the pro
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments.runtime import WAITING, runtime_agreement, runtime_segments_story
+from relibra.runtime.measure import WAITING, runtime_agreement, runtime_segments_story
 
 run = ex.start("08_runtime", globals())  # unknown or out-of-range parameters fail here
 print(run.scale_note())

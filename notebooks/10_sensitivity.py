@@ -29,7 +29,7 @@
 # * ReLibra / balanced-compute (the real routing and its all-to-all, every GPU at the mean expert
 #   compute: the best any placement could reach).
 #
-# Knobs and where they act (`relibra.experiments.sensitivity.KNOBS`):
+# Knobs and where they act (`relibra.studies.sensitivity.KNOBS`):
 #
 # | knob | card entry | what moves |
 # |---|---|---|
@@ -63,7 +63,7 @@ out_dir = None      # default: results/interactive/10_sensitivity
 
 # %%
 from relibra import experiments as ex, plots
-from relibra.experiments.sensitivity import knob_values
+from relibra.studies.sensitivity import knob_values
 
 run = ex.start("10_sensitivity", globals())  # unknown or out-of-range parameters fail here
 p, sizes = run.params, run.sizes

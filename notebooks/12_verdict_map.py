@@ -22,7 +22,7 @@
 #
 # One set-up card's figure beside a paper claim answers nothing: it is one choice of how many tokens a
 # micro-batch holds and of how far micro-batches differ from their step. This notebook simulates
-# ReLibra, Megatron, EPLB+ and Balanced on a grid of both (`relibra.experiments.verdict_map`):
+# ReLibra, Megatron, EPLB+ and Balanced on a grid of both (`relibra.studies.claim_map`):
 #
 # * **tokens per EP rank per micro-batch**: the default card's token-budget layout with its budget moved
 #   (recipes give 2k-20k once TP and CP are divided out; docs/setup.md);

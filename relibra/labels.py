@@ -109,7 +109,7 @@ CLAIMS = {c.id: c for c in (
 )}
 # The paper's three claims (the ones with a stated figure), in the order every verdict lists them.
 PAPER_CLAIMS = tuple(c for c in CLAIMS.values() if c.level is not None)
-# The ratios the sensitivity study moves (relibra.experiments.sensitivity), as text.
+# The ratios the sensitivity study moves (relibra.studies.sensitivity), as text.
 RATIO_LABELS = {k: CLAIMS[k].label for k in ("relibra_over_megatron", "relibra_over_eplb_plus",
                                               "relibra_over_balanced_compute")}
 

@@ -1,4 +1,4 @@
-"""Paths the kit writes: checked before any work, so that a bad `--out` fails at once instead of
+"""Where the kit's files are (project_root, resolve_path), and paths the kit writes: checked before any work, so that a bad `--out` fails at once instead of
 after minutes of simulation or training; and written atomically, so that no fault leaves a half-written
 file or destroys the one it was replacing.
 
@@ -14,8 +14,21 @@ import contextlib
 import errno
 import os
 import secrets
+from pathlib import Path
 
 from relibra.errors import ConfigError
+
+
+def project_root() -> Path:
+    """The repository root (holding pyproject.toml) when running from a checkout, else the cwd."""
+    here = Path(__file__).resolve().parents[1]  # relibra/paths.py
+    return here if (here / "pyproject.toml").exists() else Path.cwd()
+
+
+def resolve_path(path) -> Path:
+    """`path` with ~ expanded, relative to the repository root unless absolute."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else project_root() / p
 
 
 def check_output_path(path: str | os.PathLike, kind: str | None = None, flag: str = "--out") -> str:

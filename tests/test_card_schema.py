@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from relibra import setups
 from relibra.cli import main
 from relibra.errors import ConfigError
-from relibra.experiments.config import project_root
+from relibra.paths import project_root
 from relibra.experiments import get_notebook
 from relibra.setup_schema import BOUNDS, BY_KEY
 from relibra.setups import DEFAULT_CARD, card_names, load_card

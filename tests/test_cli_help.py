@@ -75,7 +75,7 @@ def test_a_bad_parameter_is_one_error_line_before_any_notebook_starts(argv, word
 
 
 def test_non_default_runs_get_their_own_folder():
-    from relibra.cli.reproduce import output_folder
+    from relibra.reproduce import output_folder
 
     assert output_folder(None, 0, {}) == "results"
     assert output_folder(None, 0, {"ep": 16, "seed": 1}) == "results/runs/ep=16,seed=1"

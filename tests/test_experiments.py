@@ -53,7 +53,7 @@ def test_params_fill_from_profile_and_resolve_objects():
 def test_default_scale_note_names_the_profile_and_every_size():
     from dataclasses import dataclass
 
-    from relibra.experiments.base import Params, choice, param
+    from relibra.studies.params import Params, choice, param
 
     @dataclass(frozen=True)
     class Plain(Params):
@@ -99,7 +99,7 @@ def test_an_unknown_notebook_is_an_error():
 
 
 def test_scaled_model_keeps_the_shape_but_cuts_layers():
-    from relibra.experiments.config import scaled_model
+    from relibra.studies.case import scaled_model
 
     full = scaled_model("qwen3-235b-a22b", None)
     cut = scaled_model("qwen3-235b-a22b", 4)
@@ -221,7 +221,7 @@ def test_ablation_same_seed_same_numbers():
 
 
 def test_claims_table_computes_each_ratio_once():
-    from relibra.experiments.headline import case_ratios, verdict_table
+    from relibra.studies.throughput import case_ratios, verdict_table
     from relibra.labels import CLAIMS
 
     rows = [{"model": m, "workload": "math", "seed": 0, "policy": p, "tokens_per_s": v * k}
@@ -325,7 +325,7 @@ def test_svg_is_reproducible(tmp_path):
 def test_report_lists_figures_headline_and_environment(tmp_path):
     from relibra.report import write_report
 
-    from relibra.experiments.headline import verdict_table
+    from relibra.studies.throughput import verdict_table
 
     ThroughputResult = ex.get_notebook("02_throughput").Result
     folder = tmp_path / "02_throughput"
@@ -358,7 +358,7 @@ def test_report_lists_figures_headline_and_environment(tmp_path):
 
 
 def test_select_notebooks():
-    from relibra.cli.reproduce import select_notebooks
+    from relibra.reproduce import select_notebooks
 
     assert select_notebooks(None) == list(ex.NOTEBOOKS)
     assert select_notebooks(["02", "throughput", "notebooks/06_skewness.ipynb"]) == ["02_throughput", "06_skewness"]

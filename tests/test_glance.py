@@ -16,7 +16,7 @@ import pytest
 
 from relibra.errors import ConfigError
 from relibra.experiments import get_notebook, project_root
-from relibra.experiments.headline import verdict_table
+from relibra.studies.throughput import verdict_table
 from relibra.glance import (BEGIN, END, glance_markdown, glance_rows, readme_block, replace_block, update_readme,
                             write_glance)
 

@@ -248,7 +248,7 @@ def test_a_run_prints_its_results_before_a_failing_out(tmp_path, capsys):
     ("untracked-folder", False),
 ])
 def test_reproduce_refuses_an_output_folder_among_tracked_files(out, refused):
-    from relibra.cli.reproduce import check_output_folder
+    from relibra.reproduce import check_output_folder
     from relibra.experiments import project_root
 
     path = str(project_root() / out)
@@ -265,7 +265,7 @@ def test_reproduce_refuses_an_output_folder_among_tracked_files(out, refused):
 def test_a_notebook_folder_is_replaced_only_by_a_finished_run(ending, before, tmp_path):
     """finished: the new folder replaces the old; failed: it goes to <name>.failed, the old one (or none)
     stays; killed outright: the next run's start discards the half-written folder, keeping the old one."""
-    from relibra.cli.reproduce import _end_notebook_folder, _start_notebook_folder
+    from relibra.reproduce import _end_notebook_folder, _start_notebook_folder
 
     nb = tmp_path / "02_x"
     if before:

@@ -1,4 +1,4 @@
-"""relibra.experiments.headline: the grid over cases and seeds, the verdict per claim, the budget sweep of
+"""relibra.studies.throughput: the grid over cases and seeds, the verdict per claim, the budget sweep of
 both families and the overheads table, on tiny cases (the full-scale grid is ./reproduce.sh's)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from relibra.experiments import headline as hl
+from relibra.studies import throughput as hl
 from relibra.setups import DEFAULT_CARD
 
 TINY = dict(ep=4, steps=2, micro_batches=2, policies=("megatron", "eplb+", "relibra", "balanced"))

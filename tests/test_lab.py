@@ -58,10 +58,10 @@ def test_the_setting_makes_jupytext_the_default_viewer_of_python_files(tmp_path)
 
 
 def test_a_run_without_out_dir_writes_under_results_interactive(tmp_path, monkeypatch):
-    from relibra.experiments import config
+    from relibra import paths
     from relibra.experiments.run import Run
 
-    monkeypatch.setattr(config, "project_root", lambda: tmp_path)
+    monkeypatch.setattr(paths, "project_root", lambda: tmp_path)
     nb = get_notebook("00_tutorial")
     params, sizes = nb.create()
     run = Run(nb, params, sizes, {})
@@ -124,7 +124,7 @@ def test_the_tutorial_figures_are_readable_at_every_ep_its_try_this_suggests(ep)
 
 # ---- measured runs on a quiet machine --------------------------------------------------------------------
 def test_quiet_machine_waits_for_the_load_to_fall_then_goes_on():
-    from relibra.experiments.machine import quiet_machine
+    from relibra.machine import quiet_machine
 
     clock = [0.0]
     loads = iter([8.9, 6.0, 3.0, 1.5, 1.0])
@@ -135,7 +135,7 @@ def test_quiet_machine_waits_for_the_load_to_fall_then_goes_on():
 
 
 def test_quiet_machine_waits_no_longer_than_its_bound_and_warns():
-    from relibra.experiments.machine import quiet_machine
+    from relibra.machine import quiet_machine
 
     clock = [0.0]
     q = quiet_machine(20, poll_s=5, cores=2, load=lambda: 8.9, sleep=lambda s: clock.__setitem__(0, clock[0] + s),
@@ -171,7 +171,7 @@ def test_reproduce_refuses_it_in_one_error_line(tmp_path, capsys):
 
 
 def test_a_failed_run_lists_its_real_parameters_in_the_report():
-    from relibra.cli.reproduce import non_default_text
+    from relibra.reproduce import non_default_text
     from relibra.report import sources_section
 
     given = {"profile": "tiny", "seed": 0, "interactive": False, "ep": 16, "skew": 2.0}

@@ -171,7 +171,7 @@ def test_migration_pays_the_pcie_leg_when_the_optimizer_is_offloaded():
 def test_the_headline_verdict_leaves_out_cases_that_do_not_fit():
     import pandas as pd
 
-    from relibra.experiments import headline as hl
+    from relibra.studies import throughput as hl
 
     speeds = {("a", "w", 0, True): (100, 120, 130, 150), ("big", "w", 0, False): (100, 100, 190, 200)}
     grid = pd.DataFrame([{"model": m, "workload": w, "seed": s, "feasible": ok, "policy": p, "tokens_per_s": v}
@@ -184,7 +184,7 @@ def test_the_headline_verdict_leaves_out_cases_that_do_not_fit():
 
 
 def test_a_headline_case_carries_its_memory_verdict():
-    from relibra.experiments import headline as hl
+    from relibra.studies import throughput as hl
 
     rows = hl.simulate_case(hl.Case(DEFAULT_CARD, "tiny", "math", 0, ep=4, steps=2, micro_batches=2,
                                     policies=("megatron", "relibra")))
@@ -194,7 +194,7 @@ def test_a_headline_case_carries_its_memory_verdict():
 
 
 def test_the_sensitivity_study_sweeps_the_optimizer_offload():
-    from relibra.experiments.sensitivity import KNOBS, case_inputs, knob_values
+    from relibra.studies.sensitivity import KNOBS, case_inputs, knob_values
 
     card = load_card(DEFAULT_CARD)
     assert knob_values(quick=True)["optimizer offload"] == [0.0, 1.0]

@@ -15,8 +15,8 @@ matplotlib.use("Agg")
 
 from relibra import plots  # noqa: E402
 from relibra.experiments import get_notebook  # noqa: E402
-from relibra.experiments.verdict_map import MapResult, GridSpec, ShiftAxis, card_points, conclusion  # noqa: E402
-from relibra.experiments.verdict_map import claim_regions, conclusion_lines, merge_coincident, node_fields  # noqa: E402
+from relibra.studies.claim_map import MapResult, GridSpec, ShiftAxis, card_points, conclusion  # noqa: E402
+from relibra.studies.claim_map import claim_regions, conclusion_lines, merge_coincident, node_fields  # noqa: E402
 from relibra.labels import CLAIMS as CLAIMS_TABLE, PAPER_CLAIMS  # noqa: E402
 from relibra.report import md_table  # noqa: E402
 

@@ -29,7 +29,7 @@ def image_outputs(nb) -> int:
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
     """Run every notebook once (tiny profile) and write the report, as `relibra reproduce` does."""
-    from relibra.cli.reproduce import run_notebooks
+    from relibra.reproduce import run_notebooks
     from relibra.report import write_report
 
     out = tmp_path_factory.mktemp("results")
@@ -84,7 +84,7 @@ def test_report_shows_sensitivity_beside_the_headline(executed):
     import pandas as pd
 
 
-    from relibra.experiments.sensitivity import RATIOS
+    from relibra.studies.sensitivity import RATIOS
 
     out, _ = executed
     frame = pd.read_csv(out / "10_sensitivity" / "sensitivity.csv")
@@ -181,7 +181,7 @@ def test_one_notebook_rebuilds_the_report_from_every_result(executed, tmp_path, 
     """Running one notebook keeps the others' results in REPORT.md, and shows the new output."""
     import shutil
 
-    from relibra.cli.reproduce import run_notebooks
+    from relibra.reproduce import run_notebooks
     from relibra.report import write_report
 
     out, _ = executed
@@ -202,7 +202,7 @@ def test_one_notebook_rebuilds_the_report_from_every_result(executed, tmp_path, 
 
 
 def test_unknown_parameter_fails_before_any_work(tmp_path):
-    from relibra.cli.reproduce import run_notebooks
+    from relibra.reproduce import run_notebooks
 
     statuses = run_notebooks(["02_throughput"], "tiny", tmp_path, progress=False, html=False,
                              extra_parameters={"seeed": 3})

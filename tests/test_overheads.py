@@ -157,7 +157,7 @@ def test_bad_overheads_fail_naming_the_knob(changes, message):
 
 
 def test_overheads_table_and_eplb_plus_slots_on_a_cut_down_case():
-    from relibra.experiments.own_overheads import (EPLB_PLUS_SLOTS, OverheadCase, eplb_plus_table, overhead_costs,
+    from relibra.studies.overheads import (EPLB_PLUS_SLOTS, OverheadCase, eplb_plus_table, overhead_costs,
                                                    overheads_table, ratios)
 
     case = OverheadCase(model="tiny", ep=4, steps=2, card_changes=(
@@ -179,7 +179,7 @@ def test_overheads_table_and_eplb_plus_slots_on_a_cut_down_case():
                                            "replica copies contending with the all-to-all on NVLink",
                                            "plan metadata broadcast"]
     assert table["charged"].iloc[0].startswith("yes") and table["charged"].iloc[6].startswith("yes")
-    from relibra.experiments.own_overheads import gap_terms
+    from relibra.studies.overheads import gap_terms
 
     gap = gap_terms(costs).set_index("term")["gap_share"]
     assert {"dispatch", "expert_compute", "pipeline_bubble", "migration"} <= set(gap.index)

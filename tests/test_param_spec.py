@@ -13,7 +13,7 @@ import pytest
 from relibra.cli import build_parser, main
 from relibra.errors import ConfigError
 from relibra.experiments import project_root
-from relibra.experiments.base import flag_help, floats, integer, integers, names, number
+from relibra.studies.params import flag_help, floats, integer, integers, names, number
 from relibra.experiments.registry import get_notebook
 
 
@@ -60,7 +60,7 @@ def test_map_axes_are_notebook_12s_parameters():
 
 def test_map_tokens_and_notebook_tokens_share_every_hop_below_the_parser(monkeypatch, capsys):
     """Unsorted tokens reach run_map sorted, as the notebook's do: the same Params.create and Params.spec."""
-    import relibra.experiments.verdict_map as vm
+    import relibra.studies.claim_map as vm
 
     seen = []
 
@@ -79,7 +79,7 @@ def test_map_tokens_and_notebook_tokens_share_every_hop_below_the_parser(monkeyp
 
 def test_grid_help_and_notebook_12_markdown_say_what_the_grids_are():
     from relibra.cli.verdict_map import grid_text
-    from relibra.experiments.verdict_map import default_grid, paper_grid
+    from relibra.studies.claim_map import default_grid, paper_grid
 
     assert grid_text(default_grid()) == ("2 step sizes x 3 budgets x 3 shift values x 3 models x mixed, math x "
                                          "seeds 0, 1, 2; card points at seed 0")
@@ -149,17 +149,17 @@ FAMILIES = [
 
 @pytest.mark.parametrize("argv, words", FAMILIES, ids=[" ".join(a) for a, _ in FAMILIES])
 def test_a_bad_value_is_one_error_line_before_any_work(argv, words, monkeypatch, capsys, tmp_path):
-    import relibra.experiments.own_overheads
-    import relibra.experiments.sensitivity
-    import relibra.experiments.verdict_map
+    import relibra.studies.overheads
+    import relibra.studies.sensitivity
+    import relibra.studies.claim_map
     import relibra.workloads
 
     def never(*a, **k):
         raise AssertionError("work started before every value was checked")
 
-    for module, name in ((relibra.experiments.verdict_map, "run_map"), (relibra.experiments.own_overheads,
+    for module, name in ((relibra.studies.claim_map, "run_map"), (relibra.studies.overheads,
                                                                         "overhead_costs"),
-                         (relibra.experiments.sensitivity, "sensitivity"), (relibra.workloads, "generate_trace")):
+                         (relibra.studies.sensitivity, "sensitivity"), (relibra.workloads, "generate_trace")):
         monkeypatch.setattr(module, name, never)
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2

@@ -159,9 +159,9 @@ def test_relabel_is_checked():
         get_policy("eplb+", relabel="yes")
 
 
-# ---- the re-plan interval, chosen above the policies (relibra.experiments.replan) ----------------------
+# ---- the re-plan interval, chosen above the policies (relibra.studies.replan) ----------------------
 def test_choose_replan_interval_keeps_the_best_throughput():
-    from relibra.experiments.replan import choose_replan_interval
+    from relibra.studies.replan import choose_replan_interval
     from relibra.setups import load_card
 
     trace = make_trace(5, ep=8, experts=32, layers=2, steps=8)
@@ -174,7 +174,7 @@ def test_choose_replan_interval_keeps_the_best_throughput():
 
 
 def test_replan_inputs_are_checked():
-    from relibra.experiments.replan import choose_replan_interval, replan_steps, replan_window
+    from relibra.studies.replan import choose_replan_interval, replan_steps, replan_window
     from relibra.setups import load_card
 
     assert replan_window((1, 2, 4, 8)) == 8 and replan_window((2, 3)) == 6
@@ -200,8 +200,8 @@ def test_no_rehoming_policy_is_slower_than_megatron(card_name):
     re-homing policy at the re-plan interval it chooses is at least as fast as Megatron on the same steps, and
     without its migration it is faster than Megatron at every interval (so where k = 1 loses, migration alone
     is why)."""
-    from relibra.experiments.config import scaled_model
-    from relibra.experiments.replan import REHOMING_POLICIES, rehoming_at_best_interval, replan_window
+    from relibra.studies.case import scaled_model
+    from relibra.studies.replan import REHOMING_POLICIES, rehoming_at_best_interval, replan_window
     from relibra.setups import load_card
     from relibra.workloads import generate_trace
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from relibra.cli.reproduce import LOCK_NAME, OutputLock, recover_folders
+from relibra.reproduce import LOCK_NAME, OutputLock, recover_folders
 
 ROOT = Path(__file__).resolve().parents[1]
 NB = "02_throughput"
@@ -157,7 +157,7 @@ def test_a_dead_kernel_fails_the_notebook_and_keeps_the_earlier_results(tmp_path
 
 def _hold(out: Path) -> subprocess.Popen:
     """Another process holding out's lock until killed."""
-    code = ("import sys, time; from relibra.cli.reproduce import OutputLock\n"
+    code = ("import sys, time; from relibra.reproduce import OutputLock\n"
             f"with OutputLock({str(out)!r}):\n    print('held', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                             stdout=subprocess.PIPE, text=True)

@@ -123,7 +123,7 @@ def test_runtime_compat_refuses_other_megatron_versions(monkeypatch):
 def test_runtime_launcher_side_and_command_line_load_without_torch():
     """The launcher's process (planning, the launcher, the modules a rank unpickles its function from)
     and `relibra`'s parser never import torch or megatron-core: the ranks load them."""
-    code = ("import sys, relibra.cli, relibra.experiments.runtime, relibra.runtime.launch, relibra.runtime.train, "
+    code = ("import sys, relibra.cli, relibra.runtime.measure, relibra.runtime.launch, relibra.runtime.train, "
             "relibra.bench.gloo, relibra.bench.runtime_modules; relibra.cli.build_parser(); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
@@ -190,7 +190,7 @@ def test_runtime_attention_fit_recovers_a_known_efficiency():
 def test_runtime_agreement_text_follows_the_numbers():
     import pandas as pd
 
-    from relibra.experiments.runtime import runtime_agreement
+    from relibra.runtime.measure import runtime_agreement
 
     rows = pd.DataFrame([
         {"policy": "megatron", "step_s_median": 2.0, "step_s_min": 1.9, "step_s_max": 2.2, "sim_step_s": 1.9,
@@ -213,7 +213,7 @@ def test_runtime_agreement_text_follows_the_numbers():
 
 # ---- measurement statistics and typed results (no processes) ----------------------------------------
 def test_runtime_paired_ratio_ci_brackets_the_ratio_and_narrows_with_steps():
-    from relibra.experiments.runtime import paired_ratio_ci
+    from relibra.runtime.measure import paired_ratio_ci
 
     rng = np.random.default_rng(0)
     drift = np.linspace(1.0, 2.0, 40)  # a shared machine slowing down: hits both policies alike

@@ -1,11 +1,11 @@
-"""Notebook 11's sweep (relibra.experiments.scale): impossible cases kept as rows, and the comparison."""
+"""Notebook 11's sweep (relibra.studies.scale): impossible cases kept as rows, and the comparison."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from relibra.cluster import get_model, resolve_topology
-from relibra.experiments.scale import ScaleSweep, best_other, scale_cases, scale_sweep
+from relibra.studies.scale import ScaleSweep, best_other, scale_cases, scale_sweep
 
 
 def test_impossible_cases_say_why():

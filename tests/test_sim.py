@@ -663,8 +663,8 @@ def test_sensitivity_quick_rows(capsys):
     import pandas as pd
 
     from relibra.cli import main
-    from relibra.experiments.config import scaled_model
-    from relibra.experiments.sensitivity import RATIOS, knob_values, tornado_table
+    from relibra.studies.case import scaled_model
+    from relibra.studies.sensitivity import RATIOS, knob_values, tornado_table
     from relibra.setups import load_card
     from relibra.sim import simulate
     from relibra.workloads import generate_trace

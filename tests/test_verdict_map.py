@@ -1,4 +1,4 @@
-"""relibra.experiments.verdict_map: contours on a grid, where each claim holds and the sentence that says it,
+"""relibra.studies.claim_map: contours on a grid, where each claim holds and the sentence that says it,
 a cut-down grid run end to end (same seed, same rows; JSON without NaN), bad specs refused."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from relibra.errors import ConfigError
 from relibra.setups import DEFAULT_CARD
-from relibra.experiments import verdict_map as vm
+from relibra.studies import claim_map as vm
 
 TINY_CHANGES = (("batch.global_batch_sequences", 16), ("batch.data_parallel_size", 4), ("batch.expert_parallel", 4),
                 ("overheads.planner_reorder_s_per_layer", 1e-9))

@@ -414,7 +414,7 @@ def file_provenance(name: str, data: dict) -> str:
 def params_table(notebook: str) -> str:
     """A notebook's parameter table, made from its Params' declarations (relibra.experiments.base.param_table):
     the same declarations give the notebook's parameters and the command line's flags."""
-    from relibra.experiments.base import param_table
+    from relibra.studies.params import param_table
     from relibra.experiments.registry import get_notebook
 
     return param_table(get_notebook(notebook).Params)

@@ -78,7 +78,7 @@ def policy_list(text: str, flag: str = "--policies", extra: tuple[str, ...] = ()
     """The comma-separated policy names of `text`, every one checked before any work: ConfigError names
     each unknown one and lists the known ones (relibra.policies.POLICY_NAMES, plus `extra`)."""
     from relibra.errors import ConfigError
-    from relibra.experiments.base import _items
+    from relibra.studies.params import _items
     from relibra.policies import POLICY_NAMES
 
     names = _items(text)

@@ -108,7 +108,7 @@ def register(sub) -> None:
     bsub = bench.add_subparsers(dest="bench", metavar="BENCH", required=True)
 
     from relibra.cli.setup import shared_options
-    from relibra.experiments.base import add_flag
+    from relibra.studies.params import add_flag
 
     shared = shared_options()
 

@@ -22,7 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="output trace .npz")
     p.add_argument("--metrics", help="also write per-step metrics, evaluations and statistics as JSON")
     from relibra.cli.setup import shared_options
-    from relibra.experiments.base import add_flag, names, param
+    from relibra.studies.params import add_flag, names, param
 
     @dataclass(frozen=True)
     class RLOptions(shared_options()):

@@ -27,7 +27,7 @@ def compare_options() -> type:
     from dataclasses import dataclass
 
     from relibra.cli.setup import _card, shared_options
-    from relibra.experiments.base import Kind, _items, _listed, floats, param
+    from relibra.studies.params import Kind, _items, _listed, floats, param
 
     def cards(raw) -> tuple:
         return () if not _items(raw) else _listed(raw, _card)  # '' names none
@@ -110,7 +110,7 @@ def register(subparsers) -> None:
                          description="Expert max/mean, Gini, the hottest expert's share, static skewness at EP 16 and "
                                      "32 and micro-batch correlations of the public data (data/public/), of traces "
                                      "generated on set-up cards and of trace files.")
-    from relibra.experiments.base import add_flag
+    from relibra.studies.params import add_flag
 
     own = compare_options()
     add_flag(cmp, own, "model", default="qwen3-30b-a3b, the public data's")

@@ -21,7 +21,7 @@ from relibra.errors import ConfigError
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    from relibra.experiments.runtime import DataOptions
+    from relibra.runtime.measure import DataOptions
     from relibra.runtime.config import FaultOptions, MeasurementOptions, ModelOptions, ParallelismOptions
 
     model, par, meas, faults, data = ModelOptions(), ParallelismOptions(), MeasurementOptions(), FaultOptions(), \
@@ -29,7 +29,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=int, default=par.nodes,
                    help=f"simulated nodes (ranks are split evenly; default {par.nodes})")
     from relibra.cli.setup import shared_options
-    from relibra.experiments.base import add_flag
+    from relibra.studies.params import add_flag
 
     shared, own = shared_options(), run_options()
     add_flag(p, shared, "policies", default="megatron,relibra; they alternate step by step on the same data")
@@ -77,7 +77,7 @@ def run_options() -> type:
     """`relibra run`'s own declared options (the rest are shared_options)."""
     from dataclasses import dataclass
 
-    from relibra.experiments.base import Params, integer, param
+    from relibra.studies.params import Params, integer, param
 
     @dataclass(frozen=True)
     class RunFlags(Params):
@@ -98,7 +98,7 @@ def _parse_value(text: str):
 
 def request_from_args(args):
     """The RuntimeRequest of parsed arguments, validated (and the --out path checked) before any work."""
-    from relibra.experiments.runtime import DataOptions, RuntimeRequest
+    from relibra.runtime.measure import DataOptions, RuntimeRequest
     from relibra.runtime.config import (FaultOptions, MeasurementOptions, ModelOptions, ParallelismOptions,
                                         RunOptions)
 
@@ -143,7 +143,7 @@ def quiet_wait_s(args) -> float:
 
 
 def _run(args) -> int:
-    from relibra.experiments.runtime import prepare, report
+    from relibra.runtime.measure import prepare, report
     from relibra.runtime.quiet import quiet_known_warnings
     from relibra.runtime.results import RunResult
 
@@ -161,7 +161,7 @@ def _run(args) -> int:
     wait_s = quiet_wait_s(args)
     # Trace and plans are made once here (bad input fails before any process starts) and shipped to the ranks.
     prepared = prepare(request, args.nproc)
-    from relibra.experiments.machine import quiet_machine
+    from relibra.machine import quiet_machine
     from relibra.runtime.launch import launch
     from relibra.runtime.train import worker
 
@@ -181,7 +181,7 @@ def _under_torchrun(args) -> int:
     import torch.distributed as dist
 
     from relibra.errors import RelibraError
-    from relibra.experiments.runtime import prepare, report
+    from relibra.runtime.measure import prepare, report
     from relibra.runtime.groups import init_distributed
     from relibra.runtime.results import RunResult
     from relibra.runtime.train import worker

@@ -14,7 +14,7 @@ NOTEBOOK = "10_sensitivity"
 @functools.cache
 def sensitivity_options() -> type:
     """`relibra sensitivity`'s own options (the case's are notebook 10's Params, the rest shared_options)."""
-    from relibra.experiments.base import FLAG, Params, integer, param
+    from relibra.studies.params import FLAG, Params, integer, param
 
     @dataclass(frozen=True)
     class SensitivityOptions(Params):
@@ -28,7 +28,7 @@ def sensitivity_options() -> type:
 
 def _sensitivity(args) -> int:
     from relibra.cli.setup import card_with_overrides
-    from relibra.experiments.sensitivity import RATIOS, sensitivity
+    from relibra.studies.sensitivity import RATIOS, sensitivity
 
     if args.layers is not None and args.layers > args.model.num_layers:
         raise ConfigError(f"--layers {args.layers}: {args.model.name} has {args.model.num_layers} MoE layers")
@@ -54,9 +54,9 @@ def _sensitivity(args) -> int:
 
 def register(sub) -> None:
     from relibra.cli.setup import add_setup_arguments, shared_options
-    from relibra.experiments.base import add_flag
+    from relibra.studies.params import add_flag
     from relibra.experiments.registry import get_notebook
-    from relibra.experiments.sensitivity import KNOB_NAMES
+    from relibra.studies.sensitivity import KNOB_NAMES
 
     p = sub.add_parser("sensitivity", help="headline ratios varying one set-up input at a time (simulated)",
                        description="ReLibra/Megatron, ReLibra/EPLB+ and ReLibra/balanced-compute with one input of "

@@ -27,7 +27,7 @@ def shared_options() -> type:
     from dataclasses import dataclass
 
     from relibra.cluster import get_model
-    from relibra.experiments.base import Kind, Params, _listed, choice, integer, integers, names, param
+    from relibra.studies.params import Kind, Params, _listed, choice, integer, integers, names, param
     from relibra.policies import POLICY_NAMES
     from relibra.setup_schema import BOUNDS
     from relibra.setups import DEFAULT_CARD, card_names
@@ -72,7 +72,7 @@ def shared_options() -> type:
 
 def add_setup_arguments(p) -> None:
     """--setup, --layout and --tokens-per-microbatch, shared by the commands that simulate a set-up."""
-    from relibra.experiments.base import add_flag
+    from relibra.studies.params import add_flag
 
     for name in ("setup", "layout", "tokens_per_microbatch"):
         add_flag(p, shared_options(), name)

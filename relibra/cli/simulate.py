@@ -97,7 +97,7 @@ def register(sub) -> None:
                                    "(relibra setup show). Without --trace, a synthetic trace of "
                                    "--workload is generated from --seed (--warmup-steps extra steps come first, "
                                    "so history-based policies have a history).")
-    from relibra.experiments.base import add_flag
+    from relibra.studies.params import add_flag
 
     shared = shared_options()
     add_flag(p, shared, "model", default="required without --trace")

@@ -19,7 +19,7 @@ def register(subparsers) -> None:
     gen = sub.add_parser("generate", help="write a synthetic RL routing trace",
                          description="Generate a synthetic RL routing trace (relibra.workloads) and save it as .npz.")
     from relibra.cli.setup import add_setup_arguments, shared_options
-    from relibra.experiments.base import add_flag
+    from relibra.studies.params import add_flag
 
     shared = shared_options()
     add_flag(gen, shared, "model").required = True
@@ -107,7 +107,7 @@ def _generate_options() -> type:
     """`trace generate`'s own option (the rest are shared_options)."""
     from dataclasses import dataclass
 
-    from relibra.experiments.base import Params, number, param
+    from relibra.studies.params import Params, number, param
 
     @dataclass(frozen=True)
     class GenerateOptions(Params):

@@ -24,7 +24,7 @@ OVERHEADS_TAKE = ("models", "workloads", "seeds", "ep", "setup", "indent", "no_p
 @functools.cache
 def map_options() -> type:
     """`relibra map`'s own options (the grid's axes are notebook 12's Params, the rest shared_options)."""
-    from relibra.experiments.base import FLAG, Params, choice, param
+    from relibra.studies.params import FLAG, Params, choice, param
 
     @dataclass(frozen=True)
     class MapOptions(Params):
@@ -62,7 +62,7 @@ def _map(args) -> int:
 
     from relibra.display import json_text
     from relibra.experiments.registry import get_notebook
-    from relibra.experiments.verdict_map import map_json, run_map
+    from relibra.studies.claim_map import map_json, run_map
 
     params, grid = get_notebook(NOTEBOOK).create(profile=GRID_PROFILES[args.grid or "default"],
                                                  **{name: getattr(args, name) for name, _ in AXES})
@@ -83,7 +83,7 @@ def _overheads(args) -> int:
     if args.workloads is not None and len(args.workloads) > 1:
         raise ConfigError(f"--overheads simulates one workload; got --workloads {','.join(args.workloads)}")
     from relibra.display import json_text
-    from relibra.experiments.own_overheads import (eplb_plus_table, overhead_cases, overhead_costs, overheads_table,
+    from relibra.studies.overheads import (eplb_plus_table, overhead_cases, overhead_costs, overheads_table,
                                                    ratios)
 
     given = {"setup": args.setup, "models": args.models, "workload": args.workloads and args.workloads[0],
@@ -99,9 +99,9 @@ def _overheads(args) -> int:
 
 
 def register(sub) -> None:
-    from relibra.experiments.base import add_flag
+    from relibra.studies.params import add_flag
     from relibra.experiments.registry import get_notebook
-    from relibra.experiments.verdict_map import GRIDS
+    from relibra.studies.claim_map import GRIDS
     from relibra.setups import DEFAULT_CARD
 
     p = sub.add_parser("map", help="the verdict as a map over tokens per EP rank and micro-batch shift (simulated, "

@@ -223,7 +223,7 @@ def pipeline_layout(model: ModelShape, params: CostParams) -> tuple[np.ndarray, 
     last = params.last_stage_layers
     if last is not None and last >= decoder or (last is None and decoder % (p * v)) or \
             (last is not None and (decoder - last) % (p - 1)):
-        # a model cut to fewer layers (relibra.experiments.config.scaled_model) than the recipe's split names:
+        # a model cut to fewer layers (relibra.studies.case.scaled_model) than the recipe's split names:
         # its layers in near-equal runs, cut at the rounded multiples of layers / chunks (info["pipeline"]["split"])
         counts = tuple(int(x) for x in np.diff(np.linspace(0, decoder, p * v + 1).round().astype(np.int64)))
         return (*layer_stages(counts, model.num_dense_layers, model.num_layers), p, "near-even")

@@ -19,20 +19,20 @@ notebook on 2 CPU cores), paper (the paper's scale), gpu (the paper's scale for 
 results of GPU runs read from `measured_dir`). Same seed, same numbers: every trace comes from the
 seed; wall-clock figures (planner seconds, the runtime's measured times) are measurements.
 
-Shared pieces: base (Params, Kind, Result, TryThis), registry, run (Run, start), profiles, traces
-(TraceParams, SimParams, make_trace), simulation, text (show, ranked, README cells), and the
-libraries of single notebooks: tutorial (00), dynamics (01, 09), headline (02), runtime (08, and
-`relibra run`), sensitivity (10, and `relibra sensitivity`), scale (11); machine (environment).
+Shared pieces: base (Result, TryThis; the parameter spec is relibra.studies.params), registry, run
+(Run, start), profiles, traces (TraceParams, SimParams, make_trace), text (show, ranked, README cells),
+and the libraries of single notebooks: tutorial (00), dynamics (01, 09). The simulations the notebooks
+and the command line share are relibra.studies'; notebook 08's runtime engine is relibra.runtime.measure.
 """
 
 from __future__ import annotations
 
-from relibra.experiments.config import project_root
-from relibra.experiments.machine import environment, this_machine
 from relibra.experiments.profiles import PROFILES, SCALES, get_profile
 from relibra.experiments.registry import NOTEBOOKS, get_notebook, load_results
 from relibra.experiments.run import Run, declared_parameters, injected_names, start
 from relibra.experiments.text import show
+from relibra.machine import environment, this_machine
+from relibra.paths import project_root
 
 __all__ = ["NOTEBOOKS", "PROFILES", "SCALES", "Run", "declared_parameters", "environment", "get_notebook",
            "get_profile", "injected_names", "load_results", "project_root", "show", "start", "this_machine"]

@@ -20,7 +20,7 @@ import pandas as pd
 
 from relibra.errors import ConfigError
 from relibra.experiments.base import jsonable
-from relibra.experiments.config import project_root, resolve_path
+from relibra.paths import project_root, resolve_path
 from relibra.experiments.registry import Notebook, get_notebook
 from relibra.paths import atomic_path, write_text
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from relibra.cluster import ModelShape, Topology, get_model, resolve_topology
 from relibra.errors import ConfigError
 from relibra.experiments.base import PATH, Kind, Params, choice, integer, names, objects, param
-from relibra.experiments.config import resolve_path, scaled_model
+from relibra.paths import resolve_path
+from relibra.studies.case import scaled_model
 from relibra.experiments.profiles import PROFILES, Scale
 from relibra.policies import POLICY_NAMES
 from relibra.setups import SetupCard

@@ -56,7 +56,7 @@ def budget_plot(sweep: pd.DataFrame, subtitle: str):
     """ReLibra / Megatron and ReLibra / EPLB+ against the tokens per micro-batch and EP rank, one line per
     family (token-budget packing, one sequence per micro-batch).
 
-    sweep: relibra.experiments.headline.budget_ratios rows with a `family` column; with none (a recorded
+    sweep: relibra.studies.throughput.budget_ratios rows with a `family` column; with none (a recorded
     trace fixes its own batch) the panels say so and the subtitle says why.
     """
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), squeeze=False)

@@ -48,7 +48,7 @@ WAIT_COLOR = "0.25"
 def runtime_step_segments_plot(segments: pd.DataFrame, subtitle: str, waiting: str):
     """One panel per policy: its whole training step split into segments, the measured seconds (bar in
     the policy's colour; waiting for the other ranks dark, as its own segment) beside the simulator's
-    for the same segment (hatched). segments: experiments.runtime.segment_frame rows (policy, segment,
+    for the same segment (hatched). segments: runtime.measure.segment_frame rows (policy, segment,
     source, seconds[, repeat]); several launches: the median over launches, whiskers min-max."""
     g = segments.groupby(["policy", "segment", "source"], sort=False)["seconds"].agg(["median", "min", "max"])
     policies = policy_order(segments["policy"].unique())
@@ -89,7 +89,7 @@ def runtime_step_segments_plot(segments: pd.DataFrame, subtitle: str, waiting: s
 
 def runtime_speedup_plot(results: pd.DataFrame, subtitle: str, recorded: pd.DataFrame | None = None):
     """Speed-up over Megatron per launch (median step ratio, bar: paired bootstrap 95% interval) with the
-    simulator's ratio for the same plans (diamond). results: experiments.runtime.summary_frame rows with
+    simulator's ratio for the same plans (diamond). results: runtime.measure.summary_frame rows with
     `repeat` (this run's launches); recorded: the same columns with `nodes_x_ranks` and `launch` (the
     shipped reference measurement), drawn after them."""
     rows = [(f"this run, launch {int(r['repeat']) + 1}", r)

@@ -1,4 +1,4 @@
-"""Figures of notebook 11: throughput ratios and planner time from EP16 to EP256 (relibra.experiments.scale)."""
+"""Figures of notebook 11: throughput ratios and planner time from EP16 to EP256 (relibra.studies.scale)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def ep_sweep_plot(table: pd.DataFrame, subtitle: str):
     one line per policy, balanced-compute dashed grey as the ceiling. EP sizes a case cannot hold
     are absent from its panel and named under it.
 
-    table: relibra.experiments.scale.scale_sweep.
+    table: relibra.studies.scale.scale_sweep.
     """
     models = list(dict.fromkeys(table["model"]))
     clusters = list(dict.fromkeys(table["cluster"]))

@@ -23,7 +23,7 @@ def tornado_plot(table: pd.DataFrame, subtitle: str):
     above; each end names the knob value that gives it. Every panel has the same x scale, so equal
     lengths mean equal relative changes. Knobs sorted by swing, the largest on top.
 
-    table: relibra.experiments.sensitivity.tornado_table (ratio, knob, default, low, high, low_value,
+    table: relibra.studies.sensitivity.tornado_table (ratio, knob, default, low, high, low_value,
     high_value, swing).
     """
     ratios = [r for r in RATIO_LABELS if r in set(table["ratio"])]

@@ -1,6 +1,6 @@
 """The real distributed runtime: StepPlans driving expert-parallel MoE training of megatron-core's
 GPTModel on torch.distributed (gloo on CPU, NCCL on GPUs). It only consumes plans; planning,
-prediction and reports are relibra.experiments.runtime's. See docs/runtime.md and docs/integration.md.
+prediction and reports are relibra.runtime.measure's. See docs/runtime.md and docs/integration.md.
 
 Modules: spec (ReLibra's MoE submodule spec), hook (the step hook: begin_step, before_microbatch,
 after_backward), slots (physical expert slots), router, placement (every read of a plan), replicas,

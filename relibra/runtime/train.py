@@ -6,7 +6,7 @@ own engine (megatron-core GPTModel with ReLibra's MoE spec, step hook, AdamW) fr
 policies then alternate step by step (megatron, relibra, megatron, relibra, ...), every policy's step s
 on the same step of data, each step starting at a barrier, so that drift of a shared machine hits
 every policy alike. Nothing here plans or simulates: the plans come from the caller
-(relibra.experiments.runtime), which also turns the records into reports.
+(relibra.runtime.measure), which also turns the records into reports.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Notebook 02, the headline: the paper's claims against the kit's figures at full scale over seeds, on
-a set-up card (relibra.experiments.headline: the cases, the verdict, the budget sweep, the alternatives),
+a set-up card (relibra.studies.throughput: the cases, the verdict, the budget sweep, the alternatives),
 or on a routing trace file (`trace`) and on another cluster than the card's (`cluster`)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pandas as pd
 from relibra.experiments.base import PATH, Params, Result, TryThis, integer, mean_of, objects, param, table, value
 from relibra.cluster import PAPER_MODELS, Topology
 from relibra.errors import ConfigError
-from relibra.experiments.headline import (alternative_cases, alternative_ratios, budget_cases, budget_ratios,
+from relibra.studies.throughput import (alternative_cases, alternative_ratios, budget_cases, budget_ratios,
                                           case_ratios, headline_cases, overheads_table, run_cases, trace_cases,
                                           verdict_with_alternatives)
 from relibra.experiments.profiles import per_profile

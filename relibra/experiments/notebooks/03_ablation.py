@@ -9,7 +9,7 @@ import pandas as pd
 from relibra.cluster import ModelShape
 from relibra.experiments.base import Result, TryThis, mean_of, param, table
 from relibra.experiments.profiles import SCALES, Scale
-from relibra.experiments.simulation import simulate_trace
+from relibra.studies.simulation import simulate_trace
 from relibra.experiments.text import pct
 from relibra.experiments.traces import MODELS, POLICIES, SimParams, make_trace
 from relibra.labels import short as label

@@ -8,7 +8,7 @@ import pandas as pd
 
 from relibra.experiments.base import Result, TryThis, mean_of, param, table
 from relibra.experiments.profiles import SCALES, Scale
-from relibra.experiments.simulation import simulate_workloads
+from relibra.studies.simulation import simulate_workloads
 from relibra.experiments.text import pct
 from relibra.experiments.traces import POLICIES, TracedParams, traced_sizes
 from relibra.labels import IDEALS, short as label

@@ -10,7 +10,7 @@ import pandas as pd
 from relibra.errors import ConfigError
 from relibra.experiments.base import Result, TryThis, integers, mean_of, param, table
 from relibra.experiments.profiles import SCALES, Scale
-from relibra.experiments.simulation import full_model_memory_share, simulate_trace, simulate_workloads
+from relibra.studies.simulation import full_model_memory_share, simulate_trace, simulate_workloads
 from relibra.experiments.text import pct
 from relibra.experiments.traces import POLICIES, TracedParams, traced_sizes
 from relibra.labels import IDEALS, short as label

@@ -9,7 +9,7 @@ import pandas as pd
 
 from relibra.experiments.base import Result, TryThis, integers, param, table
 from relibra.experiments.profiles import SCALES, Scale
-from relibra.experiments.simulation import history_steps
+from relibra.studies.simulation import history_steps
 from relibra.experiments.text import cluster_text, row, unique
 from relibra.experiments.traces import POLICIES, TracedParams, traced_sizes
 from relibra.labels import short

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pandas as pd
 
 from relibra.experiments.base import Result, TryThis, mean_of, param, table
-from relibra.experiments.machine import this_machine
+from relibra.machine import this_machine
 from relibra.experiments.profiles import SCALES, Scale
-from relibra.experiments.simulation import full_model_memory_share, simulate_with_plans
+from relibra.studies.simulation import full_model_memory_share, simulate_with_plans
 from relibra.experiments.text import cluster_text, pct, row, unique
 from relibra.errors import RelibraError
 from relibra.experiments.traces import POLICIES, SimParams, make_trace

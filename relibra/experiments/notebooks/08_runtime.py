@@ -12,9 +12,9 @@ import pandas as pd
 
 from relibra.errors import ConfigError
 from relibra.experiments.base import PATH, Params, Result, integer, param, table, value
-from relibra.experiments.config import resolve_path
-from relibra.experiments.machine import quiet_machine
-from relibra.experiments.runtime import (WAITING, DataOptions, PolicySummary, RuntimeRequest, oversubscribed,
+from relibra.paths import resolve_path
+from relibra.machine import quiet_machine
+from relibra.runtime.measure import (WAITING, DataOptions, PolicySummary, RuntimeRequest, oversubscribed,
                                          prepare, recorded_runtime, runtime_agreement, runtime_segments_story,
                                          runtime_topology, segment_frame, summarise, summary_frame)
 from relibra.experiments.text import row, unique
@@ -190,8 +190,8 @@ class Summary:
     hardware: str
     recorded: str  # the shipped reference: how it was measured ("" when none ships)
     layouts: tuple[Layout, ...]
-    segments: str  # per policy, the step's segments (experiments.runtime.runtime_segments_story)
-    agreement: str  # measured vs simulated (experiments.runtime.runtime_agreement)
+    segments: str  # per policy, the step's segments (runtime.measure.runtime_segments_story)
+    agreement: str  # measured vs simulated (runtime.measure.runtime_agreement)
     busy: str = ""  # the warning of a run measured on a busy machine ("" when it was quiet)
 
 

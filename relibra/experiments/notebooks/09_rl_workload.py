@@ -11,9 +11,9 @@ import pandas as pd
 from relibra.cluster import get_topology
 from relibra.experiments.base import PATH, Params, Result, integer, live, param, table, value
 from relibra.experiments.dynamics import expert_load_table, shift_table
-from relibra.experiments.machine import this_machine
+from relibra.machine import this_machine
 from relibra.experiments.profiles import SCALES
-from relibra.experiments.simulation import simulate_trace
+from relibra.studies.simulation import simulate_trace
 from relibra.experiments.text import step_differences
 from relibra.experiments.traces import POLICIES, PROFILE
 from relibra.labels import IDEALS, short as label

@@ -1,5 +1,5 @@
 """Notebook 10: how far each headline ratio moves with one input of the set-up card at a time, around
-the card's default (relibra.experiments.sensitivity)."""
+the card's default (relibra.studies.sensitivity)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 from relibra.errors import ConfigError
 from relibra.experiments.base import Result, TryThis, mean_of, names, objects, param, table, value
 from relibra.experiments.profiles import SCALES, Scale, per_profile
-from relibra.experiments.sensitivity import KNOB_NAMES, RATIOS, knob_values, sensitivity, tornado_table
+from relibra.studies.sensitivity import KNOB_NAMES, RATIOS, knob_values, sensitivity, tornado_table
 from relibra.experiments.text import pct, row
 from relibra.experiments.traces import TraceParams
 from relibra.labels import RATIO_LABELS, knob_value
@@ -21,7 +21,7 @@ QUESTION = "How far does each headline ratio move with the set-up?"
 
 @dataclass(frozen=True, kw_only=True)
 class Sizes(Scale):
-    """The trace sizes, and the knobs moved (None: all of relibra.experiments.sensitivity.KNOBS); quick:
+    """The trace sizes, and the knobs moved (None: all of relibra.studies.sensitivity.KNOBS); quick:
     two values per knob (the default and one other) instead of all."""
 
     knobs: tuple[str, ...] | None = None

@@ -1,5 +1,5 @@
 """Notebook 11, beyond the paper's scale: throughput ratios and planner time from EP16 to EP256 over
-model sizes and cluster kinds (relibra.experiments.scale)."""
+model sizes and cluster kinds (relibra.studies.scale)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 from relibra.cluster import ModelShape, Topology, get_model, resolve_topology
 from relibra.experiments.base import PATH, Params, Result, TryThis, integer, integers, objects, param, table
 from relibra.experiments.profiles import SCALES
-from relibra.experiments.scale import SCALE_POLICIES, ScaleSweep, best_other, scale_sweep
+from relibra.studies.scale import SCALE_POLICIES, ScaleSweep, best_other, scale_sweep
 from relibra.experiments.text import pct, row
 from relibra.experiments.traces import POLICIES, PROFILE, WORKLOAD
 from relibra.labels import short as label
@@ -91,7 +91,7 @@ class Largest:
 
 @dataclass(frozen=True)
 class Against:
-    """relibra-h against the best other policy in one case (relibra.experiments.scale.best_other)."""
+    """relibra-h against the best other policy in one case (relibra.studies.scale.best_other)."""
 
     model: str
     cluster: str

@@ -1,6 +1,6 @@
 """Notebook 12, the verdict as a map: ReLibra / Megatron, ReLibra / EPLB+ and the gap to Balanced over
 tokens per EP rank per micro-batch x micro-batch shift, the paper's claims as contours, every named set-up
-card as a point (relibra.experiments.verdict_map)."""
+card as a point (relibra.studies.claim_map)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from relibra.experiments.base import (PATH, Kind, Params, Result, TryThis, float
 from relibra.experiments.profiles import per_profile
 from relibra.experiments.text import pct, row
 from relibra.experiments.traces import PROFILE
-from relibra.experiments.verdict_map import (RATIO_FIELDS, CardPoint, GridSpec, ShiftAxis, card_points, claim_contours,
+from relibra.studies.claim_map import (RATIO_FIELDS, CardPoint, GridSpec, ShiftAxis, card_points, claim_contours,
                                              claim_regions, conclusion, conclusion_lines, contour_table, default_grid,
                                              merge_coincident, node_fields, paper_grid, rl_calibration, run_map,
                                              why_card_differs)

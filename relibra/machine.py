@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from relibra.errors import ConfigError
-from relibra.experiments.config import project_root
+from relibra.paths import project_root
 
 
 def usable_cpus() -> int:

@@ -1,9 +1,8 @@
-"""Where the kit's files are, and a model cut to its first MoE layers."""
+"""A simulated case's model: a preset cut to its first MoE layers."""
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from relibra.cluster import ModelShape, get_model
 from relibra.errors import ConfigError
@@ -22,15 +21,3 @@ def scaled_model(model: str | ModelShape, layers: int | None) -> ModelShape:
     if layers <= 0:
         raise ConfigError(f"layers must be positive, got {layers}")
     return dataclasses.replace(shape, num_layers=int(layers))
-
-
-def project_root() -> Path:
-    """The repository root (holding pyproject.toml) when running from a checkout, else the cwd."""
-    here = Path(__file__).resolve().parents[2]  # relibra/experiments/config.py
-    return here if (here / "pyproject.toml").exists() else Path.cwd()
-
-
-def resolve_path(path) -> Path:
-    """`path` with ~ expanded, relative to the repository root unless absolute."""
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else project_root() / p

@@ -15,7 +15,7 @@ import pandas as pd
 
 from relibra.cluster import ModelShape, Topology
 from relibra.errors import ConfigError
-from relibra.experiments.config import scaled_model
+from relibra.studies.case import scaled_model
 from relibra.policies.relibra import ReLibraInfo
 from relibra.progress import progress as tqdm
 from relibra.sim import simulate

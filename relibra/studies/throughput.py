@@ -20,7 +20,7 @@ import pandas as pd
 
 from relibra.cluster import Topology, get_model
 from relibra.costs.memory import memory_budget
-from relibra.experiments.config import scaled_model
+from relibra.studies.case import scaled_model
 from relibra.labels import CLAIMS
 from relibra.pool import map_in_order
 from relibra.setups import SetupCard, load_card

@@ -23,8 +23,8 @@ from relibra.cluster import FITTED_CPU_PRESET, get_model, get_topology, read_pre
 from relibra.costs import CostParams, cost_plan
 from relibra.display import json_text
 from relibra.errors import ConfigError
-from relibra.experiments.config import project_root
-from relibra.experiments.machine import usable_cpus
+from relibra.paths import project_root
+from relibra.machine import usable_cpus
 from relibra.labels import short as label
 from relibra.metrics import frame
 from relibra.paths import atomic_path, write_text
@@ -370,7 +370,7 @@ def report(result: RunResult, prepared: Prepared, request: RuntimeRequest, as_js
            out: str | None = None, machine_load: dict | None = None) -> int:
     """Print the summaries (a table, or one JSON object) and the equivalence lines, then write metrics.csv
     (relibra.metrics rows of every rank and step) and summary.json to `out` (printed first: an --out that
-    fails loses nothing). machine_load: the load check made before measuring (relibra.experiments.machine
+    fails loses nothing). machine_load: the load check made before measuring (relibra.machine
     .QuietCheck as a dict), kept in the JSON and summary.json as "machine_load", its warning repeated.
     Returns the exit code (1 when the equivalence check fails)."""
     summaries = summarise(result, prepared, request)
@@ -441,7 +441,7 @@ def recorded_runtime() -> tuple[pd.DataFrame, dict]:
 
 def runtime_segments_story(segments: pd.DataFrame, waiting: str) -> str:
     """Per policy: the step's largest measured segments, the share spent waiting for the other ranks, and
-    simulated / measured for each segment the simulator prices. segments: experiments.runtime.segment_frame
+    simulated / measured for each segment the simulator prices. segments: runtime.measure.segment_frame
     rows (median over launches when several)."""
     g = segments.groupby(["policy", "segment", "source"], sort=False)["seconds"].median().unstack("source")
     out = []
@@ -465,7 +465,7 @@ def runtime_segments_story(segments: pd.DataFrame, waiting: str) -> str:
 
 def runtime_agreement(results: pd.DataFrame, step_tolerance: float = 0.15) -> str:
     """Measured vs simulated step time per policy, then each launch's speed-up over Megatron with its 95%
-    interval and whether the simulated ratio lies inside it. results: experiments.runtime.summary_frame
+    interval and whether the simulated ratio lies inside it. results: runtime.measure.summary_frame
     rows (one per policy and launch, `repeat` or `launch` numbering the launches). Refuses to judge
     oversubscribed runs."""
     g = results.groupby("policy").agg(measured=("step_s_median", "median"), sim=("sim_step_s", "median"),

@@ -18,7 +18,7 @@ import pandas as pd
 
 from relibra.cluster import get_topology
 from relibra.errors import ConfigError
-from relibra.experiments.config import scaled_model
+from relibra.studies.case import scaled_model
 from relibra.labels import CLAIMS, RATIO_LABELS
 from relibra.progress import progress as tqdm
 from relibra.setups import DEFAULT_CARD, load_card

@@ -8,7 +8,7 @@ the card's batch). Each policy plans the case's last step once (after a warm-up 
 as relibra.sim.simulate does); the same plans are then costed under several CostParams (relibra.costs),
 so every row differs from the card's only in the one overhead it names.
 
-Imports only layers below relibra.experiments (cluster, costs, policies, setups, trace, workloads).
+Imports only the layers below the studies (cluster, costs, policies, setups, trace, workloads).
 """
 
 from __future__ import annotations
