@@ -289,7 +289,7 @@ class SetupCard:
             if entry is None or entry.range is None:
                 continue
             for end in entry.range:
-                card = self.with_values(f"memory sweep: {key} at {end!r}", **{key.replace(".", "__"): end})
+                card = self.with_values(f"memory sweep: {key} at {end!r}", **{key: end})
                 b = card.memory_budget(model, ep)
                 out.append({"key": key, "value": end, "total_GB": b.total_bytes / 1e9, "fits": b.fits})
         return out
@@ -301,19 +301,19 @@ class SetupCard:
         return params if policies is None else {k: v for k, v in params.items() if k in set(policies)}
 
     def with_values(self, source: str, **values) -> "SetupCard":
-        """This card with some entries' values replaced (keys with "__" for "."), each re-sourced to `source`
-        (e.g. "command line: --layout"); checked as a loaded card is. A derived entry whose inputs change is
-        derived again; one set directly becomes assumed."""
+        """This card with some entries' values replaced (keys dotted, as **{"batch.layout": ...}, or with "__"
+        for "."), each re-sourced to `source` (e.g. "command line: --layout"); checked as a loaded card is. A
+        derived entry whose inputs change is derived again; one set directly becomes assumed."""
         entries = dict(self.entries)
-        for raw_key, value in values.items():
-            key = raw_key.replace("__", ".")
+        values = {k.replace("__", "."): v for k, v in values.items()}
+        for key, value in values.items():
             old = entries.get(key) or Entry(key, value, "", "assumed", source, None)
             if key not in _SCHEMA:
                 raise ConfigError(f"set-up card {self.name!r}: {key!r} is not a known input")
             kind = "assumed" if old.range is not None or old.kind == "derived" else old.kind
             entries[key] = dataclasses.replace(old, value=value, kind=kind, source=source)
         tokens = entries.get(_TOKENS_PER_EP_RANK)
-        if tokens is not None and tokens.kind == "derived" and _TOKENS_PER_EP_RANK.replace(".", "__") not in values:
+        if tokens is not None and tokens.kind == "derived" and _TOKENS_PER_EP_RANK not in values:
             entries[_TOKENS_PER_EP_RANK] = dataclasses.replace(tokens, value=_derived_tokens_per_ep_rank(entries)[0])
         card = dataclasses.replace(self, entries=entries)
         _check(card, source)

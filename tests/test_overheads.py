@@ -157,10 +157,10 @@ def test_bad_overheads_fail_naming_the_knob(changes, message):
 
 
 def test_overheads_table_and_eplb_plus_slots_on_a_cut_down_case():
-    from relibra.studies.overheads import (EPLB_PLUS_SLOTS, OverheadCase, eplb_plus_table, overhead_costs,
-                                                   overheads_table, ratios)
+    from relibra.studies.case import Case
+    from relibra.studies.overheads import EPLB_PLUS_SLOTS, eplb_plus_table, overhead_costs, overheads_table, ratios
 
-    case = OverheadCase(model="tiny", ep=4, steps=2, card_changes=(
+    case = Case(DEFAULT_CARD, "tiny", "mixed", 0, ep=4, steps=2, card_changes=(
         ("batch.global_batch_sequences", 16), ("batch.data_parallel_size", 4), ("batch.expert_parallel", 4)))
     costs = overhead_costs([case], progress=False)
     assert set(costs["variant"]) == {"megatron", "relibra", "balanced", *(f"eplb+ {s} slots" for s in EPLB_PLUS_SLOTS)}

@@ -120,7 +120,7 @@ def test_an_infeasible_node_or_card_enters_no_statement_of_the_verdict():
 def test_a_cut_down_grid_end_to_end():
     spec = _tiny_spec()
     cases = vm.map_cases(spec)
-    assert [c.kind for c in cases] == ["grid"] * 4 + ["card"]
+    assert [c.label for c in cases] == ["grid"] * 4 + ["card"]
     result = vm.run_map(spec, workers=1, progress=False)
     assert len(result.grid) == 4 and len(result.cards) == 1
     g = result.grid

@@ -1,5 +1,6 @@
-"""`relibra sensitivity`: the headline ratios with one knob at a time moved around the default. The case's
-flags (--model, --ep, --steps, --seed, --knobs) are notebook 10's parameters, parsed by its Params' kinds."""
+"""`relibra sensitivity`: the headline ratios with one knob at a time moved around the default. --knobs is the
+study's declaration (relibra.studies.sensitivity.KnobParams, notebook 10's `knobs`); the case's flags (--model,
+--ep, --steps, --seed) are the ones every simulating command shares."""
 
 from __future__ import annotations
 
@@ -8,12 +9,9 @@ from dataclasses import dataclass
 
 from relibra.errors import ConfigError
 
-NOTEBOOK = "10_sensitivity"
-
-
 @functools.cache
 def sensitivity_options() -> type:
-    """`relibra sensitivity`'s own options (the case's are notebook 10's Params, the rest shared_options)."""
+    """`relibra sensitivity`'s own options (the knobs are the study's KnobParams, the rest shared_options)."""
     from relibra.studies.params import FLAG, Params, integer, param
 
     @dataclass(frozen=True)
@@ -28,8 +26,10 @@ def sensitivity_options() -> type:
 
 def _sensitivity(args) -> int:
     from relibra.cli.setup import card_with_overrides
+    from relibra.cluster import get_model
     from relibra.studies.sensitivity import RATIOS, sensitivity
 
+    args.model = get_model(args.model)
     if args.layers is not None and args.layers > args.model.num_layers:
         raise ConfigError(f"--layers {args.layers}: {args.model.name} has {args.model.num_layers} MoE layers")
     setup = card_with_overrides(args.setup, args.layout, args.tokens_per_microbatch)
@@ -55,23 +55,22 @@ def _sensitivity(args) -> int:
 def register(sub) -> None:
     from relibra.cli.setup import add_setup_arguments, shared_options
     from relibra.studies.params import add_flag
-    from relibra.experiments.registry import get_notebook
-    from relibra.studies.sensitivity import KNOB_NAMES
+    from relibra.studies.sensitivity import KNOB_NAMES, KnobParams
 
     p = sub.add_parser("sensitivity", help="headline ratios varying one set-up input at a time (simulated)",
                        description="ReLibra/Megatron, ReLibra/EPLB+ and ReLibra/balanced-compute with one input of "
                                    "the set-up card at a time moved over its range: " + ", ".join(KNOB_NAMES) + ".",
                        allow_abbrev=False)
-    nb, own, shared = get_notebook(NOTEBOOK).Params, sensitivity_options(), shared_options()
-    add_flag(p, nb, "model").required = True
-    add_flag(p, nb, "ep").required = True
+    own, shared = sensitivity_options(), shared_options()
+    add_flag(p, shared, "model").required = True
+    add_flag(p, shared, "ep").required = True
     add_setup_arguments(p)
     add_flag(p, shared, "workload", default="mixed")
     add_flag(p, shared, "micro_batches", default="the card's; token-budget derives them from the budget")
     add_flag(p, own, "layers", default="all")
-    add_flag(p, nb, "steps", default="2; the first is history only")
-    add_flag(p, nb, "seed")
-    add_flag(p, nb, "knobs", default="all")
+    add_flag(p, shared, "steps", default="2; the first is history only")
+    add_flag(p, shared, "seed")
+    add_flag(p, KnobParams, "knobs", default="all")
     add_flag(p, own, "quick")
     add_flag(p, own, "json")
     p.set_defaults(func=_sensitivity, steps=2, workload="mixed")

@@ -21,7 +21,7 @@ MAX_MICRO_BATCHES = 4096  # micro-batches per step: above any recipe's (docs/set
 
 @functools.cache
 def shared_options() -> type:
-    """The declarations (relibra.experiments.base.param) of the flags several commands share: the set-up
+    """The declarations (relibra.studies.params.param) of the flags several commands share: the set-up
     card and its overrides, the case (model, workload, EP, steps, micro-batches, seed), worker processes.
     Built on first use: `relibra --version` imports none of the kit's work."""
     from dataclasses import dataclass

@@ -1,8 +1,9 @@
 """`relibra map`: the verdict as a map over tokens per EP rank and micro-batch shift, printed as JSON; with
 --overheads, the overheads table and EPLB+ at 0, 2 and 4 spare slots instead.
 
-The grid's axes are notebook 12's parameters: their flags are made from its Params (relibra.experiments.base.
-add_flag), and the values go through the same Params.create and Params.spec as the notebook's."""
+The grid's axes are notebook 12's parameters, declared once (relibra.studies.claim_map.MapAxes): their flags are
+made from that declaration (relibra.studies.params.add_flag), and the values go through the same Params.create and
+MapAxes.spec as the notebook's."""
 
 from __future__ import annotations
 
@@ -13,9 +14,7 @@ from dataclasses import dataclass
 from relibra.cli.setup import shared_options
 from relibra.errors import ConfigError
 
-NOTEBOOK = "12_verdict_map"
-GRID_PROFILES = {"default": "laptop", "paper": "paper"}  # --grid: the notebook 12 profile whose grid it is
-# notebook 12's parameters as flags: (field, flag); each goes through its Params
+# the grid's axes as flags: (MapAxes field, flag)
 AXES = (("tokens", "--tokens"), ("shift", "--shift-values"), ("models", "--models"), ("workloads", "--workloads"),
         ("seeds", "--seeds"), ("step_sequences", "--step-sequences"))
 OVERHEADS_TAKE = ("models", "workloads", "seeds", "ep", "setup", "indent", "no_progress")
@@ -23,12 +22,13 @@ OVERHEADS_TAKE = ("models", "workloads", "seeds", "ep", "setup", "indent", "no_p
 
 @functools.cache
 def map_options() -> type:
-    """`relibra map`'s own options (the grid's axes are notebook 12's Params, the rest shared_options)."""
+    """`relibra map`'s own options (the grid's axes are MapAxes, the rest shared_options)."""
+    from relibra.studies.claim_map import GRIDS
     from relibra.studies.params import FLAG, Params, choice, param
 
     @dataclass(frozen=True)
     class MapOptions(Params):
-        grid: str = param("default", "the grid the axes start from", choice(tuple(GRID_PROFILES)))
+        grid: str = param("default", "the grid the axes start from", choice(tuple(GRIDS)))
         overheads: bool = param(False, "print the overheads table and EPLB+ at 0/2/4 spare slots instead of the "
                                        "map", FLAG)
         indent: bool = param(False, "indent the JSON", FLAG)
@@ -61,13 +61,12 @@ def _map(args) -> int:
     import dataclasses
 
     from relibra.display import json_text
-    from relibra.experiments.registry import get_notebook
-    from relibra.studies.claim_map import map_json, run_map
+    from relibra.studies.claim_map import GRIDS, MapAxes, map_json, run_map
 
-    params, grid = get_notebook(NOTEBOOK).create(profile=GRID_PROFILES[args.grid or "default"],
-                                                 **{name: getattr(args, name) for name, _ in AXES})
-    spec = dataclasses.replace(params.spec(grid), **{k: getattr(args, k) for k in ("cards", "ep")
-                                                     if getattr(args, k) is not None})
+    axes, grid = MapAxes.create("relibra map", lambda _: GRIDS[args.grid or "default"](),
+                                **{name: getattr(args, name) for name, _ in AXES})
+    spec = dataclasses.replace(axes.spec(grid), **{k: getattr(args, k) for k in ("cards", "ep")
+                                                   if getattr(args, k) is not None})
     start = time.perf_counter()
     out = map_json(run_map(spec, workers=args.workers, progress=not args.no_progress))
     out["wall_s"] = time.perf_counter() - start
@@ -83,14 +82,14 @@ def _overheads(args) -> int:
     if args.workloads is not None and len(args.workloads) > 1:
         raise ConfigError(f"--overheads simulates one workload; got --workloads {','.join(args.workloads)}")
     from relibra.display import json_text
-    from relibra.studies.overheads import (eplb_plus_table, overhead_cases, overhead_costs, overheads_table,
-                                                   ratios)
+    from relibra.studies.overheads import eplb_plus_table, overhead_cases, overhead_costs, overheads_table, ratios
 
     given = {"setup": args.setup, "models": args.models, "workload": args.workloads and args.workloads[0],
              "seeds": args.seeds, "ep": args.ep}
     cases = overhead_cases(**{k: v for k, v in given.items() if v is not None})
     costs = overhead_costs(cases, progress=not args.no_progress)
-    out = {"source": "simulated", "cases": [c.__dict__ for c in cases],
+    keys = ("setup", "model", "workload", "seed", "ep", "steps", "card_changes")
+    out = {"source": "simulated", "cases": [{k: getattr(c, k) for k in keys} for c in cases],
            "overheads": overheads_table(costs).to_dict(orient="records"),
            "eplb_plus_slots": eplb_plus_table(costs).to_dict(orient="records"),
            "ratios": ratios(costs).to_dict(orient="records")}
@@ -100,8 +99,7 @@ def _overheads(args) -> int:
 
 def register(sub) -> None:
     from relibra.studies.params import add_flag
-    from relibra.experiments.registry import get_notebook
-    from relibra.studies.claim_map import GRIDS
+    from relibra.studies.claim_map import GRIDS, MapAxes
     from relibra.setups import DEFAULT_CARD
 
     p = sub.add_parser("map", help="the verdict as a map over tokens per EP rank and micro-batch shift (simulated, "
@@ -113,10 +111,9 @@ def register(sub) -> None:
                                    "notebook 12's parameters.",
                        allow_abbrev=False)
     own, shared = map_options(), shared_options()
-    add_flag(p, own, "grid", default="; ".join(f"{k} ({grid_text(GRIDS[k]())})" for k in GRID_PROFILES))
-    nb = get_notebook(NOTEBOOK).Params
+    add_flag(p, own, "grid", default="; ".join(f"{k} ({grid_text(g())})" for k, g in GRIDS.items()))
     for name, flag in AXES:
-        add_flag(p, nb, name, flag, default="the --grid's; --overheads: " + {
+        add_flag(p, MapAxes, name, flag, default="the --grid's; --overheads: " + {
             "models": "the three paper models", "workloads": "mixed", "seeds": "0"}.get(name, "not taken"))
     add_flag(p, shared, "cards", default="every card under data/setups/, each a point")
     add_flag(p, shared, "ep", default="32; a card's point: its own batch.expert_parallel")

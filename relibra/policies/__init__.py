@@ -23,10 +23,10 @@ from relibra.policies.llep import LlepPolicy
 from relibra.policies.relibra import ReLibraPolicy
 from relibra.policies.balanced import BalancedPolicy
 from relibra.policies.relibra_h import ReLibraHierPolicy
-from relibra.policies.base import Policy, get_policy, register, registered_names
+from relibra.policies.base import Policy, get_policy, parameter_names, register, registered_names
 
 POLICY_NAMES: list[str] = registered_names()
 
-__all__ = ["POLICY_NAMES", "Policy", "get_policy", "register", "rebalance_experts", "MegatronPolicy", "EplbPolicy",
-           "EplbOraclePolicy", "EplbLpOraclePolicy", "LplbOraclePolicy", "LlepPolicy", "ReLibraPolicy",
-           "BalancedPolicy", "ReLibraHierPolicy"]
+__all__ = ["POLICY_NAMES", "Policy", "get_policy", "parameter_names", "register", "rebalance_experts",
+           "MegatronPolicy", "EplbPolicy", "EplbOraclePolicy", "EplbLpOraclePolicy", "LplbOraclePolicy", "LlepPolicy",
+           "ReLibraPolicy", "BalancedPolicy", "ReLibraHierPolicy"]

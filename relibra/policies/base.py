@@ -153,14 +153,24 @@ def registered_names() -> list[str]:
     return list(_REGISTRY)
 
 
+def _registered(name: str) -> type[Policy]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(_REGISTRY)}") from None
+
+
+def parameter_names(name: str) -> list[str]:
+    """The parameter names get_policy(name, ...) takes: the policy's fields, each config field's fields in
+    its place. ConfigError lists the known names when `name` is none."""
+    return _factory_fields(_registered(name))
+
+
 def get_policy(name: str, **params) -> Policy:
     """The policy called `name` built with `params`: its own fields, a config field given whole
     (anneal=AnnealConfig(...)), or a config's fields by name (iterations=60 goes into `anneal`).
     ConfigError lists the known names or the policy's known parameters when either is wrong."""
-    try:
-        cls = _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(_REGISTRY)}") from None
+    cls = _registered(name)
     configs = config_fields(cls)
     owner = {f.name: config for config, kind in configs.items() for f in dataclasses.fields(kind)}
     given, inner = {}, {config: {} for config in configs}

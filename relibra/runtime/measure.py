@@ -28,8 +28,7 @@ from relibra.machine import usable_cpus
 from relibra.labels import short as label
 from relibra.metrics import frame
 from relibra.paths import atomic_path, write_text
-from relibra.policies import get_policy
-from relibra.policies.base import _REGISTRY, _factory_fields
+from relibra.policies import get_policy, parameter_names
 from relibra.runtime.config import NodeLayout, RunOptions
 from relibra.runtime.plans import static_plan
 from relibra.runtime.results import RunResult
@@ -144,9 +143,7 @@ def runtime_topology(ep: int, gpus_per_node: int):
 
 def policy_params(policy: str, params: dict) -> dict:
     """The subset of `params` that `policy` takes (one --policy-param list serves several policies)."""
-    if policy not in _REGISTRY:
-        get_policy(policy)  # raises the ConfigError listing the known names
-    known = set(_factory_fields(_REGISTRY[policy]))
+    known = set(parameter_names(policy))
     return {k: v for k, v in params.items() if k in known}
 
 

@@ -20,6 +20,7 @@ paper's claims hold, `map_json` is all of it for `relibra map`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -31,12 +32,14 @@ from relibra.cluster import PAPER_MODELS, get_model
 from relibra.display import json_safe
 from relibra.errors import ConfigError
 from relibra.labels import CLAIMS, PAPER_CLAIMS
-from relibra.pool import map_in_order
 from relibra.rl.capture import DEFAULT_RL_TRACE
-from relibra.setups import DEFAULT_CARD, card_names, load_card
+from relibra.setup_schema import BOUNDS
+from relibra.setups import DEFAULT_CARD, card_names
 from relibra.sim import simulate
+from relibra.studies.case import Case, changed_card, run_cases
+from relibra.studies.params import Kind, Params, floats, integers, names, objects, param
 from relibra.trace import RoutingTrace
-from relibra.workloads import MICROBATCH_SHIFT_RANGE, WorkloadConfig, generate_trace
+from relibra.workloads import MICROBATCH_SHIFT_RANGE, WORKLOADS, WorkloadConfig
 
 MAP_MODELS = PAPER_MODELS
 # The micro-batch shift is an assumption: no public source gives micro-batch-level routing statistics of a large
@@ -140,88 +143,102 @@ def paper_grid(**changes) -> GridSpec:
 GRIDS = {"default": default_grid, "paper": paper_grid}
 
 
+# ---- the grid's axes: the parameters notebook 12 and `relibra map` share ----------------------------------
+SHARES = floats(0.0, 1.0, sort=True, note=f" (an assumption: {MICROBATCH_SHIFT_RANGE[0]:g}-"
+                                          f"{MICROBATCH_SHIFT_RANGE[1]:g} where the kit's tiny CPU RL trace sits, the "
+                                          "default grid adds 0.7 as its sensitivity)")
+# a node's tokens per EP rank per micro-batch: within the set-up card's bound on that entry (setup_schema)
+TOKENS = next(b for b in BOUNDS if b.key == "batch.tokens_per_ep_rank_per_microbatch")
+
+
+MODEL_NAMES = Kind("comma-separated model presets", lambda raw: tuple(
+    dict.fromkeys(m.name for m in objects(get_model, "model presets").parse(raw))))
+
+
 @dataclass(frozen=True)
-class MapCase:
-    """One simulated case of `spec`: a grid node (kind "grid": spec.setup at `tokens` and `shift_value`) or a
-    card's point (kind "card": `setup` as it is, tokens and shift_value None), at EP size `ep`."""
+class MapAxes(Params):
+    """The grid's axes, declared once: notebook 12's parameters and `relibra map`'s flags (None: the grid's own)."""
 
-    spec: GridSpec
-    kind: str
-    setup: str
-    model: str
-    workload: str
-    seed: int
-    ep: int
-    tokens: int | None = None
-    shift_value: object = None
-    step_sequences: int | None = None
+    tokens: tuple[int, ...] | None = param(None, "tokens per EP rank per micro-batch of the grid's nodes (None: the "
+                                           "profile's)", integers(int(TOKENS.low), int(TOKENS.high), sort=True),
+                                           sizes="tokens")
+    shift: tuple[float, ...] | None = param(None, "micro-batch shift values of the nodes (None: the profile's)",
+                                            SHARES, sizes="shift_values")
+    models: tuple[str, ...] | None = param(None, "model presets (None: the profile's)", MODEL_NAMES, sizes="models")
+    workloads: tuple[str, ...] | None = param(None, "workloads (None: the profile's)", names(WORKLOADS, "workload"),
+                                              sizes="workloads")
+    seeds: tuple[int, ...] | None = param(None, "seeds (None: the profile's)", integers(0), sizes="seeds")
+    step_sequences: tuple[int, ...] | None = param(
+        None, "step sizes of the grid's nodes in sequences per step, one facet each (None: the profile's)",
+        integers(1, 1 << 20, sort=True), sizes="step_sequences")
+
+    def spec(self, g: GridSpec) -> GridSpec:
+        """The grid `g` (a profile's, or --grid's) with these axes."""
+        return dataclasses.replace(g, tokens=self.tokens, models=self.models, workloads=self.workloads,
+                                   seeds=self.seeds, step_sequences=tuple(self.step_sequences),
+                                   shift=dataclasses.replace(g.shift, values=tuple(self.shift)))
 
 
-def map_cases(spec: GridSpec) -> list[MapCase]:
-    """Every case of `spec`: the grid nodes, then the card points; slowest first within each (most
-    layers, then fewest tokens per rank: the most micro-batches), so the workers finish together."""
-    load_card(spec.setup)  # an unknown card fails here, before any work
+# The card entries a grid node moves: its tokens per EP rank per micro-batch and its step's size (sequences).
+NODE_TOKENS, NODE_STEP = "batch.tokens_per_ep_rank_per_microbatch", "batch.global_batch_sequences"
+
+
+def map_cases(spec: GridSpec) -> list[Case]:
+    """Every case of `spec`: the grid nodes (label "grid": spec.setup with the node's tokens per EP rank, step
+    size and shift value), then the card points (label "card": each card as it is); slowest first within each
+    (most layers, then fewest tokens per rank: the most micro-batches), so the workers finish together."""
+    layout = changed_card(spec.setup, spec.card_changes).value("batch.layout")  # an unknown card fails here
+    if layout != "token-budget":
+        raise ConfigError(f"verdict map: the grid's card {spec.setup!r} has layout {layout!r}; its nodes move the "
+                          "token budget, so it must be token-budget")
     steps = spec.step_sequences or (None,)
-    grid = [MapCase(spec, "grid", spec.setup, m, w, int(s), spec.ep, int(t), v, None if g is None else int(g))
+    common = {"policies": MAP_POLICIES, "steps": spec.steps}
+    step = {None: ()} | {g: ((NODE_STEP, int(g)),) for g in spec.step_sequences}
+    grid = [Case(spec.setup, m, w, int(s), spec.ep, **common, label="grid", workload_changes=((spec.shift.field, v),),
+                 card_changes=(*spec.card_changes, (NODE_TOKENS, int(t)), *step[g]))
             for g in steps for m in spec.models for w in spec.workloads for s in spec.seeds for t in spec.tokens
             for v in spec.shift.values]
     cards = []
     for c in spec.card_list:
         models, ep = card_scope(c, spec)
-        cards += [MapCase(spec, "card", c, m, w, int(s), ep) for m in models for w in spec.workloads
-                  for s in (spec.card_seeds or spec.seeds)]
+        cards += [Case(c, m, w, int(s), ep, **common, label="card", card_changes=spec.card_changes)
+                  for m in models for w in spec.workloads for s in (spec.card_seeds or spec.seeds)]
 
-    def cost(c: MapCase):
-        return (-get_model(c.model).num_layers, -(c.step_sequences or 0), c.tokens or 0)
+    def cost(c: Case):
+        node = dict(c.card_changes)
+        return (-get_model(c.model).num_layers, -(node.get(NODE_STEP) or 0), node.get(NODE_TOKENS) or 0)
 
     return sorted(grid, key=cost) + sorted(cards, key=cost)
-
-
-def _card(name: str, changes: tuple[tuple[str, object], ...]):
-    card = load_card(name)
-    if changes:
-        card = card.with_values("verdict map: card changes", **{k.replace(".", "__"): v for k, v in changes})
-    return card
 
 
 def card_scope(name: str, spec: GridSpec) -> tuple[tuple[str, ...], int]:
     """The models and EP size a card's point is simulated at (spec.card_changes applied to the card first):
     the card's model when the card publishes one (a recipe for that model), else spec.models; the card's
     batch.expert_parallel when it has one, else spec.ep."""
-    card = _card(name, spec.card_changes)
+    card = changed_card(name, spec.card_changes)
     model, ep = card.entries.get("model.name"), card.entries.get("batch.expert_parallel")
     return ((model.value,) if model is not None and model.kind != "assumed" else spec.models,
             spec.ep if ep is None else int(ep.value))
 
 
-def simulate_map_case(case: MapCase) -> dict:
-    """One case simulated: a dict of the case's keys, tokens_per_s of each policy, the three ratios, each
-    policy's skewness, and the case's simulated position (micro_batches, mean_tokens_per_slot,
-    mb_vs_step_corr and mb_corr of its trace's expert loads, relibra.analysis.shift_stats)."""
-    field = case.spec.shift.field
-    card = _card(case.setup, case.spec.card_changes)
-    if case.tokens is not None:  # a grid node: the card's tokens per EP rank per micro-batch moved
-        if card.value("batch.layout") != "token-budget":
-            raise ConfigError(f"verdict map: the grid's card {card.name!r} has layout "
-                              f"{card.value('batch.layout')!r}; its nodes move the token budget, so it must be "
-                              "token-budget")
-        card = card.with_values("verdict map: tokens per EP rank per micro-batch",
-                                batch__tokens_per_ep_rank_per_microbatch=int(case.tokens))
-        if case.step_sequences is not None:
-            card = card.with_values("verdict map: the step's size", batch__global_batch_sequences=case.step_sequences)
-    cfg = card.workload_config()
-    if case.shift_value is not None:
-        cfg = dataclasses.replace(cfg, **{field: case.shift_value})
-    trace = generate_trace(get_model(case.model), case.workload, case.ep, steps=case.spec.steps, seed=case.seed,
-                           micro_batches=card.micro_batches, config=cfg)
+def simulate_map_case(case: Case, shift_field: str = "microbatch_shift") -> dict:
+    """One case of map_cases simulated: a dict of the case's keys, tokens_per_s of each policy, the three ratios,
+    each policy's skewness, and the case's simulated position (micro_batches, mean_tokens_per_slot,
+    mb_vs_step_corr and mb_corr of its trace's expert loads, relibra.analysis.shift_stats). shift_field: the
+    map's shift axis (a grid node's own shift names it)."""
+    field = case.workload_changes[0][0] if case.workload_changes else shift_field
+    card = case.card()
+    cfg = case.workload_config(card)
+    trace = case.make_trace(card, cfg)
     result = simulate(trace, card.topology(), list(MAP_POLICIES), steps=1, params=card.cost_params(case.ep),
                       policy_params=card.policy_params(MAP_POLICIES), progress=False, workload=case.workload)
     s = result.summary.set_index("policy")
     tps = s["tokens_per_s"]
     stats = shift_stats(trace.loads.sum(axis=3, dtype=np.int64))
     budget = card.memory_budget(case.model, case.ep)
-    row = {"kind": case.kind, "setup": card.name if case.kind == "card" else case.setup, "model": case.model,
-           "workload": case.workload, "seed": case.seed, "ep": case.ep, "tokens": case.tokens, "shift_field": field,
+    tokens = dict(case.card_changes)[NODE_TOKENS] if case.label == "grid" else None
+    row = {"kind": case.label, "setup": card.name if case.label == "card" else case.setup, "model": case.model,
+           "workload": case.workload, "seed": case.seed, "ep": case.ep, "tokens": tokens, "shift_field": field,
            "shift_value": getattr(cfg, field), "layout": cfg.batch_layout, "layers": trace.num_layers,
            "micro_batches": trace.num_microbatches, "tokens_per_ep_rank": float(trace.seq_lens[-1].sum(axis=-1).mean()),
            "step_sequences": card.value("batch.global_batch_sequences"),
@@ -256,8 +273,8 @@ class MapResult:
 def run_map(spec: GridSpec, workers: int | None = None, progress: bool = True) -> MapResult:
     """simulate_map_case over map_cases(spec) in `workers` processes (default: one per core, at most one per
     case); the rows come back in the cases' order whatever the workers' timing."""
-    rows = map_in_order(simulate_map_case, map_cases(spec), workers, progress, desc=f"map ({spec.name})")
-    return MapResult(spec, pd.DataFrame(rows))
+    simulate_one = functools.partial(simulate_map_case, shift_field=spec.shift.field)
+    return MapResult(spec, run_cases(simulate_one, map_cases(spec), workers, progress, desc=f"map ({spec.name})"))
 
 
 # ---- the map's fields and contours -------------------------------------------------------------------

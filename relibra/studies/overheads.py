@@ -19,33 +19,18 @@ import json
 import numpy as np
 import pandas as pd
 
-from relibra.cluster import PAPER_MODELS, get_model
+from relibra.cluster import PAPER_MODELS
 from relibra.costs import Overheads, cost_plan, plan_metadata
 from relibra.policies import get_policy
 from relibra.policies.eplb import EPLB_PLUS_VARIANTS, PAPER_EPLB_PLUS
-from relibra.progress import progress as tqdm
-from relibra.setups import DEFAULT_CARD, load_card
+from relibra.setups import DEFAULT_CARD
+from relibra.studies.case import Case, run_cases
 from relibra.trace import static_placement
-from relibra.workloads import generate_trace
 
 EPLB_PLUS_SLOTS = tuple(v["redundant_slots_per_gpu"] for v in EPLB_PLUS_VARIANTS.values())
 # The EPLB+ the paper compares with (relibra.policies.eplb.PAPER_EPLB_PLUS): ReLibra's slots and buffer.
 PAPER_EPLB_PLUS_SLOTS = EPLB_PLUS_VARIANTS[PAPER_EPLB_PLUS]["redundant_slots_per_gpu"]
 OVERHEAD_MODELS = PAPER_MODELS
-
-
-@dataclasses.dataclass(frozen=True)
-class OverheadCase:
-    """One case of the overheads table: a set-up card (name or path), model, workload, seed, EP, trace steps,
-    and (card key, value) changes to the card (cut-down test cases)."""
-
-    setup: str = DEFAULT_CARD
-    model: str = "qwen3-235b-a22b"
-    workload: str = "mixed"
-    seed: int = 0
-    ep: int = 32
-    steps: int = 3
-    card_changes: tuple[tuple[str, object], ...] = ()
 
 
 def policy_variants(card) -> list[tuple[str, str, dict]]:
@@ -78,7 +63,7 @@ def charge_settings(card_overheads: Overheads) -> dict[str, Overheads]:
     }
 
 
-def case_costs(case: OverheadCase) -> pd.DataFrame:
+def case_costs(case: Case) -> pd.DataFrame:
     """Every policy variant of `case` planned once and costed under every charge_settings entry.
 
     One row per (variant, setting): step_s, tokens_per_s, exposed_transfer_s (replica push + grad rows),
@@ -86,12 +71,9 @@ def case_costs(case: OverheadCase) -> pd.DataFrame:
     planner_window_s, planner_exposed_s), forward_s, plan-metadata bytes and seconds per micro-batch,
     replica_memory_share, the case's keys, and "charge": the setting's Overheads as JSON.
     """
-    card = load_card(case.setup)
-    if case.card_changes:
-        card = card.with_values("overheads case: card changes", **{k.replace(".", "__"): v for k, v in case.card_changes})
-    model = get_model(case.model)
-    trace = generate_trace(model, case.workload, case.ep, steps=case.steps, seed=case.seed,
-                           micro_batches=card.micro_batches, config=card.workload_config())
+    card = case.card()
+    trace = case.make_trace(card, case.workload_config(card))
+    model = trace.model
     topology = card.topology()
     base = card.cost_params(case.ep)
     settings = charge_settings(base.overheads)
@@ -126,10 +108,10 @@ def case_costs(case: OverheadCase) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def overhead_costs(cases: list[OverheadCase], progress: bool = True) -> pd.DataFrame:
-    """case_costs of every case, one after another (a few seconds each), in the cases' order."""
-    frames = [case_costs(c) for c in tqdm(cases, desc="overheads", unit="case", disable=not progress)]
-    return pd.concat(frames, ignore_index=True)
+def overhead_costs(cases: list[Case], progress: bool = True) -> pd.DataFrame:
+    """case_costs of every case, one after another in this process (a few seconds each; the planner's seconds
+    are measured on one core), in the cases' order."""
+    return run_cases(case_costs, cases, workers=1, progress=progress, desc="overheads")
 
 
 def ratios(costs: pd.DataFrame) -> pd.DataFrame:
@@ -249,6 +231,7 @@ def eplb_plus_table(costs: pd.DataFrame) -> pd.DataFrame:
 
 
 def overhead_cases(setup: str = DEFAULT_CARD, models=OVERHEAD_MODELS, workload: str = "mixed", seeds=(0,),
-                   ep: int = 32) -> list[OverheadCase]:
-    """The table's cases: every model at full scale on the card, one workload, the given seeds."""
-    return [OverheadCase(setup, m, workload, int(s), ep) for m in models for s in seeds]
+                   ep: int = 32) -> list[Case]:
+    """The table's cases: every model at full scale on the card, one workload, the given seeds (the policies
+    are the table's variants, policy_variants)."""
+    return [Case(setup, m, workload, int(s), ep) for m in models for s in seeds]

@@ -19,6 +19,7 @@ import pandas as pd
 from relibra.cluster import get_topology
 from relibra.errors import ConfigError
 from relibra.studies.case import scaled_model
+from relibra.studies.params import Params, names, param
 from relibra.labels import CLAIMS, RATIO_LABELS
 from relibra.progress import progress as tqdm
 from relibra.setups import DEFAULT_CARD, load_card
@@ -73,6 +74,14 @@ KNOBS = {k.name: k for k in (
     Knob("cluster preset", None, "cluster preset", "", values=("h800", "paper-datasheet", "h100"), default="card"),
 )}
 KNOB_NAMES = tuple(KNOBS)
+
+
+@dataclasses.dataclass(frozen=True)
+class KnobParams(Params):
+    """The knobs the study moves, declared once: notebook 10's parameter and `relibra sensitivity --knobs`."""
+
+    knobs: tuple[str, ...] | None = param(None, "knobs moved, e.g. 'batch layout,NVLink rate' (None: the profile's)",
+                                          names(KNOB_NAMES, "sensitivity knob"), sizes="knobs")
 
 
 def knob_values(quick: bool = False, setup: str = DEFAULT_CARD) -> dict[str, list]:

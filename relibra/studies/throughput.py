@@ -20,13 +20,13 @@ import pandas as pd
 
 from relibra.cluster import Topology, get_model
 from relibra.costs.memory import memory_budget
-from relibra.studies.case import scaled_model
 from relibra.labels import CLAIMS
-from relibra.pool import map_in_order
-from relibra.setups import SetupCard, load_card
+from relibra.setups import load_card
 from relibra.sim import simulate
+from relibra.studies.case import Case
+from relibra.studies.case import run_cases as case_runner
 from relibra.trace import RoutingTrace
-from relibra.workloads import BATCH_LAYOUTS, generate_trace, mean_sequence_tokens
+from relibra.workloads import BATCH_LAYOUTS
 
 # Every registered policy; balanced-compute is added by the simulator as a reference row.
 HEADLINE_POLICIES = ("megatron", "eplb", "eplb+", "lplb+", "eplb+lp", "llep", "relibra", "relibra-reorder",
@@ -35,47 +35,16 @@ VERDICT_CLAIMS = ("relibra_over_megatron", "relibra_over_eplb_plus", "gap_to_bal
 CASE_KEYS = ["setup", "model", "workload", "seed", "ep", "layout", "tokens_per_microbatch"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One simulated case: a set-up card (name or path) with its layout and budget, model, workload, seed."""
-
-    setup: "str | SetupCard"
-    model: str
-    workload: str
-    seed: int
-    ep: int = 32
-    layout: str | None = None  # None: the card's
-    tokens_per_microbatch: int | None = None  # None: the card's
-    steps: int = 3
-    layers: int | None = None  # None: every MoE layer
-    micro_batches: int | None = None  # None: the card's (token-budget: every micro-batch of the batch)
-    policies: tuple[str, ...] = HEADLINE_POLICIES
-    card_changes: tuple[tuple[str, object], ...] = ()  # (card key, value) pairs, e.g. other link rates
-    label: str = ""  # what this case varies, for tables of alternatives
-    # a recorded trace in the generator's place (its model, EP, steps and micro-batches; the card's
-    # layout and budget do not apply), and a cluster in the card's (None: the card's)
-    trace: RoutingTrace | None = dataclasses.field(default=None, compare=False, repr=False)
-    topology: Topology | None = None
+def headline_case(setup, model: str, workload: str, seed: int, **fields) -> Case:
+    """A Case of the headline: every policy of HEADLINE_POLICIES unless `fields` name others."""
+    return Case(setup, model, workload, int(seed), **{"policies": HEADLINE_POLICIES, **fields})
 
 
 def simulate_case(case: Case) -> pd.DataFrame:
     """Every policy of `case` simulated on its trace (the generator's, or case.trace): one summary row per
     policy with the case's keys; the last step is simulated, the ones before are history."""
-    card = load_card(case.setup)
-    if case.card_changes:
-        card = card.with_values(f"headline case: {case.label}",
-                                **{k.replace(".", "__"): v for k, v in case.card_changes})
-    if case.layout is not None:
-        card = card.with_values("headline case", batch__layout=case.layout)
-    cfg = card.workload_config()
-    if case.tokens_per_microbatch is not None:
-        if cfg.batch_layout == "token-budget":
-            card = card.with_values("headline case", batch__tokens_per_gpu_per_microbatch=case.tokens_per_microbatch)
-            cfg = card.workload_config()
-        else:  # whole sequences in fixed slots: the sequences themselves carry the tokens per micro-batch
-            scale = case.tokens_per_microbatch / mean_sequence_tokens(cfg, case.workload)
-            cfg = dataclasses.replace(cfg, length_scale=scale)
-    micro_batches = case.micro_batches or card.micro_batches
+    card = case.card()
+    cfg = case.workload_config(card)
     if case.topology is None:
         card.check_ep(case.ep)  # the case runs on the card's cluster
         topology = card.topology()
@@ -83,15 +52,12 @@ def simulate_case(case: Case) -> pd.DataFrame:
         topology = case.topology.with_changes(**{k.removeprefix("cluster."): v for k, v in case.card_changes
                                                  if k.removeprefix("cluster.") in _TOPOLOGY_FIELDS})
         topology.ep_layout(case.ep)
+    trace = case.make_trace(card, cfg)
     if case.trace is None:
-        shape = scaled_model(case.model, case.layers)
-        trace = generate_trace(shape, case.workload, case.ep, steps=case.steps, seed=case.seed,
-                               micro_batches=micro_batches, config=cfg)
         layout, tokens = cfg.batch_layout, case.tokens_per_microbatch or (
             card.tokens_per_ep_rank if cfg.batch_layout == "token-budget" else None)
         slot_tokens = trace.seq_lens[-1].sum(axis=-1)
     else:
-        trace = case.trace
         layout, tokens = "trace", int(round(trace.tokens_per_microbatch / trace.ep))
         slot_tokens = trace.loads[-1, :, 0].sum(axis=-1) / trace.model.top_k  # [M, ep] tokens each rank sent
     result = simulate(trace, topology, list(case.policies), steps=1, params=card.cost_params(case.ep),
@@ -199,19 +165,15 @@ def overheads_table(grid: pd.DataFrame, policy: str = "relibra") -> pd.DataFrame
 
 def run_cases(cases: list[Case], workers: int | None = None, progress: bool = True, desc: str = "cases"
               ) -> pd.DataFrame:
-    """simulate_case over `cases`, in `workers` processes (default: one per core, at most len(cases)); rows
-    in the cases' order whatever the workers' timing, so the same cases give the same frame."""
-    frames = map_in_order(simulate_case, cases, workers, progress, desc=desc)
-    for i, f in enumerate(frames):
-        f["case_index"] = i
-    return pd.concat(frames, ignore_index=True)
+    """simulate_case over `cases` (relibra.studies.case.run_cases), each row with its case_index."""
+    return case_runner(simulate_case, cases, workers, progress, desc, index="case_index")
 
 
 def headline_cases(setup, models, workloads, seeds, **fields) -> list[Case]:
     """The full-scale grid: every (model, workload, seed) of the card, largest models first (they take
     longest, so two workers finish together); `fields`: the cases' other Case fields (ep, steps, ...)."""
     order = sorted(models, key=lambda m: -get_model(m).num_layers)
-    return [Case(setup, m, w, int(s), **fields) for m in order for w in workloads for s in seeds]
+    return [headline_case(setup, m, w, s, **fields) for m in order for w in workloads for s in seeds]
 
 
 def claim_table(rows: pd.DataFrame, keys: list[str], claims=VERDICT_CLAIMS) -> pd.DataFrame:
@@ -269,7 +231,7 @@ def budget_cases(setup, alternative: str, model: str, workload: str, seed: int, 
     sequences scaled so a slot holds about that many tokens), at each tokens per micro-batch; `fields`:
     the cases' other Case fields (default policies: RATIO_POLICIES)."""
     fields = {"policies": RATIO_POLICIES, **fields}
-    return [Case(card, model, workload, seed, tokens_per_microbatch=int(t), **fields)
+    return [headline_case(card, model, workload, seed, tokens_per_microbatch=int(t), **fields)
             for card in (setup, alternative) for t in tokens]
 
 
@@ -296,9 +258,9 @@ def alternative_cases(setup, model: str, workload: str, seed: int = 0, **fields)
     `fields`: the cases' other Case fields (default policies: RATIO_POLICIES)."""
     fields = {"policies": RATIO_POLICIES, **fields}
     default = load_card(setup).value("batch.layout")
-    cases = [Case(setup, model, workload, seed, layout=layout, label=f"layout {layout}", **fields)
+    cases = [headline_case(setup, model, workload, seed, layout=layout, label=f"layout {layout}", **fields)
              for layout in BATCH_LAYOUTS if layout != default]
-    return cases + [Case(setup, model, workload, seed, card_changes=changes, label=label, **fields)
+    return cases + [headline_case(setup, model, workload, seed, card_changes=changes, label=label, **fields)
                     for label, changes in LINK_ALTERNATIVES]
 
 
@@ -309,8 +271,8 @@ def trace_cases(setup, trace: RoutingTrace, topology: Topology | None = None, wo
     there are none. The cases carry the counts only (the simulator reads loads and sequence lengths, not
     token ids), so worker processes receive no more than that."""
     counts = dataclasses.replace(trace, token_experts=None, token_src_rank=None)
-    case = Case(setup, trace.model.name, workload, int(seed), trace.ep, steps=trace.num_steps,
-                micro_batches=trace.num_microbatches, trace=counts, topology=topology)
+    case = headline_case(setup, trace.model.name, workload, seed, ep=trace.ep, steps=trace.num_steps,
+                         micro_batches=trace.num_microbatches, trace=counts, topology=topology)
     return [case], [dataclasses.replace(case, policies=RATIO_POLICIES, card_changes=changes, label=label)
                     for label, changes in LINK_ALTERNATIVES]
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pandas as pd
 
 from relibra.errors import ConfigError
-from relibra.experiments.base import Result, TryThis, mean_of, names, objects, param, table, value
+from relibra.experiments.base import Result, TryThis, mean_of, objects, param, table, value
 from relibra.experiments.profiles import SCALES, Scale, per_profile
-from relibra.studies.sensitivity import KNOB_NAMES, RATIOS, knob_values, sensitivity, tornado_table
+from relibra.studies.sensitivity import RATIOS, KnobParams, knob_values, sensitivity, tornado_table
 from relibra.experiments.text import pct, row
 from relibra.experiments.traces import TraceParams
 from relibra.labels import RATIO_LABELS, knob_value
@@ -33,11 +33,9 @@ SIZES = {**per_profile(lambda name: Sizes(**vars(SCALES[name]))),
 
 
 @dataclass(frozen=True)
-class Params(TraceParams):
+class Params(TraceParams, KnobParams):
     setup: SetupCard = param(DEFAULT_CARD, "set-up card of the default: a name (relibra setup list) or a .toml path",
                              objects(load_card, "set-up card", single=True))
-    knobs: tuple[str, ...] | None = param(None, "knobs moved, e.g. 'batch layout,NVLink rate' (None: the profile's)",
-                                          names(KNOB_NAMES, "sensitivity knob"), sizes="knobs")
 
     def check(self, notebook: str, sizes: Sizes) -> None:
         """The card gives every knob's sweep (knob_values), before any simulation."""

@@ -4,25 +4,21 @@ card as a point (relibra.studies.claim_map)."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import pandas as pd
 
-from relibra.cluster import get_model
-from relibra.experiments.base import (PATH, Kind, Params, Result, TryThis, floats, integers, mean_of, names, objects,
-                                      param, table, value)
+from relibra.experiments.base import PATH, Result, TryThis, mean_of, param, table, value
 from relibra.experiments.profiles import per_profile
 from relibra.experiments.text import pct, row
 from relibra.experiments.traces import PROFILE
-from relibra.studies.claim_map import (RATIO_FIELDS, CardPoint, GridSpec, ShiftAxis, card_points, claim_contours,
-                                             claim_regions, conclusion, conclusion_lines, contour_table, default_grid,
-                                             merge_coincident, node_fields, paper_grid, rl_calibration, run_map,
-                                             why_card_differs)
+from relibra.studies.claim_map import (RATIO_FIELDS, CardPoint, GridSpec, MapAxes, ShiftAxis, card_points,
+                                       claim_contours, claim_regions, conclusion, conclusion_lines, contour_table,
+                                       default_grid, merge_coincident, node_fields, paper_grid, rl_calibration,
+                                       run_map, why_card_differs)
 from relibra.labels import CLAIMS, PAPER_CLAIMS
-from relibra.setup_schema import BOUNDS
 from relibra.setups import DEFAULT_CARD
-from relibra.workloads import MICROBATCH_SHIFT_RANGE, WORKLOADS
+from relibra.workloads import MICROBATCH_SHIFT_RANGE
 
 QUESTION = ("Where, over tokens per EP rank and micro-batch shift, do the paper's claims hold, and where does each "
             "named set-up card sit?")
@@ -42,40 +38,12 @@ SIZES = {**per_profile(lambda name: paper_grid() if name in ("paper", "gpu") els
                           step_sequences=(16,))}  # one facet: the 16-sequence batch of TINY_CARD_CHANGES
 
 
-SHARES = floats(0.0, 1.0, sort=True, note=f" (an assumption: {MICROBATCH_SHIFT_RANGE[0]:g}-"
-                                          f"{MICROBATCH_SHIFT_RANGE[1]:g} where the kit's tiny CPU RL trace sits, the "
-                                          "default grid adds 0.7 as its sensitivity)")
-# a node's tokens per EP rank per micro-batch: within the set-up card's bound on that entry (setup_schema)
-TOKENS = next(b for b in BOUNDS if b.key == "batch.tokens_per_ep_rank_per_microbatch")
-
-
-MODEL_NAMES = Kind("comma-separated model presets", lambda raw: tuple(
-    dict.fromkeys(m.name for m in objects(get_model, "model presets").parse(raw))))
-
-
 @dataclass(frozen=True)
-class Params(Params):
+class Params(MapAxes):
     profile: str = param("laptop", "sizes of the grid: tiny, laptop (default grid), paper / gpu (whole grid)", PROFILE,
                          affects=False)
-    tokens: tuple[int, ...] | None = param(None, "tokens per EP rank per micro-batch of the grid's nodes (None: the "
-                                           "profile's)", integers(int(TOKENS.low), int(TOKENS.high), sort=True), sizes="tokens")
-    shift: tuple[float, ...] | None = param(None, "micro-batch shift values of the nodes (None: the profile's)",
-                                            SHARES, sizes="shift_values")
-    models: tuple[str, ...] | None = param(None, "model presets (None: the profile's)", MODEL_NAMES, sizes="models")
-    workloads: tuple[str, ...] | None = param(None, "workloads (None: the profile's)", names(WORKLOADS, "workload"),
-                                              sizes="workloads")
-    seeds: tuple[int, ...] | None = param(None, "seeds (None: the profile's)", integers(0), sizes="seeds")
-    step_sequences: tuple[int, ...] | None = param(
-        None, "step sizes of the grid's nodes in sequences per step, one facet each (None: the profile's)",
-        integers(1, 1 << 20, sort=True), sizes="step_sequences")
     out_dir: str | None = param(None, "where results go (None: results/interactive/12_verdict_map)", PATH,
                                 affects=False)
-
-    def spec(self, g: GridSpec) -> GridSpec:
-        """The profile's grid with this notebook's axes."""
-        return dataclasses.replace(g, tokens=self.tokens, models=self.models, workloads=self.workloads,
-                                   seeds=self.seeds, step_sequences=tuple(self.step_sequences),
-                                   shift=dataclasses.replace(g.shift, values=tuple(self.shift)))
 
     def scale_note(self, sizes: GridSpec) -> str:
         g = self.spec(sizes)
