@@ -78,10 +78,10 @@ def policy_list(text: str, flag: str = "--policies", extra: tuple[str, ...] = ()
     """The comma-separated policy names of `text`, every one checked before any work: ConfigError names
     each unknown one and lists the known ones (relibra.policies.POLICY_NAMES, plus `extra`)."""
     from relibra.errors import ConfigError
-    from relibra.studies.params import _items
+    from relibra.studies.params import split_items
     from relibra.policies import POLICY_NAMES
 
-    names = _items(text)
+    names = split_items(text)
     if not names or "" in names:
         raise ConfigError(f"{flag} names no policy" if not names else f"{flag}: an empty policy name in {text!r}")
     known = [*POLICY_NAMES, *extra]

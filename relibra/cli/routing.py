@@ -27,10 +27,10 @@ def compare_options() -> type:
     from dataclasses import dataclass
 
     from relibra.cli.setup import _card, shared_options
-    from relibra.studies.params import Kind, _items, _listed, floats, param
+    from relibra.studies.params import Kind, floats, listed, param, split_items
 
     def cards(raw) -> tuple:
-        return () if not _items(raw) else _listed(raw, _card)  # '' names none
+        return () if not split_items(raw) else listed(raw, _card)  # '' names none
 
     @dataclass(frozen=True)
     class CompareOptions(shared_options()):

@@ -27,7 +27,7 @@ def shared_options() -> type:
     from dataclasses import dataclass
 
     from relibra.cluster import get_model
-    from relibra.studies.params import Kind, Params, _listed, choice, integer, integers, names, param
+    from relibra.studies.params import Kind, Params, choice, integer, integers, listed, names, param
     from relibra.policies import POLICY_NAMES
     from relibra.setup_schema import BOUNDS
     from relibra.setups import DEFAULT_CARD, card_names
@@ -45,7 +45,7 @@ def shared_options() -> type:
     class Shared(Params):
         setup: str = param(DEFAULT_CARD, "set-up card", one_card)
         cards: tuple[str, ...] = param(None, "set-up cards", Kind(
-            "comma-separated set-up cards (names under data/setups/ or .toml paths)", lambda raw: _listed(raw, _card)))
+            "comma-separated set-up cards (names under data/setups/ or .toml paths)", lambda raw: listed(raw, _card)))
         layout: str = param(None, "batch layout instead of the card's (docs/traces.md)",
                             choice(BATCH_LAYOUTS, "batch layout"))
         tokens_per_microbatch: int = param(None, "token budget per GPU per micro-batch instead of the card's "
@@ -53,7 +53,7 @@ def shared_options() -> type:
         model: str = param(None, "model preset (or a shape spec such as 'deepseek-v3,layers=4')",
                            Kind("a model preset or shape spec", one_model))
         models: tuple[str, ...] = param(None, "model presets", Kind("comma-separated model presets",
-                                                                    lambda raw: _listed(raw, one_model)))
+                                                                    lambda raw: listed(raw, one_model)))
         workload: str = param(None, "workload", choice(tuple(WORKLOADS), "workload"))
         workloads: tuple[str, ...] = param(None, "workloads", names(tuple(WORKLOADS), "workload"))
         ep: int = param(None, "expert-parallel size (divides the expert count)", integer(*ep_range))

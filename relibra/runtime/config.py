@@ -145,7 +145,7 @@ class ModelConfig:
 
     @property
     def torch_dtype(self):
-        import torch  # here: the launcher's process and relibra.experiments import this module without torch
+        import torch  # here: the launcher's process and relibra.runtime.measure import this module without torch
 
         if self.dtype not in ("float32", "float64"):
             raise ConfigError(f"dtype must be float32 or float64, got {self.dtype!r}")

@@ -26,7 +26,7 @@ from relibra.runtime.results import Equivalence, RunResult, StepRecord
 from relibra.trace import RoutingTrace
 
 # torch and megatron-core (seconds to import) load inside the functions below, in the ranks: the
-# launcher's process and relibra.experiments import this module without them, and a spawned rank
+# launcher's process and relibra.runtime.measure import this module without them, and a spawned rank
 # imports it (to unpickle `worker`) before relibra.runtime.launch sets up its watchdog, warning filters
 # and one-line error report.
 

@@ -55,7 +55,7 @@ def param(default, doc: str, kind: Kind, *, sizes: str | None = None, none=None,
                                                          "affects": affects})
 
 
-def _items(raw, sep: str = ",") -> list:
+def split_items(raw, sep: str = ",") -> list:
     """The items of a list, or of a `sep`-separated string (stripped; "" has none, "a," an empty one)."""
     if isinstance(raw, (list, tuple)):
         return list(raw)
@@ -64,10 +64,10 @@ def _items(raw, sep: str = ",") -> list:
     return [raw]
 
 
-def _listed(raw, each: Callable[[Any], Any], sort: bool = False, sep: str = ",") -> tuple:
+def listed(raw, each: Callable[[Any], Any], sort: bool = False, sep: str = ",") -> tuple:
     """`each` of every item of `raw` (a list, or a `sep`-separated string), as a tuple, ascending when
     `sort` (an axis whose neighbours matter); a ValueError when there is none or one is given twice."""
-    items = _items(raw, sep)
+    items = split_items(raw, sep)
     if "" in items:
         raise ValueError("an item is empty")
     values = tuple(each(v) for v in items)
@@ -126,13 +126,13 @@ def number(low: float, high: float) -> Kind:
 def integers(low: int | None = None, high: int | None = None, sort: bool = False) -> Kind:
     """A comma-separated list of distinct integers in range; ascending when `sort`."""
     return Kind(f"a comma-separated list of distinct integers {_span(low, high)}",
-                lambda raw: _listed(raw, lambda v: _checked(_int(v), low, high), sort))
+                lambda raw: listed(raw, lambda v: _checked(_int(v), low, high), sort))
 
 
 def floats(low: float, high: float, sort: bool = False, note: str = "") -> Kind:
     """A comma-separated list of distinct finite numbers in [low, high]; ascending when `sort`."""
     return Kind(f"a comma-separated list of distinct numbers in [{low:g}, {high:g}]{note}",
-                lambda raw: _listed(raw, lambda v: _checked(_float(v), low, high), sort))
+                lambda raw: listed(raw, lambda v: _checked(_float(v), low, high), sort))
 
 
 def choice(choices: tuple, what: str | None = None) -> Kind:
@@ -152,17 +152,17 @@ def names(known: tuple[str, ...], what: str) -> Kind:
         return v
     plural = what[:-1] + "ies" if what.endswith("y") else what + "s"
     return Kind(f"comma-separated {plural} from {', '.join(known)}",
-                lambda raw: _listed(raw, lambda v: known_one(str(v))))
+                lambda raw: listed(raw, lambda v: known_one(str(v))))
 
 
 def objects(get: Callable[[str], Any], what: str, sep: str = ",", single: bool = False) -> Kind:
     """Names resolved by `get` (e.g. a model preset to its ModelShape): a tuple of distinct ones, or one
     object when single."""
     def parse(raw):
-        values = _items(raw, sep)
+        values = split_items(raw, sep)
         if single and len(values) > 1:
             raise ValueError(f"this notebook studies one {what}")
-        out = _listed(values, lambda v: v if not isinstance(v, str) else get(v))
+        out = listed(values, lambda v: v if not isinstance(v, str) else get(v))
         return out[0] if single else out
     return Kind(("one " if single else f"'{sep}'-separated ") + what, parse)
 
