@@ -6,7 +6,7 @@ where the numbers come from: "simulated (<cluster preset> ...)", "measured (<har
 (PNG + SVG, and the inline display in a notebook) is `save_figure`.
 
 One module per notebook group: style (colours, labels, titles, saving), routing (01), tutorial
-(00) and its widgets, throughput (02-06), overheads (07), runtime (08, 09), sensitivity (10), verdict_map (12).
+(00) and its widgets, throughput (02-06), overheads (07), runtime (08, 09), sensitivity (10), claim_map (12).
 """
 
 from relibra.plots.overheads import overhead_bars, planner_time_plot, policy_summary_plot
@@ -19,6 +19,6 @@ from relibra.plots.throughput import (ablation_plot, fraction_of_balanced, reord
                                       skewness_plot, spare_slot_plot, throughput_bars)
 from relibra.plots.tutorial import (phase_figure, plan_figure, replay_figure, skew_sweep_figure, tutorial_figure,
                                     tutorial_grid_figure)
-from relibra.plots.verdict_map import verdict_map_plot
+from relibra.plots.claim_map import verdict_map_plot
 from relibra.plots.widgets import tutorial_interactive
 

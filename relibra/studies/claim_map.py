@@ -498,7 +498,7 @@ def conclusion(result: MapResult, fields: pd.DataFrame | None = None, lines: lis
 
 @dataclass(frozen=True)
 class CardPoint:
-    """One named card's point (a verdict_map.card_points row): ReLibra / Megatron and / EPLB+ as (mean, best)
+    """One named card's point (a card_points row): ReLibra / Megatron and / EPLB+ as (mean, best)
     and the gap to Balanced as (mean, best, worst) over its cases; its simulated position; EPLB+'s and
     Megatron's mean tokens/s there."""
 

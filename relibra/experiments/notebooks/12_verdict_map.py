@@ -29,7 +29,7 @@ TINY_CARD_CHANGES = (("batch.global_batch_sequences", 16), ("batch.data_parallel
                      ("batch.expert_parallel", 4), ("overheads.planner_reorder_s_per_layer", 1e-9))
 
 
-# laptop (the default): verdict_map's default grid; paper and gpu: its whole grid; tiny: a toy grid for tests. The
+# laptop (the default): claim_map's default grid; paper and gpu: its whole grid; tiny: a toy grid for tests. The
 # parameters replace the grid's tokens, shift values, models, workloads and seeds.
 SIZES = {**per_profile(lambda name: paper_grid() if name in ("paper", "gpu") else default_grid()),
          "tiny": GridSpec("tiny", tokens=(512, 2048), shift=ShiftAxis("microbatch_shift", MICROBATCH_SHIFT_RANGE),

@@ -88,7 +88,7 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
     labelled marker in the facet nearest its step size (hollow and grey-labelled when it does not fit); the
     calibration (the kit's tiny real RL trace's correlation) a dotted line.
 
-    nodes: verdict_map.node_fields; cards: verdict_map.card_points (coincident cards merged: verdict_map.merge_coincident); claims: relibra.labels.PAPER_CLAIMS;
+    nodes: claim_map.node_fields; cards: claim_map.card_points (coincident cards merged: claim_map.merge_coincident); claims: relibra.labels.PAPER_CLAIMS;
     calibration: {"label", "mb_vs_step_corr", "tokens_per_ep_rank"} or {}.
     """
     steps = [(s, float(nodes.loc[nodes["step_sequences"] == s, "sequences_per_rank"].mean()))
