@@ -109,7 +109,7 @@ def run_cases(simulate_one: Callable[[Case], "pd.DataFrame | dict"], cases: list
     cases' order whatever the workers' timing, so the same cases give the same frame. index: a column to number
     each row's case by (None: none)."""
     parts = map_in_order(simulate_one, cases, workers, progress, desc=desc)
-    if parts and isinstance(parts[0], dict):
+    if not parts or isinstance(parts[0], dict):
         return pd.DataFrame(parts)
     for i, part in enumerate(parts):
         if index is not None:

@@ -8,6 +8,7 @@ is simulated (relibra.sim); planner seconds are measured here, on one core of th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,9 +16,8 @@ import pandas as pd
 
 from relibra.cluster import ModelShape, Topology
 from relibra.errors import ConfigError
-from relibra.studies.case import scaled_model
+from relibra.studies.case import run_cases, scaled_model
 from relibra.policies.relibra import ReLibraInfo
-from relibra.progress import progress as tqdm
 from relibra.sim import simulate
 from relibra.workloads import generate_trace
 
@@ -74,26 +74,32 @@ def scale_sweep(models, clusters, ep_sizes, sweep: ScaleSweep, policies=SCALE_PO
     replication_cpu_us_per_cell; status "ok". An impossible case is one row with policy "-" and
     status "impossible: <why>".
     """
+    simulate_one = functools.partial(_scale_rows, sweep=sweep, policies=tuple(policies), workload=workload, seed=seed)
+    return run_cases(simulate_one, scale_cases(models, clusters, ep_sizes), workers=1, progress=progress,
+                     desc="models x clusters x EP")
+
+
+def _scale_rows(point, sweep: ScaleSweep, policies: tuple[str, ...], workload: str, seed: int) -> pd.DataFrame:
+    """scale_sweep's rows of one (model, cluster, ep, reason) point."""
+    shape, topo, ep, reason = point
+    model, cluster = shape.name, topo.name
+    if reason is not None:
+        return pd.DataFrame([{"model": model, "cluster": cluster, "ep": ep, "policy": "-",
+                              "status": f"impossible: {reason}"}])
+    nodes, gpn = topo.ep_layout(ep)
+    shape = scaled_model(shape, sweep.layers)
+    trace = generate_trace(shape, workload, ep, steps=sweep.steps, seed=seed, micro_batches=sweep.micro_batches)
+    result = simulate(trace, topo, list(policies), steps=1, progress=False, step_extras=_plan_extras)
+    extras = result.per_step.groupby("policy")[["plan_cpu_s", "replication_cpu_us_per_cell"]].mean()
     rows = []
-    for shape, topo, ep, reason in tqdm(scale_cases(models, clusters, ep_sizes), desc="models x clusters x EP",
-                                        disable=not progress):
-        model, cluster = shape.name, topo.name
-        if reason is not None:
-            rows.append({"model": model, "cluster": cluster, "ep": ep, "policy": "-", "status": f"impossible: {reason}"})
-            continue
-        nodes, gpn = topo.ep_layout(ep)
-        shape = scaled_model(shape, sweep.layers)
-        trace = generate_trace(shape, workload, ep, steps=sweep.steps, seed=seed, micro_batches=sweep.micro_batches)
-        result = simulate(trace, topo, list(policies), steps=1, progress=False, step_extras=_plan_extras)
-        extras = result.per_step.groupby("policy")[["plan_cpu_s", "replication_cpu_us_per_cell"]].mean()
-        for policy, s in result.summary.set_index("policy").iterrows():
-            planned = policy not in ("balanced", "balanced-compute")  # references: they plan nothing of their own
-            rows.append({"model": model, "cluster": cluster, "ep": ep, "policy": policy, "status": "ok",
-                         "nodes": nodes, "gpus_per_node": gpn, "experts": shape.num_experts,
-                         **{c: float(s[c]) for c in ("tokens_per_s", "speedup_vs_megatron", "frac_of_balanced_compute",
-                                                     "skewness")},
-                         "plan_s": float(s["plan_s"]) if planned else np.nan,
-                         **{c: float(extras.loc[policy, c]) if planned else np.nan for c in extras.columns}})
+    for policy, s in result.summary.set_index("policy").iterrows():
+        planned = policy not in ("balanced", "balanced-compute")  # references: they plan nothing of their own
+        rows.append({"model": model, "cluster": cluster, "ep": ep, "policy": policy, "status": "ok",
+                     "nodes": nodes, "gpus_per_node": gpn, "experts": shape.num_experts,
+                     **{c: float(s[c]) for c in ("tokens_per_s", "speedup_vs_megatron", "frac_of_balanced_compute",
+                                                 "skewness")},
+                     "plan_s": float(s["plan_s"]) if planned else np.nan,
+                     **{c: float(extras.loc[policy, c]) if planned else np.nan for c in extras.columns}})
     return pd.DataFrame(rows)
 
 
