@@ -56,6 +56,7 @@ _SCHEMA: dict[str, type | tuple] = {
     "parallel.virtual_pipeline_stages": int,
     # memory: the HBM budget (relibra.costs.memory) and where the optimizer state lives
     "cluster.hbm_GB": (int, float), "cluster.pcie_GBps": (int, float), "optimizer.cpu_offload_fraction": (int, float),
+    "optimizer.host_adam_params_per_s": (int, float),
     "memory.dispatcher_buffer_GB": (int, float), "memory.activation_scale": (int, float),
     **{key: types for key, (_, types) in OVERHEAD_ENTRIES.items()},  # the cost model's overheads section
 }
@@ -215,9 +216,10 @@ class SetupCard:
                       attention_backward_factor=float(self.value("compute.attention_backward_factor")),
                       dispatcher=self.dispatcher, pipeline_stages=self.value("batch.pipeline_parallel"),
                       last_stage_layers=self.optional("parallel.decoder_last_pipeline_num_layers"),
-                      sequence_split=self.sequence_split,
+                      sequence_split=self.sequence_split, stage_gpus=self.token_ranks,
                       virtual_stages=self.optional("parallel.virtual_pipeline_stages", 1),
                       optimizer_offload_fraction=float(self.value("optimizer.cpu_offload_fraction")),
+                      host_adam_params_per_s=float(self.value("optimizer.host_adam_params_per_s")),
                       overheads=overheads_from_values({k: self.value(k) for k in OVERHEAD_ENTRIES}))
         fields.update(changes)
         return CostParams(**fields)
