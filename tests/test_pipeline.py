@@ -127,11 +127,16 @@ def test_planner_beyond_its_window_is_charged_once_per_step():
     rng = np.random.default_rng(1)
     plan = dataclasses.replace(_plan(rng), policy="relibra")
     ov = Overheads(planner_window_forward_passes=0.0, planner_reorder_s_per_layer=0.25)
-    for stages in (1, 2):
+    # each stage plans its own layers, the stages at once: 4 layers x 0.25 s on one stage, 2 x 0.25 on two
+    for stages, want in ((1, 1.0), (2, 0.5)):
         cost = cost_plan(plan, MODEL, TOPO, CostParams(pipeline_stages=stages, overheads=ov))
         bare = cost_plan(plan, MODEL, TOPO, CostParams(pipeline_stages=stages))
-        assert cost.planner_step_s == pytest.approx(1.0)  # 4 layers x 0.25 s, window 0
-        assert cost.step_seconds - bare.step_seconds == pytest.approx(1.0, rel=1e-9)
+        assert cost.planner_step_s == pytest.approx(want) and cost.info["overheads"]["planner_s"] == pytest.approx(want)
+        assert cost.step_seconds - bare.step_seconds == pytest.approx(want, rel=1e-9)
+    # interleaved: a device plans both of its chunks' layers
+    inter = cost_plan(dataclasses.replace(_plan(rng, m=2), policy="relibra"), MODEL, TOPO,
+                      CostParams(pipeline_stages=2, virtual_stages=2, overheads=ov))
+    assert inter.planner_step_s == pytest.approx(0.5)
 
 
 def test_stage_sends_by_hand():

@@ -359,8 +359,10 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
         # the post-rollout window is a forward-only pass through the pipeline
         forward_pass_s = interleaved_seconds(by_stage(sum(forward.values()), layer_stage, chunks) + stage_fwd,
                                              np.zeros_like(stage_fwd), devices, send_f, None, blocking)
+    # with a pipeline each device plans its own stages' layers, all devices at once
+    planner_layers = None if layout is None else int(np.bincount(layer_stage % devices, minlength=devices).max())
     own = charge_overheads(plan, model, topology, params, forward, backward, extra, src_tokens, seq_lens,
-                           forward_pass_s)
+                           forward_pass_s, planner_layers)
     recompute_extra = own.pop("recompute_extra_backward")
     cells = own.pop("_cells")
     # the floor is paid by forward, backward and (with recomputation) the recomputed forward
@@ -449,14 +451,15 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
 
 def charge_overheads(plan: StepPlan, model: ModelShape, topology: Topology, params: CostParams, forward: dict,
                      backward: dict, extra: np.ndarray, src_tokens: np.ndarray, seq_lens,
-                     forward_pass_s: float | None = None) -> dict:
+                     forward_pass_s: float | None = None, planner_layers: int | None = None) -> dict:
     """Add params.overheads' terms (relibra.costs.overheads) to the step's phases, in place.
 
     forward / backward: {component: [M, L]} as cost_plan built them (the transfers already at the overlap
     efficiency). Activation recomputation adds each layer's forward (dense, dispatch, experts, combine)
     to its backward components, and the leading dense layers' forward (not the LM head) to the
     micro-batch's backward extra; replica gradient adds go to backward "replica_grad"; the post-rollout
-    planner beyond its window to forward "planner", spread evenly over the cells. Returns what was
+    planner beyond its window (the planner of planner_layers MoE layers, a pipeline device's; None: all) to
+    forward "planner", spread evenly over the cells. Returns what was
     charged, in seconds over the step: {"activation_recompute", "transfer_overlap_efficiency", "recompute_s", "grad_add_s", "planner_s", "planner_window_s",
     "planner_exposed_s", "recompute_extra_backward" ([M], for the caller to add)}.
     """
@@ -482,7 +485,7 @@ def charge_overheads(plan: StepPlan, model: ModelShape, topology: Topology, para
     # the window: one forward pass of the step (through the pipeline schedule where there is one)
     forward_s = float(sum(v.sum() for v in forward.values()) + extra.sum()) if forward_pass_s is None \
         else float(forward_pass_s)
-    planner = overheads.post_rollout_planner(plan, forward_s, ov)
+    planner = overheads.post_rollout_planner(plan, forward_s, ov, planner_layers)
     if planner["exposed_s"] > 0:
         forward["planner"] = forward["planner"] + planner["exposed_s"] / (m * l)
     return {"activation_recompute": ov.activation_recompute, "transfer_overlap_efficiency": ov.transfer_overlap_efficiency,
