@@ -101,9 +101,11 @@ def simulate_case(case: Case) -> pd.DataFrame:
     # does the set-up fit: the full model's memory on the busiest GPU against the cluster's HBM
     # (relibra.costs.memory; a cut-down trace is budgeted as the whole model it stands for)
     full = trace.model if case.trace is not None else get_model(case.model)
-    budget = memory_budget(full, dataclasses.replace(card.memory_layout(case.ep), hbm_bytes=topology.hbm_bytes))
+    rows = float(result.per_step["busiest_expert_rows"].max())  # the busiest GPU of any policy's plans
+    budget = memory_budget(full, dataclasses.replace(card.memory_layout(case.ep, rows), hbm_bytes=topology.hbm_bytes))
     return result.summary.join(extras, on="policy").assign(
         feasible=bool(budget.fits), memory_GB=budget.total_bytes / 1e9, hbm_GB=budget.hbm_bytes / 1e9,
+        expert_rows=budget.expert_rows,
         setup=card.name, model=case.model, workload=case.workload, seed=case.seed, ep=case.ep, layout=layout,
         tokens_per_microbatch=tokens, label=case.label, layers=trace.num_layers, micro_batches=trace.num_microbatches,
         mean_tokens_per_slot=float(slot_tokens.mean()), max_tokens_per_slot=int(slot_tokens.max()))

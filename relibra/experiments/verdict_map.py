@@ -219,7 +219,7 @@ def simulate_map_case(case: MapCase) -> dict:
     s = result.summary.set_index("policy")
     tps = s["tokens_per_s"]
     stats = shift_stats(trace.loads.sum(axis=3, dtype=np.int64))
-    budget = card.memory_budget(case.model, case.ep)
+    budget = card.memory_budget(case.model, case.ep, result.per_step["busiest_expert_rows"].max())
     row = {"kind": case.kind, "setup": card.name if case.kind == "card" else case.setup, "model": case.model,
            "workload": case.workload, "seed": case.seed, "ep": case.ep, "tokens": case.tokens, "shift_field": field,
            "shift_value": getattr(cfg, field), "layout": cfg.batch_layout, "layers": trace.num_layers,
