@@ -112,7 +112,7 @@ def simulate_case(case: Case) -> pd.DataFrame:
 
 
 OVERHEAD_EXTRAS = ("transfer_s", "fragmentation_s", "replica_transfers", "launch_s", "gemm_floor_s",
-                   "copy_contention_s", "plan_broadcast_s", "bubble_s")
+                   "copy_contention_s", "plan_broadcast_s", "bubble_s", "optimizer_s", "pipeline_send_s")
 _TOPOLOGY_FIELDS = {f.name for f in dataclasses.fields(Topology)}
 
 
@@ -150,6 +150,8 @@ PAPER_OVERHEADS = {
     "replica copies contending with the all-to-all": None,
     "plan metadata broadcast": None,
     "pipeline bubble": None,
+    "optimizer step": None,
+    "stage-to-stage sends": None,
 }
 
 
@@ -194,6 +196,13 @@ def overheads_table(grid: pd.DataFrame, policy: str = "relibra") -> pd.DataFrame
         ("pipeline bubble", stat(g["bubble_s"] / step) + " of step time",
          "charged: the 1F1B schedule's time beyond the busiest stage's work (every policy; 0 without a "
          "pipeline)"),
+        ("optimizer step", stat(g["optimizer_s"] / step) + " of step time",
+         "charged: once per step after the pipeline's flush, each stage's GPUs at once; the offloaded share at the "
+         "host's CPU Adam rate (optimizer.host_adam_params_per_s, swept in the tornado) beside the GPU share and "
+         "the PCIe copies (every policy)"),
+        ("stage-to-stage sends", stat(g["pipeline_send_s"] / step) + " of step time",
+         "charged: each micro-batch's activation forward and gradient backward between pipeline stages, over "
+         "RDMA or NVLink by Megatron's rank order, holding the sending stage in plain 1F1B (0 without a pipeline)"),
     ]
     return pd.DataFrame([{"overhead": name, "paper": PAPER_OVERHEADS[name] or "not given", "kit": kit, "how": how}
                          for name, kit, how in rows])
