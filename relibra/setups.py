@@ -375,18 +375,15 @@ def _static_expert_rows(model: str, ep: int, config: WorkloadConfig, micro_batch
     """SetupCard.trace_expert_rows, once per (model, EP, generator knobs, micro-batches, recompute)."""
     from relibra.cluster import get_model
     from relibra.costs.memory import busiest_expert_rows
-    from relibra.trace import static_placement
+    from relibra.trace import rank_load, static_placement
     from relibra.workloads import generate_trace
 
     shape = get_model(model)
     trace = generate_trace(shape, "mixed", ep, steps=1, seed=0, micro_batches=micro_batches, config=config,
                            progress=False)
-    home = static_placement(shape.num_layers, shape.num_experts, ep)  # [L, E]
     expert_rows = trace.loads[0].sum(axis=2, dtype=np.int64)  # [M, L, E] rows of each expert
-    rows = np.zeros(expert_rows.shape[:2] + (ep,))
-    for layer in range(shape.num_layers):
-        np.add.at(rows[:, layer], (slice(None), home[layer]), expert_rows[:, layer])
-    return busiest_expert_rows(rows, recompute)
+    home = static_placement(shape.num_layers, shape.num_experts, ep)
+    return busiest_expert_rows(rank_load(expert_rows, home, ep), recompute)
 
 
 def card_names() -> list[str]:
