@@ -383,9 +383,8 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
         return offload_migration_seconds(prev, new, ep, model, topology.pcie_GBps, dp,
                                          params.optimizer_offload_fraction)[0]
 
-    homes = int(plan.homes_per_gpu().max())
-
     homes_lg = plan.homes_per_gpu()  # [L, ep]
+    homes = int(homes_lg.max())
 
     def optimizer_of(mine, dense_params) -> dict:  # the Adam step of one device's layers (phases.optimizer_parts)
         copies = int(homes_lg[mine].sum(axis=0).max(initial=0))  # the GPU homing the most of them
