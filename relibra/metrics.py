@@ -35,6 +35,7 @@ COMPONENTS = (
     "replica_grad",  # replica gradients reduced into the home (exposed part only)
     "migration",  # reordering: moving homes with their optimizer state
     "optimizer",  # the optimizer step
+    "pipeline_send",  # stage-to-stage activation and gradient sends that hold the busiest stage (simulated, PP > 1)
     "pipeline_bubble",  # the 1F1B schedule's time beyond the busiest pipeline stage's own work (simulated, PP > 1)
     "planner",  # planning time (off the critical path for replay-driven policies)
     "step_total",  # whole step as measured / simulated end to end

@@ -220,9 +220,15 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("optimizer.cpu_offload_fraction", "number",
           "share of the optimizer state kept in host memory (Megatron's --optimizer-offload-fraction): 0 to 1",
           0.0, 1.0),
+    Bound("optimizer.host_adam_params_per_s", "number",
+          "parameters the host's CPU Adam updates per second for one GPU: a core streams about 1e8, a whole "
+          "server host a few 1e9 shared by its GPUs; 1e6 or 1e11 is no host", 1e6, 1e11, "params/s"),
     Bound("memory.dispatcher_buffer_GB", "number",
           "the token dispatcher's registered buffers per GPU (DeepEP: NVLink and RDMA buffers, about 1 GB); "
           "0 (Megatron's alltoall permutes into activations) to 16", 0.0, 16.0, "GB"),
+    Bound("memory.cuda_context_nccl_GB", "number",
+          "the CUDA context, kernel images and NCCL's communicator buffers per GPU: about 1-5 GB; 0 (not charged) "
+          "to 32", 0.0, 32.0, "GB"),
     Bound("memory.activation_scale", "number",
           "factor on the per-layer activation formula (relibra.costs.memory): fused kernels keep less, "
           "fragmentation more; below 0.25 or above 4 is no longer the formula", 0.25, 4.0, "x formula"),

@@ -15,9 +15,12 @@ the notebooks all read one set of inputs.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from relibra.cluster import Topology
 from relibra.costs.overheads import CARD_ENTRIES as OVERHEAD_ENTRIES, overheads_from_values
@@ -56,7 +59,9 @@ _SCHEMA: dict[str, type | tuple] = {
     "parallel.virtual_pipeline_stages": int,
     # memory: the HBM budget (relibra.costs.memory) and where the optimizer state lives
     "cluster.hbm_GB": (int, float), "cluster.pcie_GBps": (int, float), "optimizer.cpu_offload_fraction": (int, float),
+    "optimizer.host_adam_params_per_s": (int, float),
     "memory.dispatcher_buffer_GB": (int, float), "memory.activation_scale": (int, float),
+    "memory.cuda_context_nccl_GB": (int, float),
     **{key: types for key, (_, types) in OVERHEAD_ENTRIES.items()},  # the cost model's overheads section
 }
 # Entries every card must end up with (after its base); the others are optional.
@@ -215,9 +220,10 @@ class SetupCard:
                       attention_backward_factor=float(self.value("compute.attention_backward_factor")),
                       dispatcher=self.dispatcher, pipeline_stages=self.value("batch.pipeline_parallel"),
                       last_stage_layers=self.optional("parallel.decoder_last_pipeline_num_layers"),
-                      sequence_split=self.sequence_split,
+                      sequence_split=self.sequence_split, stage_gpus=self.token_ranks,
                       virtual_stages=self.optional("parallel.virtual_pipeline_stages", 1),
                       optimizer_offload_fraction=float(self.value("optimizer.cpu_offload_fraction")),
+                      host_adam_params_per_s=float(self.value("optimizer.host_adam_params_per_s")),
                       overheads=overheads_from_values({k: self.value(k) for k in OVERHEAD_ENTRIES}))
         fields.update(changes)
         return CostParams(**fields)
@@ -235,8 +241,9 @@ class SetupCard:
         per_slot = -(-self.value("batch.global_batch_sequences") // (self.token_ranks * self.micro_batches))
         return per_slot * longest
 
-    def memory_layout(self, ep: int | None = None):
-        """The card's relibra.costs.memory.MemoryLayout at EP size `ep` (None: the card's batch.expert_parallel)."""
+    def memory_layout(self, ep: int | None = None, expert_rows_per_gpu: float | None = None):
+        """The card's relibra.costs.memory.MemoryLayout at EP size `ep` (None: the card's batch.expert_parallel),
+        the busiest GPU's routed rows per layer expert_rows_per_gpu (None: the mean)."""
         from relibra.costs.memory import MemoryLayout
 
         ep = self.value("batch.expert_parallel") if ep is None else ep
@@ -250,7 +257,16 @@ class SetupCard:
             main_grad_bytes_per_param=self.value("overheads.main_grad_bytes_per_param"),
             spare_slots=self.value("training.spare_slots_per_gpu"), replica_buffer=self.value("training.replica_buffer"),
             dispatcher_buffer_bytes=float(self.value("memory.dispatcher_buffer_GB")) * 1e9,
-            activation_scale=float(self.value("memory.activation_scale")))
+            activation_scale=float(self.value("memory.activation_scale")), expert_rows_per_gpu=expert_rows_per_gpu,
+            context_bytes=float(self.value("memory.cuda_context_nccl_GB")) * 1e9)
+
+    def trace_expert_rows(self, model: str, ep: int | None = None) -> float:
+        """The busiest GPU's routed rows per layer (relibra.costs.memory.busiest_expert_rows) under the static
+        placement (Megatron's, the baseline every comparison runs) in the card's own trace: the mixed workload,
+        seed 0, one step, at EP size `ep` (None: the card's)."""
+        ep = self.value("batch.expert_parallel") if ep is None else int(ep)
+        return _static_expert_rows(model, ep, self.workload_config(), self.micro_batches,
+                                   bool(self.value("overheads.activation_recompute")))
 
     def memory_models(self, models=None) -> tuple[str, ...]:
         """The models a card's memory is budgeted for: `models` if given, else the card's model.name (a recipe
@@ -261,9 +277,10 @@ class SetupCard:
             return (self.value("model.name"),)
         return ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
 
-    def memory_budget(self, model: str | None = None, ep: int | None = None):
+    def memory_budget(self, model: str | None = None, ep: int | None = None, expert_rows_per_gpu: float | None = None):
         """The busiest GPU's relibra.costs.memory.MemoryBudget for `model` (None: the card's model.name) at EP
-        size `ep` (None: the card's)."""
+        size `ep` (None: the card's); expert_rows_per_gpu: the busiest GPU's routed rows per layer (from a
+        simulated step's plans), None: the static placement's in the card's own trace (trace_expert_rows)."""
         from relibra.cluster import get_model
         from relibra.costs.memory import memory_budget
 
@@ -271,18 +288,25 @@ class SetupCard:
             if "model.name" not in self.entries:
                 raise ConfigError(f"set-up card {self.name!r} names no model; give one to budget its memory")
             model = self.value("model.name")
-        return memory_budget(get_model(model), self.memory_layout(ep))
+        if expert_rows_per_gpu is None:
+            expert_rows_per_gpu = self.trace_expert_rows(model, ep)
+        return memory_budget(get_model(model), self.memory_layout(ep, expert_rows_per_gpu))
 
-    def fits(self, model: str | None = None, ep: int | None = None) -> bool:
-        """Whether the set-up fits the GPU's HBM (memory_budget(model, ep).fits)."""
-        return self.memory_budget(model, ep).fits
+    def fits(self, model: str | None = None, ep: int | None = None, expert_rows_per_gpu: float | None = None) -> bool:
+        """Whether the set-up fits the GPU's HBM (memory_budget(model, ep, expert_rows_per_gpu).fits)."""
+        return self.memory_budget(model, ep, expert_rows_per_gpu).fits
 
     def memory_sweep(self, model: str | None = None, ep: int | None = None) -> list[dict]:
         """The memory verdict at each end of every swept entry the budget reads (assumed entries with a range):
-        [{"key", "value", "total_GB", "fits"}], the other entries at their values."""
+        [{"key", "value", "total_GB", "fits"}], the other entries at their values and the busiest GPU's routed
+        rows of the card's own trace (trace_expert_rows; in proportion to the peak tokens per GPU where the
+        budget moves, the routing's imbalance taken as the card's)."""
+        model = model if model is not None else self.value("model.name")
+        rows = self.trace_expert_rows(model, ep)
         keys = ("cluster.hbm_GB", "optimizer.cpu_offload_fraction", "memory.activation_scale",
-                "memory.dispatcher_buffer_GB", "training.distributed_optimizer", "overheads.activation_recompute",
-                "training.spare_slots_per_gpu", "batch.tokens_per_gpu_per_microbatch")
+                "memory.dispatcher_buffer_GB", "memory.cuda_context_nccl_GB", "training.distributed_optimizer",
+                "overheads.activation_recompute", "training.spare_slots_per_gpu",
+                "batch.tokens_per_gpu_per_microbatch")
         out = []
         for key in keys:
             entry = self.entries.get(key)
@@ -290,7 +314,7 @@ class SetupCard:
                 continue
             for end in entry.range:
                 card = self.with_values(f"memory sweep: {key} at {end!r}", **{key: end})
-                b = card.memory_budget(model, ep)
+                b = card.memory_budget(model, ep, rows * card.peak_tokens_per_gpu() / self.peak_tokens_per_gpu())
                 out.append({"key": key, "value": end, "total_GB": b.total_bytes / 1e9, "fits": b.fits})
         return out
 
@@ -343,6 +367,23 @@ class SetupCard:
                         "runs the schedule over each stage's per-micro-batch seconds, the bubble its own term "
                         "(relibra.costs.pipeline)", "range": None})
         return out
+
+
+@functools.lru_cache(maxsize=64)
+def _static_expert_rows(model: str, ep: int, config: WorkloadConfig, micro_batches: int | None,
+                        recompute: bool) -> float:
+    """SetupCard.trace_expert_rows, once per (model, EP, generator knobs, micro-batches, recompute)."""
+    from relibra.cluster import get_model
+    from relibra.costs.memory import busiest_expert_rows
+    from relibra.trace import rank_load, static_placement
+    from relibra.workloads import generate_trace
+
+    shape = get_model(model)
+    trace = generate_trace(shape, "mixed", ep, steps=1, seed=0, micro_batches=micro_batches, config=config,
+                           progress=False)
+    expert_rows = trace.loads[0].sum(axis=2, dtype=np.int64)  # [M, L, E] rows of each expert
+    home = static_placement(shape.num_layers, shape.num_experts, ep)
+    return busiest_expert_rows(rank_load(expert_rows, home, ep), recompute)
 
 
 def card_names() -> list[str]:

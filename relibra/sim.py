@@ -20,6 +20,7 @@ import pandas as pd
 from relibra.bounds import gap_to_bound
 from relibra.cluster import Topology, resolve_topology
 from relibra.costs import CostParams, PlanCost, cost_plan
+from relibra.costs.memory import busiest_expert_rows
 from relibra.errors import ConfigError
 from relibra.metrics import METRIC_COLUMNS
 from relibra.plan import StepPlan
@@ -42,7 +43,9 @@ SUMMARY_COLUMNS = [
 @dataclass
 class SimResult:
     """frame: tidy METRIC_COLUMNS rows; summary: one row per policy (SUMMARY_COLUMNS);
-    per_step: one row per (policy, step) with the figures the summary averages; config: the inputs."""
+    per_step: one row per (policy, step) with the figures the summary averages (and busiest_expert_rows, the
+    busiest GPU's routed rows per layer, which size its activations: relibra.costs.memory); config: the
+    inputs."""
 
     frame: pd.DataFrame
     summary: pd.DataFrame
@@ -131,7 +134,7 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
     def add(label: str, step: int, cost: PlanCost, plan: StepPlan) -> None:
         columns.append(cost.rows(source="simulated", hardware=topo.name, policy=label, model=model.name,
                                  workload=workload, ep=trace.ep, step=step))
-        step_rows.append(_step_summary(label, step, cost, plan))
+        step_rows.append(_step_summary(label, step, cost, plan, params.overheads.activation_recompute))
         if step_extras is not None:
             step_rows[-1].update(step_extras(plan, cost))
         if keep_costs:
@@ -173,14 +176,16 @@ def simulate(trace: RoutingTrace, topology: Topology | str, policies: list[str],
                      costs=kept)
 
 
-def _step_summary(name: str, step: int, cost: PlanCost, plan: StepPlan) -> dict:
+def _step_summary(name: str, step: int, cost: PlanCost, plan: StepPlan, recompute: bool) -> dict:
     totals = cost.totals()
     return {
         "policy": name, "step": step, "step_s": cost.step_seconds, "tokens": cost.tokens,
         "a2a_s": totals["dispatch"] + totals["combine"], "expert_s": totals["expert_compute"],
         "dense_s": totals["dense_compute"], "exposed_transfer_s": totals["replica_push"] + totals["replica_grad"],
         "planner_exposed_s": totals["planner"], "migration_s": cost.migration_s, "optimizer_s": cost.optimizer_s,
-        "bubble_s": totals["pipeline_bubble"],
+        "bubble_s": totals["pipeline_bubble"], "pipeline_send_s": totals["pipeline_send"],
+        # the busiest GPU's routed rows per layer, what its expert activations are sized by
+        "busiest_expert_rows": busiest_expert_rows(cost.gpu_tokens, recompute, cost.layer_stage),
         "skewness": float(cost.skewness().mean()), "replica_memory_share": cost.memory["replica_memory_share"],
         "replica_buffer_bytes": cost.memory["replica_buffer_bytes"], "plan_s": cost.planner_s,
         "planner_on_critical_path": bool(cost.info["exposed_planner"]),

@@ -55,10 +55,39 @@ def test_activations_by_hand_under_full_recompute():
     assert layer_activation_bytes_per_token(QWEN) == per_token
     t = 16384
     # one micro-batch in flight at PP 1: each of 94 layers keeps its bf16 input, one layer is live, fp32 logits
-    expected = 94 * 2 * h * t + per_token * t + t * 151936 * 4
-    assert stage_budget(QWEN, _layout(), 0)["activations"] == pytest.approx(expected)
-    no_recompute = stage_budget(QWEN, _layout(recompute=False), 0)["activations"]
-    assert no_recompute == pytest.approx(94 * per_token * t + t * 151936 * 4)
+    row = 4 * h + 6 * f  # one routed token-expert row
+    expected = 94 * 2 * h * t + (per_token - 8 * row) * t + t * 151936 * 4
+    terms = stage_budget(QWEN, _layout(), 0)
+    assert terms["activations"] == pytest.approx(expected)
+    assert terms["expert_activations"] == pytest.approx(8 * row * t)  # the live layer's rows, at the mean
+    no_recompute = stage_budget(QWEN, _layout(recompute=False), 0)
+    assert no_recompute["activations"] + no_recompute["expert_activations"] == \
+        pytest.approx(94 * per_token * t + t * 151936 * 4)
+    # the busiest GPU computes 3x the mean rows: its routed activations are 3x, the rest unchanged
+    busy = stage_budget(QWEN, _layout(expert_rows_per_gpu=3 * 8 * t, context_bytes=2.5e9), 0)
+    assert busy["expert_activations"] == pytest.approx(3 * 8 * row * t) and busy["activations"] == terms["activations"]
+    assert busy["cuda_context_nccl"] == 2.5e9
+    assert memory_budget(QWEN, _layout(expert_rows_per_gpu=3 * 8 * t, context_bytes=2.5e9)).total_bytes == \
+        pytest.approx(memory_budget(QWEN, _layout()).total_bytes + 2 * 8 * row * t + 2.5e9)
+    with pytest.raises(ConfigError, match="expert_rows_per_gpu"):
+        _layout(expert_rows_per_gpu=-1.0)
+
+
+def test_busiest_expert_rows_by_hand_and_from_a_cards_trace():
+    from relibra.costs.memory import busiest_expert_rows
+
+    rows = np.ones((2, 3, 4))  # [M, L, ep]
+    rows[1, 2] = [1, 1, 1, 5]  # one (micro-batch, layer, GPU) of 5 rows
+    assert busiest_expert_rows(rows, recompute=True) == 5.0
+    # without recompute a GPU keeps all its layers: GPU 3 of micro-batch 1 holds (1 + 1 + 5) / 3 a layer
+    assert busiest_expert_rows(rows, recompute=False) == pytest.approx(7 / 3)
+    # by stage: layer 2 alone on stage 1
+    assert busiest_expert_rows(rows, False, np.array([0, 0, 1])) == 5.0
+    # a card's bound: the static placement in its own trace, well above the mean (Megatron's skewness > 2)
+    card = load_card("slime-qwen3-235b")
+    b = card.memory_budget()
+    assert b.expert_rows == pytest.approx(card.trace_expert_rows("qwen3-235b-a22b"))
+    assert b.expert_rows > 2 * b.mean_rows and b.mean_rows == 4096 * 8
 
 
 def test_slime_235b_as_written_fits_by_hand():
@@ -77,11 +106,16 @@ def test_slime_235b_as_written_fits_by_hand():
     assert b.terms["optimizer_host"] == pytest.approx(12 * (experts + dense / 4))
     # 4 micro-batches in flight on stage 0 (1F1B), 4096 rows per GPU (16384 x 2 / (2 x 4))
     t = 4096
-    assert b.terms["activations"] == pytest.approx(4 * 24 * 2 * 4096 * t + layer_activation_bytes_per_token(QWEN) * t)
-    assert b.total_bytes / 1e9 == pytest.approx(30.8, abs=0.1)
+    row = 4 * 4096 + 6 * 1536  # one routed token-expert row
+    assert b.terms["activations"] == pytest.approx(4 * 24 * 2 * 4096 * t + (layer_activation_bytes_per_token(QWEN)
+                                                                            - 8 * row) * t)
+    # the live layer's routed rows are the busiest GPU's under the static placement: 3x the mean of 4096 x 8
+    assert b.terms["expert_activations"] == pytest.approx(b.expert_rows * row)
+    assert 2.5 < b.expert_rows / (8 * t) < 3.5 and b.terms["cuda_context_nccl"] == 2.5e9
+    assert b.total_bytes / 1e9 == pytest.approx(35.0, abs=0.1)
     # as written it fits even with the optimizer state in HBM (its expert state is then 43.5 GB per GPU)
     on_gpu = card.with_values("test", optimizer__cpu_offload_fraction=0.0).memory_budget()
-    assert on_gpu.fits and on_gpu.total_bytes / 1e9 == pytest.approx(30.8 + b.terms["optimizer_host"] / 1e9, abs=0.1)
+    assert on_gpu.fits and on_gpu.total_bytes / 1e9 == pytest.approx(35.0 + b.terms["optimizer_host"] / 1e9, abs=0.1)
 
 
 @pytest.mark.parametrize("name", card_names())
@@ -116,15 +150,15 @@ def test_setup_show_prints_the_budget(capsys):
     assert "memory per GPU, qwen3-235b-a22b at EP 16, TP 4, PP 4, CP 2, DP 2" in text
     for term in ("weights", "gradients", "optimizer", "activations", "replica_slots", "dispatcher_buffers"):
         assert f"  {term}" in text
-    assert "30.8 GB of 141 GB HBM (pipeline stage 0): fits" in text
+    assert "35.0 GB of 141 GB HBM (pipeline stage 0): fits" in text and "routed rows a layer" in text
     assert main(["setup", "show", DEFAULT_CARD]) == 0
     text = capsys.readouterr().out
-    assert "sweep optimizer.cpu_offload_fraction = 0.0: 213.5 GB, does NOT fit" in text
+    assert "sweep optimizer.cpu_offload_fraction = 0.0: 225.7 GB, does NOT fit" in text
     assert main(["setup", "show", "slime-qwen3-235b", "--json"]) == 0
     import json
 
     memory = json.loads(capsys.readouterr().out)["memory"]
-    assert memory[0]["fits"] is True and memory[0]["total_GB"] == pytest.approx(30.8, abs=0.1)
+    assert memory[0]["fits"] is True and memory[0]["total_GB"] == pytest.approx(35.0, abs=0.1)
 
 
 # ---- migration of offloaded optimizer state over PCIe -------------------------------------------------------
@@ -188,7 +222,8 @@ def test_a_headline_case_carries_its_memory_verdict():
 
     rows = hl.simulate_case(hl.Case(DEFAULT_CARD, "tiny", "math", 0, ep=4, steps=2, micro_batches=2,
                                     policies=("megatron", "relibra")))
-    expected = load_card(DEFAULT_CARD).memory_budget("tiny", 4)
+    # the busiest GPU's routed rows of the case's own plans (every policy's, the largest)
+    expected = load_card(DEFAULT_CARD).memory_budget("tiny", 4, rows["expert_rows"].iloc[0])
     assert rows["feasible"].all() and rows["memory_GB"].iloc[0] == pytest.approx(expected.total_bytes / 1e9)
     assert rows["hbm_GB"].iloc[0] == pytest.approx(141.0)
 

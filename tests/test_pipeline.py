@@ -98,8 +98,10 @@ def test_pipeline_step_has_a_bubble_and_per_step_costs_pay_none():
     # each stage's MoE work is its layers' share; the LM head sits on the last stage
     assert (fwd.sum() + bwd.sum()) == pytest.approx(flat.microbatch_seconds.sum(), rel=1e-9)
     pipe_s, bubble = piped.pipeline_seconds()
-    assert pipe_s == pytest.approx(one_f_one_b_seconds(fwd, bwd))
-    assert bubble > 0 and bubble == pytest.approx(pipe_s - (fwd + bwd).sum(axis=1).max())
+    sends = piped.stage_send_forward.sum(axis=1) + piped.stage_send_backward.sum(axis=1)  # blocking: held
+    assert pipe_s == pytest.approx(one_f_one_b_seconds(fwd, bwd, piped.stage_send_forward,
+                                                       piped.stage_send_backward))
+    assert bubble > 0 and bubble == pytest.approx(pipe_s - ((fwd + bwd).sum(axis=1) + sends).max())
     # per-step costs: each stage moves and updates its own layers at the same time, outside the schedule
     assert 0 < piped.migration_s < flat.migration_s and piped.optimizer_s < flat.optimizer_s
     assert piped.step_seconds == pytest.approx(pipe_s + piped.migration_s + piped.optimizer_s)
@@ -125,11 +127,76 @@ def test_planner_beyond_its_window_is_charged_once_per_step():
     rng = np.random.default_rng(1)
     plan = dataclasses.replace(_plan(rng), policy="relibra")
     ov = Overheads(planner_window_forward_passes=0.0, planner_reorder_s_per_layer=0.25)
-    for stages in (1, 2):
+    # each stage plans its own layers, the stages at once: 4 layers x 0.25 s on one stage, 2 x 0.25 on two
+    for stages, want in ((1, 1.0), (2, 0.5)):
         cost = cost_plan(plan, MODEL, TOPO, CostParams(pipeline_stages=stages, overheads=ov))
         bare = cost_plan(plan, MODEL, TOPO, CostParams(pipeline_stages=stages))
-        assert cost.planner_step_s == pytest.approx(1.0)  # 4 layers x 0.25 s, window 0
-        assert cost.step_seconds - bare.step_seconds == pytest.approx(1.0, rel=1e-9)
+        assert cost.planner_step_s == pytest.approx(want) and cost.info["overheads"]["planner_s"] == pytest.approx(want)
+        assert cost.step_seconds - bare.step_seconds == pytest.approx(want, rel=1e-9)
+    # interleaved: a device plans both of its chunks' layers
+    inter = cost_plan(dataclasses.replace(_plan(rng, m=2), policy="relibra"), MODEL, TOPO,
+                      CostParams(pipeline_stages=2, virtual_stages=2, overheads=ov))
+    assert inter.planner_step_s == pytest.approx(0.5)
+
+
+def test_stage_sends_by_hand():
+    from relibra.costs.pipeline import boundary_crosses_nodes
+
+    # Megatron's rank order: a stage of 16 GPUs on 8-GPU nodes always leaves its node; stages of 4 share one
+    assert boundary_crosses_nodes(4, 4, 16, 8).tolist() == [True, True, True, False]
+    assert boundary_crosses_nodes(4, 4, 4, 8).tolist() == [False, True, False, False]
+    assert boundary_crosses_nodes(4, 2, 2, 8).tolist() == [False, False, False, False]  # interleaved: back to 0
+    # one micro-batch, two stages, f = b = 1, a 0.5 s send each way: 4 s plus both sends, held or not
+    one = np.ones((2, 1))
+    half = np.full((2, 1), 0.5)
+    assert one_f_one_b_seconds(one, one) == pytest.approx(4.0)
+    for blocking in (True, False):
+        assert one_f_one_b_seconds(one, one, half, half, blocking) == pytest.approx(5.0)
+    # two micro-batches: a held sender waits where an overlapped one computes on
+    two = np.ones((2, 2))
+    assert one_f_one_b_seconds(two, two, np.full((2, 2), 0.5), np.full((2, 2), 0.5), True) > \
+        one_f_one_b_seconds(two, two, np.full((2, 2), 0.5), np.full((2, 2), 0.5), False)
+    rng = np.random.default_rng(3)
+    plan = _plan(rng)
+    tokens = plan.loads[:, 0].sum(axis=2) / MODEL.top_k  # [M, ep]
+    for stage_gpus, rate in ((None, 10e9), (2, 100e9)):  # 8 GPUs span both nodes (RDMA); 2 share one (NVLink)
+        cost = cost_plan(plan, MODEL, TOPO, CostParams(pipeline_stages=2, stage_gpus=stage_gpus))
+        want = tokens.max(axis=1) * MODEL.hidden * MODEL.bytes_per_param / rate + TOPO.collective_latency_s
+        assert cost.stage_send_forward[0] == pytest.approx(want) and (cost.stage_send_forward[1] == 0).all()
+        assert cost.stage_send_backward[1] == pytest.approx(want) and (cost.stage_send_backward[0] == 0).all()
+        totals = cost.totals()
+        assert totals["pipeline_send"] == pytest.approx(want.sum())  # both stages send once per micro-batch
+        assert sum(v for k, v in totals.items() if k != "step_total") == pytest.approx(totals["step_total"])
+    # interleaved stages overlap their sends: nothing held, the wait is in the bubble
+    inter = cost_plan(_plan(rng, m=2), MODEL, TOPO, CostParams(pipeline_stages=2, virtual_stages=2))
+    assert not inter.p2p_blocking and inter.totals()["pipeline_send"] == 0.0
+
+
+def test_offloaded_optimizer_runs_at_the_host_rate_once_per_step_per_stage():
+    rng = np.random.default_rng(2)
+    plan = _plan(rng)  # static placement: 2 homes per GPU per layer, EP 8 = every GPU (dp 1)
+    for stages in (1, 2):
+        base = CostParams(pipeline_stages=stages)
+        gpu = cost_plan(plan, MODEL, TOPO, base)
+        host = cost_plan(plan, MODEL, TOPO, dataclasses.replace(base, optimizer_offload_fraction=1.0,
+                                                                host_adam_params_per_s=1e6))
+        params = 2 * (4 // stages) * MODEL.expert_params + MODEL.dense_params / stages / 8  # one stage's GPU
+        parts = host.info["optimizer"]
+        assert parts["params"] == pytest.approx(params) and parts["gpu_s"] == 0.0
+        assert host.optimizer_s == pytest.approx(params / 1e6)
+        # once per step, outside the schedule: only the optimizer term moves
+        assert host.step_seconds - gpu.step_seconds == pytest.approx(host.optimizer_s - gpu.optimizer_s)
+        assert host.totals()["optimizer"] == host.optimizer_s
+    # half offloaded: the GPU's half beside the host's, the longer sets the step
+    half = cost_plan(plan, MODEL, TOPO, CostParams(optimizer_offload_fraction=0.5, host_adam_params_per_s=1e6))
+    parts = half.info["optimizer"]
+    assert parts["gpu_s"] > 0 and half.optimizer_s == max(parts["gpu_s"], parts["host_s"])
+    assert parts["host_compute_s"] == pytest.approx(0.5 * parts["params"] / 1e6)
+    # a fast host: the PCIe copies set it (fp32 gradients down, 4 bytes a parameter)
+    fast = cost_plan(plan, MODEL, TOPO, CostParams(optimizer_offload_fraction=1.0, host_adam_params_per_s=1e15))
+    assert fast.optimizer_s == pytest.approx(fast.info["optimizer"]["params"] * 4 / (TOPO.pcie_GBps * 1e9))
+    with pytest.raises(ConfigError, match="host_adam_params_per_s"):
+        CostParams(host_adam_params_per_s=0.0)
 
 
 # ---- the dispatcher ---------------------------------------------------------------------------------

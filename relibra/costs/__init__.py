@@ -8,7 +8,10 @@ replicas, token flow) and its flags (`transfers_on_critical_path`, `uniform_rout
   links        link and all-to-all seconds on a topology; distinct tokens under DeepEP's dedup
   flops        GEMM seconds (the half-saturation curve) and attention-core FLOPs to seconds
   phases       one function per phase: dispatch/combine, experts, dense (attention), non-MoE parts,
-               replicas, run-time planner, migration, optimizer; replica memory
+               stage-to-stage sends, replicas, run-time planner, migration, optimizer (on the GPU and, where
+               offloaded, on the host); replica memory
+  pipeline     the 1F1B and interleaved schedules over stages, with their sends
+  memory       the busiest GPU's memory and whether it fits; the PCIe leg of offloaded optimizer state
   overheads    Overheads: overlap efficiency, activation recomputation, replica gradient adds, the
                post-rollout planner, plan metadata (the costs of balancing beyond its transfers' bytes)
   plan_cost    PlanCost and cost_plan, which assembles the phases into one step
@@ -26,9 +29,9 @@ from relibra.costs.links import collective_seconds, distinct_tokens, link_second
 from relibra.costs.overheads import Overheads, overheads_from_values, plan_metadata
 from relibra.costs.params import GB, PLANNER_CHARGES, REPLICA_BUFFERS, ROUTES, TFLOP, CostParams
 from relibra.costs.phases import (active_copies, dense_seconds, dispatch_seconds, exposed_seconds,
-                                  expert_seconds_per_gpu, migration_seconds, non_moe_seconds, optimizer_seconds,
-                                  planner_on_critical_path, planner_seconds, replica_memory, replica_moves,
-                                  replica_seconds, replica_transfer_seconds)
+                                  expert_seconds_per_gpu, migration_seconds, non_moe_seconds, optimizer_parts,
+                                  optimizer_seconds, planner_on_critical_path, planner_seconds, replica_memory,
+                                  replica_moves, replica_seconds, replica_transfer_seconds, stage_send_seconds)
 from relibra.costs.plan_cost import PlanCost, cost_plan
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "moe_layer_dense_flops_per_token", "dense_params_per_gpu",
     "dispatch_seconds", "active_copies", "expert_seconds_per_gpu", "dense_seconds", "non_moe_seconds",
     "replica_moves", "replica_transfer_seconds", "replica_seconds", "exposed_seconds", "replica_memory",
-    "planner_on_critical_path", "planner_seconds", "migration_seconds", "optimizer_seconds",
+    "planner_on_critical_path", "planner_seconds", "migration_seconds", "optimizer_seconds", "optimizer_parts",
+    "stage_send_seconds",
     "load_planner_table", "planner_seconds_per_cell",
 ]

@@ -31,9 +31,16 @@ recompute every layer keeps all of them. Under 1F1B the first stage holds min(PP
 flight, the last one. The last stage also holds the fp32 logits of its micro-batch (tokens x vocab x 4
 bytes; vocab-parallel: TP ranks split the vocabulary and gather the sequence, so tokens_per_gpu x vocab).
 
+The routed experts' activations (`expert_activation_bytes`) are those of the busiest GPU: its token-expert
+rows per layer are `expert_rows_per_gpu` (`busiest_expert_rows` of a step's plans or of a trace's static
+placement: under recompute the busiest (micro-batch, layer, GPU), the one live layer; without it the busiest
+(micro-batch, GPU) per layer of its stage), or tokens_per_gpu x top_k (the mean) where not given.
+
 Replica slots (`replica_bytes`): `spare_slots` expert weights (bf16) and replica gradients (bf16) per slot,
 once (layer-shared buffer) or per layer of the stage (per-layer buffer). Dispatcher buffers: the card's
-assumed size (DeepEP's registered NVLink / RDMA buffers; Megatron's alltoall permutes into activations).
+assumed size (DeepEP's registered NVLink / RDMA buffers; Megatron's alltoall dispatcher permutes into the
+expert activations, counted there). CUDA context and NCCL buffers (`context_bytes`): the card's assumed size,
+apart from everything above.
 """
 
 from __future__ import annotations
@@ -66,6 +73,9 @@ class MemoryLayout:
     dispatcher_buffer_bytes: the token dispatcher's own buffers per GPU.
     activation_scale: factor on the activation bytes (the formula's assumption, swept over its range).
     hbm_bytes: the GPU's HBM.
+    expert_rows_per_gpu: routed token-expert rows per MoE layer of the busiest GPU (see the module); None:
+        tokens_per_gpu x top_k, the mean.
+    context_bytes: the CUDA context, kernel images and NCCL's communicator buffers per GPU.
     """
 
     tp: int
@@ -85,6 +95,8 @@ class MemoryLayout:
     replica_buffer: str = "layer-shared"
     dispatcher_buffer_bytes: float = 0.0
     activation_scale: float = 1.0
+    expert_rows_per_gpu: float | None = None
+    context_bytes: float = 0.0
 
     def __post_init__(self):
         for name in ("tp", "pp", "cp", "ep", "dp"):
@@ -98,6 +110,11 @@ class MemoryLayout:
             raise ConfigError(f"memory layout: tokens_per_gpu must be >= 0, got {self.tokens_per_gpu!r}")
         if not (self.activation_scale > 0 and math.isfinite(self.activation_scale)):
             raise ConfigError(f"memory layout: activation_scale must be positive, got {self.activation_scale!r}")
+        rows = self.expert_rows_per_gpu
+        if rows is not None and not (rows >= 0 and math.isfinite(rows)):
+            raise ConfigError(f"memory layout: expert_rows_per_gpu must be None or >= 0, got {rows!r}")
+        if not (self.context_bytes >= 0 and math.isfinite(self.context_bytes)):
+            raise ConfigError(f"memory layout: context_bytes must be >= 0, got {self.context_bytes!r}")
         if not (self.hbm_bytes > 0 and math.isfinite(self.hbm_bytes)):
             raise ConfigError(f"memory layout: hbm_bytes must be positive, got {self.hbm_bytes!r}")
         if self.replica_buffer not in ("layer-shared", "per-layer"):
@@ -156,6 +173,18 @@ def stage_params(model: ModelShape, layout: MemoryLayout, stage: int) -> tuple[f
     return float(dense), float(experts)
 
 
+def expert_row_bytes(model: ModelShape) -> float:
+    """Bytes one routed token-expert row keeps for backward (bf16): the permuted input 2h, gate and up outputs
+    2 x 2f, the activation output 2f, the down output 2h: 4h + 6f (layer_activation_bytes_per_token)."""
+    return float(4 * model.hidden + 6 * model.moe_ffn)
+
+
+def layer_token_bytes(model: ModelShape) -> float:
+    """Bytes of one MoE layer's activations per source token outside the routed experts: attention, the MoE's
+    layer-norm output and router, and the shared experts (layer_activation_bytes_per_token less top_k rows)."""
+    return layer_activation_bytes_per_token(model) - model.top_k * expert_row_bytes(model)
+
+
 def layer_activation_bytes_per_token(model: ModelShape) -> float:
     """Bytes one token keeps for the backward pass of one MoE layer, all activations live (no recompute),
     with FlashAttention (no s^2 term) and no dropout (the recipes set it to 0). bf16 (2 bytes) unless noted:
@@ -180,21 +209,60 @@ def layer_activation_bytes_per_token(model: ModelShape) -> float:
 
 
 def activation_bytes(model: ModelShape, layout: MemoryLayout, stage: int) -> float:
-    """Activation bytes one GPU of `stage` holds at its peak: micro-batches in flight x (layers x kept bytes
-    per layer) + one live layer under recompute; plus the last stage's fp32 logits."""
+    """Activation bytes outside the routed experts one GPU of `stage` holds at its peak: micro-batches in flight
+    x (layers x kept bytes per layer) + one live layer under recompute; plus the last stage's fp32 logits."""
+    n, in_flight = _stage_span(model, layout, stage)
+    tokens = layout.tokens_per_gpu
+    if layout.recompute:
+        total = in_flight * n * 2.0 * model.hidden * tokens + layer_token_bytes(model) * tokens  # bf16 inputs
+    else:
+        total = in_flight * n * layer_token_bytes(model) * tokens
+    if stage == layout.pp - 1:
+        total += tokens * model.vocab_size * LOGIT_BYTES
+    return float(total * layout.activation_scale)
+
+
+def expert_activation_bytes(model: ModelShape, layout: MemoryLayout, stage: int) -> float:
+    """The routed experts' activations of the busiest GPU of `stage`: expert_rows(model, layout) rows per layer,
+    expert_row_bytes each; one live layer under recompute, every layer of every micro-batch in flight without
+    it."""
+    n, in_flight = _stage_span(model, layout, stage)
+    rows = expert_rows(model, layout)
+    layers = 1 if layout.recompute else in_flight * n
+    return float(layers * rows * expert_row_bytes(model) * layout.activation_scale)
+
+
+def _stage_span(model: ModelShape, layout: MemoryLayout, stage: int) -> tuple[int, int]:
+    """(layers of `stage`, micro-batches it holds in flight under 1F1B: PP - stage, at most the step's)."""
     n = stage_layers(model.num_layers + model.num_dense_layers, layout.pp)[stage]
     in_flight = layout.pp - stage
     if layout.micro_batches is not None:
         in_flight = min(in_flight, layout.micro_batches)
-    full = layer_activation_bytes_per_token(model) * layout.tokens_per_gpu
-    if layout.recompute:
-        kept = 2.0 * model.hidden * layout.tokens_per_gpu  # each layer's bf16 input
-        total = in_flight * n * kept + full
-    else:
-        total = in_flight * n * full
-    if stage == layout.pp - 1:
-        total += layout.tokens_per_gpu * model.vocab_size * LOGIT_BYTES
-    return float(total * layout.activation_scale)
+    return n, in_flight
+
+
+def expert_rows(model: ModelShape, layout: MemoryLayout) -> float:
+    """Routed token-expert rows per MoE layer of the busiest GPU: layout.expert_rows_per_gpu, else the mean
+    tokens_per_gpu x top_k."""
+    return float(layout.tokens_per_gpu * model.top_k if layout.expert_rows_per_gpu is None
+                 else layout.expert_rows_per_gpu)
+
+
+def busiest_expert_rows(gpu_tokens: np.ndarray, recompute: bool, layer_stage: np.ndarray | None = None) -> float:
+    """Routed token-expert rows per layer of the busiest GPU, as MemoryLayout.expert_rows_per_gpu reads them.
+
+    gpu_tokens: int [M, L, ep] rows each GPU computes (PlanCost.gpu_tokens); layer_stage: int [L] the pipeline
+    stage of each layer (None: one stage). Under recompute one layer is live: the largest (micro-batch, layer,
+    GPU); without it a GPU keeps every layer of its stage: the largest (micro-batch, GPU) mean over a stage's
+    layers.
+    """
+    rows = np.asarray(gpu_tokens, dtype=np.float64)
+    if rows.size == 0:
+        return 0.0
+    if recompute:
+        return float(rows.max())
+    stages = np.zeros(rows.shape[1], dtype=np.int64) if layer_stage is None else np.asarray(layer_stage)
+    return max(float(rows[:, stages == s].mean(axis=1).max()) for s in np.unique(stages))
 
 
 def replica_bytes(model: ModelShape, layout: MemoryLayout, stage: int) -> float:
@@ -208,8 +276,8 @@ def replica_bytes(model: ModelShape, layout: MemoryLayout, stage: int) -> float:
 
 def stage_budget(model: ModelShape, layout: MemoryLayout, stage: int) -> dict[str, float]:
     """Bytes per term one GPU of `stage` holds in HBM, plus the optimizer bytes it keeps in host memory:
-    {"weights", "gradients", "optimizer", "activations", "replica_slots", "dispatcher_buffers",
-    "optimizer_host"} (bytes)."""
+    {"weights", "gradients", "optimizer", "activations", "expert_activations", "replica_slots",
+    "dispatcher_buffers", "cuda_context_nccl", "optimizer_host"} (bytes)."""
     dense, experts = stage_params(model, layout, stage)
     state = model.optimizer_bytes_per_param * (dense / layout.dense_dp + experts / layout.expert_dp)
     f = float(layout.optimizer_offload_fraction)
@@ -217,12 +285,15 @@ def stage_budget(model: ModelShape, layout: MemoryLayout, stage: int) -> dict[st
             "gradients": (dense + experts) * layout.main_grad_bytes_per_param,
             "optimizer": state * (1.0 - f),
             "activations": activation_bytes(model, layout, stage),
+            "expert_activations": expert_activation_bytes(model, layout, stage),
             "replica_slots": replica_bytes(model, layout, stage),
             "dispatcher_buffers": float(layout.dispatcher_buffer_bytes),
+            "cuda_context_nccl": float(layout.context_bytes),
             "optimizer_host": state * f}
 
 
-HBM_TERMS = ("weights", "gradients", "optimizer", "activations", "replica_slots", "dispatcher_buffers")
+HBM_TERMS = ("weights", "gradients", "optimizer", "activations", "expert_activations", "replica_slots",
+             "dispatcher_buffers", "cuda_context_nccl")
 
 
 @dataclass(frozen=True)
@@ -234,6 +305,8 @@ class MemoryBudget:
     stage: int
     terms: dict
     hbm_bytes: float
+    expert_rows: float = 0.0
+    mean_rows: float = 0.0
 
     @property
     def total_bytes(self) -> float:
@@ -250,7 +323,9 @@ class MemoryBudget:
 
     def lines(self) -> list[str]:
         """The budget line by line, GB per term, total vs HBM and the verdict."""
-        out = [f"{t:<20} {self.terms[t] / GB:8.1f} GB" for t in HBM_TERMS]
+        out = [f"{t:<20} {self.terms[t] / GB:8.1f} GB" + (
+            f" (the busiest GPU: {self.expert_rows:,.0f} routed rows a layer, {self.expert_rows / self.mean_rows:.2f}x "
+            f"the mean)" if t == "expert_activations" and self.mean_rows else "") for t in HBM_TERMS]
         out.append(f"{'total':<20} {self.total_bytes / GB:8.1f} GB of {self.hbm_bytes / GB:.0f} GB HBM "
                    f"(pipeline stage {self.stage}): "
                    + ("fits" if self.fits else f"does NOT fit ({-self.headroom_bytes / GB:.1f} GB over)"))
@@ -260,7 +335,8 @@ class MemoryBudget:
         return out
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "stage": self.stage, **{f"{k}_GB": v / GB for k, v in self.terms.items()},
+        return {"model": self.model, "stage": self.stage, "expert_rows": self.expert_rows,
+                **{f"{k}_GB": v / GB for k, v in self.terms.items()},
                 "total_GB": self.total_bytes / GB, "hbm_GB": self.hbm_bytes / GB, "fits": self.fits}
 
 
@@ -268,7 +344,8 @@ def memory_budget(model: ModelShape, layout: MemoryLayout) -> MemoryBudget:
     """The budget of the GPU that needs the most HBM over the pipeline stages (ties: the first)."""
     budgets = [stage_budget(model, layout, s) for s in range(layout.pp)]
     stage = max(range(layout.pp), key=lambda s: (sum(budgets[s][t] for t in HBM_TERMS), -s))
-    return MemoryBudget(model.name, stage, budgets[stage], float(layout.hbm_bytes))
+    return MemoryBudget(model.name, stage, budgets[stage], float(layout.hbm_bytes), expert_rows(model, layout),
+                        float(layout.tokens_per_gpu * model.top_k))
 
 
 # ---- optimizer state in host memory: what migration pays over PCIe --------------------------------------

@@ -243,23 +243,26 @@ def planner_rated(plan: StepPlan, overheads: Overheads) -> bool:
     return plan.policy.startswith("relibra") and (measured is None or plan.num_experts == measured)
 
 
-def planner_model_seconds(plan: StepPlan, overheads: Overheads) -> float:
+def planner_model_seconds(plan: StepPlan, overheads: Overheads, layers: int | None = None) -> float:
     """The post-rollout planner's seconds for this plan's step: reorder seconds x layers + replication
-    seconds x micro-batches x layers where planner_rated, else 0."""
+    seconds x micro-batches x layers where planner_rated, else 0. layers: the MoE layers one planner
+    plans (a pipeline stage's, each stage planning its own at the same time); None: all of the plan's."""
     if not planner_rated(plan, overheads):
         return 0.0
-    m, l = plan.num_microbatches, plan.num_layers
+    m, l = plan.num_microbatches, plan.num_layers if layers is None else layers
     return overheads.planner_reorder_s_per_layer * l + overheads.planner_replication_s_per_cell * m * l
 
 
-def post_rollout_planner(plan: StepPlan, forward_s: float, overheads: Overheads) -> dict:
+def post_rollout_planner(plan: StepPlan, forward_s: float, overheads: Overheads, layers: int | None = None) -> dict:
     """The planner against its post-rollout window, once per step.
 
-    forward_s: seconds of the step's forward pass (every micro-batch). Returns {"planner_s" (the
-    modelled planner seconds), "window_s" (planner_window_forward_passes x forward_s), "exposed_s"
-    (planner_s beyond the window; 0 when the planner is not charged or has no measured rate), "rated"}.
+    forward_s: seconds of the step's forward pass (every micro-batch); layers: the most MoE layers one
+    pipeline device plans (its stages' layers; the devices plan in parallel), None: every layer. Returns
+    {"planner_s" (the modelled seconds of that planner), "window_s" (planner_window_forward_passes x
+    forward_s), "exposed_s" (planner_s beyond the window; 0 when the planner is not charged or has no
+    measured rate), "rated"}.
     """
-    planner_s = planner_model_seconds(plan, overheads)
+    planner_s = planner_model_seconds(plan, overheads, layers)
     rated = planner_rated(plan, overheads)
     if not overheads.charges_planner:
         return {"planner_s": planner_s, "window_s": float("nan"), "exposed_s": 0.0, "rated": rated}

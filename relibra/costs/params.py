@@ -70,13 +70,18 @@ class CostParams:
     last_stage_layers: decoder layers of the last stage (Megatron's --decoder-last-pipeline-num-layers),
         the others split the rest evenly; None: an even split.
     virtual_stages: model chunks per pipeline device (interleaved 1F1B); 1: plain 1F1B.
+    stage_gpus: GPUs of one pipeline stage (DP x CP x TP), which with the cluster's GPUs per node says whether
+        a stage-to-stage send crosses nodes (pipeline.boundary_crosses_nodes); None: the EP size.
     sequence_split: ranks every sequence is split over (context x sequence parallel, CP x TP): a trace's
         seq_lens then hold each rank's piece, and one rank's attention core is that of the whole
         sequence (piece x split) over split (Megatron's CP load-balances the causal work).
     optimizer_offload_fraction: share of the optimizer state kept in host memory (Megatron's
         --optimizer-cpu-offload with --optimizer-offload-fraction): migration moves that share of each
         moved expert's state shard over PCIe, out of the old home's host and into the new one's
-        (relibra.costs.memory.offload_migration_seconds); 0 (default) = all in HBM.
+        (relibra.costs.memory.offload_migration_seconds), and the optimizer step updates that share on the host
+        (phases.optimizer_seconds); 0 (default) = all in HBM.
+    host_adam_params_per_s: parameters per second the host's CPU Adam updates for one GPU (the host's rate
+        shared by the GPUs it serves); charges the offloaded share of the optimizer step.
     overheads: the costs of balancing beyond its transfers' bytes (relibra.costs.overheads.Overheads:
         overlap efficiency, activation recomputation, replica gradient adds, the post-rollout planner);
         the default charges none of them, the set-up card's [overheads] section says what to charge.
@@ -96,9 +101,11 @@ class CostParams:
     pipeline_stages: int = 1
     last_stage_layers: int | None = None
     virtual_stages: int = 1
+    stage_gpus: int | None = None
     sequence_split: int = 1
     overheads: Overheads = field(default_factory=Overheads)
     optimizer_offload_fraction: float = 0.0
+    host_adam_params_per_s: float = 4.0e8
 
     def __post_init__(self):
         if not isinstance(self.overheads, Overheads):
@@ -123,6 +130,9 @@ class CostParams:
         f = self.optimizer_offload_fraction
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
             raise ConfigError(f"cost model: optimizer_offload_fraction must lie in [0, 1], got {f!r}")
+        v = self.host_adam_params_per_s
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ConfigError(f"cost model: host_adam_params_per_s must be a positive number, got {v!r}")
         if self.dp_size is not None and (not isinstance(self.dp_size, int) or self.dp_size <= 0):
             raise ConfigError(f"cost model: dp_size must be a positive integer or None, got {self.dp_size!r}")
         if self.dispatcher is not None and self.dispatcher not in DISPATCHERS:
@@ -131,6 +141,9 @@ class CostParams:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"cost model: {name} must be a positive integer, got {v!r}")
+        v = self.stage_gpus
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"cost model: stage_gpus must be a positive integer or None, got {v!r}")
         v = self.last_stage_layers
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"cost model: last_stage_layers must be a positive integer or None, got {v!r}")

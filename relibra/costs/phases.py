@@ -155,6 +155,24 @@ def non_moe_seconds(src_tokens: np.ndarray, model: ModelShape, topology: Topolog
     return (gemm_seconds(src_tokens, gemm_factor * fpt, topology) + attention_core_seconds(core, topology)).max(axis=1)
 
 
+def stage_send_seconds(src_tokens: np.ndarray, model: ModelShape, topology: Topology,
+                       crosses_nodes: np.ndarray) -> np.ndarray:
+    """Seconds of each chunk's stage-to-stage send per micro-batch: float64 [chunks, M] (the activation
+    forward; its gradient backward is the same size).
+
+    src_tokens: [M, ep] tokens on each rank (already split over CP and TP: Megatron sends each rank's
+    sequence-parallel piece, [seq / CP / TP, batch, hidden] in schedules.py get_tensor_shapes); each rank
+    sends tokens x hidden x bytes_per_param to its peer in the next stage over RDMA where the boundary
+    crosses nodes (crosses_nodes bool [chunks]), else NVLink; the slowest rank sets it, plus one
+    collective_latency_s. The last chunk's row is 0.
+    """
+    nbytes = np.asarray(src_tokens, dtype=np.float64).max(axis=1) * model.hidden * model.bytes_per_param  # [M]
+    rate = np.where(np.asarray(crosses_nodes), topology.rdma_bytes_per_s, topology.nvlink_bytes_per_s)  # [chunks]
+    out = nbytes[None, :] / rate[:, None] + topology.collective_latency_s
+    out[-1] = 0.0
+    return out
+
+
 # ---- replicas ------------------------------------------------------------------------------------
 def replica_moves(plan: StepPlan, buffer: str) -> tuple[np.ndarray, np.ndarray]:
     """Replica weight pushes and gradient pulls: (pushes, pulls) int64 [M, L, ep_home, ep_dst] copies
@@ -339,18 +357,46 @@ def migration_seconds(prev_home: np.ndarray | None, home: np.ndarray, ep: int, g
                      "inter_node": int(round(int(cross.sum()) * state_bytes)), "experts_moved": int(moved.sum())}
 
 
-def optimizer_seconds(model: ModelShape, homes_per_gpu: int, ep: int, topology: Topology, dp_size: int = 1,
-                      layers: int | None = None, dense_params: float | None = None) -> float:
-    """Seconds of the Adam step on the busiest GPU, memory-bound.
+def optimizer_parts(model: ModelShape, homes_per_gpu: int, ep: int, topology: Topology, dp_size: int = 1,
+                    layers: int | None = None, dense_params: float | None = None, offload_fraction: float = 0.0,
+                    host_adam_params_per_s: float = 4.0e8, grad_bytes_per_param: int = 4,
+                    expert_copies: int | None = None) -> dict:
+    """Seconds of the Adam step on the busiest GPU, by where it runs: {"params" (parameters the GPU's shard
+    updates), "gpu_s", "host_s", "host_compute_s", "pcie_s", "seconds"}.
 
-    Per parameter updated: read and write the fp32 master, m and v (2 x optimizer_bytes_per_param),
-    read the gradient and write the weight (2 x bytes_per_param). A distributed optimizer updates
-    1 / dp_size of the GPU's experts (sharded over the expert-data-parallel ranks) and 1 / (ep x
-    dp_size) of the dense parameters (sharded over every GPU); the all-gather of the updated weights
-    is not charged (the same for every policy). layers, dense_params: one pipeline stage's MoE layers and
-    dense parameters (default: the whole model's).
+    A distributed optimizer updates 1 / dp_size of the GPU's experts (sharded over the expert-data-parallel
+    ranks) and 1 / (ep x dp_size) of the dense parameters (sharded over every GPU); the all-gather of the
+    updated weights is not charged (the same for every policy). layers, dense_params: one pipeline stage's
+    MoE layers and dense parameters (default: the whole model's); expert_copies: the (layer, expert) homes the
+    busiest GPU updates over those layers (default homes_per_gpu x layers).
+
+    On the GPU ((1 - offload_fraction) of the parameters) the step is memory-bound: read and write the fp32
+    master, m and v (2 x optimizer_bytes_per_param), read the gradient and write the weight (2 x
+    bytes_per_param) at memory_GBps. The offloaded share runs on the host (Megatron-LM's
+    HybridDeviceOptimizer: torch.optim.AdamW on the CPU copies) at host_adam_params_per_s, while its
+    gradients go down (grad_bytes_per_param each: the fp32 main_grad) and its updated weights come back up
+    (bytes_per_param each: a CPU-GPU copy converts on the CPU) over the GPU's PCIe link, both directions at
+    once; with --overlap-cpu-optimizer-d2h-h2d the copies of one parameter overlap the CPU step of another,
+    so the host part takes the longest of the three. The GPU part runs beside it (its kernels are queued
+    before the CPU step starts): the step takes the longer of the two.
     """
     layers = model.num_layers if layers is None else layers
     dense = model.dense_params if dense_params is None else dense_params
-    params = homes_per_gpu * layers * model.expert_params / dp_size + dense / (ep * dp_size)
-    return params * (2 * model.optimizer_bytes_per_param + 2 * model.bytes_per_param) / topology.memory_bytes_per_s
+    copies = homes_per_gpu * layers if expert_copies is None else expert_copies
+    params = copies * model.expert_params / dp_size + dense / (ep * dp_size)
+    f = float(offload_fraction)
+    gpu_s = (1.0 - f) * params * (2 * model.optimizer_bytes_per_param + 2 * model.bytes_per_param) \
+        / topology.memory_bytes_per_s
+    host_compute_s = f * params / host_adam_params_per_s
+    pcie_s = f * params * max(grad_bytes_per_param, model.bytes_per_param) / (topology.pcie_GBps * 1e9)
+    host_s = max(host_compute_s, pcie_s)
+    return {"params": float(params), "gpu_s": float(gpu_s), "host_s": float(host_s),
+            "host_compute_s": float(host_compute_s), "pcie_s": float(pcie_s), "seconds": float(max(gpu_s, host_s))}
+
+
+def optimizer_seconds(model: ModelShape, homes_per_gpu: int, ep: int, topology: Topology, dp_size: int = 1,
+                      layers: int | None = None, dense_params: float | None = None, offload_fraction: float = 0.0,
+                      host_adam_params_per_s: float = 4.0e8, grad_bytes_per_param: int = 4) -> float:
+    """Seconds of the Adam step on the busiest GPU (optimizer_parts' "seconds"; all on the GPU by default)."""
+    return optimizer_parts(model, homes_per_gpu, ep, topology, dp_size, layers, dense_params, offload_fraction,
+                           host_adam_params_per_s, grad_bytes_per_param)["seconds"]

@@ -9,7 +9,8 @@ import numpy as np
 
 from relibra.cluster import ModelShape, Topology
 from relibra.costs import overheads, phases
-from relibra.costs.pipeline import interleaved_seconds, layer_stages, stage_layer_counts
+from relibra.costs.pipeline import (boundary_crosses_nodes, interleaved_seconds, layer_stages, p2p_blocking,
+                                    sends_on_device, stage_layer_counts)
 from relibra.costs.params import CostParams
 from relibra.costs.memory import offload_migration_seconds
 from relibra.errors import PlanError
@@ -42,6 +43,9 @@ class PlanCost:
         dense layers where they sit, the LM head on the last); None without a pipeline.
     planner_step_s: the post-rollout planner's exposed seconds, once per step (spread evenly over the
         forward "planner" cells in the rows; taken out of the per-micro-batch work of the pipeline).
+    stage_send_forward / stage_send_backward: [chunks, M] seconds of each chunk's stage-to-stage send after
+        its forward (activation) and backward (input gradient); None without a pipeline. p2p_blocking: the
+        sends hold their stage (Megatron's plain 1F1B) or only delay their receiver (interleaved).
     """
 
     forward: dict
@@ -63,6 +67,9 @@ class PlanCost:
     stage_extra_backward: np.ndarray | None = None
     pipeline_devices: int = 1
     planner_step_s: float = 0.0
+    stage_send_forward: np.ndarray | None = None
+    stage_send_backward: np.ndarray | None = None
+    p2p_blocking: bool = True
 
     @property
     def microbatch_seconds(self) -> np.ndarray:
@@ -93,14 +100,22 @@ class PlanCost:
         if self.layer_stage is None:
             return float(self.microbatch_seconds.sum() - self.planner_step_s), 0.0
         fwd, bwd = self.stage_seconds()
-        total = interleaved_seconds(fwd, bwd, self.pipeline_devices)
+        total = interleaved_seconds(fwd, bwd, self.pipeline_devices, self.stage_send_forward,
+                                    self.stage_send_backward, self.p2p_blocking)
         return total, total - float(self._device_work().max())
 
+    def _device_sends(self) -> np.ndarray:
+        """[devices] seconds each pipeline device is held by its stage-to-stage sends (0 where they overlap)."""
+        if self.stage_send_forward is None or not self.p2p_blocking:
+            return np.zeros(self.pipeline_devices)
+        return sends_on_device(self.stage_send_forward, self.stage_send_backward, self.pipeline_devices)
+
     def _device_work(self) -> np.ndarray:
-        """[devices] forward + backward seconds of each pipeline device over the step (its chunks summed)."""
+        """[devices] forward + backward seconds of each pipeline device over the step (its chunks summed), with
+        the sends that hold it."""
         fwd, bwd = self.stage_seconds()
         return np.bincount(np.arange(fwd.shape[0]) % self.pipeline_devices, weights=(fwd + bwd).sum(axis=1),
-                           minlength=self.pipeline_devices)
+                           minlength=self.pipeline_devices) + self._device_sends()
 
     @property
     def step_seconds(self) -> float:
@@ -111,11 +126,13 @@ class PlanCost:
         return float(self.pipeline_seconds()[0] + self.planner_step_s + self.migration_s + self.optimizer_s)
 
     def totals(self) -> dict:
-        """{component: seconds over the step} on the critical path, plus pipeline_bubble and step_total.
+        """{component: seconds over the step} on the critical path, plus pipeline_send, pipeline_bubble and
+        step_total.
 
         With a pipeline the per-micro-batch components are those of the busiest device (the stage that
-        sets the pace) and pipeline_bubble is the schedule's time beyond that device's own work, so the
-        components add up to step_total; without one, every layer's, and the bubble is 0."""
+        sets the pace), pipeline_send its blocking stage-to-stage sends, and pipeline_bubble the schedule's
+        time beyond that device's own work, so the components add up to step_total; without one, every
+        layer's, and the send and bubble are 0."""
         out: dict[str, float] = {}
         keep = None
         if self.layer_stage is not None:
@@ -131,6 +148,7 @@ class PlanCost:
             out["dense_compute"] += float(self.stage_extra_forward[mine].sum() + self.stage_extra_backward[mine].sum())
             m, l = self.gpu_tokens.shape[:2]
             out["planner"] += self.planner_step_s * (1.0 - float(keep.sum()) / l)  # the rest of the once-per-step part
+        out["pipeline_send"] = 0.0 if keep is None else float(self._device_sends()[busiest])
         out["pipeline_bubble"] = self.pipeline_seconds()[1]
         out["migration"] = self.migration_s
         out["optimizer"] = self.optimizer_s
@@ -171,7 +189,8 @@ class PlanCost:
                 parts.append((mb.ravel(), layer.ravel(), phase, comp, arr.ravel(), tok.ravel()))
         for phase, arr in (("forward", self.extra_forward), ("backward", self.extra_backward)):
             parts.append((np.arange(m), np.full(m, -1), phase, "dense_compute", arr, np.zeros(m, dtype=np.int64)))
-        bubble = [] if self.layer_stage is None else [("pipeline_bubble", self.pipeline_seconds()[1], 0)]
+        bubble = [] if self.layer_stage is None else [("pipeline_send", self.totals()["pipeline_send"], 0),
+                                                      ("pipeline_bubble", self.pipeline_seconds()[1], 0)]
         step_rows = bubble + [("migration", self.migration_s, 0), ("optimizer", self.optimizer_s, 0),
                      ("planner", self.planner_s, 0), ("step_total", self.step_seconds, self.tokens)]
         for comp, sec, tok in step_rows:
@@ -332,11 +351,18 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
         stage_fwd, stage_bwd = share * dense_f[None], share * dense_b[None]
         stage_fwd[-1] += np.maximum(extra - dense_f, 0.0)  # the LM head on the last stage
         stage_bwd[-1] += np.maximum(extra_b - dense_b, 0.0)
+        # each chunk's activation goes to the next chunk's GPUs, its input gradient back (the same bytes)
+        crosses = boundary_crosses_nodes(chunks, devices, params.stage_gpus or ep, topology.gpus_per_node)
+        send_f = phases.stage_send_seconds(src_tokens, model, topology, crosses)
+        send_b = np.vstack([np.zeros((1, m)), send_f[:-1]])
+        blocking = p2p_blocking(params.virtual_stages)
         # the post-rollout window is a forward-only pass through the pipeline
         forward_pass_s = interleaved_seconds(by_stage(sum(forward.values()), layer_stage, chunks) + stage_fwd,
-                                             np.zeros_like(stage_fwd), devices)
+                                             np.zeros_like(stage_fwd), devices, send_f, None, blocking)
+    # with a pipeline each device plans its own stages' layers, all devices at once
+    planner_layers = None if layout is None else int(np.bincount(layer_stage % devices, minlength=devices).max())
     own = charge_overheads(plan, model, topology, params, forward, backward, extra, src_tokens, seq_lens,
-                           forward_pass_s)
+                           forward_pass_s, planner_layers)
     recompute_extra = own.pop("recompute_extra_backward")
     cells = own.pop("_cells")
     # the floor is paid by forward, backward and (with recomputation) the recomputed forward
@@ -357,15 +383,23 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
         return offload_migration_seconds(prev, new, ep, model, topology.pcie_GBps, dp,
                                          params.optimizer_offload_fraction)[0]
 
-    homes = int(plan.homes_per_gpu().max())
+    homes_lg = plan.homes_per_gpu()  # [L, ep]
+    homes = int(homes_lg.max())
+
+    def optimizer_of(mine, dense_params) -> dict:  # the Adam step of one device's layers (phases.optimizer_parts)
+        copies = int(homes_lg[mine].sum(axis=0).max(initial=0))  # the GPU homing the most of them
+        return phases.optimizer_parts(model, homes, ep, topology, dp, None, dense_params,
+                                      params.optimizer_offload_fraction, params.host_adam_params_per_s,
+                                      params.overheads.main_grad_bytes_per_param, expert_copies=copies)
+
     if layout is None:
         migration_s, migration_bytes = phases.migration_seconds(prev_home, plan.home, ep, gpn, model, topology, dp,
                                                                 route)
         migration_s = max(migration_s, host_leg_s(prev_home, plan.home))
-        optimizer_s = phases.optimizer_seconds(model, homes, ep, topology, dp)
+        optimizer = optimizer_of(np.ones(l, dtype=bool), None)
     else:
         migration_bytes = {"intra_node": 0, "inter_node": 0, "experts_moved": 0}
-        per_device_mig, per_device_host, per_device_opt = np.zeros(devices), np.zeros(devices), np.zeros(devices)
+        per_device_mig, per_device_host = np.zeros(devices), np.zeros(devices)
         for c in range(chunks):
             mine = layer_stage == c
             if prev_home is not None:
@@ -374,10 +408,13 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
                 per_device_mig[c % devices] += sec
                 per_device_host[c % devices] += host_leg_s(np.asarray(prev_home)[mine], plan.home[mine])
                 migration_bytes = {k: migration_bytes[k] + nbytes[k] for k in migration_bytes}
-            per_device_opt[c % devices] += phases.optimizer_seconds(
-                model, homes, ep, topology, dp, layers=int(mine.sum()), dense_params=model.dense_params / chunks)
         migration_s = float(np.maximum(per_device_mig, per_device_host).max())
-        optimizer_s = float(per_device_opt.max())
+        # every device steps its own chunks at once, after the pipeline's flush; the busiest one sets the step
+        steps = [optimizer_of((layer_stage % devices) == d,
+                              model.dense_params / chunks * int((np.arange(chunks) % devices == d).sum()))
+                 for d in range(devices)]
+        optimizer = max(steps, key=lambda o: o["seconds"])
+    optimizer_s = optimizer["seconds"]
     slots_per_layer = plan.num_replicas().max(axis=(0, 2)) if plan.replica_slots else np.zeros(l)
     buffer = "autograd" if plan.transfers_on_critical_path else params.replica_buffer
     memory = phases.replica_memory(model, ep, slots_per_layer, buffer, homes, params.grad_bytes_per_param)
@@ -389,13 +426,17 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
                     replica_transfer_s=replicas["unhidden_s"],
                     info={"exposed_planner": planner_charge != "none", "planner_charge": planner_charge,
                           "attention": attention_note, "dp_size": dp, "policy": plan.policy, "overheads": own,
+                          "optimizer": optimizer,
                           "pipeline": None if layout is None else
                           {"stages": params.pipeline_stages, "virtual_stages": params.virtual_stages,
                            "moe_layers_per_chunk": np.bincount(layout[0], minlength=chunks).tolist(),
                            "split": layout[3]}},
                     layer_stage=None if layout is None else layout[0], stage_extra_forward=stage_fwd,
                     stage_extra_backward=stage_bwd, pipeline_devices=1 if layout is None else layout[2],
-                    planner_step_s=float(own["planner_exposed_s"]))
+                    planner_step_s=float(own["planner_exposed_s"]),
+                    stage_send_forward=None if layout is None else send_f,
+                    stage_send_backward=None if layout is None else send_b,
+                    p2p_blocking=True if layout is None else blocking)
     if layout is not None:  # the per-cell overheads of the stage whose time the breakdown shows (PlanCost.totals)
         keep = (layer_stage % devices) == int(np.argmax(cost._device_work()))
         mine = (np.arange(chunks) % devices) == int(np.argmax(cost._device_work()))
@@ -409,14 +450,15 @@ def cost_plan(plan: StepPlan, model: ModelShape, topology: Topology, params: Cos
 
 def charge_overheads(plan: StepPlan, model: ModelShape, topology: Topology, params: CostParams, forward: dict,
                      backward: dict, extra: np.ndarray, src_tokens: np.ndarray, seq_lens,
-                     forward_pass_s: float | None = None) -> dict:
+                     forward_pass_s: float | None = None, planner_layers: int | None = None) -> dict:
     """Add params.overheads' terms (relibra.costs.overheads) to the step's phases, in place.
 
     forward / backward: {component: [M, L]} as cost_plan built them (the transfers already at the overlap
     efficiency). Activation recomputation adds each layer's forward (dense, dispatch, experts, combine)
     to its backward components, and the leading dense layers' forward (not the LM head) to the
     micro-batch's backward extra; replica gradient adds go to backward "replica_grad"; the post-rollout
-    planner beyond its window to forward "planner", spread evenly over the cells. Returns what was
+    planner beyond its window (the planner of planner_layers MoE layers, a pipeline device's; None: all) to
+    forward "planner", spread evenly over the cells. Returns what was
     charged, in seconds over the step: {"activation_recompute", "transfer_overlap_efficiency", "recompute_s", "grad_add_s", "planner_s", "planner_window_s",
     "planner_exposed_s", "recompute_extra_backward" ([M], for the caller to add)}.
     """
@@ -442,7 +484,7 @@ def charge_overheads(plan: StepPlan, model: ModelShape, topology: Topology, para
     # the window: one forward pass of the step (through the pipeline schedule where there is one)
     forward_s = float(sum(v.sum() for v in forward.values()) + extra.sum()) if forward_pass_s is None \
         else float(forward_pass_s)
-    planner = overheads.post_rollout_planner(plan, forward_s, ov)
+    planner = overheads.post_rollout_planner(plan, forward_s, ov, planner_layers)
     if planner["exposed_s"] > 0:
         forward["planner"] = forward["planner"] + planner["exposed_s"] / (m * l)
     return {"activation_recompute": ov.activation_recompute, "transfer_overlap_efficiency": ov.transfer_overlap_efficiency,

@@ -235,7 +235,7 @@ def simulate_map_case(case: Case, shift_field: str = "microbatch_shift") -> dict
     s = result.summary.set_index("policy")
     tps = s["tokens_per_s"]
     stats = shift_stats(trace.loads.sum(axis=3, dtype=np.int64))
-    budget = card.memory_budget(case.model, case.ep)
+    budget = card.memory_budget(case.model, case.ep, result.per_step["busiest_expert_rows"].max())
     tokens = dict(case.card_changes)[NODE_TOKENS] if case.label == "grid" else None
     row = {"kind": case.label, "setup": card.name if case.label == "card" else case.setup, "model": case.model,
            "workload": case.workload, "seed": case.seed, "ep": case.ep, "tokens": tokens, "shift_field": field,

@@ -195,6 +195,10 @@ def overheads_table(costs: pd.DataFrame, variant: str = "relibra") -> pd.DataFra
          "yes (in line before each micro-batch)" if ov.plan_metadata_charged else "no",
          sweep(["metadata not charged", "card"])),
         ("migration", "(charged by the cost model)", f"{share('migration_s')} of the step", "yes", "-"),
+        ("optimizer step (host Adam under CPU offload, every policy)", "optimizer.host_adam_params_per_s",
+         f"{share('term_optimizer')} of the step", "yes (once per step, per stage)", "-"),
+        ("stage-to-stage activation and gradient sends", "(charged by the cost model)",
+         f"{share('term_pipeline_send', fmt='{:.3f}%')} of the step", "yes (0 without a pipeline)", "-"),
         ("replica memory", "training.replica_buffer",
          f"{_span(100 * at('card', 'replica_memory_share'), '{:.2f}%')} of parameter memory per GPU", "reported", "-"),
     ]

@@ -63,6 +63,7 @@ KNOBS = {k.name: k for k in (
     Knob("spare slots", "training.spare_slots_per_gpu", "policy", "spare_slots_per_gpu"),
     Knob("optimizer sharding", "training.distributed_optimizer", "cost", "dp_size"),
     Knob("optimizer offload", "optimizer.cpu_offload_fraction", "cost", "optimizer_offload_fraction"),
+    Knob("host Adam rate", "optimizer.host_adam_params_per_s", "cost", "host_adam_params_per_s"),
     Knob("NVLink rate", "cluster.nvlink_GBps", "topology", "nvlink_GBps"),
     Knob("RDMA rate", "cluster.rdma_GBps", "topology", "rdma_GBps"),
     Knob("GEMM rate", "compute.matmul_tflops", "topology", "matmul_tflops"),

@@ -67,16 +67,18 @@ def simulate_case(case: Case) -> pd.DataFrame:
     # does the set-up fit: the full model's memory on the busiest GPU against the cluster's HBM
     # (relibra.costs.memory; a cut-down trace is budgeted as the whole model it stands for)
     full = trace.model if case.trace is not None else get_model(case.model)
-    budget = memory_budget(full, dataclasses.replace(card.memory_layout(case.ep), hbm_bytes=topology.hbm_bytes))
+    rows = float(result.per_step["busiest_expert_rows"].max())  # the busiest GPU of any policy's plans
+    budget = memory_budget(full, dataclasses.replace(card.memory_layout(case.ep, rows), hbm_bytes=topology.hbm_bytes))
     return result.summary.join(extras, on="policy").assign(
         feasible=bool(budget.fits), memory_GB=budget.total_bytes / 1e9, hbm_GB=budget.hbm_bytes / 1e9,
+        expert_rows=budget.expert_rows,
         setup=card.name, model=case.model, workload=case.workload, seed=case.seed, ep=case.ep, layout=layout,
         tokens_per_microbatch=tokens, label=case.label, layers=trace.num_layers, micro_batches=trace.num_microbatches,
         mean_tokens_per_slot=float(slot_tokens.mean()), max_tokens_per_slot=int(slot_tokens.max()))
 
 
 OVERHEAD_EXTRAS = ("transfer_s", "fragmentation_s", "replica_transfers", "launch_s", "gemm_floor_s",
-                   "copy_contention_s", "plan_broadcast_s", "bubble_s")
+                   "copy_contention_s", "plan_broadcast_s", "bubble_s", "optimizer_s", "pipeline_send_s")
 _TOPOLOGY_FIELDS = {f.name for f in dataclasses.fields(Topology)}
 
 
@@ -114,6 +116,8 @@ PAPER_OVERHEADS = {
     "replica copies contending with the all-to-all": None,
     "plan metadata broadcast": None,
     "pipeline bubble": None,
+    "optimizer step": None,
+    "stage-to-stage sends": None,
 }
 
 
@@ -158,6 +162,13 @@ def overheads_table(grid: pd.DataFrame, policy: str = "relibra") -> pd.DataFrame
         ("pipeline bubble", stat(g["bubble_s"] / step) + " of step time",
          "charged: the 1F1B schedule's time beyond the busiest stage's work (every policy; 0 without a "
          "pipeline)"),
+        ("optimizer step", stat(g["optimizer_s"] / step) + " of step time",
+         "charged: once per step after the pipeline's flush, each stage's GPUs at once; the offloaded share at the "
+         "host's CPU Adam rate (optimizer.host_adam_params_per_s, swept in the tornado) beside the GPU share and "
+         "the PCIe copies (every policy)"),
+        ("stage-to-stage sends", stat(g["pipeline_send_s"] / step) + " of step time",
+         "charged: each micro-batch's activation forward and gradient backward between pipeline stages, over "
+         "RDMA or NVLink by Megatron's rank order, holding the sending stage in plain 1F1B (0 without a pipeline)"),
     ]
     return pd.DataFrame([{"overhead": name, "paper": PAPER_OVERHEADS[name] or "not given", "kit": kit, "how": how}
                          for name, kit, how in rows])
