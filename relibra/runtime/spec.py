@@ -153,7 +153,7 @@ class OccupiedGroupedMLP(_LogicalSlots, TEGroupedMLP):
                     offsets = (*sharded_offsets, (len(sharded_offsets), int(expert), num_experts))
                 part = compat.sharded_tensors_for_checkpoint(
                     tensors, key_prefix, {"weight": tp_axis, "bias": 0} if tp_axis == 0 else {"weight": 1},
-                    offsets, self.tp_group, metadata)
+                    offsets, getattr(self, "tp_group", None), metadata)  # 0.15: no tp_group (parallel_state's)
                 for key, sh in part.items():
                     if name == "linear_fc1" and self.config.gated_linear_unit:
                         sh = apply_swiglu_sharded_factory(sh, offsets, singleton)
