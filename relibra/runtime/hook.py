@@ -114,9 +114,9 @@ _UNSUPPORTED_PARALLELISM = {
                          "does not describe",
     "expert_tensor_parallel_size": "an expert's weights are split over ranks, while migration and replicas move "
                                    "whole experts (and gloo's all_gather takes no uneven shards)",
-    "recompute_granularity": "recompute re-runs a micro-batch's routing "
-                                    "in its backward, after the pipeline schedule has run later micro-batches' "
-                                    "forwards, and the routers hold the latest forward's routes",
+    "recompute_granularity": "recompute re-runs a micro-batch's routing in its backward, after the pipeline "
+                             "schedule has run later micro-batches' forwards, and the routers hold the latest "
+                             "forward's routes",
     "context_parallel_size": "a rank's router sees a context shard of each sequence; context parallelism also "
                              "needs Transformer Engine's attention on GPUs",
 }
