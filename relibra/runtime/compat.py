@@ -42,6 +42,8 @@ Code paths that differ between releases, each named with the release that needs 
   0.16  `sharded_tensors_for_checkpoint`: make_sharded_tensors_for_checkpoint takes tp_group and
         dp_cp_group (0.15 reads parallel_state's); with `dp_cp_metadata`, the sharded-state metadata
         carries the latter on 0.16 only.
+  0.16  `forward_backward_func`: get_forward_backward_func takes the pipeline size (0.15 reads
+        parallel_state's).
   0.16  `provide_global_tp_group`: a layer given no TP group passes None through (0.15 asserts
         parallel_state's; it then gets the model's).
   0.19  `legacy_grouped_mlp`: GroupedMLP was removed (None there; TEGroupedMLP remains).
@@ -326,6 +328,16 @@ def sharded_tensors_for_checkpoint(tensors: dict, prefix: str, axis_map: dict, o
         return make_sharded_tensors_for_checkpoint(tensors, prefix, axis_map, offsets, tp_group=tp_group,
                                                    dp_cp_group=(metadata or {}).get("dp_cp_group"))
     return make_sharded_tensors_for_checkpoint(tensors, prefix, axis_map, offsets)
+
+
+def forward_backward_func(pp: int):
+    """megatron's pipeline schedule for `pp` stages (no virtual stages): 0.16's
+    get_forward_backward_func(pp_size=...) takes the sizes; 0.15's takes none and reads parallel_state's."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    if "pp_size" in inspect.signature(get_forward_backward_func).parameters:
+        return get_forward_backward_func(pp_size=pp)
+    return get_forward_backward_func()
 
 
 def legacy_grouped_mlp():

@@ -267,7 +267,6 @@ class MegatronTrainer:
         multiplied by that number). Sequence lengths vary between micro-batches (variable_seq_lengths:
         the stages exchange shapes first). "loss": the last stage's summed losses (0 on other stages)."""
         from megatron.core.distributed.finalize_model_grads import finalize_model_grads
-        from megatron.core.pipeline_parallel import get_forward_backward_func
 
         count = len(micro_batches)
         calls = iter(range(count))
@@ -289,7 +288,7 @@ class MegatronTrainer:
         config.variable_seq_lengths = True
         config.pipeline_dtype = self.dense[0].dtype  # what the stages send: the parameters' dtype (bf16 after .to)
         length = max(len(b.ids) for b in micro_batches)
-        get_forward_backward_func(pp_size=self.pp)(
+        compat.forward_backward_func(self.pp)(
             forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.ddp],
             num_microbatches=count, seq_length=length, micro_batch_size=1, forward_only=False)  # parallel_state's groups
         self.hook.end_backward()
