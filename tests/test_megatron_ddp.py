@@ -75,9 +75,8 @@ def test_megatron_hook_refuses_tensor_pipeline_and_context_parallelism():
     check_parallelism(_moe())  # EP x DP: accepted
     check_parallelism(_moe(tp=2, sequence_parallel=True))  # TP + SP with whole experts: accepted
     check_parallelism(_moe(pp=2))  # PP: each stage's hook runs its own layers
-    check_parallelism(_moe(recompute="full"))  # recompute without PP
+    check_parallelism(_moe(pp=2, recompute="full"))  # recompute under PP: routes follow the micro-batch
     for kwargs, named in [(dict(tp=2), "tensor_model_parallel_size=2"),
-                          (dict(pp=2, recompute="full"), "recompute_granularity='full' with pipeline_model_parallel_size=2"),
                           (dict(tp=2, sequence_parallel=True, expert_tp=2), "expert_tensor_parallel_size=2"),
                           (dict(expert_tp=2), "expert_tensor_parallel_size=2"),
                           (dict(cp=2), "context_parallel_size=2"),

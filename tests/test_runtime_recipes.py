@@ -21,8 +21,7 @@ def test_each_public_recipe_passes_or_is_refused_naming_its_settings():
     assert verdicts["slime Qwen3-30B-A3B"] == []  # TP 4 + SP x EP 8, grouped, recompute, fusion
     slime_235b = verdicts["slime Qwen3-235B-A22B"]
     assert len(slime_235b) == 2
-    assert "context_parallel_size=2" in slime_235b[0]
-    assert "recompute_granularity='full' with pipeline_model_parallel_size=4" in slime_235b[0]
+    assert "context_parallel_size=2" in slime_235b[0] and "pipeline" not in slime_235b[0]  # PP 4 + recompute pass
     assert "use_precision_aware_optimizer=True" in slime_235b[1]
     assert len(verdicts["verl Qwen3-30B-A3B"]) == 1 and "moe_token_dispatcher_type='flex'" in verdicts[
         "verl Qwen3-30B-A3B"][0]
@@ -38,7 +37,6 @@ def test_each_public_recipe_passes_or_is_refused_naming_its_settings():
     (dict(dispatcher="flex"), "moe_token_dispatcher_type='flex'"),
     (dict(precision_aware_optimizer=True), "use_precision_aware_optimizer=True"),
     (dict(sequence_parallel=False), "tensor_model_parallel_size=4"),
-    (dict(pp=2), "recompute_granularity='full' with pipeline_model_parallel_size=2"),
 ])
 def test_each_unsupported_setting_alone_is_one_error_naming_it(change, named):
     """On the recipe that passes (slime Qwen3-30B), one setting changed: exactly one error, naming it."""
@@ -46,5 +44,6 @@ def test_each_unsupported_setting_alone_is_one_error_naming_it(change, named):
     assert len(errors) == 1 and named in errors[0], errors
 
 
-def test_pipeline_parallelism_without_recompute_passes():
-    assert refusals(dataclasses.replace(_recipe("slime", "Qwen3-30B-A3B"), pp=4, recompute="")) == []
+def test_pipeline_parallelism_with_and_without_recompute_passes():
+    for recompute in ("", "full", "selective"):
+        assert refusals(dataclasses.replace(_recipe("slime", "Qwen3-30B-A3B"), pp=4, recompute=recompute)) == []

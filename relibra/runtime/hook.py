@@ -29,15 +29,18 @@ optimizer reads them (`main_grad` under megatron DDP, `.grad` otherwise). Under 
 Process groups: every transfer and collective runs on the EP group the MoE layers were built with,
 and the migration vote also spans their expert data-parallel group (pg_collection.expt_dp), so any
 EP x DP grid works; tensor parallelism with sequence parallelism, and pipeline parallelism, too.
-Expert-tensor and context parallelism, TP without SP, and activation recompute under PP are refused
-at construction with one error naming the setting (check_parallelism).
+Expert-tensor and context parallelism, and TP without SP, are refused at construction with one error
+naming the setting (check_parallelism).
 
 Pipeline parallelism: each stage's hook executes the plan's rows of its own MoE layers (layers
 first_layer .. first_layer + n - 1 of the plan; the plan and the replayed ids cover every layer).
 Under megatron's pipeline schedules the forward step function calls before_microbatch(m) (the
 schedule runs micro-batches' forwards in order, so the k-th call is micro-batch k) and the
 schedule runs the backwards; 1F1B keeps several micro-batches in flight, each with its own
-replica leaves and layout (relibra.runtime.replicas). A micro-batch's replica gradients are pulled
+replica leaves and layout (relibra.runtime.replicas), and the routers hold the latest forward's
+routes: a gradient hook on the model's output switches routers and replica slots back to the
+micro-batch when its backward starts, so activation recompute inside it routes as its forward
+did. A micro-batch's replica gradients are pulled
 at the first before_microbatch after its backward, and the rest by end_backward() after the
 schedule returns (before finalize_model_grads):
 
@@ -75,8 +78,7 @@ def check_parallelism(moe) -> None:
     parallelism and whole experts (expert TP 1): each rank's router then routes its own slice of the
     sequence, and that slice is the rank's source in the plan; and pipeline parallelism (each stage's
     hook runs its own MoE layers, several micro-batches in flight). Refused, each named with its reason
-    (_UNSUPPORTED_PARALLELISM): TP without SP, expert tensor parallelism, context parallelism, and
-    activation recompute under pipeline parallelism."""
+    (_UNSUPPORTED_PARALLELISM): TP without SP, expert tensor parallelism, context parallelism."""
     cfg = moe.config
 
     def size(group) -> int:
@@ -95,15 +97,10 @@ def check_parallelism(moe) -> None:
         sequence_parallel = cfg.sequence_parallel
     bad = [(f"{k}={v}", k) for k, v in sizes.items() if v > 1]
     bad += [("sequence_parallel=True", "sequence_parallel")] if sequence_parallel else []
-    recompute = getattr(cfg, "recompute_granularity", None)
-    if cfg.pipeline_model_parallel_size > 1 and recompute:
-        bad.append((f"recompute_granularity={recompute!r} with pipeline_model_parallel_size="
-                    f"{cfg.pipeline_model_parallel_size}", "recompute_granularity"))
     if bad:
         why = "; ".join(f"{setting} ({_UNSUPPORTED_PARALLELISM[key]})" for setting, key in bad)
-        raise ConfigError("ReLibraHook runs on EP x DP grids, with TP only under sequence parallelism and PP only "
-                          f"without activation recompute (expert-tensor and context parallel sizes 1); this model "
-                          f"has {why}")
+        raise ConfigError("ReLibraHook runs on EP x DP grids, with TP only under sequence parallelism, and PP "
+                          f"(expert-tensor and context parallel sizes 1); this model has {why}")
 
 
 # Why each parallelism the hook refuses is refused (check_parallelism names the setting and this).
@@ -114,9 +111,6 @@ _UNSUPPORTED_PARALLELISM = {
                          "does not describe",
     "expert_tensor_parallel_size": "an expert's weights are split over ranks, while migration and replicas move "
                                    "whole experts (and gloo's all_gather takes no uneven shards)",
-    "recompute_granularity": "recompute re-runs a micro-batch's routing in its backward, after the pipeline "
-                             "schedule has run later micro-batches' forwards, and the routers hold the latest "
-                             "forward's routes",
     "context_parallel_size": "a rank's router sees a context shard of each sequence; context parallelism also "
                              "needs Transformer Engine's attention on GPUs",
 }
@@ -180,7 +174,10 @@ class ReLibraHook:
         self.plan: StepPlan | None = None  # this stage's rows of the step's plan
         self.plan_layers = 0  # layers of the step's whole plan
         self.failure: InjectedFailure | None = None  # tests of the rollback path set it
+        self.routes: dict = {}  # micro-batch (None: outside a plan) -> every layer's LayerRoute
+        self.current = None  # the micro-batch whose routes the routers hold
         self.set_home_routes()
+        model.register_forward_hook(self._mark_backward_start)
 
     @property
     def home(self) -> np.ndarray:
@@ -193,8 +190,9 @@ class ReLibraHook:
         rexp = np.full((self.slots.num_layers, self.ep, self.replica_slots), -1, dtype=np.int64)
         slots = slot_experts(self.slots.home, rexp)
         hs = home_slot_index(self.slots.home, self.ep, self.replica_slots)
-        for layer, router in enumerate(self.slots.routers):
-            router.route = make_layer_route(slots[layer], hs[layer], [], None, router.weight.device)
+        self.routes = {None: [make_layer_route(slots[layer], hs[layer], [], None, router.weight.device)
+                              for layer, router in enumerate(self.slots.routers)]}
+        self._set_routes(None)
         if self.replicas is not None:
             self.replicas.reset(self.slots.home)
             self.replicas.set_microbatch(rexp, self.slots.home)
@@ -275,13 +273,36 @@ class ReLibraHook:
         rexp = replicas_in_use(plan, micro_batch, self.replica_slots)  # [L, ep, R]
         slots = slot_experts(self.slots.home, rexp)
         hs = home_slot_index(self.slots.home, self.ep, self.replica_slots)
-        for layer, router in enumerate(self.slots.routers):
-            routes = replica_routes(plan, micro_batch, layer, src, self.replica_slots) if plan.replica_slots else []
-            router.route = make_layer_route(slots[layer], hs[layer], routes, None if replay is None else replay[layer],
-                                            router.weight.device)
+        self.routes[micro_batch] = [
+            make_layer_route(slots[layer], hs[layer],
+                             replica_routes(plan, micro_batch, layer, src, self.replica_slots) if plan.replica_slots
+                             else [], None if replay is None else replay[layer], router.weight.device)
+            for layer, router in enumerate(self.slots.routers)]
+        self._set_routes(micro_batch)
         if self.replicas is not None:
             self.replicas.set_microbatch(rexp, self.slots.home, micro_batch)
         self.timer.add("forward", "routes", time.perf_counter() - t0)
+
+    def _set_routes(self, micro_batch) -> None:
+        """Every router routes by micro-batch `micro_batch`'s routes (None: home routes) from now on."""
+        self.current = micro_batch
+        for router, route in zip(self.slots.routers, self.routes[micro_batch]):
+            router.route = route
+
+    def _mark_backward_start(self, module, args, output) -> None:
+        """Forward hook on the model: its output's gradient hook runs first in that micro-batch's
+        backward and switches routers and replica slots back to the micro-batch, so a recompute inside
+        the backward routes as its forward did, whatever forwards ran in between (1F1B)."""
+        out = output[0] if isinstance(output, (tuple, list)) else output
+        if torch.is_tensor(out) and out.requires_grad:
+            micro_batch = self.current
+            out.register_hook(lambda grad: self._enter_backward(micro_batch))
+
+    def _enter_backward(self, micro_batch) -> None:
+        if micro_batch in self.routes:
+            self._set_routes(micro_batch)
+            if self.replicas is not None:
+                self.replicas.current = micro_batch
 
     def after_backward(self, micro_batch: int) -> None:
         """Add the replica gradients of the micro-batch into their home experts' gradients (main_grad

@@ -199,9 +199,15 @@ class ReplicaBuffer:
         self.leaves[(m, layer)] = leaves
 
     def before_backward_hook(self, micro_batch, layer: int, grad: torch.Tensor):
+        """Before `layer`'s backward in `micro_batch`: its replica weights back in the buffers, and its
+        leaves back in the slots, where a recompute of the layer inside the backward (selective
+        recompute re-runs the MoE layer's inner forward, not its hooks) reads them; other layers or
+        micro-batches may have replaced both since its forward."""
         self.backward_started.add(micro_batch)
         if self.loaded != (micro_batch, layer):
             self.push(layer, "backward", micro_batch)
+        for r, pair in enumerate(self.leaves.get((micro_batch, layer), [])):
+            self.slots.set_replica_params(layer, r, *pair)
         return None
 
     def pull_gradients(self, micro_batch=None) -> None:
