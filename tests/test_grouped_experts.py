@@ -211,8 +211,10 @@ def test_replicas_under_full_and_selective_recompute_2_ranks():
     """megatron's activation recompute with replicas and migrations, EP 2 under megatron DDP: full (every
     transformer layer re-run in backward: the replica slots get fresh leaves in the re-run and the
     gradients are pulled from those) and selective (the MoE layer; with grouped experts also their
-    activation, CheckpointWithoutOutput); the worker checks that the experts ran twice per forward."""
-    setups = [dict(dtype="float64", recompute="full"),
+    activation, CheckpointWithoutOutput; the re-run reads the slots' leaves, which the layer's backward
+    hook puts back: SequentialMLP's shared replica modules hold the last layer's by then); the worker
+    checks that the experts ran twice per forward."""
+    setups = [dict(dtype="float64", recompute="full"), dict(dtype="float64", recompute="selective"),
               dict(dtype="float64", grouped_gemm=True, recompute="selective"),
               dict(dtype="float32", grouped_gemm=True, gradient_accumulation_fusion=True, recompute="selective"),
               dict(dtype="float32", gradient_accumulation_fusion=True, recompute="full")]
@@ -223,7 +225,7 @@ def test_replicas_under_full_and_selective_recompute_2_ranks():
             assert d["loss"] <= 1e-12 and d["param"] <= 1e-10 and d["dense"] <= 1e-10, (name, d)
         else:
             assert d["loss"] <= 1e-5 and d["master"] <= 2 * LR * STEPS, (name, d)
-    assert len(diffs) == 4
+    assert len(diffs) == 5
 
 
 def test_megatron_setup_refuses_fusion_in_float64_and_unknown_recompute():

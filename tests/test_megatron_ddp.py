@@ -61,11 +61,11 @@ def test_megatron_ddp_equivalence_dp2_ep2_4_ranks():
     _assert_within(diffs)
 
 
-def _moe(tp=1, expert_tp=1, pp=1, cp=1, sequence_parallel=False):
+def _moe(tp=1, expert_tp=1, pp=1, cp=1, sequence_parallel=False, recompute=None):
     group = lambda n: SimpleNamespace(size=lambda: n)  # noqa: E731
     config = SimpleNamespace(tensor_model_parallel_size=tp, expert_tensor_parallel_size=expert_tp,
                              pipeline_model_parallel_size=pp, context_parallel_size=cp,
-                             sequence_parallel=sequence_parallel)
+                             sequence_parallel=sequence_parallel, recompute_granularity=recompute)
     return SimpleNamespace(config=config, tp_group=group(tp), experts=SimpleNamespace(tp_group=group(expert_tp)))
 
 
@@ -74,12 +74,14 @@ def test_megatron_hook_refuses_tensor_pipeline_and_context_parallelism():
 
     check_parallelism(_moe())  # EP x DP: accepted
     check_parallelism(_moe(tp=2, sequence_parallel=True))  # TP + SP with whole experts: accepted
+    check_parallelism(_moe(pp=2))  # PP: each stage's hook runs its own layers
+    check_parallelism(_moe(pp=2, recompute="full"))  # recompute under PP: routes follow the micro-batch
     for kwargs, named in [(dict(tp=2), "tensor_model_parallel_size=2"),
                           (dict(tp=2, sequence_parallel=True, expert_tp=2), "expert_tensor_parallel_size=2"),
                           (dict(expert_tp=2), "expert_tensor_parallel_size=2"),
-                          (dict(pp=2), "pipeline_model_parallel_size=2"), (dict(cp=2), "context_parallel_size=2"),
+                          (dict(cp=2), "context_parallel_size=2"),
                           (dict(sequence_parallel=True), "sequence_parallel=True")]:
-        with pytest.raises(ConfigError, match="EP x DP grids only") as err:
+        with pytest.raises(ConfigError, match="runs on EP x DP grids") as err:
             check_parallelism(_moe(**kwargs))
         assert named in str(err.value)
 

@@ -14,7 +14,9 @@ megatron-core (0.15 and 0.16) assumes CUDA in a few spots that the kit's CPU run
    `torch.cuda.synchronize()` before it writes; on the host there is nothing to wait for.
 6. megatron's optimizers, grad buffers and grad-norm helpers make scalars with `device='cuda'`
    (optimizer.py, distrib_optimizer.py, clip_grads.py, param_and_grad_buffer.py, utils.py): in
-   those modules `torch` becomes a view of torch whose tensor / zeros / empty put 'cuda' on the host.
+   those modules `torch` becomes a view of torch whose tensor / zeros / empty put 'cuda' on the host;
+   the pipeline schedules (pipeline_parallel/schedules.py: the token count of a step) alike. Their
+   point-to-point shape exchange places its tensors with torch.cuda.current_device() (patch 1).
 7. Float16OptimizerWithFloat16Params and DistributedOptimizer sort parameters by `param.type()`
    ('torch.cuda.FloatTensor', 'torch.cuda.BFloat16Tensor') and the gradient clip asserts
    `grad.type()`: a host tensor's `type()` (no arguments) answers with the CUDA name; `type(dtype)`
@@ -37,6 +39,11 @@ Code paths that differ between releases, each named with the release that needs 
         (router_replay=...). 0.15 has neither: `given_topk` then hands given ids to the router
         through the top-k call of topk_routing_with_score_function (`_GivenTopkTorch`).
   0.16  `moe_layer_regions`: MoELayer.route and .preprocess (0.15: one router_and_preprocess).
+  0.16  `sharded_tensors_for_checkpoint`: make_sharded_tensors_for_checkpoint takes tp_group and
+        dp_cp_group (0.15 reads parallel_state's); with `dp_cp_metadata`, the sharded-state metadata
+        carries the latter on 0.16 only.
+  0.16  `forward_backward_func`: get_forward_backward_func takes the pipeline size (0.15 reads
+        parallel_state's).
   0.16  `provide_global_tp_group`: a layer given no TP group passes None through (0.15 asserts
         parallel_state's; it then gets the model's).
   0.19  `legacy_grouped_mlp`: GroupedMLP was removed (None there; TEGroupedMLP remains).
@@ -309,6 +316,30 @@ def dp_cp_metadata(metadata: dict | None) -> dict | None:
     return ensure_metadata_has_dp_cp_group(metadata)
 
 
+def sharded_tensors_for_checkpoint(tensors: dict, prefix: str, axis_map: dict, offsets: tuple, tp_group,
+                                   metadata: dict | None) -> dict:
+    """megatron's make_sharded_tensors_for_checkpoint of `tensors` under `prefix`, TP-split along
+    `axis_map`. 0.16 takes the TP and data x context-parallel groups as arguments (the latter from
+    the metadata, dp_cp_metadata); 0.15 has neither argument and reads both groups from
+    parallel_state, which the runtime's megatron_grid (initialize_model_parallel) sets."""
+    from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+    if "dp_cp_group" in inspect.signature(make_sharded_tensors_for_checkpoint).parameters:
+        return make_sharded_tensors_for_checkpoint(tensors, prefix, axis_map, offsets, tp_group=tp_group,
+                                                   dp_cp_group=(metadata or {}).get("dp_cp_group"))
+    return make_sharded_tensors_for_checkpoint(tensors, prefix, axis_map, offsets)
+
+
+def forward_backward_func(pp: int):
+    """megatron's pipeline schedule for `pp` stages (no virtual stages): 0.16's
+    get_forward_backward_func(pp_size=...) takes the sizes; 0.15's takes none and reads parallel_state's."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    if "pp_size" in inspect.signature(get_forward_backward_func).parameters:
+        return get_forward_backward_func(pp_size=pp)
+    return get_forward_backward_func()
+
+
 def legacy_grouped_mlp():
     """The legacy GroupedMLP class (one weight for all local experts), or None where a release removed
     it (0.19: only TEGroupedMLP remains)."""
@@ -422,8 +453,9 @@ def apply() -> bool:
     from megatron.core import utils as megatron_utils
     from megatron.core.distributed import param_and_grad_buffer
     from megatron.core.optimizer import clip_grads, distrib_optimizer, optimizer
+    from megatron.core.pipeline_parallel import schedules
 
-    for module in (optimizer, distrib_optimizer, clip_grads, param_and_grad_buffer, megatron_utils):
+    for module in (optimizer, distrib_optimizer, clip_grads, param_and_grad_buffer, megatron_utils, schedules):
         module.torch = _HostTorch()
     torch.Tensor.type = _cuda_type_name
     _applied = True

@@ -89,10 +89,11 @@ class MegatronSetup:
                 f"{'+cpu-offload' if self.optimizer_cpu_offload else ''}")
 
 
-def megatron_grid(ep: int, tp: int = 1):
-    """megatron's process groups for pipeline size 1, tensor parallelism `tp` (with sequence parallelism
-    in the model; expert TP 1) and EP `ep` (DP = world / tp; expert DP = world / ep), via
-    parallel_state.initialize_model_parallel (once per process); returns the ProcessGroupCollection."""
+def megatron_grid(ep: int, tp: int = 1, pp: int = 1):
+    """megatron's process groups for pipeline size `pp`, tensor parallelism `tp` (with sequence
+    parallelism in the model; expert TP 1) and EP `ep` within each stage (DP = world / (tp * pp); expert
+    DP = world / (ep * pp)), via parallel_state.initialize_model_parallel (once per process); returns
+    the ProcessGroupCollection."""
     from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
 
@@ -100,10 +101,11 @@ def megatron_grid(ep: int, tp: int = 1):
 
     compat.apply()
     world = dist.get_world_size()
-    if ep <= 0 or world % ep or tp <= 0 or world % tp:
-        raise ConfigError(f"EP {ep} and TP {tp} must divide the {world} ranks")
+    if ep <= 0 or tp <= 0 or pp <= 0 or world % (ep * pp) or world % (tp * pp):
+        raise ConfigError(f"EP {ep} x PP {pp} and TP {tp} x PP {pp} must divide the {world} ranks")
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                                 pipeline_model_parallel_size=pp,
                                                  expert_tensor_parallel_size=1, create_gloo_process_groups=False)
     elif parallel_state.get_expert_model_parallel_world_size() != ep:
         raise ConfigError(f"megatron's process groups are initialized with EP "
@@ -138,6 +140,20 @@ def tp_token_loss(model, batch: SourceBatch, scale: float, device) -> torch.Tens
     return model(ids, positions, causal, labels=labels).sum() * scale
 
 
+def pipeline_stage_loss(model, batch: SourceBatch, scale: float, device) -> torch.Tensor:
+    """One pipeline stage's forward of one sequence: the first stage embeds the ids, a later stage takes
+    the activations megatron's schedule gave it (set_input_tensor); the last stage returns the summed
+    next-token cross-entropy times `scale` (GPTModel's, given the labels), the others their hidden
+    states [T, 1, hidden]."""
+    t = len(batch.ids)
+    ids = torch.as_tensor(np.asarray(batch.ids, dtype=np.int64), device=device).view(1, t)
+    labels = torch.as_tensor(np.asarray(batch.labels, dtype=np.int64), device=device).view(1, t)
+    positions = torch.arange(t, device=device).view(1, t)
+    causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=device), 1).view(1, 1, t, t)
+    out = model(ids, positions, causal, labels=labels)
+    return out.sum() * scale if out.dim() == 2 else out
+
+
 def token_loss(model, batch: SourceBatch, scale: float, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token cross-entropy (in float32 or wider) of one sequence times `scale`; and its logits."""
     logits = packed_forward(model, batch.ids, device=device)
@@ -166,6 +182,7 @@ class MegatronTrainer:
         self.ep_group = pgc.ep
         self.pgc = pgc
         self.tp = pgc.tp.size() if getattr(pgc, "tp", None) is not None else 1
+        self.pp = pgc.pp.size() if getattr(pgc, "pp", None) is not None else 1
         self.timer = Timer()
         build_cfg = ModelConfig(cfg.shape, cfg.num_layers, cfg.replica_slots, cfg.seed,
                                 "float64" if setup.dtype == "float64" else "float32")
@@ -206,6 +223,8 @@ class MegatronTrainer:
         cross-entropy over the micro-batch's tokens. Returns run()'s dict."""
         def loss(m: int, batch: SourceBatch) -> torch.Tensor:
             scale = 1.0 / (tokens_per_microbatch[m] * len(batches))
+            if self.pp > 1:
+                return pipeline_stage_loss(self.ddp, batch, scale, self.device)
             if self.tp > 1:
                 return tp_token_loss(self.ddp, batch, scale, self.device)
             return token_loss(self.ddp, batch, scale, self.device)[0]
@@ -220,6 +239,8 @@ class MegatronTrainer:
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
         start = self.hook.begin_step(plan)
+        if self.pp > 1:
+            return self._run_pipeline(micro_batches, loss_fn, t0, start)
         loss_total = 0.0
         for m, batch in enumerate(micro_batches):
             self.hook.before_microbatch(m, batch.replay)
@@ -237,6 +258,45 @@ class MegatronTrainer:
         if not ok:
             raise ConfigError("megatron's optimizer skipped the step (inf or nan gradients)")
         return {"loss": loss_total, "grad_norm": float(grad_norm), "wall_s": time.perf_counter() - t0, **start}
+
+    def _run_pipeline(self, micro_batches: list, loss_fn, t0: float, start: dict) -> dict:
+        """The step's forwards and backwards through megatron's non-interleaved 1F1B schedule
+        (get_forward_backward_func): the forward step function is the k-th call for micro-batch k, so
+        it gives the hook micro-batch k's routes; loss_fn returns the stage's output (the last stage:
+        its loss, which the schedule divides by the number of micro-batches, so it is handed over
+        multiplied by that number). Sequence lengths vary between micro-batches (variable_seq_lengths:
+        the stages exchange shapes first). "loss": the last stage's summed losses (0 on other stages)."""
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+        count = len(micro_batches)
+        calls = iter(range(count))
+        losses = []
+
+        def forward_step(data_iterator, model):
+            m = next(calls)
+            batch = next(data_iterator)
+            self.hook.before_microbatch(m, batch.replay)
+            out = loss_fn(m, batch)
+
+            def reduce(output):
+                losses.append(float(output.detach()))
+                return output * count, {}
+
+            return out, reduce
+
+        config = self.ddp.config
+        config.variable_seq_lengths = True
+        config.pipeline_dtype = self.dense[0].dtype  # what the stages send: the parameters' dtype (bf16 after .to)
+        length = max(len(b.ids) for b in micro_batches)
+        compat.forward_backward_func(self.pp)(
+            forward_step_func=forward_step, data_iterator=iter(micro_batches), model=[self.ddp],
+            num_microbatches=count, seq_length=length, micro_batch_size=1, forward_only=False)  # parallel_state's groups
+        self.hook.end_backward()
+        finalize_model_grads([self.ddp], pg_collection=self.pgc)
+        ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise ConfigError("megatron's optimizer skipped the step (inf or nan gradients)")
+        return {"loss": sum(losses), "grad_norm": float(grad_norm), "wall_s": time.perf_counter() - t0, **start}
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

@@ -60,7 +60,6 @@ def transformer_config(cfg: ModelConfig):
 
 def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: bool = False,
                 gradient_accumulation_fusion: bool = False, recompute: str = ""):
-    tp = pg_collection.tp.size() if getattr(pg_collection, "tp", None) is not None else 1
     """GPTModel of `cfg` for this rank: megatron's local layer spec, ReLibra's MoE spec, every rank
     holding E / ep home slots and cfg.replica_slots replica slots per layer. Weights are initialized
     (init_weights) for the static contiguous placement; max_tokens: longest sequence (rotary table).
@@ -70,7 +69,12 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: 
     relibra.runtime.standins. gradient_accumulation_fusion: megatron's fused weight-gradient path
     (weight gradients accumulate in main_grad: needs megatron DDP); without CUDA the host kernel.
     recompute: megatron's activation recompute, "full" (each transformer layer re-run in backward) or
-    "selective" (the MoE layer, and with grouped experts their activation)."""
+    "selective" (the MoE layer, and with grouped experts their activation). Under pipeline
+    parallelism (pg_collection.pp of several ranks) this rank's stage: its share of the layers, the
+    embedding on the first stage, the output layer and loss on the last."""
+    tp = pg_collection.tp.size() if getattr(pg_collection, "tp", None) is not None else 1
+    pp_group = getattr(pg_collection, "pp", None)
+    pp = pp_group.size() if pp_group is not None else 1
     compat.apply()
     # megatron-core's GPT model warns at import (no Apex); it loads here, once a rank has set its warning
     # filters (relibra.runtime.quiet): ranks import this module while unpickling their function.
@@ -91,6 +95,7 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: 
                             expert_model_parallel_size=ep, moe_grouped_gemm=grouped_gemm,
                             gradient_accumulation_fusion=gradient_accumulation_fusion,
                             **_recompute_options(recompute, grouped_gemm),
+                            **(dict(pipeline_model_parallel_size=pp, pipeline_dtype=cfg.torch_dtype) if pp > 1 else {}),
                             **(dict(tensor_model_parallel_size=tp, sequence_parallel=True,
                                     expert_tensor_parallel_size=1) if tp > 1 else {}))
     spec = gpt_layer_spec(cfg.num_experts)
@@ -112,12 +117,13 @@ def build_model(cfg: ModelConfig, pg_collection, max_tokens: int, grouped_gemm: 
         spec.submodules.input_layernorm = SequenceParallelRMSNorm
         spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
         spec = TransformerBlockSubmodules(layer_specs=[spec] * cfg.num_layers, layer_norm=SequenceParallelRMSNorm)
+    stages = dict(pre_process=pp_group.rank() == 0, post_process=pp_group.rank() == pp - 1) if pp > 1 else {}
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(cfg.torch_dtype)  # megatron's torch norms take the default dtype
     try:
         model = GPTModel(config, spec, vocab_size=cfg.shape.vocab_size,
                          max_sequence_length=max(max_tokens, 1), position_embedding_type="rope",
-                         pg_collection=pg_collection)
+                         pg_collection=pg_collection, **stages)
     finally:
         torch.set_default_dtype(previous_dtype)
     return model

@@ -84,11 +84,7 @@ def _pieces(optimizer) -> tuple[dict[int, list[_Piece]], bool]:
                     out[id(p)] = [_Piece(p, sub, 0, p.numel())]
         elif name == "DistributedOptimizer":
             sharded = True
-            if getattr(getattr(sub, "config", None), "use_precision_aware_optimizer", False):
-                raise ConfigError("migration cannot move expert state held by megatron's precision-aware optimizer "
-                                  "(use_precision_aware_optimizer=True: Transformer Engine's FusedAdam keeps the "
-                                  "master weights, or their remainder bits, and the moments in its own dtypes and "
-                                  "scales); train with use_precision_aware_optimizer=False")
+            check_optimizer_config(getattr(sub, "config", None))
             hybrid = sub.optimizer if type(sub.optimizer).__name__ == "HybridDeviceOptimizer" else None
             fp32 = {id(m): s for mg, sg in zip(sub.model_fp32_groups, sub.shard_fp32_groups) for m, s in zip(mg, sg)}
             for p, (gbuf, dtype, bucket) in sub.model_param_gbuf_map.items():
@@ -115,6 +111,16 @@ def _pieces(optimizer) -> tuple[dict[int, list[_Piece]], bool]:
                               "supported: torch optimizers, megatron FP32Optimizer, "
                               "Float16OptimizerWithFloat16Params, DistributedOptimizer and a ChainedOptimizer of them")
     return out, sharded
+
+
+def check_optimizer_config(config) -> None:
+    """Refuse (ConfigError) a megatron OptimizerConfig whose expert state a migration cannot move:
+    use_precision_aware_optimizer=True."""
+    if getattr(config, "use_precision_aware_optimizer", False):
+        raise ConfigError("migration cannot move expert state held by megatron's precision-aware optimizer "
+                          "(use_precision_aware_optimizer=True: Transformer Engine's FusedAdam keeps the "
+                          "master weights, or their remainder bits, and the moments in its own dtypes and "
+                          "scales); train with use_precision_aware_optimizer=False")
 
 
 class OptimizerState:

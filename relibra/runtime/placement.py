@@ -8,6 +8,8 @@ replica slots. megatron-core's alltoall dispatcher only needs each rank's slots 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from relibra.errors import PlanError
@@ -122,3 +124,19 @@ def check_plan_for_runtime(plan: StepPlan, ep: int, ranks_per_node: int, replica
                             f"layer, rank, slot]=({mi[i]}, {li[i]}, {gi[i]}, {ri[i]}) is on node "
                             f"{gi[i] // ranks_per_node} but its home rank {home_rank[i]} is on node "
                             f"{home_rank[i] // ranks_per_node}; replicas may only be made inside a node")
+
+
+def stage_plan(plan: StepPlan, first_layer: int, num_layers: int) -> StepPlan:
+    """The plan's rows of layers [first_layer, first_layer + num_layers): what one pipeline stage's
+    MoE layers execute (the plan itself when it is exactly those layers). PlanError when the plan has
+    fewer layers than the stage needs."""
+    if first_layer == 0 and plan.num_layers == num_layers:
+        return plan
+    if first_layer < 0 or first_layer + num_layers > plan.num_layers:
+        raise PlanError(f"plan of policy {plan.policy!r}: it has {plan.num_layers} layers; this pipeline stage's MoE "
+                        f"layers are the plan's layers {first_layer} .. {first_layer + num_layers - 1}")
+    rows = slice(first_layer, first_layer + num_layers)
+    return dataclasses.replace(plan, loads=plan.loads[:, rows], home=plan.home[rows],
+                               replica_expert=plan.replica_expert[:, rows], replica_start=plan.replica_start[:, rows],
+                               replica_tokens=plan.replica_tokens[:, rows],
+                               prev_home=None if plan.prev_home is None else plan.prev_home[rows])

@@ -21,6 +21,10 @@ occupy one buffer. Per micro-batch, on every rank in lock step:
                              `.grad` into the grad buffer and clear it), `.grad` otherwise. Under
                              megatron DDP the pull must come before finish_grad_sync, so that the
                              data-parallel reduction carries the replica share.
+Several micro-batches in flight (a pipeline schedule's 1F1B runs later micro-batches' forwards before
+an earlier one's backward): leaves, replica layout and the buffer's contents are keyed by micro-batch.
+A layer's backward hook carries the micro-batch of the forward that registered it, so the push before
+its backward loads that micro-batch's replicas, and pull_gradients(m) pulls and drops m's leaves only.
 Every transfer runs on the EP group; ranks are EP-local and converted with dist.get_global_rank.
 Why pull after the whole backward and not per layer: autograd accumulates a leaf's gradient in an
 AccumulateGrad node whose run time is not ordered against later layers' backward, so there is no
@@ -73,8 +77,9 @@ class ReplicaBuffer:
 
     slots: the model's ExpertSlots (its replica_mlps are the shared slot modules); group: the EP process
     group; same_node(a, b): the node rule on EP-local ranks; timer: a relibra.runtime.timing.Timer. Installs a forward pre-hook and a forward hook on
-    every MoE layer. Per micro-batch: set_microbatch(replica_expert [L, ep, R], home [L, E]), run
-    forward and backward, then pull_gradients().
+    every MoE layer. Per step: reset(home [L, E]); per micro-batch m: set_microbatch(replica_expert
+    [L, ep, R], home, m) before its forward, then pull_gradients(m) once its backward has run (other
+    micro-batches' forwards and backwards may run in between).
     """
 
     def __init__(self, slots, group, same_node, timer):
@@ -85,10 +90,12 @@ class ReplicaBuffer:
         self.timer = timer
         # One weight buffer per replica slot, shared by all layers.
         self.buffers = [[p.detach().clone() for p in slots.mlp_params(mlp)] for mlp in slots.replica_mlps]
-        self.replica_expert = None
+        self.replica_expert: dict = {}  # micro-batch -> int [L, ep, R] replica layout
         self.home = None
-        self.loaded_layer = None
-        self.leaves: dict[int, list[list[torch.nn.Parameter]]] = {}  # layer -> [slot][fc1, fc2]
+        self.current = None  # the micro-batch whose forward runs now
+        self.loaded = None  # (micro-batch, layer) whose replica weights the buffers hold
+        self.leaves: dict[tuple, list[list[torch.nn.Parameter]]] = {}  # (micro-batch, layer) -> [slot][fc1, fc2]
+        self.backward_started: set = set()  # micro-batches whose backward reached a MoE layer
         self.bytes_pushed = 0
         self.bytes_pulled = 0
         for layer, moe in enumerate(slots.moes):
@@ -99,17 +106,32 @@ class ReplicaBuffer:
     def _hook_backward(self, layer: int, out) -> None:
         first = out[0] if isinstance(out, tuple) else out
         if first.requires_grad:
-            first.register_hook(lambda grad: self.before_backward_hook(layer, grad))
+            micro_batch = self.current
+            first.register_hook(lambda grad: self.before_backward_hook(micro_batch, layer, grad))
 
-    def set_microbatch(self, replica_expert: np.ndarray, home: np.ndarray) -> None:
-        self.replica_expert = np.asarray(replica_expert)
+    def reset(self, home: np.ndarray) -> None:
+        """Start a step (or leave one) under placement `home`: no micro-batch in flight."""
         self.home = np.asarray(home)
-        self.loaded_layer = None
+        self.replica_expert = {}
+        self.current = None
+        self.loaded = None
         self.leaves = {}
+        self.backward_started = set()
 
-    def transfers(self, layer: int) -> list[tuple[int, int, int, int]]:
-        """(expert, home rank, replica rank, slot) of every occupied replica slot of `layer`."""
-        rexp = self.replica_expert[layer]  # [ep, R]
+    def set_microbatch(self, replica_expert: np.ndarray, home: np.ndarray, micro_batch=None) -> None:
+        """The next forward is micro-batch `micro_batch`'s (None: a forward outside a planned step),
+        with replica layout int [L, ep, R]; earlier micro-batches in flight keep theirs."""
+        self.home = np.asarray(home)
+        self.replica_expert[micro_batch] = np.asarray(replica_expert)
+        self.current = micro_batch
+
+    def in_flight(self) -> list[int]:
+        """Planned micro-batches whose leaves are still held (forward run, gradients not pulled), in order."""
+        return sorted({m for m, _ in self.leaves if m is not None})
+
+    def transfers(self, layer: int, micro_batch=None) -> list[tuple[int, int, int, int]]:
+        """(expert, home rank, replica rank, slot) of every occupied replica slot of `layer` in `micro_batch`."""
+        rexp = self.replica_expert[micro_batch][layer]  # [ep, R]
         out = []
         for g, r in zip(*np.nonzero(rexp >= 0)):
             e = int(rexp[g, r])
@@ -127,13 +149,14 @@ class ReplicaBuffer:
         local = self.slots.local_experts(layer)
         return self.slots.home_mlps(layer)[int(np.flatnonzero(local == expert)[0])]
 
-    def push(self, layer: int, phase: str) -> None:
-        """Copy `layer`'s home weights into the replica buffers of the ranks that replicate them: each
-        weight tensor straight from the home parameter into the buffer, one message per tensor."""
+    def push(self, layer: int, phase: str, micro_batch=None) -> None:
+        """Copy `layer`'s home weights into the replica buffers of the ranks that replicate them in
+        `micro_batch`: each weight tensor straight from the home parameter into the buffer, one
+        message per tensor."""
         self.timer.wait(phase, "replica_push")
         t0 = time.perf_counter()
         works = []
-        for i, (e, h, g, r) in enumerate(self.transfers(layer)):
+        for i, (e, h, g, r) in enumerate(self.transfers(layer, micro_batch)):
             if self.rank == h:
                 for j, p in enumerate(self.slots.mlp_params(self._home_mlp(layer, e))):
                     works.append(dist.isend(p.data, self._global(g), group=self.group, tag=2 * i + j))
@@ -143,7 +166,7 @@ class ReplicaBuffer:
                     works.append(dist.irecv(buf, self._global(h), group=self.group, tag=2 * i + j))
         for work in works:
             work.wait()
-        self.loaded_layer = layer
+        self.loaded = (micro_batch, layer)
         self.timer.add(phase, "replica_push", time.perf_counter() - t0)
 
     def _first_home(self) -> torch.nn.Parameter:
@@ -160,8 +183,9 @@ class ReplicaBuffer:
         megatron DDP (home weights carry `main_grad`) each leaf gets a zero `main_grad` of the home's
         gradient dtype, which megatron's gradient-accumulation fusion and TE's grouped linear write
         into; the leaf has no `grad_added_to_main_grad`, so no dummy gradient lands in `.grad`."""
-        if self.loaded_layer != layer:
-            self.push(layer, "forward")
+        m = self.current
+        if self.loaded != (m, layer):
+            self.push(layer, "forward", m)
         home = self._first_home()
         fused = getattr(home, "main_grad", None) is not None
         leaves = []
@@ -172,25 +196,33 @@ class ReplicaBuffer:
                     leaf.main_grad = torch.zeros(leaf.shape, dtype=home.main_grad.dtype, device=leaf.device)
             self.slots.set_replica_params(layer, r, *pair)
             leaves.append(pair)
-        self.leaves[layer] = leaves
+        self.leaves[(m, layer)] = leaves
 
-    def before_backward_hook(self, layer: int, grad: torch.Tensor):
-        if self.loaded_layer != layer:
-            self.push(layer, "backward")
+    def before_backward_hook(self, micro_batch, layer: int, grad: torch.Tensor):
+        """Before `layer`'s backward in `micro_batch`: its replica weights back in the buffers, and its
+        leaves back in the slots, where a recompute of the layer inside the backward (selective
+        recompute re-runs the MoE layer's inner forward, not its hooks) reads them; other layers or
+        micro-batches may have replaced both since its forward."""
+        self.backward_started.add(micro_batch)
+        if self.loaded != (micro_batch, layer):
+            self.push(layer, "backward", micro_batch)
+        for r, pair in enumerate(self.leaves.get((micro_batch, layer), [])):
+            self.slots.set_replica_params(layer, r, *pair)
         return None
 
-    def pull_gradients(self) -> None:
-        """Add every layer's replica gradients into the home experts' gradients (one message per
-        tensor, received into a scratch tensor per home tensor); drop the leaves."""
+    def pull_gradients(self, micro_batch=None) -> None:
+        """Add every layer's replica gradients of `micro_batch` into the home experts' gradients (one
+        message per tensor, received into a scratch tensor per home tensor); drop its leaves."""
         self.timer.wait("backward", "replica_grad")
         t0 = time.perf_counter()
         sends, recvs = [], []
         tag = 0
-        dtype = self.grad_dtype() if self.leaves else None
-        for layer in sorted(self.leaves):
-            for e, h, g, r in self.transfers(layer):
+        layers = sorted(layer for m, layer in self.leaves if m == micro_batch)
+        dtype = self.grad_dtype() if layers else None
+        for layer in layers:
+            for e, h, g, r in self.transfers(layer, micro_batch):
                 if self.rank == g:
-                    for p in self.leaves[layer][r]:
+                    for p in self.leaves[(micro_batch, layer)][r]:
                         grad = replica_gradient(p).to(dtype).contiguous()
                         sends.append((dist.isend(grad, self._global(h), group=self.group, tag=tag), grad))
                         self.bytes_pulled += grad.numel() * grad.element_size()
@@ -208,5 +240,7 @@ class ReplicaBuffer:
             target.add_(buf.to(target.dtype))
         for work, _ in sends:
             work.wait()
-        self.leaves = {}
+        for layer in layers:
+            del self.leaves[(micro_batch, layer)]
+        self.backward_started.discard(micro_batch)
         self.timer.add("backward", "replica_grad", time.perf_counter() - t0)

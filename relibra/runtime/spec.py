@@ -135,10 +135,9 @@ class OccupiedGroupedMLP(_LogicalSlots, TEGroupedMLP):
         if self.logical_experts is None:
             return super().sharded_state_dict(prefix, sharded_offsets, metadata)
         from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
-        from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group, make_sharded_tensors_for_checkpoint
 
-        metadata = ensure_metadata_has_dp_cp_group(metadata)
-        singleton = metadata.get("singleton_local_shards", False)
+        metadata = compat.dp_cp_metadata(metadata)
+        singleton = (metadata or {}).get("singleton_local_shards", False)
         ids, num_experts = self.logical_experts
         out = {}
         for name, tp_axis in (("linear_fc1", 0), ("linear_fc2", 1)):
@@ -152,9 +151,9 @@ class OccupiedGroupedMLP(_LogicalSlots, TEGroupedMLP):
                 else:
                     key_prefix = f"{prefix}experts.{name}."
                     offsets = (*sharded_offsets, (len(sharded_offsets), int(expert), num_experts))
-                part = make_sharded_tensors_for_checkpoint(
+                part = compat.sharded_tensors_for_checkpoint(
                     tensors, key_prefix, {"weight": tp_axis, "bias": 0} if tp_axis == 0 else {"weight": 1},
-                    offsets, tp_group=self.tp_group, dp_cp_group=metadata["dp_cp_group"])
+                    offsets, getattr(self, "tp_group", None), metadata)  # 0.15: no tp_group (parallel_state's)
                 for key, sh in part.items():
                     if name == "linear_fc1" and self.config.gated_linear_unit:
                         sh = apply_swiglu_sharded_factory(sh, offsets, singleton)

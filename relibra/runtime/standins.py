@@ -164,11 +164,13 @@ class _GroupedLinear(torch.nn.Module):
     forward(x [T, input_size], m_splits list of num_gemms ints) -> (out [T, output_size], None)."""
 
     def __init__(self, num_gemms: int, input_size: int, output_size: int, *, config, init_method, bias: bool,
-                 skip_bias_add: bool, is_expert: bool = False, tp_comm_buffer_name=None, pg_collection=None):
+                 skip_bias_add: bool, is_expert: bool = False, tp_comm_buffer_name=None, pg_collection=None,
+                 tp_group=None):
         super().__init__()
         if not is_expert:
             raise ValueError("TEGroupedLinear only supports expert parallelism")
-        expt_tp = getattr(pg_collection, "expt_tp", None) if pg_collection is not None else None
+        # the expert-TP group: 0.16's TEGroupedMLP passes pg_collection, 0.15's passes tp_group (expt_tp)
+        expt_tp = tp_group if tp_group is not None else getattr(pg_collection, "expt_tp", None)
         if expt_tp is not None and expt_tp.size() > 1:
             raise ValueError("the host GroupedLinear stand-in has no tensor parallelism inside experts")
         self.config = config

@@ -267,7 +267,7 @@ def sharded_expert_tensors(model) -> dict[tuple, np.ndarray]:
 
 def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, model: str = "tiny", steps: int = 3,
                                 micro_batches: int = 2, tokens_per_rank: int = 16, replica_slots: int = 2,
-                                seed: int = 0, tp: int = 1, device: str = "cpu") -> dict:
+                                seed: int = 0, tp: int = 1, device: str = "cpu", pp: int = 1) -> dict:
     """ReLibra against static placement under megatron DDP and get_megatron_optimizer, per set-up.
 
     Grid: EP `ep`, DP world / ep (megatron's initialize_model_parallel). The trace has one source per
@@ -278,12 +278,17 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
     returns {set-up name: {"loss": max abs diff over steps, "param", "master", "exp_avg_sq", "dense":
     max abs diff after the last step, "grad_norm": max abs diff}, "checks": {...}}. device: where the models
     run ("cuda" under a "cpu:gloo,cuda:nccl" process group, scripts/device_check.py); figures stay on the host.
+    pp: pipeline stages (megatron's 1F1B schedule); the EP group is then a stage's data-parallel group
+    (EP = world / pp), each pipeline trains one source, and "dense" compares every stage's dense weights.
     """
     from relibra.runtime.megatron_train import MegatronSetup, MegatronTrainer, megatron_grid
 
     torch.use_deterministic_algorithms(False)
-    pgc = megatron_grid(ep, tp)
+    pgc = megatron_grid(ep, tp, pp)
     dp = world // ep
+    if pp > 1 and (tp > 1 or dist.get_process_group_ranks(pgc.dp) != dist.get_process_group_ranks(pgc.ep)):
+        raise ConfigError(f"PP {pp} x EP {ep}: the worker trains one source per pipeline, so each stage's EP group "
+                          "must be its data-parallel group (EP = world / PP, TP 1)")
     if tp > 1 and dist.get_process_group_ranks(pgc.tp) != dist.get_process_group_ranks(pgc.ep):
         raise ConfigError(f"TP {tp} x EP {ep}: the worker feeds each EP group one sequence, so its TP group must "
                           "be its EP group (TP = EP)")
@@ -295,7 +300,7 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
     L, E = cfg.num_layers, cfg.num_experts
     homes = [static_placement(L, E, ep), reordered_home(L, E, ep, shift=1), reordered_home(L, E, ep, shift=3)]
     sources = slice(d_rank * ep, (d_rank + 1) * ep)
-    out, checks = {}, {"grid": f"EP {ep} x DP {dp}", "ep_groups_agree": True}
+    out, checks = {}, {"grid": f"EP {ep} x DP {dp}" if pp == 1 else f"PP {pp} x EP {ep}", "ep_groups_agree": True}
     for setup in setups:
         setup = MegatronSetup(**setup) if isinstance(setup, dict) else setup
         record = {}
@@ -325,20 +330,23 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
                 res = trainer.step(plan, batches, ntok)
                 loss = torch.tensor([res["loss"]], dtype=torch.float64)
                 dist.all_reduce(loss)
-                losses.append(float(loss.item()) / (dp * tp))  # every TP rank holds its group's loss
+                # every TP rank holds its group's loss; under PP only the last stage holds one
+                losses.append(float(loss.item()) / (dp * tp if pp == 1 else world // (ep * pp)))
                 norms.append(res["grad_norm"])
                 moved += res["experts_moved"]
-            forwards = steps * micro_batches * L
+            forwards = steps * micro_batches * len(trainer.hook.slots.moes)
             record[kind] = {"losses": losses, "norms": norms, "moved": moved, "replica_tokens": replica_tokens,
                             "recomputed": expert_runs[0] == 2 * forwards if setup.recompute else
                             expert_runs[0] == forwards,
-                            "dense": trainer.dense_state()}
+                            "dense": gather_arrays({("dense", rank): trainer.dense_state()})}
             for what in ("param", "master", "exp_avg_sq"):
                 record[kind][what] = gather_arrays(trainer.logical_expert_state(what))
             # what a weight push and a distributed checkpoint read: logical names, replica slots left out
-            record[kind]["logical_state_dict"] = {
-                k: v.detach().double().cpu().numpy() for k, v in logical_state_dict(trainer.model, gather=True).items()
-                if torch.is_tensor(v)}
+            pushed = {(k,): v.detach().double().cpu().numpy()
+                      for k, v in logical_state_dict(trainer.model, gather=True).items() if torch.is_tensor(v)}
+            if pp > 1:  # every stage's push (module names restart at 0 on each stage)
+                pushed = gather_arrays({(pgc.pp.rank(), *k): v for k, v in pushed.items()})
+            record[kind]["logical_state_dict"] = pushed
             record[kind]["sharded_experts"] = gather_arrays(sharded_expert_tensors(trainer.model))
             # every DP replica holds the same experts: compare them across replicas too
             mine = trainer.logical_expert_state("param")
@@ -355,7 +363,7 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
                 "param": max_diff(rl["param"], st["param"]),
                 "master": max_diff(rl["master"], st["master"]),
                 "exp_avg_sq": max_diff(rl["exp_avg_sq"], st["exp_avg_sq"]),
-                "dense": float(np.abs(rl["dense"] - st["dense"]).max()),
+                "dense": max_diff(rl["dense"], st["dense"]),
                 "logical_state_dict": max_diff(rl["logical_state_dict"], st["logical_state_dict"]),
                 "sharded_experts": max_diff(rl["sharded_experts"], st["sharded_experts"]),
                 "losses": rl["losses"], "static_losses": st["losses"], "norms": rl["norms"], "static_norms": st["norms"],
