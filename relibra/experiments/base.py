@@ -365,6 +365,72 @@ class Result:
         return cls(**kwargs)
 
 
+# ---- facts --------------------------------------------------------------------------------------------
+FACTS_FILE = "facts.csv"
+SCOPES = ("simulated", "measured")
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One number a notebook found, a row of its facts.csv: `value` of `fact` (a relibra.labels CLAIMS or
+    METRICS id) for `of` (a policy, case, card or knob value; "" for the whole run) as `stat` (mean, low, high,
+    best, ...), in `unit` (relibra.labels.UNIT_FORMATS; "%" holds a share), `scope` simulated or measured, `on`
+    what (scale, card, seeds, machine; "" for the run's own, which the writer fills in). readme: the title of
+    the README row that shows it ("": none; relibra.glance)."""
+
+    fact: str
+    value: float
+    unit: str = ""
+    stat: str = "value"
+    of: str = ""
+    scope: str = "simulated"
+    on: str = ""
+    readme: str = ""
+
+
+FACT_COLUMNS = [f.name for f in fields(Fact)]
+
+
+def facts_frame(facts, on: str = "") -> pd.DataFrame:
+    """`facts` (Fact rows) as the tidy table facts.csv holds, each empty `on` set to `on`."""
+    from relibra.labels import UNIT_FORMATS
+
+    for f in facts:
+        if f.scope not in SCOPES or f.unit not in UNIT_FORMATS:
+            raise ConfigError(f"fact {f.fact!r}: scope must be one of {SCOPES} and unit one of "
+                              f"{tuple(UNIT_FORMATS)}; got {f.scope!r}, {f.unit!r}")
+    frame = pd.DataFrame([dataclasses.asdict(f) for f in facts], columns=FACT_COLUMNS)
+    frame["on"] = frame["on"].mask(frame["on"] == "", on)
+    frame["value"] = frame["value"].astype(float)
+    return frame
+
+
+def summary_facts(obj, of: str = "", name: str = "") -> list[Fact]:
+    """The numbers of a notebook's Summary (a dataclass) as simulated facts named by their fields: a number is
+    one fact; a tuple of numbers one per position (stat 0, 1, ...); a nested dataclass's numbers belong to its
+    first text field (its policy, model, ...), as `of`. Text, flags and None are left out."""
+    if isinstance(obj, numbers.Real) and not isinstance(obj, bool):
+        return [Fact(name, float(obj), of=of)]
+    if dataclasses.is_dataclass(obj):
+        own = next((v for v in (getattr(obj, f.name) for f in fields(obj)) if isinstance(v, str)), None)
+        of = own if own is not None and name else of  # a nested one (a policy's row) is named by its text
+        return [x for f in fields(obj) for x in summary_facts(getattr(obj, f.name), of, f.name)]
+    if isinstance(obj, tuple) and obj and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in obj):
+        return [Fact(name, float(v), stat=str(i), of=of) for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return [x for v in obj for x in summary_facts(v, of, name)]
+    return []
+
+
+def load_facts(folder: str | Path) -> pd.DataFrame:
+    """The facts.csv under `folder` (text columns as text, "" where empty); an error naming it when missing."""
+    path = Path(folder) / FACTS_FILE
+    if not path.exists():
+        raise ConfigError(f"{path}: missing; rerun notebook {Path(folder).name}")
+    text = {c: str for c in FACT_COLUMNS if c != "value"}
+    return pd.read_csv(path, dtype=text, keep_default_na=False, na_values={"value": ["", "nan", "NaN"]})
+
+
 # `obj` for json.dumps with NaN kept (result.json round-trips it): the kit's one normaliser, not strict.
 jsonable = functools.partial(json_safe, strict=False)
 

@@ -30,7 +30,7 @@ from relibra.analysis import microbatch_calibration, shift_stats
 from relibra.cluster import PAPER_MODELS, get_model
 from relibra.display import json_safe
 from relibra.errors import ConfigError
-from relibra.labels import CLAIMS, PAPER_CLAIMS
+from relibra.labels import CLAIMS, PAPER_CLAIMS, verdict_line
 from relibra.pool import map_in_order
 from relibra.rl.capture import DEFAULT_RL_TRACE
 from relibra.setups import DEFAULT_CARD, card_names, load_card
@@ -407,38 +407,6 @@ def claim_regions(result: MapResult, fields: pd.DataFrame | None = None) -> list
     return out
 
 
-def claim_line(r: dict) -> str:
-    """One claim's verdict as one line (from claim_regions' facts): the claim, then holds / holds only where
-    (the condition in numbers) / does not hold, with the best value and, for a gap, its span and where it lies
-    against the paper's range."""
-    c = CLAIMS[r["id"]]
-    scope = "feasible node" if r.get("infeasible_nodes") else "node"
-    if r["best"] is None:
-        return f"{c.statement}: not decided: no {scope} of the grid"
-    if r["verdict"] == "does not hold":
-        where = (f"does not hold: reached at no {scope} of the grid (best {c.fmt(r['best'])}, at "
-                 f"{r['best_tokens_per_ep_rank']:.0f} simulated tokens per EP rank, correlation {r['best_corr']:.2f})")
-    elif r["verdict"] == "holds":
-        where = f"holds at every {scope} of the grid ({r['of_nodes']})"
-    else:
-        cond = []
-        if r["min_tokens"] != r["grid_min_tokens"]:
-            cond.append(f"at least {r['min_tokens_per_ep_rank']:.0f} simulated tokens per EP rank")
-        if r["max_corr"] < r["grid_max_corr"]:
-            cond.append(f"micro-batch vs step correlation at most {r['max_corr']:.2f}")
-        where = (f"holds only where {' and '.join(cond) or 'the nodes listed in the table are'} "
-                 f"({r['nodes']} of {r['of_nodes']} {scope}s; best {c.fmt(r['best'])})")
-    if c.lower is not None and "worst" in r:
-        where += (f"; the gap spans {c.fmt(r['best'])}-{c.fmt(r['worst'])} over the grid's cases: inside the paper's "
-                  f"{c.paper[len('within '):]} at {r['inside_range_nodes']} {scope}s, below it (closer to Balanced "
-                  f"than the paper reports) at {r['below_range_nodes']}")
-    elif r["verdict"] == "holds":
-        where += f" (best {c.fmt(r['best'])})"
-    if r.get("infeasible_nodes"):
-        where += f"; {r['infeasible_nodes']} node(s) that do not fit in GPU memory left out"
-    return f"{c.statement}: {where}"
-
-
 def card_hits(result: MapResult) -> list[dict]:
     """Per speed-up claim, the named cards whose best case reaches its level (feasible cards only, where
     the points carry a `feasible` column): {"id", "cards": [(setup, best)]}."""
@@ -452,15 +420,10 @@ def card_hits(result: MapResult) -> list[dict]:
 
 
 def conclusion_lines(result: MapResult, fields: pd.DataFrame | None = None) -> list[str]:
-    """The map's answer, one line per paper claim (claim_line), each with the named cards that reach it."""
+    """The map's answer, one line per paper claim (relibra.labels.verdict_line), each with the named cards that
+    reach it."""
     hits = {h["id"]: h["cards"] for h in card_hits(result)}
-    lines = []
-    for r in claim_regions(result, fields):
-        line = claim_line(r)
-        if hits.get(r["id"]):
-            line += "; reached by the card(s) " + ", ".join(f"{s} ({CLAIMS[r['id']].fmt(v)})" for s, v in hits[r["id"]])
-        lines.append(line)
-    return lines
+    return [verdict_line(r, hits.get(r["id"], ())) for r in claim_regions(result, fields)]
 
 
 def conclusion(result: MapResult, fields: pd.DataFrame | None = None, lines: list[str] | None = None) -> str:

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from relibra.cluster import get_topology
-from relibra.experiments.base import PATH, Params, Result, integer, live, param, table, value
+from relibra.experiments.base import Fact, summary_facts, PATH, Params, Result, integer, live, param, table, value
 from relibra.experiments.dynamics import expert_load_table, shift_table
 from relibra.experiments.machine import this_machine
 from relibra.experiments.profiles import SCALES
@@ -182,3 +182,8 @@ def story(s: Summary) -> str:
         text.append(f"{label(x.policy)} is slower than Megatron ({x.speedup:.2f}x) although its skewness is "
                     f"lower ({x.skewness:.2f}): {why}.")
     return " ".join(text)
+
+
+def facts(r: Result, scale: str) -> list[Fact]:
+    """The numbers its story tells (its Summary's), one fact each."""
+    return summary_facts(summarize(r))
