@@ -132,8 +132,8 @@ METRICS = {
     "cases": "cases (models x workloads x seeds)",
 }
 # How a value of each unit reads: a claim's own format first (Claim.fmt), else three significant digits.
-UNIT_FORMATS = {"x": "{:.3g}x", "ratio": "{:.3f}", "skewness": "{:.2f}", "%": "{:.3g}%", "s": "{:.3g} s", "": "{:.3g}", "count": "{:.0f}",
-                "tokens": "{:.0f}", "corr": "{:.2f}"}
+UNIT_FORMATS = {"x": "{:.3g}x", "ratio": "{:.3f}", "skewness": "{:.2f}", "%": "{:.3g}%", "s": "{:.3g} s", "": "{:.3g}",
+                "count": "{:.0f}", "tokens": "{:.0f}", "corr": "{:.2f}"}
 
 
 def fact_label(fact: str) -> str:

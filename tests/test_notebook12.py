@@ -19,7 +19,7 @@ from relibra.experiments.base import facts_frame  # noqa: E402
 from relibra.experiments.registry import Loaded  # noqa: E402
 from relibra.experiments.verdict_map import MapResult, GridSpec, ShiftAxis, card_hits, card_points  # noqa: E402
 from relibra.experiments.verdict_map import claim_regions, merge_coincident, node_fields  # noqa: E402
-from relibra.labels import CLAIMS as CLAIMS_TABLE, PAPER_CLAIMS  # noqa: E402
+from relibra.labels import PAPER_CLAIMS  # noqa: E402
 from relibra.report import md_table  # noqa: E402
 
 NB = get_notebook("12_verdict_map")

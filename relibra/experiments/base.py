@@ -5,6 +5,9 @@
   checked, resolved ones (a model preset becomes its ModelShape, a cluster its Topology, a card its
   SetupCard). A raw None stands for the profile's size named by `sizes=` or for `none=`.
 - `Result`: `table` fields saved as `<field>.csv`, `value` fields in result.json, read back by `load`.
+- `Fact`: one number a notebook found (fact, stat, value, unit, of, scope, on, readme); a module's
+  `facts(result, scale)` lists them and the Run writes them as facts.csv (`facts_frame`, read back by
+  `load_facts`), from which the README rows and REPORT's tables are rendered.
 - `TryThis`: a change a notebook suggests and the direction it moves a quantity (tests/test_lessons.py).
 """
 
@@ -405,18 +408,24 @@ def facts_frame(facts, on: str = "") -> pd.DataFrame:
     return frame
 
 
+def _number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
 def summary_facts(obj, of: str = "", name: str = "") -> list[Fact]:
     """The numbers of a notebook's Summary (a dataclass) as simulated facts named by their fields: a number is
-    one fact; a tuple of numbers one per position (stat 0, 1, ...); a nested dataclass's numbers belong to its
-    first text field (its policy, model, ...), as `of`. Text, flags and None are left out."""
-    if isinstance(obj, numbers.Real) and not isinstance(obj, bool):
+    one fact; a tuple's numbers one each (stat 0, 1, ...: their position, where it holds several), its text
+    joining its `of` (a (part, seconds) pair); a nested dataclass's numbers belong to its first text field (its policy, model,
+    ...). Other text, flags and None are left out."""
+    if _number(obj):
         return [Fact(name, float(obj), of=of)]
     if dataclasses.is_dataclass(obj):
         own = next((v for v in (getattr(obj, f.name) for f in fields(obj)) if isinstance(v, str)), None)
         of = own if own is not None and name else of  # a nested one (a policy's row) is named by its text
         return [x for f in fields(obj) for x in summary_facts(getattr(obj, f.name), of, f.name)]
-    if isinstance(obj, tuple) and obj and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in obj):
-        return [Fact(name, float(v), stat=str(i), of=of) for i, v in enumerate(obj)]
+    if isinstance(obj, tuple) and any(_number(v) for v in obj):
+        text, values = ", ".join([of] * bool(of) + [v for v in obj if isinstance(v, str)]), [v for v in obj if _number(v)]
+        return [Fact(name, float(v), stat=str(i) if len(values) > 1 else "value", of=text) for i, v in enumerate(values)]
     if isinstance(obj, tuple):
         return [x for v in obj for x in summary_facts(v, of, name)]
     return []

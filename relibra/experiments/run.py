@@ -106,7 +106,8 @@ class Run:
         direction is checked by tests/test_lessons.py)."""
         return "\n".join(f"- {t.text(self.params, self.sizes)}" for t in self.notebook.tries)
 
-    def save_csv(self, table: pd.DataFrame, name: str, description: str = "", float_format: str | None = "%.6g") -> Path:
+    def save_csv(self, table: pd.DataFrame, name: str, description: str = "",
+                 float_format: str | None = "%.6g") -> Path:
         """Write `table` as <out_dir>/<name>.csv (tidy: one row per observation), floats in `float_format`
         (None: every digit)."""
         path = self.out_dir / f"{name}.csv"

@@ -481,7 +481,8 @@ def agreement_facts(results: pd.DataFrame, step_tolerance: float = 0.15) -> dict
             launches.append({"launch": int(r[launch]) + 1 if launch else None, "policy": r["policy"],
                              "measured": r["speedup_vs_megatron"], "low": r["speedup_ci_low"],
                              "high": r["speedup_ci_high"], "simulated": r["sim_speedup_vs_megatron"],
-                             "inside": bool(r["speedup_ci_low"] <= r["sim_speedup_vs_megatron"] <= r["speedup_ci_high"]),
+                             "inside": bool(r["speedup_ci_low"] <= r["sim_speedup_vs_megatron"]
+                                            <= r["speedup_ci_high"]),
                              "cpu": (r["cpu_speedup_vs_megatron"], r["cpu_speedup_ci_low"],
                                      r["cpu_speedup_ci_high"]) if cpu else None})
     return {"steps": g.reset_index().to_dict("records"), "launches": launches, "tolerance": step_tolerance,

@@ -117,7 +117,8 @@ def facts(r: Result, scale: str) -> list[Fact]:
     out = [Fact("skewness", v, "skewness", stat, short(p), on=on, readme=title)
            for p, lo, hi in s.spans for stat, v in (("low", lo), ("high", hi))]
     dom = r.skewness[(r.skewness["sweep"] == "workload") & (r.skewness["policy"] == "megatron")]
-    return out + [Fact("skewness", x.skewness, "skewness", of=f"Megatron, {x.workload}", on=on) for x in dom.itertuples()]
+    return out + [Fact("skewness", x.skewness, "skewness", of=f"Megatron, {x.workload}", on=on)
+                  for x in dom.itertuples()]
 
 
 def _largest_ep(t: pd.DataFrame, policy: str) -> float:

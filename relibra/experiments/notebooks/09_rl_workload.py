@@ -3,6 +3,7 @@ this CPU, its reward, its routing trace, and each policy simulated on that trace
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -185,5 +186,11 @@ def story(s: Summary) -> str:
 
 
 def facts(r: Result, scale: str) -> list[Fact]:
-    """The numbers its story tells (its Summary's), one fact each."""
-    return summary_facts(summarize(r))
+    """The numbers its story tells (its Summary's), one fact each: the rewards measured by the RL run on this
+    machine, the policies simulated on its recorded routing."""
+    run = f"the RL run (relibra.rl) on this machine; {scale}"
+    return [dataclasses.replace(f, scope="measured", on=run) if f.fact in _MEASURED else f
+            for f in summary_facts(summarize(r))]
+
+
+_MEASURED = ("first_step", "last_step", "first_reward", "last_reward", "trend_change", "trend_spread")

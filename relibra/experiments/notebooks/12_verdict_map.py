@@ -15,10 +15,9 @@ from relibra.experiments.base import (PATH, Fact, Kind, Params, Result, TryThis,
 from relibra.experiments.profiles import per_profile
 from relibra.experiments.text import facts_table, pct
 from relibra.experiments.traces import PROFILE
-from relibra.experiments.verdict_map import (RATIO_FIELDS, CardPoint, GridSpec, ShiftAxis, card_hits, card_points,
-                                             claim_contours, claim_regions, contour_table, default_grid,
-                                             merge_coincident, node_fields, paper_grid, rl_calibration, run_map,
-                                             why_card_differs)
+from relibra.experiments.verdict_map import (RATIO_FIELDS, SHIFT_SENSITIVITY_END, GridSpec, ShiftAxis, card_hits,
+                                             card_points, claim_contours, claim_regions, contour_table, default_grid,
+                                             merge_coincident, node_fields, paper_grid, rl_calibration, run_map)
 from relibra.labels import CLAIMS, PAPER_CLAIMS, verdict_line
 from relibra.setup_schema import BOUNDS
 from relibra.setups import DEFAULT_CARD
@@ -119,6 +118,61 @@ def compute(p: Params, sizes: GridSpec, progress: bool = True, workers: int | No
 
 
 # ---- reading the result ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CardPoint:
+    """One named card's point (a verdict_map.card_points row): ReLibra / Megatron and / EPLB+ as (mean, best)
+    and the gap to Balanced as (mean, best, worst) over its cases; its simulated position; EPLB+'s and
+    Megatron's mean tokens/s there."""
+
+    setup: str
+    over_megatron: tuple[float, float]
+    over_eplb_plus: tuple[float, float]
+    gap: tuple[float, float, float]
+    tokens_per_ep_rank: float
+    mb_vs_step_corr: float
+    micro_batches: float
+    cases: int
+    tokens_per_s: tuple[float, float]  # EPLB+'s, Megatron's
+
+
+def why_card_differs(x: CardPoint, regions, best_over_eplb_plus: tuple[float, float, float]) -> str:
+    """Why card x's figure is not the paper's (CLAIMS' levels), from its point, the grid's claim regions
+    (claim_regions, in CLAIMS' order) and the grid's best ReLibra / EPLB+ with its shift and correlation."""
+    (meg, eplb, gap), meg_region = PAPER_CLAIMS, regions[0]  # regions follow PAPER_CLAIMS
+    mbs = f"{x.micro_batches:.0f} micro-batch" + ("" if round(x.micro_batches) == 1 else "es")
+    (eplb_tps, meg_tps), (best, shift, corr) = x.tokens_per_s, best_over_eplb_plus
+    parts = [f"it packs {x.tokens_per_ep_rank:.0f} tokens per EP rank per micro-batch ({mbs} a step)"]
+    if not meg.holds(x.over_megatron[1]):
+        parts.append(f"{meg.level:g}x over Megatron needs at least {meg_region['min_tokens_per_ep_rank']:.0f} "
+                     "simulated tokens per EP rank on the grid" if meg_region["min_tokens"] else
+                     f"the grid reaches {meg.level:g}x over Megatron nowhere (best {meg_region['best']:.2f}x at "
+                     f"{meg_region['best_tokens_per_ep_rank']:.0f} simulated tokens per EP rank)")
+    if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
+        parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over {mbs} "
+                     "a step its own costs exceed what its balance saves, which, not micro-batch shift, lifts "
+                     f"ReLibra / EPLB+ to {x.over_eplb_plus[0]:.2f}x")
+    elif eplb.holds(x.over_eplb_plus[0]):  # the claim reached although the micro-batches follow their step
+        parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, yet ReLibra / EPLB+ "
+                     f"is {x.over_eplb_plus[0]:.2f}x: what EPLB+'s placement for the step's total leaves unbalanced "
+                     f"in each of its {mbs} is paid in each (and, where the card pipelines, again in the 1F1B "
+                     "bubble)")
+    else:
+        parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, so a once-per-step "
+                     "EPLB+ already balances most of each micro-batch's load" if x.mb_vs_step_corr >= 0.85 else
+                     f"its micro-batches correlate with their step at only {x.mb_vs_step_corr:.2f}, where "
+                     "per-micro-batch balancing has the most to gain over EPLB+")
+    if not eplb.holds(x.over_eplb_plus[1]):
+        where = "nowhere" if not eplb.holds(best) else "only elsewhere"
+        parts.append(f"{eplb.level:g}x over EPLB+ is reached {where} on the grid (best {best:.2f}x at shift "
+                     f"{shift:g}, correlation {corr:.2f}; the shift is assumed, {MICROBATCH_SHIFT_RANGE[0]:g}-"
+                     f"{MICROBATCH_SHIFT_RANGE[1]:g} where the tiny CPU RL trace sits, {SHIFT_SENSITIVITY_END:g} its "
+                     "sensitivity)")
+    if not gap.inside_range(x.gap[0]):
+        side = "below" if x.gap[0] < gap.lower else "above"
+        parts.append(f"its gap to Balanced ({gap.fmt(x.gap[0])}) is {side} the paper's {gap.paper[len('within '):]}")
+    return "; ".join(parts)
+
+
 def _x(v: float) -> str:
     return f"{v:.2f}x"
 
@@ -134,7 +188,7 @@ class Summary:
     out_of_memory: tuple[str, ...] = ()  # cards that do not fit in memory: left out of every figure
 
     def why(self, x: CardPoint) -> str:
-        """Why card x's figure is not the paper's (verdict_map.why_card_differs)."""
+        """Why card x's figure is not the paper's (why_card_differs)."""
         return why_card_differs(x, self.regions, self.best_over_eplb_plus)
 
 
