@@ -415,8 +415,8 @@ def _number(v) -> bool:
 def summary_facts(obj, of: str = "", name: str = "") -> list[Fact]:
     """The numbers of a notebook's Summary (a dataclass) as simulated facts named by their fields: a number is
     one fact; a tuple's numbers one each (stat 0, 1, ...: their position, where it holds several), its text
-    joining its `of` (a (part, seconds) pair); a nested dataclass's numbers belong to its first text field (its policy, model,
-    ...). Other text, flags and None are left out."""
+    joining its `of` (a (part, seconds) pair); a nested dataclass's numbers belong to its first text field (its
+    policy, model, ...). Other text, flags and None are left out."""
     if _number(obj):
         return [Fact(name, float(obj), of=of)]
     if dataclasses.is_dataclass(obj):
@@ -424,8 +424,10 @@ def summary_facts(obj, of: str = "", name: str = "") -> list[Fact]:
         of = own if own is not None and name else of  # a nested one (a policy's row) is named by its text
         return [x for f in fields(obj) for x in summary_facts(getattr(obj, f.name), of, f.name)]
     if isinstance(obj, tuple) and any(_number(v) for v in obj):
-        text, values = ", ".join([of] * bool(of) + [v for v in obj if isinstance(v, str)]), [v for v in obj if _number(v)]
-        return [Fact(name, float(v), stat=str(i) if len(values) > 1 else "value", of=text) for i, v in enumerate(values)]
+        text = ", ".join([of] * bool(of) + [v for v in obj if isinstance(v, str)])
+        values = [v for v in obj if _number(v)]
+        return [Fact(name, float(v), stat=str(i) if len(values) > 1 else "value", of=text)
+                for i, v in enumerate(values)]
     if isinstance(obj, tuple):
         return [x for v in obj for x in summary_facts(v, of, name)]
     return []

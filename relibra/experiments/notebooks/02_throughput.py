@@ -242,8 +242,8 @@ def section(x, table_md) -> str:
     return (f"## The default card's headline in detail\n\nOne card's point of the verdict map (notebook 12, the "
             "table above where it ran): its figures alone do not answer the paper's claims. "
             f"From notebook 02, simulated on **{x.facts['on'].iloc[0]}**, every policy; the set-up card's every input "
-            "with its source: docs/setup.md. The alternatives are the other batch layouts and link-rate measurements on one "
-            "case (notebook 02's `alternatives.csv`).\n\n"
+            "with its source: docs/setup.md. The alternatives are the other batch layouts and link-rate measurements "
+            "on one case (notebook 02's `alternatives.csv`).\n\n"
             f"{table_md(facts_table(x.facts, 'fact', 'stat', 'claim'))}\n\nWhy they differ:\n\n"
             + "".join(f"- **{v.claim}**: {v.why}.\n" for v in x.summary.verdicts))
 
