@@ -124,7 +124,7 @@ def test_every_module_summarizes_its_result_once_for_its_text(executed):
         assert list(f.columns) == FACT_COLUMNS and len(f) and f["scope"].isin(SCOPES).all() and f["on"].ne("").all()
         again = facts_frame(nb.facts(x.result, x.manifest["scale_note"]), "")
         assert list(again["fact"]) == list(f["fact"]) and list(again["stat"]) == list(f["stat"]), name
-        assert np.allclose(again["value"], f["value"], rtol=1e-5, equal_nan=True), name  # tables at 6 digits
+        assert np.allclose(again["value"], f["value"], rtol=1e-5, atol=1e-5, equal_nan=True), name  # tables: 6 digits
         assert all(set(r) == {"what", "figure", "how it was obtained"} for r in fact_rows(f))
         if nb.section is not None:
             assert nb.section(x, md_table).startswith("## "), name
