@@ -250,8 +250,8 @@ def facts(r: Result, scale: str) -> list[Fact]:
     hits = {h["id"]: h["cards"] for h in r.hits or ()}
     for region in r.regions:
         c, title = CLAIMS[region["id"]], f"the verdict map: {CLAIMS[region['id']].statement}"
-        out += [Fact(c.id, v, _unit(c, k), k, GRID, readme=title) for k, v in region.items()
-                if k not in ("id", "claim", "field", "verdict", "level") and v is not None]
+        out += [Fact(c.id, region[k], _unit(c, k), k, GRID, readme=title) for k in sorted(region)  # as result.json
+                if k not in ("id", "claim", "field", "verdict", "level") and region[k] is not None]
         out += [Fact(c.id, v, c.unit, "reached by the card", card, readme=title) for card, v in hits.get(c.id, ())]
     for x in s.cards:
         title = f"`{x.setup}` card's point on the map"
