@@ -1,10 +1,9 @@
 """The README's "Results at a glance" table, built from what a reproduction run wrote, never typed.
 
-`write_glance(out)` reads back the typed result of every notebook under `out` (default results/)
-whose module gives README rows (relibra.experiments.registry: a module's `rows`), and writes
-`out/glance.md`: one markdown table, columns what | figure | how it was obtained (simulated or
-measured, on what, at which profile). A notebook that has not run adds no row; a result missing a
-table is an error naming the file.
+`write_glance(out)` reads back the facts (facts.csv) of every notebook under `out` (default results/)
+and writes `out/glance.md`: one markdown table of the facts with a `readme` title, columns what | figure |
+how it was obtained (simulated or measured, on what, at which profile). A notebook that has not run adds
+no row; a result missing a table is an error naming the file.
 
 `relibra reproduce` writes it after REPORT.md; `relibra reproduce --update-readme` also copies it to
 docs/glance.md and puts it between the README's `<!-- table:glance begin -->` and `<!-- table:glance end -->`
@@ -21,6 +20,7 @@ import pandas as pd
 from relibra.display import marked_blocks, marker, with_blocks
 from relibra.errors import ConfigError
 from relibra.experiments.registry import NOTEBOOK_MODULES, in_shown_order, load_results
+from relibra.experiments.text import fact_rows
 from relibra.paths import write_text
 from relibra.report import md_table
 
@@ -30,14 +30,14 @@ HEADER = ("<!-- written by `relibra reproduce` (relibra/glance.py) from the resu
 
 
 def glance_notebooks() -> list[str]:
-    """The notebooks whose results feed the README table."""
-    return [nb.name for nb in NOTEBOOK_MODULES.values() if nb.rows is not None]
+    """The notebooks whose facts may give README rows: every one (its facts with a `readme` title)."""
+    return list(NOTEBOOK_MODULES)
 
 
 def glance_rows(out_dir: str | Path) -> pd.DataFrame:
-    """Every row of the notebooks present under out_dir: columns what, figure, how it was obtained."""
-    rows = [row for x in in_shown_order(load_results(out_dir).values()) if x.notebook.rows
-            for row in x.notebook.rows(x.summary, x.manifest)]
+    """Every README row of the notebooks present under out_dir (their facts with a `readme` title, rendered by
+    relibra.experiments.text.fact_rows): columns what, figure, how it was obtained."""
+    rows = [row for x in in_shown_order(load_results(out_dir).values()) for row in fact_rows(x.facts)]
     hows = [row["how it was obtained"] for row in rows]
     for i in range(1, len(rows)):  # a "how" repeated from the row above reads "same as above"
         if hows[i] == hows[i - 1]:
@@ -48,8 +48,7 @@ def glance_rows(out_dir: str | Path) -> pd.DataFrame:
 def glance_markdown(out_dir: str | Path) -> str:
     """The glance file's text: a header comment and the table (or a line saying nothing has run)."""
     rows = glance_rows(out_dir)
-    body = md_table(rows) if len(rows) else (f"No reproduction results under {out_dir} yet (from notebooks "
-                                             f"{', '.join(glance_notebooks())}): run ./reproduce.sh.")
+    body = md_table(rows) if len(rows) else f"No reproduction results under {out_dir} yet: run ./reproduce.sh."
     return f"{HEADER.format(out=Path(out_dir).as_posix().rstrip('/'))}\n{body}\n"
 
 

@@ -67,6 +67,11 @@ class Claim:
         """The paper's claim in words: "up to 1.6x over Megatron-LM", "within 6-10% of Balanced"."""
         return f"{self.paper} {'of' if self.is_gap else 'over'} {self.against}"
 
+    @property
+    def unit(self) -> str:
+        """A fact's unit of this metric: "%" for a gap (a share), "x" for a ratio."""
+        return "%" if self.is_gap else "x"
+
     def fmt(self, value: float) -> str:
         """A value of the metric as text: a gap in %, a ratio as 1.23x."""
         return f"{100 * value:.1f}%" if self.is_gap else f"{value:.2f}x"
@@ -107,6 +112,45 @@ CLAIMS = {c.id: c for c in (
           "(1 - ReLibra / balanced-compute)"),
     Claim("relibra_over_balanced_compute", "relibra", "balanced-compute", "ratio", "ReLibra / balanced-compute"),
 )}
+# Every other metric a notebook's facts name (relibra.experiments.base.Fact): id -> its name in text. A
+# claim's id names itself (CLAIMS).
+METRICS = {
+    "skewness": "rank skewness (max / mean tokens per GPU), mean over plans",
+    "planner_s": "planner wall time per step",
+    "planner_vs_forward": "planner wall time / one forward pass",
+    "migration_share": "ReLibra's migration, share of step time",
+    "replica_memory_share": "ReLibra's replica buffer, share of parameter memory per GPU (whole model)",
+    "transfer_overlap": "ReLibra's replica transfers hidden behind attention",
+    "step_s": "step time",
+    "speedup_vs_megatron": "speed-up over Megatron",
+    "cpu_speedup_vs_megatron": "speed-up over Megatron on process CPU time",
+    "frac_of_balanced_compute": "share of balanced-compute's throughput",
+    "over_best_other": "relibra-h / the best other policy",
+    "behind_best_other": "cases where relibra-h trails the best other policy",
+    "tokens_per_ep_rank": "tokens per EP rank per micro-batch (simulated mean)",
+    "mb_vs_step_corr": "micro-batch vs step correlation (generated trace)",
+    "cases": "cases (models x workloads x seeds)",
+}
+# How a value of each unit reads: a claim's own format first (Claim.fmt), else three significant digits.
+UNIT_FORMATS = {"x": "{:.3g}x", "ratio": "{:.3f}", "skewness": "{:.2f}", "%": "{:.3g}%", "s": "{:.3g} s", "": "{:.3g}",
+                "count": "{:.0f}", "tokens": "{:.0f}", "corr": "{:.2f}"}
+
+
+def fact_label(fact: str) -> str:
+    """A fact's name in text: its claim's label, else METRICS', else the id itself."""
+    return CLAIMS[fact].label if fact in CLAIMS else METRICS.get(fact, fact)
+
+
+def fact_text(fact: str, unit: str, value: float) -> str:
+    """One value of a fact as text: a claim's own format (1.23x, 4.5%), else its unit's (a "%" fact holds a
+    share: 0.25 reads 25%)."""
+    if value != value:
+        return "-"
+    if fact in CLAIMS and unit == CLAIMS[fact].unit:
+        return CLAIMS[fact].fmt(value)
+    return UNIT_FORMATS[unit].format(100 * value if unit == "%" else value)
+
+
 # The paper's three claims (the ones with a stated figure), in the order every verdict lists them.
 PAPER_CLAIMS = tuple(c for c in CLAIMS.values() if c.level is not None)
 # The ratios the sensitivity study moves (relibra.studies.sensitivity), as text.
@@ -162,3 +206,39 @@ def policy_order(policies) -> list[str]:
     """`policies` in the table's order (unknown names last, alphabetically)."""
     known = [p for p in POLICY_ORDER if p in set(policies)]
     return known + sorted(set(policies) - set(known))
+
+
+def verdict_line(region: dict, cards=()) -> str:
+    """One paper claim's verdict on the map as one line, from its region's facts (relibra.experiments.
+    verdict_map.claim_regions: id, nodes, of_nodes, best, ...; a fact absent where it has no value) and the
+    (card, best) pairs that reach it: the claim, then holds / holds only where (the condition in numbers) /
+    does not hold, with the best value and, for a gap, its span and where it lies against the paper's range."""
+    r = {k: v for k, v in region.items() if v is not None and v == v}
+    c, nodes, of_nodes, off = CLAIMS[r["id"]], int(r["nodes"]), int(r["of_nodes"]), int(r.get("infeasible_nodes", 0))
+    scope = "feasible node" if off else "node"
+    if "best" not in r:
+        return f"{c.statement}: not decided: no {scope} of the grid"
+    if nodes == 0:
+        where = (f"does not hold: reached at no {scope} of the grid (best {c.fmt(r['best'])}, at "
+                 f"{r['best_tokens_per_ep_rank']:.0f} simulated tokens per EP rank, correlation {r['best_corr']:.2f})")
+    elif nodes == of_nodes:
+        where = f"holds at every {scope} of the grid ({of_nodes})"
+    else:
+        cond = []
+        if r["min_tokens"] != r["grid_min_tokens"]:
+            cond.append(f"at least {r['min_tokens_per_ep_rank']:.0f} simulated tokens per EP rank")
+        if r["max_corr"] < r["grid_max_corr"]:
+            cond.append(f"micro-batch vs step correlation at most {r['max_corr']:.2f}")
+        where = (f"holds only where {' and '.join(cond) or 'the nodes listed in the table are'} "
+                 f"({nodes} of {of_nodes} {scope}s; best {c.fmt(r['best'])})")
+    if c.lower is not None and "worst" in r:
+        where += (f"; the gap spans {c.fmt(r['best'])}-{c.fmt(r['worst'])} over the grid's cases: inside the paper's "
+                  f"{c.paper[len('within '):]} at {int(r['inside_range_nodes'])} {scope}s, below it (closer to "
+                  f"Balanced than the paper reports) at {int(r['below_range_nodes'])}")
+    elif nodes == of_nodes:
+        where += f" (best {c.fmt(r['best'])})"
+    if off:
+        where += f"; {off} node(s) that do not fit in GPU memory left out"
+    if cards:
+        where += "; reached by the card(s) " + ", ".join(f"{s} ({c.fmt(v)})" for s, v in cards)
+    return f"{c.statement}: {where}"

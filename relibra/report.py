@@ -4,7 +4,7 @@ are simulated and which measured (and on what hardware), the environment and eve
 It reads every notebook's typed result and manifest back through the registry
 (relibra.experiments.registry.load_results), so running one notebook refreshes the report without
 dropping the others; each notebook's row says which profile made it and when. A notebook module
-that defines `section(summary, manifest, md_table)` puts its section at the top, in notebook order
+that defines `section(loaded, md_table)` puts its section at the top, in notebook order
 (a module with SECTION_FIRST = True before the others: notebook 12's verdict table per set-up card);
 then come what ran, the environment and every figure.
 """
@@ -46,7 +46,7 @@ def notebook_sections(results: dict[str, Loaded]) -> str:
     """The sections of the notebook modules that write one: first those whose module sets SECTION_FIRST
     (the verdict map's table per set-up card), then the others, in notebook order."""
     shown = in_shown_order(x for x in results.values() if x.notebook.section is not None)
-    return "".join(x.notebook.section(x.summary, x.manifest, md_table) + "\n" for x in shown)
+    return "".join(x.notebook.section(x, md_table) + "\n" for x in shown)
 
 
 def sources_section(manifests: dict[str, dict], statuses: dict[str, dict]) -> str:

@@ -12,6 +12,7 @@ import pytest
 from relibra.errors import ConfigError
 from relibra.setups import DEFAULT_CARD
 from relibra.studies import claim_map as vm
+from relibra.labels import verdict_line
 
 TINY_CHANGES = (("batch.global_batch_sequences", 16), ("batch.data_parallel_size", 4), ("batch.expert_parallel", 4),
                 ("overheads.planner_reorder_s_per_layer", 1e-9))
@@ -67,10 +68,13 @@ def test_claim_regions_and_the_one_sentence_conclusion():
     assert eplb["verdict"] == "holds only where" and eplb["min_tokens"] == eplb["grid_min_tokens"]
     assert gap["verdict"] == "holds" and gap["best"] == gap["worst"] == pytest.approx(0.04)
     assert gap["below_range_nodes"] == 6  # 4% everywhere: closer to Balanced than the paper's 6-10%
+    # the lines are the regions' facts rendered (labels.verdict_line), the same from facts.csv's shape: floats,
+    # a fact without a value absent
     lines = vm.conclusion_lines(result)
-    assert [line.split(": ", 1)[0] for line in lines] == [c.statement for c in vm.PAPER_CLAIMS]
-    assert [line.split(": ", 1)[1].split(" ", 1)[0] for line in lines] == ["holds", "holds", "holds"]
-    assert not any("reached by" in line for line in lines)  # no card points in this result
+    assert lines == [verdict_line(r) for r in regions.values()]
+    as_read = [{k: float(v) if isinstance(v, (int, float)) else v for k, v in r.items() if v is not None}
+               for r in regions.values()]
+    assert lines == [verdict_line(r) for r in as_read]
     cards = pd.DataFrame([{"kind": "card", "setup": "a-card", "model": "m", "workload": "w", "seed": 0,
                            "tokens_per_ep_rank": 4096.0, "mb_vs_step_corr": 0.9, "micro_batches": 3,
                            "step_sequences": 64, "sequences_per_rank": 4.0, "feasible": True,

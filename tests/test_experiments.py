@@ -347,12 +347,15 @@ def test_report_lists_figures_headline_and_environment(tmp_path):
                 "sources": [{"source": "simulated", "hardware": "paper"}], "non_default": "ep=32",
                 "wall_seconds": 1.0}
     (folder / "manifest.json").write_text(json.dumps(manifest))
+    from relibra.experiments.base import FACTS_FILE, facts_frame
+
+    facts_frame(ex.get_notebook("02_throughput").facts(result, "tiny"), "").to_csv(folder / FACTS_FILE, index=False)
     text = write_report(tmp_path, "tiny", {"02_throughput": {"status": "ok", "wall_seconds": 1.0},
                                            "03_ablation": {"status": "failed", "error": "boom"}},
                         total_seconds=61.0).read_text()
     assert "![tp](02_throughput/tp.png)" in text and "1.50x (m, w, seed 0)" in text and "up to 1.6x" in text
     assert text.index("## The default card's headline in detail") < text.index("Last run")  # the report opens with it
-    assert "1.10x - 1.90x" in text and "a reason" in text
+    assert "| 1.10x | 1.90x |" in text and "a reason" in text  # the alternatives' range; why they differ
     assert "megatron-core" in text and "cpu_count" in text and "simulated (paper)" in text
     assert "03_ablation (boom)" in text and "| ep=32 |" in text  # a non-default run is marked
 

@@ -7,7 +7,6 @@ one can be recognised in the table, not results of the kit."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,10 @@ import pytest
 
 from relibra.errors import ConfigError
 from relibra.experiments import get_notebook, project_root
+from relibra.experiments.base import FACTS_FILE, facts_frame
+from relibra.experiments.registry import load_results
 from relibra.studies.throughput import verdict_table
+from relibra.labels import CLAIMS
 from relibra.glance import (BEGIN, END, glance_markdown, glance_rows, readme_block, replace_block, update_readme,
                             write_glance)
 
@@ -39,8 +41,11 @@ class _Folder:
 
 def _write(out: Path, notebook: str, result, config: dict | None = None,
            scale_note: str = "fixture profile: made-up numbers") -> None:
-    """Save `result` as notebook's typed result under out (and a manifest when config is given)."""
+    """Save `result` as notebook's typed result and its facts (the module's, as a run writes them) under out (and
+    a manifest when config is given)."""
     result.save(_Folder(out / notebook))
+    facts = facts_frame(get_notebook(notebook).facts(result, scale_note), f"fixture machine; {scale_note}")
+    facts.to_csv(out / notebook / FACTS_FILE, index=False)
     if config is not None:
         (out / notebook / "manifest.json").write_text(json.dumps({"config": config, "scale_note": scale_note}))
 
@@ -57,11 +62,6 @@ POLICIES = ("megatron", "eplb+", "relibra", "balanced", "balanced-compute")
 SPEEDS = {("m1", "w1", 0): dict(zip(POLICIES, (100.0, 125.0, 137.0, 150.0, 140.0))),
           ("m1", "w1", 1): dict(zip(POLICIES, (100.0, 120.0, 130.0, 150.0, 140.0))),
           ("m1", "w2", 0): dict(zip(POLICIES, (100.0, 110.0, 121.0, 130.0, 125.0)))}
-
-
-def _numbers(text: str) -> list[float]:
-    """The numbers a figure shows, in order; labels such as m1 or w2 (a digit after a letter) are not numbers."""
-    return [float(x) for x in re.findall(r"(?<![A-Za-z\d.])\d+(?:\.\d+)?", text)]
 
 
 def _fixture_results(out: Path) -> None:
@@ -100,42 +100,65 @@ def _fixture_results(out: Path) -> None:
         case={"model": "m1", "workload": "w1", "ep": 32, "setup": "card-x", "nodes_x_gpus": "20 x 8"}), config={})
 
 
+def _facts(out: Path, notebook: str, fact: str, **where) -> dict:
+    """{(of, stat): value} of one fact of a notebook's facts.csv under out, on the rows matching `where`."""
+    f = load_results(out)[notebook].facts
+    f = f[f["fact"] == fact]
+    for k, v in where.items():
+        f = f[f[k] == v]
+    return {(of, stat): value for of, stat, value in zip(f["of"], f["stat"], f["value"])}
+
+
 def test_glance_values_flow_from_the_tables(tmp_path):
     _fixture_results(tmp_path)
+    # 02: per claim, the kit's mean, range and best case over the cases and seeds, and the alternatives' range
+    over_megatron = {case: d["relibra"] / d["megatron"] for case, d in SPEEDS.items()}  # 1.37, 1.30, 1.21
+    best = max(over_megatron, key=over_megatron.get)
+    meg = _facts(tmp_path, "02_throughput", "relibra_over_megatron")
+    assert meg == {("", "mean"): pytest.approx(np.mean(list(over_megatron.values()))),
+                   ("", "low"): pytest.approx(min(over_megatron.values())),
+                   ("", "high"): pytest.approx(max(over_megatron.values())),
+                   (f"{best[0]}, {best[1]}, seed {best[2]}", "best"): pytest.approx(over_megatron[best]),
+                   ("", "other layouts and link rates low"): 1.05, ("", "other layouts and link rates high"): 1.45}
+    gap = _facts(tmp_path, "02_throughput", "gap_to_balanced")
+    assert gap[("", "mean")] == pytest.approx(np.mean([1 - d["relibra"] / d["balanced"] for d in SPEEDS.values()]))
+    # 06: the EP sweep only, per policy its lowest and highest; the workload row is a fact outside the README
+    skew = _facts(tmp_path, "06_skewness", "skewness")
+    assert {k: v for k, v in skew.items() if k[1] in ("low", "high")} == {
+        ("Megatron", "low"): 2.71, ("Megatron", "high"): 3.14, ("ReLibra", "low"): 1.01, ("ReLibra", "high"): 1.07}
+    assert skew[("Megatron, w9", "value")] == 9.99
+    # 07: measured planner seconds and their ratio to the forward pass; ReLibra's shares, simulated
+    assert _facts(tmp_path, "07_overheads", "planner_s", scope="measured") == {
+        ("EPLB+", "value"): 0.0042, ("ReLibra", "value"): 1.234}
+    assert _facts(tmp_path, "07_overheads", "planner_vs_forward")[("ReLibra", "value")] == 0.56
+    assert [_facts(tmp_path, "07_overheads", k, scope="simulated")[("ReLibra", "value")] for k in (
+        "migration_share", "replica_memory_share", "transfer_overlap")] == [0.0123, 0.0456, 0.78]
+    # 08: medians over repeats (2.1 / 1.3 measured, 1.6 / 1.0 simulated), each launch's speed-up with its
+    # interval, the simulated ratio
+    assert _facts(tmp_path, "08_runtime", "step_s") == {
+        ("Megatron", "measured"): pytest.approx(2.1), ("Megatron", "simulated"): 1.6,
+        ("ReLibra", "measured"): pytest.approx(1.3), ("ReLibra", "simulated"): 1.0}
+    speedup = _facts(tmp_path, "08_runtime", "speedup_vs_megatron")
+    assert [speedup[("ReLibra, launch 2", s)] for s in ("measured", "95% low", "95% high")] == [1.63, 1.55, 1.72]
+    assert speedup[("ReLibra", "simulated")] == pytest.approx(1.6)
+    # 10: the default, then per knob (largest swing first) its low and high at which value
+    knobs = _facts(tmp_path, "10_sensitivity", "relibra_over_megatron")
+    assert list(knobs.items())[:3] == [(("", "default"), 1.3), (("RDMA rate = 100", "low"), 1.11),
+                                       (("RDMA rate = 25", "high"), 1.52)]
+    # the README: the facts with a title, in notebook order (12 and its SECTION_FIRST absent here)
     rows = glance_rows(tmp_path)
     text = dict(zip(rows["what"], rows["figure"]))
     how = dict(zip(rows["what"], rows["how it was obtained"]))
-    # 02: each figure shows the numbers computed from the fixture tables (words and layout are glance's own)
-    over_megatron = [d["relibra"] / d["megatron"] for d in SPEEDS.values()]  # 1.37, 1.30, 1.21
-    over_eplb = [d["relibra"] / d["eplb+"] for d in SPEEDS.values()]
-    gap = [100 * (1 - d["relibra"] / d["balanced"]) for d in SPEEDS.values()]
-    best = max(SPEEDS, key=lambda case: SPEEDS[case]["relibra"] / SPEEDS[case]["megatron"])
-    assert _numbers(text["ReLibra / Megatron"]) == [
-        round(float(np.mean(over_megatron)), 2), round(min(over_megatron), 2), round(max(over_megatron), 2),
-        len(SPEEDS), len({case[2] for case in SPEEDS}), round(max(over_megatron), 2), best[2], 1.05, 1.45, 1.6]
-    assert _numbers(text["ReLibra / EPLB+ (oracle loads)"])[:3] == [
-        round(float(np.mean(over_eplb)), 2), round(min(over_eplb), 2), round(max(over_eplb), 2)]
-    assert _numbers(text["gap to Balanced (1 - ReLibra / Balanced)"])[:3] == [
-        round(float(np.mean(gap)), 1), round(min(gap), 1), round(max(gap), 1)]
-    assert how["ReLibra / Megatron"].startswith("**simulated on the `paper` set-up card")
+    assert list(rows["what"])[:4] == [c.verdict_label for c in (CLAIMS[k] for k in (
+        "relibra_over_megatron", "relibra_over_eplb_plus", "gap_to_balanced", "gap_to_balanced_compute"))]
+    assert "1.37x" in text["ReLibra / Megatron"] and "paper: up to 1.6x" in text["ReLibra / Megatron"]
+    assert how["ReLibra / Megatron"].startswith("**simulated** on the `paper` set-up card")
     assert how["ReLibra / EPLB+ (oracle loads)"] == "same as above"
-    # 06: the EP sweep only (the workload row's 9.99 stays out): per policy min-max over EP
-    skew = text["rank skewness (max / mean tokens per GPU), mean over plans, EP 8-64"]
-    assert _numbers(skew) == [2.71, 3.14, 1.01, 1.07] and "9.99" not in skew
-    # 07: measured planner seconds and their ratio to the forward pass, then migration, memory and overlap shares
-    assert _numbers(text["planner wall time per step, m1, EP 32"]) == [0.0042, 0.01, round(1.234, 2), 0.56]
-    assert how["planner wall time per step, m1, EP 32"].startswith("**measured**")
-    assert _numbers(text["ReLibra migration and replica memory, m1, EP 32"]) == [1.23, 4.56, 78]
-    # 08: medians over repeats (2.1 / 1.3 measured, 1.6 / 1.0 simulated), each launch's speed-up with its
-    # interval, the simulated ratio
-    rt = text["runtime step time on the CPU, this run (median over launches)"]
-    assert _numbers(rt) == [2.1, 1.6, 1.3, 1, 1.6, 1.5, 1.7, 1.63, 1.55, 1.72, 95, round(1.6 / 1.0, 2)]
-    how_rt = how["runtime step time on the CPU, this run (median over launches)"]
-    assert "fixture cpu" in how_rt and how_rt.endswith("profile unknown (no manifest.json)")
-    # 10: the default, then the two knobs of largest swing in order, each low to high
-    knobs = text["what moves ReLibra / Megatron most (one knob at a time)"]
-    assert _numbers(knobs) == [1.3, 1.11, 100, 1.52, 25, 1.2, 1, 1.31, 4]
-    assert knobs.index("RDMA rate") < knobs.index("spare slots") and "batch layout" not in knobs
+    skew_row = text["rank skewness (max / mean tokens per GPU), mean over plans, EP 8-64"]
+    assert "3.14" in skew_row and "9.99" not in skew_row
+    assert how["planner wall time per step, m1, EP 32"].startswith("**measured** on fixture machine")
+    knob_row = text["what moves ReLibra / Megatron most (one knob at a time)"]
+    assert "RDMA rate" in knob_row and "spare slots" in knob_row and "batch layout" not in knob_row
     md = glance_markdown(tmp_path)
     assert md.splitlines()[1] == "| what | figure | how it was obtained |" and md.count("\n| ") == len(rows) + 1
 
@@ -151,6 +174,10 @@ def test_glance_skips_missing_tables_and_names_broken_ones(tmp_path):
     assert "No reproduction results" in write_glance(tmp_path / "02_throughput").read_text()
     (tmp_path / "02_throughput" / "verdict.csv").unlink()
     with pytest.raises(ConfigError, match=r"verdict\.csv: missing; rerun notebook 02_throughput"):
+        glance_rows(tmp_path)
+    (tmp_path / "02_throughput" / "verdict.csv").write_text("x\n1\n")
+    (tmp_path / "02_throughput" / FACTS_FILE).unlink()
+    with pytest.raises(ConfigError, match=r"facts\.csv: missing; rerun notebook 02_throughput"):
         glance_rows(tmp_path)
 
 
@@ -201,8 +228,17 @@ def test_recorded_runtime_and_scale_rows(tmp_path):
     assert (sc.cases, sc.behind) == (2, 1)
     assert [(x.model, x.cluster, x.ep, x.speedup, x.over_best_other, x.best_other) for x in sc.top] == [
         ("m1", "c1", 256, 1.27, 1.08, "llep")]
-    text = dict(zip(*[glance_rows(tmp_path)[c] for c in ("what", "figure")]))
-    assert _numbers(text["runtime step time on the CPU, the shipped reference (median over launches), 1 x 2 "
-                         "(nodes x ranks)"]) == [0.9, 0.8, 0.75, 0.6, 1.2, 1.33]
-    assert _numbers(text["relibra-h (cross-node replicas) at the largest EP, against the best other policy"]) == [
-        1.27, 0.998, 1.08, 1, 2]
+    assert _facts(tmp_path, "08_runtime", "step_s") == {("Megatron", "measured"): 0.9, ("Megatron", "simulated"): 0.8,
+                                                         ("ReLibra", "measured"): 0.75, ("ReLibra", "simulated"): 0.6}
+    speedup = _facts(tmp_path, "08_runtime", "speedup_vs_megatron")
+    assert speedup == {("ReLibra", "measured"): 0.9 / 0.75, ("ReLibra", "simulated"): pytest.approx(0.8 / 0.6)}
+    scale = load_results(tmp_path)["11_scale"].facts
+    top = scale[scale["of"] == "m1 EP256 on c1"]
+    assert dict(zip(top["fact"], top["value"])) == {"speedup_vs_megatron": 1.27, "frac_of_balanced_compute": 0.998,
+                                                    "over_best_other": 1.08}
+    assert top.loc[top["fact"] == "over_best_other", "stat"].item() == "vs LLEP"
+    behind = scale[scale["fact"] == "behind_best_other"]
+    assert (behind["value"].item(), behind["of"].item()) == (1, "of 2 cases")
+    whats = list(glance_rows(tmp_path)["what"])
+    assert whats == ["runtime step time on the CPU, the shipped reference (median over launches), 1 x 2 (nodes x "
+                     "ranks)", "relibra-h (cross-node replicas) at the largest EP, against the best other policy"]

@@ -15,9 +15,11 @@ matplotlib.use("Agg")
 
 from relibra import plots  # noqa: E402
 from relibra.experiments import get_notebook  # noqa: E402
-from relibra.studies.claim_map import MapResult, GridSpec, ShiftAxis, card_points, conclusion  # noqa: E402
-from relibra.studies.claim_map import claim_regions, conclusion_lines, merge_coincident, node_fields  # noqa: E402
-from relibra.labels import CLAIMS as CLAIMS_TABLE, PAPER_CLAIMS  # noqa: E402
+from relibra.experiments.base import facts_frame  # noqa: E402
+from relibra.experiments.registry import Loaded  # noqa: E402
+from relibra.studies.claim_map import MapResult, GridSpec, ShiftAxis, card_hits, card_points  # noqa: E402
+from relibra.studies.claim_map import claim_regions, merge_coincident, node_fields  # noqa: E402
+from relibra.labels import PAPER_CLAIMS  # noqa: E402
 from relibra.report import md_table  # noqa: E402
 
 NB = get_notebook("12_verdict_map")
@@ -43,8 +45,7 @@ def _result():
     mr = MapResult(spec, pd.DataFrame(rows))
     fields = node_fields(mr)
     return NB.Result(cases=mr.frame, nodes=fields, cards=card_points(mr), contours=pd.DataFrame(),
-                     conclusion=conclusion(mr, fields), verdict=conclusion_lines(mr, fields),
-                     regions=claim_regions(mr, fields), grid=spec.to_dict(),
+                     regions=claim_regions(mr, fields), hits=card_hits(mr), grid=spec.to_dict(),
                      calibration={"label": "real RL trace", "mb_vs_step_corr": 0.77, "tokens_per_ep_rank": 70.0})
 
 
@@ -72,25 +73,38 @@ def test_summary_holds_each_cards_point_and_the_grids_best():
     at = grid.groupby("shift_value")["relibra_over_eplb_plus"].mean()
     assert s.shift_effect == (0.0, 0.3, pytest.approx(at[0.3] - at[0.0]))
     assert meg["min_tokens"] == grid.loc[grid["relibra_over_megatron"] >= 1.6, "tokens"].min() == 32768
-    assert s.conclusion == r.conclusion and s.calibration == r.calibration
+    assert s.calibration == r.calibration
+    # the verdict: one line per claim, from its region's facts; card c reaches 1.6x over Megatron
+    assert [v.split(": ", 1)[0] for v in s.verdict] == [c.statement for c in PAPER_CLAIMS]
+    assert [h["cards"] for h in r.hits] == [[("c", pytest.approx(1.65))], []]
     slow = r.cases.copy()
     slow.loc[slow["setup"] == "c", "tokens_per_s_eplb+"] = 50.0  # EPLB+ slower than Megatron at c's point
     assert NB.summarize(NB.Result(**{**vars(r), "cases": slow})).cards[1].tokens_per_s == (50.0, 100.0)
 
 
 def test_report_opens_with_one_line_per_claim_then_one_column_per_card():
-    s = NB.summarize(_result())
-    table = NB.card_table(s)
-    assert list(table.columns) == ["", "`a = b`", "`c`", "paper"]
-    assert list(table["paper"])[:3] == [CLAIMS_TABLE[k].paper for k in ("relibra_over_megatron",
-                                                                      "relibra_over_eplb_plus", "gap_to_balanced")]
+    r = _result()
     man = {"scale_note": "synthetic grid", "figures": [{"name": "verdict_map", "png": "verdict_map.png"}]}
-    section = NB.section(s, man, md_table)
+    facts = facts_frame(NB.facts(r, "synthetic grid"), "synthetic")
+    x = Loaded(NB, r, man, None)
+    x.__dict__["facts"] = facts  # what load_facts reads back from facts.csv
+    section = NB.section(x, md_table)
     assert "12_verdict_map/verdict_map.png" in section
     opening = section.splitlines()[:5]  # the heading, a blank line, then one line per paper claim
     assert [line.split("**")[1] for line in opening[2:5]] == [c.statement for c in PAPER_CLAIMS]
-    assert len(NB.rows(s, man)) == len(PAPER_CLAIMS) + len(s.cards)
-    assert NB.story(s)
+    table = section[section.index("### Per set-up card"):]
+    assert "|  | a = b | c | paper |" in table and table.count("| ReLibra / Megatron mean |") == 1
+    # the facts: per card its ratios; per claim its region and the cards that reach it
+    point = facts[(facts["of"] == "c") & (facts["fact"] == "relibra_over_megatron") & (facts["readme"] == "`c` card's "
+                                                                                          "point on the map")]
+    assert dict(zip(point["stat"], point["value"])) == {"mean": pytest.approx(1.65), "best": pytest.approx(1.65)}
+    meg = facts[(facts["fact"] == "relibra_over_megatron") & (facts["of"] == NB.GRID)].set_index("stat")["value"]
+    assert (meg["nodes"], meg["of_nodes"], meg["best"]) == (2, 6, pytest.approx(1.8))  # 1.7x and 1.8x at 32768
+    reach = facts[facts["stat"] == "reached by the card"]
+    assert list(zip(reach["fact"], reach["of"])) == [("relibra_over_megatron", "c")]
+    titles = set(facts["readme"]) - {""}
+    assert len(titles) == len(PAPER_CLAIMS) + len(NB.summarize(r).cards)
+    assert NB.story(NB.summarize(r))
 
 
 def test_coincident_cards_are_drawn_once_and_named_together():

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 
 from relibra.errors import ConfigError
@@ -102,11 +103,14 @@ def test_report_shows_sensitivity_beside_the_headline(executed):
 
 
 def test_every_module_summarizes_its_result_once_for_its_text(executed):
-    """Each module's Summary is a frozen dataclass that summarize makes from the tiny run's result read back;
-    story, rows and section are templates over it."""
+    """Each module's Summary is a frozen dataclass that summarize makes from the tiny run's result read back, its
+    story a template over it; each writes its facts (facts.csv: the module's facts of its result, one number a
+    row, scope and what they were obtained on), from which its README rows and report section come."""
     import dataclasses
 
+    from relibra.experiments.base import FACT_COLUMNS, SCOPES, facts_frame
     from relibra.experiments.registry import load_results
+    from relibra.experiments.text import fact_rows
     from relibra.report import md_table
 
     out, _ = executed
@@ -116,10 +120,14 @@ def test_every_module_summarizes_its_result_once_for_its_text(executed):
         nb = x.notebook
         assert dataclasses.is_dataclass(nb.Summary) and nb.Summary.__dataclass_params__.frozen, name
         assert isinstance(x.summary, nb.Summary) and nb.story(x.summary), name
-        if nb.rows is not None:
-            assert all(set(r) == {"what", "figure", "how it was obtained"} for r in nb.rows(x.summary, x.manifest))
+        f = x.facts
+        assert list(f.columns) == FACT_COLUMNS and len(f) and f["scope"].isin(SCOPES).all() and f["on"].ne("").all()
+        again = facts_frame(nb.facts(x.result, x.manifest["scale_note"]), "")
+        assert list(again["fact"]) == list(f["fact"]) and list(again["stat"]) == list(f["stat"]), name
+        assert np.allclose(again["value"], f["value"], rtol=1e-5, atol=1e-5, equal_nan=True), name  # tables: 6 digits
+        assert all(set(r) == {"what", "figure", "how it was obtained"} for r in fact_rows(f))
         if nb.section is not None:
-            assert nb.section(x.summary, x.manifest, md_table).startswith("## "), name
+            assert nb.section(x, md_table).startswith("## "), name
 
 
 def test_summary_numbers_are_the_tables(executed):

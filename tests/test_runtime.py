@@ -190,7 +190,7 @@ def test_runtime_attention_fit_recovers_a_known_efficiency():
 def test_runtime_agreement_text_follows_the_numbers():
     import pandas as pd
 
-    from relibra.runtime.measure import runtime_agreement
+    from relibra.runtime.measure import agreement_facts, runtime_agreement
 
     rows = pd.DataFrame([
         {"policy": "megatron", "step_s_median": 2.0, "step_s_min": 1.9, "step_s_max": 2.2, "sim_step_s": 1.9,
@@ -199,16 +199,20 @@ def test_runtime_agreement_text_follows_the_numbers():
         {"policy": "relibra", "step_s_median": 1.6, "step_s_min": 1.5, "step_s_max": 1.7, "sim_step_s": 1.0,
          "oversubscribed": False, "speedup_vs_megatron": 1.25, "speedup_ci_low": 1.18, "speedup_ci_high": 1.31,
          "sim_speedup_vs_megatron": 1.9, "repeat": 0}])
-    text = runtime_agreement(rows)
-    assert "simulated / measured 0.95 (within 15%)" in text and "simulated / measured 0.62 (outside 15%)" in text
-    assert "launch 1, ReLibra vs Megatron: measured 1.25x (95% interval 1.18-1.31, width 0.13)" in text
-    assert "simulated 1.90x, outside the interval" in text and "does not agree" in text
+    f = agreement_facts(rows)
+    steps = {r["policy"]: r for r in f["steps"]}
+    assert (steps["megatron"]["ratio"], steps["megatron"]["ok"]) == (pytest.approx(0.95), True)
+    assert (steps["relibra"]["ratio"], steps["relibra"]["ok"]) == (pytest.approx(0.625), False)
+    (x,) = f["launches"]
+    assert (x["launch"], x["policy"], x["measured"], x["low"], x["high"]) == (1, "relibra", 1.25, 1.18, 1.31)
+    assert (x["simulated"], x["inside"], f["agrees"], f["oversubscribed"]) == (1.9, False, False, False)
     rows["sim_step_s"] = [2.1, 1.7]
     rows["sim_speedup_vs_megatron"] = [1.0, 2.1 / 1.7]
-    text = runtime_agreement(rows)  # 1.24 inside 1.18-1.31
-    assert "agrees with" in text and "inside the interval" in text
+    f = agreement_facts(rows)  # 1.24 inside 1.18-1.31
+    assert f["agrees"] and f["launches"][0]["inside"]
+    assert "agrees with" in runtime_agreement(rows)  # the words follow the facts
     rows["oversubscribed"] = True
-    assert runtime_agreement(rows).startswith("OVERSUBSCRIBED")
+    assert agreement_facts(rows)["oversubscribed"] and runtime_agreement(rows).startswith("OVERSUBSCRIBED")
 
 
 # ---- measurement statistics and typed results (no processes) ----------------------------------------

@@ -3,6 +3,9 @@
 - `Params`: a frozen dataclass of `param(default, doc, kind, ...)` fields (relibra.studies.params, the
   parameter spec the command line shares; its names are imported here for the notebook modules).
 - `Result`: `table` fields saved as `<field>.csv`, `value` fields in result.json, read back by `load`.
+- `Fact`: one number a notebook found (fact, stat, value, unit, of, scope, on, readme); a module's
+  `facts(result, scale)` lists them and the Run writes them as facts.csv (`facts_frame`, read back by
+  `load_facts`), from which the README rows and REPORT's tables are rendered.
 - `TryThis`: a change a notebook suggests and the direction it moves a quantity (tests/test_lessons.py).
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import numbers
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -80,6 +84,80 @@ class Result:
                     raise ConfigError(f"{folder / RESULT_FILE}: no field {f.name!r}; rerun notebook {folder.name}")
                 kwargs[f.name] = plain[f.name]
         return cls(**kwargs)
+
+
+# ---- facts --------------------------------------------------------------------------------------------
+FACTS_FILE = "facts.csv"
+SCOPES = ("simulated", "measured")
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One number a notebook found, a row of its facts.csv: `value` of `fact` (a relibra.labels CLAIMS or
+    METRICS id) for `of` (a policy, case, card or knob value; "" for the whole run) as `stat` (mean, low, high,
+    best, ...), in `unit` (relibra.labels.UNIT_FORMATS; "%" holds a share), `scope` simulated or measured, `on`
+    what (scale, card, seeds, machine; "" for the run's own, which the writer fills in). readme: the title of
+    the README row that shows it ("": none; relibra.glance)."""
+
+    fact: str
+    value: float
+    unit: str = ""
+    stat: str = "value"
+    of: str = ""
+    scope: str = "simulated"
+    on: str = ""
+    readme: str = ""
+
+
+FACT_COLUMNS = [f.name for f in fields(Fact)]
+
+
+def facts_frame(facts, on: str = "") -> pd.DataFrame:
+    """`facts` (Fact rows) as the tidy table facts.csv holds, each empty `on` set to `on`."""
+    from relibra.labels import UNIT_FORMATS
+
+    for f in facts:
+        if f.scope not in SCOPES or f.unit not in UNIT_FORMATS:
+            raise ConfigError(f"fact {f.fact!r}: scope must be one of {SCOPES} and unit one of "
+                              f"{tuple(UNIT_FORMATS)}; got {f.scope!r}, {f.unit!r}")
+    frame = pd.DataFrame([dataclasses.asdict(f) for f in facts], columns=FACT_COLUMNS)
+    frame["on"] = frame["on"].mask(frame["on"] == "", on)
+    frame["value"] = frame["value"].astype(float)
+    return frame
+
+
+def _number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def summary_facts(obj, of: str = "", name: str = "") -> list[Fact]:
+    """The numbers of a notebook's Summary (a dataclass) as simulated facts named by their fields: a number is
+    one fact; a tuple's numbers one each (stat 0, 1, ...: their position, where it holds several), its text
+    joining its `of` (a (part, seconds) pair); a nested dataclass's numbers belong to its first text field (its
+    policy, model, ...). Other text, flags and None are left out."""
+    if _number(obj):
+        return [Fact(name, float(obj), of=of)]
+    if dataclasses.is_dataclass(obj):
+        own = next((v for v in (getattr(obj, f.name) for f in fields(obj)) if isinstance(v, str)), None)
+        of = own if own is not None and name else of  # a nested one (a policy's row) is named by its text
+        return [x for f in fields(obj) for x in summary_facts(getattr(obj, f.name), of, f.name)]
+    if isinstance(obj, tuple) and any(_number(v) for v in obj):
+        text = ", ".join([of] * bool(of) + [v for v in obj if isinstance(v, str)])
+        values = [v for v in obj if _number(v)]
+        return [Fact(name, float(v), stat=str(i) if len(values) > 1 else "value", of=text)
+                for i, v in enumerate(values)]
+    if isinstance(obj, tuple):
+        return [x for v in obj for x in summary_facts(v, of, name)]
+    return []
+
+
+def load_facts(folder: str | Path) -> pd.DataFrame:
+    """The facts.csv under `folder` (text columns as text, "" where empty); an error naming it when missing."""
+    path = Path(folder) / FACTS_FILE
+    if not path.exists():
+        raise ConfigError(f"{path}: missing; rerun notebook {Path(folder).name}")
+    text = {c: str for c in FACT_COLUMNS if c != "value"}
+    return pd.read_csv(path, dtype=text, keep_default_na=False, na_values={"value": ["", "nan", "NaN"]})
 
 
 # `obj` for json.dumps with NaN kept (result.json round-trips it): the kit's one normaliser, not strict.

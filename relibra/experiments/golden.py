@@ -5,9 +5,10 @@ kit's structure can be shown to change no number (tests/test_notebooks.py compar
     python -m relibra.experiments.golden --write tests/data/tiny_reference --from /tmp/tiny
     python -m relibra.experiments.golden --check tests/data/tiny_reference --from /tmp/tiny
 
-The reference holds the CSVs as written and figures.json (sha256 of every PNG and SVG). A comparison
-takes numbers to 1e-12 (relative and absolute), text exactly and figures byte for byte, leaving out
-what is measured rather than computed: wall-clock seconds and the figures and rows that show them.
+The reference holds the CSVs as written (each notebook's facts.csv among them) and figures.json (sha256 of
+every PNG and SVG). A comparison takes numbers to 1e-12 (relative and absolute), text exactly and figures
+byte for byte, leaving out what is measured rather than computed: wall-clock seconds and the figures and
+rows that show them (in a facts.csv, the facts of scope measured).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ MEASURED_COLUMNS = {
 }
 MEASURED_ROWS = {"02_throughput/overheads.csv": ("overhead", "planner time"),
                  "08_runtime/step_segments.csv": ("source", "measured")}
+FACTS_MEASURED = ("scope", "measured")  # every notebook's facts.csv: its measured facts are left out
+# ... and the runtime's texts that name the machine's load and cores (its simulated facts' `on` and titles)
+MEASURED_COLUMNS["08_runtime/facts.csv"] = ("on", "readme")
 MEASURED_FIGURES = ("07_overheads/planner_time", "08_runtime/runtime_per_rank", "08_runtime/runtime_speedup",
                     "08_runtime/runtime_step_segments", "09_rl_workload/reward", "09_rl_workload/expert_load_heatmaps",
                     "09_rl_workload/shift", "11_scale/planner_time")  # the last three: titles with the load average
@@ -67,8 +71,8 @@ def csv_differences(reference: Path, produced: Path, key: str) -> list[str]:
     """The columns of `produced` that differ from `reference` (numbers beyond 1e-12, text at all),
     leaving out the measured columns and rows of `key` ("<notebook>/<file>")."""
     a, b = pd.read_csv(reference), pd.read_csv(produced)
-    if key in MEASURED_ROWS:
-        column, value = MEASURED_ROWS[key]
+    if key in MEASURED_ROWS or key.endswith("/facts.csv"):
+        column, value = MEASURED_ROWS.get(key, FACTS_MEASURED)
         a, b = a[a[column] != value].reset_index(drop=True), b[b[column] != value].reset_index(drop=True)
     if list(a.columns) != list(b.columns) or len(a) != len(b):
         return [f"columns {list(a.columns)} x {len(a)} rows, now {list(b.columns)} x {len(b)} rows"]

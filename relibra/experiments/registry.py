@@ -10,8 +10,11 @@ A module holds the whole of one notebook's logic (docs/notebooks.md, "Adding a n
 - Summary and summarize(result) -> Summary: every number (and short name) its text shows, computed
   once from the result;
 - story(summary) -> markdown: what to notice, a template over the Summary;
-- optionally TRIES (its "Try this" lessons), rows(summary, manifest) (its rows of the README's results
-  table) and section(summary, manifest, table_md) (its section of REPORT.md), templates over the Summary.
+- facts(result, scale) -> [base.Fact]: every number it found, one row each, `scale` the run's scale note
+  (facts.csv beside its tables); those
+  with a `readme` title are the README's results rows (relibra.glance renders them);
+- optionally TRIES (its "Try this" lessons) and section(loaded, table_md) (its section of REPORT.md, whose
+  tables come from its facts: relibra.experiments.text.facts_table).
 """
 
 from __future__ import annotations
@@ -23,13 +26,16 @@ from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 
+import pandas as pd
+
 from relibra.errors import ConfigError
+from relibra.experiments.base import load_facts
 
 _PACKAGE = "relibra.experiments.notebooks"
 _FOLDER = Path(__file__).parent / "notebooks"
 # What a module may leave out, and what stands for it (SECTION_FIRST: its report section and README rows
 # open theirs).
-_OPTIONAL = {"TRIES": (), "rows": None, "section": None, "SECTION_FIRST": False}
+_OPTIONAL = {"TRIES": (), "section": None, "SECTION_FIRST": False}
 
 
 @dataclass(frozen=True)
@@ -82,11 +88,17 @@ class Loaded:
     notebook: Notebook
     result: object
     manifest: dict
+    folder: Path
 
     @cached_property
     def summary(self):
-        """The module's summarize(result): the numbers its README rows and report section show."""
+        """The module's summarize(result): the numbers its story shows."""
         return self.notebook.summarize(self.result)
+
+    @cached_property
+    def facts(self) -> pd.DataFrame:
+        """Its facts.csv (base.load_facts): the numbers its README rows and report section show."""
+        return load_facts(self.folder)
 
 
 def in_shown_order(loaded) -> list[Loaded]:
@@ -106,5 +118,5 @@ def load_results(out_dir: str | Path) -> dict[str, Loaded]:
             man = json.loads(path.read_text()) if path.exists() else {}
             man.setdefault("config", {})
             man.setdefault("scale_note", "profile unknown (no manifest.json)")
-            found[nb.name] = Loaded(nb, result, man)
+            found[nb.name] = Loaded(nb, result, man, folder)
     return found

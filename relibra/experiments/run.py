@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from relibra.errors import ConfigError
-from relibra.experiments.base import jsonable
+from relibra.experiments.base import facts_frame, jsonable
 from relibra.paths import project_root, resolve_path
 from relibra.experiments.registry import Notebook, get_notebook
 from relibra.paths import atomic_path, write_text
@@ -84,7 +84,14 @@ class Run:
         """The module's compute(params, sizes); its tables and fields saved here."""
         result = self.notebook.compute(self.params, self.sizes)
         result.save(self)
+        self.save_csv(facts_frame(self.notebook.facts(result, self.scale_note()), self.facts_on()), "facts",
+                      "one row per number the notebook found: fact, stat, value, unit, scope, on what", None)
         return result
+
+    def facts_on(self) -> str:
+        """What this run's facts were obtained on, where a fact names nothing else: the simulator's machine
+        and the scale."""
+        return f"{self.params.simulated_on()}; {self.scale_note()}"
 
     def scale_note(self) -> str:
         """One line on how far this run is from the paper's scale, for captions."""
@@ -99,11 +106,13 @@ class Run:
         direction is checked by tests/test_lessons.py)."""
         return "\n".join(f"- {t.text(self.params, self.sizes)}" for t in self.notebook.tries)
 
-    def save_csv(self, table: pd.DataFrame, name: str, description: str = "") -> Path:
-        """Write `table` as <out_dir>/<name>.csv (tidy: one row per observation)."""
+    def save_csv(self, table: pd.DataFrame, name: str, description: str = "",
+                 float_format: str | None = "%.6g") -> Path:
+        """Write `table` as <out_dir>/<name>.csv (tidy: one row per observation), floats in `float_format`
+        (None: every digit)."""
         path = self.out_dir / f"{name}.csv"
         with atomic_path(path) as tmp:
-            table.to_csv(tmp, index=False, float_format="%.6g")
+            table.to_csv(tmp, index=False, float_format=float_format)
         self.tables.append({"file": path.name, "rows": int(len(table)), "description": description})
         return path
 

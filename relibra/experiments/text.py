@@ -7,6 +7,7 @@ import pandas as pd
 
 from relibra.cluster import get_model, resolve_topology
 from relibra.errors import RelibraError
+from relibra.labels import CLAIMS, fact_label, fact_text, verdict_line
 
 
 def show(text: str) -> None:
@@ -72,9 +73,65 @@ def step_differences(summary: pd.DataFrame, slower: str, faster: str) -> tuple[t
     return tuple(worse.head(2).items()), tuple(better.head(1).items())
 
 
-# ---- cells of the README's results table -----------------------------------------------------------------
-def row(what: str, figure: str, how: str) -> dict:
-    return {"what": what, "figure": figure, "how it was obtained": how}
+# ---- facts as text: REPORT's tables and the README's rows ------------------------------------------------
+def _names(facts: pd.DataFrame) -> pd.Series:
+    """Each fact's name in text: its label, with its stat unless that is the plain "value"."""
+    label = facts["fact"].map(fact_label)
+    return label.where(facts["stat"] == "value", label + " " + facts["stat"])
+
+
+def facts_table(facts: pd.DataFrame, index: str, columns: str, header: str = "") -> pd.DataFrame:
+    """Facts (a facts.csv frame) as a table of text, first-seen order kept: one row per `index` and one column
+    per `columns`, each "fact" (its label), "stat", "of" or "name" (label and stat); `header` heads the index
+    column. A cell is the value as text (relibra.labels.fact_text), with its `of` in brackets where neither axis
+    is `of`. Rows of facts get the paper's figure (of their claim; "-": none) as a last column."""
+    t = facts.assign(name=_names(facts), label=facts["fact"].map(fact_label), cell=[
+        fact_text(f, u, v) + (f" ({o})" if o and "of" not in (index, columns) else "")
+        for f, u, v, o in zip(facts["fact"], facts["unit"], facts["value"], facts["of"])])
+    axis = {"fact": "label", "name": "name", "stat": "stat", "of": "of"}
+    rows, cols = axis[index], axis[columns]
+    wide = t.pivot_table(index=rows, columns=cols, values="cell", aggfunc="first", sort=False)
+    wide = wide.reindex(index=list(dict.fromkeys(t[rows])), columns=list(dict.fromkeys(t[cols]))).fillna("-")
+    if index in ("fact", "name"):
+        paper = {x: CLAIMS[f].paper if f in CLAIMS else None for x, f in zip(t[rows], t["fact"])}
+        wide["paper"] = [paper[x] or "-" for x in wide.index]
+    return wide.rename_axis(index=None, columns=None).reset_index(names=header)
+
+
+def _figure(group: pd.DataFrame) -> str:
+    """One README row's figure: per `of` (named where the row has several), per fact its stats' values (the
+    fact named where the row has several); a claim's region of the verdict map (stats of the grid,
+    relibra.experiments.verdict_map.claim_regions) reads as its verdict line (relibra.labels.verdict_line)."""
+    fact = group["fact"].iloc[0]
+    if "of_nodes" in set(group["stat"]):
+        grid = group[group["of"] == "the grid"]
+        cards = group[group["stat"] == "reached by the card"]
+        line = verdict_line({"id": fact, **dict(zip(grid["stat"], grid["value"]))}, list(zip(cards["of"],
+                                                                                           cards["value"])))
+        return line.split(": ", 1)[1]
+    several, named = group["fact"].nunique() > 1, group["of"].nunique() > 1
+    parts = []
+    for of, g in group.groupby("of", sort=False):
+        items = []
+        for f, h in g.groupby("fact", sort=False):
+            values = ", ".join(f"{'' if st == 'value' else st + ' '}{fact_text(f, u, v)}"
+                               for st, u, v in zip(h["stat"], h["unit"], h["value"]))
+            items.append(f"{fact_label(f)} {values}" if several else values)
+        parts.append((f"{of}: " if of and named else "") + "; ".join(items))
+    claim = CLAIMS.get(fact)
+    return "; ".join(parts) + (f"; paper: {claim.paper}" if not several and claim is not None and claim.paper
+                               else "")
+
+
+def fact_rows(facts: pd.DataFrame) -> list[dict]:
+    """The README rows of a notebook's facts: one per `readme` title (and `on`), in order; columns what, figure
+    and how it was obtained (the scopes, on what)."""
+    shown = facts[facts["readme"] != ""]
+    out = []
+    for (what, on), g in shown.groupby(["readme", "on"], sort=False):
+        scopes = " and ".join(f"**{x}**" for x in dict.fromkeys(g["scope"]))
+        out.append({"what": what, "figure": _figure(g), "how it was obtained": f"{scopes} on {on}"})
+    return out
 
 
 def cluster_text(name) -> str:

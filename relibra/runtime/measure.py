@@ -460,33 +460,51 @@ def runtime_segments_story(segments: pd.DataFrame, waiting: str) -> str:
     return "\n".join(out)
 
 
-def runtime_agreement(results: pd.DataFrame, step_tolerance: float = 0.15) -> str:
-    """Measured vs simulated step time per policy, then each launch's speed-up over Megatron with its 95%
-    interval and whether the simulated ratio lies inside it. results: runtime.measure.summary_frame
-    rows (one per policy and launch, `repeat` or `launch` numbering the launches). Refuses to judge
-    oversubscribed runs."""
+def agreement_facts(results: pd.DataFrame, step_tolerance: float = 0.15) -> dict:
+    """Measured vs simulated, as facts: "steps", per policy the measured median step seconds (min, max), the
+    simulated one, their ratio and whether it is within `step_tolerance`; "launches", per launch and policy
+    other than Megatron the measured speed-up with its 95% interval (and on process CPU time), the simulated one
+    and whether it lies inside; "oversubscribed"; "agrees": every policy within the tolerance. results:
+    runtime.measure.summary_frame rows (one per policy and launch, `repeat` or `launch` numbering them)."""
     g = results.groupby("policy").agg(measured=("step_s_median", "median"), sim=("sim_step_s", "median"),
                                       lo=("step_s_min", "min"), hi=("step_s_max", "max"))
     g["ratio"] = g["sim"] / g["measured"]
     g["ok"] = (g["ratio"] - 1).abs() <= step_tolerance
-    text = "\n".join(f"- {label(p)}: measured median {r['measured']:.3f} s (min {r['lo']:.3f}, max {r['hi']:.3f}), "
-                     f"simulated {r['sim']:.3f} s: simulated / measured {r['ratio']:.2f} "
-                     + ("(within" if r["ok"] else "(outside") + f" {100 * step_tolerance:.0f}%)"
-                     for p, r in g.iterrows())
-    if "oversubscribed" in results and results["oversubscribed"].any():
-        return ("OVERSUBSCRIBED: more ranks than cores, so these wall-clock times measure the scheduler and say "
-                "nothing about speed or about the simulator.\n\n" + text)
     launch = next((c for c in ("repeat", "launch") if c in results), None)
+    launches = []
     if "speedup_ci_low" in results:
         for _, r in results[(results["policy"] != "megatron") & results["speedup_ci_low"].notna()].iterrows():
-            inside = r["speedup_ci_low"] <= r["sim_speedup_vs_megatron"] <= r["speedup_ci_high"]
-            which = f"launch {int(r[launch]) + 1}, " if launch else ""
-            text += (f"\n\n{which}{label(r['policy'])} vs Megatron: measured {r['speedup_vs_megatron']:.2f}x "
-                     f"(95% interval {r['speedup_ci_low']:.2f}-{r['speedup_ci_high']:.2f}, width "
-                     f"{r['speedup_ci_high'] - r['speedup_ci_low']:.2f}), simulated "
-                     f"{r['sim_speedup_vs_megatron']:.2f}x, " + ("inside" if inside else "outside") + " the interval.")
-            if "cpu_speedup_ci_low" in results and not pd.isna(r["cpu_speedup_ci_low"]):
-                text += (f" On process CPU time (the busiest rank per step) {r['cpu_speedup_vs_megatron']:.2f}x "
-                         f"({r['cpu_speedup_ci_low']:.2f}-{r['cpu_speedup_ci_high']:.2f}).")
-    return text + ("\n\nOn these numbers the simulator " + ("agrees with" if g["ok"].all() else "does not agree with")
-                   + f" the measured step times to {100 * step_tolerance:.0f}%.")
+            cpu = "cpu_speedup_ci_low" in results and not pd.isna(r["cpu_speedup_ci_low"])
+            launches.append({"launch": int(r[launch]) + 1 if launch else None, "policy": r["policy"],
+                             "measured": r["speedup_vs_megatron"], "low": r["speedup_ci_low"],
+                             "high": r["speedup_ci_high"], "simulated": r["sim_speedup_vs_megatron"],
+                             "inside": bool(r["speedup_ci_low"] <= r["sim_speedup_vs_megatron"]
+                                            <= r["speedup_ci_high"]),
+                             "cpu": (r["cpu_speedup_vs_megatron"], r["cpu_speedup_ci_low"],
+                                     r["cpu_speedup_ci_high"]) if cpu else None})
+    return {"steps": g.reset_index().to_dict("records"), "launches": launches, "tolerance": step_tolerance,
+            "oversubscribed": bool("oversubscribed" in results and results["oversubscribed"].any()),
+            "agrees": bool(g["ok"].all())}
+
+
+def runtime_agreement(results: pd.DataFrame, step_tolerance: float = 0.15) -> str:
+    """agreement_facts in words: measured vs simulated step time per policy, then each launch's speed-up over
+    Megatron with its 95% interval and whether the simulated ratio lies inside it. Refuses to judge
+    oversubscribed runs."""
+    f = agreement_facts(results, step_tolerance)
+    tol = f"{100 * step_tolerance:.0f}%"
+    text = "\n".join(f"- {label(r['policy'])}: measured median {r['measured']:.3f} s (min {r['lo']:.3f}, max "
+                     f"{r['hi']:.3f}), simulated {r['sim']:.3f} s: simulated / measured {r['ratio']:.2f} "
+                     f"({'within' if r['ok'] else 'outside'} {tol})" for r in f["steps"])
+    if f["oversubscribed"]:
+        return ("OVERSUBSCRIBED: more ranks than cores, so these wall-clock times measure the scheduler and say "
+                "nothing about speed or about the simulator.\n\n" + text)
+    for x in f["launches"]:
+        which = f"launch {x['launch']}, " if x["launch"] else ""
+        text += (f"\n\n{which}{label(x['policy'])} vs Megatron: measured {x['measured']:.2f}x (95% interval "
+                 f"{x['low']:.2f}-{x['high']:.2f}, width {x['high'] - x['low']:.2f}), simulated {x['simulated']:.2f}x, "
+                 f"{'inside' if x['inside'] else 'outside'} the interval.")
+        if x["cpu"] is not None:
+            text += " On process CPU time (the busiest rank per step) {:.2f}x ({:.2f}-{:.2f}).".format(*x["cpu"])
+    return text + (f"\n\nOn these numbers the simulator {'agrees with' if f['agrees'] else 'does not agree with'} "
+                   f"the measured step times to {tol}.")

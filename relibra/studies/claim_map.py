@@ -31,7 +31,7 @@ from relibra.analysis import microbatch_calibration, shift_stats
 from relibra.cluster import PAPER_MODELS, get_model
 from relibra.display import json_safe
 from relibra.errors import ConfigError
-from relibra.labels import CLAIMS, PAPER_CLAIMS
+from relibra.labels import PAPER_CLAIMS, verdict_line
 from relibra.rl.capture import DEFAULT_RL_TRACE
 from relibra.setup_schema import BOUNDS
 from relibra.setups import DEFAULT_CARD, card_names
@@ -424,38 +424,6 @@ def claim_regions(result: MapResult, fields: pd.DataFrame | None = None) -> list
     return out
 
 
-def claim_line(r: dict) -> str:
-    """One claim's verdict as one line (from claim_regions' facts): the claim, then holds / holds only where
-    (the condition in numbers) / does not hold, with the best value and, for a gap, its span and where it lies
-    against the paper's range."""
-    c = CLAIMS[r["id"]]
-    scope = "feasible node" if r.get("infeasible_nodes") else "node"
-    if r["best"] is None:
-        return f"{c.statement}: not decided: no {scope} of the grid"
-    if r["verdict"] == "does not hold":
-        where = (f"does not hold: reached at no {scope} of the grid (best {c.fmt(r['best'])}, at "
-                 f"{r['best_tokens_per_ep_rank']:.0f} simulated tokens per EP rank, correlation {r['best_corr']:.2f})")
-    elif r["verdict"] == "holds":
-        where = f"holds at every {scope} of the grid ({r['of_nodes']})"
-    else:
-        cond = []
-        if r["min_tokens"] != r["grid_min_tokens"]:
-            cond.append(f"at least {r['min_tokens_per_ep_rank']:.0f} simulated tokens per EP rank")
-        if r["max_corr"] < r["grid_max_corr"]:
-            cond.append(f"micro-batch vs step correlation at most {r['max_corr']:.2f}")
-        where = (f"holds only where {' and '.join(cond) or 'the nodes listed in the table are'} "
-                 f"({r['nodes']} of {r['of_nodes']} {scope}s; best {c.fmt(r['best'])})")
-    if c.lower is not None and "worst" in r:
-        where += (f"; the gap spans {c.fmt(r['best'])}-{c.fmt(r['worst'])} over the grid's cases: inside the paper's "
-                  f"{c.paper[len('within '):]} at {r['inside_range_nodes']} {scope}s, below it (closer to Balanced "
-                  f"than the paper reports) at {r['below_range_nodes']}")
-    elif r["verdict"] == "holds":
-        where += f" (best {c.fmt(r['best'])})"
-    if r.get("infeasible_nodes"):
-        where += f"; {r['infeasible_nodes']} node(s) that do not fit in GPU memory left out"
-    return f"{c.statement}: {where}"
-
-
 def card_hits(result: MapResult) -> list[dict]:
     """Per speed-up claim, the named cards whose best case reaches its level (feasible cards only, where
     the points carry a `feasible` column): {"id", "cards": [(setup, best)]}."""
@@ -469,15 +437,10 @@ def card_hits(result: MapResult) -> list[dict]:
 
 
 def conclusion_lines(result: MapResult, fields: pd.DataFrame | None = None) -> list[str]:
-    """The map's answer, one line per paper claim (claim_line), each with the named cards that reach it."""
+    """The map's answer, one line per paper claim (relibra.labels.verdict_line), each with the named cards that
+    reach it."""
     hits = {h["id"]: h["cards"] for h in card_hits(result)}
-    lines = []
-    for r in claim_regions(result, fields):
-        line = claim_line(r)
-        if hits.get(r["id"]):
-            line += "; reached by the card(s) " + ", ".join(f"{s} ({CLAIMS[r['id']].fmt(v)})" for s, v in hits[r["id"]])
-        lines.append(line)
-    return lines
+    return [verdict_line(r, hits.get(r["id"], ())) for r in claim_regions(result, fields)]
 
 
 def conclusion(result: MapResult, fields: pd.DataFrame | None = None, lines: list[str] | None = None) -> str:
@@ -494,62 +457,6 @@ def conclusion(result: MapResult, fields: pd.DataFrame | None = None, lines: lis
         if out.any():
             text += "; cards that do not fit in memory (left out): " + ", ".join(points.loc[out, "setup"])
     return text + "."
-
-
-@dataclass(frozen=True)
-class CardPoint:
-    """One named card's point (a card_points row): ReLibra / Megatron and / EPLB+ as (mean, best)
-    and the gap to Balanced as (mean, best, worst) over its cases; its simulated position; EPLB+'s and
-    Megatron's mean tokens/s there."""
-
-    setup: str
-    over_megatron: tuple[float, float]
-    over_eplb_plus: tuple[float, float]
-    gap: tuple[float, float, float]
-    tokens_per_ep_rank: float
-    mb_vs_step_corr: float
-    micro_batches: float
-    cases: int
-    tokens_per_s: tuple[float, float]  # EPLB+'s, Megatron's
-
-
-
-def why_card_differs(x: CardPoint, regions, best_over_eplb_plus: tuple[float, float, float]) -> str:
-    """Why card x's figure is not the paper's (CLAIMS' levels), from its point, the grid's claim regions
-    (claim_regions, in CLAIMS' order) and the grid's best ReLibra / EPLB+ with its shift and correlation."""
-    (meg, eplb, gap), meg_region = PAPER_CLAIMS, regions[0]  # regions follow PAPER_CLAIMS
-    mbs = f"{x.micro_batches:.0f} micro-batch" + ("" if round(x.micro_batches) == 1 else "es")
-    (eplb_tps, meg_tps), (best, shift, corr) = x.tokens_per_s, best_over_eplb_plus
-    parts = [f"it packs {x.tokens_per_ep_rank:.0f} tokens per EP rank per micro-batch ({mbs} a step)"]
-    if not meg.holds(x.over_megatron[1]):
-        parts.append(f"{meg.level:g}x over Megatron needs at least {meg_region['min_tokens_per_ep_rank']:.0f} "
-                     "simulated tokens per EP rank on the grid" if meg_region["min_tokens"] else
-                     f"the grid reaches {meg.level:g}x over Megatron nowhere (best {meg_region['best']:.2f}x at "
-                     f"{meg_region['best_tokens_per_ep_rank']:.0f} simulated tokens per EP rank)")
-    if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
-        parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over {mbs} "
-                     "a step its own costs exceed what its balance saves, which, not micro-batch shift, lifts "
-                     f"ReLibra / EPLB+ to {x.over_eplb_plus[0]:.2f}x")
-    elif eplb.holds(x.over_eplb_plus[0]):  # the claim reached although the micro-batches follow their step
-        parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, yet ReLibra / EPLB+ "
-                     f"is {x.over_eplb_plus[0]:.2f}x: what EPLB+'s placement for the step's total leaves unbalanced "
-                     f"in each of its {mbs} is paid in each (and, where the card pipelines, again in the 1F1B "
-                     "bubble)")
-    else:
-        parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, so a once-per-step "
-                     "EPLB+ already balances most of each micro-batch's load" if x.mb_vs_step_corr >= 0.85 else
-                     f"its micro-batches correlate with their step at only {x.mb_vs_step_corr:.2f}, where "
-                     "per-micro-batch balancing has the most to gain over EPLB+")
-    if not eplb.holds(x.over_eplb_plus[1]):
-        where = "nowhere" if not eplb.holds(best) else "only elsewhere"
-        parts.append(f"{eplb.level:g}x over EPLB+ is reached {where} on the grid (best {best:.2f}x at shift "
-                     f"{shift:g}, correlation {corr:.2f}; the shift is assumed, {MICROBATCH_SHIFT_RANGE[0]:g}-"
-                     f"{MICROBATCH_SHIFT_RANGE[1]:g} where the tiny CPU RL trace sits, {SHIFT_SENSITIVITY_END:g} its "
-                     "sensitivity)")
-    if not gap.inside_range(x.gap[0]):
-        side = "below" if x.gap[0] < gap.lower else "above"
-        parts.append(f"its gap to Balanced ({gap.fmt(x.gap[0])}) is {side} the paper's {gap.paper[len('within '):]}")
-    return "; ".join(parts)
 
 
 def card_points(result: MapResult) -> pd.DataFrame:

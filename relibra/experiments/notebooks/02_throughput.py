@@ -10,14 +10,15 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pandas as pd
 
-from relibra.experiments.base import PATH, Params, Result, TryThis, integer, mean_of, objects, param, table, value
+from relibra.experiments.base import (PATH, Fact, Params, Result, TryThis, integer, mean_of, objects, param, table,
+                                      value)
 from relibra.cluster import PAPER_MODELS, Topology
 from relibra.errors import ConfigError
 from relibra.studies.throughput import (alternative_cases, alternative_ratios, budget_cases, budget_ratios,
                                           case_ratios, headline_cases, overheads_table, run_cases, trace_cases,
                                           verdict_with_alternatives)
 from relibra.experiments.profiles import per_profile
-from relibra.experiments.text import row
+from relibra.experiments.text import facts_table
 from relibra.experiments.traces import CLUSTER, PROFILE, TRACE, trace_text, trace_workload
 from relibra.labels import CLAIMS
 from relibra.setups import DEFAULT_CARD, SetupCard, load_card
@@ -220,23 +221,31 @@ def story(s: Summary) -> str:
                      f"{v.why}." for v, c in ((v, v.cells()) for v in s.verdicts))
 
 
-def rows(s: Summary, man: dict) -> list[dict]:
-    """The verdict per paper claim: the kit's mean and range over cases and seeds, best case, alternatives."""
-    how = f"**{s.caption}** (relibra setup show {s.setup})"
-    return [row(v.claim, f"{c['kit (mean; range over cases x seeds)']}; best {c['best case']}; other layouts and link "
-                f"rates {c['other layouts and link rates']}; paper: {v.paper}", how)
-            for v, c in ((v, v.cells()) for v in s.verdicts)]
+def facts(r: Result, scale: str) -> list[Fact]:
+    """Per claim of the verdict: the kit's mean and range over cases and seeds, its best case, the range over
+    the alternatives; on the grid's caption and card."""
+    on = f"{r.caption.removeprefix('simulated on ')} (relibra setup show {r.setup})"
+    out = []
+    for v in summarize(r).verdicts:
+        unit, show = CLAIMS[v.id].unit, dict(on=on, readme=v.claim)
+        out += [Fact(v.id, getattr(v, k), unit, stat, **show) for k, stat in
+                (("mean", "mean"), ("low", "low"), ("high", "high"))]
+        out.append(Fact(v.id, v.best, unit, "best", v.best_case, **show))
+        out += [Fact(v.id, getattr(v, f"alternatives_{k}"), unit, f"other layouts and link rates {k}", **show)
+                for k in ("low", "high")]
+    return out
 
 
-def section(s: Summary, man: dict, table_md) -> str:
+def section(x, table_md) -> str:
     """REPORT.md's verdict: each paper claim beside the kit's figure at the card's default (mean and range
-    over cases and seeds), its best case and seed, the range over the alternatives and why they differ."""
+    over cases and seeds), its best case and seed, the range over the alternatives; then why they differ."""
     return (f"## The default card's headline in detail\n\nOne card's point of the verdict map (notebook 12, the "
             "table above where it ran): its figures alone do not answer the paper's claims. "
-            f"From notebook 02: **{s.caption}**, "
-            f"every policy; the set-up card's every input with its source: `relibra setup show {s.setup}` "
-            "(docs/setup.md). The alternatives are the other batch layouts and link-rate measurements on one case "
-            f"(notebook 02's `alternatives.csv`).\n\n{table_md(pd.DataFrame([v.cells() for v in s.verdicts]))}\n")
+            f"From notebook 02, simulated on **{x.facts['on'].iloc[0]}**, every policy; the set-up card's every input "
+            "with its source: docs/setup.md. The alternatives are the other batch layouts and link-rate measurements "
+            "on one case (notebook 02's `alternatives.csv`).\n\n"
+            f"{table_md(facts_table(x.facts, 'fact', 'stat', 'claim'))}\n\nWhy they differ:\n\n"
+            + "".join(f"- **{v.claim}**: {v.why}.\n" for v in x.summary.verdicts))
 
 
 TRIES = (

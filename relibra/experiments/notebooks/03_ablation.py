@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from relibra.cluster import ModelShape
-from relibra.experiments.base import Result, TryThis, mean_of, param, table
+from relibra.experiments.base import Fact, summary_facts, Result, TryThis, mean_of, param, table
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.studies.simulation import simulate_trace
 from relibra.experiments.text import pct
@@ -91,3 +91,8 @@ TRIES = (
             "reordering places homes once per step and cannot follow a micro-batch's hot experts, which weigh "
             "more on fewer experts per GPU"),
 )
+
+
+def facts(r: Result, scale: str) -> list[Fact]:
+    """The numbers its story tells (its Summary's), one fact each."""
+    return summary_facts(summarize(r))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from relibra.experiments.base import Result, TryThis, mean_of, param, table
+from relibra.experiments.base import Fact, summary_facts, Result, TryThis, mean_of, param, table
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.studies.simulation import simulate_workloads
 from relibra.experiments.text import pct
@@ -87,3 +87,8 @@ TRIES = (
             "in one 72-GPU NVLink domain every GPU shares the home's node, so in-node replication alone can level "
             "them and reordering has little left to do"),
 )
+
+
+def facts(r: Result, scale: str) -> list[Fact]:
+    """The numbers its story tells (its Summary's), one fact each."""
+    return summary_facts(summarize(r))

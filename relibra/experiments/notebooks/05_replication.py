@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from relibra.errors import ConfigError
-from relibra.experiments.base import Result, TryThis, integers, mean_of, param, table
+from relibra.experiments.base import Fact, summary_facts, Result, TryThis, integers, mean_of, param, table
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.studies.simulation import full_model_memory_share, simulate_trace, simulate_workloads
 from relibra.experiments.text import pct
@@ -133,3 +133,8 @@ TRIES = (
             lambda r: mean_of(r.replication, "gpu_skewness", policy="relibra"), -1,
             "a copy may then go to any of the 72 GPUs of one NVLink domain, not only to the GPUs of its home's node"),
 )
+
+
+def facts(r: Result, scale: str) -> list[Fact]:
+    """The numbers its story tells (its Summary's), one fact each."""
+    return summary_facts(summarize(r))

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from relibra.experiments.base import Result, TryThis, integers, param, table
+from relibra.experiments.base import Fact, Result, TryThis, integers, param, table, value
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.studies.simulation import history_steps
-from relibra.experiments.text import cluster_text, row, unique
+from relibra.experiments.text import cluster_text, unique
 from relibra.experiments.traces import POLICIES, TracedParams, traced_sizes
 from relibra.labels import short
 from relibra.policies import get_policy
@@ -36,6 +36,7 @@ class Params(TracedParams):
 @dataclass(kw_only=True)
 class Result(Result):
     skewness: pd.DataFrame = table("mean and p95 rank skewness per policy, EP size and workload")
+    cluster: str = value("")  # whose node size the plans use
 
 
 def plan_skewness(trace, policy: str, steps: list[int], cluster) -> np.ndarray:
@@ -61,7 +62,7 @@ def compute(p: Params, sizes: Scale, progress: bool = True) -> Result:
             sk = plan_skewness(trace, policy, steps, p.cluster)
             rows.append({"sweep": sweep, "model": trace.model.name, "workload": workload, "ep": ep, "policy": policy,
                          "skewness": float(sk.mean()), "skewness_p95": float(np.percentile(sk, 95))})
-    return Result(skewness=pd.DataFrame(rows))
+    return Result(skewness=pd.DataFrame(rows), cluster=p.cluster.name)
 
 
 @dataclass(frozen=True)
@@ -105,17 +106,19 @@ def story(s: Summary) -> str:
     return " ".join(out)
 
 
-def rows(s: Summary, man: dict) -> list[dict]:
+def facts(r: Result, scale: str) -> list[Fact]:
+    """Per policy, its mean rank skewness's lowest and highest over the EP sweep (else over every row); per
+    workload, Megatron's."""
+    s = summarize(r)
     where = f"EP {s.eps[0]}" if len(s.eps) == 1 else f"EP {s.eps[0]}-{s.eps[-1]}"
-    return [row(f"rank skewness (max / mean tokens per GPU), mean over plans, {where}",
-                "; ".join(f"{short(p)} {_span(lo, hi)}" for p, lo, hi in s.spans),
-                f"**simulated**: policies' plans on synthetic RL traces of {s.models}, {s.workloads}, nodes of the "
-                f"{cluster_text(man['config'].get('cluster'))}, no cost model; {man['scale_note']}")]
-
-
-def _span(lo: float, hi: float) -> str:
-    lo, hi = f"{lo:.2f}", f"{hi:.2f}"
-    return lo if lo == hi else f"{lo}-{hi}"
+    title = f"rank skewness (max / mean tokens per GPU), mean over plans, {where}"
+    on = (f"policies' plans on synthetic RL traces of {s.models}, {s.workloads}, nodes of the "
+          f"{cluster_text(r.cluster)}, no cost model; {scale}")
+    out = [Fact("skewness", v, "skewness", stat, short(p), on=on, readme=title)
+           for p, lo, hi in s.spans for stat, v in (("low", lo), ("high", hi))]
+    dom = r.skewness[(r.skewness["sweep"] == "workload") & (r.skewness["policy"] == "megatron")]
+    return out + [Fact("skewness", x.skewness, "skewness", of=f"Megatron, {x.workload}", on=on)
+                  for x in dom.itertuples()]
 
 
 def _largest_ep(t: pd.DataFrame, policy: str) -> float:

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from relibra.experiments.base import Result, TryThis, mean_of, param, table
+from relibra.experiments.base import Fact, Result, TryThis, mean_of, param, table
 from relibra.machine import this_machine
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.studies.simulation import full_model_memory_share, simulate_with_plans
-from relibra.experiments.text import cluster_text, pct, row, unique
+from relibra.experiments.text import cluster_text, pct, unique
 from relibra.errors import RelibraError
 from relibra.experiments.traces import POLICIES, SimParams, make_trace
 from relibra.labels import IDEALS, short
@@ -145,19 +145,23 @@ def story(s: Summary) -> str:
     return "\n".join(out)
 
 
-def rows(s: Summary, man: dict) -> list[dict]:
-    out = [row(f"planner wall time per step, {s.case}",
-               "; ".join(f"{short(x.policy)} {x.plan_s:.3g} s ({x.planner_vs_forward:.2g}x the forward pass)"
-                         for x in s.policies),
-               f"**measured** on {s.planner_hardware}; forward pass simulated on the {s.cluster}; "
-               f"{man['scale_note']}")]
-    for x in [x for x in s.policies if x.policy == "relibra"][:1]:
-        overlap = ("no replica transfers" if pd.isna(x.transfer_overlap)
-                   else f"{100 * x.transfer_overlap:.0f}% of replica transfers hidden behind attention")
-        out.append(row(f"ReLibra migration and replica memory, {s.case}",
-                       f"migration {100 * x.migration_share:.2f}% of step time; replica buffer "
-                       f"{100 * x.replica_memory_share:.2f}% of parameter memory per GPU (whole model); "
-                       f"{overlap}", f"**simulated** on the {s.cluster}; {man['scale_note']}"))
+def facts(r: Result, scale: str) -> list[Fact]:
+    """Per policy, its measured planner seconds and their share of one simulated forward pass, its migration
+    share of the step, replica memory share and hidden share of replica transfers."""
+    s = summarize(r)
+    measured = f"{s.planner_hardware}; forward pass simulated on the {s.cluster}; {scale}"
+    title, simulated = f"planner wall time per step, {s.case}", f"the {s.cluster}; {scale}"
+    out = []
+    for x in s.policies:
+        show = dict(of=short(x.policy), readme=title)
+        out += [Fact("planner_s", x.plan_s, "s", scope="measured", on=measured, **show),
+                Fact("planner_vs_forward", x.planner_vs_forward, "x", scope="measured", on=measured, **show)]
+    for x in s.policies:
+        show = dict(of=short(x.policy), on=simulated,
+                    readme=f"ReLibra migration and replica memory, {s.case}" if x.policy == "relibra" else "")
+        out += [Fact("migration_share", x.migration_share, "%", **show),
+                Fact("replica_memory_share", x.replica_memory_share, "%", **show),
+                Fact("transfer_overlap", x.transfer_overlap, "%", **show)]
     return out
 
 

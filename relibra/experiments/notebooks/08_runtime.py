@@ -11,13 +11,13 @@ from dataclasses import dataclass
 import pandas as pd
 
 from relibra.errors import ConfigError
-from relibra.experiments.base import PATH, Params, Result, integer, param, table, value
+from relibra.experiments.base import PATH, Fact, Params, Result, integer, param, table, value
 from relibra.paths import resolve_path
 from relibra.machine import quiet_machine
 from relibra.runtime.measure import (WAITING, DataOptions, PolicySummary, RuntimeRequest, oversubscribed,
                                          prepare, recorded_runtime, runtime_agreement, runtime_segments_story,
                                          runtime_topology, segment_frame, summarise, summary_frame)
-from relibra.experiments.text import row, unique
+from relibra.experiments.text import unique
 from relibra.experiments.traces import POLICIES, PROFILE
 from relibra.labels import short
 from relibra.metrics import frame
@@ -232,28 +232,30 @@ def story(s: Summary) -> str:
     return (f"**Warning: {s.busy}.**\n\n" if s.busy else "") + s.segments + "\n\n" + s.agreement
 
 
-def _speedups(v: Versus) -> str:
-    """"; <policy> / Megatron ...": each launch's ratio of median steps with its 95% interval where the
-    table has one, else the ratio of the medians over launches; and the simulated ratio."""
-    if v.launches:
-        measured = ", ".join(f"{x:.2f}x [{lo:.2f}, {hi:.2f}]" for x, lo, hi in v.launches)
-        measured += " measured (95% interval" + (" per launch)" if len(v.launches) > 1 else ")")
-        if v.cpu_launches:
-            measured += ", on process CPU time " + ", ".join(f"{x:.2f}x [{lo:.2f}, {hi:.2f}]"
-                                                             for x, lo, hi in v.cpu_launches)
-    else:
-        measured = f"{v.measured:.2f}x measured"
-    return f"; {short(v.policy)} / Megatron {measured}, {v.simulated:.2f}x simulated"
-
-
-def rows(s: Summary, man: dict) -> list[dict]:
-    """This run's measured step times and the shipped reference, each next to the simulator's, with the
-    measured speed-up's interval."""
-    how = {"this run": f"**measured** on {s.hardware}; simulated on the fitted CPU preset; {man['scale_note']}"
-                       + (f"; warning: {s.busy}" if s.busy else ""),
-           "the shipped reference": s.recorded}
-    return [row(f"runtime step time on the CPU, {x.table} (median over launches)"
-                + (f", {x.layout} (nodes x ranks)" if x.layout else ""),
-                "; ".join(f"{short(p)} {m:.3g} s measured, {sim:.3g} s simulated" for p, m, sim in x.steps)
-                + "".join(_speedups(v) for v in x.versus)
-                + (" (OVERSUBSCRIBED: ranks > cores)" if x.oversubscribed else ""), how[x.table]) for x in s.layouts]
+def facts(r: Result, scale: str) -> list[Fact]:
+    """Per table (this run, the shipped reference) and layout: each policy's measured and simulated step
+    seconds (medians over launches); each policy's speed-up over Megatron per launch with its 95% interval
+    (and on process CPU time) where the table has one, else the ratio of the medians; the simulated ratio."""
+    s, out = summarize(r), []
+    on = {"this run": f"{s.hardware}; simulated on the fitted CPU preset; {scale}" + (f"; warning: {s.busy}"
+                                                                                      if s.busy else ""),
+          "the shipped reference": s.recorded.removeprefix("**measured** on ")}
+    for x in s.layouts:
+        title = (f"runtime step time on the CPU, {x.table} (median over launches)"
+                 + (f", {x.layout} (nodes x ranks)" if x.layout else "")
+                 + (" (OVERSUBSCRIBED: ranks > cores)" if x.oversubscribed else ""))
+        show = dict(on=on[x.table], readme=title)
+        for p, measured, simulated in x.steps:
+            out += [Fact("step_s", measured, "s", "measured", short(p), "measured", **show),
+                    Fact("step_s", simulated, "s", "simulated", short(p), **show)]
+        for v in x.versus:
+            for fact, launches in (("speedup_vs_megatron", v.launches), ("cpu_speedup_vs_megatron", v.cpu_launches)):
+                for i, (ratio, lo, hi) in enumerate(launches):
+                    of = f"{short(v.policy)}, launch {i + 1}"
+                    out += [Fact(fact, y, "x", stat, of, "measured", **show)
+                            for stat, y in (("measured", ratio), ("95% low", lo), ("95% high", hi))]
+            if not v.launches:
+                out.append(Fact("speedup_vs_megatron", v.measured, "x", "measured", short(v.policy), "measured",
+                                **show))
+            out.append(Fact("speedup_vs_megatron", v.simulated, "x", "simulated", short(v.policy), **show))
+    return out

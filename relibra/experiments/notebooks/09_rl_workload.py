@@ -3,13 +3,14 @@ this CPU, its reward, its routing trace, and each policy simulated on that trace
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from relibra.cluster import get_topology
-from relibra.experiments.base import PATH, Params, Result, integer, live, param, table, value
+from relibra.experiments.base import Fact, summary_facts, PATH, Params, Result, integer, live, param, table, value
 from relibra.experiments.dynamics import expert_load_table, shift_table
 from relibra.machine import this_machine
 from relibra.experiments.profiles import SCALES
@@ -182,3 +183,14 @@ def story(s: Summary) -> str:
         text.append(f"{label(x.policy)} is slower than Megatron ({x.speedup:.2f}x) although its skewness is "
                     f"lower ({x.skewness:.2f}): {why}.")
     return " ".join(text)
+
+
+def facts(r: Result, scale: str) -> list[Fact]:
+    """The numbers its story tells (its Summary's), one fact each: the rewards measured by the RL run on this
+    machine, the policies simulated on its recorded routing."""
+    run = f"the RL run (relibra.rl) on this machine; {scale}"
+    return [dataclasses.replace(f, scope="measured", on=run) if f.fact in _MEASURED else f
+            for f in summary_facts(summarize(r))]
+
+
+_MEASURED = ("first_step", "last_step", "first_reward", "last_reward", "trend_change", "trend_spread")

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from relibra.errors import ConfigError
-from relibra.experiments.base import Result, TryThis, mean_of, objects, param, table, value
+from relibra.experiments.base import Fact, Result, TryThis, mean_of, objects, param, table, value
 from relibra.experiments.profiles import SCALES, Scale, per_profile
 from relibra.studies.sensitivity import RATIOS, KnobParams, knob_values, sensitivity, tornado_table
-from relibra.experiments.text import pct, row
+from relibra.experiments.text import facts_table, pct
 from relibra.experiments.traces import TraceParams
 from relibra.labels import RATIO_LABELS, knob_value
 from relibra.setups import DEFAULT_CARD, SetupCard, load_card
@@ -178,33 +178,32 @@ def story(s: Summary) -> str:
     return "\n\n".join(out)
 
 
-def rows(s: Summary, man: dict) -> list[dict]:
-    t = s.swings.get("relibra_over_megatron")
-    if not t:
-        return []
-    knobs = "; then ".join(f"{k.knob}: {k.low:.2f}x ({k.low_value}) to {k.high:.2f}x ({k.high_value})" for k in t[:2])
-    c = s.case
-    return [row("what moves ReLibra / Megatron most (one knob at a time)",
-                f"default {s.default['relibra_over_megatron']:.2f}x; most with {knobs}",
-                f"**simulated**, {c['model']}, {c['workload']}, EP {c['ep']} on the `{c['setup']}` set-up card "
-                f"({c['nodes_x_gpus']} GPUs); "
-                f"{man['scale_note']}")]
+def facts(r: Result, scale: str) -> list[Fact]:
+    """Per headline ratio, its value at the default set-up and, per knob (largest swing of ReLibra / Megatron
+    first), its lowest and highest over the knob's values; the README shows ReLibra / Megatron's two largest."""
+    s, c, out = summarize(r), r.case, []
+    on = (f"{c['model']}, {c['workload']}, EP {c['ep']} on the `{c['setup']}` set-up card ({c['nodes_x_gpus']} "
+          f"GPUs); {scale}")
+    for q in (q for q in RATIOS if q in s.swings):
+        title = "what moves ReLibra / Megatron most (one knob at a time)" if q == "relibra_over_megatron" else ""
+        out.append(Fact(q, s.default[q], "ratio", "default", on=on, readme=title))
+        out += [Fact(q, v, "ratio", stat, f"{k.knob} = {value}", on=on, readme=title if i < 2 else "")
+                for i, k in enumerate(s.swings[q]) for stat, v, value in (("low", k.low, k.low_value),
+                                                                           ("high", k.high, k.high_value))]
+    return out
 
 
-def section(s: Summary, man: dict, table_md) -> str:
+def section(x, table_md) -> str:
     """REPORT.md: how far each headline ratio moves with one knob at a time (the tornado), per knob."""
-    c, ratios = s.case, [q for q in RATIOS if q in s.swings]
-    by = {q: {x.knob: x for x in s.swings[q]} for q in ratios}
-    cells = [{"knob": k, **{f"{RATIO_LABELS[q]}: low - high": f"{by[q][k].low:.3f} - {by[q][k].high:.3f}"
-                            for q in ratios}} for k in by[ratios[0]]]  # sorted by the headline's swing
-    defaults = "; ".join(f"{RATIO_LABELS[q]} {s.default[q]:.3f}" for q in ratios)
-    figure = next((f for f in man.get("figures", []) if f["name"] == "tornado"), None)
+    f, man, c = x.facts, x.manifest, x.result.case
+    f = f[f["stat"] != "default"].assign(of=f["of"].str.split(" = ").str[0])
+    defaults = "; ".join(f"{RATIO_LABELS[q]} {v:.3f}" for q, v in x.summary.default.items() if q in RATIOS)
+    figure = next((g for g in man.get("figures", []) if g["name"] == "tornado"), None)
     return (f"## How far the headline moves: sensitivity\n\nFrom notebook 10 (simulated, `{c['model']}`, "
-            f"{c['workload']}, EP {c['ep']} on the `{c['setup']}` set-up card ({c['nodes_x_gpus']} GPUs), {man['scale_note']}): "
-            "one knob "
-            f"moved at a time around the default set-up, whose ratios are {defaults}. Per knob, the lowest and highest "
-            "ratio over its values, sorted by the swing of ReLibra / Megatron "
-            f"([tornado.csv](10_sensitivity/tornado.csv)):\n\n{table_md(pd.DataFrame(cells))}\n"
+            f"{c['workload']}, EP {c['ep']} on the `{c['setup']}` set-up card ({c['nodes_x_gpus']} GPUs), "
+            f"{man['scale_note']}): one knob moved at a time around the default set-up, whose ratios are {defaults}. "
+            "Per knob, the lowest and highest ratio over its values, sorted by the swing of ReLibra / Megatron "
+            f"([tornado.csv](10_sensitivity/tornado.csv)):\n\n{table_md(facts_table(f, 'of', 'name', 'knob'))}\n"
             + (f"\n![tornado](10_sensitivity/{figure['png']})\n" if figure else ""))
 
 

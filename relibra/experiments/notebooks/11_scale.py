@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from relibra.cluster import ModelShape, Topology, get_model, resolve_topology
-from relibra.experiments.base import PATH, Params, Result, TryThis, integer, integers, objects, param, table
+from relibra.experiments.base import PATH, Fact, Params, Result, TryThis, integer, integers, objects, param, table
 from relibra.experiments.profiles import SCALES
 from relibra.studies.scale import SCALE_POLICIES, ScaleSweep, best_other, scale_sweep
-from relibra.experiments.text import pct, row
+from relibra.experiments.text import pct
 from relibra.experiments.traces import POLICIES, PROFILE, WORKLOAD
 from relibra.labels import short as label
 
@@ -175,14 +175,20 @@ def story(s: Summary) -> str:
     return "\n".join(out)
 
 
-def rows(s: Summary, man: dict) -> list[dict]:
-    if not s.cases:
-        return []
-    fig = "; ".join(f"{x.model} EP{x.ep} on {x.cluster}: {x.speedup:.2f}x Megatron, {x.frac_of_balanced_compute:.3f} "
-                    f"of balanced-compute, {x.over_best_other:.3f}x {label(x.best_other)}" for x in s.top)
-    return [row("relibra-h (cross-node replicas) at the largest EP, against the best other policy",
-                f"{fig}; behind the best other policy in {s.behind} of {s.cases} cases",
-                f"**simulated** on each named cluster; {man['scale_note']}")]
+def facts(r: Result, scale: str) -> list[Fact]:
+    """Per (model, cluster) at its largest EP, relibra-h's speed-up over Megatron, share of balanced-compute and
+    ratio to the best other policy; in how many cases it trails that policy."""
+    s = summarize(r)
+    title, on = "relibra-h (cross-node replicas) at the largest EP, against the best other policy", (
+        f"each named cluster; {scale}")
+    out = []
+    for x in s.top:
+        show = dict(of=f"{x.model} EP{x.ep} on {x.cluster}", on=on, readme=title)
+        out += [Fact("speedup_vs_megatron", x.speedup, "x", **show),
+                Fact("frac_of_balanced_compute", x.frac_of_balanced_compute, "ratio", **show),
+                Fact("over_best_other", x.over_best_other, "ratio", f"vs {label(x.best_other)}", **show)]
+    return out + ([Fact("behind_best_other", s.behind, "count", of=f"of {s.cases} cases", on=on, readme=title)]
+                  if s.cases else [])
 
 
 def _relibra_at_largest_ep(r: Result) -> float:

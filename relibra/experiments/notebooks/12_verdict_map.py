@@ -8,15 +8,14 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from relibra.experiments.base import PATH, Result, TryThis, mean_of, param, table, value
+from relibra.experiments.base import PATH, Fact, Result, TryThis, mean_of, param, table, value
 from relibra.experiments.profiles import per_profile
-from relibra.experiments.text import pct, row
+from relibra.experiments.text import facts_table, pct
 from relibra.experiments.traces import PROFILE
-from relibra.studies.claim_map import (RATIO_FIELDS, CardPoint, GridSpec, MapAxes, ShiftAxis, card_points,
-                                       claim_contours, claim_regions, conclusion, conclusion_lines, contour_table,
-                                       default_grid, merge_coincident, node_fields, paper_grid, rl_calibration,
-                                       run_map, why_card_differs)
-from relibra.labels import CLAIMS, PAPER_CLAIMS
+from relibra.studies.claim_map import (RATIO_FIELDS, SHIFT_SENSITIVITY_END, GridSpec, MapAxes, ShiftAxis, card_hits,
+                                       card_points, claim_contours, claim_regions, contour_table, default_grid,
+                                       merge_coincident, node_fields, paper_grid, rl_calibration, run_map)
+from relibra.labels import CLAIMS, PAPER_CLAIMS, verdict_line
 from relibra.setups import DEFAULT_CARD
 from relibra.workloads import MICROBATCH_SHIFT_RANGE
 
@@ -71,9 +70,8 @@ class Result(Result):
     contours: pd.DataFrame = table("the paper's claims as contours: per claim level and step size, where the "
                                    "best-over-feasible-cases field crosses it on the grid's edges (tokens: the budget "
                                    "axis), with the generated trace's correlation there")
-    conclusion: str = value("")  # the map's answer as one text (its scope, then one clause per claim)
-    verdict: list = value(None)  # the map's answer, one line per paper claim (verdict_map.conclusion_lines)
     regions: list = value(None)  # per claim: where on the grid it holds (verdict_map.claim_regions)
+    hits: list = value(None)  # per speed-up claim: the named cards that reach it (verdict_map.card_hits)
     grid: dict = value(None)  # the GridSpec simulated
     calibration: dict = value(None)  # the real RL trace's micro-batch vs step correlation (the shift's source)
 
@@ -82,23 +80,74 @@ def compute(p: Params, sizes: GridSpec, progress: bool = True, workers: int | No
     spec = p.spec(sizes)
     result = run_map(spec, workers=workers, progress=progress)
     fields = node_fields(result)
-    lines = conclusion_lines(result, fields)  # the answer, one line per claim; the conclusion joins them
     return Result(cases=result.frame, nodes=fields, cards=card_points(result),
-                  contours=contour_table(claim_contours(result, fields)),
-                  conclusion=conclusion(result, fields, lines), verdict=lines,
-                  regions=claim_regions(result, fields), grid=spec.to_dict(),
-                  calibration=rl_calibration())
+                  contours=contour_table(claim_contours(result, fields)), regions=claim_regions(result, fields),
+                  hits=card_hits(result), grid=spec.to_dict(), calibration=rl_calibration())
 
 
 # ---- reading the result ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CardPoint:
+    """One named card's point (a verdict_map.card_points row): ReLibra / Megatron and / EPLB+ as (mean, best)
+    and the gap to Balanced as (mean, best, worst) over its cases; its simulated position; EPLB+'s and
+    Megatron's mean tokens/s there."""
+
+    setup: str
+    over_megatron: tuple[float, float]
+    over_eplb_plus: tuple[float, float]
+    gap: tuple[float, float, float]
+    tokens_per_ep_rank: float
+    mb_vs_step_corr: float
+    micro_batches: float
+    cases: int
+    tokens_per_s: tuple[float, float]  # EPLB+'s, Megatron's
+
+
+def why_card_differs(x: CardPoint, regions, best_over_eplb_plus: tuple[float, float, float]) -> str:
+    """Why card x's figure is not the paper's (CLAIMS' levels), from its point, the grid's claim regions
+    (claim_regions, in CLAIMS' order) and the grid's best ReLibra / EPLB+ with its shift and correlation."""
+    (meg, eplb, gap), meg_region = PAPER_CLAIMS, regions[0]  # regions follow PAPER_CLAIMS
+    mbs = f"{x.micro_batches:.0f} micro-batch" + ("" if round(x.micro_batches) == 1 else "es")
+    (eplb_tps, meg_tps), (best, shift, corr) = x.tokens_per_s, best_over_eplb_plus
+    parts = [f"it packs {x.tokens_per_ep_rank:.0f} tokens per EP rank per micro-batch ({mbs} a step)"]
+    if not meg.holds(x.over_megatron[1]):
+        parts.append(f"{meg.level:g}x over Megatron needs at least {meg_region['min_tokens_per_ep_rank']:.0f} "
+                     "simulated tokens per EP rank on the grid" if meg_region["min_tokens"] else
+                     f"the grid reaches {meg.level:g}x over Megatron nowhere (best {meg_region['best']:.2f}x at "
+                     f"{meg_region['best_tokens_per_ep_rank']:.0f} simulated tokens per EP rank)")
+    if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
+        parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over {mbs} "
+                     "a step its own costs exceed what its balance saves, which, not micro-batch shift, lifts "
+                     f"ReLibra / EPLB+ to {x.over_eplb_plus[0]:.2f}x")
+    elif eplb.holds(x.over_eplb_plus[0]):  # the claim reached although the micro-batches follow their step
+        parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, yet ReLibra / EPLB+ "
+                     f"is {x.over_eplb_plus[0]:.2f}x: what EPLB+'s placement for the step's total leaves unbalanced "
+                     f"in each of its {mbs} is paid in each (and, where the card pipelines, again in the 1F1B "
+                     "bubble)")
+    else:
+        parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, so a once-per-step "
+                     "EPLB+ already balances most of each micro-batch's load" if x.mb_vs_step_corr >= 0.85 else
+                     f"its micro-batches correlate with their step at only {x.mb_vs_step_corr:.2f}, where "
+                     "per-micro-batch balancing has the most to gain over EPLB+")
+    if not eplb.holds(x.over_eplb_plus[1]):
+        where = "nowhere" if not eplb.holds(best) else "only elsewhere"
+        parts.append(f"{eplb.level:g}x over EPLB+ is reached {where} on the grid (best {best:.2f}x at shift "
+                     f"{shift:g}, correlation {corr:.2f}; the shift is assumed, {MICROBATCH_SHIFT_RANGE[0]:g}-"
+                     f"{MICROBATCH_SHIFT_RANGE[1]:g} where the tiny CPU RL trace sits, {SHIFT_SENSITIVITY_END:g} its "
+                     "sensitivity)")
+    if not gap.inside_range(x.gap[0]):
+        side = "below" if x.gap[0] < gap.lower else "above"
+        parts.append(f"its gap to Balanced ({gap.fmt(x.gap[0])}) is {side} the paper's {gap.paper[len('within '):]}")
+    return "; ".join(parts)
+
+
 def _x(v: float) -> str:
     return f"{v:.2f}x"
 
 
 @dataclass(frozen=True)
 class Summary:
-    conclusion: str
-    verdict: tuple[str, ...]  # one line per paper claim
+    verdict: tuple[str, ...]  # one line per paper claim (relibra.labels.verdict_line of its region)
     regions: tuple[dict, ...]  # per claim: where on the grid it holds (verdict_map.claim_regions)
     cards: tuple[CardPoint, ...]
     best_over_eplb_plus: tuple[float, float, float]  # the best ReLibra / EPLB+, its shift and correlation
@@ -107,7 +156,7 @@ class Summary:
     out_of_memory: tuple[str, ...] = ()  # cards that do not fit in memory: left out of every figure
 
     def why(self, x: CardPoint) -> str:
-        """Why card x's figure is not the paper's (verdict_map.why_card_differs)."""
+        """Why card x's figure is not the paper's (why_card_differs)."""
         return why_card_differs(x, self.regions, self.best_over_eplb_plus)
 
 
@@ -123,7 +172,8 @@ def summarize(r: Result) -> Summary:
     eplb = r.nodes.loc[r.nodes["relibra_over_eplb_plus_best"].idxmax()]
     lo, hi = g["shift_value"].min(), g["shift_value"].max()
     at = [float(g.loc[g["shift_value"] == v, "relibra_over_eplb_plus"].mean()) for v in (lo, hi)]
-    return Summary(r.conclusion, tuple(r.verdict or ()), tuple(r.regions), cards,
+    hits = {h["id"]: h["cards"] for h in r.hits or ()}
+    return Summary(tuple(verdict_line(x, hits.get(x["id"], ())) for x in r.regions), tuple(r.regions), cards,
                    (eplb["relibra_over_eplb_plus_best"], eplb["shift_value"], eplb["mb_vs_step_corr"]),
                    (lo, hi, at[1] - at[0]) if hi > lo else None, r.calibration,
                    tuple(f"{x['setup']} ({x.get('memory_GB', float('nan')):.0f} GB of {x.get('hbm_GB', float('nan')):.0f}"
@@ -151,45 +201,50 @@ def story(s: Summary) -> str:
     return "\n\n".join(lines)
 
 
-def rows(s: Summary, man: dict) -> list[dict]:
-    """README rows: the map's conclusion, then each named card's point."""
-    how = f"**simulated**, {man['scale_note']}"
-    return [row(f"the verdict map: {c.statement}", line.split(": ", 1)[1], how)
-            for c, line in zip(PAPER_CLAIMS, s.verdict)] + [
-        row(f"`{x.setup}` card's point on the map", f"ReLibra / Megatron {_x(x.over_megatron[0])} (best "
-            f"{_x(x.over_megatron[1])}); / EPLB+ {_x(x.over_eplb_plus[0])}; gap to Balanced {pct(x.gap[0])}; at "
-            f"{x.tokens_per_ep_rank:.0f} tokens per EP rank, correlation {x.mb_vs_step_corr:.2f}", how)
-        for x in s.cards]
-
-
 SECTION_FIRST = True  # REPORT.md opens with this notebook's verdict table
+GRID = "the grid"  # the `of` of a claim region's facts
 
 
-def card_table(s: Summary) -> pd.DataFrame:
-    """REPORT.md's verdict table: one row per figure, one column per named card (its point on the map), and
-    the paper's figures (relibra.labels.CLAIMS)."""
-    meg, eplb, gap = (CLAIMS[k] for k in RATIO_FIELDS)
-    out = {"": [f"{meg.label} (mean; best)", f"{eplb.label} (mean; best)", f"{gap.label} (mean; range)",
-                "tokens per EP rank per micro-batch (simulated mean)",
-                "micro-batch vs step correlation (generated trace)",
-                "cases (models x workloads x seeds)"]}
-    out.update({f"`{x.setup}`": [f"{_x(x.over_megatron[0])}; {_x(x.over_megatron[1])}",
-                                 f"{_x(x.over_eplb_plus[0])}; {_x(x.over_eplb_plus[1])}",
-                                 f"{pct(x.gap[0])}; {pct(x.gap[1])}-{pct(x.gap[2])}", f"{x.tokens_per_ep_rank:.0f}",
-                                 f"{x.mb_vs_step_corr:.2f}", f"{x.cases}"] for x in s.cards})
-    return pd.DataFrame({**out, "paper": [meg.paper, eplb.paper, gap.paper, "not stated", "not stated", "-"]})
+def _unit(c, stat: str) -> str:
+    """The unit of a claim region's `stat` (verdict_map.claim_regions' keys)."""
+    return (c.unit if stat in ("best", "worst") else "tokens" if "tokens" in stat else "corr" if "corr" in stat
+            else "count")
 
 
-def section(s: Summary, man: dict, table_md) -> str:
-    """REPORT.md's opening: the answer, one line per paper claim, then one short table per card (coincident
-    cards merged under both names), then per card why its figure differs, then the map."""
+def facts(r: Result, scale: str) -> list[Fact]:
+    """Per paper claim, its region's numbers (verdict_map.claim_regions: the README's verdict line) and the cards
+    that reach it; per named card (coincident ones merged) its point: the three ratios and its position."""
+    out, s = [], summarize(r)
+    hits = {h["id"]: h["cards"] for h in r.hits or ()}
+    for region in r.regions:
+        c, title = CLAIMS[region["id"]], f"the verdict map: {CLAIMS[region['id']].statement}"
+        out += [Fact(c.id, region[k], _unit(c, k), k, GRID, readme=title) for k in sorted(region)  # as result.json
+                if k not in ("id", "claim", "field", "verdict", "level") and region[k] is not None]
+        out += [Fact(c.id, v, c.unit, "reached by the card", card, readme=title) for card, v in hits.get(c.id, ())]
+    for x in s.cards:
+        title = f"`{x.setup}` card's point on the map"
+        meg, eplb, gap = (CLAIMS[k] for k in RATIO_FIELDS)
+        out += [Fact(meg.id, v, "x", k, x.setup, readme=title) for k, v in zip(("mean", "best"), x.over_megatron)]
+        out += [Fact(eplb.id, v, "x", k, x.setup, readme=title) for k, v in zip(("mean", "best"), x.over_eplb_plus)]
+        out += [Fact(gap.id, v, "%", k, x.setup, readme=title) for k, v in zip(("mean", "best", "worst"), x.gap)]
+        out += [Fact("tokens_per_ep_rank", x.tokens_per_ep_rank, "tokens", of=x.setup, readme=title),
+                Fact("mb_vs_step_corr", x.mb_vs_step_corr, "corr", of=x.setup, readme=title),
+                Fact("cases", x.cases, "count", of=x.setup)]
+    return out
+
+
+def section(x, table_md) -> str:
+    """REPORT.md's opening: the answer, one line per paper claim, then the cards' points (one column per card,
+    coincident cards merged under both names), then per card why its figure differs, then the map."""
+    s, man, f = x.summary, x.manifest, x.facts
     figure = next((f for f in man.get("figures", []) if f["name"] == "verdict_map"), None)
-    why = "".join(f"- `{x.setup}`: {s.why(x)}.\n" for x in s.cards)
+    why = "".join(f"- `{c.setup}`: {s.why(c)}.\n" for c in s.cards)
     answer = "\n".join(f"- **{line.split(': ', 1)[0]}**: {line.split(': ', 1)[1]}." for line in s.verdict)
+    cards = f[(f["of"] != GRID) & (f["stat"] != "reached by the card")]
     return ("## The answer (simulated)\n\n"
             f"{answer}\n\nAll simulated: notebook 12, {man['scale_note']}; every card at full scale on its own "
             "inputs (`relibra setup show CARD`).\n\n### Per set-up card\n\n"
-            f"{table_md(card_table(s)) if s.cards else 'No card was simulated.'}\n\n"
+            f"{table_md(facts_table(cards, 'name', 'of')) if s.cards else 'No card was simulated.'}\n\n"
             f"Why each card's figure differs from the paper's:\n\n{why}"
             + (f"\n![verdict map](12_verdict_map/{figure['png']})\n" if figure else ""))
 
