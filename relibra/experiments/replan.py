@@ -15,7 +15,13 @@ candidate (replan_window), each started from the placement the policy would have
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import hashlib
+import json
 import math
+import os
+from pathlib import Path
 
 import pandas as pd
 
@@ -106,3 +112,227 @@ def rehoming_at_best_interval(trace: RoutingTrace, topology: Topology, card: Set
     out["speedup_vs_megatron"] = out["tokens_per_s"] / megatron
     return out[["policy", "replan_interval", "best", "tokens_per_s", "speedup_vs_megatron", "step_s",
                 "migration_s", "experts_moved"]]
+
+
+# ---- the record: each named card's chosen k, made once at the card's scale and read by the headline and map --
+RECORD_DIR = Path(__file__).resolve().parents[2] / "data" / "replan"
+# The trace k is chosen on: the cards' sequence lengths are their recipes' math domain (DAPO-Math-17k), and one
+# seed; the record says both.
+RECORD_WORKLOAD = "math"
+RECORD_SEED = 0
+RECORD_FIELDS = ("card", "card_sha256", "card_values", "command", "date_utc", "kit_commit", "trace", "candidates",
+                 "cases")
+
+
+def card_values(card: SetupCard) -> dict:
+    """{entry key: value} of every entry of the card (its base's included): the inputs a record was made from."""
+    return {key: entry.value for key, entry in sorted(card.entries.items())}
+
+
+def card_sha256(values: dict) -> str:
+    """sha256 of card_values as canonical JSON: equal exactly when every entry's value is."""
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+
+
+def record_path(card_name: str, folder: str | os.PathLike = RECORD_DIR) -> Path:
+    """Where the record of the card called `card_name` lives: FOLDER/<card>.json."""
+    return Path(folder) / f"{card_name}.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplanCase:
+    """One (card, model) the chooser runs on: `card` a name or .toml path; layers None = every MoE layer."""
+
+    card: str
+    model: str
+    workload: str = RECORD_WORKLOAD
+    seed: int = RECORD_SEED
+    candidates: tuple[int, ...] = REPLAN_INTERVALS
+    layers: int | None = None
+
+
+def record_case(case: ReplanCase) -> dict:
+    """The chooser on one (card, model) at the card's EP, batch and cluster: a trace of 2 x replan_window steps
+    generated from the card, every re-homing policy at every candidate and Megatron on the same measured steps.
+    Returns {"model", "ep", "layers", "micro_batches", "chosen": {policy: k}, "rows": [one dict per (policy,
+    replan_interval) of rehoming_at_best_interval]}."""
+    from relibra.experiments.config import scaled_model
+    from relibra.setups import load_card
+    from relibra.workloads import generate_trace
+
+    card = load_card(case.card)
+    ep = card.value("batch.expert_parallel")
+    trace = generate_trace(scaled_model(case.model, case.layers), case.workload, ep,
+                           steps=2 * replan_window(case.candidates), seed=case.seed, micro_batches=card.micro_batches,
+                           config=card.workload_config(), progress=False)
+    table = rehoming_at_best_interval(trace, card.topology(), card, references=("megatron",),
+                                      candidates=case.candidates)
+    chosen = table[table["best"] & table["policy"].isin(REHOMING_POLICIES)]
+    return {"model": case.model, "ep": int(ep), "layers": int(trace.num_layers),
+            "micro_batches": int(trace.num_microbatches),
+            "chosen": {p: int(k) for p, k in zip(chosen["policy"], chosen["replan_interval"])},
+            "rows": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+                     for row in table.to_dict("records")]}
+
+
+def replan_record(card: "str | SetupCard", models=None, workload: str = RECORD_WORKLOAD, seed: int = RECORD_SEED,
+                  candidates=REPLAN_INTERVALS, layers: int | None = None, workers: int | None = None,
+                  progress: bool = True, command: str = "") -> dict:
+    """The record of `card`: record_case on each of its models (`models`, else SetupCard.memory_models: the
+    card's published model or the map's three), in worker processes, with what it was made from (the card's
+    values and their sha256, the command, the UTC date, the kit's commit, the trace's workload, seed and steps)."""
+    from relibra.bench.records import kit_commit
+    from relibra.pool import map_in_order
+    from relibra.setups import load_card
+
+    card = load_card(card)
+    window = replan_window(candidates)
+    cases = [ReplanCase(card.path, m, workload, int(seed), tuple(candidates), layers)
+             for m in card.memory_models(models)]
+    values = card_values(card)
+    results = map_in_order(record_case, cases, workers, progress, desc=f"replan {card.name}")
+    return {"card": card.name, "card_sha256": card_sha256(values), "card_values": values, "command": command,
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "kit_commit": kit_commit(),
+            "trace": {"generator": "relibra.workloads.generate_trace", "workload": workload, "seed": int(seed),
+                      "steps": 2 * window, "warmup_steps": window, "measured_steps": window,
+                      "scale": "every MoE layer" if layers is None else f"first {layers} MoE layers"},
+            "candidates": [int(k) for k in candidates], "cases": results}
+
+
+def write_replan_record(record: dict, folder: str | os.PathLike = RECORD_DIR) -> Path:
+    """Write `record` to record_path(its card, folder), atomically (a temporary file renamed over it)."""
+    from relibra.paths import write_text
+
+    path = record_path(record["card"], folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(record, indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def load_replan_record(card_name: str, folder: str | os.PathLike = RECORD_DIR) -> dict | None:
+    """The record of the card called `card_name` (None where there is none); ConfigError naming the file and the
+    command that rewrites it when it is not a record."""
+    path = record_path(card_name, folder)
+    if not path.is_file():
+        return None
+    again = f"run `relibra replan --setup {card_name}` again"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not a JSON record ({exc}); {again}") from None
+    missing = [k for k in RECORD_FIELDS if not isinstance(record, dict) or k not in record]
+    if missing:
+        raise ConfigError(f"{path}: no {', '.join(map(repr, missing))}; {again}")
+    for case in record["cases"]:
+        bad = {p: k for p, k in case.get("chosen", {}).items()
+               if p not in REHOMING_POLICIES or isinstance(k, bool) or not isinstance(k, int) or k < 1}
+        if bad or "model" not in case or "ep" not in case:
+            raise ConfigError(f"{path}: a case with a bad model, ep or chosen interval ({bad or case}); {again}")
+    return record
+
+
+def stale_entries(record: dict, values: dict) -> list[str]:
+    """The entry keys whose value differs between the record's card and `values` (card_values): empty when the
+    record was made from these inputs."""
+    if record["card_sha256"] == card_sha256(values):
+        return []
+    old = record["card_values"]
+    return sorted(k for k in set(old) | set(values) if old.get(k, None) != values.get(k, None)) or ["(the hash)"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplanForm:
+    """The form the re-homing policies of one simulated case run in: each one's re-plan interval and where
+    it comes from.
+
+    intervals: (policy, k) pairs of the re-homing policies simulated; source: the record's path, or why there
+    is none and k = 1 (the oracle form: re-planned every step on the step's own loads).
+    The case simulates whole cycles of `cycle` steps (the intervals' least common multiple) for every policy,
+    so a k > 1 pays its migration once and its ageing placement k - 1 times in the figure: `trace_steps`
+    steps are generated and `simulated_steps` simulated after `warmup` planned ones. At cycle 1 that is the
+    headline's usual case: the last step simulated, one step of warm-up.
+    """
+
+    intervals: tuple[tuple[str, int], ...] = ()
+    source: str = "k = 1: no re-homing policy"
+
+    def interval(self, policy: str) -> int:
+        """The policy's k; 0 for a policy that does not re-home experts."""
+        return dict(self.intervals).get(policy, 0)
+
+    @property
+    def cycle(self) -> int:
+        return math.lcm(*(k for _, k in self.intervals)) if self.intervals else 1
+
+    @property
+    def warmup(self) -> int:
+        return self.cycle
+
+    def policy_params(self, params: dict) -> dict:
+        """`params` ({policy: {param: value}}, e.g. SetupCard.policy_params) with each re-homing policy's
+        replan_interval."""
+        out = {p: dict(v) for p, v in params.items()}
+        for policy, k in self.intervals:
+            out.setdefault(policy, {})["replan_interval"] = k
+        return out
+
+    def trace_steps(self, steps: int) -> int:
+        """Steps to generate for a case of `steps` steps: at least two cycles (one of warm-up) when cycle > 1."""
+        return steps if self.cycle == 1 else max(steps, 2 * self.cycle)
+
+    def simulated_steps(self, trace: RoutingTrace) -> "int | list[int]":
+        """simulate's steps: the last step at cycle 1, else the trace's last whole cycle (replan_steps)."""
+        return 1 if self.cycle == 1 else replan_steps(trace, (self.cycle,))
+
+
+def replan_form(card: SetupCard, model: str, ep: int, policies, folder: str | os.PathLike = RECORD_DIR) -> ReplanForm:
+    """The ReplanForm of `policies` on `card` for `model` at EP `ep`: the record's chosen k where the record holds
+    that (model, EP) for the card as written, else k = 1 with why in `source`: the card is not under
+    data/setups/, its values were changed in code (a budget sweep, other link rates: other inputs than the
+    record's), or the record has no case for the model at that EP. ConfigError where a shipped card has no
+    record, or its record was made from other values of the card (naming the entries and the command)."""
+    from relibra.setups import CARD_DIR, load_card
+
+    rehoming = [p for p in dict.fromkeys(policies) if p in REHOMING_POLICIES]
+    if not rehoming:
+        return ReplanForm()
+
+    def at_one(why: str) -> ReplanForm:
+        return ReplanForm(tuple((p, 1) for p in rehoming), f"k = 1: {why}")
+
+    if Path(card.path).resolve().parent != CARD_DIR.resolve():
+        return at_one(f"card {card.path} is not under data/setups/, so no record holds its k")
+    values = card_values(card)
+    if values != card_values(load_card(card.path)):
+        return at_one(f"card {card.name} with values changed in code, other inputs than its record's")
+    record = load_replan_record(card.name, folder)
+    where = record_path(card.name, folder)
+    if record is None:
+        raise ConfigError(f"{where}: missing; every card under data/setups/ has its re-plan intervals chosen: "
+                          f"run `relibra replan --setup {card.name}`")
+    stale = stale_entries(record, values)
+    if stale:
+        raise ConfigError(f"{where} was made from other values of card {card.name} (entries {', '.join(stale)}); "
+                          f"run `relibra replan --setup {card.name}` again")
+    case = next((c for c in record["cases"] if c["model"] == model and c["ep"] == ep), None)
+    if case is None:
+        return at_one(f"{where.name} holds no case of {model} at EP {ep}")
+    return ReplanForm(tuple((p, int(case["chosen"].get(p, 1))) for p in rehoming), str(where))
+
+
+def record_table(record: dict) -> pd.DataFrame:
+    """One row per (model, re-homing policy) of a record: the chosen k, tokens/s at every candidate, and at the
+    chosen k the speed-up over Megatron, migration seconds and experts moved per step; Megatron's tokens/s."""
+    rows = []
+    for case in record["cases"]:
+        frame = pd.DataFrame(case["rows"])
+        megatron = float(frame.loc[frame["policy"] == "megatron", "tokens_per_s"].iloc[0])
+        for policy, k in case["chosen"].items():
+            mine = frame[frame["policy"] == policy].set_index("replan_interval")
+            best = mine.loc[k]
+            rows.append({"card": record["card"], "model": case["model"], "ep": case["ep"], "policy": policy, "k": k,
+                         **{f"tokens_per_s_k{c}": float(mine.loc[c, "tokens_per_s"]) for c in mine.index},
+                         "megatron_tokens_per_s": megatron, "speedup_vs_megatron": float(best["tokens_per_s"]) / megatron,
+                         "migration_s": float(best["migration_s"]), "experts_moved": float(best["experts_moved"])})
+    return pd.DataFrame(rows)
