@@ -19,6 +19,9 @@ def _replan(args) -> int:
         return _check(args)
     if args.all == (args.setup is not None):
         raise ConfigError("give --setup CARD or --all (every card under data/setups/)")
+    from relibra.bench.records import kit_commit
+
+    commit = kit_commit()  # the code this command runs: read before any file can change under it
     names = card_names() if args.all else [args.setup]
     if args.models is not None and len(names) > 1:
         raise ConfigError("--models goes with one --setup card")
@@ -33,7 +36,8 @@ def _replan(args) -> int:
                                      + ([] if args.workload is None else ["--workload", args.workload])
                                      + ([] if args.seed == replan.RECORD_SEED else ["--seed", str(args.seed)])))
         record = replan.replan_record(card, args.models, args.workload or replan.RECORD_WORKLOAD, args.seed,
-                                      workers=args.workers, progress=not args.no_progress, command=command)
+                                      workers=args.workers, progress=not args.no_progress, command=command,
+                                      commit=commit)
         table = replan.record_table(record)
         print(f"{card.name}: re-plan interval k chosen by each policy's own tokens/s; {record['trace']['workload']}, "
               f"seed {record['trace']['seed']}, {record['trace']['measured_steps']} steps measured after "

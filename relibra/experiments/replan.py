@@ -177,15 +177,18 @@ def record_case(case: ReplanCase) -> dict:
 
 def replan_record(card: "str | SetupCard", models=None, workload: str = RECORD_WORKLOAD, seed: int = RECORD_SEED,
                   candidates=REPLAN_INTERVALS, layers: int | None = None, workers: int | None = None,
-                  progress: bool = True, command: str = "") -> dict:
+                  progress: bool = True, command: str = "", commit: str | None = None) -> dict:
     """The record of `card`: record_case on each of its models (`models`, else SetupCard.memory_models: the
     card's published model or the map's three), in worker processes, with what it was made from (the card's
-    values and their sha256, the command, the UTC date, the kit's commit, the trace's workload, seed and steps)."""
+    values and their sha256, the command, the UTC date, the kit's commit (`commit`, else the tree's now: a
+    command that runs several cards reads it once, at its start, before anything it imports can change), the
+    trace's workload, seed and steps)."""
     from relibra.bench.records import kit_commit
     from relibra.pool import map_in_order
     from relibra.setups import load_card
 
     card = load_card(card)
+    commit = commit or kit_commit()
     window = replan_window(candidates)
     cases = [ReplanCase(card.path, m, workload, int(seed), tuple(candidates), layers)
              for m in card.memory_models(models)]
@@ -193,7 +196,7 @@ def replan_record(card: "str | SetupCard", models=None, workload: str = RECORD_W
     results = map_in_order(record_case, cases, workers, progress, desc=f"replan {card.name}")
     return {"card": card.name, "card_sha256": card_sha256(values), "card_values": values, "command": command,
             "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "kit_commit": kit_commit(),
+            "kit_commit": commit,
             "trace": {"generator": "relibra.workloads.generate_trace", "workload": workload, "seed": int(seed),
                       "steps": 2 * window, "warmup_steps": window, "measured_steps": window,
                       "scale": "every MoE layer" if layers is None else f"first {layers} MoE layers"},
