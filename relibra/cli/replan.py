@@ -37,8 +37,10 @@ def _replan(args) -> int:
                                      + ([] if args.seed == replan.RECORD_SEED else ["--seed", str(args.seed)])))
         record = replan.replan_record(card, args.models, args.workload or replan.RECORD_WORKLOAD, args.seed,
                                       workers=args.workers, progress=not args.no_progress, command=command,
-                                      commit=commit)
+                                      commit=commit, reuse_from=args.out_dir or replan.RECORD_DIR)
         table = replan.record_table(record)
+        if "cases_from" in record:
+            print(f"{card.name}: every value equals card {record['cases_from']['card']}'s; its record's cases taken")
         print(f"{card.name}: re-plan interval k chosen by each policy's own tokens/s; {record['trace']['workload']}, "
               f"seed {record['trace']['seed']}, {record['trace']['measured_steps']} steps measured after "
               f"{record['trace']['warmup_steps']} of warm-up, {record['trace']['scale']}")

@@ -21,6 +21,7 @@ import pandas as pd
 from relibra.cluster import Topology, get_model
 from relibra.costs.memory import memory_budget
 from relibra.experiments.config import scaled_model
+from relibra.experiments.replan import ReplanForm, replan_form
 from relibra.labels import CLAIMS
 from relibra.pool import map_in_order
 from relibra.setups import SetupCard, load_card
@@ -76,6 +77,9 @@ def simulate_case(case: Case) -> pd.DataFrame:
             scale = case.tokens_per_microbatch / mean_sequence_tokens(cfg, case.workload)
             cfg = dataclasses.replace(cfg, length_scale=scale)
     micro_batches = case.micro_batches or card.micro_batches
+    # the re-homing policies' re-plan interval: the card's record (relibra replan), whole cycles simulated
+    form = (replan_form(card, case.model, case.ep, case.policies) if case.trace is None and case.topology is None
+            else ReplanForm.at_one(case.policies, "a recorded trace or another cluster than the card's"))
     if case.topology is None:
         card.check_ep(case.ep)  # the case runs on the card's cluster
         topology = card.topology()
@@ -85,7 +89,7 @@ def simulate_case(case: Case) -> pd.DataFrame:
         topology.ep_layout(case.ep)
     if case.trace is None:
         shape = scaled_model(case.model, case.layers)
-        trace = generate_trace(shape, case.workload, case.ep, steps=case.steps, seed=case.seed,
+        trace = generate_trace(shape, case.workload, case.ep, steps=form.trace_steps(case.steps), seed=case.seed,
                                micro_batches=micro_batches, config=cfg)
         layout, tokens = cfg.batch_layout, case.tokens_per_microbatch or (
             card.tokens_per_ep_rank if cfg.batch_layout == "token-budget" else None)
@@ -94,8 +98,9 @@ def simulate_case(case: Case) -> pd.DataFrame:
         trace = case.trace
         layout, tokens = "trace", int(round(trace.tokens_per_microbatch / trace.ep))
         slot_tokens = trace.loads[-1, :, 0].sum(axis=-1) / trace.model.top_k  # [M, ep] tokens each rank sent
-    result = simulate(trace, topology, list(case.policies), steps=1, params=card.cost_params(case.ep),
-                      policy_params=card.policy_params(case.policies), progress=False, workload=case.workload,
+    result = simulate(trace, topology, list(case.policies), steps=form.simulated_steps(trace), warmup=form.warmup,
+                      params=card.cost_params(case.ep), policy_params=form.policy_params(card.policy_params(case.policies)),
+                      progress=False, workload=case.workload,
                       step_extras=lambda plan, cost: overhead_extras(plan, cost, trace.model, topology))
     extras = result.per_step.groupby("policy")[list(OVERHEAD_EXTRAS)].mean()
     # does the set-up fit: the full model's memory on the busiest GPU against the cluster's HBM
@@ -103,6 +108,7 @@ def simulate_case(case: Case) -> pd.DataFrame:
     full = trace.model if case.trace is not None else get_model(case.model)
     budget = memory_budget(full, dataclasses.replace(card.memory_layout(case.ep), hbm_bytes=topology.hbm_bytes))
     return result.summary.join(extras, on="policy").assign(
+        replan_interval=[form.interval(p) for p in result.summary["policy"]], replan_source=form.source,
         feasible=bool(budget.fits), memory_GB=budget.total_bytes / 1e9, hbm_GB=budget.hbm_bytes / 1e9,
         setup=card.name, model=case.model, workload=case.workload, seed=case.seed, ep=case.ep, layout=layout,
         tokens_per_microbatch=tokens, label=case.label, layers=trace.num_layers, micro_batches=trace.num_microbatches,

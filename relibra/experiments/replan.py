@@ -177,12 +177,15 @@ def record_case(case: ReplanCase) -> dict:
 
 def replan_record(card: "str | SetupCard", models=None, workload: str = RECORD_WORKLOAD, seed: int = RECORD_SEED,
                   candidates=REPLAN_INTERVALS, layers: int | None = None, workers: int | None = None,
-                  progress: bool = True, command: str = "", commit: str | None = None) -> dict:
+                  progress: bool = True, command: str = "", commit: str | None = None,
+                  reuse_from: str | os.PathLike | None = None) -> dict:
     """The record of `card`: record_case on each of its models (`models`, else SetupCard.memory_models: the
     card's published model or the map's three), in worker processes, with what it was made from (the card's
     values and their sha256, the command, the UTC date, the kit's commit (`commit`, else the tree's now: a
     command that runs several cards reads it once, at its start, before anything it imports can change), the
-    trace's workload, seed and steps)."""
+    trace's workload, seed and steps). Where a record under `reuse_from` (a folder) was made from the very same
+    values, trace and candidates for another card, its cases are taken (deterministic: the same simulation) and
+    `cases_from` names that record."""
     from relibra.bench.records import kit_commit
     from relibra.pool import map_in_order
     from relibra.setups import load_card
@@ -190,17 +193,34 @@ def replan_record(card: "str | SetupCard", models=None, workload: str = RECORD_W
     card = load_card(card)
     commit = commit or kit_commit()
     window = replan_window(candidates)
-    cases = [ReplanCase(card.path, m, workload, int(seed), tuple(candidates), layers)
-             for m in card.memory_models(models)]
+    models = card.memory_models(models)
     values = card_values(card)
-    results = map_in_order(record_case, cases, workers, progress, desc=f"replan {card.name}")
-    return {"card": card.name, "card_sha256": card_sha256(values), "card_values": values, "command": command,
-            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "kit_commit": commit,
-            "trace": {"generator": "relibra.workloads.generate_trace", "workload": workload, "seed": int(seed),
-                      "steps": 2 * window, "warmup_steps": window, "measured_steps": window,
-                      "scale": "every MoE layer" if layers is None else f"first {layers} MoE layers"},
-            "candidates": [int(k) for k in candidates], "cases": results}
+    trace = {"generator": "relibra.workloads.generate_trace", "workload": workload, "seed": int(seed),
+             "steps": 2 * window, "warmup_steps": window, "measured_steps": window,
+             "scale": "every MoE layer" if layers is None else f"first {layers} MoE layers"}
+    record = {"card": card.name, "card_sha256": card_sha256(values), "card_values": values, "command": command,
+              "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "kit_commit": commit, "trace": trace, "candidates": [int(k) for k in candidates]}
+    same = _same_inputs(record, models, reuse_from)
+    if same is not None:  # another card with every value equal (e.g. two names for one set-up): its cases
+        return {**record, "cases": [c for m in models for c in same["cases"] if c["model"] == m],
+                "cases_from": {k: same[k] for k in ("card", "command", "date_utc", "kit_commit")}}
+    cases = [ReplanCase(card.path, m, workload, int(seed), tuple(candidates), layers) for m in models]
+    return {**record, "cases": map_in_order(record_case, cases, workers, progress, desc=f"replan {card.name}")}
+
+
+def _same_inputs(record: dict, models, folder) -> dict | None:
+    """A record under `folder` (None: look nowhere) made from the same card values, trace and candidates as
+    `record` and holding every one of `models` (the first by file name), or None."""
+    if folder is None or not Path(folder).is_dir():
+        return None
+    for path in sorted(Path(folder).glob("*.json")):
+        other = load_replan_record(path.stem, folder)
+        if (other is not None and other["card"] != record["card"] and other["card_sha256"] == record["card_sha256"]
+                and other["trace"] == record["trace"] and other["candidates"] == record["candidates"]
+                and set(models) <= {c["model"] for c in other["cases"]} and "cases_from" not in other):
+            return other
+    return None
 
 
 def write_replan_record(record: dict, folder: str | os.PathLike = RECORD_DIR) -> Path:
@@ -258,7 +278,13 @@ class ReplanForm:
     """
 
     intervals: tuple[tuple[str, int], ...] = ()
-    source: str = "k = 1: no re-homing policy"
+    source: str = "no re-homing policy"
+
+    @classmethod
+    def at_one(cls, policies, why: str) -> "ReplanForm":
+        """Every re-homing policy of `policies` at k = 1 (the oracle form), `why` there is no chosen k."""
+        rehoming = tuple((p, 1) for p in dict.fromkeys(policies) if p in REHOMING_POLICIES)
+        return cls(rehoming, f"k = 1: {why}") if rehoming else cls()
 
     def interval(self, policy: str) -> int:
         """The policy's k; 0 for a policy that does not re-home experts."""
@@ -302,7 +328,7 @@ def replan_form(card: SetupCard, model: str, ep: int, policies, folder: str | os
         return ReplanForm()
 
     def at_one(why: str) -> ReplanForm:
-        return ReplanForm(tuple((p, 1) for p in rehoming), f"k = 1: {why}")
+        return ReplanForm.at_one(rehoming, why)
 
     if Path(card.path).resolve().parent != CARD_DIR.resolve():
         return at_one(f"card {card.path} is not under data/setups/, so no record holds its k")
@@ -339,3 +365,38 @@ def record_table(record: dict) -> pd.DataFrame:
                          "megatron_tokens_per_s": megatron, "speedup_vs_megatron": float(best["tokens_per_s"]) / megatron,
                          "migration_s": float(best["migration_s"]), "experts_moved": float(best["experts_moved"])})
     return pd.DataFrame(rows)
+
+
+def record_lines(card: SetupCard, folder: str | os.PathLike = RECORD_DIR) -> list[str]:
+    """`relibra setup show`'s lines on the card's re-plan intervals: where the record is and what it was made
+    from, then per (model, policy) the chosen k, tokens/s at every candidate and, at k, the speed-up over
+    Megatron, migration seconds and experts moved per step; or why there is no current record."""
+    from relibra.setups import CARD_DIR
+
+    if Path(card.path).resolve().parent != CARD_DIR.resolve():
+        return [f"re-plan interval: no record for a card outside data/setups/: re-homing policies run at k = 1"]
+    record = load_replan_record(card.name, folder)
+    if record is None:
+        return [f"re-plan interval: no record {_shown(record_path(card.name, folder))}; run `relibra replan --setup {card.name}`"]
+    stale = stale_entries(record, card_values(card))
+    if stale:
+        return [f"re-plan interval: {_shown(record_path(card.name, folder))} was made from other values (entries "
+                f"{', '.join(stale)}); run `relibra replan --setup {card.name}`"]
+    t = record["trace"]
+    lines = [f"re-plan interval k of the re-homing policies, used by the headline and the map "
+             f"({_shown(record_path(card.name, folder))}: "
+             f"`{record['command']}`, {record['date_utc']}, kit {record['kit_commit']}; {t['workload']}, seed "
+             f"{t['seed']}, {t['measured_steps']} steps after {t['warmup_steps']} of warm-up, {t['scale']}):"]
+    for _, r in record_table(record).iterrows():
+        at = ", ".join(f"{r[f'tokens_per_s_k{c}']:,.0f}" for c in record["candidates"])
+        lines.append(f"  {r['model']} EP {r['ep']} {r['policy']}: k = {r['k']} (tokens/s at k = "
+                     f"{', '.join(map(str, record['candidates']))}: {at}; Megatron {r['megatron_tokens_per_s']:,.0f}); "
+                     f"at k: {r['speedup_vs_megatron']:.3f}x Megatron, migration {r['migration_s']:.3f} s and "
+                     f"{r['experts_moved']:,.0f} experts moved per step")
+    return lines
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the kit's folder where it is inside it (data/replan/<card>.json), else as it is."""
+    root = RECORD_DIR.parents[1]
+    return str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path)

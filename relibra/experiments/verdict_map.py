@@ -30,6 +30,7 @@ from relibra.analysis import microbatch_calibration, shift_stats
 from relibra.cluster import PAPER_MODELS, get_model
 from relibra.display import json_safe
 from relibra.errors import ConfigError
+from relibra.experiments.replan import ReplanForm, replan_form
 from relibra.labels import CLAIMS, PAPER_CLAIMS
 from relibra.pool import map_in_order
 from relibra.rl.capture import DEFAULT_RL_TRACE
@@ -212,13 +213,18 @@ def simulate_map_case(case: MapCase) -> dict:
     cfg = card.workload_config()
     if case.shift_value is not None:
         cfg = dataclasses.replace(cfg, **{field: case.shift_value})
-    trace = generate_trace(get_model(case.model), case.workload, case.ep, steps=case.spec.steps, seed=case.seed,
-                           micro_batches=card.micro_batches, config=cfg)
-    result = simulate(trace, card.topology(), list(MAP_POLICIES), steps=1, params=card.cost_params(case.ep),
-                      policy_params=card.policy_params(MAP_POLICIES), progress=False, workload=case.workload)
+    # EPLB+'s re-plan interval: a card point's from the card's record (relibra replan, whole cycles simulated)
+    form = (replan_form(card, case.model, case.ep, MAP_POLICIES) if case.kind == "card" else
+            ReplanForm.at_one(MAP_POLICIES, "a grid node, not a named card"))
+    trace = generate_trace(get_model(case.model), case.workload, case.ep, steps=form.trace_steps(case.spec.steps),
+                           seed=case.seed, micro_batches=card.micro_batches, config=cfg)
+    result = simulate(trace, card.topology(), list(MAP_POLICIES), steps=form.simulated_steps(trace),
+                      warmup=form.warmup, params=card.cost_params(case.ep),
+                      policy_params=form.policy_params(card.policy_params(MAP_POLICIES)), progress=False,
+                      workload=case.workload)
     s = result.summary.set_index("policy")
     tps = s["tokens_per_s"]
-    stats = shift_stats(trace.loads.sum(axis=3, dtype=np.int64))
+    stats = shift_stats(trace.loads[-case.spec.steps:].sum(axis=3, dtype=np.int64))  # the position: spec.steps
     budget = card.memory_budget(case.model, case.ep)
     row = {"kind": case.kind, "setup": card.name if case.kind == "card" else case.setup, "model": case.model,
            "workload": case.workload, "seed": case.seed, "ep": case.ep, "tokens": case.tokens, "shift_field": field,
@@ -230,7 +236,8 @@ def simulate_map_case(case: MapCase) -> dict:
            "mb_vs_step_corr": float(stats["mb_vs_step_corr"]), "mb_corr": float(stats["mb_corr"]),
            "relibra_over_megatron": float(tps["relibra"] / tps["megatron"]),
            "relibra_over_eplb_plus": float(tps["relibra"] / tps["eplb+"]),
-           "gap_to_balanced": float(1.0 - tps["relibra"] / tps["balanced"])}
+           "gap_to_balanced": float(1.0 - tps["relibra"] / tps["balanced"]),
+           "eplb_plus_replan_interval": form.interval("eplb+")}
     for p in MAP_POLICIES:
         row[f"tokens_per_s_{p}"] = float(tps[p])
         row[f"skewness_{p}"] = float(s.loc[p, "skewness"])
@@ -547,6 +554,8 @@ def card_points(result: MapResult) -> pd.DataFrame:
     if "memory_GB" in c:  # the busiest GPU over the card's cases (rows of simulate_map_case carry it)
         memory = c.groupby("setup")[["memory_GB", "hbm_GB"]].max()
         out = out.join(memory, on="setup")
+    if "eplb_plus_replan_interval" in c:  # EPLB+'s k over the card's cases (relibra replan's record)
+        out = out.join(c.groupby("setup")["eplb_plus_replan_interval"].max(), on="setup")
     return out.set_index("setup").loc[order].reset_index()
 
 
