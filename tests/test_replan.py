@@ -107,7 +107,7 @@ def test_every_shipped_card_has_a_current_record(capsys):
     out = capsys.readouterr().out
     assert all(f"{name}: current" in out for name in card_names())
     assert main(["replan"]) == 2
-    assert "give --setup CARD or --all" in capsys.readouterr().err
+    assert "give --setup CARD, --cards A,B,... or --all" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", card_names())

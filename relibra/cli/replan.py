@@ -17,12 +17,12 @@ def _replan(args) -> int:
 
     if args.check:
         return _check(args)
-    if args.all == (args.setup is not None):
-        raise ConfigError("give --setup CARD or --all (every card under data/setups/)")
+    if sum((args.all, args.setup is not None, args.cards is not None)) != 1:
+        raise ConfigError("give --setup CARD, --cards A,B,... or --all (every card under data/setups/)")
     from relibra.bench.records import kit_commit
 
     commit = kit_commit()  # the code this command runs: read before any file can change under it
-    names = card_names() if args.all else [args.setup]
+    names = card_names() if args.all else list(args.cards) if args.cards is not None else [args.setup]
     if args.models is not None and len(names) > 1:
         raise ConfigError("--models goes with one --setup card")
     for name in names:
@@ -100,6 +100,7 @@ def register(sub) -> None:
                                    "(relibra.experiments.replan).")
     shared = shared_options()
     add_flag(p, shared, "setup", default="none: give --setup or --all")
+    add_flag(p, shared, "cards", default="none: one after another, in the order given")
     p.add_argument("--all", action="store_true", help="every card under data/setups/, one after another")
     p.add_argument("--check", action="store_true",
                    help="simulate nothing: say whether every shipped card's record was made from the card as it "

@@ -11,6 +11,12 @@ made here, above the policies (a policy never consults the simulator):
 
 Every candidate is simulated on the same steps, a whole number of re-plan cycles of the longest
 candidate (replan_window), each started from the placement the policy would have had (warm-up).
+
+Each shipped card's choice is made once, at the card's scale, by `relibra replan` (replan_record), and
+kept in a record, data/replan/<card>.json, with what it was made from. A simulated case asks
+replan_form(card, model, ep, policies) for its ReplanForm: the record's k where the case is the card as
+written, k = 1 and why otherwise; the form says which steps to generate and simulate so that every k
+is charged over whole re-plan cycles. The headline, the map's card points and `relibra simulate` use it.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import pandas as pd
 
 from relibra.cluster import Topology
 from relibra.errors import ConfigError
-from relibra.setups import SetupCard
+from relibra.setups import CARD_DIR, SetupCard, load_card
 from relibra.sim import simulate
 from relibra.trace import RoutingTrace
 
@@ -157,7 +163,6 @@ def record_case(case: ReplanCase) -> dict:
     Returns {"model", "ep", "layers", "micro_batches", "chosen": {policy: k}, "rows": [one dict per (policy,
     replan_interval) of rehoming_at_best_interval]}."""
     from relibra.experiments.config import scaled_model
-    from relibra.setups import load_card
     from relibra.workloads import generate_trace
 
     card = load_card(case.card)
@@ -188,7 +193,6 @@ def replan_record(card: "str | SetupCard", models=None, workload: str = RECORD_W
     `cases_from` names that record."""
     from relibra.bench.records import kit_commit
     from relibra.pool import map_in_order
-    from relibra.setups import load_card
 
     card = load_card(card)
     commit = commit or kit_commit()
@@ -321,8 +325,6 @@ def replan_form(card: SetupCard, model: str, ep: int, policies, folder: str | os
     data/setups/, its values were changed in code (a budget sweep, other link rates: other inputs than the
     record's), or the record has no case for the model at that EP. ConfigError where a shipped card has no
     record, or its record was made from other values of the card (naming the entries and the command)."""
-    from relibra.setups import CARD_DIR, load_card
-
     rehoming = [p for p in dict.fromkeys(policies) if p in REHOMING_POLICIES]
     if not rehoming:
         return ReplanForm()
@@ -371,10 +373,8 @@ def record_lines(card: SetupCard, folder: str | os.PathLike = RECORD_DIR) -> lis
     """`relibra setup show`'s lines on the card's re-plan intervals: where the record is and what it was made
     from, then per (model, policy) the chosen k, tokens/s at every candidate and, at k, the speed-up over
     Megatron, migration seconds and experts moved per step; or why there is no current record."""
-    from relibra.setups import CARD_DIR
-
     if Path(card.path).resolve().parent != CARD_DIR.resolve():
-        return [f"re-plan interval: no record for a card outside data/setups/: re-homing policies run at k = 1"]
+        return ["re-plan interval: no record for a card outside data/setups/: re-homing policies run at k = 1"]
     record = load_replan_record(card.name, folder)
     if record is None:
         return [f"re-plan interval: no record {_shown(record_path(card.name, folder))}; run `relibra replan --setup {card.name}`"]
