@@ -138,5 +138,5 @@ def test_headline_path_at_the_recorded_k_is_at_least_megatron(name):
     chosen = next(c["chosen"] for c in load_replan_record(name)["cases"] if c["model"] == model and c["ep"] == ep)
     rehoming = rows.loc[list(REHOMING_POLICIES)]
     assert rehoming["replan_interval"].to_dict() == chosen
-    assert (rehoming["replan_source"] == str(RECORD_DIR / f"{name}.json")).all()
+    assert (rehoming["replan_source"] == f"data/replan/{name}.json").all()
     assert (rehoming["tokens_per_s"] >= rows.loc["megatron", "tokens_per_s"]).all(), rehoming

@@ -349,7 +349,7 @@ def replan_form(card: SetupCard, model: str, ep: int, policies, folder: str | os
     case = next((c for c in record["cases"] if c["model"] == model and c["ep"] == ep), None)
     if case is None:
         return at_one(f"{where.name} holds no case of {model} at EP {ep}")
-    return ReplanForm(tuple((p, int(case["chosen"].get(p, 1))) for p in rehoming), str(where))
+    return ReplanForm(tuple((p, int(case["chosen"].get(p, 1))) for p in rehoming), _shown(where))
 
 
 def record_table(record: dict) -> pd.DataFrame:
