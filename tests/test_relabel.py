@@ -148,6 +148,16 @@ def test_placement_stays_between_replans(name, relabel):
 
 
 @pytest.mark.parametrize("name", ["eplb", "eplb+", "eplb+lp", "lplb+"])
+def test_replan_phase_moves_the_replans(name):
+    trace = make_trace(4, ep=8, experts=32, layers=2, steps=8)
+    plans = get_policy(name, replan_interval=3, replan_phase=2).plan_steps(trace, range(1, 8), nodes_of(4), warmup=1)
+    moved = [step for step, plan in zip(range(1, 8), plans) if experts_moved(plan.prev_home, plan.home)]
+    assert moved == [2, 5]
+    with pytest.raises(ConfigError, match=r"replan_phase must be an integer in \[0, replan_interval = 3\), got 3"):
+        get_policy(name, replan_interval=3, replan_phase=3)
+
+
+@pytest.mark.parametrize("name", ["eplb", "eplb+", "eplb+lp", "lplb+"])
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])
 def test_replan_interval_is_checked(name, bad):
     with pytest.raises(ConfigError, match="replan_interval must be a positive number of steps"):

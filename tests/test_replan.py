@@ -13,9 +13,9 @@ from relibra.cli import main
 from relibra.errors import ConfigError
 from relibra.experiments.replan import (REHOMING_POLICIES, RECORD_DIR, ReplanForm, card_sha256, card_values,
                                         load_replan_record, record_table, replan_form, replan_record,
-                                        write_replan_record)
+                                        simulate_in_form, write_replan_record)
 from relibra.setups import card_names, load_card
-from conftest import make_trace  # tests/ is on sys.path under pytest
+from conftest import make_trace, nodes_of  # tests/ is on sys.path under pytest
 
 SMALL = dict(models=("qwen3-30b-a3b",), candidates=(1, 2), layers=2, workers=1, progress=False)
 
@@ -31,18 +31,42 @@ def small_records(tmp_path_factory):
     return folder, first, second
 
 
-def test_form_simulates_whole_cycles():
+def test_form_gives_each_rehoming_policy_its_k():
     form = ReplanForm((("eplb+", 4), ("lplb+", 2)), "record")
-    assert form.cycle == 4 and form.warmup == 4 and form.trace_steps(3) == 8 and form.trace_steps(20) == 20
-    assert form.simulated_steps(make_trace(0, ep=4, experts=8, steps=8)) == [4, 5, 6, 7]
-    assert form.simulated_steps(make_trace(0, ep=4, experts=8, steps=11)) == [4, 5, 6, 7]
+    assert form.longest == 4 and form.trace_steps(3) == 5 and form.trace_steps(20) == 20
     params = form.policy_params({"relibra": {"spare_slots_per_gpu": 2}, "eplb+": {"relabel": True}})
     assert params == {"relibra": {"spare_slots_per_gpu": 2}, "eplb+": {"relabel": True, "replan_interval": 4},
                       "lplb+": {"replan_interval": 2}}
     assert form.interval("eplb+") == 4 and form.interval("megatron") == 0
     one = ReplanForm.at_one(["megatron", "eplb+", "relibra"], "why")
-    assert one.intervals == (("eplb+", 1),) and one.cycle == 1 and one.simulated_steps(None) == 1
+    assert one.intervals == (("eplb+", 1),) and one.longest == 1 and one.trace_steps(3) == 3
     assert one.source == "k = 1: why" and ReplanForm.at_one(["megatron"], "why").intervals == ()
+
+
+def test_a_step_at_k_is_the_mean_over_its_cycle_phases():
+    """simulate_in_form: a policy at k is simulated on the same step once per phase (one re-plan paying its
+    migration, k - 1 phases without), the others once; its tokens/s is all tokens over all seconds."""
+    from relibra.sim import simulate
+
+    trace, topo = make_trace(7, ep=8, experts=32, layers=2, steps=6), nodes_of(4)
+    form = ReplanForm((("eplb+", 4), ("lplb+", 1)), "test")
+    result = simulate_in_form(trace, topo, ["megatron", "eplb+", "lplb+"], form, steps=1, progress=False)
+    per_step = result.per_step
+    assert (per_step["step"] == 5).all()
+    assert per_step["policy"].value_counts().to_dict() == {"eplb+": 4, "megatron": 1, "lplb+": 1, "balanced": 1,
+                                                          "balanced-compute": 1}
+    mine = per_step[per_step["policy"] == "eplb+"]
+    assert (mine["migration_s"] > 0).sum() == 1 and (mine["experts_moved"] == 0).sum() == 3
+    row = result.summary.set_index("policy").loc["eplb+"]
+    assert row["tokens_per_s"] == pytest.approx(mine["tokens"].sum() / mine["step_s"].sum())
+    assert row["steps"] == 4
+    # the phase that re-plans at the step is the policy's own plan of that step from the cycle before
+    alone = simulate(trace, topo, ["eplb+"], steps=1, references=False, progress=False,
+                     policy_params={"eplb+": {"replan_interval": 4, "replan_phase": 1}})
+    assert alone.per_step["step_s"].iloc[0] == pytest.approx(float(mine.loc[mine["migration_s"] > 0, "step_s"].iloc[0]))
+    # at k = 1 the form is plain simulate
+    one = simulate_in_form(trace, topo, ["megatron", "eplb+"], ReplanForm.at_one(["eplb+"], "x"), progress=False)
+    assert one.per_step["policy"].value_counts()["eplb+"] == 1
 
 
 def test_record_holds_its_provenance_and_table(small_records):
@@ -127,8 +151,8 @@ def test_recorded_k_is_at_least_megatron_and_migration_is_what_slows_a_replan(na
 @pytest.mark.parametrize("name", card_names())
 def test_headline_path_at_the_recorded_k_is_at_least_megatron(name):
     """The headline's own case (simulate_case) on every card's cluster, batch and EP at 2 layers (one per pipeline
-    stage where the card has more): each re-homing policy runs at its record's k over whole re-plan cycles and is
-    at least as fast as Megatron on the same steps."""
+    stage where the card has more): each re-homing policy runs at its record's k, averaged over its cycle's
+    phases, and is at least as fast as Megatron on the same step."""
     from relibra.experiments.headline import Case, simulate_case
 
     card = load_card(name)

@@ -15,7 +15,7 @@ def _simulate(args) -> int:
     from relibra.trace import RoutingTrace
 
     from relibra.cli import policy_list
-    from relibra.experiments.replan import ReplanForm, replan_form
+    from relibra.experiments.replan import ReplanForm, replan_form, simulate_in_form
     from relibra.sim import BALANCED_COMPUTE
 
     policies = policy_list(args.policies, extra=(BALANCED_COMPUTE,))  # every name, before any work
@@ -36,7 +36,6 @@ def _simulate(args) -> int:
             steps = args.steps
         workload = args.workload or str(trace.provenance.get("workload", ""))
         form = ReplanForm.at_one(policies, "a recorded trace")
-        warmup = 1
     else:
         from relibra.workloads import generate_trace
 
@@ -46,11 +45,12 @@ def _simulate(args) -> int:
         if args.cluster is None:
             card.check_ep(args.ep)
         topology.ep_layout(args.ep)
-        # the re-homing policies re-plan every k steps, k from the card's record (relibra replan): whole cycles
+        # the re-homing policies re-plan every k steps, k from the card's record (relibra replan), each simulated
+        # step averaged over the k phases of the cycle (its previous re-plan inside the trace)
         form = (replan_form(card, args.model, args.ep, policies) if args.cluster is None else
                 ReplanForm.at_one(policies, "another cluster than the card's"))
-        steps, history, warmup = _cycle_steps(form.cycle, args.steps, args.warmup_steps)
-        trace = generate_trace(args.model, args.workload, args.ep, steps=history + steps,
+        steps = DEFAULT_STEPS if args.steps is None else args.steps
+        trace = generate_trace(args.model, args.workload, args.ep, steps=max(args.warmup_steps, form.longest) + steps,
                                seed=args.seed,
                                micro_batches=card.micro_batches if args.micro_batches is None else args.micro_batches,
                                tokens_per_rank=args.tokens_per_rank, progress=not args.json,
@@ -59,13 +59,11 @@ def _simulate(args) -> int:
     if args.cluster is None:
         card.check_ep(trace.ep)
     topology.ep_layout(trace.ep)  # a clear error for a bad (cluster, EP) combination
-    from relibra.sim import simulate
-
     params = card.cost_params(trace.ep, seq_len=args.seq_len, route=args.route,
                               dedup=None if args.dedup is None else args.dedup == "on",
                               **({} if args.replica_buffer is None else {"replica_buffer": args.replica_buffer}))
-    result = simulate(trace, topology, policies, steps=steps, params=params, workload=workload, warmup=warmup,
-                      policy_params=form.policy_params(card.policy_params(policies)), progress=not args.json)
+    result = simulate_in_form(trace, topology, policies, form, steps=steps, params=params, workload=workload,
+                              policy_params=card.policy_params(policies), progress=not args.json)
     result.summary.insert(1, "replan_interval", [form.interval(p) for p in result.summary["policy"]])
     rows = result.summary.to_dict(orient="records")
     if args.json:
@@ -79,29 +77,14 @@ def _simulate(args) -> int:
           f"({topology.num_nodes} x {topology.gpus_per_node} GPUs), steps {cfg['steps']}, "
           f"{cfg['micro_batches']} micro-batches of {cfg['tokens_per_microbatch']} tokens; simulated; re-homing "
           f"policies' re-plan interval k: {form.source}")
-    table = result.summary[["policy", "replan_interval", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced", "skewness",
-                            "step_s", "a2a_share", "bubble_share", "migration_share", "exposed_transfer_share",
+    table = result.summary[["policy", "replan_interval", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced",
+                            "skewness", "step_s", "a2a_share", "bubble_share", "migration_share", "exposed_transfer_share",
                             "replica_memory_share", "plan_s", "gap_to_bound"]].copy()
     for col in ("a2a_share", "bubble_share", "migration_share", "exposed_transfer_share", "replica_memory_share"):
         table[col] = (100 * table[col]).map(lambda v: f"{v:.2f}%")
     table["tokens_per_s"] = table["tokens_per_s"].map(lambda v: f"{v:,.0f}")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return 0
-
-
-def _cycle_steps(cycle: int, steps: int | None, warmup_steps: int) -> tuple[int, int, int]:
-    """(simulated steps, generated steps before them, steps planned before the first simulated one) of a
-    generated trace whose re-homing policies re-plan every `cycle` steps: whole cycles, so the first simulated
-    step is a re-plan and its placement the one the policy would have had (at cycle 1: --steps and
-    --warmup-steps as given, one step planned before)."""
-    from relibra.errors import ConfigError
-
-    if cycle == 1:
-        return (DEFAULT_STEPS if steps is None else steps), warmup_steps, 1
-    if steps is not None and steps % cycle:
-        raise ConfigError(f"--steps {steps}: the card's re-homing policies re-plan every {cycle} steps (relibra "
-                          f"replan's record); give a multiple of {cycle} so each pays its migration once per cycle")
-    return (steps or cycle), max(cycle, -(-warmup_steps // cycle) * cycle), cycle
 
 
 def _plain(value):

@@ -21,11 +21,10 @@ import pandas as pd
 from relibra.cluster import Topology, get_model
 from relibra.costs.memory import memory_budget
 from relibra.experiments.config import scaled_model
-from relibra.experiments.replan import ReplanForm, replan_form
+from relibra.experiments.replan import ReplanForm, replan_form, simulate_in_form
 from relibra.labels import CLAIMS
 from relibra.pool import map_in_order
 from relibra.setups import SetupCard, load_card
-from relibra.sim import simulate
 from relibra.trace import RoutingTrace
 from relibra.workloads import BATCH_LAYOUTS, generate_trace, mean_sequence_tokens
 
@@ -77,7 +76,7 @@ def simulate_case(case: Case) -> pd.DataFrame:
             scale = case.tokens_per_microbatch / mean_sequence_tokens(cfg, case.workload)
             cfg = dataclasses.replace(cfg, length_scale=scale)
     micro_batches = case.micro_batches or card.micro_batches
-    # the re-homing policies' re-plan interval: the card's record (relibra replan), whole cycles simulated
+    # the re-homing policies' re-plan interval: the card's record (relibra replan), averaged over its cycle
     form = (replan_form(card, case.model, case.ep, case.policies) if case.trace is None and case.topology is None
             else ReplanForm.at_one(case.policies, "a recorded trace or another cluster than the card's"))
     if case.topology is None:
@@ -98,10 +97,9 @@ def simulate_case(case: Case) -> pd.DataFrame:
         trace = case.trace
         layout, tokens = "trace", int(round(trace.tokens_per_microbatch / trace.ep))
         slot_tokens = trace.loads[-1, :, 0].sum(axis=-1) / trace.model.top_k  # [M, ep] tokens each rank sent
-    result = simulate(trace, topology, list(case.policies), steps=form.simulated_steps(trace), warmup=form.warmup,
-                      params=card.cost_params(case.ep), policy_params=form.policy_params(card.policy_params(case.policies)),
-                      progress=False, workload=case.workload,
-                      step_extras=lambda plan, cost: overhead_extras(plan, cost, trace.model, topology))
+    result = simulate_in_form(trace, topology, list(case.policies), form, steps=1, params=card.cost_params(case.ep),
+                              policy_params=card.policy_params(case.policies), progress=False, workload=case.workload,
+                              step_extras=lambda plan, cost: overhead_extras(plan, cost, trace.model, topology))
     extras = result.per_step.groupby("policy")[list(OVERHEAD_EXTRAS)].mean()
     # does the set-up fit: the full model's memory on the busiest GPU against the cluster's HBM
     # (relibra.costs.memory; a cut-down trace is budgeted as the whole model it stands for)

@@ -275,10 +275,10 @@ class ReplanForm:
 
     intervals: (policy, k) pairs of the re-homing policies simulated; source: the record's path, or why there
     is none and k = 1 (the oracle form: re-planned every step on the step's own loads).
-    The case simulates whole cycles of `cycle` steps (the intervals' least common multiple) for every policy,
-    so a k > 1 pays its migration once and its ageing placement k - 1 times in the figure: `trace_steps`
-    steps are generated and `simulated_steps` simulated after `warmup` planned ones. At cycle 1 that is the
-    headline's usual case: the last step simulated, one step of warm-up.
+    A policy at k > 1 is simulated on the case's own steps once per phase of its cycle (simulate_in_form): a
+    step re-planned (paying its migration) in one phase, placed 1 ... k - 1 steps before in the others, so
+    its figure is its cycle's mean on the same steps as every other policy's. The trace needs k steps before
+    the first simulated one: `trace_steps`.
     """
 
     intervals: tuple[tuple[str, int], ...] = ()
@@ -294,14 +294,6 @@ class ReplanForm:
         """The policy's k; 0 for a policy that does not re-home experts."""
         return dict(self.intervals).get(policy, 0)
 
-    @property
-    def cycle(self) -> int:
-        return math.lcm(*(k for _, k in self.intervals)) if self.intervals else 1
-
-    @property
-    def warmup(self) -> int:
-        return self.cycle
-
     def policy_params(self, params: dict) -> dict:
         """`params` ({policy: {param: value}}, e.g. SetupCard.policy_params) with each re-homing policy's
         replan_interval."""
@@ -310,13 +302,41 @@ class ReplanForm:
             out.setdefault(policy, {})["replan_interval"] = k
         return out
 
-    def trace_steps(self, steps: int) -> int:
-        """Steps to generate for a case of `steps` steps: at least two cycles (one of warm-up) when cycle > 1."""
-        return steps if self.cycle == 1 else max(steps, 2 * self.cycle)
+    @property
+    def longest(self) -> int:
+        """The largest k (0 without a re-homing policy): steps a trace needs before the first simulated one,
+        so that every phase's previous re-plan lies in it."""
+        return max((k for _, k in self.intervals), default=0)
 
-    def simulated_steps(self, trace: RoutingTrace) -> "int | list[int]":
-        """simulate's steps: the last step at cycle 1, else the trace's last whole cycle (replan_steps)."""
-        return 1 if self.cycle == 1 else replan_steps(trace, (self.cycle,))
+    def trace_steps(self, steps: int) -> int:
+        """Steps to generate for a case of `steps` steps whose last is simulated: at least longest + 1."""
+        return max(steps, self.longest + 1)
+
+
+def simulate_in_form(trace: RoutingTrace, topology: Topology, policies, form: ReplanForm, steps=1,
+                     policy_params: dict | None = None, **kwargs):
+    """relibra.sim.simulate of `policies` on `steps` with each re-homing policy at its form's k, as the mean over
+    the k phases of its re-plan cycle on those same steps: phase o re-plans at the steps equal to o modulo k
+    (replan_phase), so each simulated step is once the re-plan (its migration paid) and once each of the
+    k - 1 steps its placement ages; one step of warm-up before the first. The other policies, the references
+    and phase 0 run in one simulate call (so balanced-compute sees phase 0's plans), each further phase in one
+    of its own. Returns a SimResult whose per_step holds k rows per simulated step of a policy at k and whose
+    summary is relibra.sim.summarize over them (tokens/s: all tokens over all seconds). kwargs: simulate's."""
+    from relibra.sim import SimResult, summarize
+
+    params = form.policy_params(policy_params or {})
+    base = simulate(trace, topology, list(policies), steps=steps, policy_params=params, **kwargs)
+    extra = [simulate(trace, topology, [p], steps=steps, **{**kwargs, "references": False, "progress": False},
+                      policy_params={p: {**params[p], "replan_phase": phase}})
+             for p, k in form.intervals if p in policies for phase in range(1, k)]
+    if not extra:
+        return base
+    per_step = pd.concat([base.per_step, *(r.per_step for r in extra)], ignore_index=True)
+    frame = pd.concat([base.frame, *(r.frame for r in extra)], ignore_index=True)
+    costs = {name: [c for r in (base, *extra) for c in r.costs.get(name, [])] for name in base.costs}
+    order = list(base.summary["policy"])
+    return SimResult(frame=frame, summary=summarize(per_step, order=order), per_step=per_step,
+                     config={**base.config, "replan_intervals": dict(form.intervals)}, costs=costs)
 
 
 def replan_form(card: SetupCard, model: str, ep: int, policies, folder: str | os.PathLike = RECORD_DIR) -> ReplanForm:
@@ -364,7 +384,8 @@ def record_table(record: dict) -> pd.DataFrame:
             best = mine.loc[k]
             rows.append({"card": record["card"], "model": case["model"], "ep": case["ep"], "policy": policy, "k": k,
                          **{f"tokens_per_s_k{c}": float(mine.loc[c, "tokens_per_s"]) for c in mine.index},
-                         "megatron_tokens_per_s": megatron, "speedup_vs_megatron": float(best["tokens_per_s"]) / megatron,
+                         "megatron_tokens_per_s": megatron,
+                         "speedup_vs_megatron": float(best["tokens_per_s"]) / megatron,
                          "migration_s": float(best["migration_s"]), "experts_moved": float(best["experts_moved"])})
     return pd.DataFrame(rows)
 
@@ -377,7 +398,8 @@ def record_lines(card: SetupCard, folder: str | os.PathLike = RECORD_DIR) -> lis
         return ["re-plan interval: no record for a card outside data/setups/: re-homing policies run at k = 1"]
     record = load_replan_record(card.name, folder)
     if record is None:
-        return [f"re-plan interval: no record {_shown(record_path(card.name, folder))}; run `relibra replan --setup {card.name}`"]
+        return [f"re-plan interval: no record {_shown(record_path(card.name, folder))}; run "
+                f"`relibra replan --setup {card.name}`"]
     stale = stale_entries(record, card_values(card))
     if stale:
         return [f"re-plan interval: {_shown(record_path(card.name, folder))} was made from other values (entries "

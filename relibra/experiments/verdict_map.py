@@ -30,12 +30,11 @@ from relibra.analysis import microbatch_calibration, shift_stats
 from relibra.cluster import PAPER_MODELS, get_model
 from relibra.display import json_safe
 from relibra.errors import ConfigError
-from relibra.experiments.replan import ReplanForm, replan_form
+from relibra.experiments.replan import ReplanForm, replan_form, simulate_in_form
 from relibra.labels import CLAIMS, PAPER_CLAIMS
 from relibra.pool import map_in_order
 from relibra.rl.capture import DEFAULT_RL_TRACE
 from relibra.setups import DEFAULT_CARD, card_names, load_card
-from relibra.sim import simulate
 from relibra.trace import RoutingTrace
 from relibra.workloads import MICROBATCH_SHIFT_RANGE, WorkloadConfig, generate_trace
 
@@ -213,15 +212,13 @@ def simulate_map_case(case: MapCase) -> dict:
     cfg = card.workload_config()
     if case.shift_value is not None:
         cfg = dataclasses.replace(cfg, **{field: case.shift_value})
-    # EPLB+'s re-plan interval: a card point's from the card's record (relibra replan, whole cycles simulated)
+    # EPLB+'s re-plan interval: a card point's from the card's record (relibra replan), averaged over its cycle
     form = (replan_form(card, case.model, case.ep, MAP_POLICIES) if case.kind == "card" else
             ReplanForm.at_one(MAP_POLICIES, "a grid node, not a named card"))
     trace = generate_trace(get_model(case.model), case.workload, case.ep, steps=form.trace_steps(case.spec.steps),
                            seed=case.seed, micro_batches=card.micro_batches, config=cfg)
-    result = simulate(trace, card.topology(), list(MAP_POLICIES), steps=form.simulated_steps(trace),
-                      warmup=form.warmup, params=card.cost_params(case.ep),
-                      policy_params=form.policy_params(card.policy_params(MAP_POLICIES)), progress=False,
-                      workload=case.workload)
+    result = simulate_in_form(trace, card.topology(), MAP_POLICIES, form, params=card.cost_params(case.ep),
+                              policy_params=card.policy_params(MAP_POLICIES), progress=False, workload=case.workload)
     s = result.summary.set_index("policy")
     tps = s["tokens_per_s"]
     stats = shift_stats(trace.loads[-case.spec.steps:].sum(axis=3, dtype=np.int64))  # the position: spec.steps
