@@ -77,8 +77,9 @@ def simulate_case(case: Case) -> pd.DataFrame:
             cfg = dataclasses.replace(cfg, length_scale=scale)
     micro_batches = case.micro_batches or card.micro_batches
     # the re-homing policies' re-plan interval: the card's record (relibra replan), averaged over its cycle
-    form = (replan_form(card, case.model, case.ep, case.policies) if case.trace is None and case.topology is None
-            else ReplanForm.at_one(case.policies, "a recorded trace or another cluster than the card's"))
+    form = (replan_form(card, case.model, case.ep, case.policies)
+            if case.trace is None and case.topology is None and case.tokens_per_microbatch is None else
+            ReplanForm.at_one(case.policies, "a recorded trace, another cluster or another budget than the card's"))
     if case.topology is None:
         card.check_ep(case.ep)  # the case runs on the card's cluster
         topology = card.topology()

@@ -344,7 +344,8 @@ def replan_form(card: SetupCard, model: str, ep: int, policies, folder: str | os
     that (model, EP) for the card as written, else k = 1 with why in `source`: the card is not under
     data/setups/, its values were changed in code (a budget sweep, other link rates: other inputs than the
     record's), or the record has no case for the model at that EP. ConfigError where a shipped card has no
-    record, or its record was made from other values of the card (naming the entries and the command)."""
+    record, or the record's case for the model was made from other values of the card (naming the entries and
+    the command)."""
     rehoming = [p for p in dict.fromkeys(policies) if p in REHOMING_POLICIES]
     if not rehoming:
         return ReplanForm()
@@ -362,13 +363,13 @@ def replan_form(card: SetupCard, model: str, ep: int, policies, folder: str | os
     if record is None:
         raise ConfigError(f"{where}: missing; every card under data/setups/ has its re-plan intervals chosen: "
                           f"run `relibra replan --setup {card.name}`")
+    case = next((c for c in record["cases"] if c["model"] == model and c["ep"] == ep), None)
+    if case is None:
+        return at_one(f"{where.name} holds no case of {model} at EP {ep}")
     stale = stale_entries(record, values)
     if stale:
         raise ConfigError(f"{where} was made from other values of card {card.name} (entries {', '.join(stale)}); "
                           f"run `relibra replan --setup {card.name}` again")
-    case = next((c for c in record["cases"] if c["model"] == model and c["ep"] == ep), None)
-    if case is None:
-        return at_one(f"{where.name} holds no case of {model} at EP {ep}")
     return ReplanForm(tuple((p, int(case["chosen"].get(p, 1))) for p in rehoming), _shown(where))
 
 
