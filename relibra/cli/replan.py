@@ -70,7 +70,8 @@ def _check(args) -> int:
     for name in card_names():
         record = replan.load_replan_record(name, folder)
         if record is None:
-            print(f"{name}: no record ({replan.record_path(name, folder)}); run `relibra replan --setup {name}`")
+            where = replan.shown_path(replan.record_path(name, folder))
+            print(f"{name}: no record ({where}); run `relibra replan --setup {name}`")
             bad += 1
             continue
         stale = replan.stale_entries(record, replan.card_values(load_card(name)))

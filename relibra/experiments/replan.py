@@ -370,7 +370,7 @@ def replan_form(card: SetupCard, model: str, ep: int, policies, folder: str | os
     if stale:
         raise ConfigError(f"{where} was made from other values of card {card.name} (entries {', '.join(stale)}); "
                           f"run `relibra replan --setup {card.name}` again")
-    return ReplanForm(tuple((p, int(case["chosen"].get(p, 1))) for p in rehoming), _shown(where))
+    return ReplanForm(tuple((p, int(case["chosen"].get(p, 1))) for p in rehoming), shown_path(where))
 
 
 def record_table(record: dict) -> pd.DataFrame:
@@ -399,15 +399,15 @@ def record_lines(card: SetupCard, folder: str | os.PathLike = RECORD_DIR) -> lis
         return ["re-plan interval: no record for a card outside data/setups/: re-homing policies run at k = 1"]
     record = load_replan_record(card.name, folder)
     if record is None:
-        return [f"re-plan interval: no record {_shown(record_path(card.name, folder))}; run "
+        return [f"re-plan interval: no record {shown_path(record_path(card.name, folder))}; run "
                 f"`relibra replan --setup {card.name}`"]
     stale = stale_entries(record, card_values(card))
     if stale:
-        return [f"re-plan interval: {_shown(record_path(card.name, folder))} was made from other values (entries "
+        return [f"re-plan interval: {shown_path(record_path(card.name, folder))} was made from other values (entries "
                 f"{', '.join(stale)}); run `relibra replan --setup {card.name}`"]
     t = record["trace"]
     lines = [f"re-plan interval k of the re-homing policies, used by the headline and the map "
-             f"({_shown(record_path(card.name, folder))}: "
+             f"({shown_path(record_path(card.name, folder))}: "
              f"`{record['command']}`, {record['date_utc']}, kit {record['kit_commit']}; {t['workload']}, seed "
              f"{t['seed']}, {t['measured_steps']} steps after {t['warmup_steps']} of warm-up, {t['scale']}):"]
     for _, r in record_table(record).iterrows():
@@ -419,7 +419,7 @@ def record_lines(card: SetupCard, folder: str | os.PathLike = RECORD_DIR) -> lis
     return lines
 
 
-def _shown(path: Path) -> str:
+def shown_path(path: Path) -> str:
     """`path` relative to the kit's folder where it is inside it (data/replan/<card>.json), else as it is."""
     root = RECORD_DIR.parents[1]
     return str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path)
