@@ -125,6 +125,9 @@ def _show(args) -> int:
         for r in card.memory_sweep(b.model):
             print(f"  sweep {r['key']} = {r['value']}: {r['total_GB']:.1f} GB, "
                   + ("fits" if r["fits"] else "does NOT fit"))
+    from relibra.studies.replan import record_lines
+
+    print("\n" + "\n".join(record_lines(card)))
     return 0
 
 

@@ -15,6 +15,7 @@ def _simulate(args) -> int:
     from relibra.trace import RoutingTrace
 
     from relibra.cli import policy_list
+    from relibra.studies.replan import ReplanForm, replan_form, simulate_in_form
     from relibra.sim import BALANCED_COMPUTE
 
     policies = policy_list(args.policies, extra=(BALANCED_COMPUTE,))  # every name, before any work
@@ -34,6 +35,7 @@ def _simulate(args) -> int:
         else:
             steps = args.steps
         workload = args.workload or str(trace.provenance.get("workload", ""))
+        form = ReplanForm.at_one(policies, "a recorded trace")
     else:
         from relibra.workloads import generate_trace
 
@@ -43,8 +45,12 @@ def _simulate(args) -> int:
         if args.cluster is None:
             card.check_ep(args.ep)
         topology.ep_layout(args.ep)
+        # the re-homing policies re-plan every k steps, k from the card's record (relibra replan), each simulated
+        # step averaged over the k phases of the cycle (its previous re-plan inside the trace)
+        form = (replan_form(card, args.model, args.ep, policies) if args.cluster is None else
+                ReplanForm.at_one(policies, "another cluster than the card's"))
         steps = DEFAULT_STEPS if args.steps is None else args.steps
-        trace = generate_trace(args.model, args.workload, args.ep, steps=args.warmup_steps + steps,
+        trace = generate_trace(args.model, args.workload, args.ep, steps=max(args.warmup_steps, form.longest) + steps,
                                seed=args.seed,
                                micro_batches=card.micro_batches if args.micro_batches is None else args.micro_batches,
                                tokens_per_rank=args.tokens_per_rank, progress=not args.json,
@@ -53,15 +59,15 @@ def _simulate(args) -> int:
     if args.cluster is None:
         card.check_ep(trace.ep)
     topology.ep_layout(trace.ep)  # a clear error for a bad (cluster, EP) combination
-    from relibra.sim import simulate
-
     params = card.cost_params(trace.ep, seq_len=args.seq_len, route=args.route,
                               dedup=None if args.dedup is None else args.dedup == "on",
                               **({} if args.replica_buffer is None else {"replica_buffer": args.replica_buffer}))
-    result = simulate(trace, topology, policies, steps=steps, params=params, workload=workload,
-                      policy_params=card.policy_params(policies), progress=not args.json)
+    result = simulate_in_form(trace, topology, policies, form, steps=steps, params=params, workload=workload,
+                              policy_params=card.policy_params(policies), progress=not args.json)
+    result.summary.insert(1, "replan_interval", [form.interval(p) for p in result.summary["policy"]])
     rows = result.summary.to_dict(orient="records")
     if args.json:
+        result.config["replan_source"] = form.source
         clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()} for row in rows]
         print(json.dumps({"config": {k: v for k, v in result.config.items() if k != "topology"},
                           "results": clean}, indent=2, default=_plain))
@@ -69,9 +75,10 @@ def _simulate(args) -> int:
     cfg = result.config
     print(f"model {cfg['model']}, workload {cfg['workload'] or '-'}, EP {cfg['ep']}, cluster {cfg['cluster']} "
           f"({topology.num_nodes} x {topology.gpus_per_node} GPUs), steps {cfg['steps']}, "
-          f"{cfg['micro_batches']} micro-batches of {cfg['tokens_per_microbatch']} tokens; simulated")
-    table = result.summary[["policy", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced", "skewness",
-                            "step_s", "a2a_share", "bubble_share", "migration_share", "exposed_transfer_share",
+          f"{cfg['micro_batches']} micro-batches of {cfg['tokens_per_microbatch']} tokens; simulated; re-homing "
+          f"policies' re-plan interval k: {form.source}")
+    table = result.summary[["policy", "replan_interval", "tokens_per_s", "speedup_vs_megatron", "frac_of_balanced",
+                            "skewness", "step_s", "a2a_share", "bubble_share", "migration_share", "exposed_transfer_share",
                             "replica_memory_share", "plan_s", "gap_to_bound"]].copy()
     for col in ("a2a_share", "bubble_share", "migration_share", "exposed_transfer_share", "replica_memory_share"):
         table[col] = (100 * table[col]).map(lambda v: f"{v:.2f}%")

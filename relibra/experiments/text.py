@@ -101,7 +101,7 @@ def facts_table(facts: pd.DataFrame, index: str, columns: str, header: str = "")
 def _figure(group: pd.DataFrame) -> str:
     """One README row's figure: per `of` (named where the row has several), per fact its stats' values (the
     fact named where the row has several); a claim's region of the verdict map (stats of the grid,
-    relibra.experiments.verdict_map.claim_regions) reads as its verdict line (relibra.labels.verdict_line)."""
+    relibra.studies.claim_map.claim_regions) reads as its verdict line (relibra.labels.verdict_line)."""
     fact = group["fact"].iloc[0]
     if "of_nodes" in set(group["stat"]):
         grid = group[group["of"] == "the grid"]

@@ -365,6 +365,9 @@ class EplbPolicy(Policy):
     replan_interval: k, EPLB re-plans at steps that are multiples of k, from that step's prediction,
         and the placement (copies and homes) stays until the next re-plan; the tokens of each step
         are split over the copies it holds. 1 re-plans every step.
+    replan_phase: the re-plans fall on steps equal to replan_phase modulo k (0 <= phase < k; before
+        the first such step, step 0 placed): a simulation that averages a step over its cycle's phases
+        sets it.
     At step 0 there is no history: the prediction is uniform, so EPLB packs by index.
     """
 
@@ -374,6 +377,7 @@ class EplbPolicy(Policy):
     num_groups: int | None = None
     relabel: bool = True
     replan_interval: int = 1
+    replan_phase: int = 0
 
     def __post_init__(self):
         check_nonnegative_int(self.name, window=self.window, redundant_slots_per_gpu=self.redundant_slots_per_gpu,
@@ -382,7 +386,7 @@ class EplbPolicy(Policy):
             raise ConfigError(f"policy {self.name!r}: window must be at least 1 step, got {self.window}")
         if self.num_groups is not None and self.num_groups < 1:
             raise ConfigError(f"policy {self.name!r}: num_groups must be positive, got {self.num_groups}")
-        check_replan(self.name, self.relabel, self.replan_interval)
+        check_replan(self.name, self.relabel, self.replan_interval, self.replan_phase)
 
     def predicted_load(self, trace: RoutingTrace, step: int) -> np.ndarray:
         """float64 [layers, experts] tokens per expert EPLB is fed for `step`."""
@@ -395,7 +399,8 @@ class EplbPolicy(Policy):
                prev_home: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, str, int]:
         """(held [L, E, ep], home [L, E], replica_scope, slots_per_gpu) for `step`: EPLB run on the
         prediction of the step that last re-planned (replan_step), relabelled onto prev_home."""
-        return eplb_copies(self.predicted_load(trace, replan_step(step, self.replan_interval)), trace.ep,
+        placed = replan_step(step, self.replan_interval, self.replan_phase)
+        return eplb_copies(self.predicted_load(trace, placed), trace.ep,
                            gpus_per_node, self.redundant_slots_per_gpu, self.num_groups, prev_home, self.relabel)
 
     def _plan(self, trace: RoutingTrace, step: int, topology: Topology, gpus_per_node: int,
@@ -409,18 +414,24 @@ class EplbPolicy(Policy):
         return plan
 
 
-def replan_step(step: int, replan_interval: int) -> int:
-    """The step whose loads placed `step`: the last multiple of replan_interval at or before it."""
-    return step - step % replan_interval
+def replan_step(step: int, replan_interval: int, replan_phase: int = 0) -> int:
+    """The step whose loads placed `step`: the last step at or before it equal to replan_phase modulo
+    replan_interval (step 0 before the first one)."""
+    return max(0, step - (step - replan_phase) % replan_interval)
 
 
-def check_replan(policy: str, relabel, replan_interval) -> None:
-    """ConfigError unless relabel is a bool and replan_interval a positive integer."""
+def check_replan(policy: str, relabel, replan_interval, replan_phase: int = 0) -> None:
+    """ConfigError unless relabel is a bool, replan_interval a positive integer and replan_phase an integer in
+    [0, replan_interval)."""
     if not isinstance(relabel, (bool, np.bool_)):
         raise ConfigError(f"policy {policy!r}: relabel must be true or false, got {relabel!r}")
     if isinstance(replan_interval, bool) or not isinstance(replan_interval, (int, np.integer)) or replan_interval < 1:
         raise ConfigError(f"policy {policy!r}: replan_interval must be a positive number of steps, "
                           f"got {replan_interval!r}")
+    if (isinstance(replan_phase, bool) or not isinstance(replan_phase, (int, np.integer))
+            or not 0 <= replan_phase < replan_interval):
+        raise ConfigError(f"policy {policy!r}: replan_phase must be an integer in [0, replan_interval = "
+                          f"{replan_interval}), got {replan_phase!r}")
 
 
 @register

@@ -216,6 +216,7 @@ class LplbOraclePolicy(Policy):
         redundant copies are laid along the topology. False: EPLB's own GPU labels.
     replan_interval: k, steps 1-2 run at steps that are multiples of k, on that step's loads; the
         homes and copies stay until the next re-plan, and step 3 splits each step's own tokens.
+    replan_phase: the re-plans fall on steps equal to replan_phase modulo k, as eplb's.
     """
 
     name: ClassVar[str] = "lplb+"
@@ -223,10 +224,11 @@ class LplbOraclePolicy(Policy):
     topology: str = "auto"
     relabel: bool = True
     replan_interval: int = 1
+    replan_phase: int = 0
 
     def __post_init__(self):
         check_nonnegative_int(self.name, redundant_slots_per_gpu=self.redundant_slots_per_gpu)
-        check_replan(self.name, self.relabel, self.replan_interval)
+        check_replan(self.name, self.relabel, self.replan_interval, self.replan_phase)
         if self.topology not in TOPOLOGIES:
             raise ConfigError(f"policy {self.name!r}: topology must be one of {TOPOLOGIES}, got {self.topology!r}")
 
@@ -236,7 +238,8 @@ class LplbOraclePolicy(Policy):
         m, l, ep, e = loads.shape
         start, start_cpu = time.perf_counter(), time.process_time()
         r2o, group_size = lplb_r2o(ep, gpus_per_node, self.topology)
-        weight = trace.loads[replan_step(step, self.replan_interval)].sum(axis=(0, 2), dtype=np.int64)
+        placed = replan_step(step, self.replan_interval, self.replan_phase)
+        weight = trace.loads[placed].sum(axis=(0, 2), dtype=np.int64)
         home, by_load = lplb_reorder(weight.astype(np.float64), ep, ep // gpus_per_node, ep // group_size)
         if prev_home is not None and self.relabel:
             hierarchical = (ep // group_size) % (ep // gpus_per_node) == 0  # EPLB's policy split

@@ -93,12 +93,12 @@ class Case:
             cfg = dataclasses.replace(cfg, length_scale=scale)
         return dataclasses.replace(cfg, **dict(self.workload_changes)) if self.workload_changes else cfg
 
-    def make_trace(self, card: SetupCard, cfg: WorkloadConfig) -> RoutingTrace:
-        """The case's trace: the recorded one, or the generator's (`steps` steps of the model's first `layers`
-        layers, the case's micro-batches or the card's)."""
+    def make_trace(self, card: SetupCard, cfg: WorkloadConfig, steps: int | None = None) -> RoutingTrace:
+        """The case's trace: the recorded one, or the generator's (`steps` steps, default the case's, of the
+        model's first `layers` layers, the case's micro-batches or the card's)."""
         if self.trace is not None:
             return self.trace
-        return generate_trace(scaled_model(self.model, self.layers), self.workload, self.ep, steps=self.steps,
+        return generate_trace(scaled_model(self.model, self.layers), self.workload, self.ep, steps=steps or self.steps,
                               seed=self.seed, micro_batches=self.micro_batches or card.micro_batches, config=cfg)
 
 

@@ -35,9 +35,9 @@ from relibra.labels import PAPER_CLAIMS, verdict_line
 from relibra.rl.capture import DEFAULT_RL_TRACE
 from relibra.setup_schema import BOUNDS
 from relibra.setups import DEFAULT_CARD, card_names
-from relibra.sim import simulate
 from relibra.studies.case import Case, changed_card, run_cases
 from relibra.studies.params import Kind, Params, floats, integers, names, objects, param
+from relibra.studies.replan import ReplanForm, replan_form, simulate_in_form
 from relibra.trace import RoutingTrace
 from relibra.workloads import MICROBATCH_SHIFT_RANGE, WORKLOADS, WorkloadConfig
 
@@ -229,12 +229,15 @@ def simulate_map_case(case: Case, shift_field: str = "microbatch_shift") -> dict
     field = case.workload_changes[0][0] if case.workload_changes else shift_field
     card = case.card()
     cfg = case.workload_config(card)
-    trace = case.make_trace(card, cfg)
-    result = simulate(trace, card.topology(), list(MAP_POLICIES), steps=1, params=card.cost_params(case.ep),
-                      policy_params=card.policy_params(MAP_POLICIES), progress=False, workload=case.workload)
+    # EPLB+'s re-plan interval: a card point's from the card's record (relibra replan), averaged over its cycle
+    form = (replan_form(card, case.model, case.ep, MAP_POLICIES) if case.label == "card" else
+            ReplanForm.at_one(MAP_POLICIES, "a grid node, not a named card"))
+    trace = case.make_trace(card, cfg, steps=form.trace_steps(case.steps))
+    result = simulate_in_form(trace, card.topology(), MAP_POLICIES, form, params=card.cost_params(case.ep),
+                              policy_params=card.policy_params(MAP_POLICIES), progress=False, workload=case.workload)
     s = result.summary.set_index("policy")
     tps = s["tokens_per_s"]
-    stats = shift_stats(trace.loads.sum(axis=3, dtype=np.int64))
+    stats = shift_stats(trace.loads[-case.steps:].sum(axis=3, dtype=np.int64))  # the position: the case's steps
     budget = card.memory_budget(case.model, case.ep, result.per_step["busiest_expert_rows"].max())
     tokens = dict(case.card_changes)[NODE_TOKENS] if case.label == "grid" else None
     row = {"kind": case.label, "setup": card.name if case.label == "card" else case.setup, "model": case.model,
@@ -247,7 +250,8 @@ def simulate_map_case(case: Case, shift_field: str = "microbatch_shift") -> dict
            "mb_vs_step_corr": float(stats["mb_vs_step_corr"]), "mb_corr": float(stats["mb_corr"]),
            "relibra_over_megatron": float(tps["relibra"] / tps["megatron"]),
            "relibra_over_eplb_plus": float(tps["relibra"] / tps["eplb+"]),
-           "gap_to_balanced": float(1.0 - tps["relibra"] / tps["balanced"])}
+           "gap_to_balanced": float(1.0 - tps["relibra"] / tps["balanced"]),
+           "eplb_plus_replan_interval": form.interval("eplb+")}
     for p in MAP_POLICIES:
         row[f"tokens_per_s_{p}"] = float(tps[p])
         row[f"skewness_{p}"] = float(s.loc[p, "skewness"])
@@ -471,6 +475,8 @@ def card_points(result: MapResult) -> pd.DataFrame:
     if "memory_GB" in c:  # the busiest GPU over the card's cases (rows of simulate_map_case carry it)
         memory = c.groupby("setup")[["memory_GB", "hbm_GB"]].max()
         out = out.join(memory, on="setup")
+    if "eplb_plus_replan_interval" in c:  # EPLB+'s k over the card's cases (relibra replan's record)
+        out = out.join(c.groupby("setup")["eplb_plus_replan_interval"].max(), on="setup")
     return out.set_index("setup").loc[order].reset_index()
 
 

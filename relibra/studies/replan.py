@@ -11,17 +11,29 @@ made here, above the policies (a policy never consults the simulator):
 
 Every candidate is simulated on the same steps, a whole number of re-plan cycles of the longest
 candidate (replan_window), each started from the placement the policy would have had (warm-up).
+
+Each shipped card's choice is made once, at the card's scale, by `relibra replan` (replan_record), and
+kept in a record, data/replan/<card>.json, with what it was made from. A simulated case asks
+replan_form(card, model, ep, policies) for its ReplanForm: the record's k where the case is the card as
+written, k = 1 and why otherwise; the form says which steps to generate and simulate so that every k
+is charged over whole re-plan cycles. The headline, the map's card points and `relibra simulate` use it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import hashlib
+import json
 import math
+import os
+from pathlib import Path
 
 import pandas as pd
 
 from relibra.cluster import Topology
 from relibra.errors import ConfigError
-from relibra.setups import SetupCard
+from relibra.setups import CARD_DIR, SetupCard, load_card
 from relibra.sim import simulate
 from relibra.trace import RoutingTrace
 
@@ -106,3 +118,308 @@ def rehoming_at_best_interval(trace: RoutingTrace, topology: Topology, card: Set
     out["speedup_vs_megatron"] = out["tokens_per_s"] / megatron
     return out[["policy", "replan_interval", "best", "tokens_per_s", "speedup_vs_megatron", "step_s",
                 "migration_s", "experts_moved"]]
+
+
+# ---- the record: each named card's chosen k, made once at the card's scale and read by the headline and map --
+RECORD_DIR = Path(__file__).resolve().parents[2] / "data" / "replan"
+# The trace k is chosen on: the cards' sequence lengths are their recipes' math domain (DAPO-Math-17k), and one
+# seed; the record says both.
+RECORD_WORKLOAD = "math"
+RECORD_SEED = 0
+RECORD_FIELDS = ("card", "card_sha256", "card_values", "command", "date_utc", "kit_commit", "trace", "candidates",
+                 "cases")
+
+
+def card_values(card: SetupCard) -> dict:
+    """{entry key: value} of every entry of the card (its base's included): the inputs a record was made from."""
+    return {key: entry.value for key, entry in sorted(card.entries.items())}
+
+
+def card_sha256(values: dict) -> str:
+    """sha256 of card_values as canonical JSON: equal exactly when every entry's value is."""
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+
+
+def record_path(card_name: str, folder: str | os.PathLike = RECORD_DIR) -> Path:
+    """Where the record of the card called `card_name` lives: FOLDER/<card>.json."""
+    return Path(folder) / f"{card_name}.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplanCase:
+    """One (card, model) the chooser runs on: `card` a name or .toml path; layers None = every MoE layer."""
+
+    card: str
+    model: str
+    workload: str = RECORD_WORKLOAD
+    seed: int = RECORD_SEED
+    candidates: tuple[int, ...] = REPLAN_INTERVALS
+    layers: int | None = None
+
+
+def record_case(case: ReplanCase) -> dict:
+    """The chooser on one (card, model) at the card's EP, batch and cluster: a trace of 2 x replan_window steps
+    generated from the card, every re-homing policy at every candidate and Megatron on the same measured steps.
+    Returns {"model", "ep", "layers", "micro_batches", "chosen": {policy: k}, "rows": [one dict per (policy,
+    replan_interval) of rehoming_at_best_interval]}."""
+    from relibra.studies.case import scaled_model
+    from relibra.workloads import generate_trace
+
+    card = load_card(case.card)
+    ep = card.value("batch.expert_parallel")
+    trace = generate_trace(scaled_model(case.model, case.layers), case.workload, ep,
+                           steps=2 * replan_window(case.candidates), seed=case.seed, micro_batches=card.micro_batches,
+                           config=card.workload_config(), progress=False)
+    table = rehoming_at_best_interval(trace, card.topology(), card, references=("megatron",),
+                                      candidates=case.candidates)
+    chosen = table[table["best"] & table["policy"].isin(REHOMING_POLICIES)]
+    return {"model": case.model, "ep": int(ep), "layers": int(trace.num_layers),
+            "micro_batches": int(trace.num_microbatches),
+            "chosen": {p: int(k) for p, k in zip(chosen["policy"], chosen["replan_interval"])},
+            "rows": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+                     for row in table.to_dict("records")]}
+
+
+def replan_record(card: "str | SetupCard", models=None, workload: str = RECORD_WORKLOAD, seed: int = RECORD_SEED,
+                  candidates=REPLAN_INTERVALS, layers: int | None = None, workers: int | None = None,
+                  progress: bool = True, command: str = "", commit: str | None = None,
+                  reuse_from: str | os.PathLike | None = None) -> dict:
+    """The record of `card`: record_case on each of its models (`models`, else SetupCard.memory_models: the
+    card's published model or the map's three), in worker processes, with what it was made from (the card's
+    values and their sha256, the command, the UTC date, the kit's commit (`commit`, else the tree's now: a
+    command that runs several cards reads it once, at its start, before anything it imports can change), the
+    trace's workload, seed and steps). Where a record under `reuse_from` (a folder) was made from the very same
+    values, trace and candidates for another card, its cases are taken (deterministic: the same simulation) and
+    `cases_from` names that record."""
+    from relibra.bench.records import kit_commit
+    from relibra.pool import map_in_order
+
+    card = load_card(card)
+    commit = commit or kit_commit()
+    window = replan_window(candidates)
+    models = card.memory_models(models)
+    values = card_values(card)
+    trace = {"generator": "relibra.workloads.generate_trace", "workload": workload, "seed": int(seed),
+             "steps": 2 * window, "warmup_steps": window, "measured_steps": window,
+             "scale": "every MoE layer" if layers is None else f"first {layers} MoE layers"}
+    record = {"card": card.name, "card_sha256": card_sha256(values), "card_values": values, "command": command,
+              "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "kit_commit": commit, "trace": trace, "candidates": [int(k) for k in candidates]}
+    same = _same_inputs(record, models, reuse_from)
+    if same is not None:  # another card with every value equal (e.g. two names for one set-up): its cases
+        return {**record, "cases": [c for m in models for c in same["cases"] if c["model"] == m],
+                "cases_from": {k: same[k] for k in ("card", "command", "date_utc", "kit_commit")}}
+    cases = [ReplanCase(card.path, m, workload, int(seed), tuple(candidates), layers) for m in models]
+    return {**record, "cases": map_in_order(record_case, cases, workers, progress, desc=f"replan {card.name}")}
+
+
+def _same_inputs(record: dict, models, folder) -> dict | None:
+    """A record under `folder` (None: look nowhere) made from the same card values, trace and candidates as
+    `record` and holding every one of `models` (the first by file name), or None."""
+    if folder is None or not Path(folder).is_dir():
+        return None
+    for path in sorted(Path(folder).glob("*.json")):
+        other = load_replan_record(path.stem, folder)
+        if (other is not None and other["card"] != record["card"] and other["card_sha256"] == record["card_sha256"]
+                and other["trace"] == record["trace"] and other["candidates"] == record["candidates"]
+                and set(models) <= {c["model"] for c in other["cases"]} and "cases_from" not in other):
+            return other
+    return None
+
+
+def write_replan_record(record: dict, folder: str | os.PathLike = RECORD_DIR) -> Path:
+    """Write `record` to record_path(its card, folder), atomically (a temporary file renamed over it)."""
+    from relibra.paths import write_text
+
+    path = record_path(record["card"], folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(record, indent=1, allow_nan=False) + "\n")
+    return path
+
+
+def load_replan_record(card_name: str, folder: str | os.PathLike = RECORD_DIR) -> dict | None:
+    """The record of the card called `card_name` (None where there is none); ConfigError naming the file and the
+    command that rewrites it when it is not a record."""
+    path = record_path(card_name, folder)
+    if not path.is_file():
+        return None
+    again = f"run `relibra replan --setup {card_name}` again"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not a JSON record ({exc}); {again}") from None
+    missing = [k for k in RECORD_FIELDS if not isinstance(record, dict) or k not in record]
+    if missing:
+        raise ConfigError(f"{path}: no {', '.join(map(repr, missing))}; {again}")
+    for case in record["cases"]:
+        bad = {p: k for p, k in case.get("chosen", {}).items()
+               if p not in REHOMING_POLICIES or isinstance(k, bool) or not isinstance(k, int) or k < 1}
+        if bad or "model" not in case or "ep" not in case:
+            raise ConfigError(f"{path}: a case with a bad model, ep or chosen interval ({bad or case}); {again}")
+    return record
+
+
+def stale_entries(record: dict, values: dict) -> list[str]:
+    """The entry keys whose value differs between the record's card and `values` (card_values): empty when the
+    record was made from these inputs."""
+    if record["card_sha256"] == card_sha256(values):
+        return []
+    old = record["card_values"]
+    return sorted(k for k in set(old) | set(values) if old.get(k, None) != values.get(k, None)) or ["(the hash)"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplanForm:
+    """The form the re-homing policies of one simulated case run in: each one's re-plan interval and where
+    it comes from.
+
+    intervals: (policy, k) pairs of the re-homing policies simulated; source: the record's path, or why there
+    is none and k = 1 (the oracle form: re-planned every step on the step's own loads).
+    A policy at k > 1 is simulated on the case's own steps once per phase of its cycle (simulate_in_form): a
+    step re-planned (paying its migration) in one phase, placed 1 ... k - 1 steps before in the others, so
+    its figure is its cycle's mean on the same steps as every other policy's. The trace needs k steps before
+    the first simulated one: `trace_steps`.
+    """
+
+    intervals: tuple[tuple[str, int], ...] = ()
+    source: str = "no re-homing policy"
+
+    @classmethod
+    def at_one(cls, policies, why: str) -> "ReplanForm":
+        """Every re-homing policy of `policies` at k = 1 (the oracle form), `why` there is no chosen k."""
+        rehoming = tuple((p, 1) for p in dict.fromkeys(policies) if p in REHOMING_POLICIES)
+        return cls(rehoming, f"k = 1: {why}") if rehoming else cls()
+
+    def interval(self, policy: str) -> int:
+        """The policy's k; 0 for a policy that does not re-home experts."""
+        return dict(self.intervals).get(policy, 0)
+
+    def policy_params(self, params: dict) -> dict:
+        """`params` ({policy: {param: value}}, e.g. SetupCard.policy_params) with each re-homing policy's
+        replan_interval."""
+        out = {p: dict(v) for p, v in params.items()}
+        for policy, k in self.intervals:
+            out.setdefault(policy, {})["replan_interval"] = k
+        return out
+
+    @property
+    def longest(self) -> int:
+        """The largest k (0 without a re-homing policy): steps a trace needs before the first simulated one,
+        so that every phase's previous re-plan lies in it."""
+        return max((k for _, k in self.intervals), default=0)
+
+    def trace_steps(self, steps: int) -> int:
+        """Steps to generate for a case of `steps` steps whose last is simulated: at least longest + 1."""
+        return max(steps, self.longest + 1)
+
+
+def simulate_in_form(trace: RoutingTrace, topology: Topology, policies, form: ReplanForm, steps=1,
+                     policy_params: dict | None = None, **kwargs):
+    """relibra.sim.simulate of `policies` on `steps` with each re-homing policy at its form's k, as the mean over
+    the k phases of its re-plan cycle on those same steps: phase o re-plans at the steps equal to o modulo k
+    (replan_phase), so each simulated step is once the re-plan (its migration paid) and once each of the
+    k - 1 steps its placement ages; one step of warm-up before the first. The other policies, the references
+    and phase 0 run in one simulate call (so balanced-compute sees phase 0's plans), each further phase in one
+    of its own. Returns a SimResult whose per_step holds k rows per simulated step of a policy at k and whose
+    summary is relibra.sim.summarize over them (tokens/s: all tokens over all seconds). kwargs: simulate's."""
+    from relibra.sim import SimResult, summarize
+
+    params = form.policy_params(policy_params or {})
+    base = simulate(trace, topology, list(policies), steps=steps, policy_params=params, **kwargs)
+    extra = [simulate(trace, topology, [p], steps=steps, **{**kwargs, "references": False, "progress": False},
+                      policy_params={p: {**params[p], "replan_phase": phase}})
+             for p, k in form.intervals if p in policies for phase in range(1, k)]
+    if not extra:
+        return base
+    per_step = pd.concat([base.per_step, *(r.per_step for r in extra)], ignore_index=True)
+    frame = pd.concat([base.frame, *(r.frame for r in extra)], ignore_index=True)
+    costs = {name: [c for r in (base, *extra) for c in r.costs.get(name, [])] for name in base.costs}
+    order = list(base.summary["policy"])
+    return SimResult(frame=frame, summary=summarize(per_step, order=order), per_step=per_step,
+                     config={**base.config, "replan_intervals": dict(form.intervals)}, costs=costs)
+
+
+def replan_form(card: SetupCard, model: str, ep: int, policies, folder: str | os.PathLike = RECORD_DIR) -> ReplanForm:
+    """The ReplanForm of `policies` on `card` for `model` at EP `ep`: the record's chosen k where the record holds
+    that (model, EP) for the card as written, else k = 1 with why in `source`: the card is not under
+    data/setups/, its values were changed in code (a budget sweep, other link rates: other inputs than the
+    record's), or the record has no case for the model at that EP. ConfigError where a shipped card has no
+    record, or the record's case for the model was made from other values of the card (naming the entries and
+    the command)."""
+    rehoming = [p for p in dict.fromkeys(policies) if p in REHOMING_POLICIES]
+    if not rehoming:
+        return ReplanForm()
+
+    def at_one(why: str) -> ReplanForm:
+        return ReplanForm.at_one(rehoming, why)
+
+    if Path(card.path).resolve().parent != CARD_DIR.resolve():
+        return at_one(f"card {card.path} is not under data/setups/, so no record holds its k")
+    values = card_values(card)
+    if values != card_values(load_card(card.path)):
+        return at_one(f"card {card.name} with values changed in code, other inputs than its record's")
+    record = load_replan_record(card.name, folder)
+    where = record_path(card.name, folder)
+    if record is None:
+        raise ConfigError(f"{where}: missing; every card under data/setups/ has its re-plan intervals chosen: "
+                          f"run `relibra replan --setup {card.name}`")
+    case = next((c for c in record["cases"] if c["model"] == model and c["ep"] == ep), None)
+    if case is None:
+        return at_one(f"{where.name} holds no case of {model} at EP {ep}")
+    stale = stale_entries(record, values)
+    if stale:
+        raise ConfigError(f"{where} was made from other values of card {card.name} (entries {', '.join(stale)}); "
+                          f"run `relibra replan --setup {card.name}` again")
+    return ReplanForm(tuple((p, int(case["chosen"].get(p, 1))) for p in rehoming), shown_path(where))
+
+
+def record_table(record: dict) -> pd.DataFrame:
+    """One row per (model, re-homing policy) of a record: the chosen k, tokens/s at every candidate, and at the
+    chosen k the speed-up over Megatron, migration seconds and experts moved per step; Megatron's tokens/s."""
+    rows = []
+    for case in record["cases"]:
+        frame = pd.DataFrame(case["rows"])
+        megatron = float(frame.loc[frame["policy"] == "megatron", "tokens_per_s"].iloc[0])
+        for policy, k in case["chosen"].items():
+            mine = frame[frame["policy"] == policy].set_index("replan_interval")
+            best = mine.loc[k]
+            rows.append({"card": record["card"], "model": case["model"], "ep": case["ep"], "policy": policy, "k": k,
+                         **{f"tokens_per_s_k{c}": float(mine.loc[c, "tokens_per_s"]) for c in mine.index},
+                         "megatron_tokens_per_s": megatron,
+                         "speedup_vs_megatron": float(best["tokens_per_s"]) / megatron,
+                         "migration_s": float(best["migration_s"]), "experts_moved": float(best["experts_moved"])})
+    return pd.DataFrame(rows)
+
+
+def record_lines(card: SetupCard, folder: str | os.PathLike = RECORD_DIR) -> list[str]:
+    """`relibra setup show`'s lines on the card's re-plan intervals: where the record is and what it was made
+    from, then per (model, policy) the chosen k, tokens/s at every candidate and, at k, the speed-up over
+    Megatron, migration seconds and experts moved per step; or why there is no current record."""
+    if Path(card.path).resolve().parent != CARD_DIR.resolve():
+        return ["re-plan interval: no record for a card outside data/setups/: re-homing policies run at k = 1"]
+    record = load_replan_record(card.name, folder)
+    if record is None:
+        return [f"re-plan interval: no record {shown_path(record_path(card.name, folder))}; run "
+                f"`relibra replan --setup {card.name}`"]
+    stale = stale_entries(record, card_values(card))
+    if stale:
+        return [f"re-plan interval: {shown_path(record_path(card.name, folder))} was made from other values (entries "
+                f"{', '.join(stale)}); run `relibra replan --setup {card.name}`"]
+    t = record["trace"]
+    lines = [f"re-plan interval k of the re-homing policies, used by the headline and the map "
+             f"({shown_path(record_path(card.name, folder))}: "
+             f"`{record['command']}`, {record['date_utc']}, kit {record['kit_commit']}; {t['workload']}, seed "
+             f"{t['seed']}, {t['measured_steps']} steps after {t['warmup_steps']} of warm-up, {t['scale']}):"]
+    for _, r in record_table(record).iterrows():
+        at = ", ".join(f"{r[f'tokens_per_s_k{c}']:,.0f}" for c in record["candidates"])
+        lines.append(f"  {r['model']} EP {r['ep']} {r['policy']}: k = {r['k']} (tokens/s at k = "
+                     f"{', '.join(map(str, record['candidates']))}: {at}; Megatron {r['megatron_tokens_per_s']:,.0f}); "
+                     f"at k: {r['speedup_vs_megatron']:.3f}x Megatron, migration {r['migration_s']:.3f} s and "
+                     f"{r['experts_moved']:,.0f} experts moved per step")
+    return lines
+
+
+def shown_path(path: Path) -> str:
+    """`path` relative to the kit's folder where it is inside it (data/replan/<card>.json), else as it is."""
+    root = RECORD_DIR.parents[1]
+    return str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path)

@@ -22,9 +22,9 @@ from relibra.cluster import Topology, get_model
 from relibra.costs.memory import memory_budget
 from relibra.labels import CLAIMS
 from relibra.setups import load_card
-from relibra.sim import simulate
 from relibra.studies.case import Case
 from relibra.studies.case import run_cases as case_runner
+from relibra.studies.replan import ReplanForm, replan_form, simulate_in_form
 from relibra.trace import RoutingTrace
 from relibra.workloads import BATCH_LAYOUTS
 
@@ -45,6 +45,10 @@ def simulate_case(case: Case) -> pd.DataFrame:
     policy with the case's keys; the last step is simulated, the ones before are history."""
     card = case.card()
     cfg = case.workload_config(card)
+    # the re-homing policies' re-plan interval: the card's record (relibra replan), averaged over its cycle
+    form = (replan_form(card, case.model, case.ep, case.policies)
+            if case.trace is None and case.topology is None and case.tokens_per_microbatch is None else
+            ReplanForm.at_one(case.policies, "a recorded trace, another cluster or another budget than the card's"))
     if case.topology is None:
         card.check_ep(case.ep)  # the case runs on the card's cluster
         topology = card.topology()
@@ -52,7 +56,7 @@ def simulate_case(case: Case) -> pd.DataFrame:
         topology = case.topology.with_changes(**{k.removeprefix("cluster."): v for k, v in case.card_changes
                                                  if k.removeprefix("cluster.") in _TOPOLOGY_FIELDS})
         topology.ep_layout(case.ep)
-    trace = case.make_trace(card, cfg)
+    trace = case.make_trace(card, cfg, steps=form.trace_steps(case.steps))
     if case.trace is None:
         layout, tokens = cfg.batch_layout, case.tokens_per_microbatch or (
             card.tokens_per_ep_rank if cfg.batch_layout == "token-budget" else None)
@@ -60,9 +64,9 @@ def simulate_case(case: Case) -> pd.DataFrame:
     else:
         layout, tokens = "trace", int(round(trace.tokens_per_microbatch / trace.ep))
         slot_tokens = trace.loads[-1, :, 0].sum(axis=-1) / trace.model.top_k  # [M, ep] tokens each rank sent
-    result = simulate(trace, topology, list(case.policies), steps=1, params=card.cost_params(case.ep),
-                      policy_params=card.policy_params(case.policies), progress=False, workload=case.workload,
-                      step_extras=lambda plan, cost: overhead_extras(plan, cost, trace.model, topology))
+    result = simulate_in_form(trace, topology, list(case.policies), form, steps=1, params=card.cost_params(case.ep),
+                              policy_params=card.policy_params(case.policies), progress=False, workload=case.workload,
+                              step_extras=lambda plan, cost: overhead_extras(plan, cost, trace.model, topology))
     extras = result.per_step.groupby("policy")[list(OVERHEAD_EXTRAS)].mean()
     # does the set-up fit: the full model's memory on the busiest GPU against the cluster's HBM
     # (relibra.costs.memory; a cut-down trace is budgeted as the whole model it stands for)
@@ -70,6 +74,7 @@ def simulate_case(case: Case) -> pd.DataFrame:
     rows = float(result.per_step["busiest_expert_rows"].max())  # the busiest GPU of any policy's plans
     budget = memory_budget(full, dataclasses.replace(card.memory_layout(case.ep, rows), hbm_bytes=topology.hbm_bytes))
     return result.summary.join(extras, on="policy").assign(
+        replan_interval=[form.interval(p) for p in result.summary["policy"]], replan_source=form.source,
         feasible=bool(budget.fits), memory_GB=budget.total_bytes / 1e9, hbm_GB=budget.hbm_bytes / 1e9,
         expert_rows=budget.expert_rows,
         setup=card.name, model=case.model, workload=case.workload, seed=case.seed, ep=case.ep, layout=layout,

@@ -1,0 +1,116 @@
+"""`relibra replan`: choose each re-homing policy's re-plan interval k on a set-up card at the card's scale, print
+the table, and write the record (data/replan/<card>.json) whose k the headline and the map use for that card;
+--check says, without simulating, whether every shipped card's record was made from the card as it is."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from relibra.errors import ConfigError
+
+
+def _replan(args) -> int:
+    from relibra.experiments import replan
+    from relibra.setups import CARD_DIR, card_names, load_card
+
+    if args.check:
+        return _check(args)
+    if sum((args.all, args.setup is not None, args.cards is not None)) != 1:
+        raise ConfigError("give --setup CARD, --cards A,B,... or --all (every card under data/setups/)")
+    from relibra.bench.records import kit_commit
+
+    commit = kit_commit()  # the code this command runs: read before any file can change under it
+    names = card_names() if args.all else list(args.cards) if args.cards is not None else [args.setup]
+    if args.models is not None and len(names) > 1:
+        raise ConfigError("--models goes with one --setup card")
+    for name in names:
+        card = load_card(name)
+        if Path(card.path).resolve().parent != CARD_DIR.resolve() and args.out_dir is None and not args.no_write:
+            raise ConfigError(f"--setup {name}: a card outside data/setups/ has no record there (the headline and the "
+                              "map read records of the shipped cards only); give --out-dir or --no-write")
+        command = "relibra replan " + " ".join(
+            shlex.quote(a) for a in (["--setup", card.name] + ([] if args.models is None else
+                                                               ["--models", ",".join(args.models)])
+                                     + ([] if args.workload is None else ["--workload", args.workload])
+                                     + ([] if args.seed == replan.RECORD_SEED else ["--seed", str(args.seed)])))
+        record = replan.replan_record(card, args.models, args.workload or replan.RECORD_WORKLOAD, args.seed,
+                                      workers=args.workers, progress=not args.no_progress, command=command,
+                                      commit=commit, reuse_from=args.out_dir or replan.RECORD_DIR)
+        table = replan.record_table(record)
+        if "cases_from" in record:
+            print(f"{card.name}: every value equals card {record['cases_from']['card']}'s; its record's cases taken")
+        print(f"{card.name}: re-plan interval k chosen by each policy's own tokens/s; {record['trace']['workload']}, "
+              f"seed {record['trace']['seed']}, {record['trace']['measured_steps']} steps measured after "
+              f"{record['trace']['warmup_steps']} of warm-up, {record['trace']['scale']}")
+        print(_text(table))
+        if args.no_write:
+            continue
+        path = replan.write_replan_record(record, args.out_dir or replan.RECORD_DIR)
+        print(f"wrote {path}\n")
+    return 0
+
+
+def _text(table) -> str:
+    """The record table as text: tokens/s with thousands separators, the speed-up to 3 digits."""
+    t = table.drop(columns=["card"]).copy()
+    for col in [c for c in t if c.startswith("tokens_per_s") or c == "megatron_tokens_per_s"]:
+        t[col] = t[col].map(lambda v: f"{v:,.0f}")
+    return t.to_string(index=False, float_format=lambda v: f"{v:.3f}")
+
+
+def _check(args) -> int:
+    """Every shipped card's record exists and was made from its current values: 0, else 1 with one line each."""
+    from relibra.experiments import replan
+    from relibra.setups import card_names, load_card
+
+    folder = args.out_dir or replan.RECORD_DIR
+    bad = 0
+    for name in card_names():
+        record = replan.load_replan_record(name, folder)
+        if record is None:
+            where = replan.shown_path(replan.record_path(name, folder))
+            print(f"{name}: no record ({where}); run `relibra replan --setup {name}`")
+            bad += 1
+            continue
+        stale = replan.stale_entries(record, replan.card_values(load_card(name)))
+        if stale:
+            print(f"{name}: record made from other values (entries {', '.join(stale)}); run "
+                  f"`relibra replan --setup {name}`")
+            bad += 1
+        else:
+            chosen = "; ".join(f"{c['model']} EP {c['ep']}: " + ", ".join(f"{p} k={k}" for p, k in c["chosen"].items())
+                               for c in record["cases"])
+            print(f"{name}: current ({record['date_utc']}, {record['kit_commit']}): {chosen}")
+    print(f"{bad} card(s) need `relibra replan`" if bad else "every card's record is current", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def register(sub) -> None:
+    from relibra.cli.setup import shared_options
+    from relibra.experiments.base import add_flag
+
+    p = sub.add_parser("replan", allow_abbrev=False,
+                       help="choose the re-homing policies' re-plan interval per set-up card and record it",
+                       description="For every re-homing policy (eplb, eplb+, eplb+lp, lplb+), simulate re-planning "
+                                   "every k = 1, 2, 4, 8 steps on the card's cluster, batch and EP at full scale "
+                                   "(every MoE layer, 8 measured steps after 8 of warm-up, Megatron on the same "
+                                   "steps), keep the k of highest tokens/s, print the table, and write "
+                                   "data/replan/<card>.json: the k the headline and the map use for that card "
+                                   "(relibra.studies.replan).")
+    shared = shared_options()
+    add_flag(p, shared, "setup", default="none: give --setup or --all")
+    add_flag(p, shared, "cards", default="none: one after another, in the order given")
+    p.add_argument("--all", action="store_true", help="every card under data/setups/, one after another")
+    p.add_argument("--check", action="store_true",
+                   help="simulate nothing: say whether every shipped card's record was made from the card as it "
+                        "is (exit 1 if not)")
+    add_flag(p, shared, "models", default="the card's published model, else the map's three")
+    add_flag(p, shared, "workload", default="math (the cards' sequence lengths are their recipes' math domain)")
+    add_flag(p, shared, "seed")
+    add_flag(p, shared, "workers", default="one per core, at most one per model")
+    p.add_argument("--out-dir", default=None, help="folder of the records (default data/replan/)")
+    p.add_argument("--no-write", action="store_true", help="print the table only")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_replan, setup=None)
