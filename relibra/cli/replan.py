@@ -12,7 +12,7 @@ from relibra.errors import ConfigError
 
 
 def _replan(args) -> int:
-    from relibra.experiments import replan
+    from relibra.studies import replan
     from relibra.setups import CARD_DIR, card_names, load_card
 
     if args.check:
@@ -62,7 +62,7 @@ def _text(table) -> str:
 
 def _check(args) -> int:
     """Every shipped card's record exists and was made from its current values: 0, else 1 with one line each."""
-    from relibra.experiments import replan
+    from relibra.studies import replan
     from relibra.setups import card_names, load_card
 
     folder = args.out_dir or replan.RECORD_DIR
@@ -89,7 +89,7 @@ def _check(args) -> int:
 
 def register(sub) -> None:
     from relibra.cli.setup import shared_options
-    from relibra.experiments.base import add_flag
+    from relibra.studies.params import add_flag
 
     p = sub.add_parser("replan", allow_abbrev=False,
                        help="choose the re-homing policies' re-plan interval per set-up card and record it",
