@@ -50,7 +50,8 @@ browser_setup() {
 # (docker/Dockerfile.stable.vllm: pip install --no-deps); its other requirements (torch, packaging) are there.
 MCORE_RELEASES="0.15:0.15.3"
 MCORE_TESTS="tests/test_integration_spec.py tests/test_integration_replay.py tests/test_integration_docs.py
-tests/test_stack_replay.py tests/test_runtime.py tests/test_megatron_ddp.py"
+tests/test_stack_replay.py tests/test_runtime.py tests/test_megatron_ddp.py tests/test_grouped_experts.py
+tests/test_runtime_pipeline.py tests/test_runtime_recipes.py"
 mcore_setup() {
     local line=$1 version=""
     for pair in $MCORE_RELEASES; do [ "${pair%%:*}" = "$line" ] && version=${pair#*:}; done

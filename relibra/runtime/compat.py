@@ -42,6 +42,10 @@ Code paths that differ between releases, each named with the release that needs 
   0.16  `sharded_tensors_for_checkpoint`: make_sharded_tensors_for_checkpoint takes tp_group and
         dp_cp_group (0.15 reads parallel_state's); with `dp_cp_metadata`, the sharded-state metadata
         carries the latter on 0.16 only.
+  0.15  `expert_tp_checkpoint_view`: the experts' sharded state is TP-sharded by parallel_state's TP group,
+        which 0.15's own expert classes swap for the expert-TP group while they make it
+        (experts.expert_dist_ckpt_decorator); the kit's logical views take the same swap. 0.16 removed it:
+        its expert layers hand their expert-TP group to the sharding calls.
   0.16  `forward_backward_func`: get_forward_backward_func takes the pipeline size (0.15 reads
         parallel_state's).
   0.16  `provide_global_tp_group`: a layer given no TP group passes None through (0.15 asserts
@@ -321,13 +325,29 @@ def sharded_tensors_for_checkpoint(tensors: dict, prefix: str, axis_map: dict, o
     """megatron's make_sharded_tensors_for_checkpoint of `tensors` under `prefix`, TP-split along
     `axis_map`. 0.16 takes the TP and data x context-parallel groups as arguments (the latter from
     the metadata, dp_cp_metadata); 0.15 has neither argument and reads both groups from
-    parallel_state, which the runtime's megatron_grid (initialize_model_parallel) sets."""
+    parallel_state, which the runtime's megatron_grid (initialize_model_parallel) sets (for experts
+    the TP group there is the expert-TP one: expert_tp_checkpoint_view)."""
     from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
     if "dp_cp_group" in inspect.signature(make_sharded_tensors_for_checkpoint).parameters:
         return make_sharded_tensors_for_checkpoint(tensors, prefix, axis_map, offsets, tp_group=tp_group,
                                                    dp_cp_group=(metadata or {}).get("dp_cp_group"))
     return make_sharded_tensors_for_checkpoint(tensors, prefix, axis_map, offsets)
+
+
+def expert_tp_checkpoint_view(sharded_state_dict):
+    """An experts module's sharded_state_dict method, made under the expert-TP group.
+
+    0.15 (and the 0.16.0rc0 development builds): make_tp_sharded_tensor_for_checkpoint shards along
+    parallel_state's TP rank and size, which are the dense layers'; SequentialMLP and TEGroupedMLP wrap
+    their sharded_state_dict in experts.expert_dist_ckpt_decorator, which puts the expert-TP rank, size
+    and group there for the call. The method gets that same decorator, so with expert TP 1 under dense
+    TP 2 an expert weight stays whole rather than being labelled a TP half. 0.16 has no such decorator
+    (the expert-TP group is passed as tp_group): the method as it is."""
+    from megatron.core.transformer.moe import experts
+
+    swap_in_expert_tp = getattr(experts, "expert_dist_ckpt_decorator", None)
+    return sharded_state_dict if swap_in_expert_tp is None else swap_in_expert_tp(sharded_state_dict)
 
 
 def forward_backward_func(pp: int):

@@ -80,6 +80,7 @@ class OccupiedSequentialMLP(_LogicalSlots, SequentialMLP):
             return permuted_local_hidden_states[:0] * 0.0, None
         return torch.cat(outputs, dim=0), None
 
+    @compat.expert_tp_checkpoint_view
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
         """megatron's distributed-checkpoint view of the home slots under their LOGICAL expert ids
         (an axis of E experts), so a checkpoint loads into a stock SequentialMLP of the same E at any
@@ -128,6 +129,7 @@ class OccupiedGroupedMLP(_LogicalSlots, TEGroupedMLP):
                                   "(Transformer Engine's single_grouped_weight); ReLibra needs one parameter per "
                                   "expert (weight0 .. weightN-1): leave NVTE_GROUPED_LINEAR_SINGLE_PARAM unset")
 
+    @compat.expert_tp_checkpoint_view
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
         """megatron's distributed-checkpoint view of the home members under their LOGICAL expert ids,
         with SequentialMLP's sharded keys (as TEGroupedMLP's own view has them, so either layout loads
@@ -153,7 +155,7 @@ class OccupiedGroupedMLP(_LogicalSlots, TEGroupedMLP):
                     offsets = (*sharded_offsets, (len(sharded_offsets), int(expert), num_experts))
                 part = compat.sharded_tensors_for_checkpoint(
                     tensors, key_prefix, {"weight": tp_axis, "bias": 0} if tp_axis == 0 else {"weight": 1},
-                    offsets, getattr(self, "tp_group", None), metadata)  # 0.15: no tp_group (parallel_state's)
+                    offsets, getattr(self, "tp_group", None), metadata)  # 0.15: parallel_state's (expert TP there)
                 for key, sh in part.items():
                     if name == "linear_fc1" and self.config.gated_linear_unit:
                         sh = apply_swiglu_sharded_factory(sh, offsets, singleton)

@@ -265,6 +265,26 @@ def sharded_expert_tensors(model) -> dict[tuple, np.ndarray]:
             for t in nested_values(sharded) if isinstance(t, ShardedTensor) and ".experts." in t.key}
 
 
+def megatron_view_matches(model, moes) -> bool:
+    """Whether the model's sharded expert tensors (the kit's logical view) are, key for key, offset for
+    offset and value for value, those of megatron's own expert classes (each slot under megatron's static
+    label, the logical relabelling off). They must be under static placement (slot i of EP rank r holds
+    expert r * E / ep + i), on every rank: a TP rank other than 0 included. SequentialMLP experts only:
+    the host stand-in for Transformer Engine's GroupedLinear has no sharded view of its own, so
+    megatron's TEGroupedMLP view over it is not the one TE gives (the worker checks the grouped layout
+    against SequentialMLP's keys instead)."""
+    mine = sharded_expert_tensors(model)
+    placements = [moe.experts.placement for moe in moes]
+    try:
+        for moe in moes:
+            moe.experts.placement = None
+        megatrons = sharded_expert_tensors(model)
+    finally:
+        for moe, placement in zip(moes, placements):
+            moe.experts.placement = placement
+    return mine.keys() == megatrons.keys() and all(np.array_equal(mine[k], megatrons[k]) for k in mine)
+
+
 def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, model: str = "tiny", steps: int = 3,
                                 micro_batches: int = 2, tokens_per_rank: int = 16, replica_slots: int = 2,
                                 seed: int = 0, tp: int = 1, device: str = "cpu", pp: int = 1) -> dict:
@@ -276,7 +296,9 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
     static placement (Adam state is created), step 1 every expert migrates (weights, masters, Adam state)
     plus replicas, step 2 migrates again. Static: megatron's placement, no replica slots. Rank 0
     returns {set-up name: {"loss": max abs diff over steps, "param", "master", "exp_avg_sq", "dense":
-    max abs diff after the last step, "grad_norm": max abs diff}, "checks": {...}}. device: where the models
+    max abs diff after the last step, "grad_norm": max abs diff}, "checks": {...}}; the checks include the
+    static model's checkpoint view against megatron's own (megatron_view_matches, every rank) and one
+    expert-tensor layout for every set-up (grouped and sequential experts alike). device: where the models
     run ("cuda" under a "cpu:gloo,cuda:nccl" process group, scripts/device_check.py); figures stay on the host.
     pp: pipeline stages (megatron's 1F1B schedule); the EP group is then a stage's data-parallel group
     (EP = world / pp), each pipeline trains one source, and "dense" compares every stage's dense weights.
@@ -300,7 +322,9 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
     L, E = cfg.num_layers, cfg.num_experts
     homes = [static_placement(L, E, ep), reordered_home(L, E, ep, shift=1), reordered_home(L, E, ep, shift=3)]
     sources = slice(d_rank * ep, (d_rank + 1) * ep)
-    out, checks = {}, {"grid": f"EP {ep} x DP {dp}" if pp == 1 else f"PP {pp} x EP {ep}", "ep_groups_agree": True}
+    out, checks = {}, {"grid": f"EP {ep} x DP {dp}" if pp == 1 else f"PP {pp} x EP {ep}", "ep_groups_agree": True,
+                       "static view is megatron's": True, "every set-up checkpoints the same expert tensors": True}
+    checkpoint_layout = None  # {(sharded key, *global offset): shape} of the first set-up's static model
     for setup in setups:
         setup = MegatronSetup(**setup) if isinstance(setup, dict) else setup
         record = {}
@@ -348,6 +372,12 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
                 pushed = gather_arrays({(pgc.pp.rank(), *k): v for k, v in pushed.items()})
             record[kind]["logical_state_dict"] = pushed
             record[kind]["sharded_experts"] = gather_arrays(sharded_expert_tensors(trainer.model))
+            if kind == "static" and not setup.grouped_gemm:
+                checks["static view is megatron's"] &= megatron_view_matches(trainer.model, trainer.hook.slots.moes)
+            if kind == "static" and rank == 0:  # grouped and sequential experts: one checkpoint layout
+                layout = {k: v.shape for k, v in record[kind]["sharded_experts"].items()}
+                checkpoint_layout = checkpoint_layout or layout
+                checks["every set-up checkpoints the same expert tensors"] &= layout == checkpoint_layout
             # every DP replica holds the same experts: compare them across replicas too
             mine = trainer.logical_expert_state("param")
             flat = torch.tensor(np.concatenate([mine[k] for k in sorted(mine)]))
@@ -377,7 +407,8 @@ def megatron_equivalence_worker(rank: int, world: int, ep: int, setups: list, mo
 
             counter = standins.FUSED_GROUPED_WGRADS if setup.grouped_gemm else standins.FUSED_WGRAD_CALLS
             checks[f"{setup.name}: fused weight-gradient path ran on rank {rank}"] = counter[0] > 0
-    flag = torch.tensor([int(checks["ep_groups_agree"])])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    checks["ep_groups_agree"] = bool(flag.item())
+    for name in ("ep_groups_agree", "static view is megatron's"):  # every rank's verdict
+        flag = torch.tensor([int(checks[name])])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        checks[name] = bool(flag.item())
     return {"diffs": out, "checks": checks} if rank == 0 else {}
