@@ -49,3 +49,15 @@ def test_parameter_names_are_what_get_policy_takes():
     get_policy("relibra", spare_slots_per_gpu=2)
     with pytest.raises(ConfigError, match="unknown policy 'nope'; known: megatron"):
         parameter_names("nope")
+
+
+def test_no_command_module_shadows_a_builtin():
+    """relibra.cli imports every command module as an attribute of the package, so a module named like a
+    builtin (map, filter, ...) would hide that builtin inside relibra/cli/__init__.py."""
+    import builtins
+    import pkgutil
+
+    import relibra.cli
+
+    clash = [m.name for m in pkgutil.iter_modules(relibra.cli.__path__) if hasattr(builtins, m.name)]
+    assert clash == []

@@ -78,7 +78,7 @@ def test_map_tokens_and_notebook_tokens_share_every_hop_below_the_parser(monkeyp
 
 
 def test_grid_help_and_notebook_12_markdown_say_what_the_grids_are():
-    from relibra.cli.map import grid_text
+    from relibra.cli.claim_map import grid_text
     from relibra.studies.claim_map import default_grid, paper_grid
 
     assert grid_text(default_grid()) == ("2 step sizes x 3 budgets x 3 shift values x 3 models x mixed, math x "
