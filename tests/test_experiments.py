@@ -237,6 +237,10 @@ def test_claims_table_computes_each_ratio_once():
     assert v.loc["ReLibra / EPLB+ (oracle loads)", "best"] == pytest.approx(1.2)
     assert v.loc["gap to Balanced (1 - ReLibra / Balanced)", "cases"] == 2
     assert v.loc["gap to balanced-compute (1 - ReLibra / balanced-compute)", "paper"] == "-"
+    # a case that does not fit in memory is marked per case and enters no verdict figure
+    tight = pd.DataFrame(rows).assign(feasible=lambda d: d["model"] == "a")
+    assert case_ratios(tight)["feasible"].tolist() == [True, False]
+    assert verdict_table(tight).set_index("claim").loc["ReLibra / Megatron", "cases"] == 1
 
 
 def test_a_trace_file_replaces_the_synthetic_traces():

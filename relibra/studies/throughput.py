@@ -203,8 +203,13 @@ def claim_table(rows: pd.DataFrame, keys: list[str], claims=VERDICT_CLAIMS) -> p
 
 
 def case_ratios(grid: pd.DataFrame) -> pd.DataFrame:
-    """One row per (model, workload, seed) of a headline grid: every VERDICT_CLAIMS column."""
-    return claim_table(grid, ["model", "workload", "seed"])
+    """One row per (model, workload, seed) of a headline grid: every VERDICT_CLAIMS column, and `feasible`
+    (the case fits in memory) where the grid says."""
+    keys = ["model", "workload", "seed"]
+    table = claim_table(grid, keys)
+    if "feasible" in grid:
+        table = table.join(grid.groupby(keys)["feasible"].all(), on=keys)
+    return table
 
 
 def verdict_table(grid: pd.DataFrame) -> pd.DataFrame:

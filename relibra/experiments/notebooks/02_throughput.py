@@ -224,7 +224,11 @@ def story(s: Summary) -> str:
 def facts(r: Result, scale: str) -> list[Fact]:
     """Per claim of the verdict: the kit's mean and range over cases and seeds, its best case, the range over
     the alternatives; on the grid's caption and card."""
-    on = f"{r.caption.removeprefix('simulated on ')} (relibra setup show {r.setup})"
+    cases = r.case_ratios
+    fit = ("" if "feasible" not in cases or cases["feasible"].all() else
+           f"; {int(cases['feasible'].sum())} of {len(cases)} cases fit in memory and only they enter the figures "
+           f"({', '.join(sorted(set(cases.loc[~cases['feasible'].astype(bool), 'model'])))} does not fit on some)")
+    on = f"{r.caption.removeprefix('simulated on ')}{fit} (relibra setup show {r.setup})"
     out = []
     for v in summarize(r).verdicts:
         unit, show = CLAIMS[v.id].unit, dict(on=on, readme=v.claim)
