@@ -53,9 +53,12 @@ def _family(pid: int) -> tuple[set[int], dict]:
 
 def _start(out: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # started as from an interactive shell: a suite launched in the background (`cmd &`, nohup) runs with
+    # SIGINT ignored, which a child would inherit, and Ctrl-C is what these tests send
     return subprocess.Popen([sys.executable, "-m", "relibra", "reproduce", "--profile", "tiny", "--quiet",
                              "--out", str(out), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _until_pool(proc: subprocess.Popen, timeout_s: float = 240) -> set[int]:
