@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from relibra.cluster import Topology
+from relibra.cluster import PAPER_MODELS, Topology
 from relibra.costs.overheads import CARD_ENTRIES as OVERHEAD_ENTRIES, overheads_from_values
 from relibra.costs.params import CostParams
 from relibra.costs.pipeline import stage_layer_counts
@@ -275,7 +275,7 @@ class SetupCard:
             return tuple(models)
         if "model.name" in self.entries:
             return (self.value("model.name"),)
-        return ("qwen3-30b-a3b", "glm-4.5-air", "qwen3-235b-a22b")
+        return PAPER_MODELS
 
     def memory_budget(self, model: str | None = None, ep: int | None = None, expert_rows_per_gpu: float | None = None):
         """The busiest GPU's relibra.costs.memory.MemoryBudget for `model` (None: the card's model.name) at EP

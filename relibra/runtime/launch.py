@@ -35,9 +35,9 @@ import tempfile
 import threading
 import time
 
-import numpy as np
 from tqdm import tqdm
 
+from relibra.display import json_safe
 from relibra.errors import RelibraError
 from relibra.runtime import watchdog
 from relibra.runtime.quiet import quiet_known_warnings
@@ -60,14 +60,6 @@ def loopback_interface() -> str:
             return name
     raise RelibraError(f"no loopback network interface among {', '.join(names)}; the runtime listens on "
                        "loopback only")
-
-
-def _jsonable(x):
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    raise TypeError(f"rank 0's result holds a {type(x).__name__}, which JSON cannot carry")
 
 
 def _worker(rank: int, world_size: int, interface: str, threads: int, timeout_s: float, tmp: str, fn,
@@ -96,7 +88,7 @@ def _worker(rank: int, world_size: int, interface: str, threads: int, timeout_s:
             out = fn(rank, world_size, *args)
             if rank == 0:
                 with open(os.path.join(tmp, "result.json.tmp"), "w") as f:
-                    json.dump(out, f, default=_jsonable)
+                    json.dump(json_safe(out, strict=False), f)
                 os.replace(os.path.join(tmp, "result.json.tmp"), os.path.join(tmp, "result.json"))
         finally:
             if dist.is_initialized():
