@@ -1,6 +1,5 @@
-"""Figure of notebook 12: the verdict as a map over the simulated tokens per EP rank and the micro-batch vs step
-correlation of the generated trace, one row of panels per step size, the paper's claims as contours, each named
-set-up card and the calibration as labelled points; nodes and cards that do not fit in memory drawn as such."""
+"""Figure of notebook 12: the verdict as a map, one row of panels per step size, one panel per paper claim
+(verdict_map_plot)."""
 
 from __future__ import annotations
 
@@ -140,15 +139,14 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, calibration: dict
                     contour_labels.append((ax, cs, "paper " + fmt.format(level), np.concatenate([points, labels])))
                 elif not ok.any():
                     notes.append("no node of this step size fits in memory")
-                elif claim.is_gap and not lo <= level <= hi:
-                    side = "below" if hi < level else "above"
-                    notes.append(f"paper's {fmt.format(level)}: every feasible node is {side} it "
-                                 f"({fmt.format(lo)}-{fmt.format(hi)})")
-                elif not lo <= level <= hi:
-                    notes.append(f"paper's {fmt.format(level)}: reached at no feasible node (best {fmt.format(hi)})")
-                else:
+                elif lo <= level <= hi:
                     notes.append(f"paper's {fmt.format(level)}: crossed between feasible nodes (no contour drawn "
                                  "where nodes do not fit)")
+                else:
+                    notes.append(f"paper's {fmt.format(level)}: " + (
+                        f"every feasible node is {'below' if hi < level else 'above'} it ({fmt.format(lo)}-"
+                        f"{fmt.format(hi)})" if claim.is_gap else f"reached at no feasible node (best {fmt.format(hi)})"
+                    ))
             if calibration:
                 ax.axhline(calibration["mb_vs_step_corr"], color="0.25", lw=1.0, ls=":", zorder=2)
                 ax.text(xlim[1] / 1.05, calibration["mb_vs_step_corr"] - 0.004,
@@ -158,9 +156,9 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, calibration: dict
                 marker, color = CARD_MARKERS[i % len(CARD_MARKERS)], CARD_COLORS[i % len(CARD_COLORS)]
                 fits = bool(c["feasible"])
                 if ax is axes[0][0]:
-                    card_handles.append(Line2D([], [], marker=marker, color="none",
-                                               markerfacecolor=color if fits else "none", markeredgecolor="black"
-                                               if fits else color, markersize=9,
+                    card_handles.append(Line2D([], [], marker=marker, color="none", markersize=9,
+                                               markerfacecolor=color if fits else "none",
+                                               markeredgecolor="black" if fits else color,
                                                label=f"card {c['setup']}" + ("" if fits else " (does not fit)")))
                 if facet_of[i] != step:
                     continue
@@ -180,8 +178,8 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, calibration: dict
             # the notes go under the axis label, where no node's label can be (tight_layout makes room)
             ax.set_xlabel("\n".join(["tokens per EP rank per micro-batch (simulated mean, log scale)", *notes]))
             ax.set_ylabel("micro-batch vs step load correlation\n(generated trace)")
-            ax.set_title(f"{claim.verdict_label}\n{step} sequences per step ({per_rank:g} per rank): best over feasible cases",
-                         fontsize=10)
+            ax.set_title(f"{claim.verdict_label}\n{step} sequences per step ({per_rank:g} per rank): best over "
+                         "feasible cases", fontsize=10)
             tick_fmt = fmt if span_hi - span_lo > 0.05 else fmt.replace(".2f", ".3f").replace(".1%", ".2%")
             fig.colorbar(sc, ax=ax, shrink=0.8, pad=0.02, format=(lambda v, _, f=tick_fmt: f.format(v)))
     node = {"marker": "o", "color": "none", "markerfacecolor": "0.7", "markeredgecolor": "0.15", "markersize": 6}

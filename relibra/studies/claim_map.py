@@ -1,13 +1,8 @@
 """The verdict as a map: ReLibra / Megatron, ReLibra / EPLB+ and the gap to Balanced over the two inputs no
-source fixes, tokens per EP rank per micro-batch and the micro-batch shift of the routing, one facet per step
-size (sequences per step).
-
-A grid node is the setup card (token-budget) with its budget, step size and one WorkloadConfig field (ShiftAxis)
-moved; each named card is also a point, simulated as it says and placed at its trace's simulated tokens per EP
-rank and micro-batch vs step correlation. Every case is full scale, one trace of `steps` steps with its last
-simulated (as the headline), and carries its memory verdict (SetupCard.memory_budget): a case that does not fit
-in HBM enters no best, mean or worst of the map.
-"""
+source fixes, tokens per EP rank per micro-batch and the micro-batch shift, one facet per step size; each named
+card a point at its simulated position. Every case is full scale, its last of `steps` steps simulated (as the
+headline), and carries its memory verdict (SetupCard.memory_budget): a case that does not fit in HBM enters no
+best, mean or worst of the map."""
 
 from __future__ import annotations
 
@@ -39,7 +34,6 @@ from relibra.workloads import MICROBATCH_SHIFT_RANGE, WORKLOADS, WorkloadConfig
 # SHIFT_SENSITIVITY_END beyond it, labelled as such.
 SHIFT_SENSITIVITY_END = 0.7
 MAP_POLICIES = ("megatron", "eplb+", "relibra", "balanced")
-RATIO_FIELDS = tuple(c.id for c in PAPER_CLAIMS)  # the map's fields: a column of every case per paper claim
 
 
 @dataclass(frozen=True)
@@ -216,9 +210,7 @@ def simulate_map_case(case: Case, shift_field: str = "microbatch_shift") -> dict
            "sequences_per_rank": card.value("batch.global_batch_sequences") / card.token_ranks,
            "memory_GB": budget.total_bytes / 1e9, "hbm_GB": budget.hbm_bytes / 1e9, "feasible": bool(budget.fits),
            "mb_vs_step_corr": float(stats["mb_vs_step_corr"]), "mb_corr": float(stats["mb_corr"]),
-           "relibra_over_megatron": float(tps["relibra"] / tps["megatron"]),
-           "relibra_over_eplb_plus": float(tps["relibra"] / tps["eplb+"]),
-           "gap_to_balanced": float(1.0 - tps["relibra"] / tps["balanced"]),
+           **{c.id: float(c.of(tps)) for c in PAPER_CLAIMS},
            "eplb_plus_replan_interval": form.interval("eplb+")}
     for p in MAP_POLICIES:
         row[f"tokens_per_s_{p}"] = float(tps[p])
@@ -334,10 +326,9 @@ def claim_contours(result: MapResult, fields: pd.DataFrame | None = None) -> lis
 # ---- where the claims hold: facts per claim, then one line each -----------------------------------------
 def claim_regions(result: MapResult, fields: pd.DataFrame | None = None) -> list[dict]:
     """Per paper claim, facts over the feasible nodes (an infeasible one enters none): how many meet its
-    best-over-cases field (Claim.holds) and the verdict (holds at all / only where / does not hold); among
-    those that meet it the smallest tokens (budget, simulated) and the largest correlation, and the same over
-    the grid; the best value and its node; a gap also its worst value and the nodes inside / below the paper's
-    range."""
+    best-over-cases field (Claim.holds) and the verdict (holds at all / only where / does not hold); the best
+    value and its node; _extent of the nodes that meet it and (grid_...) of all; a gap also its worst value and
+    the nodes inside / below the paper's range."""
     fields = node_fields(result) if fields is None else fields
     fits = fields["feasible"].astype(bool)
     infeasible, fields = int((~fits).sum()), fields[fits]
@@ -352,24 +343,25 @@ def claim_regions(result: MapResult, fields: pd.DataFrame | None = None) -> list
             continue
         ok = fields[col].map(c.holds)
         best = fields.loc[fields[col].idxmin() if c.is_gap else fields[col].idxmax()]
-        held = fields[ok]
-        some = len(held) > 0
         region.update({"nodes": int(ok.sum()), "best": float(best[col]), "best_tokens": int(best["tokens"]),
                        "best_corr": float(best["mb_vs_step_corr"]),
                        "verdict": "holds" if ok.all() else "holds only where" if ok.any() else "does not hold",
-                       "min_tokens": int(held["tokens"].min()) if some else None,
-                       "max_corr": float(held["mb_vs_step_corr"].max()) if some else None,
-                       "grid_max_corr": float(fields["mb_vs_step_corr"].max()),
-                       "grid_min_tokens": int(fields["tokens"].min()),
                        "best_tokens_per_ep_rank": float(best["tokens_per_ep_rank"]),
                        "best_step_sequences": int(best["step_sequences"]),
-                       "min_tokens_per_ep_rank": float(held["tokens_per_ep_rank"].min()) if some else None,
-                       "grid_min_tokens_per_ep_rank": float(fields["tokens_per_ep_rank"].min())})
+                       **_extent(fields[ok]), **{f"grid_{k}": v for k, v in _extent(fields).items()}})
         if c.lower is not None:  # the paper's own range: nodes inside it, below it, and the worst gap
             region["inside_range_nodes"] = int(fields[col].map(c.inside_range).sum())
             region["below_range_nodes"] = int((fields[col] < c.lower).sum())
             region["worst"] = float(fields[f"{c.id}_worst"].max())
     return out
+
+
+def _extent(nodes: pd.DataFrame) -> dict:
+    """The smallest tokens per EP rank (budget, simulated) and the largest correlation of `nodes` (None: none)."""
+    if nodes.empty:
+        return dict.fromkeys(("min_tokens", "max_corr", "min_tokens_per_ep_rank"))
+    return {"min_tokens": int(nodes["tokens"].min()), "max_corr": float(nodes["mb_vs_step_corr"].max()),
+            "min_tokens_per_ep_rank": float(nodes["tokens_per_ep_rank"].min())}
 
 
 def card_hits(result: MapResult) -> list[dict]:
@@ -405,7 +397,7 @@ def merge_coincident(cards: pd.DataFrame) -> pd.DataFrame:
     cards that set the same batch) as one row, named together ("a = b")."""
     if cards.empty:
         return cards
-    cols = ["tokens_per_ep_rank", "mb_vs_step_corr", *(f"{f}_mean" for f in RATIO_FIELDS), "feasible"]
+    cols = ["tokens_per_ep_rank", "mb_vs_step_corr", *(f"{c.id}_mean" for c in PAPER_CLAIMS), "feasible"]
     key = cards[cols].round(3).astype(str).agg("|".join, axis=1)
     out = cards.groupby(key, sort=False).first()
     out["setup"] = cards.groupby(key, sort=False)["setup"].agg(" = ".join)

@@ -45,7 +45,8 @@ class Params(MapAxes):
     def scale_note(self, sizes: GridSpec) -> str:
         g = self.spec(sizes)
         cut = "; TOY GRID (tiny profile: the tiny model, EP 4, a 16-sequence batch)" if g.name == "tiny" else ""
-        return f"{g.name} grid: full scale (every MoE layer, every micro-batch of the card's batch), {g.describe()}{cut}"
+        return (f"{g.name} grid: full scale (every MoE layer, every micro-batch of the card's batch), "
+                f"{g.describe()}{cut}")
 
     def simulated_on(self) -> str:
         return "each set-up card's cluster"
