@@ -87,8 +87,8 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, calibration: dict
     """
     steps = [(s, float(nodes.loc[nodes["step_sequences"] == s, "sequences_per_rank"].mean()))
              for s in sorted(nodes["step_sequences"].unique())]
-    fig, axes = plt.subplots(len(steps), len(PANELS), figsize=(6.2 * len(PANELS), 5.6 * len(steps) + 0.8),
-                             squeeze=False)
+    height = 5.6 * len(steps) + 0.8
+    fig, axes = plt.subplots(len(steps), len(PANELS), figsize=(6.2 * len(PANELS), height), squeeze=False)
     facet_of = card_facets(cards, steps)
     card_xy = cards[["tokens_per_ep_rank", "mb_vs_step_corr"]].to_numpy(float) if len(cards) else np.empty((0, 2))
     all_x = np.concatenate([nodes["tokens_per_ep_rank"].to_numpy(float), card_xy[:, 0]])
@@ -120,7 +120,8 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, calibration: dict
             ax.scatter(xs[ok & beyond], ys[ok & beyond], c=z[ok & beyond], cmap=cmap, norm=norm, s=36,
                        edgecolors="0.15", linewidths=1.0, linestyles="--", zorder=3)
             ax.scatter(xs[~ok], ys[~ok], marker="X", s=70, c="0.75", edgecolors="0.3", hatch="////", zorder=3)
-            below = _labels_below(xs.ravel(), ys.ravel(), ylim, fig.get_figheight() * 72 * ax.get_position().height)
+            height_pt = fig.get_figheight() * 72 * ax.get_position().height
+            below = _labels_below(xs.ravel(), ys.ravel(), ylim, height_pt)
             for x, y, v, down in zip(xs.ravel(), ys.ravel(), z.ravel(), below):
                 # above the card markers (zorder 6), so that no card hides a node's label; below a node whose
                 # label would meet the label of the node above it
@@ -134,8 +135,7 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, calibration: dict
                     cs = ax.contour(xs, ys, z, levels=[level], colors="black", linewidths=2.0, linestyles="--",
                                     zorder=5)
                     points = np.concatenate([np.c_[xs.ravel(), ys.ravel()], card_xy[in_facet]])
-                    lift = 12 * (ylim[1] - ylim[0]) / (fig.get_figheight() * 72 * ax.get_position().height)
-                    labels = points + [0.0, lift]  # about where the nodes' labels sit, above their markers
+                    labels = points + [0.0, 12 * (ylim[1] - ylim[0]) / height_pt]  # about where the nodes' labels sit
                     contour_labels.append((ax, cs, "paper " + fmt.format(level), np.concatenate([points, labels])))
                 elif not ok.any():
                     notes.append("no node of this step size fits in memory")
@@ -199,7 +199,6 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, calibration: dict
            f"6-10% of Balanced) hold? Higher correlation = less micro-batch shift (an assumption, "
            f"{shift_range[0]:g}-{shift_range[1]:g} with sensitivity beyond)", subtitle)
     rows = (len(handles) + 2) // 3
-    height = 5.6 * len(steps) + 0.8
     fig.tight_layout(rect=(0, (0.35 + 0.25 * rows) / height, 1, 0.97))
     for ax, cs, text, points in contour_labels:
         _clear_clabel(ax, cs, text, points, ylim)
