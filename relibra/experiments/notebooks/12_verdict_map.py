@@ -126,8 +126,8 @@ class Summary:
 
 
 def summarize(r: Result) -> Summary:
-    own = r.cases[(r.cases["kind"] == "card") & r.cases["feasible"].astype(bool)]
-    g = r.cases[(r.cases["kind"] == "grid") & r.cases["feasible"].astype(bool)]
+    fits = r.cases[r.cases["feasible"].astype(bool)]
+    own, g = (fits[fits["kind"] == kind] for kind in ("card", "grid"))
     cards = merge_coincident(r.cards)
     if len(cards):
         cards = cards[cards["feasible"].astype(bool)].reset_index(drop=True)
