@@ -40,7 +40,7 @@
 # Every named card (`relibra setup list`) is simulated **as the card says** (its model where it
 # publishes one, its EP size and batch) and drawn at its simulated position. Every case is **full
 # scale** (every MoE layer, every micro-batch of the card's batch); the profile sets the grid: the
-# default (`laptop`) profile runs verdict_map's **default grid** (2 step sizes x 3 budgets x 3 shift values
+# default (`laptop`) profile runs claim_map's **default grid** (2 step sizes x 3 budgets x 3 shift values
 # x 3 models x mixed, math x seeds 0, 1, 2; card points at seed 0), `paper` and `gpu` its **whole grid**
 # (2 step sizes x 6 budgets x 6 shift values x 3 models x mixed, math x seeds 0, 1, 2; card points at seeds
 # 0, 1, 2), `tiny` a toy grid for the tests (the tiny model at EP 4, which says nothing about the paper). Every number is
@@ -83,9 +83,7 @@ result = run.compute()
 
 # %%
 subtitle = f"simulated (each set-up card's cluster) | {run.scale_note()}"
-inputs = ex.get_notebook("12_verdict_map").plot_inputs(result)
-fig = plots.verdict_map_plot(inputs["nodes"], inputs["cards"], inputs["claims"], inputs["calibration"], subtitle,
-                             grid_note=f"{result.grid['name']} grid", shift_range=inputs["shift_range"])
+fig = plots.verdict_map_plot(subtitle=subtitle, **ex.get_notebook("12_verdict_map").plot_inputs(result))
 run.save_figure(fig, "verdict_map", "Simulated ReLibra/Megatron, ReLibra/EPLB+ and gap to Balanced (best over "
                 f"cases per node) over tokens per EP rank and micro-batch vs step correlation, the paper's claims "
                 f"as contours, each named card as a point - {result.grid['name']} grid - {subtitle}")

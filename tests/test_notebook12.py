@@ -53,15 +53,15 @@ def test_summary_holds_each_cards_point_and_the_grids_best():
     r = _result()
     s = NB.summarize(r)
     cards = r.cases[r.cases["kind"] == "card"].set_index("setup")
-    assert [x.setup for x in s.cards] == ["a = b", "c"]  # a and b give the same point: one entry
-    for x in s.cards:  # one case per card: mean = best = worst = the case's own figure
-        case = cards.loc[x.setup.split(" = ")[0]]
-        assert x.over_megatron == (case["relibra_over_megatron"],) * 2
-        assert x.over_eplb_plus == (case["relibra_over_eplb_plus"],) * 2
-        assert x.gap == (case["gap_to_balanced"],) * 3 and x.cases == 1
-        assert (x.tokens_per_ep_rank, x.mb_vs_step_corr, x.micro_batches) == (
-            case["tokens_per_ep_rank"], case["mb_vs_step_corr"], case["micro_batches"])
-        assert x.tokens_per_s == (case["tokens_per_s_eplb+"], case["tokens_per_s_megatron"])
+    assert list(s.cards["setup"]) == ["a = b", "c"]  # a and b give the same point: one entry
+    for _, x in s.cards.iterrows():  # one case per card: mean = best = worst = the case's own figure
+        case = cards.loc[x["setup"].split(" = ")[0]]
+        for c in PAPER_CLAIMS:
+            assert x[f"{c.id}_mean"] == x[f"{c.id}_best"] == x[f"{c.id}_worst"] == case[c.id]
+        for key in ("tokens_per_ep_rank", "mb_vs_step_corr", "micro_batches", "tokens_per_s_eplb+",
+                    "tokens_per_s_megatron"):
+            assert x[key] == case[key]
+        assert x["cases"] == 1
     grid = r.cases[r.cases["kind"] == "grid"]  # one case per node: a node's best is its case
     top = grid.loc[grid["relibra_over_megatron"].idxmax()]
     meg = s.regions[0]  # the grid's best ReLibra / Megatron and its node, as Summary.why reads them
@@ -79,7 +79,8 @@ def test_summary_holds_each_cards_point_and_the_grids_best():
     assert [h["cards"] for h in r.hits] == [[("c", pytest.approx(1.65))], []]
     slow = r.cases.copy()
     slow.loc[slow["setup"] == "c", "tokens_per_s_eplb+"] = 50.0  # EPLB+ slower than Megatron at c's point
-    assert NB.summarize(NB.Result(**{**vars(r), "cases": slow})).cards[1].tokens_per_s == (50.0, 100.0)
+    slow_c = NB.summarize(NB.Result(**{**vars(r), "cases": slow})).cards.iloc[1]
+    assert (slow_c["tokens_per_s_eplb+"], slow_c["tokens_per_s_megatron"]) == (50.0, 100.0)
 
 
 def test_report_opens_with_one_line_per_claim_then_one_column_per_card():
@@ -116,7 +117,7 @@ def test_the_figure_draws_reached_claims_as_contours_without_warnings():
     r = _result()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # e.g. matplotlib's "no contour levels were found"
-        fig = plots.verdict_map_plot(r.nodes, merge_coincident(r.cards), PAPER_CLAIMS, r.calibration, "synthetic")
+        fig = plots.verdict_map_plot(r.nodes, merge_coincident(r.cards), r.calibration, "synthetic")
     axes = fig.axes
     texts = [t.get_text() for ax in axes for t in ax.texts]
     notes = [ax.get_xlabel() for ax in axes]  # a claim the grid does not reach is noted under the axis label
@@ -137,7 +138,7 @@ def test_the_figure_draws_a_node_that_does_not_fit_as_such():
     assert nodes.loc[nodes["tokens"] == 32768, "relibra_over_megatron_best"].isna().all()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fig = plots.verdict_map_plot(nodes, card_points(mr), PAPER_CLAIMS, r.calibration, "synthetic")
+        fig = plots.verdict_map_plot(nodes, card_points(mr), r.calibration, "synthetic")
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert sum(t == "does not fit" for t in texts) == 2 * 3  # two nodes, three panels
     assert not any(t == "paper 1.60x" for t in texts)  # 1.6x was reached only at the infeasible 32768 nodes

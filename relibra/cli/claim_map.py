@@ -1,9 +1,6 @@
 """`relibra map`: the verdict as a map over tokens per EP rank and micro-batch shift, printed as JSON; with
---overheads, the overheads table and EPLB+ at 0, 2 and 4 spare slots instead.
-
-The grid's axes are notebook 12's parameters, declared once (relibra.studies.claim_map.MapAxes): their flags are
-made from that declaration (relibra.studies.params.add_flag), and the values go through the same Params.create and
-MapAxes.spec as the notebook's."""
+--overheads, the overheads table and EPLB+ at 0, 2 and 4 spare slots instead. The grid's axes are notebook 12's
+parameters (relibra.studies.claim_map.MapAxes): the same declarations make the flags and parse the values."""
 
 from __future__ import annotations
 
@@ -14,10 +11,9 @@ from dataclasses import dataclass
 from relibra.cli.setup import shared_options
 from relibra.errors import ConfigError
 
-# the grid's axes as flags: (MapAxes field, flag)
-AXES = (("tokens", "--tokens"), ("shift", "--shift-values"), ("models", "--models"), ("workloads", "--workloads"),
-        ("seeds", "--seeds"), ("step_sequences", "--step-sequences"))
-OVERHEADS_TAKE = ("models", "workloads", "seeds", "ep", "setup", "indent", "no_progress")
+# the grid's axes: MapAxes field -> flag
+AXES = {"tokens": "--tokens", "shift": "--shift-values", "models": "--models", "workloads": "--workloads",
+        "seeds": "--seeds", "step_sequences": "--step-sequences"}
 
 
 @functools.cache
@@ -48,23 +44,21 @@ def grid_text(g) -> str:
 
 def _given(args, names) -> list[str]:
     """The flags among `names` (dests) given on the command line: away from their declared defaults."""
-    return ["--" + ("shift-values" if n == "shift" else n.replace("_", "-")) for n in names
-            if getattr(args, n) != args.flag_defaults[n]]
+    return [AXES.get(n, "--" + n.replace("_", "-")) for n in names if getattr(args, n) != args.flag_defaults[n]]
 
 
 def _map(args) -> int:
     if args.overheads:
         return _overheads(args)
-    wrong = _given(args, ("setup",))
-    if wrong:
-        raise ConfigError(f"{', '.join(wrong)} goes with --overheads only")
+    if _given(args, ("setup",)):
+        raise ConfigError("--setup goes with --overheads only")
     import dataclasses
 
     from relibra.display import json_text
     from relibra.studies.claim_map import GRIDS, MapAxes, map_json, run_map
 
     axes, grid = MapAxes.create("relibra map", lambda _: GRIDS[args.grid or "default"](),
-                                **{name: getattr(args, name) for name, _ in AXES})
+                                **{name: getattr(args, name) for name in AXES})
     spec = dataclasses.replace(axes.spec(grid), **{k: getattr(args, k) for k in ("cards", "ep")
                                                    if getattr(args, k) is not None})
     start = time.perf_counter()
@@ -75,7 +69,7 @@ def _map(args) -> int:
 
 
 def _overheads(args) -> int:
-    wrong = _given(args, [n for n in ("grid", "cards", "workers", *(a for a, _ in AXES)) if n not in OVERHEADS_TAKE])
+    wrong = _given(args, ("grid", "cards", "workers", "tokens", "shift", "step_sequences"))
     if wrong:
         raise ConfigError(f"--overheads takes none of {', '.join(wrong)} (it takes --models, --workloads (one), "
                           "--seeds, --ep and --setup)")
@@ -112,9 +106,9 @@ def register(sub) -> None:
                        allow_abbrev=False)
     own, shared = map_options(), shared_options()
     add_flag(p, own, "grid", default="; ".join(f"{k} ({grid_text(g())})" for k, g in GRIDS.items()))
-    for name, flag in AXES:
-        add_flag(p, MapAxes, name, flag, default="the --grid's; --overheads: " + {
-            "models": "the three paper models", "workloads": "mixed", "seeds": "0"}.get(name, "not taken"))
+    overheads = {"models": "the three paper models", "workloads": "mixed", "seeds": "0"}
+    for name, flag in AXES.items():
+        add_flag(p, MapAxes, name, flag, default="the --grid's; --overheads: " + overheads.get(name, "not taken"))
     add_flag(p, shared, "cards", default="every card under data/setups/, each a point")
     add_flag(p, shared, "ep", default="32; a card's point: its own batch.expert_parallel")
     add_flag(p, shared, "workers", default="one per core, at most one per case")

@@ -1,6 +1,5 @@
-"""Figure of notebook 12: the verdict as a map over the simulated tokens per EP rank and the micro-batch vs step
-correlation of the generated trace, one row of panels per step size, the paper's claims as contours, each named
-set-up card and the calibration as labelled points; nodes and cards that do not fit in memory drawn as such."""
+"""Figure of notebook 12: the verdict as a map, one row of panels per step size, one panel per paper claim
+(verdict_map_plot)."""
 
 from __future__ import annotations
 
@@ -12,10 +11,9 @@ from matplotlib.lines import Line2D
 from relibra.labels import PAPER_CLAIMS
 from relibra.plots.style import titled
 
-# (field of the node table, panel title, value format, colour map) per paper claim: the speed-ups rise to the
-# paper's claim (brighter is better), the gap falls to it.
-PANELS = tuple((c.id, c.verdict_label, "{:.1%}" if c.is_gap else "{:.2f}x", "viridis_r" if c.is_gap else "viridis")
-               for c in PAPER_CLAIMS)
+# (claim, value format, colour map) per panel: the speed-ups rise to the paper's claim (brighter is better), the
+# gap falls to it.
+PANELS = tuple((c, "{:.1%}" if c.is_gap else "{:.2f}x", "viridis_r" if c.is_gap else "viridis") for c in PAPER_CLAIMS)
 CARD_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "*")
 CARD_COLORS = ("#d62728", "#ff7f0e", "#e377c2", "#8c564b", "#17becf", "#bcbd22", "#7f7f7f", "#1f77b4")
 
@@ -35,10 +33,9 @@ def card_facets(cards: pd.DataFrame, steps) -> list:
 
 
 def _labels_below(x: np.ndarray, y: np.ndarray, ylim, height_pt: float, gap_pt: float = 20.0) -> list[bool]:
-    """Per node (x, y: [n]): put its label below its marker, because a node above it in about the same
-    column (within a third of a doubling of x) is closer than `gap_pt` points (an axes `height_pt` points
-    tall spanning `ylim`; 20 points: the label's offset, its height and the marker above), so two labels above
-    their markers would meet or cover a marker."""
+    """Per node (x, y: [n]): whether its label goes below its marker, as a node above it in about the same column
+    (a third of a doubling of x) is closer than `gap_pt` points (label offset, height and the marker above) on an
+    axes `height_pt` points tall spanning `ylim`."""
     per_pt = (ylim[1] - ylim[0]) / max(height_pt, 1.0)
     lx = np.log2(np.asarray(x, dtype=float))
     below = [False] * len(x)
@@ -76,25 +73,22 @@ def _clear_clabel(ax, cs, text: str, points: np.ndarray, ylim) -> None:
         cs.labelTexts.clear(), cs.labelCValues.clear(), cs.labelXYs.clear()
 
 
-def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibration: dict, subtitle: str,
+def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, calibration: dict, subtitle: str,
                      grid_note: str = "", shift_range=(0.0, 0.3)):
-    """One row of panels per step size of the grid (sequences per step), one panel per ratio (ReLibra /
-    Megatron, / EPLB+, gap to Balanced): the best-over-feasible-cases field of the facet's nodes (colour, with
-    each node's value written) over the simulated mean tokens per EP rank per micro-batch (log x) and the
-    micro-batch vs step load correlation of the generated trace (y, falling as the shift rises); nodes where no
-    case fits in memory a grey hatched cross ("does not fit"); nodes at a shift beyond `shift_range` (the
-    assumed range) with a dashed edge, the shift's sensitivity; the paper's claim as a black contour (1.6x, 1.2x;
-    6% and 10% for the gap) over the feasible nodes, or a note under the axis label where they do not reach it; each named card a
-    labelled marker in the facet nearest its step size (hollow and grey-labelled when it does not fit); the
-    calibration (the kit's tiny real RL trace's correlation) a dotted line.
+    """One row of panels per step size, one panel per paper claim: the best-over-feasible-cases field of the
+    facet's nodes (colour, values written) over the simulated tokens per EP rank (log x) and the generated trace's
+    micro-batch vs step correlation (y); a node where no case fits a grey hatched cross, one at a shift beyond
+    `shift_range` (the assumed range) a dashed edge; the claim's levels as black contours over the feasible nodes,
+    else a note under the axis label; each card a labelled marker in the facet nearest its step size (hollow when
+    it does not fit); the calibration a dotted line.
 
-    nodes: claim_map.node_fields; cards: claim_map.card_points (coincident cards merged: claim_map.merge_coincident); claims: relibra.labels.PAPER_CLAIMS;
-    calibration: {"label", "mb_vs_step_corr", "tokens_per_ep_rank"} or {}.
+    nodes: claim_map.node_fields; cards: claim_map.card_points (or merge_coincident of it); calibration:
+    {"label", "mb_vs_step_corr", "tokens_per_ep_rank"} or {}.
     """
     steps = [(s, float(nodes.loc[nodes["step_sequences"] == s, "sequences_per_rank"].mean()))
              for s in sorted(nodes["step_sequences"].unique())]
-    fig, axes = plt.subplots(len(steps), len(PANELS), figsize=(6.2 * len(PANELS), 5.6 * len(steps) + 0.8),
-                             squeeze=False)
+    height = 5.6 * len(steps) + 0.8
+    fig, axes = plt.subplots(len(steps), len(PANELS), figsize=(6.2 * len(PANELS), height), squeeze=False)
     facet_of = card_facets(cards, steps)
     card_xy = cards[["tokens_per_ep_rank", "mb_vs_step_corr"]].to_numpy(float) if len(cards) else np.empty((0, 2))
     all_x = np.concatenate([nodes["tokens_per_ep_rank"].to_numpy(float), card_xy[:, 0]])
@@ -109,14 +103,14 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
         fit = _matrix(facet.assign(feasible=facet["feasible"].astype(float)), "feasible") > 0
         shifts = np.sort(facet["shift_value"].unique())
         beyond = np.broadcast_to(shifts[None, :] > shift_range[1], xs.shape)
-        for ax, (field, title, fmt, cmap) in zip(axes[row], PANELS):
-            z = np.where(fit, _matrix(facet, f"{field}_best"), np.nan)
+        for ax, (claim, fmt, cmap) in zip(axes[row], PANELS):
+            z = np.where(fit, _matrix(facet, f"{claim.id}_best"), np.nan)
             ok = ~np.isnan(z)
             lo, hi = (float(np.nanmin(z)), float(np.nanmax(z))) if ok.any() else (0.0, 1.0)
             surface = ok.all() and min(z.shape) >= 2  # contours need two nodes along each axis, all feasible
-            levels = [lv for c in claims if c.id == field for lv in (c.level, c.lower) if lv is not None]
+            levels = [lv for lv in (claim.level, claim.lower) if lv is not None]
             in_facet = [i for i, f in enumerate(facet_of) if f == step]
-            card_values = [v for v in cards[f"{field}_mean"].iloc[in_facet] if np.isfinite(v)] if len(cards) else []
+            card_values = [v for v in cards[f"{claim.id}_mean"].iloc[in_facet] if np.isfinite(v)] if len(cards) else []
             span_lo, span_hi = min([lo] + card_values), max([hi] + card_values)
             norm = plt.Normalize(span_lo, span_hi if span_hi > span_lo else span_lo + 1e-9)
             if surface:
@@ -126,7 +120,8 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
             ax.scatter(xs[ok & beyond], ys[ok & beyond], c=z[ok & beyond], cmap=cmap, norm=norm, s=36,
                        edgecolors="0.15", linewidths=1.0, linestyles="--", zorder=3)
             ax.scatter(xs[~ok], ys[~ok], marker="X", s=70, c="0.75", edgecolors="0.3", hatch="////", zorder=3)
-            below = _labels_below(xs.ravel(), ys.ravel(), ylim, fig.get_figheight() * 72 * ax.get_position().height)
+            height_pt = fig.get_figheight() * 72 * ax.get_position().height
+            below = _labels_below(xs.ravel(), ys.ravel(), ylim, height_pt)
             for x, y, v, down in zip(xs.ravel(), ys.ravel(), z.ravel(), below):
                 # above the card markers (zorder 6), so that no card hides a node's label; below a node whose
                 # label would meet the label of the node above it
@@ -139,23 +134,19 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
                 if surface and lo <= level <= hi:
                     cs = ax.contour(xs, ys, z, levels=[level], colors="black", linewidths=2.0, linestyles="--",
                                     zorder=5)
-                    card_xy = cards[["tokens_per_ep_rank", "mb_vs_step_corr"]].to_numpy(float)[in_facet] \
-                        if len(cards) else np.empty((0, 2))
-                    points = np.concatenate([np.c_[xs.ravel(), ys.ravel()], card_xy])
-                    lift = 12 * (ylim[1] - ylim[0]) / (fig.get_figheight() * 72 * ax.get_position().height)
-                    labels = points + [0.0, lift]  # about where the nodes' labels sit, above their markers
+                    points = np.concatenate([np.c_[xs.ravel(), ys.ravel()], card_xy[in_facet]])
+                    labels = points + [0.0, 12 * (ylim[1] - ylim[0]) / height_pt]  # about where the nodes' labels sit
                     contour_labels.append((ax, cs, "paper " + fmt.format(level), np.concatenate([points, labels])))
                 elif not ok.any():
                     notes.append("no node of this step size fits in memory")
-                elif field == "gap_to_balanced" and not lo <= level <= hi:
-                    side = "below" if hi < level else "above"
-                    notes.append(f"paper's {fmt.format(level)}: every feasible node is {side} it "
-                                 f"({fmt.format(lo)}-{fmt.format(hi)})")
-                elif not lo <= level <= hi:
-                    notes.append(f"paper's {fmt.format(level)}: reached at no feasible node (best {fmt.format(hi)})")
-                else:
+                elif lo <= level <= hi:
                     notes.append(f"paper's {fmt.format(level)}: crossed between feasible nodes (no contour drawn "
                                  "where nodes do not fit)")
+                else:
+                    notes.append(f"paper's {fmt.format(level)}: " + (
+                        f"every feasible node is {'below' if hi < level else 'above'} it ({fmt.format(lo)}-"
+                        f"{fmt.format(hi)})" if claim.is_gap else f"reached at no feasible node (best {fmt.format(hi)})"
+                    ))
             if calibration:
                 ax.axhline(calibration["mb_vs_step_corr"], color="0.25", lw=1.0, ls=":", zorder=2)
                 ax.text(xlim[1] / 1.05, calibration["mb_vs_step_corr"] - 0.004,
@@ -165,16 +156,16 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
                 marker, color = CARD_MARKERS[i % len(CARD_MARKERS)], CARD_COLORS[i % len(CARD_COLORS)]
                 fits = bool(c["feasible"])
                 if ax is axes[0][0]:
-                    card_handles.append(Line2D([], [], marker=marker, color="none",
-                                               markerfacecolor=color if fits else "none", markeredgecolor="black"
-                                               if fits else color, markersize=9,
+                    card_handles.append(Line2D([], [], marker=marker, color="none", markersize=9,
+                                               markerfacecolor=color if fits else "none",
+                                               markeredgecolor="black" if fits else color,
                                                label=f"card {c['setup']}" + ("" if fits else " (does not fit)")))
                 if facet_of[i] != step:
                     continue
                 ax.scatter([c["tokens_per_ep_rank"]], [c["mb_vs_step_corr"]], marker=marker, s=110,
                            c=color if fits else "none", edgecolors="black" if fits else color, linewidths=1.0,
                            zorder=6)
-                text = fmt.format(c[f"{field}_mean"]) if fits else "does not fit"
+                text = fmt.format(c[f"{claim.id}_mean"]) if fits else "does not fit"
                 ax.annotate(text, (c["tokens_per_ep_rank"], c["mb_vs_step_corr"]), xytext=(7, -11),
                             textcoords="offset points", fontsize=8, fontweight="bold", color=color, zorder=7,
                             bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": color, "alpha": 0.85})
@@ -187,16 +178,15 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
             # the notes go under the axis label, where no node's label can be (tight_layout makes room)
             ax.set_xlabel("\n".join(["tokens per EP rank per micro-batch (simulated mean, log scale)", *notes]))
             ax.set_ylabel("micro-batch vs step load correlation\n(generated trace)")
-            ax.set_title(f"{title}\n{step} sequences per step ({per_rank:g} per rank): best over feasible cases",
-                         fontsize=10)
+            ax.set_title(f"{claim.verdict_label}\n{step} sequences per step ({per_rank:g} per rank): best over "
+                         "feasible cases", fontsize=10)
             tick_fmt = fmt if span_hi - span_lo > 0.05 else fmt.replace(".2f", ".3f").replace(".1%", ".2%")
             fig.colorbar(sc, ax=ax, shrink=0.8, pad=0.02, format=(lambda v, _, f=tick_fmt: f.format(v)))
+    node = {"marker": "o", "color": "none", "markerfacecolor": "0.7", "markeredgecolor": "0.15", "markersize": 6}
     handles = card_handles + [
-        Line2D([], [], marker="o", color="none", markerfacecolor="0.7", markeredgecolor="0.15", markersize=6,
-               label="grid node (best over feasible models x workloads x seeds)"),
-        Line2D([], [], marker="o", color="none", markerfacecolor="0.7", markeredgecolor="0.15", markersize=6,
-               linestyle="none", markeredgewidth=1.0, label=f"node at a shift beyond {shift_range[1]:g}: sensitivity "
-                                                           "of the assumed shift"),
+        Line2D([], [], **node, label="grid node (best over feasible models x workloads x seeds)"),
+        Line2D([], [], **node, linestyle="none", markeredgewidth=1.0,
+               label=f"node at a shift beyond {shift_range[1]:g}: sensitivity of the assumed shift"),
         Line2D([], [], marker="X", color="none", markerfacecolor="0.75", markeredgecolor="0.3", markersize=8,
                label="node where no case fits in HBM (left out of every claim)"),
         Line2D([], [], color="black", lw=2.0, ls="--", label="the paper's claim (contour)")]
@@ -209,7 +199,6 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, claims, calibrati
            f"6-10% of Balanced) hold? Higher correlation = less micro-batch shift (an assumption, "
            f"{shift_range[0]:g}-{shift_range[1]:g} with sensitivity beyond)", subtitle)
     rows = (len(handles) + 2) // 3
-    height = 5.6 * len(steps) + 0.8
     fig.tight_layout(rect=(0, (0.35 + 0.25 * rows) / height, 1, 0.97))
     for ax, cs, text, points in contour_labels:
         _clear_clabel(ax, cs, text, points, ylim)

@@ -1,6 +1,4 @@
-"""Notebook 12, the verdict as a map: ReLibra / Megatron, ReLibra / EPLB+ and the gap to Balanced over
-tokens per EP rank per micro-batch x micro-batch shift, the paper's claims as contours, every named set-up
-card as a point (relibra.studies.claim_map)."""
+"""Notebook 12, the verdict as a map over tokens per EP rank x micro-batch shift (relibra.studies.claim_map)."""
 
 from __future__ import annotations
 
@@ -10,11 +8,11 @@ import pandas as pd
 
 from relibra.experiments.base import PATH, Fact, Result, TryThis, mean_of, param, table, value
 from relibra.experiments.profiles import per_profile
-from relibra.experiments.text import facts_table, pct
+from relibra.experiments.text import facts_table
 from relibra.experiments.traces import PROFILE
-from relibra.studies.claim_map import (RATIO_FIELDS, SHIFT_SENSITIVITY_END, GridSpec, MapAxes, ShiftAxis, card_hits,
-                                       card_points, claim_contours, claim_regions, contour_table, default_grid,
-                                       merge_coincident, node_fields, paper_grid, rl_calibration, run_map)
+from relibra.studies.claim_map import (GridSpec, MapAxes, ShiftAxis, card_hits, card_points, claim_contours,
+                                       claim_regions, contour_table, default_grid, merge_coincident, node_fields,
+                                       paper_grid, rl_calibration, run_map)
 from relibra.labels import CLAIMS, PAPER_CLAIMS, verdict_line
 from relibra.setups import DEFAULT_CARD
 from relibra.workloads import MICROBATCH_SHIFT_RANGE
@@ -46,12 +44,9 @@ class Params(MapAxes):
 
     def scale_note(self, sizes: GridSpec) -> str:
         g = self.spec(sizes)
-        cut = ("" if g.name != "tiny" else "; TOY GRID (tiny profile: the tiny model, EP 4, a 16-sequence batch)")
+        cut = "; TOY GRID (tiny profile: the tiny model, EP 4, a 16-sequence batch)" if g.name == "tiny" else ""
         return (f"{g.name} grid: full scale (every MoE layer, every micro-batch of the card's batch), "
-                f"{len(g.models)} models x {len(g.workloads)} workloads x {len(g.seeds)} seeds "
-                f"({', '.join(map(str, g.seeds))}), {len(g.tokens)} budgets x {len(g.shift.values)} shift values"
-                + (f" x {len(g.step_sequences)} step sizes ({', '.join(map(str, g.step_sequences))} sequences)"
-                   if g.step_sequences else "") + cut)
+                f"{g.describe()}{cut}")
 
     def simulated_on(self) -> str:
         return "each set-up card's cluster"
@@ -70,8 +65,8 @@ class Result(Result):
     contours: pd.DataFrame = table("the paper's claims as contours: per claim level and step size, where the "
                                    "best-over-feasible-cases field crosses it on the grid's edges (tokens: the budget "
                                    "axis), with the generated trace's correlation there")
-    regions: list = value(None)  # per claim: where on the grid it holds (verdict_map.claim_regions)
-    hits: list = value(None)  # per speed-up claim: the named cards that reach it (verdict_map.card_hits)
+    regions: list = value(None)  # per claim: where on the grid it holds (claim_map.claim_regions)
+    hits: list = value(None)  # per speed-up claim: the named cards that reach it (claim_map.card_hits)
     grid: dict = value(None)  # the GridSpec simulated
     calibration: dict = value(None)  # the real RL trace's micro-batch vs step correlation (the shift's source)
 
@@ -87,88 +82,58 @@ def compute(p: Params, sizes: GridSpec, progress: bool = True, workers: int | No
 
 # ---- reading the result ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class CardPoint:
-    """One named card's point (a verdict_map.card_points row): ReLibra / Megatron and / EPLB+ as (mean, best)
-    and the gap to Balanced as (mean, best, worst) over its cases; its simulated position; EPLB+'s and
-    Megatron's mean tokens/s there."""
-
-    setup: str
-    over_megatron: tuple[float, float]
-    over_eplb_plus: tuple[float, float]
-    gap: tuple[float, float, float]
-    tokens_per_ep_rank: float
-    mb_vs_step_corr: float
-    micro_batches: float
-    cases: int
-    tokens_per_s: tuple[float, float]  # EPLB+'s, Megatron's
-
-
-def why_card_differs(x: CardPoint, regions, best_over_eplb_plus: tuple[float, float, float]) -> str:
-    """Why card x's figure is not the paper's (CLAIMS' levels), from its point, the grid's claim regions
-    (claim_regions, in CLAIMS' order) and the grid's best ReLibra / EPLB+ with its shift and correlation."""
-    (meg, eplb, gap), meg_region = PAPER_CLAIMS, regions[0]  # regions follow PAPER_CLAIMS
-    mbs = f"{x.micro_batches:.0f} micro-batch" + ("" if round(x.micro_batches) == 1 else "es")
-    (eplb_tps, meg_tps), (best, shift, corr) = x.tokens_per_s, best_over_eplb_plus
-    parts = [f"it packs {x.tokens_per_ep_rank:.0f} tokens per EP rank per micro-batch ({mbs} a step)"]
-    if not meg.holds(x.over_megatron[1]):
-        parts.append(f"{meg.level:g}x over Megatron needs at least {meg_region['min_tokens_per_ep_rank']:.0f} "
-                     "simulated tokens per EP rank on the grid" if meg_region["min_tokens"] else
-                     f"the grid reaches {meg.level:g}x over Megatron nowhere (best {meg_region['best']:.2f}x at "
-                     f"{meg_region['best_tokens_per_ep_rank']:.0f} simulated tokens per EP rank)")
-    if eplb_tps < meg_tps:  # then ReLibra / EPLB+ is large for a reason other than the micro-batch shift
-        parts.append(f"EPLB+ is slower than Megatron here ({eplb_tps:.0f} vs {meg_tps:.0f} tokens/s): over {mbs} "
-                     "a step its own costs exceed what its balance saves, which, not micro-batch shift, lifts "
-                     f"ReLibra / EPLB+ to {x.over_eplb_plus[0]:.2f}x")
-    elif eplb.holds(x.over_eplb_plus[0]):  # the claim reached although the micro-batches follow their step
-        parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, yet ReLibra / EPLB+ "
-                     f"is {x.over_eplb_plus[0]:.2f}x: what EPLB+'s placement for the step's total leaves unbalanced "
-                     f"in each of its {mbs} is paid in each (and, where the card pipelines, again in the 1F1B "
-                     "bubble)")
-    else:
-        parts.append(f"its micro-batches correlate with their step at {x.mb_vs_step_corr:.2f}, so a once-per-step "
-                     "EPLB+ already balances most of each micro-batch's load" if x.mb_vs_step_corr >= 0.85 else
-                     f"its micro-batches correlate with their step at only {x.mb_vs_step_corr:.2f}, where "
-                     "per-micro-batch balancing has the most to gain over EPLB+")
-    if not eplb.holds(x.over_eplb_plus[1]):
-        where = "nowhere" if not eplb.holds(best) else "only elsewhere"
-        parts.append(f"{eplb.level:g}x over EPLB+ is reached {where} on the grid (best {best:.2f}x at shift "
-                     f"{shift:g}, correlation {corr:.2f}; the shift is assumed, {MICROBATCH_SHIFT_RANGE[0]:g}-"
-                     f"{MICROBATCH_SHIFT_RANGE[1]:g} where the tiny CPU RL trace sits, {SHIFT_SENSITIVITY_END:g} its "
-                     "sensitivity)")
-    if not gap.inside_range(x.gap[0]):
-        side = "below" if x.gap[0] < gap.lower else "above"
-        parts.append(f"its gap to Balanced ({gap.fmt(x.gap[0])}) is {side} the paper's {gap.paper[len('within '):]}")
-    return "; ".join(parts)
-
-
-def _x(v: float) -> str:
-    return f"{v:.2f}x"
-
-
-@dataclass(frozen=True)
 class Summary:
     verdict: tuple[str, ...]  # one line per paper claim (relibra.labels.verdict_line of its region)
-    regions: tuple[dict, ...]  # per claim: where on the grid it holds (verdict_map.claim_regions)
-    cards: tuple[CardPoint, ...]
+    regions: tuple[dict, ...]  # per claim: where on the grid it holds (claim_map.claim_regions)
+    cards: pd.DataFrame  # the feasible cards' points (merge_coincident), with EPLB+'s and Megatron's mean tokens/s
     best_over_eplb_plus: tuple[float, float, float]  # the best ReLibra / EPLB+, its shift and correlation
     shift_effect: tuple[float, float, float] | None  # lowest and highest shift, ReLibra / EPLB+'s mean change
     calibration: dict
     out_of_memory: tuple[str, ...] = ()  # cards that do not fit in memory: left out of every figure
 
-    def why(self, x: CardPoint) -> str:
-        """Why card x's figure is not the paper's (why_card_differs)."""
-        return why_card_differs(x, self.regions, self.best_over_eplb_plus)
+    def why(self, x: pd.Series) -> str:
+        """Why card x's figure (a row of `cards`) is not the paper's: a short template over its point, the
+        grid's claim regions and the grid's best ReLibra / EPLB+."""
+        (meg, eplb, gap), need = PAPER_CLAIMS, self.regions[0]  # regions follow PAPER_CLAIMS
+        best, shift, corr = self.best_over_eplb_plus
+        over_eplb, gap_mean = x["relibra_over_eplb_plus_mean"], x["gap_to_balanced_mean"]
+        mbs = f"{x['micro_batches']:.0f} micro-batch" + ("" if round(x["micro_batches"]) == 1 else "es")
+        parts = [f"it packs {x['tokens_per_ep_rank']:.0f} tokens per EP rank per micro-batch ({mbs} a step)"]
+        if not meg.holds(x["relibra_over_megatron_best"]):
+            parts.append(f"{meg.level:g}x over Megatron needs at least {need['min_tokens_per_ep_rank']:.0f} "
+                         "simulated tokens per EP rank on the grid" if need["min_tokens"] else
+                         f"the grid reaches {meg.level:g}x over Megatron nowhere (best {meg.fmt(need['best'])} at "
+                         f"{need['best_tokens_per_ep_rank']:.0f} simulated tokens per EP rank)")
+        if x["tokens_per_s_eplb+"] < x["tokens_per_s_megatron"]:  # ReLibra / EPLB+ is large for another reason
+            parts.append(f"EPLB+ is slower than Megatron here ({x['tokens_per_s_eplb+']:.0f} vs "
+                         f"{x['tokens_per_s_megatron']:.0f} tokens/s): its own costs over {mbs} a step, not "
+                         f"micro-batch shift, lift ReLibra / EPLB+ to {eplb.fmt(over_eplb)}")
+        elif eplb.holds(over_eplb):  # reached although the micro-batches follow their step
+            parts.append(f"its micro-batches correlate with their step at {x['mb_vs_step_corr']:.2f}, yet ReLibra / "
+                         f"EPLB+ is {eplb.fmt(over_eplb)}: what EPLB+'s placement for the step's total leaves "
+                         f"unbalanced is paid in each of its {mbs} (and again in a pipelined card's 1F1B bubble)")
+        else:
+            parts.append(f"its micro-batches correlate with their step at {x['mb_vs_step_corr']:.2f}: "
+                         + ("a once-per-step EPLB+ already balances most of each micro-batch's load"
+                            if x["mb_vs_step_corr"] >= 0.85 else "per-micro-batch balancing has most to gain"))
+        if not eplb.holds(x["relibra_over_eplb_plus_best"]):
+            parts.append(f"{eplb.level:g}x over EPLB+ is reached {'only elsewhere' if eplb.holds(best) else 'nowhere'}"
+                         f" on the grid (best {eplb.fmt(best)} at the assumed shift {shift:g}, correlation {corr:.2f})")
+        if not gap.inside_range(gap_mean):
+            parts.append(f"its gap to Balanced ({gap.fmt(gap_mean)}) is {'below' if gap_mean < gap.lower else 'above'}"
+                         f" the paper's {gap.paper[len('within '):]}")
+        return "; ".join(parts)
 
 
 def summarize(r: Result) -> Summary:
-    own = r.cases[(r.cases["kind"] == "card") & r.cases["feasible"].astype(bool)]
-    g = r.cases[(r.cases["kind"] == "grid") & r.cases["feasible"].astype(bool)]
-    cards = tuple(CardPoint(x["setup"], *((x[f"{f}_mean"], x[f"{f}_best"]) for f in RATIO_FIELDS[:2]),
-                       tuple(x[f"gap_to_balanced_{k}"] for k in ("mean", "best", "worst")), x["tokens_per_ep_rank"],
-                       x["mb_vs_step_corr"], x["micro_batches"], int(x["cases"]),
-                       tuple(float(own.loc[own["setup"].isin(x["setup"].split(" = ")), f"tokens_per_s_{p}"].mean())
-                             for p in ("eplb+", "megatron"))) for _, x in merge_coincident(r.cards).iterrows()
-                  if x["feasible"])
+    fits = r.cases[r.cases["feasible"].astype(bool)]
+    own, g = (fits[fits["kind"] == kind] for kind in ("card", "grid"))
+    cards = merge_coincident(r.cards)
+    if len(cards):
+        cards = cards[cards["feasible"].astype(bool)].reset_index(drop=True)
+        for p in ("eplb+", "megatron"):  # over the cases of every card merged into the point
+            cards[f"tokens_per_s_{p}"] = [float(own.loc[own["setup"].isin(name.split(" = ")), f"tokens_per_s_{p}"]
+                                                .mean()) for name in cards["setup"]]
     eplb = r.nodes.loc[r.nodes["relibra_over_eplb_plus_best"].idxmax()]
     lo, hi = g["shift_value"].min(), g["shift_value"].max()
     at = [float(g.loc[g["shift_value"] == v, "relibra_over_eplb_plus"].mean()) for v in (lo, hi)]
@@ -176,16 +141,17 @@ def summarize(r: Result) -> Summary:
     return Summary(tuple(verdict_line(x, hits.get(x["id"], ())) for x in r.regions), tuple(r.regions), cards,
                    (eplb["relibra_over_eplb_plus_best"], eplb["shift_value"], eplb["mb_vs_step_corr"]),
                    (lo, hi, at[1] - at[0]) if hi > lo else None, r.calibration,
-                   tuple(f"{x['setup']} ({x.get('memory_GB', float('nan')):.0f} GB of {x.get('hbm_GB', float('nan')):.0f}"
-                         " GB per GPU)" for _, x in r.cards.iterrows() if not x["feasible"]))
+                   tuple(f"{x['setup']} ({x['memory_GB']:.0f} GB of {x['hbm_GB']:.0f} GB per GPU)"
+                         for _, x in r.cards.iterrows() if not x["feasible"]))
 
 
 def story(s: Summary) -> str:
-    """The conclusion, each claim's region, each card's point and why it differs, the calibration line."""
+    """The answer per claim, each card's point and why it differs, the shift's effect, the calibration."""
+    meg, eplb, gap = PAPER_CLAIMS
     lines = ["The answer, one line per paper claim (simulated):\n\n" + "\n".join(f"- {v}." for v in s.verdict)] + [
-        f"- `{x.setup}`: ReLibra / Megatron {_x(x.over_megatron[0])} (best {_x(x.over_megatron[1])}), / EPLB+ "
-        f"{_x(x.over_eplb_plus[0])}, gap to Balanced {pct(x.gap[0])}: "
-        f"{s.why(x)}." for x in s.cards]
+        f"- `{x['setup']}`: ReLibra / Megatron {meg.fmt(x['relibra_over_megatron_mean'])} (best "
+        f"{meg.fmt(x['relibra_over_megatron_best'])}), / EPLB+ {eplb.fmt(x['relibra_over_eplb_plus_mean'])}, gap to "
+        f"Balanced {gap.fmt(x['gap_to_balanced_mean'])}: {s.why(x)}." for _, x in s.cards.iterrows()]
     if s.out_of_memory:
         lines.append("Left out (they do not fit in memory, `relibra setup show CARD`): " + "; ".join(s.out_of_memory)
                      + ".")
@@ -206,30 +172,29 @@ GRID = "the grid"  # the `of` of a claim region's facts
 
 
 def _unit(c, stat: str) -> str:
-    """The unit of a claim region's `stat` (verdict_map.claim_regions' keys)."""
+    """The unit of a claim region's `stat` (claim_map.claim_regions' keys)."""
     return (c.unit if stat in ("best", "worst") else "tokens" if "tokens" in stat else "corr" if "corr" in stat
             else "count")
 
 
 def facts(r: Result, scale: str) -> list[Fact]:
-    """Per paper claim, its region's numbers (verdict_map.claim_regions: the README's verdict line) and the cards
-    that reach it; per named card (coincident ones merged) its point: the three ratios and its position."""
-    out, s = [], summarize(r)
+    """Per paper claim its region's numbers (the README's verdict line) and the cards that reach it; per named
+    card (coincident ones merged) its point: the three ratios and its position."""
+    out = []
     hits = {h["id"]: h["cards"] for h in r.hits or ()}
     for region in r.regions:
-        c, title = CLAIMS[region["id"]], f"the verdict map: {CLAIMS[region['id']].statement}"
+        c = CLAIMS[region["id"]]
+        title = f"the verdict map: {c.statement}"
         out += [Fact(c.id, region[k], _unit(c, k), k, GRID, readme=title) for k in sorted(region)  # as result.json
                 if k not in ("id", "claim", "field", "verdict", "level") and region[k] is not None]
         out += [Fact(c.id, v, c.unit, "reached by the card", card, readme=title) for card, v in hits.get(c.id, ())]
-    for x in s.cards:
-        title = f"`{x.setup}` card's point on the map"
-        meg, eplb, gap = (CLAIMS[k] for k in RATIO_FIELDS)
-        out += [Fact(meg.id, v, "x", k, x.setup, readme=title) for k, v in zip(("mean", "best"), x.over_megatron)]
-        out += [Fact(eplb.id, v, "x", k, x.setup, readme=title) for k, v in zip(("mean", "best"), x.over_eplb_plus)]
-        out += [Fact(gap.id, v, "%", k, x.setup, readme=title) for k, v in zip(("mean", "best", "worst"), x.gap)]
-        out += [Fact("tokens_per_ep_rank", x.tokens_per_ep_rank, "tokens", of=x.setup, readme=title),
-                Fact("mb_vs_step_corr", x.mb_vs_step_corr, "corr", of=x.setup, readme=title),
-                Fact("cases", x.cases, "count", of=x.setup)]
+    for _, x in summarize(r).cards.iterrows():
+        title = f"`{x['setup']}` card's point on the map"
+        out += [Fact(c.id, x[f"{c.id}_{k}"], c.unit, k, x["setup"], readme=title) for c in PAPER_CLAIMS
+                for k in ("mean", "best", "worst")[:3 if c.is_gap else 2]]
+        out += [Fact("tokens_per_ep_rank", x["tokens_per_ep_rank"], "tokens", of=x["setup"], readme=title),
+                Fact("mb_vs_step_corr", x["mb_vs_step_corr"], "corr", of=x["setup"], readme=title),
+                Fact("cases", int(x["cases"]), "count", of=x["setup"])]
     return out
 
 
@@ -238,13 +203,13 @@ def section(x, table_md) -> str:
     coincident cards merged under both names), then per card why its figure differs, then the map."""
     s, man, f = x.summary, x.manifest, x.facts
     figure = next((f for f in man.get("figures", []) if f["name"] == "verdict_map"), None)
-    why = "".join(f"- `{c.setup}`: {s.why(c)}.\n" for c in s.cards)
+    why = "".join(f"- `{c['setup']}`: {s.why(c)}.\n" for _, c in s.cards.iterrows())
     answer = "\n".join(f"- **{line.split(': ', 1)[0]}**: {line.split(': ', 1)[1]}." for line in s.verdict)
     cards = f[(f["of"] != GRID) & (f["stat"] != "reached by the card")]
     return ("## The answer (simulated)\n\n"
             f"{answer}\n\nAll simulated: notebook 12, {man['scale_note']}; every card at full scale on its own "
             "inputs (`relibra setup show CARD`).\n\n### Per set-up card\n\n"
-            f"{table_md(facts_table(cards, 'name', 'of')) if s.cards else 'No card was simulated.'}\n\n"
+            f"{table_md(facts_table(cards, 'name', 'of')) if len(s.cards) else 'No card was simulated.'}\n\n"
             f"Why each card's figure differs from the paper's:\n\n{why}"
             + (f"\n![verdict map](12_verdict_map/{figure['png']})\n" if figure else ""))
 
@@ -267,7 +232,6 @@ TRIES = (
 
 
 def plot_inputs(r: Result) -> dict:
-    """What plots.verdict_map_plot draws, from the result: nodes, cards, claims, calibration."""
-    return {"nodes": r.nodes, "cards": merge_coincident(r.cards), "claims": PAPER_CLAIMS, "calibration": r.calibration,
-            "shift_range": MICROBATCH_SHIFT_RANGE}
-
+    """plots.verdict_map_plot's inputs from the result, all but the subtitle."""
+    return {"nodes": r.nodes, "cards": merge_coincident(r.cards), "calibration": r.calibration,
+            "grid_note": f"{r.grid['name']} grid", "shift_range": MICROBATCH_SHIFT_RANGE}
