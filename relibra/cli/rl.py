@@ -7,17 +7,19 @@ from dataclasses import dataclass
 
 from relibra.errors import ConfigError
 
-# Integer flags of `relibra rl`: (flag, default, what it sets).
-SIZES = (("--prompts", 32, "prompts per step"), ("--group-size", 8, "sampled responses per prompt"),
-         ("--micro-batches", 8, "micro-batches per step"), ("--warmup-steps", 300, "supervised warm-up steps"),
-         ("--layers", 4, "MoE layers"), ("--experts", 32, "experts per layer"), ("--top-k", 4, "experts per token"),
-         ("--hidden", 64, "hidden size"), ("--moe-ffn", 128, "expert FFN size"))
+# Integer flags of `relibra rl`: (flag, default, what it sets); each at least 1 but --warmup-steps (RLConfig.validate
+# checks the rest: a group of at least 2, micro-batches dividing the step, ...).
+SIZES = (("--steps", 40, "GRPO steps = trace steps"), ("--prompts", 32, "prompts per step"),
+         ("--group-size", 8, "sampled responses per prompt"), ("--micro-batches", 8, "micro-batches per step"),
+         ("--warmup-steps", 300, "supervised warm-up steps"), ("--layers", 4, "MoE layers"),
+         ("--experts", 32, "experts per layer"), ("--top-k", 4, "experts per token"), ("--hidden", 64, "hidden size"),
+         ("--moe-ffn", 128, "expert FFN size"))
 
 
 def register(subparsers) -> None:
     from relibra.cli.setup import shared_options
     from relibra.rl.tasks import DOMAINS
-    from relibra.studies.params import add_flag, names, param
+    from relibra.studies.params import add_flag, integer, names, param
 
     @dataclass(frozen=True)
     class RLOptions(shared_options()):
@@ -28,14 +30,15 @@ def register(subparsers) -> None:
         description="Supervised warm-up, then GRPO on verifiable synthetic tasks with a tiny MoE policy. "
                     "Rollouts record every token's experts, training replays them (and checks it), and the "
                     "recorded routing is written as a RoutingTrace. See docs/rl.md.")
-    p.add_argument("--steps", type=int, default=40, help="GRPO steps = trace steps (default 40)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same trace")
+    p.add_argument("--seed", type=integer(0).arg("--seed"), default=0,
+                   help="random seed (default 0); same seed, same trace")
     p.add_argument("--out", required=True, help="output trace .npz")
     p.add_argument("--metrics", help="also write per-step metrics, evaluations and statistics as JSON")
     add_flag(p, RLOptions, "domains")
     for flag, default, what in SIZES:
-        p.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
-    p.add_argument("--ep", type=int, default=None,
+        p.add_argument(flag, type=integer(0 if flag == "--warmup-steps" else 1).arg(flag), default=default,
+                       help=f"{what} (default {default})")
+    p.add_argument("--ep", type=integer(1).arg("--ep"), default=None,
                    help="simulated EP source ranks per micro-batch (default 4; with --trainer megatron: --nproc)")
     p.add_argument("--lr", type=float, default=5e-4, help="GRPO learning rate (default 5e-4)")
     p.add_argument("--shuffle", action="store_true",
@@ -43,7 +46,7 @@ def register(subparsers) -> None:
     p.add_argument("--rollout-dtype", default=None, choices=("bfloat16", "float32"),
                    help="precision of the rollout engine's copy of the policy (training is float32) (default "
                         "bfloat16; with --trainer megatron: float32, the only one it runs)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=integer(1).arg("--threads"), default=1,
                    help="torch CPU threads (default 1: the policy's GEMMs are too small to gain from more, "
                         "see docs/rl.md)")
     p.add_argument("--compare", default="small",
@@ -53,10 +56,10 @@ def register(subparsers) -> None:
                    help="torch: the plain-torch policy in this process (default); megatron: the policy as a "
                         "megatron-core GPTModel under megatron DDP and optimizer on --nproc gloo ranks (EP = "
                         "every rank), ReLibra planning between rollout and training (docs/rl.md)")
-    p.add_argument("--nproc", type=int, default=None, help="--trainer megatron: gloo ranks = EP size (default 2)")
+    p.add_argument("--nproc", type=integer(1).arg("--nproc"), default=None, help="--trainer megatron: gloo ranks = EP size (default 2)")
     add_flag(p, RLOptions, "policies", default="megatron,relibra; --trainer megatron only, each policy run from "
                                                  "the same seed")
-    p.add_argument("--replica-slots", type=int, default=None,
+    p.add_argument("--replica-slots", type=integer(0).arg("--replica-slots"), default=None,
                    help="--trainer megatron: replica slots per rank for balancing policies (default 2)")
     p.set_defaults(func=_rl)
 
@@ -79,8 +82,6 @@ def _rl(args) -> int:
     from relibra.cli.trace import check_trace_out
 
     check_trace_out(args.out)
-    if args.threads <= 0:
-        raise ConfigError(f"--threads must be positive, got {args.threads}")
     import os
 
     # Idle OpenMP workers sleep instead of spinning, so extra threads cost little when the cores are busy.
@@ -102,8 +103,6 @@ def _rl(args) -> int:
         args.nproc = 2 if args.nproc is None else args.nproc
         args.policies = ("megatron", "relibra") if args.policies is None else args.policies
         args.replica_slots = 2 if args.replica_slots is None else args.replica_slots
-        if args.nproc <= 0:
-            raise ConfigError(f"--nproc must be positive, got {args.nproc}")
         from relibra.limits import check_local_ranks, check_replica_slots
 
         check_local_ranks(args.nproc)
@@ -155,8 +154,6 @@ def _rl_megatron(args, cfg, progress: bool) -> int:
     from relibra.runtime.launch import launch
 
     policies = list(args.policies)
-    if args.replica_slots < 0:
-        raise ConfigError(f"--replica-slots must be >= 0, got {args.replica_slots}")
     check_megatron_config(cfg, args.nproc, policies, args.replica_slots)
     out = launch(megatron_rl_worker, args.nproc, cfg, policies, args.replica_slots, args.out, progress,
                  threads_per_rank=args.threads, timeout_s=600.0)

@@ -27,20 +27,20 @@ def register(sub) -> None:
     from relibra.cli.setup import shared_options
     from relibra.runtime.config import FaultOptions, MeasurementOptions, ModelOptions, ParallelismOptions
     from relibra.runtime.measure import DataOptions
-    from relibra.studies.params import add_flag
+    from relibra.studies.params import add_flag, integer
 
     model, par, meas, faults, data = ModelOptions(), ParallelismOptions(), MeasurementOptions(), FaultOptions(), \
         DataOptions()
     shared, own = shared_options(), run_options()
     p = sub.add_parser("run", help="train with expert parallelism on local ranks (gloo) under policies' plans")
-    p.add_argument("--nproc", type=int, default=2, help="ranks to launch (default 2)")
+    p.add_argument("--nproc", type=integer(1).arg("--nproc"), default=2, help="ranks to launch (default 2)")
     p.add_argument("--torchrun", action="store_true",
                    help="join the torchrun job this process belongs to (RANK, WORLD_SIZE, ...) instead of launching")
     p.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
                    help="before measuring, wait at most this long while the 1-minute load average is above the "
                         f"usable cores, then go on (with a warning in the output and summary.json when still busy); "
                         f"default ${QUIET_WAIT_ENV} or {QUIET_WAIT_S:g} s, 0: do not wait")
-    p.add_argument("--nodes", type=int, default=par.nodes,
+    p.add_argument("--nodes", type=integer(1).arg("--nodes"), default=par.nodes,
                    help=f"simulated nodes (ranks are split evenly; default {par.nodes})")
     add_flag(p, shared, "policies", default="megatron,relibra; they alternate step by step on the same data")
     p.add_argument("--policy", dest="policies", type=p._option_string_actions["--policies"].type,
@@ -53,7 +53,7 @@ def register(sub) -> None:
     p.add_argument("--model", default=model.name, help=f"model preset (default {model.name})")
     p.add_argument("--workload", default=data.workload, help=f"workload of the synthetic trace (default {data.workload})")
     add_flag(p, shared, "micro_batches", default=str(data.micro_batches))
-    p.add_argument("--tokens-per-rank", type=int, default=data.tokens_per_rank,
+    p.add_argument("--tokens-per-rank", type=integer(1).arg("--tokens-per-rank"), default=data.tokens_per_rank,
                    help=f"tokens per rank and micro-batch (default {data.tokens_per_rank})")
     p.add_argument("--expert-order", choices=("hot-first", "trace"), default=data.expert_order,
                    help="synthetic traces: relabel experts hottest first (static placement's worst case) or keep "
@@ -62,7 +62,7 @@ def register(sub) -> None:
     p.add_argument("--lr", type=float, default=model.lr, help=f"AdamW learning rate (default {model.lr:g})")
     p.add_argument("--dtype", choices=("float32", "float64"), default=None,
                    help="default float32; float64 when --check-equivalence is given")
-    p.add_argument("--threads-per-rank", type=int, default=par.threads_per_rank,
+    p.add_argument("--threads-per-rank", type=integer(1).arg("--threads-per-rank"), default=par.threads_per_rank,
                    help=f"torch threads per rank (default {par.threads_per_rank})")
     p.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
                    help="policy parameter, repeatable (e.g. min_replica_tokens=16); given to every policy that has it")
@@ -151,10 +151,8 @@ def _run(args) -> int:
     quiet_known_warnings()
     if args.torchrun:
         return _under_torchrun(args)
-    if args.nproc <= 0:
-        raise ConfigError(f"--nproc must be a positive integer, got {args.nproc}")
     check_local_ranks(args.nproc)
-    if args.nodes > 0 and args.nproc % args.nodes:
+    if args.nproc % args.nodes:
         raise ConfigError(f"--nodes {args.nodes} does not divide --nproc {args.nproc}")
     request = request_from_args(args)
     wait_s = quiet_wait_s(args)

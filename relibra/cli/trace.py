@@ -24,7 +24,7 @@ MAX_MODEL_JSON_BYTES = 1 << 20  # a model's config.json is a few kB; a ModelShap
 def register(subparsers) -> None:
     from relibra.cli.setup import add_setup_arguments, shared_options
     from relibra.cluster import PAPER_MODELS
-    from relibra.studies.params import add_flag
+    from relibra.studies.params import add_flag, integer
 
     parser = subparsers.add_parser("trace", help="routing traces: generate, import, stats, calibrate",
                                    description="Routing traces: loads[step, micro_batch, layer, src_rank, expert].")
@@ -62,9 +62,9 @@ def register(subparsers) -> None:
     imp.add_argument("--out", required=True, help="output .npz file")
     imp.add_argument("--model", help="model preset; or give --layers, --experts and --top-k (megatron-jsonl: "
                                      "--experts alone, or nothing when router_state_rank*.pt lies beside the trace)")
-    imp.add_argument("--layers", type=int, help="MoE layers (explicit model shape)")
-    imp.add_argument("--experts", type=int, help="routed experts per layer (explicit model shape)")
-    imp.add_argument("--top-k", type=int, help="experts per token (explicit model shape)")
+    for flag, what in (("--layers", "MoE layers"), ("--experts", "routed experts per layer"),
+                       ("--top-k", "experts per token")):
+        imp.add_argument(flag, type=integer(1).arg(flag), help=f"{what} (explicit model shape)")
     imp.add_argument("--model-json", metavar="FILE",
                      help="the whole model shape from a JSON file instead of --model or --layers/--experts/--top-k: "
                           "the kit's ModelShape fields (name, num_layers, num_experts, top_k, hidden, moe_ffn, "
@@ -74,10 +74,10 @@ def register(subparsers) -> None:
         "model sizes", "what the cost model charges beside the routing: expert GEMMs, attention, embedding and output "
         "layer; each flag replaces that field of --model, --model-json or the explicit shape, and the trace keeps it")
     for flag, field, default, what in DENSE_FLAGS:
-        dense.add_argument(flag, type=int, default=None, dest=field, metavar="N",
+        dense.add_argument(flag, type=integer(1).arg(flag), default=None, dest=field, metavar="N",
                            help=f"{what} (default: the preset's or the JSON's; explicit shape {default})")
-    imp.add_argument("--ep", type=int, help="expert-parallel size (required; megatron-jsonl: default highest rank + 1)")
-    imp.add_argument("--micro-batches", type=int, default=1,
+    imp.add_argument("--ep", type=integer(1).arg("--ep"), help="expert-parallel size (required; megatron-jsonl: default highest rank + 1)")
+    imp.add_argument("--micro-batches", type=integer(1).arg("--micro-batches"), default=1,
                      help="verl/sglang/vllm/slime: micro-batches each rank cuts its sequences into (default 1)")
     imp.add_argument("--order", choices=("rank-major", "microbatch-major"), default="rank-major",
                      help="verl/sglang/vllm/slime: how sequences are dealt to (rank, micro-batch) slots (default rank-major)")
@@ -87,7 +87,7 @@ def register(subparsers) -> None:
     imp.add_argument("--recompute", choices=("error", "drop"), default="error",
                      help="megatron-jsonl: a record repeating an earlier one of the same (step, layer, rank) is an "
                           "error (default), or an activation-recompute repeat to drop")
-    imp.add_argument("--start-len", type=int, default=0,
+    imp.add_argument("--start-len", type=integer(0).arg("--start-len"), default=0,
                      help="sglang JSON: the request's routed_experts_start_len, which SGLang does not echo (default 0)")
     imp.add_argument("--loads-only", action="store_true",
                      help="drop the token-level ids, keep only the counts (holds one file's ids at a time)")
@@ -203,15 +203,13 @@ def _import_shape(args):
     from relibra.cluster import MODEL_LIMITS, get_model
 
     dense = {field: getattr(args, field) for field in DENSE_FLAG if getattr(args, field) is not None}
-    for field, value in dense.items():
-        if value < 1:
-            raise ConfigError(f"{DENSE_FLAG[field]} must be a positive integer, got {value}")
     explicit = [f for f, v in (("--layers", args.layers), ("--experts", args.experts), ("--top-k", args.top_k))
                 if v is not None]
     model = args.model
     if args.model_json is not None:
         if model is not None or explicit:
-            raise ConfigError(f"--model-json gives the whole shape; drop {', '.join(['--model'] * (model is not None) + explicit)}")
+            raise ConfigError(f"--model-json gives the whole shape; drop "
+                              f"{', '.join(['--model'] * (model is not None) + explicit)}")
         model = model_from_json(args.model_json)
     if model is not None:  # an unknown preset, or flags that make no model with it
         dataclasses.replace(get_model(model) if isinstance(model, str) else model, **dense)
