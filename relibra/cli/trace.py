@@ -76,7 +76,8 @@ def register(subparsers) -> None:
     for flag, field, default, what in DENSE_FLAGS:
         dense.add_argument(flag, type=integer(1).arg(flag), default=None, dest=field, metavar="N",
                            help=f"{what} (default: the preset's or the JSON's; explicit shape {default})")
-    imp.add_argument("--ep", type=integer(1).arg("--ep"), help="expert-parallel size (required; megatron-jsonl: default highest rank + 1)")
+    imp.add_argument("--ep", type=integer(1).arg("--ep"),
+                     help="expert-parallel size (required; megatron-jsonl: default highest rank + 1)")
     imp.add_argument("--micro-batches", type=integer(1).arg("--micro-batches"), default=1,
                      help="verl/sglang/vllm/slime: micro-batches each rank cuts its sequences into (default 1)")
     imp.add_argument("--order", choices=("rank-major", "microbatch-major"), default="rank-major",
@@ -234,7 +235,8 @@ def _with_dense(trace, dense: dict):
     if not changed:
         return trace
     base = trace.model.name
-    name = base if base.startswith("custom-") else f"{base} ({', '.join(f'{DENSE_FLAG[k]} {v}' for k, v in changed.items())})"
+    flags = ", ".join(f"{DENSE_FLAG[k]} {v}" for k, v in changed.items())
+    name = base if base.startswith("custom-") else f"{base} ({flags})"
     return trace.with_model(dataclasses.replace(trace.model, name=name, **changed))
 
 
