@@ -183,7 +183,7 @@ def test_import_model_json_kit_and_hugging_face(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--model", "tiny", "--heads", "0"], "--heads must be a positive integer, got 0"),
+    (["--model", "tiny", "--heads", "0"], "--heads must be an integer >= 1; got '0'"),
     (["--model", "tiny", "--model-json", "m.json"], "--model-json gives the whole shape; drop --model"),
     (["--model-json", "missing.json"], "--model-json missing.json: No such file or directory"),
     (["--model-json", "bad.json"], "--model-json bad.json: unknown field 'heads'"),

@@ -1,9 +1,6 @@
-"""The `relibra` command line. Each module in this package adds its subcommands through a
-`register(subparsers)` function, found at start-up, so a new command is one new file.
-
-Every command module is imported to build the parser, so each imports its work (numpy, pandas, torch,
-the experiments) inside the function that runs the command: `relibra --help` and a mistyped flag
-answer without loading them."""
+"""The `relibra` command line: each module of this package adds its subcommands through `register(subparsers)`.
+Every command module is imported to build the parser, so each imports its work (torch, the experiments)
+inside the function that runs the command: `relibra --help` and a mistyped flag answer without loading it."""
 
 from __future__ import annotations
 
@@ -64,7 +61,7 @@ def version_text() -> str:
 
 
 class _Version(argparse.Action):
-    """--version: print version_text() and exit (computed only when asked)."""
+    """--version: print version_text() (computed only when asked; argparse's own action would wrap it) and exit."""
 
     def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
@@ -105,8 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Arguments that name something the command will write, with the kind of path (None: a file or a folder, as
-# the command says). Each is checked before the command runs (relibra.paths.check_output_path), so a bad
-# path fails at once, not after the work is done.
+# the command says), checked before the command runs: a bad path fails at once, not after the work is done.
 OUTPUT_ARGS = {"out": None, "metrics": "file"}
 
 
@@ -114,9 +110,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
     from relibra.paths import check_output_path
 
     for name, kind in OUTPUT_ARGS.items():
-        value = getattr(args, name, None)
-        if isinstance(value, str):
-            check_output_path(value, kind=kind, flag="--" + name.replace("_", "-"))
+        if isinstance(getattr(args, name, None), str):
+            check_output_path(getattr(args, name), kind=kind, flag="--" + name)
 
 
 class Terminated(KeyboardInterrupt):

@@ -12,14 +12,15 @@ import io
 import json
 from pathlib import Path
 
+from relibra.cli import policy_list
+from relibra.display import json_text
+from relibra.errors import ConfigError
+
 
 def _print(rows: list[dict], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps({"results": rows}, indent=2, default=float))
-        return
     import pandas as pd
 
-    print(pd.DataFrame(rows).to_string(index=False))
+    print(json_text({"results": rows}, indent=2) if as_json else pd.DataFrame(rows).to_string(index=False))
 
 
 def _workload(args) -> int:
@@ -33,8 +34,6 @@ def _workload(args) -> int:
 def _planner(args) -> int:
     from relibra.bench.planner import benchmark_planner
 
-    from relibra.cli import policy_list
-
     policies = tuple(policy_list(args.policies))  # every name, before any trace is generated
     _print(benchmark_planner(args.model, args.ep, seed=args.seed, policies=policies, cluster=args.cluster,
                              layout=args.layout, micro_batches=args.micro_batches), args.json)
@@ -43,9 +42,6 @@ def _planner(args) -> int:
 
 def _sim(args) -> int:
     from relibra.bench.sim import benchmark_sim
-    from relibra.cli import policy_list
-
-    from relibra.errors import ConfigError
 
     if len(policy_list(args.policy, flag="--policy")) != 1:
         raise ConfigError(f"--policy takes one policy name, got {args.policy!r}")
@@ -57,7 +53,6 @@ def _sim(args) -> int:
 def run_json_command(argv) -> dict:
     """Run `relibra ARGV` (a command with --json) in this process; its printed JSON object."""
     from relibra.cli import build_parser
-    from relibra.errors import ConfigError
 
     args = build_parser().parse_args(list(argv))
     text = io.StringIO()
@@ -73,7 +68,6 @@ def _record(args) -> int:
 
     from relibra.bench import records as rec
     from relibra.display import json_safe
-    from relibra.errors import ConfigError
     from relibra.paths import check_output_path
     from relibra.progress import progress as tqdm
 

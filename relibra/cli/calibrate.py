@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 
-def _run(args) -> int:
-    from relibra.bench.calibrate import run
-
-    return run(args)
-
-
 def register(sub) -> None:
-    from relibra.bench.calibrate import add_arguments
+    from relibra.bench.calibrate import add_arguments, run
 
     p = sub.add_parser("calibrate", help="micro-benchmark this machine (expert GEMM, gloo all-to-all and "
                        "point-to-point, AdamW) and fit the cpu-gloo-fit cluster preset")
     add_arguments(p)
-    p.set_defaults(func=_run)
+    p.set_defaults(func=run)

@@ -2,51 +2,51 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 
 from relibra.errors import ConfigError
 
+# Integer flags of `relibra rl`: (flag, default, what it sets); each at least 1 but --warmup-steps (RLConfig.validate
+# checks the rest: a group of at least 2, micro-batches dividing the step, ...).
+SIZES = (("--steps", 40, "GRPO steps = trace steps"), ("--prompts", 32, "prompts per step"),
+         ("--group-size", 8, "sampled responses per prompt"), ("--micro-batches", 8, "micro-batches per step"),
+         ("--warmup-steps", 300, "supervised warm-up steps"), ("--layers", 4, "MoE layers"),
+         ("--experts", 32, "experts per layer"), ("--top-k", 4, "experts per token"), ("--hidden", 64, "hidden size"),
+         ("--moe-ffn", 128, "expert FFN size"))
+
 
 def register(subparsers) -> None:
+    from relibra.cli.setup import shared_options
     from relibra.rl.tasks import DOMAINS
+    from relibra.studies.params import add_flag, integer, names, param
+
+    @dataclass(frozen=True)
+    class RLOptions(shared_options()):
+        domains: tuple[str, ...] = param(DOMAINS, "task domains", names(tuple(DOMAINS), "task domain"))
 
     p = subparsers.add_parser(
         "rl", help="run a small real RL workload (GRPO on a tiny MoE) and write its routing trace",
         description="Supervised warm-up, then GRPO on verifiable synthetic tasks with a tiny MoE policy. "
                     "Rollouts record every token's experts, training replays them (and checks it), and the "
                     "recorded routing is written as a RoutingTrace. See docs/rl.md.")
-    p.add_argument("--steps", type=int, default=40, help="GRPO steps = trace steps (default 40)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0); same seed, same trace")
+    p.add_argument("--seed", type=integer(0).arg("--seed"), default=0,
+                   help="random seed (default 0); same seed, same trace")
     p.add_argument("--out", required=True, help="output trace .npz")
     p.add_argument("--metrics", help="also write per-step metrics, evaluations and statistics as JSON")
-    from relibra.cli.setup import shared_options
-    from relibra.studies.params import add_flag, names, param
-
-    @dataclass(frozen=True)
-    class RLOptions(shared_options()):
-        domains: tuple[str, ...] = param(DOMAINS, "task domains", names(tuple(DOMAINS), "task domain"))
-
     add_flag(p, RLOptions, "domains")
-    p.add_argument("--prompts", type=int, default=32, help="prompts per step (default 32)")
-    p.add_argument("--group-size", type=int, default=8, help="sampled responses per prompt (default 8)")
-    p.add_argument("--micro-batches", type=int, default=8, help="micro-batches per step (default 8)")
-    p.add_argument("--ep", type=int, default=None,
+    for flag, default, what in SIZES:
+        p.add_argument(flag, type=integer(0 if flag == "--warmup-steps" else 1).arg(flag), default=default,
+                       help=f"{what} (default {default})")
+    p.add_argument("--ep", type=integer(1).arg("--ep"), default=None,
                    help="simulated EP source ranks per micro-batch (default 4; with --trainer megatron: --nproc)")
-    p.add_argument("--warmup-steps", type=int, default=300, help="supervised warm-up steps (default 300)")
     p.add_argument("--lr", type=float, default=5e-4, help="GRPO learning rate (default 5e-4)")
-    p.add_argument("--layers", type=int, default=4, help="MoE layers (default 4)")
-    p.add_argument("--experts", type=int, default=32, help="experts per layer (default 32)")
-    p.add_argument("--top-k", type=int, default=4, help="experts per token (default 4)")
-    p.add_argument("--hidden", type=int, default=64, help="hidden size (default 64)")
-    p.add_argument("--moe-ffn", type=int, default=128, help="expert FFN size (default 128)")
     p.add_argument("--shuffle", action="store_true",
                    help="shuffle a step's sequences before cutting micro-batches (default: rollout order)")
     p.add_argument("--rollout-dtype", default=None, choices=("bfloat16", "float32"),
                    help="precision of the rollout engine's copy of the policy (training is float32) (default "
                         "bfloat16; with --trainer megatron: float32, the only one it runs)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=integer(1).arg("--threads"), default=1,
                    help="torch CPU threads (default 1: the policy's GEMMs are too small to gain from more, "
                         "see docs/rl.md)")
     p.add_argument("--compare", default="small",
@@ -56,34 +56,32 @@ def register(subparsers) -> None:
                    help="torch: the plain-torch policy in this process (default); megatron: the policy as a "
                         "megatron-core GPTModel under megatron DDP and optimizer on --nproc gloo ranks (EP = "
                         "every rank), ReLibra planning between rollout and training (docs/rl.md)")
-    p.add_argument("--nproc", type=int, default=None, help="--trainer megatron: gloo ranks = EP size (default 2)")
+    p.add_argument("--nproc", type=integer(1).arg("--nproc"), default=None, help="--trainer megatron: gloo ranks = EP size (default 2)")
     add_flag(p, RLOptions, "policies", default="megatron,relibra; --trainer megatron only, each policy run from "
                                                  "the same seed")
-    p.add_argument("--replica-slots", type=int, default=None,
+    p.add_argument("--replica-slots", type=integer(0).arg("--replica-slots"), default=None,
                    help="--trainer megatron: replica slots per rank for balancing policies (default 2)")
     p.set_defaults(func=_rl)
 
 
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return "nan" if math.isnan(v) else f"{v:.3f}"
-    return str(v)
-
-
 def _table(rows: list[dict]) -> str:
-    cols = list(rows[0])
-    cells = [[_fmt(r[c]) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
+    import pandas as pd
+
+    return pd.DataFrame(rows).to_string(index=False, float_format="{:.3f}".format)
+
+
+def _write_metrics(path: str, out: dict) -> None:
+    from relibra.display import json_text
+    from relibra.paths import write_text
+
+    write_text(path, json_text(out, indent=1))
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def _rl(args) -> int:
-    if not args.out.endswith(".npz"):
-        raise ConfigError(f"--out {args.out}: a trace file must end in .npz")
-    if args.threads <= 0:
-        raise ConfigError(f"--threads must be positive, got {args.threads}")
+    from relibra.cli.trace import check_trace_out
+
+    check_trace_out(args.out)
     import os
 
     # Idle OpenMP workers sleep instead of spinning, so extra threads cost little when the cores are busy.
@@ -105,8 +103,6 @@ def _rl(args) -> int:
         args.nproc = 2 if args.nproc is None else args.nproc
         args.policies = ("megatron", "relibra") if args.policies is None else args.policies
         args.replica_slots = 2 if args.replica_slots is None else args.replica_slots
-        if args.nproc <= 0:
-            raise ConfigError(f"--nproc must be positive, got {args.nproc}")
         from relibra.limits import check_local_ranks, check_replica_slots
 
         check_local_ranks(args.nproc)
@@ -124,36 +120,29 @@ def _rl(args) -> int:
 
         get_model(args.compare)  # fail before the run, not after it
     progress = not args.no_progress
-    if args.trainer == "megatron":
+    if megatron:
         return _rl_megatron(args, cfg, progress)
     result = run_rl(cfg, progress=progress, log=None if progress else (lambda _line: None))
-    result.trace.save(args.out)
-
+    trace = result.trace
+    trace.save(args.out)
     rewards = np.array([h["reward"] for h in result.history])
     block = max(1, len(rewards) // 4)
-    quarters = [float(rewards[i:i + block].mean()) for i in range(0, len(rewards), block)]
-    print(f"wrote {args.out}: {result.trace.num_steps} steps x {result.trace.num_microbatches} micro-batches, "
-          f"{int(result.trace.loads[:, :, 0].sum()) // result.trace.model.top_k} routed tokens, {result.seconds:.1f} s")
-    print("mean sampled reward per quarter of the run: " + ", ".join(f"{q:.3f}" for q in quarters))
-    if result.eval_before:
-        print(f"greedy reward on {cfg.eval_prompts} held-out prompts: {result.eval_before['reward']:.3f} after warm-up, "
-              f"{result.eval_after['reward']:.3f} after RL (solved {result.eval_before['solved']:.3f} -> "
-              f"{result.eval_after['solved']:.3f})")
-    if args.compare.lower() == "none":
-        rows = [shift_row("real RL (relibra rl)", result.trace)]
-    else:
-        rows = synthetic_comparison(result.trace, model=args.compare, seed=args.seed)
+    print(f"wrote {args.out}: {trace.num_steps} steps x {trace.num_microbatches} micro-batches, "
+          f"{int(trace.loads[:, :, 0].sum()) // trace.model.top_k} routed tokens, {result.seconds:.1f} s")
+    print("mean sampled reward per quarter of the run: "
+          + ", ".join(f"{rewards[i:i + block].mean():.3f}" for i in range(0, len(rewards), block)))
+    before, after = result.eval_before, result.eval_after
+    if before:
+        print(f"greedy reward on {cfg.eval_prompts} held-out prompts: {before['reward']:.3f} after warm-up, "
+              f"{after['reward']:.3f} after RL (solved {before['solved']:.3f} -> {after['solved']:.3f})")
+    rows = ([shift_row("real RL (relibra rl)", trace)] if args.compare.lower() == "none" else
+            synthetic_comparison(trace, model=args.compare, seed=args.seed))
     print("\nrouting shift (hot = top 10% experts; overlaps are shares of hot experts kept):")
     print(_table(rows))
     if args.metrics:
-        out = {"config": cfg.to_dict(), "history": result.history, "eval_before": result.eval_before,
-               "eval_after": result.eval_after, "warmup_loss": result.warmup_loss, "seconds": result.seconds,
-               "shift_statistics": rows}
-        from relibra.display import json_text
-        from relibra.paths import write_text
-
-        write_text(args.metrics, json_text(out, indent=1))
-        print(f"wrote {args.metrics}", file=sys.stderr)
+        _write_metrics(args.metrics, {"config": cfg.to_dict(), "history": result.history, "eval_before": before,
+                                      "eval_after": after, "warmup_loss": result.warmup_loss,
+                                      "seconds": result.seconds, "shift_statistics": rows})
     return 0
 
 
@@ -165,8 +154,6 @@ def _rl_megatron(args, cfg, progress: bool) -> int:
     from relibra.runtime.launch import launch
 
     policies = list(args.policies)
-    if args.replica_slots < 0:
-        raise ConfigError(f"--replica-slots must be >= 0, got {args.replica_slots}")
     check_megatron_config(cfg, args.nproc, policies, args.replica_slots)
     out = launch(megatron_rl_worker, args.nproc, cfg, policies, args.replica_slots, args.out, progress,
                  threads_per_rank=args.threads, timeout_s=600.0)
@@ -176,33 +163,24 @@ def _rl_megatron(args, cfg, progress: bool) -> int:
           f"{'yes' if out['routing_identical'] else 'no'}")
     print("supervised warm-up loss (mean of the last 20 steps): "
           + ", ".join(f"{p} {out['warmup_loss'][p]:.4f}" for p in policies))
-    rows = []
-    for s in range(cfg.steps):
-        for p in policies:
-            h = history[p][s]
-            total = h["rollout_s"] + h["planning_s"] + h["training_s"]
-            rows.append({"step": s, "policy": p, "reward": f"{h['reward']:.6f}", "loss": f"{h['loss']:.6e}", "grad_norm": f"{h['grad_norm']:.6e}",
-                         "moved": h["experts_moved"], "replicas": h["replicas"], "replica_tokens": h["replica_tokens"],
-                         "rollout_s": f"{h['rollout_s']:.2f}", "planning_s": f"{h['planning_s']:.3f}",
-                         "training_s": f"{h['training_s']:.2f}", "planning_share": f"{h['planning_s'] / total:.1%}"})
+    rows = [{"step": s, "policy": p, "reward": f"{h['reward']:.6f}", "loss": f"{h['loss']:.6e}",
+             "grad_norm": f"{h['grad_norm']:.6e}", "moved": h["experts_moved"], "replicas": h["replicas"],
+             "replica_tokens": h["replica_tokens"], "rollout_s": f"{h['rollout_s']:.2f}",
+             "planning_s": f"{h['planning_s']:.3f}", "training_s": f"{h['training_s']:.2f}",
+             "planning_share": f"{h['planning_s'] / (h['rollout_s'] + h['planning_s'] + h['training_s']):.1%}"}
+            for s in range(cfg.steps) for p in policies for h in (history[p][s],)]
     print(_table(rows))
     base = policies[0]
     for p in policies[1:]:
-        rewards = max(abs(a["reward"] - b["reward"]) for a, b in zip(history[p], history[base]))
-        losses = max(abs(a["loss"] - b["loss"]) for a, b in zip(history[p], history[base]))
-        norms = max(abs(a["grad_norm"] - b["grad_norm"]) for a, b in zip(history[p], history[base]))
-        print(f"{p} vs {base}: max |reward difference| {rewards:.3g}, max |loss difference| {losses:.3g}, "
-              f"max |grad-norm difference| {norms:.3g} over {cfg.steps} steps (float32; bound: docs/rl.md)")
+        gap = {k: max(abs(a[k] - b[k]) for a, b in zip(history[p], history[base]))
+               for k in ("reward", "loss", "grad_norm")}
+        print(f"{p} vs {base}: max |reward difference| {gap['reward']:.3g}, max |loss difference| {gap['loss']:.3g}, "
+              f"max |grad-norm difference| {gap['grad_norm']:.3g} over {cfg.steps} steps (float32; bound: docs/rl.md)")
     for p in policies:
         t = {k: float(np.sum([h[k] for h in history[p]])) for k in ("rollout_s", "planning_s", "training_s")}
-        total = sum(t.values())
         print(f"{p}: rollout {t['rollout_s']:.2f} s, planning {t['planning_s']:.3f} s, training "
-              f"{t['training_s']:.2f} s; planning {t['planning_s'] / total:.1%} of the step")
+              f"{t['training_s']:.2f} s; planning {t['planning_s'] / sum(t.values()):.1%} of the step")
     if args.metrics:
-        from relibra.display import json_text
-        from relibra.paths import write_text
-
-        write_text(args.metrics, json_text({"config": cfg.to_dict(), "trainer": "megatron", "nproc": args.nproc,
-                                            "policies": policies, **out}, indent=1))
-        print(f"wrote {args.metrics}", file=sys.stderr)
+        _write_metrics(args.metrics, {"config": cfg.to_dict(), "trainer": "megatron", "nproc": args.nproc,
+                                      "policies": policies, **out})
     return 0

@@ -48,31 +48,26 @@ def compare_rows(model: str, workloads, setups, ep: int | None, steps: int, seed
     shift) the generated trace's step and micro-batch rows, then each trace file's (the real RL trace first).
     ep None: each card's batch.expert_parallel."""
     from relibra.analysis import comparison_rows, read_public_frequencies
+    from relibra.rl.capture import DEFAULT_RL_TRACE
     from relibra.setups import load_card
     from relibra.trace import RoutingTrace
     from relibra.workloads import generate_trace
 
     generated = {}
-    for setup in setups:
-        card = load_card(setup)
+    for card in map(load_card, setups):
         card_ep = card.value("batch.expert_parallel") if ep is None else ep
         for workload in workloads:
             for shift in shifts:
-                cfg = card.workload_config(microbatch_shift=shift)
-                label = f"kit: {card.name}, {model}, {workload}, EP {card_ep}, shift {shift:g}"
-                generated[label] = generate_trace(model, workload, card_ep, steps, seed=seed, config=cfg,
-                                                  progress=progress)
+                generated[f"kit: {card.name}, {model}, {workload}, EP {card_ep}, shift {shift:g}"] = generate_trace(
+                    model, workload, card_ep, steps, seed=seed, config=card.workload_config(microbatch_shift=shift),
+                    progress=progress)
     files = {f"trace: {printable(path)}": path for path in traces}
     if rl_trace == "default":  # the shipped trace of `relibra rl`, wherever the command runs from
-        from pathlib import Path
-
-        files = {"trace: data/rl_tiny_seed0.npz": str(Path(__file__).resolve().parents[2] / "data" /
-                                                      "rl_tiny_seed0.npz"), **files}
+        files = {"trace: data/rl_tiny_seed0.npz": str(DEFAULT_RL_TRACE), **files}
     elif rl_trace:
         files = {f"trace: {printable(rl_trace)}": rl_trace, **files}
     loaded = {label: RoutingTrace.load(path) for label, path in files.items()}
-    rows = comparison_rows(generated, read_public_frequencies(public))
-    return rows + comparison_rows(loaded, {})
+    return comparison_rows(generated, read_public_frequencies(public)) + comparison_rows(loaded, {})
 
 
 def _compare(args) -> int:

@@ -11,7 +11,6 @@ the simulator's prediction, and the speed-up over megatron with its bootstrap 95
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import os
@@ -19,19 +18,30 @@ import sys
 
 from relibra.errors import ConfigError
 
+MAX_RUN_STEPS = 1000  # timed steps per policy: a CPU run of 1000 steps already takes hours (docs/runtime.md)
+QUIET_WAIT_S = 60.0  # the default bound on waiting for a quiet machine (--quiet-wait)
+QUIET_WAIT_ENV = "RELIBRA_QUIET_WAIT_S"  # overrides it (the tests set 0: their machine is shared)
 
-def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    from relibra.runtime.measure import DataOptions
+
+def register(sub) -> None:
+    from relibra.cli.setup import shared_options
     from relibra.runtime.config import FaultOptions, MeasurementOptions, ModelOptions, ParallelismOptions
+    from relibra.runtime.measure import DataOptions
+    from relibra.studies.params import add_flag, integer
 
     model, par, meas, faults, data = ModelOptions(), ParallelismOptions(), MeasurementOptions(), FaultOptions(), \
         DataOptions()
-    p.add_argument("--nodes", type=int, default=par.nodes,
-                   help=f"simulated nodes (ranks are split evenly; default {par.nodes})")
-    from relibra.cli.setup import shared_options
-    from relibra.studies.params import add_flag
-
     shared, own = shared_options(), run_options()
+    p = sub.add_parser("run", help="train with expert parallelism on local ranks (gloo) under policies' plans")
+    p.add_argument("--nproc", type=integer(1).arg("--nproc"), default=2, help="ranks to launch (default 2)")
+    p.add_argument("--torchrun", action="store_true",
+                   help="join the torchrun job this process belongs to (RANK, WORLD_SIZE, ...) instead of launching")
+    p.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
+                   help="before measuring, wait at most this long while the 1-minute load average is above the "
+                        f"usable cores, then go on (with a warning in the output and summary.json when still busy); "
+                        f"default ${QUIET_WAIT_ENV} or {QUIET_WAIT_S:g} s, 0: do not wait")
+    p.add_argument("--nodes", type=integer(1).arg("--nodes"), default=par.nodes,
+                   help=f"simulated nodes (ranks are split evenly; default {par.nodes})")
     add_flag(p, shared, "policies", default="megatron,relibra; they alternate step by step on the same data")
     p.add_argument("--policy", dest="policies", type=p._option_string_actions["--policies"].type,
                    metavar="POLICIES", help="the same as --policies")
@@ -43,9 +53,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=model.name, help=f"model preset (default {model.name})")
     p.add_argument("--workload", default=data.workload, help=f"workload of the synthetic trace (default {data.workload})")
     add_flag(p, shared, "micro_batches", default=str(data.micro_batches))
-    p.set_defaults(policies=("megatron", "relibra"), steps=meas.steps, warmup_steps=meas.warmup_steps,
-                   micro_batches=data.micro_batches)
-    p.add_argument("--tokens-per-rank", type=int, default=data.tokens_per_rank,
+    p.add_argument("--tokens-per-rank", type=integer(1).arg("--tokens-per-rank"), default=data.tokens_per_rank,
                    help=f"tokens per rank and micro-batch (default {data.tokens_per_rank})")
     p.add_argument("--expert-order", choices=("hot-first", "trace"), default=data.expert_order,
                    help="synthetic traces: relabel experts hottest first (static placement's worst case) or keep "
@@ -54,7 +62,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=model.lr, help=f"AdamW learning rate (default {model.lr:g})")
     p.add_argument("--dtype", choices=("float32", "float64"), default=None,
                    help="default float32; float64 when --check-equivalence is given")
-    p.add_argument("--threads-per-rank", type=int, default=par.threads_per_rank,
+    p.add_argument("--threads-per-rank", type=integer(1).arg("--threads-per-rank"), default=par.threads_per_rank,
                    help=f"torch threads per rank (default {par.threads_per_rank})")
     p.add_argument("--policy-param", action="append", default=[], metavar="KEY=VALUE",
                    help="policy parameter, repeatable (e.g. min_replica_tokens=16); given to every policy that has it")
@@ -67,9 +75,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="after a rolled-back migration: keep training on the old placement (one warning) or stop")
     p.add_argument("--json", action="store_true", help="print one JSON object {\"results\": [...]} instead of tables")
     p.add_argument("--out", default=None, help="folder for metrics.csv and summary.json")
-
-
-MAX_RUN_STEPS = 1000  # timed steps per policy: a CPU run of 1000 steps already takes hours (docs/runtime.md)
+    p.set_defaults(func=_run, policies=("megatron", "relibra"), steps=meas.steps, warmup_steps=meas.warmup_steps,
+                   micro_batches=data.micro_batches)
 
 
 @functools.cache
@@ -88,6 +95,7 @@ def run_options() -> type:
 
 
 def _parse_value(text: str):
+    """--policy-param's value: an int, else a float, else the text."""
     for cast in (int, float):
         try:
             return cast(text)
@@ -98,36 +106,28 @@ def _parse_value(text: str):
 
 def request_from_args(args):
     """The RuntimeRequest of parsed arguments, validated (and the --out path checked) before any work."""
-    from relibra.runtime.measure import DataOptions, RuntimeRequest
+    from relibra.paths import check_output_path
     from relibra.runtime.config import (FaultOptions, MeasurementOptions, ModelOptions, ParallelismOptions,
                                         RunOptions)
+    from relibra.runtime.measure import DataOptions, RuntimeRequest
 
-    params = {}
-    for item in args.policy_param:
-        if "=" not in item:
-            raise ConfigError(f"--policy-param expects KEY=VALUE, got {item!r}")
-        key, value = item.split("=", 1)
-        params[key] = _parse_value(value)
-    dtype = args.dtype or ("float64" if args.check_equivalence else "float32")
+    bad = next((item for item in args.policy_param if "=" not in item), None)
+    if bad is not None:
+        raise ConfigError(f"--policy-param expects KEY=VALUE, got {bad!r}")
+    params = {key: _parse_value(value) for key, value in (item.split("=", 1) for item in args.policy_param)}
     run = RunOptions(
-        model=ModelOptions(name=args.model, dtype=dtype, seed=args.seed, lr=args.lr),
+        model=ModelOptions(name=args.model, dtype=args.dtype or ("float64" if args.check_equivalence else "float32"),
+                           seed=args.seed, lr=args.lr),
         parallelism=ParallelismOptions(nodes=args.nodes, threads_per_rank=args.threads_per_rank),
         measurement=MeasurementOptions(steps=args.steps, warmup_steps=args.warmup_steps,
                                        split_waiting=args.split_waiting, check_equivalence=args.check_equivalence),
         faults=FaultOptions(collective_timeout_s=args.collective_timeout, on_migration_failure=args.on_migration_failure))
     data = DataOptions(trace=args.trace, workload=args.workload, micro_batches=args.micro_batches,
                        tokens_per_rank=args.tokens_per_rank, expert_order=args.expert_order)
-    request = RuntimeRequest(policies=tuple(args.policies), policy_params=params,
-                             data=data, run=run).validate()
+    request = RuntimeRequest(policies=tuple(args.policies), policy_params=params, data=data, run=run).validate()
     if args.out is not None:
-        from relibra.paths import check_output_path
-
         check_output_path(args.out, kind="dir")
     return request
-
-
-QUIET_WAIT_S = 60.0  # the default bound on waiting for a quiet machine (--quiet-wait)
-QUIET_WAIT_ENV = "RELIBRA_QUIET_WAIT_S"  # overrides it (the tests set 0: their machine is shared)
 
 
 def quiet_wait_s(args) -> float:
@@ -143,6 +143,7 @@ def quiet_wait_s(args) -> float:
 
 
 def _run(args) -> int:
+    from relibra.limits import check_local_ranks
     from relibra.runtime.measure import prepare, report
     from relibra.runtime.quiet import quiet_known_warnings
     from relibra.runtime.results import RunResult
@@ -150,12 +151,8 @@ def _run(args) -> int:
     quiet_known_warnings()
     if args.torchrun:
         return _under_torchrun(args)
-    if args.nproc <= 0:
-        raise ConfigError(f"--nproc must be a positive integer, got {args.nproc}")
-    from relibra.limits import check_local_ranks
-
     check_local_ranks(args.nproc)
-    if args.nodes > 0 and args.nproc % args.nodes:
+    if args.nproc % args.nodes:
         raise ConfigError(f"--nodes {args.nodes} does not divide --nproc {args.nproc}")
     request = request_from_args(args)
     wait_s = quiet_wait_s(args)
@@ -181,8 +178,8 @@ def _under_torchrun(args) -> int:
     import torch.distributed as dist
 
     from relibra.errors import RelibraError
-    from relibra.runtime.measure import prepare, report
     from relibra.runtime.groups import init_distributed
+    from relibra.runtime.measure import prepare, report
     from relibra.runtime.results import RunResult
     from relibra.runtime.train import worker
 
@@ -212,16 +209,3 @@ def _under_torchrun(args) -> int:
     finally:
         dist.destroy_process_group()
     return code
-
-
-def register(sub) -> None:
-    p = sub.add_parser("run", help="train with expert parallelism on local ranks (gloo) under policies' plans")
-    p.add_argument("--nproc", type=int, default=2, help="ranks to launch (default 2)")
-    p.add_argument("--torchrun", action="store_true",
-                   help="join the torchrun job this process belongs to (RANK, WORLD_SIZE, ...) instead of launching")
-    p.add_argument("--quiet-wait", type=float, default=None, metavar="SECONDS",
-                   help="before measuring, wait at most this long while the 1-minute load average is above the "
-                        f"usable cores, then go on (with a warning in the output and summary.json when still busy); "
-                        f"default ${QUIET_WAIT_ENV} or {QUIET_WAIT_S:g} s, 0: do not wait")
-    add_run_arguments(p)
-    p.set_defaults(func=_run)

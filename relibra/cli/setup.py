@@ -5,8 +5,6 @@ from __future__ import annotations
 import functools
 import json
 
-from relibra.errors import ConfigError
-
 
 def _card(v) -> str:
     from relibra.setups import load_card
@@ -79,22 +77,18 @@ def add_setup_arguments(p) -> None:
 
 
 def card_with_overrides(setup: str, layout: str | None, tokens_per_microbatch: int | None):
-    """The card `setup` with --layout and --tokens-per-microbatch applied (each re-sourced to the flag)."""
+    """The card `setup` with --layout and --tokens-per-microbatch applied (each re-sourced to the flag; their
+    values checked by their flags' Kinds)."""
     from relibra.setups import load_card
 
     card = load_card(setup)
-    changes, flags = {}, []
-    if layout is not None:
-        changes["batch__layout"] = layout
-        flags.append("--layout")
-    if tokens_per_microbatch is not None:
-        if isinstance(tokens_per_microbatch, bool) or tokens_per_microbatch <= 0:
-            raise ConfigError(f"--tokens-per-microbatch must be a positive integer, got {tokens_per_microbatch}")
-        changes["batch__tokens_per_gpu_per_microbatch"] = tokens_per_microbatch
-        flags.append("--tokens-per-microbatch")
-    if not changes:
+    given = {flag: (key, value) for flag, key, value in (
+        ("--layout", "batch__layout", layout),
+        ("--tokens-per-microbatch", "batch__tokens_per_gpu_per_microbatch", tokens_per_microbatch))
+        if value is not None}
+    if not given:
         return card
-    return card.with_values(f"command line ({' '.join(flags)})", **changes)
+    return card.with_values(f"command line ({' '.join(given)})", **dict(given.values()))
 
 
 def _show(args) -> int:
@@ -115,9 +109,8 @@ def _show(args) -> int:
         rng = "" if row["range"] is None else f"  [sweep {row['range'][0]} .. {row['range'][1]}]"
         print(f"{row['key']} = {value} {row['unit']}".rstrip() + f"  ({row['kind']}){rng}")
         print(f"    source: {row['source']}")
-    ep = card.value("batch.expert_parallel")
+    ep, layout = card.value("batch.expert_parallel"), card.memory_layout()
     for b in budgets:
-        layout = card.memory_layout()
         print(f"\nmemory per GPU, {b.model} at EP {ep}, TP {layout.tp}, PP {layout.pp}, CP {layout.cp}, DP {layout.dp}, "
               f"{layout.tokens_per_gpu:.0f} token rows per GPU per micro-batch (relibra.costs.memory):")
         for line in b.lines():
@@ -135,8 +128,7 @@ def _list(args) -> int:
     from relibra.setups import card_names, load_card
 
     for name in card_names():
-        card = load_card(name)
-        print(f"{name}: {card.description}")
+        print(f"{name}: {load_card(name).description}")
     return 0
 
 
@@ -146,11 +138,10 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("setup", help="set-up cards: every input of a simulated set-up with its source",
                                    description="Set-up cards (data/setups/*.toml): each modelling input of a "
                                                "simulated set-up with its value, unit, kind (published, measured, "
-                                               "assumed) and source.", allow_abbrev=False)
+                                               "assumed) and source.")
     sub = parser.add_subparsers(dest="setup_command", metavar="ACTION", required=True)
-    show = sub.add_parser("show", help="print a card", allow_abbrev=False)
+    show = sub.add_parser("show", help="print a card")
     show.add_argument("card", nargs="?", default=DEFAULT_CARD, help=f"card name or .toml path (default {DEFAULT_CARD})")
     show.add_argument("--json", action="store_true", help="print one JSON object")
     show.set_defaults(func=_show)
-    lst = sub.add_parser("list", help="the shipped cards", allow_abbrev=False)
-    lst.set_defaults(func=_list)
+    sub.add_parser("list", help="the shipped cards").set_defaults(func=_list)

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import math
+from relibra.display import json_text
 
 DEFAULT_STEPS = 2
 
 
 def _simulate(args) -> int:
+    from relibra.cli import policy_list
     from relibra.cli.setup import card_with_overrides
     from relibra.cluster import get_model, parse_topology
     from relibra.errors import ConfigError
-    from relibra.trace import RoutingTrace
-
-    from relibra.cli import policy_list
-    from relibra.studies.replan import ReplanForm, replan_form, simulate_in_form
     from relibra.sim import BALANCED_COMPUTE
+    from relibra.studies.replan import ReplanForm, replan_form, simulate_in_form
+    from relibra.trace import RoutingTrace
 
     policies = policy_list(args.policies, extra=(BALANCED_COMPUTE,))  # every name, before any work
     card = card_with_overrides(args.setup, args.layout, args.tokens_per_microbatch)
@@ -27,13 +25,10 @@ def _simulate(args) -> int:
             raise ConfigError(f"{args.trace}: the trace is of model {trace.model.name!r}, not --model {args.model!r}")
         if args.ep and trace.ep != args.ep:
             raise ConfigError(f"{args.trace}: the trace has EP {trace.ep}, not --ep {args.ep}")
-        if args.steps is None:
-            steps = min(DEFAULT_STEPS, trace.num_steps)
-        elif args.steps > trace.num_steps:
+        steps = min(DEFAULT_STEPS, trace.num_steps) if args.steps is None else args.steps
+        if steps > trace.num_steps:
             raise ConfigError(f"--steps {args.steps}: {args.trace} holds only {trace.num_steps} step(s); give "
                               f"--steps {trace.num_steps} or fewer")
-        else:
-            steps = args.steps
         workload = args.workload or str(trace.provenance.get("workload", ""))
         form = ReplanForm.at_one(policies, "a recorded trace")
     else:
@@ -65,12 +60,10 @@ def _simulate(args) -> int:
     result = simulate_in_form(trace, topology, policies, form, steps=steps, params=params, workload=workload,
                               policy_params=card.policy_params(policies), progress=not args.json)
     result.summary.insert(1, "replan_interval", [form.interval(p) for p in result.summary["policy"]])
-    rows = result.summary.to_dict(orient="records")
     if args.json:
         result.config["replan_source"] = form.source
-        clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()} for row in rows]
-        print(json.dumps({"config": {k: v for k, v in result.config.items() if k != "topology"},
-                          "results": clean}, indent=2, default=_plain))
+        print(json_text({"config": {k: v for k, v in result.config.items() if k != "topology"},
+                         "results": result.summary.to_dict(orient="records")}, indent=2))
         return 0
     cfg = result.config
     print(f"model {cfg['model']}, workload {cfg['workload'] or '-'}, EP {cfg['ep']}, cluster {cfg['cluster']} "
@@ -87,13 +80,6 @@ def _simulate(args) -> int:
     return 0
 
 
-def _plain(value):
-    """JSON fallback for numpy scalars."""
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
-
-
 def register(sub) -> None:
     from relibra.cli.setup import add_setup_arguments, shared_options
     from relibra.cluster import TOPOLOGY_PRESETS
@@ -104,7 +90,7 @@ def register(sub) -> None:
                                    "(relibra setup show). Without --trace, a synthetic trace of "
                                    "--workload is generated from --seed (--warmup-steps extra steps come first, "
                                    "so history-based policies have a history).")
-    from relibra.studies.params import add_flag
+    from relibra.studies.params import add_flag, integer
 
     shared = shared_options()
     add_flag(p, shared, "model", default="required without --trace")
@@ -124,7 +110,8 @@ def register(sub) -> None:
     add_flag(p, shared, "seed")
     add_flag(p, shared, "micro_batches", default="the card's; token-budget derives them from the budget")
     add_flag(p, shared, "tokens_per_rank", default="the generator's")
-    p.add_argument("--seq-len", type=int, default=4096, help="sequence length for attention's cost (default 4096)")
+    p.add_argument("--seq-len", type=integer(1).arg("--seq-len"), default=4096,
+                   help="sequence length for attention's cost (default 4096)")
     p.add_argument("--replica-buffer", default=None, choices=["layer-shared", "per-layer"],
                    help="replica buffer of the overlapped policies (default: the card's, layer-shared)")
     p.add_argument("--route", default=None, choices=["rail", "direct"],

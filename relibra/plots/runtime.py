@@ -24,18 +24,17 @@ def reward_plot(rewards: pd.DataFrame, subtitle: str):
     if len(rewards) >= 5:
         smooth = rewards["reward"].rolling(5, min_periods=1, center=True).mean()
         ax.plot(rewards["step"], smooth, color="0.2", lw=1, ls="--", label="mean reward, 5-step average")
-    ax.set_xlabel("GRPO step")
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_ylabel("reward (0-1, verifier score)")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     ax.set_title("reward")
     ax = axes[1]
     ax.bar(rewards["step"], rewards["seconds"], color="0.6")
-    ax.set_xlabel("GRPO step")
     ax.set_ylabel("wall s per step (rollout + train)")
-    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_title("time per step")
+    for ax in axes:
+        ax.set_xlabel("GRPO step")
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     titled(fig, "The real RL run: reward over GRPO steps", subtitle)
     fig.tight_layout()
     return fig

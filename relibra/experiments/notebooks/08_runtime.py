@@ -130,9 +130,8 @@ def measure(p: Params, s: Sizes) -> dict:
         result = RunResult.from_dict(launch(worker, p.nproc, request.run, prepared.runs, threads_per_rank=1,
                                             timeout_s=request.run.faults.collective_timeout_s))
         parts.append(frame(result.metric_rows(request.run.model.name, request.data.workload)).assign(repeat=repeat))
-        new = summarise(result, prepared, request)
-        summaries += new
-        launches += [repeat] * len(new)
+        summaries += summarise(result, prepared, request)
+        launches += [repeat] * (len(summaries) - len(launches))
     load = max(load_before, os.getloadavg()[0])
     over = " OVERSUBSCRIBED (ranks > cores: times say nothing about speed)" if oversubscribed(p.nproc) else ""
     busy = f"; BUSY: 1-min load {quiet.load_at_start:.1f} on {quiet.cores} cores at the start" if quiet.busy else ""
@@ -202,6 +201,7 @@ def _launches(rows: pd.DataFrame, prefix: str) -> tuple:
 
 
 def _versus(d: pd.DataFrame, g: pd.DataFrame) -> tuple[Versus, ...]:
+    """Each policy of table `d` against Megatron; g: the medians over launches per policy (measured, sim)."""
     ref = g.loc["megatron"]
     return tuple(Versus(p, _launches(d[d["policy"] == p], ""), _launches(d[d["policy"] == p], "cpu_"),
                         ref.measured / x.measured, ref.sim / x.sim) for p, x in g.drop(index="megatron").iterrows())
