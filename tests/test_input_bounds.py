@@ -169,7 +169,7 @@ def test_the_generator_refuses_what_would_overflow_before_drawing():
 
 
 def test_model_json_shapes_are_checked(tmp_path):
-    from relibra.cli.trace import model_from_json
+    from relibra.importers.common import model_from_json
     from relibra.errors import ConfigError
 
     path = tmp_path / "m.json"

@@ -153,7 +153,7 @@ def test_import_keeps_the_users_dense_shape(tmp_path, capsys):
 
 
 def test_import_model_json_kit_and_hugging_face(tmp_path, capsys):
-    from relibra.cli.trace import model_from_json
+    from relibra.importers.common import model_from_json
     from relibra.cluster import get_model
 
     dump = _replay_dump(tmp_path / "replay")

@@ -18,7 +18,6 @@ DENSE_FLAGS = (("--hidden", "hidden", 2048, "hidden size"), ("--moe-ffn", "moe_f
                ("--vocab", "vocab_size", 151936, "vocabulary size (embedding and output layer)"))
 DENSE_FLAG = {field: flag for flag, field, _, _ in DENSE_FLAGS}
 SEQUENCE_FORMATS = ("verl", "sglang", "vllm", "slime")  # sequences the importer deals to (rank, micro-batch) slots
-MAX_MODEL_JSON_BYTES = 1 << 20  # a model's config.json is a few kB; a ModelShape JSON under 1 kB
 
 
 def register(subparsers) -> None:
@@ -124,78 +123,6 @@ def _generate_options() -> type:
     return GenerateOptions
 
 
-def model_from_json(path: str):
-    """A ModelShape from a JSON file: the kit's ModelShape fields (as a trace's meta holds them; `name`
-    defaults to the file's stem, every other key must be a field), or a Hugging Face config.json read by
-    these keys (others ignored):
-
-    - MoE layers: num_hidden_layers less first_k_dense_replace (DeepSeek) dense layers; a
-      decoder_sparse_step other than 1 or a non-empty mlp_only_layers (Qwen MoE) is refused: which
-      layers are MoE is then not a count;
-    - num_experts / n_routed_experts / num_local_experts; top_k: num_experts_per_tok;
-    - hidden_size; moe_ffn: moe_intermediate_size, else intermediate_size (Mixtral's experts);
-      n_shared_experts; dense_ffn: intermediate_size when there are dense layers;
-    - num_attention_heads; num_key_value_heads (default: the heads); head_dim (default:
-      hidden_size / heads); vocab_size. Multi-head latent attention (kv_lora_rank set) is shaped as the
-      kit's deepseek-v3 preset shapes it: head_dim = v_head_dim and one KV head.
-    """
-    import dataclasses
-    import os
-
-    from relibra.cluster import ModelShape
-    from relibra.trace.io import parse_json, read_bounded
-
-    where = f"--model-json {path}"
-    try:
-        with open(path, "rb") as fh:
-            d = parse_json(read_bounded(fh, where, MAX_MODEL_JSON_BYTES, ConfigError), where)
-    except OSError as exc:
-        raise ConfigError(f"{where}: {exc.strerror}") from None
-    if not isinstance(d, dict):
-        raise ConfigError(f"{where}: must be a JSON object, got {type(d).__name__}")
-    fields = {f.name for f in dataclasses.fields(ModelShape)}
-    stem = os.path.splitext(os.path.basename(path))[0]
-    if "num_layers" in d or not {"num_hidden_layers", "hidden_size"} & set(d):
-        unknown = sorted(set(d) - fields)
-        if unknown:
-            raise ConfigError(f"{where}: unknown field {unknown[0]!r}; ModelShape fields: {', '.join(sorted(fields))}")
-        try:
-            return ModelShape.from_dict({"name": stem, **d})
-        except TypeError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-
-    def need(*keys, default=None):
-        for key in keys:
-            if d.get(key) is not None:
-                return d[key]
-        if default is None:
-            raise ConfigError(f"{where}: a Hugging Face config needs {' or '.join(map(repr, keys))}")
-        return default
-
-    if d.get("decoder_sparse_step", 1) != 1 or d.get("mlp_only_layers"):
-        raise ConfigError(f"{where}: decoder_sparse_step / mlp_only_layers make only some layers MoE; write the "
-                          f"kit's ModelShape JSON (num_layers = the MoE layers) instead")
-    dense_layers = int(d.get("first_k_dense_replace") or 0)
-    heads = need("num_attention_heads")
-    hidden = need("hidden_size")
-    mla = d.get("kv_lora_rank") is not None
-    shape = dict(
-        name=str(d.get("_name_or_path") or d.get("model_type") or stem).rstrip("/").split("/")[-1] or stem,
-        num_layers=need("num_hidden_layers") - dense_layers,
-        num_experts=need("num_experts", "n_routed_experts", "num_local_experts"), top_k=need("num_experts_per_tok"),
-        hidden=hidden, moe_ffn=need("moe_intermediate_size", "intermediate_size"),
-        num_shared_experts=int(d.get("n_shared_experts") or 0), num_dense_layers=dense_layers,
-        dense_ffn=int(d.get("intermediate_size") or 0) if dense_layers else 0, num_attention_heads=heads,
-        num_kv_heads=1 if mla else need("num_key_value_heads", default=heads),
-        head_dim=need("v_head_dim") if mla else need("head_dim", default=hidden // heads if isinstance(hidden, int)
-                                                     and isinstance(heads, int) and heads else None),
-        vocab_size=need("vocab_size"))
-    try:
-        return ModelShape(**shape)
-    except TypeError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
 def _import_shape(args):
     """(model for the importer: a ModelShape, a preset name or None, {dense field: value} the flags set),
     every flag's shape checked (KV heads divide heads, ...) before any file is read."""
@@ -211,7 +138,9 @@ def _import_shape(args):
         if model is not None or explicit:
             raise ConfigError(f"--model-json gives the whole shape; drop "
                               f"{', '.join(['--model'] * (model is not None) + explicit)}")
-        model = model_from_json(args.model_json)
+        from relibra.importers.common import model_from_json
+
+        model = model_from_json(args.model_json, f"--model-json {args.model_json}")
     if model is not None:  # an unknown preset, or flags that make no model with it
         dataclasses.replace(get_model(model) if isinstance(model, str) else model, **dense)
         return model, dense
