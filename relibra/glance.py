@@ -1,14 +1,7 @@
-"""The README's "Results at a glance" table, built from what a reproduction run wrote, never typed.
-
-`write_glance(out)` reads back the facts (facts.csv) of every notebook under `out` (default results/)
-and writes `out/glance.md`: one markdown table of the facts with a `readme` title, columns what | figure |
-how it was obtained (simulated or measured, on what, at which profile). A notebook that has not run adds
-no row; a result missing a table is an error naming the file.
-
-`relibra reproduce` writes it after REPORT.md; `relibra reproduce --update-readme` also copies it to
-docs/glance.md and puts it between the README's `<!-- table:glance begin -->` and `<!-- table:glance end -->`
-markers (`update_readme`, through the kit's one marker mechanism, relibra.display.with_blocks), so the
-README's numbers are those of the last full run.
+"""The README's "Results at a glance" table, built from what a reproduction run wrote, never typed: the facts
+with a `readme` title of every notebook under `out` (facts.csv), one row each: what | figure | how it was
+obtained. `relibra reproduce` writes it to out/glance.md; `--update-readme` also copies it to docs/glance.md and
+puts it between the README's `<!-- table:glance begin/end -->` markers (relibra.display's marker mechanism).
 """
 
 from __future__ import annotations
@@ -30,19 +23,18 @@ HEADER = ("<!-- written by `relibra reproduce` (relibra/glance.py) from the resu
 
 
 def glance_notebooks() -> list[str]:
-    """The notebooks whose facts may give README rows: every one (its facts with a `readme` title)."""
+    """The notebooks whose facts may give README rows: every one."""
     return list(NOTEBOOK_MODULES)
 
 
 def glance_rows(out_dir: str | Path) -> pd.DataFrame:
-    """Every README row of the notebooks present under out_dir (their facts with a `readme` title, rendered by
-    relibra.experiments.text.fact_rows): columns what, figure, how it was obtained."""
-    rows = [row for x in in_shown_order(load_results(out_dir).values()) for row in fact_rows(x.facts)]
-    hows = [row["how it was obtained"] for row in rows]
-    for i in range(1, len(rows)):  # a "how" repeated from the row above reads "same as above"
-        if hows[i] == hows[i - 1]:
-            rows[i]["how it was obtained"] = "same as above"
-    return pd.DataFrame(rows, columns=["what", "figure", "how it was obtained"])
+    """Every README row of the notebooks present under out_dir: columns what, figure, how it was obtained (a
+    "how" repeated from the row above reads "same as above")."""
+    rows = pd.DataFrame([row for x in in_shown_order(load_results(out_dir).values()) for row in fact_rows(x.facts)],
+                        columns=["what", "figure", "how it was obtained"])
+    how = rows["how it was obtained"]
+    rows["how it was obtained"] = how.mask(how.eq(how.shift()), "same as above")
+    return rows
 
 
 def glance_markdown(out_dir: str | Path) -> str:
@@ -53,7 +45,7 @@ def glance_markdown(out_dir: str | Path) -> str:
 
 
 def write_glance(out_dir: str | Path) -> Path:
-    """Write <out_dir>/glance.md (see the module docstring); returns its path."""
+    """Write <out_dir>/glance.md; returns its path."""
     path = Path(out_dir) / "glance.md"
     write_text(path, glance_markdown(out_dir))
     return path
@@ -76,11 +68,8 @@ def replace_block(text: str, block: str, where: str = "README.md") -> str:
 
 def update_readme(glance: str | Path, readme: str | Path, docs_copy: str | Path) -> None:
     """Copy the glance file to docs_copy (committed) and put its text between the README's markers."""
-    glance, readme, docs_copy = Path(glance), Path(readme), Path(docs_copy)
-    block = glance.read_text()
-    if not block.endswith("\n"):
-        block += "\n"
-    text = replace_block(readme.read_text(), block, str(readme))
-    docs_copy.parent.mkdir(parents=True, exist_ok=True)
-    write_text(docs_copy, block)
-    write_text(readme, text)
+    block = Path(glance).read_text().removesuffix("\n") + "\n"
+    text = replace_block(Path(readme).read_text(), block, str(readme))
+    Path(docs_copy).parent.mkdir(parents=True, exist_ok=True)
+    write_text(Path(docs_copy), block)
+    write_text(Path(readme), text)

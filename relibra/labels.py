@@ -1,11 +1,7 @@
-"""The kit's two tables of names: the policies a figure or a sentence can name (label, short name,
-colour, whether the row is an ideal: a bound, not a system), and the claims and metrics (CLAIMS: one
-ratio or gap of two policies' throughput each, with its label and the paper's figure). Figures,
-narrative, REPORT.md and the README table read them; nothing else holds a label, a colour or a
-paper's figure.
-
-Colours are distinct per policy across the whole kit (a policy keeps its colour from notebook to
-notebook) and the two ideals are greys that no system shares.
+"""The kit's tables of names: the policies (label, short name, colour, whether it is an ideal: a bound, not a
+system), the claims (CLAIMS: a ratio or gap of two policies' throughput, its label and the paper's figure) and
+the other metrics. Figures, narrative, REPORT.md and the README read them; nothing else holds a label, a colour
+or a paper's figure. A policy keeps its colour across the kit; the two ideals are greys no system shares.
 """
 
 from __future__ import annotations
@@ -24,13 +20,12 @@ class PolicyLook:
 
 @dataclass(frozen=True)
 class Claim:
-    """A metric of tokens per second: `numerator` / `denominator` (kind "ratio") or 1 - that ("gap"), and,
-    where the paper states one, its claim as a number.
+    """A metric of tokens per second: `numerator` / `denominator` (kind "ratio") or 1 - that ("gap").
 
-    id: its column name in every table; label: its name in text; note: what the verdict adds to the label;
-    level: the paper's figure (a ratio's "up to", a gap's "within" upper end), None where the paper gives
-    none; lower: a gap's stated lower end (the paper's "6-10%"); against: what the paper compares with, as it
-    names it; source: where in the paper the figure stands.
+    id: its column in every table; label: its name in text; note: what the verdict adds to the label; level:
+    the paper's figure (a ratio's "up to", a gap's "within" upper end; None: the paper gives none); lower: a
+    gap's stated lower end (the paper's "6-10%"); against: what the paper compares with; source: where in the
+    paper the figure stands.
     """
 
     id: str
@@ -64,16 +59,15 @@ class Claim:
 
     @property
     def statement(self) -> str:
-        """The paper's claim in words: "up to 1.6x over Megatron-LM", "within 6-10% of Balanced"."""
+        """ "up to 1.6x over Megatron-LM", "within 6-10% of Balanced"."""
         return f"{self.paper} {'of' if self.is_gap else 'over'} {self.against}"
 
     @property
     def unit(self) -> str:
-        """A fact's unit of this metric: "%" for a gap (a share), "x" for a ratio."""
+        """A fact's unit: "%" for a gap (a share), "x" for a ratio."""
         return "%" if self.is_gap else "x"
 
     def fmt(self, value: float) -> str:
-        """A value of the metric as text: a gap in %, a ratio as 1.23x."""
         return f"{100 * value:.1f}%" if self.is_gap else f"{value:.2f}x"
 
     @property
@@ -92,11 +86,11 @@ class Claim:
         return bool(value <= self.level) if self.is_gap else bool(value >= self.level)
 
     def inside_range(self, value: float) -> bool:
-        """A gap inside the paper's stated range (lower <= value <= level)."""
+        """lower <= value <= level (a gap inside the paper's stated range)."""
         return self.lower is not None and bool(self.lower <= value <= self.level)
 
     def of(self, wide):
-        """The metric per row of `wide` (columns: policies' tokens per second)."""
+        """The metric per row of `wide` (columns: the policies' tokens per second)."""
         ratio = wide[self.numerator] / wide[self.denominator]
         return 1.0 - ratio if self.is_gap else ratio
 
@@ -112,8 +106,7 @@ CLAIMS = {c.id: c for c in (
           "(1 - ReLibra / balanced-compute)"),
     Claim("relibra_over_balanced_compute", "relibra", "balanced-compute", "ratio", "ReLibra / balanced-compute"),
 )}
-# Every other metric a notebook's facts name (relibra.experiments.base.Fact): id -> its name in text. A
-# claim's id names itself (CLAIMS).
+# Every other metric a notebook's facts name (relibra.experiments.base.Fact): id -> its name in text.
 METRICS = {
     "skewness": "rank skewness (max / mean tokens per GPU), mean over plans",
     "planner_s": "planner wall time per step",
@@ -131,19 +124,19 @@ METRICS = {
     "mb_vs_step_corr": "micro-batch vs step correlation (generated trace)",
     "cases": "cases (models x workloads x seeds)",
 }
-# How a value of each unit reads: a claim's own format first (Claim.fmt), else three significant digits.
+# How a value of each unit reads (a claim's own format, Claim.fmt, comes first).
 UNIT_FORMATS = {"x": "{:.3g}x", "ratio": "{:.3f}", "skewness": "{:.2f}", "%": "{:.3g}%", "s": "{:.3g} s", "": "{:.3g}",
                 "count": "{:.0f}", "tokens": "{:.0f}", "corr": "{:.2f}"}
 
 
 def fact_label(fact: str) -> str:
-    """A fact's name in text: its claim's label, else METRICS', else the id itself."""
+    """A fact's name in text: its claim's label, else METRICS', else the id."""
     return CLAIMS[fact].label if fact in CLAIMS else METRICS.get(fact, fact)
 
 
 def fact_text(fact: str, unit: str, value: float) -> str:
     """One value of a fact as text: a claim's own format (1.23x, 4.5%), else its unit's (a "%" fact holds a
-    share: 0.25 reads 25%)."""
+    share: 0.25 reads 25%); NaN reads "-"."""
     if value != value:
         return "-"
     if fact in CLAIMS and unit == CLAIMS[fact].unit:
@@ -157,8 +150,7 @@ PAPER_CLAIMS = tuple(c for c in CLAIMS.values() if c.level is not None)
 RATIO_LABELS = {k: CLAIMS[k].label for k in ("relibra_over_megatron", "relibra_over_eplb_plus",
                                               "relibra_over_balanced_compute")}
 
-# Batch layouts (relibra.workloads.BATCH_LAYOUTS) as text: the layout `megatron` is Megatron-LM's way of
-# filling micro-batches, not the Megatron baseline policy.
+# Batch layouts as text: the layout `megatron` is Megatron-LM's way of filling micro-batches, not the policy.
 LAYOUT_LABELS = {"megatron": "Megatron-LM's layout", "verl": "verl's layout", "slime": "slime's layout"}
 
 
@@ -193,7 +185,7 @@ IDEALS = tuple(p.name for p in POLICY_TABLE if p.ideal)
 
 
 def short(policy: str) -> str:
-    """Name of `policy` in running text (its own name when the table does not know it)."""
+    """`policy`'s name in running text (its own name when the table does not know it)."""
     return LOOKS[policy].short if policy in LOOKS else policy
 
 
@@ -209,10 +201,10 @@ def policy_order(policies) -> list[str]:
 
 
 def verdict_line(region: dict, cards=()) -> str:
-    """One paper claim's verdict on the map as one line, from its region's facts (relibra.experiments.
-    verdict_map.claim_regions: id, nodes, of_nodes, best, ...; a fact absent where it has no value) and the
-    (card, best) pairs that reach it: the claim, then holds / holds only where (the condition in numbers) /
-    does not hold, with the best value and, for a gap, its span and where it lies against the paper's range."""
+    """One paper claim's verdict on the map as one line, from its region's facts (relibra.studies.claim_map.
+    claim_regions: id, nodes, of_nodes, best, ...; absent or NaN where it has none) and the (card, best) pairs
+    that reach it: holds / holds only where (the condition in numbers) / does not hold, with the best value
+    and, for a gap, its span against the paper's range."""
     r = {k: v for k, v in region.items() if v is not None and v == v}
     c, nodes, of_nodes, off = CLAIMS[r["id"]], int(r["nodes"]), int(r["of_nodes"]), int(r.get("infeasible_nodes", 0))
     scope = "feasible node" if off else "node"

@@ -20,30 +20,29 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def _version(pkg: str) -> str:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def environment() -> dict:
     """The software and hardware a run used: versions, CPU count, GPU if any."""
-    def version(pkg: str) -> str:
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return "not installed"
-
     env = {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "usable_cpus": usable_cpus(),
-        **{pkg: version(pkg) for pkg in ("relibra", "torch", "megatron-core", "numpy", "pandas", "scipy", "seaborn",
-                                         "papermill")},
+        **{pkg: _version(pkg) for pkg in ("relibra", "torch", "megatron-core", "numpy", "pandas", "scipy",
+                                          "seaborn", "papermill")},
         "executable": sys.executable,
         "load_average_1min": round(os.getloadavg()[0], 2),  # other work inflates every measured time
     }
     try:  # the kit's revision, when run from a git checkout (read-only)
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=project_root(), capture_output=True,
-                             text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=project_root(), capture_output=True, text=True,
-                               timeout=5)
+        rev, dirty = (subprocess.run(["git", *args], cwd=project_root(), capture_output=True, text=True, timeout=5)
+                      for args in (["rev-parse", "--short", "HEAD"], ["status", "--porcelain"]))
         if rev.returncode == 0:
             env["git_commit"] = rev.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
@@ -70,8 +69,7 @@ def this_machine() -> str:
 @dataclass(frozen=True)
 class QuietCheck:
     """What the machine was doing before a measured run (quiet_machine): the 1-minute load average when the
-    check began and when the run started, the cores it is compared with, the seconds waited, and a warning
-    ("" when the machine was quiet) that the run's result and REPORT.md carry."""
+    check began and when the run started, the cores, the seconds waited, and a warning ("" when quiet)."""
 
     load_at_check: float
     load_at_start: float
@@ -87,10 +85,10 @@ class QuietCheck:
 
 def quiet_machine(max_wait_s: float, poll_s: float = 5.0, cores: int | None = None, load=None,
                   sleep=time.sleep, clock=time.monotonic, say=None) -> QuietCheck:
-    """Before a measured run: wait while the 1-minute load average is above the cores this process may use,
-    at most `max_wait_s` seconds (polling every `poll_s`), then go on either way; busy: a warning that says
-    the measured times are inflated. load, sleep, clock: os.getloadavg's 1-minute figure, time.sleep and
-    time.monotonic by default (tests pass their own); say(text): told once when the wait begins."""
+    """Before a measured run: wait while the 1-minute load average is above the usable cores, at most
+    `max_wait_s` seconds (polling every `poll_s`), then go on either way, with a warning when still busy. load,
+    sleep, clock: os.getloadavg's 1-minute figure, time.sleep and time.monotonic unless a test passes its own;
+    say(text): told once when the wait begins."""
     if max_wait_s < 0 or poll_s <= 0:
         raise ConfigError(f"quiet_machine: max_wait_s must be >= 0 and poll_s > 0, got {max_wait_s}, {poll_s}")
     read = load or (lambda: os.getloadavg()[0])

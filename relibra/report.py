@@ -1,12 +1,7 @@
-"""results/REPORT.md: the headline ratios next to the paper's claims, what moves them, which results
-are simulated and which measured (and on what hardware), the environment and every figure.
-
-It reads every notebook's typed result and manifest back through the registry
-(relibra.experiments.registry.load_results), so running one notebook refreshes the report without
-dropping the others; each notebook's row says which profile made it and when. A notebook module
-that defines `section(loaded, md_table)` puts its section at the top, in notebook order
-(a module with SECTION_FIRST = True before the others: notebook 12's verdict table per set-up card);
-then come what ran, the environment and every figure.
+"""results/REPORT.md: the notebook modules' own sections (the verdict table per set-up card first), what ran
+(simulated or measured, on what hardware), the notebook folders, the environment and every figure. It reads
+every notebook's typed result and manifest back (relibra.experiments.registry.load_results), so running one
+notebook refreshes the report without dropping the others.
 """
 
 from __future__ import annotations
@@ -24,15 +19,18 @@ from relibra.labels import PAPER_CLAIMS
 from relibra.paths import write_text
 
 
+def _utc(seconds: float, fmt: str = "%Y-%m-%d %H:%M UTC") -> str:
+    return time.strftime(fmt, time.gmtime(seconds))
+
+
 def read_manifests(out_dir: str | Path) -> dict[str, dict]:
-    """{notebook: manifest} for every notebook folder under out_dir that holds a manifest.json, with
-    "written" (its file's time)."""
+    """{notebook: manifest} of every notebook folder under out_dir with a manifest.json, with "written" (its
+    file's time)."""
     found = {}
     for name in NOTEBOOKS:
         path = Path(out_dir) / name / "manifest.json"
         if path.exists():
-            found[name] = json.loads(path.read_text())
-            found[name]["written"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
+            found[name] = {**json.loads(path.read_text()), "written": _utc(path.stat().st_mtime)}
     return found
 
 
@@ -42,15 +40,8 @@ def md_table(df: pd.DataFrame) -> str:
                                       for row in df.itertuples(index=False)])
 
 
-def notebook_sections(results: dict[str, Loaded]) -> str:
-    """The sections of the notebook modules that write one: first those whose module sets SECTION_FIRST
-    (the verdict map's table per set-up card), then the others, in notebook order."""
-    shown = in_shown_order(x for x in results.values() if x.notebook.section is not None)
-    return "".join(x.notebook.section(x, md_table) + "\n" for x in shown)
-
-
 def sources_section(manifests: dict[str, dict], statuses: dict[str, dict]) -> str:
-    """What ran: per notebook with a manifest or a status of this run (status, wall seconds)."""
+    """What ran: a row per notebook with a manifest or a status of this run (status, wall seconds)."""
     rows = []
     for name in NOTEBOOKS:
         man, st = manifests.get(name), statuses.get(name, {})
@@ -75,31 +66,27 @@ def sources_section(manifests: dict[str, dict], statuses: dict[str, dict]) -> st
 
 def _written(folder: Path) -> float:
     """When a folder's content was last written (its newest file's mtime; the folder's own if empty)."""
-    times = [f.stat().st_mtime for f in folder.iterdir() if f.is_file()]
-    return max(times, default=folder.stat().st_mtime)
+    return max((f.stat().st_mtime for f in folder.iterdir() if f.is_file()), default=folder.stat().st_mtime)
 
 
 def notebook_folders(out_dir: str | Path) -> list[dict]:
-    """Every folder of out_dir that belongs to a notebook, in notebook order: <nb>/ (its results, or
-    what a stopped run left), <nb>.failed/ (the executed copy of a run that failed, showing the cell)
-    and .<nb>.previous/ (results a run that was killed had set aside; the next run into out_dir puts
-    them back). Each with what it holds, when it was written, and whether it is stale: superseded by a
-    newer run of its notebook, or incomplete."""
+    """Every notebook folder of out_dir, in notebook order: <nb>/ (its results, or what a stopped run left),
+    <nb>.failed/ (a failed run's executed notebook) and .<nb>.previous/ (results a killed run had set aside),
+    each with what it holds, when it was written and whether it is stale (superseded or incomplete)."""
     out_dir, rows = Path(out_dir), []
     for name in NOTEBOOKS:
         current, failed, previous = out_dir / name, out_dir / f"{name}.failed", out_dir / f".{name}.previous"
         manifest = current / "manifest.json"
         results_at = manifest.stat().st_mtime if manifest.is_file() else None
         failed_at = _written(failed) if failed.is_dir() else None
-        if current.is_dir():
-            if results_at is None:
-                holds, stale = "incomplete: no manifest.json (a run stopped before its end)", "yes" + (
-                    f": the earlier results are in {previous.name}" if previous.is_dir() else "")
-            else:
-                holds = "results"
-                stale = ("yes: a later run failed (see {0})".format(failed.name)
-                         if failed_at is not None and failed_at > results_at else "no")
-            rows.append({"folder": f"{name}/", "holds": holds, "written": _written(current), "stale": stale})
+        if current.is_dir() and results_at is None:
+            rows.append({"folder": f"{name}/", "holds": "incomplete: no manifest.json (a run stopped before its end)",
+                         "written": _written(current), "stale": "yes" + (
+                             f": the earlier results are in {previous.name}" if previous.is_dir() else "")})
+        elif current.is_dir():
+            rows.append({"folder": f"{name}/", "holds": "results", "written": _written(current), "stale": (
+                f"yes: a later run failed (see {failed.name})" if failed_at is not None and failed_at > results_at
+                else "no")})
         if failed_at is not None:
             rows.append({"folder": f"{failed.name}/", "holds": "a failed run's executed notebook (the failing cell)",
                          "written": failed_at,
@@ -108,13 +95,10 @@ def notebook_folders(out_dir: str | Path) -> list[dict]:
             rows.append({"folder": f"{previous.name}/", "holds": "results set aside by a run that was killed; the "
                          "next `relibra reproduce` into this folder puts them back", "written": _written(previous),
                          "stale": "no"})
-    for row in rows:
-        row["written"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(row["written"]))
-    return rows
+    return [{**row, "written": _utc(row["written"], "%Y-%m-%d %H:%M:%S UTC")} for row in rows]
 
 
 def folders_section(out_dir: str | Path) -> str:
-    """## Notebook folders: the table of notebook_folders."""
     rows = notebook_folders(out_dir)
     if not rows:
         return "## Notebook folders\n\nNone yet.\n"
@@ -129,8 +113,7 @@ def environment_section() -> str:
 
 
 def interpretation(loaded: Loaded | None) -> str:
-    """What a notebook's figures show, computed from its facts: its story (a template over its Summary), or,
-    for a notebook whose own section opens the report, a pointer there."""
+    """What a notebook's figures show: its story, or, where its own section opens the report, a pointer there."""
     if loaded is None:
         return ""
     if loaded.notebook.section is not None:
@@ -138,11 +121,11 @@ def interpretation(loaded: Loaded | None) -> str:
     return f"**What it shows:** {loaded.notebook.story(loaded.summary)}\n"
 
 
-def figures_section(manifests: dict[str, dict], results: dict[str, Loaded] | None = None) -> str:
+def figures_section(manifests: dict[str, dict], results: dict[str, Loaded]) -> str:
     parts = ["## Figures\n"]
     for name, man in manifests.items():
         parts.append(f"### {name}\n\n_{man.get('scale_note', '')}_\n")
-        parts.append(interpretation((results or {}).get(name)))
+        parts.append(interpretation(results.get(name)))
         for fig in man.get("figures", []):
             parts.append(f"![{fig['name']}]({name}/{fig['png']})\n\n**{fig['name']}** - {fig['caption']} "
                          f"[{fig['source']} ({fig['hardware']}); [SVG]({name}/{fig['svg']})]\n")
@@ -164,8 +147,10 @@ def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | 
     wall = (f" Wall time of this run: {total_seconds / 60:.1f} min ({total_seconds:.0f} s) for {len(statuses)} "
             "notebook(s)." if total_seconds is not None else "")
     claims = "; ".join(c.statement for c in PAPER_CLAIMS)
-    head = (f"# ReLibra kit: reproduction report\n\n{notebook_sections(results)}Last run: profile **{profile}**: "
-            f"{get_profile(profile)}.{mixed}\nWritten {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
+    sections = "".join(x.notebook.section(x, md_table) + "\n"
+                       for x in in_shown_order(x for x in results.values() if x.notebook.section is not None))
+    head = (f"# ReLibra kit: reproduction report\n\n{sections}Last run: profile **{profile}**: "
+            f"{get_profile(profile)}.{mixed}\nWritten {_utc(time.time())}."
             f"{wall}\n\nPaper's claims (abstract; EPLB+ is the paper's EPLB given oracle loads): {claims}; "
             "measured on 20 nodes x 8 Hopper GPUs. "
             "The kit's throughput figures are simulated (see below); notebook 08 puts CPU measurements of the real "
@@ -173,7 +158,6 @@ def write_report(out_dir: str | Path, profile: str, statuses: dict[str, dict] | 
     if failed:
         head += "**Failed notebooks:** " + ", ".join(f"{n} ({statuses[n].get('error', '')})" for n in failed) + "\n\n"
     path = out_dir / "REPORT.md"
-    sections = (sources_section(manifests, statuses), folders_section(out_dir), environment_section(),
-                figures_section(manifests, results))
-    write_text(path, head + "\n".join(sections))
+    write_text(path, head + "\n".join((sources_section(manifests, statuses), folders_section(out_dir),
+                                        environment_section(), figures_section(manifests, results))))
     return path

@@ -1,15 +1,14 @@
-"""The notebook runner behind `relibra reproduce`: the notebooks (their Jupytext sources notebooks/NN_name.py)
-run through papermill, each executed notebook kept beside its results (results/<nb>/<nb>.ipynb) with an HTML
-export (<nb>.html); one run writes to an output folder at a time (OutputLock), and every -p parameter is
-checked against the chosen notebooks' Params before any kernel starts. It sits above relibra.experiments, as
-relibra.report and relibra.glance do: it executes the notebooks, which import the experiments, so the command
-line reaches the notebooks through it and never imports relibra.experiments itself."""
+"""The notebook runner behind `relibra reproduce`: notebooks/NN_name.py (Jupytext) run through papermill, the
+executed copy and its HTML export kept beside the results (results/<nb>/<nb>.ipynb, .html); one run per output
+folder (OutputLock); every -p parameter checked against the notebooks' Params before any kernel starts. It sits
+above relibra.experiments, so the command line reaches the notebooks through it."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
-import fcntl
 import shutil
 import signal
 import sys
@@ -23,7 +22,7 @@ from relibra.paths import project_root, write_text
 
 
 def load_notebook(name: str):
-    """notebooks/<name>.py (Jupytext py:percent, the source) as an nbformat notebook without outputs."""
+    """notebooks/<name>.py (Jupytext py:percent) as an nbformat notebook without outputs."""
     import jupytext
 
     from relibra.experiments.run import notebook_source
@@ -36,15 +35,13 @@ def load_notebook(name: str):
     return nb
 
 
-# <script> elements that load code from a network (require.js, MathJax, mermaid from a CDN): the
-# notebooks need none of them, and an HTML export must read the same offline.
+# <script> elements that load code from a network (require.js, MathJax from a CDN): an export reads offline.
 _REMOTE_SCRIPT = re.compile(r"<script\b[^>]*\bsrc=\"https?://[^\"]*\"[^>]*>\s*</script>|"
                             r"<script\b[^>]*>(?:(?!</script>).)*?https?://cdn(?:(?!</script>).)*</script>", re.S)
 
 
 def export_html(executed: Path) -> Path:
-    """<executed>.html beside the executed notebook (nbconvert's HTML exporter, figures embedded, no
-    script fetched from a network)."""
+    """<executed>.html beside the executed notebook (nbconvert, figures embedded, no remote script)."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -54,19 +51,16 @@ def export_html(executed: Path) -> Path:
     return html
 
 
-# The kernel managers this process started (IpcKernelManager registers each), so that an interrupt
-# can end their kernels and everything the kernels started (_kill_kernels).
+# The kernel managers this process started, so that an interrupt can end them and their children.
 _KERNELS: list = []
 
 
 def _kernel_manager():
-    """A KernelManager class that talks to the kernel over IPC sockets in a private temporary folder
-    (not TCP, which ipykernel warns is unencrypted)."""
+    """A KernelManager over IPC sockets in a private temporary folder (not TCP, which ipykernel warns is
+    unencrypted); it first removes the folders of reproduce processes that no longer run."""
     from jupyter_client.manager import KernelManager
 
     class IpcKernelManager(KernelManager):
-        """Sockets and connection file in one private folder, removed with the kernel's resources."""
-
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
             _KERNELS.append(self)
@@ -80,7 +74,6 @@ def _kernel_manager():
             if not restart:
                 shutil.rmtree(self.folder, ignore_errors=True)
 
-    # the kernel folders of reproduce processes that no longer run (killed outright, e.g. by SIGKILL)
     for folder in Path(tempfile.gettempdir()).glob("relibra-kernel-*-*"):
         pid = folder.name.split("-")[2]
         if pid.isdigit() and not _alive(int(pid)):
@@ -89,27 +82,21 @@ def _kernel_manager():
 
 
 def _kill_kernels() -> None:
-    """End every kernel this process started and every process each kernel started (its worker pools):
-    jupyter_client starts a kernel in a session of its own, so its process group is exactly the kernel
-    and its children. SIGKILL: what they were writing is discarded anyway (the notebook's folder is put
-    back as it was)."""
+    """SIGKILL every kernel this process started with its children (jupyter_client starts a kernel in a session
+    of its own: its process group is exactly the kernel and its worker pools)."""
     while _KERNELS:
         km = _KERNELS.pop()
         provisioner = getattr(km, "provisioner", None)
         process = getattr(provisioner, "process", None)
         group = getattr(provisioner, "pgid", None)
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             if group and group != os.getpgrp():
                 os.killpg(group, signal.SIGKILL)
             elif process is not None:
                 process.kill()
-        except (ProcessLookupError, PermissionError):
-            pass
         if process is not None:
-            try:
+            with contextlib.suppress(Exception):  # gone already, or not our child
                 process.wait(timeout=5)
-            except Exception:  # noqa: BLE001 - gone already, or not our child
-                pass
         if getattr(km, "folder", None):
             shutil.rmtree(km.folder, ignore_errors=True)
 
@@ -129,10 +116,9 @@ _HELD: dict[str, int] = {}  # output folders this process holds the lock of, and
 
 
 class OutputLock:
-    """One writer per output folder: <out>/.reproduce.lock, holding the writer's pid, locked with
-    flock(2) while the writer runs. The kernel drops the lock when its holder ends in any way
-    (SIGKILL included), so a lock file left by a dead run is taken over; a live holder makes the
-    second run fail with one ConfigError naming its pid. The file is removed on a clean release."""
+    """One writer per output folder: <out>/.reproduce.lock holds the writer's pid, flock(2)ed while it runs.
+    The OS drops the lock when its holder ends in any way, so a dead run's lock is taken over; a live holder
+    makes a second run fail with one ConfigError naming its pid. A clean release removes the file."""
 
     def __init__(self, out_dir: str | os.PathLike):
         self.out_dir = Path(out_dir)
@@ -173,19 +159,14 @@ class OutputLock:
         _HELD[self.key] -= 1
         if self.fd is not None and not _HELD[self.key]:
             del _HELD[self.key]
-            try:
-                self.path.unlink()
-            except FileNotFoundError:
-                pass
+            self.path.unlink(missing_ok=True)
             os.close(self.fd)  # releases the flock
             self.fd = None
 
 
 def recover_folders(out_dir: Path) -> list[str]:
-    """Put back what runs killed outright (SIGKILL, a power cut) left in out_dir; call it holding
-    out_dir's OutputLock, so that no live run owns these. A .<nb>.previous folder holds <nb>'s results
-    from before such a run: they replace the incomplete <nb>/ it left. A .<nb>.running.ipynb is that
-    run's unfinished executed copy: removed. Returns the notebooks whose results were put back."""
+    """Put back what runs killed outright left in out_dir (call it holding its OutputLock): each .<nb>.previous
+    replaces the incomplete <nb>/; each .<nb>.running.ipynb is removed. Returns the notebooks put back."""
     restored = []
     for previous in sorted(out_dir.glob(".*.previous")):
         if previous.is_dir():
@@ -200,9 +181,8 @@ def recover_folders(out_dir: Path) -> list[str]:
 
 
 def _start_notebook_folder(nb_out: Path) -> Path:
-    """Make `nb_out` empty for a new run, its previous content moved aside to .<name>.previous (returned;
-    an empty one when there was none). A .previous left by a run that was killed means `nb_out` is that
-    run's incomplete folder: the previous, whole one is put back first."""
+    """Make `nb_out` empty for a new run, its content moved aside to .<name>.previous (returned; empty when there
+    was none). A .previous left by a killed run is put back first."""
     previous = nb_out.with_name(f".{nb_out.name}.previous")
     if previous.exists():
         _restore_notebook_folder(nb_out, previous)
@@ -224,8 +204,8 @@ def _restore_notebook_folder(nb_out: Path, previous: Path) -> None:
 
 
 def _end_notebook_folder(nb_out: Path, previous: Path, finished: bool) -> Path:
-    """A finished run's folder replaces the previous one; an unfinished one moves to <name>.failed (its
-    executed copy shows the failing cell) and the previous folder comes back. Returns where the run is."""
+    """A finished run's folder replaces the previous one; an unfinished one moves to <name>.failed and the
+    previous folder comes back. Returns where the run is."""
     if finished:
         shutil.rmtree(previous, ignore_errors=True)
         return nb_out
@@ -237,11 +217,10 @@ def _end_notebook_folder(nb_out: Path, previous: Path, finished: bool) -> Path:
 
 
 def _execute(execute, name: str) -> None:
-    """execute() (papermill) in a thread, the main thread waiting. nbclient installs its own SIGINT and
-    SIGTERM handlers on an event loop in the main thread, which only ask the kernel to shut down and
-    keep waiting on the running cell (a worker pool inside it runs on for minutes); in a thread it
-    installs none, so SIGINT (KeyboardInterrupt) and SIGTERM (relibra.cli.Terminated) reach this thread
-    at once. They end the kernel and its children (_kill_kernels) before going on."""
+    """execute() (papermill) in a thread. In the main thread nbclient installs SIGINT and SIGTERM handlers that
+    only ask the kernel to shut down and keep waiting on the running cell; in a thread it installs none, so
+    both reach this thread at once and end the kernel and its children first. A kernel that ended and that
+    papermill has not noticed within KERNEL_DEATH_GRACE_S is a KernelDied."""
     failure: list[BaseException] = []
 
     def target():
@@ -260,8 +239,8 @@ def _execute(execute, name: str) -> None:
             if ended is None:
                 continue
             dead_since = dead_since or time.monotonic()
-            if time.monotonic() - dead_since > KERNEL_DEATH_GRACE_S:  # papermill has not noticed
-                _kill_kernels()  # what the kernel started (its worker pool)
+            if time.monotonic() - dead_since > KERNEL_DEATH_GRACE_S:
+                _kill_kernels()
                 raise KernelDied(f"the kernel {ended} while notebook {name} ran")
     except BaseException:
         _kill_kernels()
@@ -271,7 +250,7 @@ def _execute(execute, name: str) -> None:
         raise failure[0]
 
 
-KERNEL_DEATH_GRACE_S = 3.0  # how long papermill may take to report a kernel that ended
+KERNEL_DEATH_GRACE_S = 3.0
 
 
 class KernelDied(RuntimeError):
@@ -279,8 +258,8 @@ class KernelDied(RuntimeError):
 
 
 def _ended_kernel() -> str | None:
-    """How the first kernel of this process that has ended did ('was killed by SIGKILL', 'exited with
-    code 1'), or None while all run."""
+    """How the first ended kernel of this process ended ('was killed by SIGKILL', 'exited with code 1'), or
+    None while all run."""
     for km in list(_KERNELS):
         process = getattr(getattr(km, "provisioner", None), "process", None)
         code = process.poll() if process is not None else None
@@ -317,12 +296,9 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
                   progress: bool = True, html: bool = True) -> dict[str, dict]:
     """Execute each notebook with papermill; returns {notebook: {status, wall_seconds, error}}.
 
-    Each notebook gets profile, seed and measured_dir only where its parameters cell declares them
-    (the tutorial reads no profile), plus out_dir and `extra_parameters` (passed to every notebook:
-    one it does not declare makes it fail with a message naming it). A failing notebook is recorded
-    and the others still run. Executed copies go to <out_dir>/<nb>/<nb>.ipynb and, with html, an HTML
-    export beside them. <out_dir>/<nb>/ is replaced only by a run that finished: a failed run goes to
-    <out_dir>/<nb>.failed/ (with the error cell), and an interrupted one leaves the previous folder.
+    Each gets out_dir, profile, seed and measured_dir where it declares them, and `extra_parameters`. A failing
+    notebook is recorded and the others still run. <out_dir>/<nb>/ is replaced only by a run that finished: a
+    failed one goes to <out_dir>/<nb>.failed/, an interrupted one leaves the previous folder.
     """
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
@@ -332,10 +308,8 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
 
     get_profile(profile)
     out_dir = Path(out_dir).resolve()
-    # The kernel inherits the environment: deterministic hashing, and matplotlib's inline backend
-    # (ipykernel's default, which MPLBACKEND=Agg from ./reproduce.sh would override) so that live
-    # figures, e.g. the tutorial's widgets, draw in the notebook.
-    # Progress bars inside the kernel go to the console, not into the executed notebook (relibra.progress).
+    # The kernel inherits the environment: deterministic hashing, matplotlib's inline backend (MPLBACKEND=Agg
+    # would override it; the tutorial's widgets draw live), progress bars on the console, not in the notebook.
     os.environ.setdefault("PYTHONHASHSEED", "0")
     saved = {key: os.environ.pop(key, None) for key in ("MPLBACKEND", ENV)}
     os.environ[ENV] = "console" if progress else "off"
@@ -356,13 +330,12 @@ def run_notebooks(names: list[str], profile: str, out_dir: str | os.PathLike, se
                 status = {"status": "ok", "profile": given.get("profile", "none"),
                           "parameters": non_default_text(name, {**given, **(extra_parameters or {})})}
                 executed = nb_out / f"{name}.ipynb"
-                # papermill saves the executed copy after every cell; it goes beside the folder until the end,
-                # so that nothing papermill writes late can land in a folder put back after an interrupt
+                # papermill saves after every cell: beside the folder until the end, so that nothing it writes
+                # late lands in a folder put back after an interrupt
                 running = out_dir / f".{name}.running.ipynb"
                 try:
                     try:
-                        # no fd capture: what the kernel process and its children write to the OS-level
-                        # stderr (progress bars, worker processes) goes to the console, not into the notebook
+                        # no fd capture: what the kernel and its children write to stderr goes to the console
                         _execute(lambda: pm.execute_notebook(
                             load_notebook(name), str(running), parameters=params, kernel_name="python3",
                             progress_bar=False, cwd=str(project_root()), kernel_manager_class=_kernel_manager(),
@@ -405,9 +378,9 @@ OWN_PARAMETERS = {"profile": "--profile", "seed": "--seed", "measured_dir": "--m
 
 def check_own_options(names: list[str], named: bool, seed: int | None, measured_dir: str | None, parameters: dict,
                       out: str | None) -> str | None:
-    """-p NAME VALUE for what reproduce sets itself is refused, naming the option that sets it; -p out_dir
-    is --out (a clash when both are given); --seed and --measured-dir must apply to the notebooks chosen
-    (named by the user: every one of them; all notebooks, the default: at least one). Returns the output folder given (or None)."""
+    """-p for what reproduce sets itself is refused, naming its option; -p out_dir is --out (a clash when both
+    name folders); --seed and --measured-dir must apply to every notebook named (all by default: to one).
+    Returns the output folder given (or None)."""
     from relibra.experiments import get_notebook
 
     for name, option in OWN_PARAMETERS.items():
@@ -430,8 +403,8 @@ def check_own_options(names: list[str], named: bool, seed: int | None, measured_
 
 
 def non_default_text(name: str, parameters: dict) -> str:
-    """`parameters` of notebook `name` that differ from its defaults, as the manifest's non_default
-    ("ep=16, seed=1"; "" when none): what REPORT.md shows for a run that wrote no manifest."""
+    """`parameters` of notebook `name` that differ from its defaults, as the manifest's non_default ("ep=16,
+    seed=1"; "" when none), for REPORT.md where a run wrote no manifest."""
     from relibra.experiments import get_notebook
 
     params = get_notebook(name).Params
@@ -441,19 +414,18 @@ def non_default_text(name: str, parameters: dict) -> str:
 
 
 def run_parameters(name: str, profile: str, seed: int, measured_dir: str | None) -> dict:
-    """The options of `relibra reproduce` as the parameters notebook `name` declares: profile, seed and
-    measured_dir where it takes them, and interactive=False (headless: the static figures only)."""
+    """reproduce's options as the parameters notebook `name` declares: profile, seed, measured_dir and
+    interactive=False (headless)."""
     from relibra.experiments import get_notebook
 
     declared = get_notebook(name).Params.names()
-    given = {"profile": profile, "seed": None if seed is None else int(seed), "measured_dir": measured_dir, "interactive": False}
+    given = {"profile": profile, "seed": None if seed is None else int(seed), "measured_dir": measured_dir,
+             "interactive": False}
     return {k: v for k, v in given.items() if k in declared and v is not None}
 
 
 def check_parameters(names: list[str], profile: str, seed: int, measured_dir: str | None, parameters: dict) -> None:
-    """Every -p parameter checked against each chosen notebook's Params (names, types, ranges, and what
-    they resolve to) before any kernel starts: a ConfigError naming the notebook, the parameter and
-    what it accepts."""
+    """Every -p parameter checked against each chosen notebook's Params before any kernel starts."""
     from relibra.experiments import get_notebook
 
     for name in names:
@@ -475,9 +447,8 @@ DEFAULT_OUT = "results"
 
 
 def output_folder(out: str | None, seed: int, parameters: dict) -> str:
-    """--out when given; else results/ for a default run, and results/runs/<parameters>/ (e.g.
-    results/runs/ep=16,seed=1) for a run with other parameters, so that it never rewrites the default
-    run's results and headline."""
+    """--out when given; else results/ for a default run, results/runs/<parameters>/ (results/runs/ep=16,seed=1)
+    for one with other parameters, which must not rewrite the default run's results."""
     if out is not None:
         return out
     changed = {**({"seed": seed} if seed else {}), **parameters}
@@ -488,8 +459,8 @@ def output_folder(out: str | None, seed: int, parameters: dict) -> str:
 
 
 def check_output_folder(out: str, flag: str = "--out") -> None:
-    """Refuse an output folder inside the repository other than results/ when git tracks anything in it
-    (docs/ holds the tracked glance.md, notebooks/ the sources): a run rewrites what it finds there."""
+    """Refuse an output folder inside the repository, other than results/, where git tracks anything: a run
+    rewrites what it finds there."""
     import subprocess
 
     root = project_root().resolve()

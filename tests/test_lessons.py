@@ -17,7 +17,7 @@ BASE = {"profile": "tiny"}
 ROOMY = {**BASE, "cluster": "paper"}
 TEST_BASE = {"00_tutorial": {}, "05_replication": {**BASE, "spare_slot_counts": "1"}, "03_ablation": ROOMY, "06_skewness": ROOMY,
              "07_overheads": ROOMY}  # 02 and 10 run on the set-up card, whose cluster holds 4x the EP
-CASES = [(name, i) for name in NOTEBOOKS for i in range(len(get_notebook(name).tries))]
+CASES = [(name, i) for name in NOTEBOOKS for i in range(len(get_notebook(name).TRIES))]
 
 
 @functools.lru_cache(maxsize=None)
@@ -25,10 +25,10 @@ def _value(notebook: str, index: int, changed: bool) -> tuple[float, dict]:
     nb = get_notebook(notebook)
     raw = dict(TEST_BASE.get(notebook, BASE))
     params, sizes = nb.create(**raw)
-    change = nb.tries[index].change(params, sizes)
+    change = nb.TRIES[index].change(params, sizes)
     if changed:
         params, sizes = nb.create(**raw, **change)
-    return nb.tries[index].value(nb.compute(params, sizes)), change
+    return nb.TRIES[index].value(nb.compute(params, sizes)), change
 
 
 def outcome(notebook: str, index: int) -> tuple[float, float, dict]:
@@ -44,13 +44,13 @@ def holds(t: TryThis, before: float, after: float) -> bool:
 
 
 def test_every_notebook_but_the_measured_ones_suggests_something():
-    without = sorted(name for name in NOTEBOOKS if not get_notebook(name).tries)
+    without = sorted(name for name in NOTEBOOKS if not get_notebook(name).TRIES)
     assert without == ["08_runtime", "09_rl_workload"], without
 
 
 @pytest.mark.parametrize("notebook, index", CASES)
 def test_try_this_moves_what_it_says(notebook, index):
-    t = get_notebook(notebook).tries[index]
+    t = get_notebook(notebook).TRIES[index]
     before, after, change = outcome(notebook, index)
     assert holds(t, before, after), (f"{notebook}: setting {change} should make {t.measure} "
                                      f"{'rise' if t.direction > 0 else 'fall'}, but it went {before:.4g} -> {after:.4g}")
@@ -58,7 +58,7 @@ def test_try_this_moves_what_it_says(notebook, index):
 
 def test_a_reversed_claim_fails():
     """The check is not vacuous: the tutorial's first suggestion, with its direction reversed, fails."""
-    t = get_notebook("00_tutorial").tries[0]
+    t = get_notebook("00_tutorial").TRIES[0]
     before, after, _ = outcome("00_tutorial", 0)
     assert holds(t, before, after) and not holds(dataclasses.replace(t, direction=-t.direction), before, after)
 

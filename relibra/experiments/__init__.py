@@ -1,28 +1,18 @@
-"""What the notebooks call: one module per notebook (relibra/experiments/notebooks/NN_name.py) holding
-its parameters, its sizes per profile, its typed result, its compute function, its narrative and its
-"Try this" lessons; the registry finds them. Each notebook starts with
+"""What the notebooks call: one module per notebook (relibra/experiments/notebooks/NN_name.py) with its
+parameters, sizes per profile, typed result, compute function, narrative and "Try this" lessons (registry).
+A notebook starts with
 
     run = ex.start("02_throughput", globals())
     result = run.compute()
 
-which checks the parameters papermill injected against the module's Params (each value parsed and
-checked by its field's Kind), takes the module's sizes for the chosen profile, makes its output
-folder (out_dir; without one, `results/interactive/<notebook>/`, so that a run in JupyterLab never
-replaces the reproduction's `results/<notebook>/`, which `relibra reproduce` names) and returns a Run;
-`run.compute()` runs the module's compute(params, sizes) and saves its typed result there, the
-notebook draws figures from it (relibra.plots, PNG + SVG), and
-`run.finish()` writes manifest.json. relibra.report and relibra.glance read the typed results back
-through the registry to write results/REPORT.md and the README's table.
+which checks the parameters papermill injected against the module's Params, takes the module's sizes for the
+profile and makes its output folder (out_dir; without one results/interactive/<notebook>/, never the
+reproduction's results/<notebook>/); the notebook draws its figures from the result (relibra.plots) and
+`run.finish()` writes manifest.json. relibra.report and relibra.glance read the results back.
 
-Profiles (profiles.PROFILES): tiny (seconds per notebook; the tests), laptop (the default: every
-notebook on 2 CPU cores), paper (the paper's scale), gpu (the paper's scale for simulations; measured
-results of GPU runs read from `measured_dir`). Same seed, same numbers: every trace comes from the
-seed; wall-clock figures (planner seconds, the runtime's measured times) are measurements.
-
-Shared pieces: base (Result, TryThis; the parameter spec is relibra.studies.params), registry, run
-(Run, start), profiles, traces (TraceParams, SimParams, make_trace), text (show, ranked, README cells),
-and the libraries of single notebooks: tutorial (00), dynamics (01, 09). The simulations the notebooks
-and the command line share are relibra.studies'; notebook 08's runtime engine is relibra.runtime.measure.
+Profiles (profiles.PROFILES): tiny (the tests), laptop (the default), paper, gpu. Same seed, same numbers;
+wall-clock figures are measurements. Shared pieces: base, registry, run, profiles, traces, text; the
+simulations the notebooks and the command line share are relibra.studies'.
 """
 
 from __future__ import annotations

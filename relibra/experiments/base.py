@@ -1,18 +1,12 @@
-"""What a notebook module is made of (relibra/experiments/notebooks/NN_name.py):
-
-- `Params`: a frozen dataclass of `param(default, doc, kind, ...)` fields (relibra.studies.params, the
-  parameter spec the command line shares; its names are imported here for the notebook modules).
-- `Result`: `table` fields saved as `<field>.csv`, `value` fields in result.json, read back by `load`.
-- `Fact`: one number a notebook found (fact, stat, value, unit, of, scope, on, readme); a module's
-  `facts(result, scale)` lists them and the Run writes them as facts.csv (`facts_frame`, read back by
-  `load_facts`), from which the README rows and REPORT's tables are rendered.
-- `TryThis`: a change a notebook suggests and the direction it moves a quantity (tests/test_lessons.py).
+"""What a notebook module is made of (relibra/experiments/notebooks/NN_name.py): `Params` (the parameter spec,
+relibra.studies.params, whose names are imported here for the notebook modules); `Result`, whose `table`
+fields are saved as <field>.csv and `value` fields in result.json; `Fact`, one number it found (facts.csv, from
+which the README rows and REPORT's tables are rendered); `TryThis`, a change it suggests (tests/test_lessons.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import numbers
 from dataclasses import dataclass, fields
@@ -27,8 +21,6 @@ from relibra.paths import write_text
 from relibra.studies.params import (FLAG, PATH, Kind, Params, choice, floats, integer, integers,  # noqa: F401
                                     names, number, objects, param)
 
-
-# ---- results ------------------------------------------------------------------------------------------
 RESULT_FILE = "result.json"
 
 
@@ -52,19 +44,19 @@ class Result:
     """Base of every notebook's typed result."""
 
     def save(self, run) -> None:
-        """Every table through run.save_csv, the plain fields to <out_dir>/result.json."""
+        """Every table through run.save_csv, the plain fields to <out_dir>/result.json (NaN kept)."""
         plain = {}
         for f in fields(self):
             if "doc" in f.metadata:
                 run.save_csv(getattr(self, f.name), f.name, f.metadata["doc"])
             elif f.metadata.get("saved", True):
                 plain[f.name] = getattr(self, f.name)
-        write_text(run.out_dir / RESULT_FILE, json.dumps(jsonable(plain), indent=2, sort_keys=True))
+        write_text(run.out_dir / RESULT_FILE, json.dumps(json_safe(plain, strict=False), indent=2, sort_keys=True))
 
     @classmethod
     def load(cls, folder: str | Path):
-        """The result saved under `folder`, or None when the notebook has not run there. A missing
-        table or field is an error naming the file."""
+        """The result saved under `folder`, or None where the notebook has not run; a missing table or field is
+        an error naming the file."""
         folder = Path(folder)
         if not (folder / RESULT_FILE).exists():
             return None
@@ -86,18 +78,16 @@ class Result:
         return cls(**kwargs)
 
 
-# ---- facts --------------------------------------------------------------------------------------------
 FACTS_FILE = "facts.csv"
 SCOPES = ("simulated", "measured")
 
 
 @dataclass(frozen=True)
 class Fact:
-    """One number a notebook found, a row of its facts.csv: `value` of `fact` (a relibra.labels CLAIMS or
-    METRICS id) for `of` (a policy, case, card or knob value; "" for the whole run) as `stat` (mean, low, high,
-    best, ...), in `unit` (relibra.labels.UNIT_FORMATS; "%" holds a share), `scope` simulated or measured, `on`
-    what (scale, card, seeds, machine; "" for the run's own, which the writer fills in). readme: the title of
-    the README row that shows it ("": none; relibra.glance)."""
+    """One number a notebook found, a row of its facts.csv: `value` of `fact` (a relibra.labels CLAIMS or METRICS
+    id) for `of` (a policy, case, card or knob value; "": the whole run) as `stat` (mean, low, best, ...), in
+    `unit` (relibra.labels.UNIT_FORMATS; "%" holds a share), `scope` simulated or measured, `on` what (""
+    for the run's own); readme: the title of the README row that shows it ("": none)."""
 
     fact: str
     value: float
@@ -132,14 +122,14 @@ def _number(v) -> bool:
 
 def summary_facts(obj, of: str = "", name: str = "") -> list[Fact]:
     """The numbers of a notebook's Summary (a dataclass) as simulated facts named by their fields: a number is
-    one fact; a tuple's numbers one each (stat 0, 1, ...: their position, where it holds several), its text
-    joining its `of` (a (part, seconds) pair); a nested dataclass's numbers belong to its first text field (its
-    policy, model, ...). Other text, flags and None are left out."""
+    one fact; a tuple's numbers one each (stat 0, 1, ... where it holds several), its text joining their `of`
+    (a (part, seconds) pair); a nested dataclass's numbers belong to its first text field (its policy...).
+    Other text, flags and None are left out."""
     if _number(obj):
         return [Fact(name, float(obj), of=of)]
     if dataclasses.is_dataclass(obj):
         own = next((v for v in (getattr(obj, f.name) for f in fields(obj)) if isinstance(v, str)), None)
-        of = own if own is not None and name else of  # a nested one (a policy's row) is named by its text
+        of = own if own is not None and name else of
         return [x for f in fields(obj) for x in summary_facts(getattr(obj, f.name), of, f.name)]
     if isinstance(obj, tuple) and any(_number(v) for v in obj):
         text = ", ".join([of] * bool(of) + [v for v in obj if isinstance(v, str)])
@@ -160,16 +150,10 @@ def load_facts(folder: str | Path) -> pd.DataFrame:
     return pd.read_csv(path, dtype=text, keep_default_na=False, na_values={"value": ["", "nan", "NaN"]})
 
 
-# `obj` for json.dumps with NaN kept (result.json round-trips it): the kit's one normaliser, not strict.
-jsonable = functools.partial(json_safe, strict=False)
-
-
-# ---- lessons ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TryThis:
-    """A change a notebook suggests and what it claims the change does: `measure` (read from the
-    notebook's result by `value`) rises (direction +1) or falls (-1). `change(params, sizes)` gives
-    the raw parameters to set; the notebook prints `text`."""
+    """A change a notebook suggests: `change(params, sizes)` gives the raw parameters to set, and `measure`
+    (read from the result by `value`) rises (direction +1) or falls (-1), `why`."""
 
     change: Callable[[Any, Any], dict]
     measure: str
@@ -186,7 +170,6 @@ class TryThis:
 
 def _show(v) -> str:
     return ",".join(map(str, v)) if isinstance(v, (tuple, list)) else repr(v)
-
 
 
 def mean_of(t: pd.DataFrame, column: str, **where) -> float:

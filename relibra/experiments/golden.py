@@ -1,14 +1,13 @@
-"""The tiny-profile reference: every CSV and figure a tiny run writes, kept so that a change of the
-kit's structure can be shown to change no number (tests/test_notebooks.py compares against it).
+"""The tiny-profile reference: every CSV and figure a tiny run writes, so that a change of the kit's structure
+can be shown to change no number (tests/test_notebooks.py compares against it).
 
     relibra reproduce --profile tiny --out /tmp/tiny
     python -m relibra.experiments.golden --write tests/data/tiny_reference --from /tmp/tiny
     python -m relibra.experiments.golden --check tests/data/tiny_reference --from /tmp/tiny
 
-The reference holds the CSVs as written (each notebook's facts.csv among them) and figures.json (sha256 of
-every PNG and SVG). A comparison takes numbers to 1e-12 (relative and absolute), text exactly and figures
-byte for byte, leaving out what is measured rather than computed: wall-clock seconds and the figures and
-rows that show them (in a facts.csv, the facts of scope measured).
+It holds the CSVs and figures.json (sha256 of every PNG and SVG). A comparison takes numbers to 1e-12, text
+exactly and figures byte for byte, leaving out what is measured: wall-clock seconds and the figures, rows and
+facts (scope measured) that show them.
 """
 
 from __future__ import annotations
@@ -56,8 +55,7 @@ def figure_digests(results: Path) -> dict[str, str]:
 
 
 def write_reference(results: Path, reference: Path) -> int:
-    """Copy every CSV of the tiny run `results` to `reference` and write its figures.json; returns the
-    number of files kept."""
+    """Copy every CSV of the tiny run `results` to `reference`, write its figures.json; returns the files kept."""
     csvs = sorted(results.glob("*/*.csv"))
     for csv in csvs:
         (reference / csv.parent.name).mkdir(parents=True, exist_ok=True)
@@ -68,8 +66,8 @@ def write_reference(results: Path, reference: Path) -> int:
 
 
 def csv_differences(reference: Path, produced: Path, key: str) -> list[str]:
-    """The columns of `produced` that differ from `reference` (numbers beyond 1e-12, text at all),
-    leaving out the measured columns and rows of `key` ("<notebook>/<file>")."""
+    """The columns of `produced` that differ from `reference` (numbers beyond 1e-12, text at all), leaving out
+    the measured columns and rows of `key` ("<notebook>/<file>")."""
     a, b = pd.read_csv(reference), pd.read_csv(produced)
     if key in MEASURED_ROWS or key.endswith("/facts.csv"):
         column, value = MEASURED_ROWS.get(key, FACTS_MEASURED)
@@ -90,8 +88,8 @@ def csv_differences(reference: Path, produced: Path, key: str) -> list[str]:
 
 
 def compare(reference: Path, results: Path) -> list[str]:
-    """Every way the tiny run `results` differs from `reference`; [] when it is the same. A notebook the
-    reference does not hold (added since) is not compared."""
+    """Every way the tiny run `results` differs from `reference` ([]: the same); a notebook the reference does
+    not hold is not compared."""
     covered = {p.name for p in reference.iterdir() if p.is_dir()}
     kept = {f"{p.parent.name}/{p.name}" for p in reference.glob("*/*.csv")}
     written = {f"{p.parent.name}/{p.name}" for p in results.glob("*/*.csv") if p.parent.name in covered}

@@ -1,5 +1,4 @@
-"""Profiles: the kinds of machine the notebooks are sized for (tiny, laptop, paper, gpu), and the sizes
-most notebooks share (SCALES)."""
+"""Profiles: the machines the notebooks are sized for (tiny, laptop, paper, gpu) and the sizes most share."""
 
 from __future__ import annotations
 
@@ -11,15 +10,10 @@ from relibra.errors import ConfigError
 
 @dataclass(frozen=True, kw_only=True)
 class Scale:
-    """The sizes of the trace notebooks (01, 03-07, 10) in one profile.
-
-    models / workloads: the grid (a notebook's `model` and `workload` parameters set it); model /
-    workload: the single case. layers: keep only the first `layers` MoE layers of each model (None:
-    all). micro_batches and steps: per trace (micro_batches None: the set-up card's, every micro-batch
-    of its batch). ep_sizes: the EP sweep of notebook 06.
-    tokens_per_rank: tokens per (micro-batch, rank) of each trace (None: the generator's default).
-    planner_repeats: best-of repeats of notebook 07's planner timing.
-    """
+    """The sizes of the trace notebooks in one profile. models / workloads: the grid; model / workload: the
+    single case; layers: each model's first MoE layers kept (None: all); micro_batches (None: the set-up card's)
+    and steps: per trace; ep_sizes: notebook 06's EP sweep; tokens_per_rank: per (micro-batch, rank) of a trace
+    (None: the generator's); planner_repeats: best-of repeats of notebook 07's planner timing."""
 
     models: tuple[str, ...]
     workloads: tuple[str, ...]
@@ -35,8 +29,7 @@ class Scale:
     planner_repeats: int = 1
 
 
-# {profile: what it runs}; a notebook module keeps its own sizes per profile (SIZES), SCALES holds the ones
-# most notebooks share.
+# {profile: what it runs}; a notebook module keeps its own sizes per profile (SIZES).
 PROFILES: dict[str, str] = {
     "tiny": "seconds per notebook, for the tests: the `tiny` model (4 layers, 16 experts, top-2) on the cpu-gloo "
             "cluster preset",
@@ -66,7 +59,7 @@ def per_profile(make) -> dict:
 
 
 def get_profile(name: str) -> str:
-    """What the profile called `name` runs (its description); a ConfigError lists the known ones otherwise."""
+    """What profile `name` runs; a ConfigError lists the known ones otherwise."""
     try:
         return PROFILES[name]
     except KeyError:

@@ -1,20 +1,10 @@
-"""The notebooks: one module each, relibra/experiments/notebooks/NN_name.py, found by its file name.
-
-A module holds the whole of one notebook's logic (docs/notebooks.md, "Adding a notebook"):
-
-- QUESTION: what the notebook answers, one line;
-- Params: its parameters (relibra.experiments.base.Params); the parameters cell of notebooks/NN_name.py
-  assigns exactly these fields, with the same defaults;
-- SIZES: {profile: sizes} (or `sizes_of(values)` where the sizes depend on no profile);
-- Result and compute(params, sizes) -> Result;
-- Summary and summarize(result) -> Summary: every number (and short name) its text shows, computed
-  once from the result;
-- story(summary) -> markdown: what to notice, a template over the Summary;
-- facts(result, scale) -> [base.Fact]: every number it found, one row each, `scale` the run's scale note
-  (facts.csv beside its tables); those
-  with a `readme` title are the README's results rows (relibra.glance renders them);
-- optionally TRIES (its "Try this" lessons) and section(loaded, table_md) (its section of REPORT.md, whose
-  tables come from its facts: relibra.experiments.text.facts_table).
+"""The notebooks: one module each, relibra/experiments/notebooks/NN_name.py, found by its file name. A module
+holds (docs/notebooks.md, "Adding a notebook"): QUESTION, one line; Params, whose fields the parameters cell of
+notebooks/NN_name.py assigns with the same defaults; SIZES {profile: sizes} (or `sizes_of(values)`); Result
+and compute(params, sizes); Summary and summarize(result), every number its text shows; story(summary), the
+markdown of what to notice; facts(result, scale) -> [base.Fact], those with a `readme` title the README's rows;
+optionally TRIES (its "Try this" lessons), section(loaded, md_table) (its section of REPORT.md) and
+SECTION_FIRST (that section and its README rows open theirs).
 """
 
 from __future__ import annotations
@@ -31,10 +21,7 @@ import pandas as pd
 from relibra.errors import ConfigError
 from relibra.experiments.base import load_facts
 
-_PACKAGE = "relibra.experiments.notebooks"
-_FOLDER = Path(__file__).parent / "notebooks"
-# What a module may leave out, and what stands for it (SECTION_FIRST: its report section and README rows
-# open theirs).
+# What a module may leave out, and what stands for it.
 _OPTIONAL = {"TRIES": (), "section": None, "SECTION_FIRST": False}
 
 
@@ -50,28 +37,18 @@ class Notebook:
             return getattr(self.module, key, _OPTIONAL[key])
         return getattr(self.module, key)
 
-    @property
-    def tries(self) -> tuple:
-        return self.TRIES
-
     def sizes_of(self, values):
         """The notebook's sizes for the (partly parsed) parameter values: SIZES[profile] by default."""
         own = getattr(self.module, "sizes_of", None)
         return own(values) if own is not None else self.module.SIZES[values.profile]
 
     def create(self, **raw):
-        """(params, sizes) from raw parameter values, checked (base.Params.create)."""
+        """(params, sizes) from raw parameter values, checked (Params.create)."""
         return self.Params.create(self.name, self.sizes_of, **raw)
 
 
-def _discover() -> dict[str, Notebook]:
-    found = {}
-    for path in sorted(_FOLDER.glob("[0-9][0-9]_*.py")):
-        found[path.stem] = Notebook(path.stem, importlib.import_module(f"{_PACKAGE}.{path.stem}"))
-    return found
-
-
-NOTEBOOK_MODULES = _discover()
+NOTEBOOK_MODULES = {path.stem: Notebook(path.stem, importlib.import_module(f"{__package__}.notebooks.{path.stem}"))
+                    for path in sorted((Path(__file__).parent / "notebooks").glob("[0-9][0-9]_*.py"))}
 NOTEBOOKS = tuple(NOTEBOOK_MODULES)
 
 
@@ -92,18 +69,16 @@ class Loaded:
 
     @cached_property
     def summary(self):
-        """The module's summarize(result): the numbers its story shows."""
         return self.notebook.summarize(self.result)
 
     @cached_property
     def facts(self) -> pd.DataFrame:
-        """Its facts.csv (base.load_facts): the numbers its README rows and report section show."""
         return load_facts(self.folder)
 
 
 def in_shown_order(loaded) -> list[Loaded]:
-    """`loaded` (Loaded values) as REPORT.md and the README table show them: the modules that set
-    SECTION_FIRST first, then the others, each group in notebook order."""
+    """`loaded` as REPORT.md and the README show them: the modules that set SECTION_FIRST first, each group in
+    notebook order."""
     return sorted(loaded, key=lambda x: not x.notebook.SECTION_FIRST)
 
 

@@ -1,13 +1,6 @@
 """One notebook run: its checked parameters, where its figures and tables go, and the manifest that
-relibra.report reads.
-
-A notebook's `parameters` cell (tagged "parameters", read by papermill) declares exactly the fields
-of its module's Params; its first code cell after it calls
-
-    run = ex.start("02_throughput", globals())
-
-which fails with a ConfigError naming any parameter papermill injected that the notebook does not
-declare, parses and checks every value (relibra.experiments.base.Params.create) and opens the Run.
+relibra.report reads. A notebook's `parameters` cell (read by papermill) declares exactly the fields of its
+module's Params; the cell after it calls `run = ex.start("02_throughput", globals())`.
 """
 
 from __future__ import annotations
@@ -18,11 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from relibra.display import json_safe
 from relibra.errors import ConfigError
-from relibra.experiments.base import facts_frame, jsonable
-from relibra.paths import project_root, resolve_path
+from relibra.experiments.base import facts_frame
 from relibra.experiments.registry import Notebook, get_notebook
-from relibra.paths import atomic_path, write_text
+from relibra.paths import atomic_path, project_root, resolve_path, write_text
 
 
 def notebook_source(notebook: str) -> Path:
@@ -31,16 +24,15 @@ def notebook_source(notebook: str) -> Path:
 
 
 def assigned_names(source: str) -> list[str]:
-    """The parameter names a parameters cell's `source` assigns, in order, as papermill reads them (its
-    PythonTranslator.inspect: what `papermill --help-notebook` lists)."""
+    """The names a parameters cell's `source` assigns, in order, as papermill reads them (what `papermill
+    --help-notebook` lists)."""
     from papermill.translators import PythonTranslator
 
     return [p.name for p in PythonTranslator.inspect({"source": source})]
 
 
 def declared_parameters(notebook: str) -> list[str]:
-    """The names the notebook's cell tagged "parameters" assigns, in order (jupytext reads the py:percent
-    source)."""
+    """The names the notebook's cell tagged "parameters" assigns, in order."""
     import jupytext
 
     cells = [c for c in jupytext.read(notebook_source(notebook)).cells if "parameters" in c.metadata.get("tags", [])]
@@ -50,25 +42,21 @@ def declared_parameters(notebook: str) -> list[str]:
 
 
 def injected_names(namespace: dict) -> list[str]:
-    """Names papermill injected into this kernel: assignments of the cell executed just before the
-    current one, if that cell is papermill's (it starts with '# Parameters'); [] otherwise (a run in
-    JupyterLab, where the parameters cell is edited by hand)."""
+    """Names papermill injected into this kernel: the assignments of the cell run just before the current one
+    where that cell is papermill's (it starts with '# Parameters'); [] otherwise (a run in JupyterLab)."""
     history = namespace.get("In") or namespace.get("_ih") or []
-    # papermill's PythonTranslator.codify(..., comment="Parameters") heads the cell it injects
     if len(history) < 2 or not history[-2].lstrip().startswith("# Parameters"):
         return []
     return assigned_names(history[-2])
 
 
-# Where a run without out_dir writes (a notebook run in JupyterLab, or papermill without out_dir): never
-# results/<notebook>/, which only `relibra reproduce` (it always passes out_dir) writes.
+# Where a run without out_dir writes: never results/<notebook>/, which only `relibra reproduce` writes.
 INTERACTIVE_DIR = Path("results") / "interactive"
 
 
 class Run:
-    """A notebook's checked parameters and sizes; saves its figures and tables under `out_dir` and
-    records them in manifest.json (each figure with its caption, and whether it shows simulated or
-    measured numbers, on what hardware)."""
+    """A notebook's checked parameters and sizes; saves its figures and tables under `out_dir` and records them
+    in manifest.json (each figure with its caption, simulated or measured, on what hardware)."""
 
     def __init__(self, notebook: Notebook, params, sizes, non_default: dict):
         self.notebook, self.params, self.sizes = notebook, params, sizes
@@ -81,35 +69,31 @@ class Run:
         self.out_dir.mkdir(parents=True, exist_ok=True)
 
     def compute(self):
-        """The module's compute(params, sizes); its tables and fields saved here."""
+        """The module's compute(params, sizes), its result and facts saved here; facts that name nothing else
+        were obtained on the simulator's machine at this scale."""
         result = self.notebook.compute(self.params, self.sizes)
         result.save(self)
-        self.save_csv(facts_frame(self.notebook.facts(result, self.scale_note()), self.facts_on()), "facts",
-                      "one row per number the notebook found: fact, stat, value, unit, scope, on what", None)
+        facts = facts_frame(self.notebook.facts(result, self.scale_note()),
+                            f"{self.params.simulated_on()}; {self.scale_note()}")
+        self.save_csv(facts, "facts", "one row per number the notebook found: fact, stat, value, unit, scope, on what",
+                      None)
         return result
-
-    def facts_on(self) -> str:
-        """What this run's facts were obtained on, where a fact names nothing else: the simulator's machine
-        and the scale."""
-        return f"{self.params.simulated_on()}; {self.scale_note()}"
 
     def scale_note(self) -> str:
         """One line on how far this run is from the paper's scale, for captions."""
         return self.params.scale_note(self.sizes)
 
     def story(self, result) -> str:
-        """The module's narrative of `result` (markdown): its story over summarize(result)."""
+        """The module's narrative of `result` (markdown)."""
         return self.notebook.story(self.notebook.summarize(result))
 
     def try_this(self) -> str:
-        """The module's "Try this" suggestions for this run's parameters, as a markdown list (each one's
-        direction is checked by tests/test_lessons.py)."""
-        return "\n".join(f"- {t.text(self.params, self.sizes)}" for t in self.notebook.tries)
+        """The module's "Try this" suggestions for this run's parameters, as a markdown list."""
+        return "\n".join(f"- {t.text(self.params, self.sizes)}" for t in self.notebook.TRIES)
 
     def save_csv(self, table: pd.DataFrame, name: str, description: str = "",
                  float_format: str | None = "%.6g") -> Path:
-        """Write `table` as <out_dir>/<name>.csv (tidy: one row per observation), floats in `float_format`
-        (None: every digit)."""
+        """Write `table` as <out_dir>/<name>.csv, floats in `float_format` (None: every digit)."""
         path = self.out_dir / f"{name}.csv"
         with atomic_path(path) as tmp:
             table.to_csv(tmp, index=False, float_format=float_format)
@@ -117,14 +101,13 @@ class Run:
         return path
 
     def save_figure(self, fig, name: str, caption: str, source: str = "simulated", hardware: str | None = None) -> None:
-        """Write `fig` as <name>.png and <name>.svg and record it in the manifest; source is 'simulated',
-        'measured', 'synthetic' or 'real'. Returns nothing, so a notebook cell ending with it shows the
-        figure only (not the paths)."""
+        """Write `fig` as <name>.png and .svg and record it; source: simulated, measured, synthetic or real.
+        Returns nothing, so a cell ending with it shows the figure only."""
         if source not in ("simulated", "measured", "synthetic", "real"):
             raise ConfigError(f"figure source must be simulated, measured, synthetic or real, got {source!r}")
         if hardware is None:
             hardware = self.params.simulated_on() if source == "simulated" else "this machine"
-        from relibra.plots import save_figure  # matplotlib: only where figures are drawn, not for checks
+        from relibra.plots import save_figure  # matplotlib: only where figures are drawn
         from relibra.plots.overlap import text_overlaps
 
         overlaps = text_overlaps(fig)  # before saving: in a kernel, save_figure closes the figure
@@ -139,7 +122,7 @@ class Run:
                   "out_dir": str(self.out_dir)}
         manifest = {
             "notebook": self.notebook.name, "config": config, "scale_note": self.scale_note(),
-            "non_default": ", ".join(f"{k}={v}" for k, v in jsonable(self.non_default).items()),
+            "non_default": ", ".join(f"{k}={v}" for k, v in json_safe(self.non_default, strict=False).items()),
             "figures": self.figures, "tables": self.tables, "sources": list(self.sources.values()),
             "wall_seconds": round(time.perf_counter() - self.started, 2),
         }
@@ -149,11 +132,11 @@ class Run:
 
 
 def start(notebook: str, namespace: dict | None = None, **params) -> Run:
-    """Check a notebook's parameters and open its Run (see the module docstring).
+    """Check a notebook's parameters and open its Run.
 
-    namespace: the notebook's globals(); the declared parameters are read from it and the names
-    papermill injected are checked against them. Or pass the parameters as keywords (tests, scripts):
-    the module's defaults fill the rest, and any keyword the notebook does not take is an error.
+    namespace: the notebook's globals(), from which the declared parameters are read and against which the
+    names papermill injected are checked. Or pass the parameters as keywords (tests, scripts): the module's
+    defaults fill the rest.
     """
     nb = get_notebook(notebook)
     names = nb.Params.names()

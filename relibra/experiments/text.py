@@ -1,5 +1,5 @@
-"""What the notebooks' text is built from: `show` (markdown in a notebook, print elsewhere), tables
-sorted by what they teach, percentages, and the cells of the README's results table."""
+"""What the notebooks' text is built from: `show`, tables sorted by what they teach, and the facts as text
+(REPORT's tables, the README's rows)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ def show(text: str) -> None:
 
 
 def ranked(table: pd.DataFrame, index, values: str, columns: str = "policy", ascending: bool = False) -> pd.DataFrame:
-    """A pivot of `values` (mean) whose columns are sorted by their mean, best first (descending by
-    default): a table sorted by what it teaches, not alphabetically."""
+    """A pivot of `values` (mean) whose columns are sorted by their mean, best (highest by default) first."""
     wide = table.pivot_table(index=index, columns=columns, values=values)
     return wide[wide.mean().sort_values(ascending=ascending).index]
 
@@ -36,7 +35,7 @@ def pct(x: float) -> str:
 
 
 def model_differences(models) -> str:
-    """One line per model preset: experts, top-k, MoE layers, hidden and expert sizes (how they differ)."""
+    """How model presets differ: experts, top-k, MoE layers, hidden and expert sizes, "; "-joined."""
     parts = []
     for m in dict.fromkeys(models):
         s = get_model(m) if isinstance(m, str) else m
@@ -46,7 +45,7 @@ def model_differences(models) -> str:
 
 
 def step_components(summary: pd.DataFrame) -> pd.DataFrame:
-    """Seconds per step of each policy split into all-to-all, expert compute, exposed replica transfers,
+    """Seconds per step of each policy (rows) split into all-to-all, expert compute, exposed replica transfers,
     migration and the rest (dense layers, optimizer, exposed planner), from a simulator summary."""
     s = summary.set_index("policy")
     out = pd.DataFrame({
@@ -61,9 +60,9 @@ def step_components(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def step_differences(summary: pd.DataFrame, slower: str, faster: str) -> tuple[tuple, tuple]:
-    """Why `slower` takes longer per step than `faster`: ((part, seconds more), ...) for the two parts
-    that cost it most and ((part, seconds less),) for the one it gains most, among the step_components
-    that differ by at least 0.01 ms; ((), ()) when either policy is missing."""
+    """Why `slower` takes longer per step than `faster`: ((part, seconds more), ...) for the two step_components
+    that cost it most and ((part, seconds less),) for the one it gains most, among those differing by at least
+    0.005 ms; ((), ()) when either policy is missing."""
     c = step_components(summary)
     if slower not in c.index or faster not in c.index:
         return (), ()
@@ -73,7 +72,6 @@ def step_differences(summary: pd.DataFrame, slower: str, faster: str) -> tuple[t
     return tuple(worse.head(2).items()), tuple(better.head(1).items())
 
 
-# ---- facts as text: REPORT's tables and the README's rows ------------------------------------------------
 def _names(facts: pd.DataFrame) -> pd.Series:
     """Each fact's name in text: its label, with its stat unless that is the plain "value"."""
     label = facts["fact"].map(fact_label)
@@ -81,10 +79,10 @@ def _names(facts: pd.DataFrame) -> pd.Series:
 
 
 def facts_table(facts: pd.DataFrame, index: str, columns: str, header: str = "") -> pd.DataFrame:
-    """Facts (a facts.csv frame) as a table of text, first-seen order kept: one row per `index` and one column
-    per `columns`, each "fact" (its label), "stat", "of" or "name" (label and stat); `header` heads the index
-    column. A cell is the value as text (relibra.labels.fact_text), with its `of` in brackets where neither axis
-    is `of`. Rows of facts get the paper's figure (of their claim; "-": none) as a last column."""
+    """Facts (a facts.csv frame) as a table of text in first-seen order: a row per `index` and a column per
+    `columns`, each "fact" (its label), "stat", "of" or "name" (label and stat); `header` heads the index column.
+    A cell is the value as text, its `of` in brackets where neither axis is `of`. Rows of facts get the paper's
+    figure ("-": none) as a last column."""
     t = facts.assign(name=_names(facts), label=facts["fact"].map(fact_label), cell=[
         fact_text(f, u, v) + (f" ({o})" if o and "of" not in (index, columns) else "")
         for f, u, v, o in zip(facts["fact"], facts["unit"], facts["value"], facts["of"])])
@@ -99,9 +97,8 @@ def facts_table(facts: pd.DataFrame, index: str, columns: str, header: str = "")
 
 
 def _figure(group: pd.DataFrame) -> str:
-    """One README row's figure: per `of` (named where the row has several), per fact its stats' values (the
-    fact named where the row has several); a claim's region of the verdict map (stats of the grid,
-    relibra.studies.claim_map.claim_regions) reads as its verdict line (relibra.labels.verdict_line)."""
+    """One README row's figure: per `of` (named where the row has several), per fact (named likewise) its
+    stats' values; a claim's region of the verdict map reads as its verdict line (relibra.labels)."""
     fact = group["fact"].iloc[0]
     if "of_nodes" in set(group["stat"]):
         grid = group[group["of"] == "the grid"]
@@ -124,8 +121,8 @@ def _figure(group: pd.DataFrame) -> str:
 
 
 def fact_rows(facts: pd.DataFrame) -> list[dict]:
-    """The README rows of a notebook's facts: one per `readme` title (and `on`), in order; columns what, figure
-    and how it was obtained (the scopes, on what)."""
+    """The README rows of a notebook's facts: one per `readme` title (and `on`), in order: what, figure, and
+    how it was obtained (the scopes, on what)."""
     shown = facts[facts["readme"] != ""]
     out = []
     for (what, on), g in shown.groupby(["readme", "on"], sort=False):
@@ -135,7 +132,7 @@ def fact_rows(facts: pd.DataFrame) -> list[dict]:
 
 
 def cluster_text(name) -> str:
-    """'`paper` cluster preset (20 x 8 GPUs)', or the bare name for a spec the kit cannot parse."""
+    """'`paper` cluster preset (20 x 8 GPUs)', or '`name` cluster' for a spec the kit cannot parse."""
     try:
         topo = resolve_topology(str(name))
     except RelibraError:

@@ -1,5 +1,5 @@
-"""The parameters every trace notebook shares (TraceParams, SimParams), their captions, and the
-synthetic routing traces at a profile's scale (cached per kernel)."""
+"""The parameters every trace notebook shares (TraceParams, SimParams, TracedParams), their captions, and
+the synthetic routing traces at a profile's scale (cached per kernel)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from relibra.cluster import ModelShape, Topology, get_model, resolve_topology
 from relibra.errors import ConfigError
-from relibra.experiments.base import PATH, Kind, Params, choice, integer, names, objects, param
+from relibra.experiments.profiles import PROFILES, Scale
 from relibra.paths import resolve_path
 from relibra.studies.case import scaled_model
-from relibra.experiments.profiles import PROFILES, Scale
+from relibra.studies.params import PATH, Kind, Params, choice, integer, names, objects, param
 from relibra.policies import POLICY_NAMES
 from relibra.setups import SetupCard
 from relibra.trace import RoutingTrace
@@ -50,11 +50,9 @@ class TraceParams(Params):
                                 affects=False)
 
     def workloads(self, sizes: Scale) -> tuple[str, ...]:
-        """The workloads of the notebook's grid: the parameter's, else the profile's."""
         return self.workload or sizes.workloads
 
     def the_workload(self, sizes: Scale) -> str:
-        """The single workload: the parameter's first, else the profile's."""
         return self.workload[0] if self.workload else sizes.workload
 
     def models(self) -> tuple[ModelShape, ...]:
@@ -64,18 +62,17 @@ class TraceParams(Params):
         return (self.ep,)
 
     def check(self, notebook: str, sizes: Scale) -> None:
-        """Every EP size divides every model's experts."""
         for ep in dict.fromkeys(self.ep_sizes_used(sizes)):
             for m in self.models():
                 if m.num_experts % ep:
                     raise ConfigError(f"{notebook}: ep={ep} does not divide the {m.num_experts} experts of "
                                       f"{m.name!r}")
 
-    # ---- captions -------------------------------------------------------------------------------------
     def scale_note(self, sizes: Scale) -> str:
         """One line on how far this run is from the paper's scale."""
         layers = "all MoE layers" if sizes.layers is None else f"first {sizes.layers} MoE layers"
-        mbs = "every micro-batch of the batch" if sizes.micro_batches is None else f"{sizes.micro_batches} micro-batches"
+        mbs = ("every micro-batch of the batch" if sizes.micro_batches is None
+               else f"{sizes.micro_batches} micro-batches")
         return f"{self.profile} profile: {layers}, {mbs} x {self.steps} steps, seed {self.seed}"
 
     def trace_label(self, sizes: Scale) -> str:
@@ -92,7 +89,6 @@ class SimParams(TraceParams):
     policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES)
 
     def check(self, notebook: str, sizes: Scale) -> None:
-        """Every EP size fits the cluster, and divides every model's experts."""
         for ep in dict.fromkeys(self.ep_sizes_used(sizes)):
             try:
                 self.cluster.ep_layout(ep)
@@ -104,11 +100,10 @@ class SimParams(TraceParams):
         return self.cluster.name
 
     def routing(self, workload: str, ep: int, sizes: Scale, card: SetupCard):
-        """The routing trace of one case: the synthetic one at the profile's scale."""
+        """The routing trace of one case (the synthetic one at the profile's scale)."""
         return make_trace(self.model, workload, ep, self.steps, self.seed, sizes, card)
 
     def routing_text(self) -> str:
-        """Where the routing comes from, for captions."""
         return "synthetic RL traces"
 
     def plan_label(self, sizes: Scale, ep: str | int | None = None) -> str:
@@ -131,7 +126,6 @@ class SimParams(TraceParams):
                 f"{cases or self.cases_note(sizes)} | {self.scale_note(sizes)}")
 
     def one_case_subtitle(self, sizes: Scale) -> str:
-        """The same for the single model and workload."""
         return self.sim_subtitle(sizes, f"model {self.models()[0].name}; workload {self.the_workload(sizes)}")
 
 
@@ -165,8 +159,8 @@ class TracedParams(SimParams):
 
 
 def trace_text(trace: RoutingTrace) -> str:
-    """'the trace FILE (imported (importer) from SOURCE)', or '(from GENERATOR, seed S)': a trace file's
-    provenance for captions (the file as the `trace` parameter named it)."""
+    """A trace file's provenance for captions: 'the trace FILE (imported (importer) from SOURCE)', or '(from
+    GENERATOR, seed S)'."""
     p = trace.provenance
     made = (f"imported ({p['importer']}) from {p['source']}" if "importer" in p else
             f"from {p.get('generator', 'an unnamed source')}" + (f", seed {p['seed']}" if "seed" in p else ""))
@@ -174,7 +168,7 @@ def trace_text(trace: RoutingTrace) -> str:
 
 
 def trace_workload(trace: RoutingTrace) -> str:
-    """The workload label of a trace file's one case: the workload its provenance names, else "trace"."""
+    """The workload its provenance names, else "trace"."""
     return str(trace.provenance.get("workload") or "trace")
 
 
@@ -194,10 +188,8 @@ def traced_sizes(table: dict[str, Scale]):
 
 def make_trace(model: ModelShape, workload: str, ep: int, steps: int, seed: int, sizes: Scale, card: SetupCard):
     """The synthetic RL routing trace of (model cut to sizes.layers, workload, ep) with the profile's
-    micro-batches and tokens per rank (cached per kernel), its batch laid out as `card` says.
-
-    Returns a RoutingTrace with loads int32 [steps, micro_batches, layers, ep, experts].
-    """
+    micro-batches and tokens per rank, its batch laid out as `card` says: loads int32 [steps, micro_batches,
+    layers, ep, experts], cached per kernel."""
     return cached_trace(scaled_model(model, sizes.layers), workload, int(ep), int(steps), sizes.micro_batches,
                         sizes.tokens_per_rank, int(seed), card.workload_config())
 
@@ -205,6 +197,6 @@ def make_trace(model: ModelShape, workload: str, ep: int, steps: int, seed: int,
 @functools.cache
 def cached_trace(shape: ModelShape, workload: str, ep: int, steps: int, micro_batches: int | None,
                  tokens_per_rank: int | None, seed: int, config):
-    """generate_trace, once per kernel for each set of inputs (`cached_trace.cache_clear()` forgets them)."""
+    """generate_trace, once per kernel for each set of inputs."""
     return generate_trace(shape, workload, ep, steps, seed=seed, micro_batches=micro_batches,
                           tokens_per_rank=tokens_per_rank, config=config)

@@ -1,12 +1,8 @@
-"""Every figure the notebooks show, as functions of the tidy tables in relibra.experiments.
-
-Each function returns a matplotlib Figure whose title names what is plotted and whose subtitle says
-where the numbers come from: "simulated (<cluster preset> ...)", "measured (<hardware>)" or
-"synthetic routing", plus the profile's scale. Axes carry units; legends name policies. Saving
-(PNG + SVG, and the inline display in a notebook) is `save_figure`.
-
-One module per notebook group: style (colours, labels, titles, saving), routing (01), tutorial
-(00) and its widgets, throughput (02-06), overheads (07), runtime (08, 09), sensitivity (10), claim_map (12).
+"""Every figure the notebooks show, as functions of their tidy tables: a matplotlib Figure whose title names
+what is plotted and whose subtitle says where the numbers come from (simulated, measured or synthetic, and
+the scale). style holds the colours, labels, titles and saving (PNG + SVG: `save_figure`); one module per
+notebook group: tutorial (00) and its widgets, routing (01), throughput (02-06), overheads (07), runtime (08,
+09), sensitivity (10), scale (11), claim_map (12).
 """
 
 from relibra.plots.overheads import overhead_bars, planner_time_plot, policy_summary_plot

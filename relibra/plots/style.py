@@ -1,5 +1,5 @@
-"""The kit's look shared by every figure: policy colours and labels, titles that say where the numbers
-come from, saving as PNG + SVG, and inline display in notebooks."""
+"""The kit's look shared by every figure: policy colours and labels, titles that say where the numbers come from,
+saving as PNG + SVG."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import matplotlib
 if matplotlib.get_backend().lower() not in ("agg", "module://matplotlib_inline.backend_inline", "svg", "pdf") and (
         not os.environ.get("DISPLAY")):  # headless runs (papermill, tests) must never try to open a window
     matplotlib.use("Agg")
-
 
 import matplotlib.pyplot as plt
 import matplotlib.ticker  # noqa: F401  (integer step axes)
@@ -30,7 +29,7 @@ _TAB = sns.color_palette("tab10", 10)
 
 
 def model_label(name: str) -> str:
-    """'<preset> (E experts, top-k, L MoE layers, hidden H)': how model presets differ, for per-model figures."""
+    """'<preset> (E experts, top-k, L MoE layers, hidden H)', for per-model figures."""
     try:
         m = get_model(name)
     except Exception:  # a label only: an unknown name stays as it is
@@ -41,15 +40,9 @@ def model_label(name: str) -> str:
 def set_style() -> None:
     """The kit's look: seaborn whitegrid, readable fonts, deterministic SVG output."""
     sns.set_theme(style="whitegrid", context="notebook", font_scale=0.9)
-    plt.rcParams.update({
-        "figure.dpi": 100,
-        "savefig.dpi": 130,
-        "savefig.bbox": "tight",
-        "svg.hashsalt": "relibra",  # stable element ids: same data, same SVG bytes
-        "axes.titlesize": 11,
-        "figure.titlesize": 12,
-        "legend.fontsize": 8,
-    })
+    plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": 130, "savefig.bbox": "tight", "axes.titlesize": 11,
+                         "figure.titlesize": 12, "legend.fontsize": 8,
+                         "svg.hashsalt": "relibra"})  # stable element ids: same data, same SVG bytes
 
 
 policy_order = _labels.policy_order
@@ -68,14 +61,11 @@ def titled(fig, title: str, subtitle: str) -> None:
 
 
 def save_figure(fig, stem: str | Path) -> tuple[Path, Path]:
-    """Write <stem>.png and <stem>.svg (no timestamps, so identical data gives identical files). In a
-    notebook kernel, also display the saved PNG once as the cell's figure and close `fig` (so the inline
-    backend does not draw it a second time): executed notebooks hold every figure whatever the matplotlib
-    backend, even under MPLBACKEND=Agg."""
+    """Write <stem>.png and <stem>.svg (no timestamps: same data, same bytes). In a notebook kernel, also display
+    the PNG as the cell's figure and close `fig` (not drawn twice), whatever the backend (even Agg)."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
-
     with atomic_path(png) as tmp:  # the temporary name keeps the suffix that picks the format
         fig.savefig(tmp, metadata={"Software": None})
     with atomic_path(svg) as tmp:

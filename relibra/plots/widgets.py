@@ -10,16 +10,11 @@ from relibra.plots.tutorial import plan_figure, tutorial_figure
 
 
 def tutorial_interactive(compute, choices: dict, enabled: bool = True, **params):
-    """ipywidgets controls for EP, spare slots, skew (and placement, shift, micro-batch) that recompute
-    the plan with `compute` (tutorial_case) and redraw the tokens-per-GPU and plan figures.
-
-    choices: {"ep": EP sizes, "placement": placements, "spare_slots": the most spare slots}; params: every
-    keyword argument of `compute` (the notebook's Params.case_args()).
-    Each redraw prints one line (the micro-batch's rank skewness, slowest-GPU and balanced ms, the
-    numbers the figures show), then both figures as PNGs; a slider recomputes when it is released.
-
-    Displays the controls once and returns None (so a notebook cell shows them once). Does nothing
-    when disabled, when ipywidgets is missing, or when no IPython kernel runs this code.
+    """ipywidgets controls for EP, spare slots, skew, placement, shift and micro-batch that recompute the plan
+    with `compute` (tutorial_case) and redraw the tokens-per-GPU and plan figures, after a line of the numbers
+    they show; a slider recomputes when released. choices: {"ep", "placement", "spare_slots": the most};
+    params: every keyword argument of `compute` (Params.case_args()). Displays the controls once and returns
+    None; does nothing when disabled, without ipywidgets, or outside an IPython kernel.
     """
     if not enabled:
         return None
@@ -51,11 +46,10 @@ def tutorial_interactive(compute, choices: dict, enabled: bool = True, **params)
         case = compute(**values, **fixed)
         mb = values["micro_batch"]
         s = case["summary"].set_index("micro_batch").loc[mb]
-        # The numbers the figures show, as text a reader (or a browser test) can read without the image.
         print(f"micro-batch {mb}: rank skewness {s['skewness']:.3f} (max / mean tokens per GPU), slowest GPU "
               f"{s['slowest_gpu_ms']:.3f} ms, balanced {s['balanced_ms']:.3f} ms")
-        # Built with interactive mode off: in a kernel pyplot is interactive, and every change to a figure
-        # under construction then draws it, which has left figures with text placed for another layout.
+        # interactive mode off: in a kernel every change to a figure under construction draws it, which has left
+        # text placed for another layout
         with plt.ioff():
             for draw in (tutorial_figure, plan_figure):
                 _display_png(draw(case, mb), display, Image)
@@ -66,9 +60,8 @@ def tutorial_interactive(compute, choices: dict, enabled: bool = True, **params)
 
 
 def _display_png(fig, display, Image) -> None:
-    """Show `fig` as PNG bytes and close it. Independent of matplotlib's backend: under MPLBACKEND=Agg
-    plt.show() draws nothing in the output area, and an open figure would be drawn a second time by the
-    inline backend at the end of the cell."""
+    """Show `fig` as PNG bytes and close it, whatever the backend (under Agg plt.show() draws nothing; an open
+    figure would be drawn again at the end of the cell)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
     plt.close(fig)

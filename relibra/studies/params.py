@@ -1,9 +1,8 @@
 """The parameter spec a study, a notebook and a command line share: a `Params` dataclass of
 `param(default, doc, kind, ...)` fields, each `Kind` parsing and checking one raw value (a literal,
-papermill's -p string, a command-line flag's text). `Params.create(notebook, sizes_of, **raw)` parses
-raw values into checked, resolved ones (a model preset becomes its ModelShape, a cluster its Topology,
-a card its SetupCard); a raw None stands for the profile's size named by `sizes=` or for `none=`.
-`add_flag` makes an argparse flag of a field (type= its Kind), `param_table` the docs' table.
+papermill's -p string, a flag's text). `Params.create` parses raw values into checked, resolved ones (a model
+preset becomes its ModelShape, a cluster its Topology); `add_flag` makes an argparse flag of a field,
+`param_table` the docs' table.
 """
 
 from __future__ import annotations
@@ -16,16 +15,14 @@ from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from relibra.display import json_safe
+from relibra.display import json_safe, md_table
 from relibra.errors import ConfigError, RelibraError
 
 
-# ---- parameters ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Kind:
-    """How one parameter's raw value becomes its value: `parse` (raises ValueError, TypeError or
-    ConfigError) and `accepts`, what it takes, for the error that names it. The same Kind parses a
-    notebook's parameter (Params.create) and the command-line flag made from it (`arg`)."""
+    """How one raw value becomes a parameter's value: `parse` (raises ValueError, TypeError or ConfigError)
+    and `accepts`, what it takes, for the error that names it."""
 
     accepts: str
     parse: Callable[[Any], Any]
@@ -35,10 +32,8 @@ class Kind:
         return f"must be {self.accepts}; got {value!r} ({exc})"
 
     def arg(self, flag: str) -> Callable[[str], Any]:
-        """This kind as argparse's `type=` for `flag`: the parsed value, or a ConfigError naming the flag,
-        which the command line prints as its one `error:` line (exit 2) before any work. A loader's own
-        error (an unknown preset, a card out of bounds: a RelibraError) already names what is wrong and is
-        the same line whichever command or notebook reads the value: it passes as it is."""
+        """This kind as argparse's `type=` for `flag`: a bad value is a ConfigError naming the flag (the command
+        line's one `error:` line). A loader's own RelibraError already names what is wrong: it passes as it is."""
         def parse(text: str):
             try:
                 return self.parse(text)
@@ -48,9 +43,9 @@ class Kind:
 
 
 def param(default, doc: str, kind: Kind, *, sizes: str | None = None, none=None, affects: bool = True):
-    """A Params field: its raw default (what the parameters cell assigns), a one-line doc, its Kind.
-    A raw None becomes the sizes' attribute `sizes` when given, else `none` (parsed alike). affects:
-    False for a setting that changes where or how results show, not what they are."""
+    """A Params field: its raw default (what the parameters cell assigns), a one-line doc, its Kind. A raw None
+    becomes the sizes' attribute `sizes` when given, else `none` (parsed alike). affects: False for a setting
+    that changes where or how results show, not what they are."""
     return dataclasses.field(default=default, metadata={"doc": doc, "kind": kind, "sizes": sizes, "none": none,
                                                          "affects": affects})
 
@@ -65,8 +60,8 @@ def split_items(raw, sep: str = ",") -> list:
 
 
 def listed(raw, each: Callable[[Any], Any], sort: bool = False, sep: str = ",") -> tuple:
-    """`each` of every item of `raw` (a list, or a `sep`-separated string), as a tuple, ascending when
-    `sort` (an axis whose neighbours matter); a ValueError when there is none or one is given twice."""
+    """`each` of every item of `raw` (a list or a `sep`-separated string) as a tuple, ascending when `sort` (an
+    axis whose neighbours matter); a ValueError when there is none, one is empty or one is given twice."""
     items = split_items(raw, sep)
     if "" in items:
         raise ValueError("an item is empty")
@@ -87,9 +82,9 @@ def _int(raw) -> int:
 
 
 def _float(raw) -> float:
-    if isinstance(raw, bool) or not isinstance(raw, (numbers.Real, str)):
-        raise ValueError(f"not a number: {raw!r}")
     try:
+        if isinstance(raw, bool) or not isinstance(raw, (numbers.Real, str)):
+            raise ValueError
         v = float(raw)
     except ValueError:
         raise ValueError(f"not a number: {raw!r}") from None
@@ -156,8 +151,8 @@ def names(known: tuple[str, ...], what: str) -> Kind:
 
 
 def objects(get: Callable[[str], Any], what: str, sep: str = ",", single: bool = False) -> Kind:
-    """Names resolved by `get` (e.g. a model preset to its ModelShape): a tuple of distinct ones, or one
-    object when single."""
+    """Names resolved by `get` (a model preset to its ModelShape...): a tuple of distinct ones, or one object
+    when single."""
     def parse(raw):
         values = split_items(raw, sep)
         if single and len(values) > 1:
@@ -174,56 +169,49 @@ def _flag(raw) -> bool:
 
 
 FLAG = Kind("True or False", _flag)
-PATH = Kind("a folder path", lambda raw: str(raw))
+PATH = Kind("a folder path", str)
 
 
-def spec_of(params: type, name: str) -> dict:
-    """Field `name`'s declaration in a Params class: {"doc", "kind", "default", "sizes", ...}."""
+def _field(params: type, name: str):
     f = next((f for f in fields(params) if f.name == name), None)
     if f is None:
         raise ConfigError(f"{params.__module__}: no parameter {name!r}")
-    return {**f.metadata, "default": f.default}
+    return f
 
 
 def flag_help(params: type, name: str, default: str | None = None) -> str:
-    """A command-line flag's help, made from the parameter's declaration: its doc (without the notebook's
-    "(None: ...)" note), what it accepts, and its default: `default` (what the command takes when the flag
-    is not given), else the declared default unless None or False."""
-    spec = spec_of(params, name)
-    doc = re.sub(r" \(None: [^)]*\)$", "", spec["doc"])
-    default = default or (None if spec["default"] is None or spec["default"] is False else _text(spec["default"]))
-    return (doc if spec["kind"] is FLAG else f"{doc}: {spec['kind'].accepts}") + (f" (default: {default})" if default
-                                                                                 else "")
+    """A flag's help from the parameter's declaration: its doc (without the notebook's "(None: ...)" note), what
+    it accepts, and `default` (what the command takes without the flag), else the declared one unless None or
+    False."""
+    f = _field(params, name)
+    doc, kind = re.sub(r" \(None: [^)]*\)$", "", f.metadata["doc"]), f.metadata["kind"]
+    default = default or (None if f.default is None or f.default is False else _text(f.default))
+    return (doc if kind is FLAG else f"{doc}: {kind.accepts}") + (f" (default: {default})" if default else "")
 
 
 def add_flag(parser, params: type, name: str, flag: str | None = None, default: str | None = None):
-    """Add `flag` (default --<name with dashes>) to an argparse parser from Params field `name`: its Kind
-    parses the value (type=; FLAG: a switch), its doc is the help (flag_help), its declared default is the
-    flag's. The action keeps the declaration it came from (`declared`: (params, name, default))."""
-    spec = spec_of(params, name)
+    """Add `flag` (default --<name with dashes>) to an argparse parser from Params field `name`: its Kind parses
+    the value (type=; FLAG: a switch), its help is flag_help, its default the declared one. The action keeps
+    its declaration (`declared`: (params, name, default))."""
+    f = _field(params, name)
     flag = flag or "--" + name.replace("_", "-")
-    how = (dict(action="store_true") if spec["kind"] is FLAG else
-           dict(default=spec["default"], type=spec["kind"].arg(flag), metavar=name.upper()))
-    action = parser.add_argument(flag, dest=name,
-                                 help=flag_help(params, name, default), **how)
+    how = (dict(action="store_true") if f.metadata["kind"] is FLAG else
+           dict(default=f.default, type=f.metadata["kind"].arg(flag), metavar=name.upper()))
+    action = parser.add_argument(flag, dest=name, help=flag_help(params, name, default), **how)
     action.declared = (params, name, default)
     return action
 
 
 def param_table(params: type) -> str:
-    """The docs' parameter table of a Params class, markdown: parameter, default, what it accepts, meaning (the
-    declared doc); a None default that the profile fills says so."""
-    def cell(text) -> str:
-        return str(text).replace("|", "\\|")
-
+    """The docs' markdown table of a Params class: parameter, default (a None the profile fills says so), what
+    it accepts, meaning."""
     def default(f) -> str:
         if f.default is None:
             return "the profile's" if f.metadata["sizes"] else "`None`"
-        return f"`{cell(_text(f.default))}`"
+        return f"`{_text(f.default)}`"
 
-    rows = [f"| `{f.name}` | {default(f)} | {cell(f.metadata['kind'].accepts)} | {cell(f.metadata['doc'])} |"
-            for f in fields(params)]
-    return "\n".join(["| parameter | default | accepts | meaning |", "|---|---|---|---|", *rows])
+    rows = [[f"`{f.name}`", default(f), f.metadata["kind"].accepts, f.metadata["doc"]] for f in fields(params)]
+    return md_table(["parameter", "default", "accepts", "meaning"], rows)
 
 
 @dataclass(frozen=True)
@@ -255,13 +243,12 @@ class Params:
 
     @classmethod
     def create(cls, notebook: str, sizes_of: Callable[[Any], Any], **raw) -> tuple["Params", Any]:
-        """(params, sizes) from raw values; sizes_of(the fields without `sizes=`, parsed) gives the
-        notebook's sizes (the profile's). Every problem is one ConfigError naming the notebook, the parameter and what
-        it accepts."""
+        """(params, sizes) from raw values; sizes_of(the fields without `sizes=`, parsed) gives the notebook's
+        sizes. Every problem is one ConfigError naming the notebook, the parameter and what it accepts."""
         cls.check_names(notebook, raw)
         given = {**cls.defaults(), **raw}
         unsized = {f.name: cls._parse(notebook, f, given[f.name]) for f in fields(cls) if f.metadata["sizes"] is None}
-        sizes = sizes_of(SimpleNamespace(**unsized))  # the profile's sizes are known once the unsized fields are
+        sizes = sizes_of(SimpleNamespace(**unsized))
         params = cls(**{f.name: unsized[f.name] if f.name in unsized else cls._parse(notebook, f, given[f.name], sizes)
                         for f in fields(cls)})
         params.check(notebook, sizes)
@@ -284,8 +271,7 @@ class Params:
         """Checks across fields (an EP size the cluster must hold...); none by default."""
 
     def scale_note(self, sizes) -> str:
-        """One line on how far a run is from the paper's scale, for captions: the profile and every size
-        (a notebook whose sizes need words says it its own way)."""
+        """One line on how far a run is from the paper's scale, for captions: the profile and every size."""
         sized = fields(sizes) if dataclasses.is_dataclass(sizes) else ()
         return ", ".join([f"{getattr(self, 'profile', 'no')} profile",
                           *(f"{f.name} {_text(getattr(sizes, f.name))}" for f in sized)])

@@ -1,5 +1,5 @@
-"""The simulator over a trace's last steps: one summary row per policy (notebooks 03, 05, 09), and
-with plan-level figures per (policy, step) (notebooks 04, 05, 07)."""
+"""The simulator over a trace's last steps: a summary row per policy (notebooks 03, 05, 09), or with plan-level
+figures per (policy, step) (notebooks 04, 05, 07)."""
 
 from __future__ import annotations
 
@@ -19,33 +19,40 @@ def history_steps(steps: int) -> int:
     return max(1, steps - 1)
 
 
-def simulate_trace(trace, topology: Topology, policies, card: SetupCard, steps: int, workload: str | None = None,
-                   policy_params: dict | None = None) -> pd.DataFrame:
-    """Simulate `policies` on the last history_steps(steps) steps of `trace` with the set-up card's cost
-    knobs and policy parameters (policy_params on top); one summary row per policy: relibra.sim's
-    SUMMARY_COLUMNS plus model, workload, ep, cluster, layers, micro_batches."""
+def _simulate(trace, topology, policies, card: SetupCard, steps: int, workload: str | None,
+              policy_params: dict | None = None, **kwargs):
+    """relibra.sim.simulate of `policies` on the last history_steps(steps) steps of `trace` with the set-up card's
+    cost knobs and policy parameters (policy_params on top), and the labels of its rows (model, workload, ep,
+    cluster)."""
     policies = list(policies)
     res = simulate(trace, topology, policies, steps=min(history_steps(steps), trace.num_steps),
                    policy_params={**card.policy_params(policies), **(policy_params or {})}, progress=False,
-                   params=card.cost_params(trace.ep),
-                   workload=workload or str(trace.provenance.get("workload", "")))
-    summary = res.summary.copy()
-    summary.insert(0, "cluster", res.config["cluster"])
-    summary.insert(0, "ep", trace.ep)
-    summary.insert(0, "workload", res.config["workload"])
-    summary.insert(0, "model", trace.model.name)
+                   params=card.cost_params(trace.ep), workload=workload or None, **kwargs)
+    return res, {"model": trace.model.name, "workload": res.config["workload"], "ep": trace.ep,
+                 "cluster": res.config["cluster"]}
+
+
+def _labelled(frame: pd.DataFrame, labels: dict) -> pd.DataFrame:
+    for i, (k, v) in enumerate(labels.items()):
+        frame.insert(i, k, v)
+    return frame
+
+
+def simulate_trace(trace, topology: Topology, policies, card: SetupCard, steps: int, workload: str | None = None,
+                   policy_params: dict | None = None) -> pd.DataFrame:
+    """One summary row per policy simulated on the trace's last steps (_simulate): relibra.sim's SUMMARY_COLUMNS
+    plus model, workload, ep, cluster, layers, micro_batches."""
+    res, labels = _simulate(trace, topology, policies, card, steps, workload, policy_params)
+    summary = _labelled(res.summary.copy(), labels)
     summary["layers"] = trace.num_layers
     summary["micro_batches"] = trace.num_microbatches
     return summary
 
 
 def plan_metrics(plan, gpus_per_node: int) -> dict:
-    """Plan-level figures the simulator's summary does not carry.
-
-    node_skewness: mean over (micro_batch, layer) of max / mean tokens per node; gpu_skewness: the
-    same per GPU; cross_node_share: share of dispatched token-expert pairs whose destination GPU is
-    in another node than their source rank; replicas_per_gpu: mean occupied replica slots per GPU.
-    """
+    """Plan-level figures the simulator's summary does not carry: node_skewness, the mean over (micro_batch,
+    layer) of max / mean tokens per node; gpu_skewness, the same per GPU; cross_node_share, the share of
+    dispatched token-expert pairs sent to another node; replicas_per_gpu, mean occupied replica slots per GPU."""
     matrix = plan.flows()[0]  # the plan's one token flow
     gpu = np.rint(matrix.sum(axis=2)).astype(np.int64)  # [M, L, ep] tokens each GPU computes
     m, l, ep = gpu.shape
@@ -64,14 +71,9 @@ def plan_metrics(plan, gpus_per_node: int) -> dict:
 
 def simulate_with_plans(trace, topology: Topology, policies, card: SetupCard, steps: int,
                         workload: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """relibra.sim.simulate over the trace's last history_steps(steps) steps, keeping plan-level figures
-    per (policy, step) too.
-
-    Returns (per_step, summary): per_step has one row per (policy, step) with the simulator's step
-    figures (step_s, tokens, skewness, migration_s, plan_s, ...) plus `plan_metrics`, migration
-    bytes, forward seconds and unhidden replica-transfer seconds; summary is the simulator's summary
-    with those plan figures averaged per policy.
-    """
+    """The trace's last steps simulated (_simulate) with plan-level figures per (policy, step): (per_step,
+    summary). per_step: a row per (policy, step) with the simulator's step figures plus plan_metrics, migration
+    bytes, forward seconds and replica-transfer seconds; summary: the simulator's with those averaged."""
     _, gpn = topology.ep_layout(trace.ep)
 
     def extras(plan, cost) -> dict:
@@ -85,20 +87,13 @@ def simulate_with_plans(trace, topology: Topology, policies, card: SetupCard, st
         row["transfers_on_critical_path"] = float(bool(plan.transfers_on_critical_path))  # fetched in line (LLEP)
         return row
 
-    result = simulate(trace, topology, list(policies), steps=min(history_steps(steps), trace.num_steps),
-                      policy_params=card.policy_params(policies), progress=False,
-                      workload=workload, step_extras=extras, params=card.cost_params(trace.ep))
-    per_step = result.per_step
+    result, labels = _simulate(trace, topology, policies, card, steps, workload, step_extras=extras)
+    per_step = _labelled(result.per_step, labels)
     extra = per_step.groupby("policy")[["gpu_skewness", "node_skewness", "cross_node_share", "replicas_per_gpu",
                                         "migration_gb", "migration_inter_node_gb", "forward_s", "transfer_s",
                                         "exposed_transfer_s", "replica_grad_add_s",
                                         "transfers_on_critical_path"]].mean()
-    summary = result.summary.join(extra, on="policy")  # its speedup_vs_megatron: relibra.sim's
-    labels = {"model": trace.model.name, "workload": workload or str(trace.provenance.get("workload", "")),
-              "ep": trace.ep, "cluster": topology.name}
-    for frame in (per_step, summary):
-        for i, (k, v) in enumerate(labels.items()):
-            frame.insert(i, k, v)
+    summary = _labelled(result.summary.join(extra, on="policy"), labels)  # its speedup_vs_megatron: relibra.sim's
     tokens_per_s = per_step["tokens"] / per_step["step_s"]
     megatron = per_step["policy"] == "megatron"
     per_step["speedup_vs_megatron"] = tokens_per_s / per_step["step"].map(
@@ -107,8 +102,8 @@ def simulate_with_plans(trace, topology: Topology, policies, card: SetupCard, st
 
 
 def simulate_workloads(params, sizes, card: SetupCard, progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """simulate_with_plans of params.policies on params.model for every workload of the notebook's grid
-    (notebooks 04 and 05). Returns (per_step, summary), each concatenated over workloads."""
+    """simulate_with_plans of params.policies on params.model for every workload of the notebook's grid:
+    (per_step, summary), each concatenated over workloads."""
     per_step, summary = [], []
     for workload in tqdm(params.workloads(sizes), desc="workloads", disable=not progress):
         trace = params.routing(workload, params.ep, sizes, card)
@@ -120,9 +115,9 @@ def simulate_workloads(params, sizes, card: SetupCard, progress: bool = True) ->
 
 def full_model_memory_share(model: ModelShape, ep: int, simulated_layers: int, buffer_bytes,
                             per_layer_buffer) -> np.ndarray:
-    """Replica buffer bytes per GPU as a share of the parameter bytes per GPU of the *whole* model
-    (all its MoE layers), whatever layers the profile simulated: a layer-shared buffer does not grow
-    with layers; a per-layer one (plans with transfers on the critical path, LLEP) grows with them."""
+    """Replica buffer bytes per GPU as a share of the parameter bytes per GPU of the *whole* model, whatever
+    layers were simulated: a layer-shared buffer does not grow with layers; a per-layer one (transfers on the
+    critical path, LLEP) does."""
     param_bytes = ((model.num_experts // ep) * model.num_layers * model.expert_params
                    + dense_params_per_gpu(model)) * model.bytes_per_param
     scale = np.where(np.asarray(per_layer_buffer, dtype=bool), model.num_layers / simulated_layers, 1.0)
