@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import shlex
 import sys
-from pathlib import Path
 
 from relibra.errors import ConfigError
 
 
 def _replan(args) -> int:
     from relibra.bench.records import kit_commit
-    from relibra.setups import CARD_DIR, card_names, load_card
+    from relibra.setups import card_names, load_card
     from relibra.studies import replan
 
     if args.check:
@@ -27,7 +26,7 @@ def _replan(args) -> int:
     folder = args.out_dir or replan.RECORD_DIR
     for name in names:
         card = load_card(name)
-        if Path(card.path).resolve().parent != CARD_DIR.resolve() and args.out_dir is None and not args.no_write:
+        if not replan.shipped(card) and args.out_dir is None and not args.no_write:
             raise ConfigError(f"--setup {name}: a card outside data/setups/ has no record there (the headline and the "
                               "map read records of the shipped cards only); give --out-dir or --no-write")
         given = {"--models": None if args.models is None else ",".join(args.models), "--workload": args.workload,

@@ -53,8 +53,7 @@ def replan_steps(trace: RoutingTrace, candidates=REPLAN_INTERVALS) -> list[int]:
 
 
 def choose_replan_interval(trace: RoutingTrace, topology: Topology, policy: str, card: SetupCard,
-                           candidates=REPLAN_INTERVALS, policy_params: dict | None = None
-                           ) -> tuple[int, pd.DataFrame]:
+                           candidates=REPLAN_INTERVALS) -> tuple[int, pd.DataFrame]:
     """(best k, one row per k: replan_interval, tokens_per_s, and per step step_s, migration_s, experts_moved)
     of `policy` on replan_steps after one window of warm-up planned from Megatron's placement, with the card's
     cost knobs. Ties go to the smaller k."""
@@ -64,7 +63,7 @@ def choose_replan_interval(trace: RoutingTrace, topology: Topology, policy: str,
     steps = replan_steps(trace, candidates)
     rows = []
     for k in candidates:
-        params = {**card.policy_params([policy]).get(policy, {}), **(policy_params or {}), "replan_interval": k}
+        params = {**card.policy_params([policy]).get(policy, {}), "replan_interval": k}
         res = simulate(trace, topology, [policy], steps=steps, params=card.cost_params(trace.ep),
                        policy_params={policy: params}, progress=False, references=False,
                        warmup=replan_window(candidates))
@@ -78,25 +77,23 @@ def choose_replan_interval(trace: RoutingTrace, topology: Topology, policy: str,
 
 
 def rehoming_at_best_interval(trace: RoutingTrace, topology: Topology, card: SetupCard,
-                              policies=REHOMING_POLICIES, references=("megatron", "relibra"),
                               candidates=REPLAN_INTERVALS) -> pd.DataFrame:
-    """choose_replan_interval's rows of each re-homing policy, and the references on the same steps
-    (replan_interval 0): one row per (policy, replan_interval) with best (the policy's chosen k; True for a
-    reference) and speedup_vs_megatron (needs "megatron" in references)."""
+    """choose_replan_interval's rows of every re-homing policy and Megatron's on the same steps (replan_interval
+    0): one row per (policy, replan_interval) with best (the policy's chosen k; True for Megatron) and
+    speedup_vs_megatron."""
     steps = replan_steps(trace, candidates)
-    res = simulate(trace, topology, list(references), steps=steps, params=card.cost_params(trace.ep),
-                   policy_params=card.policy_params(references), progress=False, references=False,
+    res = simulate(trace, topology, ["megatron"], steps=steps, params=card.cost_params(trace.ep),
+                   policy_params=card.policy_params(["megatron"]), progress=False, references=False,
                    warmup=replan_window(candidates))
     g = res.per_step.groupby("policy", sort=False)
-    ref = pd.DataFrame({"replan_interval": 0, "tokens_per_s": g["tokens"].sum() / g["step_s"].sum(),
-                        "step_s": g["step_s"].mean(), "migration_s": g["migration_s"].mean(),
-                        "experts_moved": g["experts_moved"].mean(), "best": True}).reset_index()
-    tables = [ref]
-    for policy in policies:
+    tables = [pd.DataFrame({"replan_interval": 0, "tokens_per_s": g["tokens"].sum() / g["step_s"].sum(),
+                            "step_s": g["step_s"].mean(), "migration_s": g["migration_s"].mean(),
+                            "experts_moved": g["experts_moved"].mean(), "best": True}).reset_index()]
+    for policy in REHOMING_POLICIES:
         best, table = choose_replan_interval(trace, topology, policy, card, candidates)
         tables.append(table.assign(policy=policy, best=table["replan_interval"] == best))
     out = pd.concat(tables, ignore_index=True)
-    out["speedup_vs_megatron"] = out["tokens_per_s"] / ref.set_index("policy")["tokens_per_s"].get("megatron", math.nan)
+    out["speedup_vs_megatron"] = out["tokens_per_s"] / tables[0]["tokens_per_s"].iloc[0]
     return out[["policy", "replan_interval", "best", "tokens_per_s", "speedup_vs_megatron", "step_s",
                 "migration_s", "experts_moved"]]
 
@@ -125,6 +122,11 @@ def record_path(card_name: str, folder: str | os.PathLike = RECORD_DIR) -> Path:
     return Path(folder) / f"{card_name}.json"
 
 
+def shipped(card: SetupCard) -> bool:
+    """Whether the card is one under data/setups/: only those have records."""
+    return Path(card.path).resolve().parent == CARD_DIR.resolve()
+
+
 def record_case(model: str, card: str, workload: str = RECORD_WORKLOAD, seed: int = RECORD_SEED,
                 candidates: tuple[int, ...] = REPLAN_INTERVALS, layers: int | None = None) -> dict:
     """The chooser on one (model, card name or path) at the card's EP, batch and cluster, on a trace of
@@ -138,7 +140,7 @@ def record_case(model: str, card: str, workload: str = RECORD_WORKLOAD, seed: in
     ep = card.value("batch.expert_parallel")
     trace = generate_trace(scaled_model(model, layers), workload, ep, steps=2 * replan_window(candidates), seed=seed,
                            micro_batches=card.micro_batches, config=card.workload_config(), progress=False)
-    table = rehoming_at_best_interval(trace, card.topology(), card, references=("megatron",), candidates=candidates)
+    table = rehoming_at_best_interval(trace, card.topology(), card, candidates)
     chosen = table[table["best"] & table["policy"].isin(REHOMING_POLICIES)]
     return {"model": model, "ep": int(ep), "layers": int(trace.num_layers),
             "micro_batches": int(trace.num_microbatches),
@@ -301,7 +303,7 @@ def replan_form(card: SetupCard, model: str, ep: int, policies, folder: str | os
     rehoming = [p for p in dict.fromkeys(policies) if p in REHOMING_POLICIES]
     if not rehoming:
         return ReplanForm()
-    if Path(card.path).resolve().parent != CARD_DIR.resolve():
+    if not shipped(card):
         return ReplanForm.at_one(rehoming, f"card {card.path} is not under data/setups/, so no record holds its k")
     values = card_values(card)
     if values != card_values(load_card(card.path)):
@@ -343,7 +345,7 @@ def record_table(record: dict) -> pd.DataFrame:
 def record_lines(card: SetupCard, folder: str | os.PathLike = RECORD_DIR) -> list[str]:
     """`relibra setup show`'s lines on the card's re-plan intervals: the record and what it was made from, then
     record_table's rows; or why there is no current record."""
-    if Path(card.path).resolve().parent != CARD_DIR.resolve():
+    if not shipped(card):
         return ["re-plan interval: no record for a card outside data/setups/: re-homing policies run at k = 1"]
     record, where = load_replan_record(card.name, folder), shown_path(record_path(card.name, folder))
     if record is None:
