@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from relibra.errors import ConfigError
 
+
 @functools.cache
 def sensitivity_options() -> type:
     """`relibra sensitivity`'s own options (the knobs are the study's KnobParams, the rest shared_options)."""
@@ -40,15 +41,13 @@ def _sensitivity(args) -> int:
     if args.json:
         from relibra.display import json_text
 
-        config = {"model": args.model.name, "ep": args.ep, "setup": args.setup, "layout": args.layout,
-                  "tokens_per_microbatch": args.tokens_per_microbatch, "workload": args.workload,
-                  "micro_batches": args.micro_batches, "layers": args.layers, "steps": args.steps, "seed": args.seed,
-                  "quick": args.quick, "source": "simulated"}
+        given = ("ep", "setup", "layout", "tokens_per_microbatch", "workload", "micro_batches", "layers", "steps",
+                 "seed", "quick")
+        config = {"model": args.model.name, **{k: getattr(args, k) for k in given}, "source": "simulated"}
         print(json_text({"results": frame.to_dict(orient="records"), "config": config}))
         return 0
-    shown = frame[["knob", "value", "is_default", *RATIOS]].copy()
     print(f"simulated, {args.model.name}, EP {args.ep}, set-up card {args.setup}, {args.workload}")
-    print(shown.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(frame[["knob", "value", "is_default", *RATIOS]].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     return 0
 
 

@@ -12,12 +12,18 @@ from relibra.plots.style import POLICY_LABELS, policy_order, policy_palette, tit
 
 
 def cluster_label(spec: str) -> str:
-    """'32 nodes x 8 GPUs (paper links)' for a cluster preset or spec; the spec itself if unknown."""
+    """'32 nodes x 8 GPUs (paper preset)' for a cluster preset or spec; the spec itself if unknown."""
     try:
         topo = resolve_topology(spec)
     except RelibraError:
         return spec
-    return f"{topo.num_nodes} node{'s' if topo.num_nodes > 1 else ''} x {topo.gpus_per_node} GPUs ({spec.split(',')[0]} preset)"
+    nodes = f"{topo.num_nodes} node{'s' if topo.num_nodes > 1 else ''}"
+    return f"{nodes} x {topo.gpus_per_node} GPUs ({spec.split(',')[0]} preset)"
+
+
+# balanced-compute: the ceiling, dashed; relibra-h, often on ReLibra's line: drawn over it, dashed, hollow squares
+_STYLES = {"balanced-compute": dict(ls="--", marker=""),
+           "relibra-h": dict(ls=(0, (4, 2)), marker="s", ms=6, mfc="none", mew=1.2, zorder=3)}
 
 
 def _ep_axis(ax, eps) -> None:
@@ -48,14 +54,9 @@ def ep_sweep_plot(table: pd.DataFrame, subtitle: str):
             d = ok[(ok["model"] == model) & (ok["cluster"] == cluster)]
             for policy in policies:
                 g = d[d["policy"] == policy].sort_values("ep")
-                if g.empty:
-                    continue
-                style = dict(color=palette[policy], ls="--", marker="") if policy == "balanced-compute" else dict(
-                    color=palette[policy], marker="o", ms=4)
-                if policy == "relibra-h":  # often on ReLibra's line: drawn over it, dashed, hollow squares
-                    style = dict(color=palette[policy], ls=(0, (4, 2)), marker="s", ms=6, mfc="none", mew=1.2,
-                                 zorder=3)
-                ax.plot(g["ep"], g["speedup_vs_megatron"], label=POLICY_LABELS.get(policy, policy), **style)
+                if len(g):
+                    ax.plot(g["ep"], g["speedup_vs_megatron"], label=POLICY_LABELS.get(policy, policy),
+                            color=palette[policy], **_STYLES.get(policy, dict(marker="o", ms=4)))
             ax.axhline(1.0, color="0.7", lw=0.8)
             case = table[(table["model"] == model) & (table["cluster"] == cluster)]
             _ep_axis(ax, case["ep"])

@@ -1,28 +1,18 @@
-"""The re-plan interval of the policies that re-home experts, chosen per card by their own throughput.
+"""The re-plan interval k of the policies that re-home experts, chosen per card by their own throughput.
 
-A re-homing policy (eplb, eplb+, eplb+lp, lplb+) takes `replan_interval` k: it re-plans at steps that
-are multiples of k and keeps its placement in between (relibra.policies.eplb.replan_step). k = 1 pays
-migration every step for a placement made for that step; a larger k pays it once per k steps for a
-placement that ages. Which is faster depends on the card (its migration rates and state bytes, its
-step time, how fast routing drifts), so the choice is the policy's own best throughput on the card,
-made here, above the policies (a policy never consults the simulator):
-
-    best, table = choose_replan_interval(trace, topology, "eplb+", card)
-
-Every candidate is simulated on the same steps, a whole number of re-plan cycles of the longest
-candidate (replan_window), each started from the placement the policy would have had (warm-up).
-
-Each shipped card's choice is made once, at the card's scale, by `relibra replan` (replan_record), and
-kept in a record, data/replan/<card>.json, with what it was made from. A simulated case asks
-replan_form(card, model, ep, policies) for its ReplanForm: the record's k where the case is the card as
-written, k = 1 and why otherwise; the form says which steps to generate and simulate so that every k
-is charged over whole re-plan cycles. The headline, the map's card points and `relibra simulate` use it.
+A re-homing policy (eplb, eplb+, eplb+lp, lplb+) re-plans at steps that are multiples of `replan_interval` k
+and keeps its placement in between (relibra.policies.eplb.replan_step): k = 1 pays migration every step, a
+larger k once per k steps for a placement that ages. Which is faster depends on the card (migration rates,
+state bytes, step time, routing drift), so k is chosen here, above the policies, by simulating every
+candidate on the same whole re-plan cycles. `relibra replan` records each shipped card's choice in
+data/replan/<card>.json (replan_record); a simulated case asks replan_form for its k.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import math
@@ -44,8 +34,7 @@ REHOMING_POLICIES = ("eplb", "eplb+", "eplb+lp", "lplb+")
 
 
 def replan_window(candidates=REPLAN_INTERVALS) -> int:
-    """Steps every candidate is measured on: the least common multiple of the candidates, so that each
-    sees whole re-plan cycles."""
+    """Steps every candidate is measured on: their least common multiple, so each sees whole cycles."""
     bad = [k for k in candidates if isinstance(k, bool) or not isinstance(k, int) or k < 1]
     if not candidates or bad:
         raise ConfigError(f"replan intervals must be positive integers, got {list(candidates)!r}")
@@ -53,9 +42,8 @@ def replan_window(candidates=REPLAN_INTERVALS) -> int:
 
 
 def replan_steps(trace: RoutingTrace, candidates=REPLAN_INTERVALS) -> list[int]:
-    """The last replan_window(candidates) steps of the trace that start at a multiple of the window:
-    int step indices, each candidate's re-plans falling on its cycle starts. ConfigError when the
-    trace is shorter than one window after the first."""
+    """The last replan_window(candidates) steps of the trace that start at a multiple of the window (each
+    candidate's re-plans on its cycle starts); ConfigError when the trace is shorter than two windows."""
     window = replan_window(candidates)
     first = (trace.num_steps - window) // window * window
     if first < window:
@@ -65,22 +53,17 @@ def replan_steps(trace: RoutingTrace, candidates=REPLAN_INTERVALS) -> list[int]:
 
 
 def choose_replan_interval(trace: RoutingTrace, topology: Topology, policy: str, card: SetupCard,
-                           candidates=REPLAN_INTERVALS, policy_params: dict | None = None
-                           ) -> tuple[int, pd.DataFrame]:
-    """The re-plan interval of `policy` with the highest throughput on `trace`, `topology` and the card's
-    cost knobs, and the table behind it.
-
-    Every candidate k is simulated on replan_steps(trace, candidates), after one window of warm-up
-    planned from Megatron's placement. Ties go to the smaller k. Returns (best k, DataFrame with one
-    row per k: replan_interval, tokens_per_s, step_s, migration_s, experts_moved per step).
-    """
+                           candidates=REPLAN_INTERVALS) -> tuple[int, pd.DataFrame]:
+    """(best k, one row per k: replan_interval, tokens_per_s, and per step step_s, migration_s, experts_moved)
+    of `policy` on replan_steps after one window of warm-up planned from Megatron's placement, with the card's
+    cost knobs. Ties go to the smaller k."""
     if policy not in REHOMING_POLICIES:
         raise ConfigError(f"{policy!r} does not re-home experts; the re-plan interval is a parameter of "
                           f"{', '.join(REHOMING_POLICIES)}")
     steps = replan_steps(trace, candidates)
     rows = []
     for k in candidates:
-        params = {**card.policy_params([policy]).get(policy, {}), **(policy_params or {}), "replan_interval": k}
+        params = {**card.policy_params([policy]).get(policy, {}), "replan_interval": k}
         res = simulate(trace, topology, [policy], steps=steps, params=card.cost_params(trace.ep),
                        policy_params={policy: params}, progress=False, references=False,
                        warmup=replan_window(candidates))
@@ -94,28 +77,23 @@ def choose_replan_interval(trace: RoutingTrace, topology: Topology, policy: str,
 
 
 def rehoming_at_best_interval(trace: RoutingTrace, topology: Topology, card: SetupCard,
-                              policies=REHOMING_POLICIES, references=("megatron", "relibra"),
                               candidates=REPLAN_INTERVALS) -> pd.DataFrame:
-    """Each re-homing policy at every candidate interval and the reference policies, on the same steps
-    (replan_steps) after the same warm-up: one row per (policy, replan_interval) with tokens_per_s,
-    step_s, migration_s, experts_moved (per step), speedup_vs_megatron (tokens_per_s over Megatron's on
-    those steps; needs "megatron" in references), best (the row is the policy's chosen interval; True
-    for the references, which have none: replan_interval 0)."""
+    """choose_replan_interval's rows of every re-homing policy and Megatron's on the same steps (replan_interval
+    0): one row per (policy, replan_interval) with best (the policy's chosen k; True for Megatron) and
+    speedup_vs_megatron."""
     steps = replan_steps(trace, candidates)
-    res = simulate(trace, topology, list(references), steps=steps, params=card.cost_params(trace.ep),
-                   policy_params=card.policy_params(references), progress=False, references=False,
+    res = simulate(trace, topology, ["megatron"], steps=steps, params=card.cost_params(trace.ep),
+                   policy_params=card.policy_params(["megatron"]), progress=False, references=False,
                    warmup=replan_window(candidates))
     g = res.per_step.groupby("policy", sort=False)
-    ref = pd.DataFrame({"replan_interval": 0, "tokens_per_s": g["tokens"].sum() / g["step_s"].sum(),
-                        "step_s": g["step_s"].mean(), "migration_s": g["migration_s"].mean(),
-                        "experts_moved": g["experts_moved"].mean(), "best": True}).reset_index()
-    tables = [ref]
-    for policy in policies:
+    tables = [pd.DataFrame({"replan_interval": 0, "tokens_per_s": g["tokens"].sum() / g["step_s"].sum(),
+                            "step_s": g["step_s"].mean(), "migration_s": g["migration_s"].mean(),
+                            "experts_moved": g["experts_moved"].mean(), "best": True}).reset_index()]
+    for policy in REHOMING_POLICIES:
         best, table = choose_replan_interval(trace, topology, policy, card, candidates)
         tables.append(table.assign(policy=policy, best=table["replan_interval"] == best))
     out = pd.concat(tables, ignore_index=True)
-    megatron = ref.set_index("policy")["tokens_per_s"].get("megatron", float("nan"))
-    out["speedup_vs_megatron"] = out["tokens_per_s"] / megatron
+    out["speedup_vs_megatron"] = out["tokens_per_s"] / tables[0]["tokens_per_s"].iloc[0]
     return out[["policy", "replan_interval", "best", "tokens_per_s", "speedup_vs_megatron", "step_s",
                 "migration_s", "experts_moved"]]
 
@@ -141,61 +119,48 @@ def card_sha256(values: dict) -> str:
 
 
 def record_path(card_name: str, folder: str | os.PathLike = RECORD_DIR) -> Path:
-    """Where the record of the card called `card_name` lives: FOLDER/<card>.json."""
     return Path(folder) / f"{card_name}.json"
 
 
-@dataclasses.dataclass(frozen=True)
-class ReplanCase:
-    """One (card, model) the chooser runs on: `card` a name or .toml path; layers None = every MoE layer."""
-
-    card: str
-    model: str
-    workload: str = RECORD_WORKLOAD
-    seed: int = RECORD_SEED
-    candidates: tuple[int, ...] = REPLAN_INTERVALS
-    layers: int | None = None
+def shipped(card: SetupCard) -> bool:
+    """Whether the card is one under data/setups/: only those have records."""
+    return Path(card.path).resolve().parent == CARD_DIR.resolve()
 
 
-def record_case(case: ReplanCase) -> dict:
-    """The chooser on one (card, model) at the card's EP, batch and cluster: a trace of 2 x replan_window steps
-    generated from the card, every re-homing policy at every candidate and Megatron on the same measured steps.
-    Returns {"model", "ep", "layers", "micro_batches", "chosen": {policy: k}, "rows": [one dict per (policy,
-    replan_interval) of rehoming_at_best_interval]}."""
+def record_case(model: str, card: str, workload: str = RECORD_WORKLOAD, seed: int = RECORD_SEED,
+                candidates: tuple[int, ...] = REPLAN_INTERVALS, layers: int | None = None) -> dict:
+    """The chooser on one (model, card name or path) at the card's EP, batch and cluster, on a trace of
+    2 x replan_window steps (layers None: every MoE layer): {"model", "ep", "layers", "micro_batches",
+    "chosen": {policy: k}, "rows": rehoming_at_best_interval's rows with Megatron as the only reference}."""
+    from relibra.display import json_safe
     from relibra.studies.case import scaled_model
     from relibra.workloads import generate_trace
 
-    card = load_card(case.card)
+    card = load_card(card)
     ep = card.value("batch.expert_parallel")
-    trace = generate_trace(scaled_model(case.model, case.layers), case.workload, ep,
-                           steps=2 * replan_window(case.candidates), seed=case.seed, micro_batches=card.micro_batches,
-                           config=card.workload_config(), progress=False)
-    table = rehoming_at_best_interval(trace, card.topology(), card, references=("megatron",),
-                                      candidates=case.candidates)
+    trace = generate_trace(scaled_model(model, layers), workload, ep, steps=2 * replan_window(candidates), seed=seed,
+                           micro_batches=card.micro_batches, config=card.workload_config(), progress=False)
+    table = rehoming_at_best_interval(trace, card.topology(), card, candidates)
     chosen = table[table["best"] & table["policy"].isin(REHOMING_POLICIES)]
-    return {"model": case.model, "ep": int(ep), "layers": int(trace.num_layers),
+    return {"model": model, "ep": int(ep), "layers": int(trace.num_layers),
             "micro_batches": int(trace.num_microbatches),
             "chosen": {p: int(k) for p, k in zip(chosen["policy"], chosen["replan_interval"])},
-            "rows": [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
-                     for row in table.to_dict("records")]}
+            "rows": json_safe(table.to_dict("records"), strict=False)}
 
 
 def replan_record(card: "str | SetupCard", models=None, workload: str = RECORD_WORKLOAD, seed: int = RECORD_SEED,
                   candidates=REPLAN_INTERVALS, layers: int | None = None, workers: int | None = None,
                   progress: bool = True, command: str = "", commit: str | None = None,
                   reuse_from: str | os.PathLike | None = None) -> dict:
-    """The record of `card`: record_case on each of its models (`models`, else SetupCard.memory_models: the
-    card's published model or the map's three), in worker processes, with what it was made from (the card's
-    values and their sha256, the command, the UTC date, the kit's commit (`commit`, else the tree's now: a
-    command that runs several cards reads it once, at its start, before anything it imports can change), the
-    trace's workload, seed and steps). Where a record under `reuse_from` (a folder) was made from the very same
-    values, trace and candidates for another card, its cases are taken (deterministic: the same simulation) and
-    `cases_from` names that record."""
+    """The record of `card`: record_case on each of `models` (None: SetupCard.memory_models) in worker
+    processes, with what it was made from: the card's values and their sha256, the command, the UTC date, the
+    kit's commit (`commit`, else read now: a command over several cards reads it once, before anything can
+    change under it) and the trace. Where a record under `reuse_from` (a folder) of another card was made from
+    the very same inputs, its cases are taken (the same simulation) and `cases_from` names it."""
     from relibra.bench.records import kit_commit
     from relibra.pool import map_in_order
 
     card = load_card(card)
-    commit = commit or kit_commit()
     window = replan_window(candidates)
     models = card.memory_models(models)
     values = card_values(card)
@@ -204,31 +169,32 @@ def replan_record(card: "str | SetupCard", models=None, workload: str = RECORD_W
              "scale": "every MoE layer" if layers is None else f"first {layers} MoE layers"}
     record = {"card": card.name, "card_sha256": card_sha256(values), "card_values": values, "command": command,
               "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-              "kit_commit": commit, "trace": trace, "candidates": [int(k) for k in candidates]}
+              "kit_commit": commit or kit_commit(), "trace": trace, "candidates": [int(k) for k in candidates]}
     same = _same_inputs(record, models, reuse_from)
     if same is not None:  # another card with every value equal (e.g. two names for one set-up): its cases
         return {**record, "cases": [c for m in models for c in same["cases"] if c["model"] == m],
                 "cases_from": {k: same[k] for k in ("card", "command", "date_utc", "kit_commit")}}
-    cases = [ReplanCase(card.path, m, workload, int(seed), tuple(candidates), layers) for m in models]
-    return {**record, "cases": map_in_order(record_case, cases, workers, progress, desc=f"replan {card.name}")}
+    one = functools.partial(record_case, card=card.path, workload=workload, seed=int(seed),
+                            candidates=tuple(candidates), layers=layers)
+    return {**record, "cases": map_in_order(one, models, workers, progress, desc=f"replan {card.name}")}
 
 
 def _same_inputs(record: dict, models, folder) -> dict | None:
-    """A record under `folder` (None: look nowhere) made from the same card values, trace and candidates as
-    `record` and holding every one of `models` (the first by file name), or None."""
+    """The first record under `folder` (None: look nowhere) of another card made from the same card values,
+    trace and candidates as `record` and holding every one of `models`, or None."""
     if folder is None or not Path(folder).is_dir():
         return None
     for path in sorted(Path(folder).glob("*.json")):
         other = load_replan_record(path.stem, folder)
-        if (other is not None and other["card"] != record["card"] and other["card_sha256"] == record["card_sha256"]
-                and other["trace"] == record["trace"] and other["candidates"] == record["candidates"]
-                and set(models) <= {c["model"] for c in other["cases"]} and "cases_from" not in other):
+        if (other is not None and other["card"] != record["card"] and "cases_from" not in other
+                and all(other[k] == record[k] for k in ("card_sha256", "trace", "candidates"))
+                and set(models) <= {c["model"] for c in other["cases"]}):
             return other
     return None
 
 
 def write_replan_record(record: dict, folder: str | os.PathLike = RECORD_DIR) -> Path:
-    """Write `record` to record_path(its card, folder), atomically (a temporary file renamed over it)."""
+    """Write `record` to record_path(its card, folder), atomically."""
     from relibra.paths import write_text
 
     path = record_path(record["card"], folder)
@@ -260,33 +226,29 @@ def load_replan_record(card_name: str, folder: str | os.PathLike = RECORD_DIR) -
 
 
 def stale_entries(record: dict, values: dict) -> list[str]:
-    """The entry keys whose value differs between the record's card and `values` (card_values): empty when the
-    record was made from these inputs."""
+    """The entry keys whose value differs between the record's card and `values` (card_values); empty when
+    the record was made from them."""
     if record["card_sha256"] == card_sha256(values):
         return []
     old = record["card_values"]
-    return sorted(k for k in set(old) | set(values) if old.get(k, None) != values.get(k, None)) or ["(the hash)"]
+    return sorted(k for k in set(old) | set(values) if old.get(k) != values.get(k)) or ["(the hash)"]
 
 
 @dataclasses.dataclass(frozen=True)
 class ReplanForm:
-    """The form the re-homing policies of one simulated case run in: each one's re-plan interval and where
-    it comes from.
+    """Each re-homing policy's re-plan interval in one simulated case: `intervals` (policy, k) pairs; `source`
+    the record's path, or why there is none and k = 1 (re-planned every step on the step's own loads).
 
-    intervals: (policy, k) pairs of the re-homing policies simulated; source: the record's path, or why there
-    is none and k = 1 (the oracle form: re-planned every step on the step's own loads).
-    A policy at k > 1 is simulated on the case's own steps once per phase of its cycle (simulate_in_form): a
-    step re-planned (paying its migration) in one phase, placed 1 ... k - 1 steps before in the others, so
-    its figure is its cycle's mean on the same steps as every other policy's. The trace needs k steps before
-    the first simulated one: `trace_steps`.
-    """
+    A policy at k > 1 is simulated once per phase of its cycle (simulate_in_form), so its figure is its
+    cycle's mean on the same steps as every other policy's; the trace needs k steps before the first
+    simulated one (trace_steps)."""
 
     intervals: tuple[tuple[str, int], ...] = ()
     source: str = "no re-homing policy"
 
     @classmethod
     def at_one(cls, policies, why: str) -> "ReplanForm":
-        """Every re-homing policy of `policies` at k = 1 (the oracle form), `why` there is no chosen k."""
+        """Every re-homing policy of `policies` at k = 1, `why` there is no chosen k."""
         rehoming = tuple((p, 1) for p in dict.fromkeys(policies) if p in REHOMING_POLICIES)
         return cls(rehoming, f"k = 1: {why}") if rehoming else cls()
 
@@ -295,8 +257,7 @@ class ReplanForm:
         return dict(self.intervals).get(policy, 0)
 
     def policy_params(self, params: dict) -> dict:
-        """`params` ({policy: {param: value}}, e.g. SetupCard.policy_params) with each re-homing policy's
-        replan_interval."""
+        """`params` ({policy: {param: value}}) with each re-homing policy's replan_interval."""
         out = {p: dict(v) for p, v in params.items()}
         for policy, k in self.intervals:
             out.setdefault(policy, {})["replan_interval"] = k
@@ -304,8 +265,7 @@ class ReplanForm:
 
     @property
     def longest(self) -> int:
-        """The largest k (0 without a re-homing policy): steps a trace needs before the first simulated one,
-        so that every phase's previous re-plan lies in it."""
+        """The largest k (0 without a re-homing policy): steps a trace needs before the first simulated one."""
         return max((k for _, k in self.intervals), default=0)
 
     def trace_steps(self, steps: int) -> int:
@@ -315,13 +275,11 @@ class ReplanForm:
 
 def simulate_in_form(trace: RoutingTrace, topology: Topology, policies, form: ReplanForm, steps=1,
                      policy_params: dict | None = None, **kwargs):
-    """relibra.sim.simulate of `policies` on `steps` with each re-homing policy at its form's k, as the mean over
-    the k phases of its re-plan cycle on those same steps: phase o re-plans at the steps equal to o modulo k
-    (replan_phase), so each simulated step is once the re-plan (its migration paid) and once each of the
-    k - 1 steps its placement ages; one step of warm-up before the first. The other policies, the references
-    and phase 0 run in one simulate call (so balanced-compute sees phase 0's plans), each further phase in one
-    of its own. Returns a SimResult whose per_step holds k rows per simulated step of a policy at k and whose
-    summary is relibra.sim.summarize over them (tokens/s: all tokens over all seconds). kwargs: simulate's."""
+    """relibra.sim.simulate (kwargs: its own) of `policies` on `steps`, each re-homing policy at its form's k as
+    the mean over the k phases of its cycle: phase o re-plans at the steps equal to o modulo k (replan_phase),
+    so each simulated step is once the re-plan and once each of the k - 1 steps its placement ages. The others,
+    the references and phase 0 run in one call (balanced-compute sees phase 0's plans), each further phase in
+    its own. Returns a SimResult with k per_step rows per step of a policy at k, summarized over them."""
     from relibra.sim import SimResult, summarize
 
     params = form.policy_params(policy_params or {})
@@ -334,30 +292,23 @@ def simulate_in_form(trace: RoutingTrace, topology: Topology, policies, form: Re
     per_step = pd.concat([base.per_step, *(r.per_step for r in extra)], ignore_index=True)
     frame = pd.concat([base.frame, *(r.frame for r in extra)], ignore_index=True)
     costs = {name: [c for r in (base, *extra) for c in r.costs.get(name, [])] for name in base.costs}
-    order = list(base.summary["policy"])
-    return SimResult(frame=frame, summary=summarize(per_step, order=order), per_step=per_step,
+    return SimResult(frame=frame, summary=summarize(per_step, order=list(base.summary["policy"])), per_step=per_step,
                      config={**base.config, "replan_intervals": dict(form.intervals)}, costs=costs)
 
 
 def replan_form(card: SetupCard, model: str, ep: int, policies, folder: str | os.PathLike = RECORD_DIR) -> ReplanForm:
-    """The ReplanForm of `policies` on `card` for `model` at EP `ep`: the record's chosen k where the record holds
-    that (model, EP) for the card as written, else k = 1 with why in `source`: the card is not under
-    data/setups/, its values were changed in code (a budget sweep, other link rates: other inputs than the
-    record's), or the record has no case for the model at that EP. ConfigError where a shipped card has no
-    record, or the record's case for the model was made from other values of the card (naming the entries and
-    the command)."""
+    """The ReplanForm of `policies` on `card` for `model` at EP `ep`: the record's k where it holds that (model,
+    EP) for the card as written; else k = 1 with why (a card outside data/setups/, values changed in code, no
+    such case). ConfigError where a shipped card has no record or a stale one (naming the entries)."""
     rehoming = [p for p in dict.fromkeys(policies) if p in REHOMING_POLICIES]
     if not rehoming:
         return ReplanForm()
-
-    def at_one(why: str) -> ReplanForm:
-        return ReplanForm.at_one(rehoming, why)
-
-    if Path(card.path).resolve().parent != CARD_DIR.resolve():
-        return at_one(f"card {card.path} is not under data/setups/, so no record holds its k")
+    if not shipped(card):
+        return ReplanForm.at_one(rehoming, f"card {card.path} is not under data/setups/, so no record holds its k")
     values = card_values(card)
     if values != card_values(load_card(card.path)):
-        return at_one(f"card {card.name} with values changed in code, other inputs than its record's")
+        return ReplanForm.at_one(rehoming, f"card {card.name} with values changed in code, other inputs than its "
+                                           "record's")
     record = load_replan_record(card.name, folder)
     where = record_path(card.name, folder)
     if record is None:
@@ -365,7 +316,7 @@ def replan_form(card: SetupCard, model: str, ep: int, policies, folder: str | os
                           f"run `relibra replan --setup {card.name}`")
     case = next((c for c in record["cases"] if c["model"] == model and c["ep"] == ep), None)
     if case is None:
-        return at_one(f"{where.name} holds no case of {model} at EP {ep}")
+        return ReplanForm.at_one(rehoming, f"{where.name} holds no case of {model} at EP {ep}")
     stale = stale_entries(record, values)
     if stale:
         raise ConfigError(f"{where} was made from other values of card {card.name} (entries {', '.join(stale)}); "
@@ -374,8 +325,8 @@ def replan_form(card: SetupCard, model: str, ep: int, policies, folder: str | os
 
 
 def record_table(record: dict) -> pd.DataFrame:
-    """One row per (model, re-homing policy) of a record: the chosen k, tokens/s at every candidate, and at the
-    chosen k the speed-up over Megatron, migration seconds and experts moved per step; Megatron's tokens/s."""
+    """One row per (model, re-homing policy) of a record: the chosen k, tokens/s at every candidate, Megatron's
+    tokens/s, and at k the speed-up over Megatron, migration seconds and experts moved per step."""
     rows = []
     for case in record["cases"]:
         frame = pd.DataFrame(case["rows"])
@@ -392,30 +343,26 @@ def record_table(record: dict) -> pd.DataFrame:
 
 
 def record_lines(card: SetupCard, folder: str | os.PathLike = RECORD_DIR) -> list[str]:
-    """`relibra setup show`'s lines on the card's re-plan intervals: where the record is and what it was made
-    from, then per (model, policy) the chosen k, tokens/s at every candidate and, at k, the speed-up over
-    Megatron, migration seconds and experts moved per step; or why there is no current record."""
-    if Path(card.path).resolve().parent != CARD_DIR.resolve():
+    """`relibra setup show`'s lines on the card's re-plan intervals: the record and what it was made from, then
+    record_table's rows; or why there is no current record."""
+    if not shipped(card):
         return ["re-plan interval: no record for a card outside data/setups/: re-homing policies run at k = 1"]
-    record = load_replan_record(card.name, folder)
+    record, where = load_replan_record(card.name, folder), shown_path(record_path(card.name, folder))
     if record is None:
-        return [f"re-plan interval: no record {shown_path(record_path(card.name, folder))}; run "
-                f"`relibra replan --setup {card.name}`"]
+        return [f"re-plan interval: no record {where}; run `relibra replan --setup {card.name}`"]
     stale = stale_entries(record, card_values(card))
     if stale:
-        return [f"re-plan interval: {shown_path(record_path(card.name, folder))} was made from other values (entries "
-                f"{', '.join(stale)}); run `relibra replan --setup {card.name}`"]
-    t = record["trace"]
-    lines = [f"re-plan interval k of the re-homing policies, used by the headline and the map "
-             f"({shown_path(record_path(card.name, folder))}: "
+        return [f"re-plan interval: {where} was made from other values (entries {', '.join(stale)}); run "
+                f"`relibra replan --setup {card.name}`"]
+    t, ks = record["trace"], ", ".join(map(str, record["candidates"]))
+    lines = [f"re-plan interval k of the re-homing policies, used by the headline and the map ({where}: "
              f"`{record['command']}`, {record['date_utc']}, kit {record['kit_commit']}; {t['workload']}, seed "
              f"{t['seed']}, {t['measured_steps']} steps after {t['warmup_steps']} of warm-up, {t['scale']}):"]
     for _, r in record_table(record).iterrows():
         at = ", ".join(f"{r[f'tokens_per_s_k{c}']:,.0f}" for c in record["candidates"])
-        lines.append(f"  {r['model']} EP {r['ep']} {r['policy']}: k = {r['k']} (tokens/s at k = "
-                     f"{', '.join(map(str, record['candidates']))}: {at}; Megatron {r['megatron_tokens_per_s']:,.0f}); "
-                     f"at k: {r['speedup_vs_megatron']:.3f}x Megatron, migration {r['migration_s']:.3f} s and "
-                     f"{r['experts_moved']:,.0f} experts moved per step")
+        lines.append(f"  {r['model']} EP {r['ep']} {r['policy']}: k = {r['k']} (tokens/s at k = {ks}: {at}; Megatron "
+                     f"{r['megatron_tokens_per_s']:,.0f}); at k: {r['speedup_vs_megatron']:.3f}x Megatron, migration "
+                     f"{r['migration_s']:.3f} s and {r['experts_moved']:,.0f} experts moved per step")
     return lines
 
 

@@ -64,16 +64,12 @@ def _plan_extras(plan, cost) -> dict:
 
 def scale_sweep(models, clusters, ep_sizes, sweep: ScaleSweep, policies=SCALE_POLICIES, workload: str = "mixed",
                 seed: int = 0, progress: bool = True) -> pd.DataFrame:
-    """Simulate the last step of one synthetic trace per (model, cluster, EP) of models x clusters x
-    ep_sizes (ModelShapes, Topologies; sweep gives layers, micro-batches and steps) for every policy.
-
-    Returns one row per (model, cluster, ep, policy), with the reference `balanced-compute` (the real
-    routing, every GPU at the mean expert compute): nodes and gpus_per_node of the EP layout,
-    tokens_per_s, speedup_vs_megatron, frac_of_balanced_compute, skewness (max / mean tokens per
-    GPU), plan_s and plan_cpu_s (measured wall and CPU seconds of the whole step's plan) and
-    replication_cpu_us_per_cell; status "ok". An impossible case is one row with policy "-" and
-    status "impossible: <why>".
-    """
+    """The last step of one synthetic trace per (model, cluster, EP) of the grid (ModelShapes, Topologies;
+    `sweep`: layers, micro-batches, steps) simulated for every policy and the references. One row per (model,
+    cluster, ep, policy), status "ok": the EP layout's nodes and gpus_per_node, tokens_per_s,
+    speedup_vs_megatron, frac_of_balanced_compute, skewness (max / mean tokens per GPU), plan_s and plan_cpu_s
+    (measured wall and CPU seconds of the whole step's plan), replication_cpu_us_per_cell. An impossible case
+    is one row, policy "-", status "impossible: <why>"."""
     simulate_one = functools.partial(_scale_rows, sweep=sweep, policies=tuple(policies), workload=workload, seed=seed)
     return run_cases(simulate_one, scale_cases(models, clusters, ep_sizes), workers=1, progress=progress,
                      desc="models x clusters x EP")

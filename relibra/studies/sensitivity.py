@@ -1,13 +1,10 @@
 """Sensitivity of the headline ratios: one input of the set-up card at a time, around the card's default.
 
-The default set-up is a set-up card (relibra.setups, data/setups/token-budget-tp1.toml). Every knob moves one of its
-inputs over the range the card gives (assumed inputs sweep their stated range; measured and published
-ones their alternatives: the link rates of other Hopper measurements, the other batch layouts); all the
-others stay at the card's values. For each knob value the trace is generated (batch and routing knobs)
-or kept (cost and cluster knobs), the policies are simulated (relibra.sim.simulate) and three ratios of
-tokens per second are kept: ReLibra / Megatron, ReLibra / EPLB+ and ReLibra / balanced-compute.
-`sensitivity` returns one tidy row per (knob, value), the default set-up simulated once; `relibra
-sensitivity` prints it, and notebook 10 draws the tornado from `tornado_table`.
+Every knob moves one input of the default set-up card over the range the card gives (assumed inputs their
+stated range; measured and published ones their alternatives: other Hopper link measurements, the other
+batch layouts), the others at the card's values. Per knob value the trace is generated (batch and routing
+knobs) or kept, the policies are simulated, and ReLibra's tokens/s over Megatron's, EPLB+'s and
+balanced-compute's are kept: `sensitivity`'s tidy rows, `tornado_table`'s bars (notebook 10).
 """
 
 from __future__ import annotations
@@ -18,12 +15,12 @@ import pandas as pd
 
 from relibra.cluster import get_topology
 from relibra.errors import ConfigError
-from relibra.studies.case import scaled_model
-from relibra.studies.params import Params, names, param
 from relibra.labels import CLAIMS, RATIO_LABELS
 from relibra.progress import progress as tqdm
 from relibra.setups import DEFAULT_CARD, load_card
 from relibra.sim import simulate
+from relibra.studies.case import scaled_model
+from relibra.studies.params import Params, names, param
 from relibra.workloads import BATCH_LAYOUTS, WorkloadConfig, generate_trace
 
 RATIOS = tuple(RATIO_LABELS)  # claim ids of relibra.labels.CLAIMS
@@ -34,11 +31,9 @@ SENSITIVITY_COLUMNS = ["knob", "value", "is_default", "policy", *RATIOS, "relibr
 
 @dataclasses.dataclass(frozen=True)
 class Knob:
-    """One input the sensitivity study moves: its card entry (None: not a card entry), where it acts
-    ("workload", "topology", "cost", "overheads", "policy", "cluster preset") and the field it sets there. values:
-    what it sweeps besides its default (None: the card entry's range; extra: more values beside it);
-    default: a fixed default (None: the card entry's value; "card": the card's own name). A knob with a
-    text default (categorical) lists its default first; a numeric one sweeps in order."""
+    """One input the study moves: its card entry (None: none), where it acts ("workload", "topology", "cost",
+    "overheads", "policy", "cluster preset") and the field it sets there; values: its sweep (None: the entry's
+    range), extra: values beside it; default: None for the entry's value, "card" for the card's own name."""
 
     name: str
     entry: str | None
@@ -86,11 +81,9 @@ class KnobParams(Params):
 
 
 def knob_values(quick: bool = False, setup: str = DEFAULT_CARD) -> dict[str, list]:
-    """{knob: values}, the card's default first among the categorical ones, in KNOBS order: a card entry's
-    range (low, high) with the default (tokens per micro-batch also 8192), or the knob's own values.
-    quick: the default and one other value."""
-    card = load_card(setup)
-    base = defaults(setup)
+    """{knob: values} in KNOBS order: the card entry's range (or the knob's own values) and its extras with the
+    default, sorted, or for a categorical knob the default first; quick: the default and one other value."""
+    card, base = load_card(setup), defaults(setup)
     values: dict[str, list] = {}
     for k in KNOBS.values():
         spread = k.values if k.values is not None else card.entries[k.entry].range
@@ -98,8 +91,8 @@ def knob_values(quick: bool = False, setup: str = DEFAULT_CARD) -> dict[str, lis
             raise ConfigError(f"set-up card {card.name!r}: entry {k.entry!r} has no range, which the sensitivity "
                               f"knob {k.name!r} sweeps; give it one (range = [low, high], docs/setup.md) or use a "
                               f"card whose assumed entries carry ranges, e.g. {DEFAULT_CARD!r}")
-        dflt, vals = base[k.name], list(spread) + list(k.extra)
-        vals = list(dict.fromkeys([dflt] + vals)) if isinstance(dflt, str) else sorted(set(vals) | {dflt})
+        dflt, vals = base[k.name], [*spread, *k.extra]
+        vals = list(dict.fromkeys([dflt, *vals])) if isinstance(dflt, str) else sorted(set(vals) | {dflt})
         if quick:
             other = next(v for v in vals if v != dflt)
             vals = [v for v in vals if v in (dflt, other)]
@@ -108,22 +101,15 @@ def knob_values(quick: bool = False, setup: str = DEFAULT_CARD) -> dict[str, lis
 
 
 def defaults(setup: str = DEFAULT_CARD) -> dict:
-    """The default value of every knob: the card's (sequence length: scale 1; topic concentration: the
-    generator's; cluster preset: the card's own cluster)."""
+    """Every knob's default: the card's value, else the knob's own (cluster preset: the card's name)."""
     card = load_card(setup)
     return {k.name: card.value(k.entry) if k.default is None else card.name if k.default == "card" else k.default
             for k in KNOBS.values()}
 
 
-def _ratios(summary: pd.DataFrame) -> dict:
-    by_policy = summary.set_index("policy")
-    return {**{k: CLAIMS[k].of(by_policy["tokens_per_s"]) for k in RATIOS},
-            "relibra_skewness": float(by_policy.loc["relibra", "skewness"])}
-
-
 def case_inputs(card, knob: Knob, value, ep: int, micro_batches: int | None = None):
-    """(WorkloadConfig, Topology, CostParams, policy params, micro-batches) of the card with one knob
-    moved to `value`."""
+    """(WorkloadConfig, Topology, CostParams, policy params, micro-batches) of the card with one knob moved to
+    `value` (micro-batches: the card's for a layout other than token-budget, where None means the budget's)."""
     cfg_changes, topo_changes, cost_changes = {}, {}, {}
     policy_params = card.policy_params(POLICIES)
     if knob.acts_on == "workload":
@@ -135,41 +121,35 @@ def case_inputs(card, knob: Knob, value, ep: int, micro_batches: int | None = No
     elif knob.acts_on == "overheads":
         cost_changes["overheads"] = dataclasses.replace(card.cost_params(ep).overheads, **{knob.field: float(value)})
     elif knob.name == "optimizer sharding":
-        on = dataclasses.replace(card, entries={**card.entries, knob.entry: dataclasses.replace(
-            card.entries[knob.entry], value=bool(value))})
-        cost_changes["dp_size"] = on.expert_dp_size(ep)
+        entries = {**card.entries, knob.entry: dataclasses.replace(card.entries[knob.entry], value=bool(value))}
+        cost_changes["dp_size"] = dataclasses.replace(card, entries=entries).expert_dp_size(ep)
     elif knob.acts_on == "cost":
         cost_changes[knob.field] = float(value)
     cfg = card.workload_config(**cfg_changes)
     if cfg.batch_layout != "token-budget" and micro_batches is None:
-        micro_batches = card.micro_batches  # None: the generator's fixed count for such layouts
-    topo = card.topology(**topo_changes) if knob.acts_on != "cluster preset" or value == card.name \
-        else get_topology(value)
+        micro_batches = card.micro_batches
+    topo = get_topology(value) if knob.acts_on == "cluster preset" and value != card.name \
+        else card.topology(**topo_changes)
     return cfg, topo, card.cost_params(ep, **cost_changes), policy_params, micro_batches
 
 
-def sensitivity(model: str, ep: int, setup: str = DEFAULT_CARD, workload: str = "mixed", micro_batches: int | None = None,
-                layers: int | None = None, steps: int = 2, seed: int = 0, quick: bool = False,
-                knobs: list[str] | None = None, progress: bool = True) -> pd.DataFrame:
-    """Ratios per (knob, value), varying one card input at a time: a tidy DataFrame (SENSITIVITY_COLUMNS).
+def sensitivity(model: str, ep: int, setup: str = DEFAULT_CARD, workload: str = "mixed",
+                micro_batches: int | None = None, layers: int | None = None, steps: int = 2, seed: int = 0,
+                quick: bool = False, knobs: list[str] | None = None, progress: bool = True) -> pd.DataFrame:
+    """Ratios per (knob, value), one card input moved at a time: a tidy DataFrame (SENSITIVITY_COLUMNS).
 
-    model, ep, workload: the case; setup: the set-up card of the default (name or path);
-    micro_batches (None: the card's, derived from its budget under token-budget), layers (None: all),
-    steps: the trace's size (the last steps - 1 steps are simulated, the first is history); knobs: a
-    subset of KNOB_NAMES (None: all); quick: two values per knob (knob_values). The default set-up is
-    simulated once and its ratios fill every knob's default row. Same arguments, same frame.
-    """
+    setup: the set-up card of the default; micro_batches None: the card's (token-budget: from its budget);
+    layers None: all; steps: the trace's (the first is history only); knobs: a subset of KNOB_NAMES (None:
+    all); quick: two values per knob. The default set-up is simulated once, its ratios in every knob's
+    default row."""
     card = load_card(setup)
     card.check_ep(ep)  # every knob but the cluster preset runs on the card's cluster
-    shape = scaled_model(model, layers)
-    base = defaults(setup)
-    values = knob_values(quick, setup)
+    shape, base, values = scaled_model(model, layers), defaults(setup), knob_values(quick, setup)
     chosen = list(values) if knobs is None else list(dict.fromkeys(knobs))
     unknown = [k for k in chosen if k not in values]
     if unknown or not chosen:
         raise ConfigError(f"unknown sensitivity knob(s) {unknown or chosen}; known: {', '.join(values)}")
-    traces: dict = {}
-    rows, default_ratios = [], None
+    traces, rows, default_ratios = {}, [], None
     cases = [(k, v) for k in chosen for v in values[k]]
     for name, value in tqdm(cases, desc="sensitivity", unit="case", disable=not progress):
         is_default = value == base[name]
@@ -180,9 +160,12 @@ def sensitivity(model: str, ep: int, setup: str = DEFAULT_CARD, workload: str = 
             key = (dataclasses.astuple(cfg), mbs)
             if key not in traces:
                 traces[key] = generate_trace(shape, workload, ep, steps=steps, seed=seed, micro_batches=mbs, config=cfg)
-            result = simulate(traces[key], topo, list(POLICIES), steps=steps - 1 if steps > 1 else None, params=params,
-                              policy_params=policy_params, progress=False, references=False)
-            ratios, cluster = _ratios(result.summary), topo.name
+            summary = simulate(traces[key], topo, list(POLICIES), steps=steps - 1 if steps > 1 else None,
+                               params=params, policy_params=policy_params, progress=False,
+                               references=False).summary.set_index("policy")
+            ratios = {**{k: CLAIMS[k].of(summary["tokens_per_s"]) for k in RATIOS},
+                      "relibra_skewness": float(summary.loc["relibra", "skewness"])}
+            cluster = topo.name
             default_ratios = ratios if is_default else default_ratios
         rows.append({"knob": name, "value": value, "is_default": is_default, "policy": "relibra", **ratios,
                      "model": shape.name, "ep": ep, "cluster": cluster, "setup": card.name})
@@ -192,12 +175,9 @@ def sensitivity(model: str, ep: int, setup: str = DEFAULT_CARD, workload: str = 
 
 
 def tornado_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per (ratio, knob): the default ratio, the lowest and highest ratio over the knob's values, the
-    values that give them, and the swing (highest - lowest); rows sorted by swing within each ratio.
-
-    frame: `sensitivity`'s rows (each knob holds its default row). Columns: ratio, knob, default,
-    low, high, low_value, high_value, swing.
-    """
+    """Per (ratio, knob) of `sensitivity`'s rows (each knob with its default row): the default ratio, the lowest
+    and highest over the knob's values and the values giving them, and the swing (highest - lowest); columns
+    ratio, knob, default, low, high, low_value, high_value, swing; sorted by swing within each ratio."""
     by_knob = list(frame.groupby("knob", sort=False))
     missing = [k for k, d in by_knob if not d["is_default"].any()]
     if missing:

@@ -50,9 +50,8 @@ class Params(TraceParams, KnobParams):
 
     def subtitle(self, sizes: Sizes) -> str:
         c = self.setup.topology()  # the card's cluster: the one simulated
-        return (f"simulated on the `{self.setup.name}` set-up card ({c.num_nodes} x {c.gpus_per_node} GPUs), "
-                f"EP {self.ep}, model "
-                f"{self.model.name}; workload {self.the_workload(sizes)} | {self.scale_note(sizes)}")
+        return (f"simulated on the `{self.setup.name}` set-up card ({c.num_nodes} x {c.gpus_per_node} GPUs), EP "
+                f"{self.ep}, model {self.model.name}; workload {self.the_workload(sizes)} | {self.scale_note(sizes)}")
 
 
 @dataclass(kw_only=True)
@@ -68,8 +67,9 @@ def compute(p: Params, sizes: Sizes, progress: bool = True) -> Result:
     frame = sensitivity(p.model, p.ep, setup=p.setup, workload=p.the_workload(sizes),
                         micro_batches=sizes.micro_batches, layers=sizes.layers, steps=p.steps, seed=p.seed,
                         quick=sizes.quick, knobs=None if p.knobs is None else list(p.knobs), progress=progress)
+    c = p.setup.topology()
     case = {"model": p.model.name, "workload": p.the_workload(sizes), "ep": p.ep, "setup": p.setup.name,
-            "nodes_x_gpus": f"{p.setup.topology().num_nodes} x {p.setup.topology().gpus_per_node}"}
+            "nodes_x_gpus": f"{c.num_nodes} x {c.gpus_per_node}"}
     return Result(sensitivity=frame, tornado=tornado_table(frame), case=case)
 
 
@@ -90,7 +90,6 @@ class Swing:
 
 @dataclass(frozen=True)
 class Summary:
-    case: dict  # model, workload, ep and set-up card of the default
     default: dict[str, float]  # ratio id -> its value at the default set-up
     swings: dict[str, tuple[Swing, ...]]  # ratio id -> its knobs, largest swing first
     flat_knobs: tuple[str, ...]  # knobs that move no ratio by more than FLAT
@@ -99,42 +98,34 @@ class Summary:
     # gets ahead (default < 1) or falls behind (default >= 1) of the rival
 
 
-def _swings(d: pd.DataFrame) -> tuple[Swing, ...]:
-    return tuple(Swing(x.knob, x.low, x.high, knob_value(x.low_value, x.knob), knob_value(x.high_value, x.knob),
-                       x.swing) for x in d.itertuples(index=False))
-
-
 def _slower_links(frame: pd.DataFrame) -> tuple:
-    """Where a slower link raises ReLibra / Megatron above its default."""
+    """Where a link's slowest rate raises ReLibra / Megatron above its default."""
     out = []
     for knob in ("NVLink rate", "RDMA rate") if "knob" in frame else ():
         d = frame[frame["knob"] == knob]
-        if d.empty or "relibra_over_megatron" not in d or d["value"].nunique() < 2:
+        if d["value"].nunique() < 2:
             continue
         d = d.assign(rate=pd.to_numeric(d["value"], errors="coerce")).dropna(subset=["rate"]).sort_values("rate")
-        slow, dflt = d.iloc[0], d[d["is_default"].astype(bool)]
-        if len(dflt) and slow["relibra_over_megatron"] > float(dflt["relibra_over_megatron"].iloc[0]) + 1e-9:
-            out.append((knob, knob_value(slow["value"]), float(dflt["relibra_over_megatron"].iloc[0]),
-                        slow["relibra_over_megatron"]))
+        slow, dflt = d.iloc[0], d.loc[d["is_default"].astype(bool), "relibra_over_megatron"]
+        if len(dflt) and slow["relibra_over_megatron"] > float(dflt.iloc[0]) + 1e-9:
+            out.append((knob, knob_value(slow["value"]), float(dflt.iloc[0]), slow["relibra_over_megatron"]))
     return tuple(out)
 
 
 def summarize(r: Result) -> Summary:
-    tornado, frame = r.tornado, r.sensitivity
-    t = tornado.set_index(["ratio", "knob"])
-    default = {q: float(tornado.loc[tornado["ratio"] == q, "default"].iloc[0]) for q in tornado["ratio"].unique()}
-    swings = {q: _swings(d.sort_values("swing", ascending=False, kind="stable") if q == "relibra_over_megatron"
-                         else d) for q, d in tornado.groupby("ratio", sort=False)}
-    knobs = list(dict.fromkeys(tornado["knob"]))
-    flat = tuple(k for k in knobs if all(t.loc[(q, k), "swing"] <= FLAT * default[q] for q in default
-                                         if (q, k) in t.index))
+    """The tornado's bars per ratio (tornado_table's order: largest swing first) and the sensitivity rows'
+    turns: the knob values where ReLibra gets ahead of or falls behind Megatron and EPLB+."""
+    t, frame = r.tornado, r.sensitivity
+    default = t.groupby("ratio", sort=False)["default"].first().astype(float).to_dict()
+    swings = {q: tuple(Swing(x.knob, x.low, x.high, knob_value(x.low_value, x.knob), knob_value(x.high_value, x.knob),
+                             x.swing) for x in d.itertuples(index=False)) for q, d in t.groupby("ratio", sort=False)}
+    flat = (t["swing"] <= FLAT * t["ratio"].map(default)).groupby(t["knob"], sort=False).all()
     turns = {}
-    for q in ("relibra_over_megatron", "relibra_over_eplb_plus"):
-        if q in frame:
-            moved = frame[~frame["is_default"].astype(bool)]
-            d = moved[moved[q] >= 1.0] if default[q] < 1.0 else moved[moved[q] < 1.0]
-            turns[q] = tuple((x["knob"], knob_value(x["value"], x["knob"]), x[q]) for _, x in d.iterrows())
-    return Summary(r.case, default, swings, flat, _slower_links(frame), turns)
+    for q in [q for q in ("relibra_over_megatron", "relibra_over_eplb_plus") if q in frame]:
+        moved = frame[~frame["is_default"].astype(bool)]
+        d = moved[moved[q] >= 1.0] if default[q] < 1.0 else moved[moved[q] < 1.0]
+        turns[q] = tuple((x["knob"], knob_value(x["value"], x["knob"]), x[q]) for _, x in d.iterrows())
+    return Summary(default, swings, tuple(flat.index[flat]), _slower_links(frame), turns)
 
 
 def story(s: Summary) -> str:

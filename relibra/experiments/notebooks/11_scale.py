@@ -17,12 +17,11 @@ from relibra.labels import short as label
 
 QUESTION = "Where does in-node replication run out of room between EP16 and EP256?"
 # Three model sizes, 8-GPU nodes against NVL72 racks, EP 16 to 256.
-MODELS, CLUSTERS, EP_SIZES = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"), ("paper,nodes=32", "gb200-nvl72x4"), \
-    (16, 32, 64, 128, 256)
+MODELS = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3")
+CLUSTERS, EP_SIZES = ("paper,nodes=32", "gb200-nvl72x4"), (16, 32, 64, 128, 256)
 SIZES = {"tiny": ScaleSweep(("tiny",), ("cpu-gloo,nodes=4", "nvl72"), (4, 8, 32), layers=2, micro_batches=2),
-         "laptop": ScaleSweep(MODELS, CLUSTERS, EP_SIZES), "paper": ScaleSweep(MODELS, CLUSTERS, EP_SIZES, layers=None,
-                                                                               micro_batches=32),
-         "gpu": ScaleSweep(MODELS, CLUSTERS, EP_SIZES)}
+         "laptop": ScaleSweep(MODELS, CLUSTERS, EP_SIZES), "gpu": ScaleSweep(MODELS, CLUSTERS, EP_SIZES),
+         "paper": ScaleSweep(MODELS, CLUSTERS, EP_SIZES, layers=None, micro_batches=32)}
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ class Largest:
 
 @dataclass(frozen=True)
 class Against:
-    """relibra-h against the best other policy in one case (relibra.studies.scale.best_other)."""
+    """relibra-h against the best other policy in one case: a row of relibra.studies.scale.best_other."""
 
     model: str
     cluster: str
@@ -124,23 +123,24 @@ def _against(x) -> Against:
 
 def summarize(r: Result) -> Summary:
     table, t = r.scale, r.relibra_h_vs_best
-    ok = table[table["status"] == "ok"] if len(table) else table
+    if not len(table):  # nothing simulated
+        table = pd.DataFrame(columns=["model", "cluster", "ep", "policy", "status", "plan_cpu_s"])
+    ok = table[table["status"] == "ok"]
     largest = []
-    for (model, cluster), g in (ok.groupby(["model", "cluster"], sort=False) if len(ok) else ()):
+    for (model, cluster), g in ok.groupby(["model", "cluster"], sort=False):
         top = g[g["ep"] == g["ep"].max()].set_index("policy")
         if "relibra" in top.index:
             largest.append(Largest(model, cluster, int(g["ep"].max()), _point(top.loc["relibra"]),
                                    _point(top.loc["relibra-h"]) if "relibra-h" in top.index else None))
     behind = t[t["over_best_other"] < 1.0 - 1e-9] if len(t) else t
     tops = t.loc[t.groupby(["model", "cluster"], sort=False)["ep"].idxmax()] if len(t) else t
-    skipped = table[table["status"] != "ok"] if len(table) else table
-    planners = ok[ok["policy"].isin(("relibra", "relibra-h"))] if len(ok) else ok
+    planners = ok[ok["policy"].isin(("relibra", "relibra-h"))]
     slow = planners.loc[planners["plan_cpu_s"].idxmax()] if len(planners) else None
     return Summary(tuple(largest), len(t), len(behind),
                    _against(behind.loc[behind["over_best_other"].idxmin()]) if len(behind) else None,
                    tuple(_against(x) for x in tops.itertuples()),
                    tuple((x.model, x.cluster, int(x.ep), x.status.removeprefix("impossible: "))
-                         for x in skipped.itertuples()),
+                         for x in table[table["status"] != "ok"].itertuples()),
                    None if slow is None else (slow["policy"], slow["model"], int(slow["ep"]), slow["plan_cpu_s"]))
 
 
