@@ -117,7 +117,7 @@ def case_inputs(card, knob: Knob, value, ep: int, micro_batches: int | None = No
     elif knob.acts_on == "topology":
         topo_changes = {knob.field: float(value), "name": f"{card.name},{knob.field}={value}"}
     elif knob.acts_on == "policy":
-        policy_params = {"relibra": {**policy_params.get("relibra", {}), knob.field: int(value)}}
+        policy_params = {**policy_params, "relibra": {**policy_params.get("relibra", {}), knob.field: int(value)}}
     elif knob.acts_on == "overheads":
         cost_changes["overheads"] = dataclasses.replace(card.cost_params(ep).overheads, **{knob.field: float(value)})
     elif knob.name == "optimizer sharding":
