@@ -93,6 +93,20 @@ def test_claim_regions_and_the_one_sentence_conclusion():
     assert all(0.6 < p["mb_vs_step_corr"] < 1.0 for p in mega_points)
 
 
+def test_contours_join_neighbouring_shift_values_whatever_order_the_spec_lists_them_in():
+    base = _synthetic_result()
+    extra = base.frame[base.frame["shift_value"] == 0.05].assign(shift_value=0.5, relibra_over_eplb_plus=1.05)
+    frame = pd.concat([base.frame, extra], ignore_index=True)
+    listed, ascending = ((0.2, 0.05, 0.5), (0.05, 0.2, 0.5))
+    contours = [vm.claim_contours(vm.MapResult(vm.dataclasses.replace(
+        base.spec, shift=vm.ShiftAxis("topic_concentration", values)), frame)) for values in (listed, ascending)]
+    assert contours[0] == contours[1]
+    # 1.2x over EPLB+ holds at shift 0.05 only (1.25x; 1.05x at 0.2 and 0.5): one crossing, between 0.05 and
+    # 0.2; joining 0.05 to 0.5 (the listed order's neighbours) would add a false one at 0.1625
+    eplb = next(c for c in contours[0] if c["field"] == "relibra_over_eplb_plus_best")["points"]
+    assert {round(p["shift_value"], 6) for p in eplb} == {0.0875}
+
+
 def test_an_infeasible_node_or_card_enters_no_statement_of_the_verdict():
     result = _synthetic_result()
     frame = result.frame.copy()

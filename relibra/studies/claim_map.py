@@ -294,28 +294,27 @@ def claim_contours(result: MapResult, fields: pd.DataFrame | None = None) -> lis
     axes (tokens, shift_value), each point with the node-mean simulated tokens per EP rank and generated-trace
     correlation there, bilinear in (log2 tokens, shift value)."""
     fields = node_fields(result) if fields is None else fields
-    spec = result.spec
-    lx = np.log2(np.asarray(spec.tokens, dtype=np.float64))
-    ys = np.asarray(spec.shift.values, dtype=np.float64)
-    order = np.argsort(ys)
+    # the axes ascending whatever order the spec lists them in: a contour joins neighbouring nodes
+    tokens, shifts = sorted(result.spec.tokens), sorted(result.spec.shift.values)
+    lx, ys = np.log2(np.asarray(tokens, dtype=np.float64)), np.asarray(shifts, dtype=np.float64)
     out = []
     for step in sorted(fields["step_sequences"].unique()):
         facet = fields[fields["step_sequences"] == step]
 
-        def matrix(column: str) -> np.ndarray:  # [tokens, shift values] in the spec's order, NaN where missing
+        def matrix(column: str) -> np.ndarray:  # [tokens, shift values] ascending, NaN where missing
             return facet.pivot(index="tokens", columns="shift_value", values=column).reindex(
-                index=list(spec.tokens), columns=list(spec.shift.values)).to_numpy(np.float64)
+                index=tokens, columns=shifts).to_numpy(np.float64)
 
-        corr = matrix("mb_vs_step_corr")[:, order]
-        simulated = np.log2(matrix("tokens_per_ep_rank")[:, order])
+        corr = matrix("mb_vs_step_corr")
+        simulated = np.log2(matrix("tokens_per_ep_rank"))
 
         def at(x: float, y: float, m: np.ndarray) -> float:
-            return float(np.interp(math.log2(x), lx, np.array([np.interp(y, ys[order], row) for row in m])))
+            return float(np.interp(math.log2(x), lx, np.array([np.interp(y, ys, row) for row in m])))
 
         for c in PAPER_CLAIMS:
             best = matrix(f"{c.id}_best")
             for level in [c.level] + ([c.lower] if c.lower is not None else []):
-                pts = contour_points(best, spec.tokens, spec.shift.values, level)
+                pts = contour_points(best, tokens, shifts, level)
                 out.append({"claim": c.statement, "field": f"{c.id}_best", "level": level,
                             "step_sequences": int(step),
                             "points": [{"tokens": x, "shift_value": y, "tokens_per_ep_rank": 2.0 ** at(x, y, simulated),
