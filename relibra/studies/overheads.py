@@ -53,6 +53,8 @@ def charge_settings(card_overheads: Overheads) -> dict[str, Overheads]:
     charged: transfers 100% hidden) and each of CHARGE_CHANGES applied to the card's."""
     return {"card": card_overheads, "none": Overheads(),
             **{label: dataclasses.replace(card_overheads, **{field: v}) for label, field, v in CHARGE_CHANGES}}
+
+
 def case_costs(case: Case) -> pd.DataFrame:
     """Every policy variant of `case` planned once and costed under every charge_settings entry.
 
@@ -131,19 +133,18 @@ OVERHEAD_VIEWS = ("recosted", "headline", "policies")
 
 
 def overheads_table(costs: pd.DataFrame, view: str = "recosted", policy: str = "relibra") -> pd.DataFrame:
-    """The overheads of `policy` from a frame of its cost terms, one row per case and policy (and charge setting),
+    """The overheads of `policy` from a frame of cost terms (one row per case and policy, and charge setting),
     in one of OVERHEAD_VIEWS:
 
-    - "recosted" (`relibra map --overheads`; costs: overhead_costs' frame): per overhead, its figure (mean, and
-      range over the cases), the card entry that sets it, whether the headline charges it (the "card" setting's
-      overheads) and the headline ratios at the ends of its sweep. Columns: overhead, card_entry, figure,
-      charged, sweep.
-    - "headline" (notebook 02; costs: relibra.studies.throughput.simulate_case rows): per overhead of
-      PAPER_OVERHEADS, the paper's figure and the kit's (mean and range over the cases and seeds) with how the kit
-      obtains it (charged in the simulated step, or reported). Columns: overhead, paper, kit, how.
-    - "policies" (notebook 07; costs: the simulator's summary of one case with each policy's measured plan_s):
-      one row per policy (`policy` unused), the overheads as numbers: POLICY_COLUMNS, planner_vs_forward,
-      transfer_s, replica_grad_add_s, transfers_on_critical_path, exposed_transfer_s, transfer_overlap.
+    - "recosted" (`relibra map --overheads`; overhead_costs' frame): per overhead, its figure (mean, and range
+      over the cases), the card entry that sets it, whether the headline charges it and the headline ratios at
+      the ends of its sweep. Columns: overhead, card_entry, figure, charged, sweep.
+    - "headline" (notebook 02; relibra.studies.throughput.simulate_case rows): per PAPER_OVERHEADS entry, the
+      paper's figure, the kit's (mean and range over cases and seeds) and how the kit obtains it. Columns:
+      overhead, paper, kit, how.
+    - "policies" (notebook 07; the simulator's summary of one case with the measured plan_s): one row per
+      policy, in numbers: POLICY_COLUMNS, then planner_vs_forward, transfer_s, replica_grad_add_s,
+      transfers_on_critical_path, exposed_transfer_s, transfer_overlap.
     """
     if view == "policies":
         return _per_policy(costs)

@@ -1,14 +1,7 @@
-"""The headline: the paper's three claims against the kit's figures at full scale, over seeds.
-
-`headline_cases` and `run_cases` simulate every policy on every (model, workload, seed) of a set-up card at full scale
-(every MoE layer, every micro-batch the card's batch gives), one trace per case: `steps` steps, the
-last one simulated, the ones before history for EPLB. Cases run in worker processes, one per core.
-`claim_table` gives the paper's ratios per case of any such rows; `verdict_table` turns the grid into one
-row per paper claim: the kit's mean over cases and seeds, the range, the best case and seed behind every
-"up to", and the range over seeds of the best case. `budget_cases` and `budget_ratios` give ReLibra /
-Megatron and ReLibra / EPLB+ against the tokens per micro-batch for the token-budget family and the
-one-sequence-per-micro-batch family. `trace_cases` puts a recorded trace in
-the generator's place; a case's `topology` puts another cluster in the card's.
+"""The headline (notebook 02): every policy on every (model, workload, seed) of a set-up card at full scale,
+one trace per case (the last step simulated, the ones before history), in worker processes; the paper's
+claims per case (`claim_table`) and per claim over the grid (`verdict_table`); the token-budget sweep of both
+batch families, the other layouts and link rates, and a recorded trace or another cluster in the card's place.
 """
 
 from __future__ import annotations
@@ -88,16 +81,16 @@ _TOPOLOGY_FIELDS = {f.name for f in dataclasses.fields(Topology)}
 
 
 def overhead_extras(plan, cost, model, topology) -> dict:
-    """Overheads of one simulated step the summary does not carry, for the overheads table.
+    """OVERHEAD_EXTRAS of one simulated step (the summary does not carry them), for the overheads table.
 
-    transfer_s: replica pushes and pulls had none been hidden behind attention (their exposed part is
-    the summary's exposed_transfer_share); fragmentation_s: what splitting an expert's tokens over
-    replica GEMMs adds to the slowest GPU's routed-expert time (each copy pays the fixed GEMM cost,
-    relibra.costs.flops.gemm_seconds), forward and backward; replica_transfers: weight pushes and
-    gradient pulls per step (the layer-shared buffer pushes twice, pulls once), each one collective
-    launch; launch_s: those launches at the cluster's collective latency, had they not overlapped.
+    transfer_s: replica pushes and pulls had none been hidden behind attention; fragmentation_s: what
+    splitting an expert's tokens over replica GEMMs adds to the slowest GPU's routed-expert time, forward and
+    backward (each copy pays the fixed GEMM cost, relibra.costs.flops.gemm_seconds); replica_transfers: weight
+    pushes and gradient pulls per step (the layer-shared buffer pushes twice, pulls once), one collective
+    launch each; launch_s: those launches at the cluster's collective latency, had none overlapped.
     """
-    replicas = (plan.occupied_replica_tokens() > 0).sum(axis=3) if plan.replica_slots else np.zeros(cost.gpu_tokens.shape)
+    replicas = ((plan.occupied_replica_tokens() > 0).sum(axis=3) if plan.replica_slots else
+                np.zeros(cost.gpu_tokens.shape))
     fixed = model.expert_flops_per_token * topology.gemm_half_tokens * replicas / topology.matmul_flops_per_s
     expert = cost.expert_seconds_per_gpu
     fragmentation = 3.0 * float((expert.max(axis=2) - (expert - fixed).max(axis=2)).sum())  # forward + 2x backward
