@@ -1,5 +1,6 @@
 """relibra.studies.throughput: the grid over cases and seeds, the verdict per claim, the budget sweep of
-both families and the overheads table, on tiny cases (the full-scale grid is ./reproduce.sh's)."""
+both families and its overheads table (relibra.studies.overheads), on tiny cases (the full-scale grid is
+./reproduce.sh's)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pandas as pd
 import pytest
 
 from relibra.studies import throughput as hl
+from relibra.studies.overheads import PAPER_OVERHEADS, overheads_table
 from relibra.setups import DEFAULT_CARD
 
 TINY = dict(ep=4, steps=2, micro_batches=2, policies=("megatron", "eplb+", "relibra", "balanced"))
@@ -68,8 +70,8 @@ def test_budget_sweep_families_hold_what_they_say():
 def test_overheads_table_has_one_row_per_overhead():
     cases = hl.headline_cases(DEFAULT_CARD, models=("tiny",), workloads=("mixed",), seeds=(0,), **TINY)
     grid = hl.run_cases(cases, workers=1, progress=False)
-    table = hl.overheads_table(grid)
-    assert list(table["overhead"]) == list(hl.PAPER_OVERHEADS)
+    table = overheads_table(grid, "headline")
+    assert list(table["overhead"]) == list(PAPER_OVERHEADS)
     assert table.loc[table["overhead"] == "migration", "paper"].item() == "1.4-2.1% of the training-batch time"
     relibra = grid[grid["policy"] == "relibra"].iloc[0]
     assert f"{100 * relibra['migration_share']:.2f}%" in table.loc[table["overhead"] == "migration", "kit"].item()

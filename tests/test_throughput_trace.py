@@ -69,7 +69,7 @@ def test_headline_on_a_trace_is_the_simulators_on_that_trace(replay_trace, clust
     # no budget sweep and no other layouts on a recorded trace; the link-rate alternatives run on it
     assert r.ratio_vs_budget.empty and "no budget sweep" in r.sweep_caption
     assert list(r.alternatives["label"]) == [label for label, _ in LINK_ALTERNATIVES]
-    from relibra.studies.throughput import PAPER_OVERHEADS
+    from relibra.studies.overheads import PAPER_OVERHEADS
 
     assert set(r.verdict["scale"]) == {"the trace's"} and list(r.overheads["overhead"]) == list(PAPER_OVERHEADS)
 

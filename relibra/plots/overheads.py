@@ -71,28 +71,22 @@ def overhead_bars(table: pd.DataFrame, subtitle: str):
     return fig
 
 
-def policy_summary_plot(summary: pd.DataFrame, subtitle: str, title: str = "Balancing one trace",
-                        components: pd.DataFrame | None = None):
-    """Speedup over Megatron and rank skewness per policy for one trace; with `components` (seconds
-    per step by part and policy, relibra.experiments.text.step_components) a third panel stacks
-    each policy's simulated step time by part, which shows why lower skewness can still run slower."""
+def policy_summary_plot(summary: pd.DataFrame, subtitle: str, title: str, components: pd.DataFrame):
+    """Speedup over Megatron and rank skewness per policy for one trace, and a third panel stacking each
+    policy's simulated step time by part (`components`: seconds per step by part and policy,
+    relibra.experiments.text.step_components), which shows why lower skewness can still run slower."""
     d, palette = policy_rows(summary)
-    ncols = 3 if components is not None else 2
-    fig, axes = plt.subplots(1, ncols, figsize=(6 * ncols, 5.6))
-    if components is not None:
-        ax = axes[2]
-        comp = components.drop(columns=["step"]).reindex(d["policy"])
-        bottom = np.zeros(len(comp))
-        part_colors = sns.color_palette("Set2", len(comp.columns))
-        for color, col in zip(part_colors, comp.columns):
-            vals = 1e3 * comp[col].to_numpy(dtype=float)
-            ax.bar(np.arange(len(comp)), vals, bottom=bottom, color=color, label=col)
-            bottom += vals
-        ax.set_xticks(np.arange(len(comp)), [POLICY_LABELS.get(p, p) for p in comp.index], rotation=25, ha="right")
-        ax.set_ylabel("simulated ms per training step")
-        ax.set_title("step time by part")
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        axes = axes[:2]
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5.6))
+    comp = components.drop(columns=["step"]).reindex(d["policy"])
+    bottom = np.zeros(len(comp))
+    for color, col in zip(sns.color_palette("Set2", len(comp.columns)), comp.columns):
+        vals = 1e3 * comp[col].to_numpy(dtype=float)
+        axes[2].bar(np.arange(len(comp)), vals, bottom=bottom, color=color, label=col)
+        bottom += vals
+    axes[2].set_xticks(np.arange(len(comp)), [POLICY_LABELS.get(p, p) for p in comp.index], rotation=25, ha="right")
+    axes[2].set_ylabel("simulated ms per training step")
+    axes[2].set_title("step time by part")
+    axes[2].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     for ax, col, ylabel, name in ((axes[0], "speedup_vs_megatron", "throughput / Megatron's (tokens/s)", "throughput"),
                                   (axes[1], "skewness", "rank skewness (max / mean tokens)", "rank skewness")):
         ax.set_title(name)

@@ -1,14 +1,10 @@
-"""The overheads table: what each cost of balancing beyond its transfers' bytes adds to the simulated step,
-whether the headline charges it (the set-up card's [overheads] section), and what sweeping it does to the
-headline ratios; and EPLB+ with 0, 2 and 4 spare slots under today's free overlap and under the same
-charges as ReLibra.
+"""ReLibra's overheads: one table of them (`overheads_table`, in three views), and the re-costing behind
+`relibra map --overheads`: the same plans of a case costed under each charge setting (the set-up card's
+[overheads] and each overhead taken back or swept), with EPLB+ at 0, 2 and 4 spare slots beside ReLibra.
 
-One case = one set-up card, model, workload and seed at full scale (every MoE layer, every micro-batch of
-the card's batch). Each policy plans the case's last step once (after a warm-up plan of the step before,
-as relibra.sim.simulate does); the same plans are then costed under several CostParams (relibra.costs),
-so every row differs from the card's only in the one overhead it names.
-
-Imports only the layers below the studies (cluster, costs, policies, setups, trace, workloads).
+One case = one set-up card, model, workload and seed at full scale. Each policy plans the case's last step
+once (after a warm-up plan of the step before, as relibra.sim.simulate does); the plans are then costed
+under several CostParams (relibra.costs), so every row differs from the card's only in the overhead it names.
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ import pandas as pd
 
 from relibra.cluster import PAPER_MODELS
 from relibra.costs import Overheads, cost_plan, plan_metadata
+from relibra.errors import RelibraError
 from relibra.policies import get_policy
 from relibra.policies.eplb import EPLB_PLUS_VARIANTS, PAPER_EPLB_PLUS
 from relibra.setups import DEFAULT_CARD
@@ -30,12 +27,22 @@ from relibra.trace import static_placement
 EPLB_PLUS_SLOTS = tuple(v["redundant_slots_per_gpu"] for v in EPLB_PLUS_VARIANTS.values())
 # The EPLB+ the paper compares with (relibra.policies.eplb.PAPER_EPLB_PLUS): ReLibra's slots and buffer.
 PAPER_EPLB_PLUS_SLOTS = EPLB_PLUS_VARIANTS[PAPER_EPLB_PLUS]["redundant_slots_per_gpu"]
-OVERHEAD_MODELS = PAPER_MODELS
+# The charge settings beside "card" and "none": (label, Overheads field, value), each one overhead taken back
+# to no charge or set to an end of its sweep.
+CHARGE_CHANGES = (
+    ("overlap efficiency 1.0", "transfer_overlap_efficiency", 1.0), ("no recompute", "activation_recompute", False),
+    ("no grad add", "replica_grad_add", False), ("planner not charged", "planner_window_forward_passes", None),
+    ("overlap efficiency 0.7", "transfer_overlap_efficiency", 0.7),
+    ("planner window 0", "planner_window_forward_passes", 0.0),
+    ("planner window 2", "planner_window_forward_passes", 2.0), ("no GEMM floor", "gemm_call_floor_s", 0.0),
+    ("copy contention 0", "copy_a2a_contention", 0.0), ("copy contention 1", "copy_a2a_contention", 1.0),
+    ("metadata not charged", "plan_metadata_charged", False),
+)
 
 
 def policy_variants(card) -> list[tuple[str, str, dict]]:
-    """(label, policy name, parameters) of every plan the table costs: Megatron, EPLB+ at each of
-    EPLB_PLUS_SLOTS spare slots per GPU, ReLibra with the card's slots, Balanced."""
+    """(label, policy name, parameters) of every plan costed: Megatron, EPLB+ at each of EPLB_PLUS_SLOTS spare
+    slots per GPU, ReLibra with the card's slots, Balanced."""
     return [("megatron", "megatron", {}),
             *((label, "eplb+", dict(params)) for label, params in EPLB_PLUS_VARIANTS.items()),
             ("relibra", "relibra", card.policy_params(["relibra"])["relibra"]), ("balanced", "balanced", {})]
@@ -43,24 +50,9 @@ def policy_variants(card) -> list[tuple[str, str, dict]]:
 
 def charge_settings(card_overheads: Overheads) -> dict[str, Overheads]:
     """The CostParams.overheads each plan is costed under: "card" (the headline's), "none" (no overhead
-    charged: transfers 100% hidden), one per overhead with only that one taken back to "none", and the
-    two ends of each assumed overhead's sweep."""
-    ov = card_overheads
-    r = dataclasses.replace
-    return {
-        "card": ov, "none": Overheads(),
-        "overlap efficiency 1.0": r(ov, transfer_overlap_efficiency=1.0),
-        "no recompute": r(ov, activation_recompute=False),
-        "no grad add": r(ov, replica_grad_add=False),
-        "planner not charged": r(ov, planner_window_forward_passes=None),
-        "overlap efficiency 0.7": r(ov, transfer_overlap_efficiency=0.7),
-        "planner window 0": r(ov, planner_window_forward_passes=0.0),
-        "planner window 2": r(ov, planner_window_forward_passes=2.0),
-        "no GEMM floor": r(ov, gemm_call_floor_s=0.0),
-        "copy contention 0": r(ov, copy_a2a_contention=0.0),
-        "copy contention 1": r(ov, copy_a2a_contention=1.0),
-        "metadata not charged": r(ov, plan_metadata_charged=False),
-    }
+    charged: transfers 100% hidden) and each of CHARGE_CHANGES applied to the card's."""
+    return {"card": card_overheads, "none": Overheads(),
+            **{label: dataclasses.replace(card_overheads, **{field: v}) for label, field, v in CHARGE_CHANGES}}
 
 
 def case_costs(case: Case) -> pd.DataFrame:
@@ -93,7 +85,8 @@ def case_costs(case: Case) -> pd.DataFrame:
             totals, own = cost.totals(), cost.info["overheads"]
             rows.append({"setup": card.name, "model": case.model, "workload": case.workload, "seed": case.seed,
                          "ep": case.ep, "micro_batches": trace.num_microbatches, "variant": label, "policy": name,
-                         "setting": setting, "step_s": cost.step_seconds, "tokens_per_s": cost.tokens / cost.step_seconds,
+                         "setting": setting, "step_s": cost.step_seconds,
+                         "tokens_per_s": cost.tokens / cost.step_seconds,
                          "exposed_transfer_s": totals["replica_push"] + totals["replica_grad"],
                          "migration_s": cost.migration_s,
                          "forward_s": float(sum(v.sum() for v in cost.forward.values()) + cost.extra_forward.sum()),
@@ -126,21 +119,45 @@ def ratios(costs: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def _span(x: pd.Series, fmt: str) -> str:
+def _span(x: pd.Series, fmt: str, ranged: bool = False) -> str:
+    """The mean of `x` (one value per case) as text with its range: "(range low - high)" always when `ranged`,
+    else "(low - high)" only where they differ."""
     x = x.astype(float)
-    return fmt.format(x.mean()) if len(x) == 1 or np.isclose(x.min(), x.max()) else \
-        f"{fmt.format(x.mean())} ({fmt.format(x.min())} - {fmt.format(x.max())})"
+    mean, low, high = (fmt.format(v) for v in (x.mean(), x.min(), x.max()))
+    if ranged:
+        return f"{mean} (range {low} - {high})"
+    return mean if len(x) == 1 or np.isclose(x.min(), x.max()) else f"{mean} ({low} - {high})"
 
 
-def overheads_table(costs: pd.DataFrame, variant: str = "relibra") -> pd.DataFrame:
-    """One row per overhead of `variant` (default ReLibra): its figure (mean, and range over the cases),
-    whether the headline charges it (the card's overheads, as the "card" rows were costed) and the headline
-    ratios at the ends of its sweep.
+OVERHEAD_VIEWS = ("recosted", "headline", "policies")
 
-    costs: overhead_costs' frame. Columns: overhead, card_entry, figure, charged, sweep.
+
+def overheads_table(costs: pd.DataFrame, view: str = "recosted", policy: str = "relibra") -> pd.DataFrame:
+    """The overheads of `policy` from a frame of cost terms (one row per case and policy, and charge setting),
+    in one of OVERHEAD_VIEWS:
+
+    - "recosted" (`relibra map --overheads`; overhead_costs' frame): per overhead, its figure (mean, and range
+      over the cases), the card entry that sets it, whether the headline charges it and the headline ratios at
+      the ends of its sweep. Columns: overhead, card_entry, figure, charged, sweep.
+    - "headline" (notebook 02; relibra.studies.throughput.simulate_case rows): per PAPER_OVERHEADS entry, the
+      paper's figure, the kit's (mean and range over cases and seeds) and how the kit obtains it. Columns:
+      overhead, paper, kit, how.
+    - "policies" (notebook 07; the simulator's summary of one case with the measured plan_s): one row per
+      policy, in numbers: POLICY_COLUMNS, then planner_vs_forward, transfer_s, replica_grad_add_s,
+      transfers_on_critical_path, exposed_transfer_s, transfer_overlap.
     """
+    if view == "policies":
+        return _per_policy(costs)
+    if view == "recosted":
+        return _recosted(costs, costs[costs["variant"] == policy])
+    if view == "headline":
+        return _headline(costs[costs["policy"] == policy])
+    raise ValueError(f"overheads_table: view must be one of {OVERHEAD_VIEWS}; got {view!r}")
+
+
+def _recosted(costs: pd.DataFrame, mine: pd.DataFrame) -> pd.DataFrame:
     ov = Overheads(**json.loads(costs.loc[costs["setting"] == "card", "charge"].iloc[0]))
-    mine = costs[costs["variant"] == variant].set_index(["model", "workload", "seed", "setting"])
+    mine = mine.set_index(["model", "workload", "seed", "setting"])
     r = ratios(costs).set_index(["model", "workload", "seed", "setting"])
 
     def at(setting, col):
@@ -164,7 +181,8 @@ def overheads_table(costs: pd.DataFrame, variant: str = "relibra") -> pd.DataFra
         ("transfer overlap efficiency", "overheads.transfer_overlap_efficiency",
          f"{added('overlap efficiency 1.0')} of the step at {ov.transfer_overlap_efficiency:g} (exposed transfers "
          f"{share('exposed_transfer_s')} of the step; {share('exposed_transfer_s', 'overlap efficiency 1.0')} at 1.0)",
-         f"yes ({ov.transfer_overlap_efficiency:g}; every overlapping plan)" if ov.transfer_overlap_efficiency < 1 else "no",
+         f"yes ({ov.transfer_overlap_efficiency:g}; every overlapping plan)" if ov.transfer_overlap_efficiency < 1
+         else "no",
          sweep(["overlap efficiency 0.7", "card", "overlap efficiency 1.0"])),
         ("activation recomputation (every policy) and its replica pushes", "overheads.activation_recompute",
          f"{added('no recompute')} of the step: the recomputed forward {share('recompute_s')} (every policy pays it); "
@@ -205,6 +223,94 @@ def overheads_table(costs: pd.DataFrame, variant: str = "relibra") -> pd.DataFra
     return pd.DataFrame(rows, columns=["overhead", "card_entry", "figure", "charged", "sweep"])
 
 
+# The paper's figures for ReLibra's overheads (from a second-hand summary of arXiv 2605.08639); None: not given.
+PAPER_OVERHEADS = {
+    "migration": "1.4-2.1% of the training-batch time",
+    "replica memory": "0.13-1.62% extra parameter memory",
+    "planner time": "hidden in the post-rollout phase",
+    "transfers hidden behind attention": "pushes and pulls overlapped with attention",
+    **dict.fromkeys(("replica GEMM fragmentation", "kernel launches per replica", "grouped GEMM per-call floor",
+                     "replica copies contending with the all-to-all", "plan metadata broadcast", "pipeline bubble",
+                     "optimizer step", "stage-to-stage sends")),
+}
+
+
+def _headline(g: pd.DataFrame) -> pd.DataFrame:
+    def stat(x, scale=100.0, fmt="{:.2f}%"):
+        return _span(x.astype(float) * scale, fmt, ranged=True)
+
+    step = g["step_s"].astype(float)
+
+    def of_step(col, fmt="{:.2f}%"):
+        return stat(g[col] / step, fmt=fmt) + " of step time"
+
+    hidden = 1.0 - g["exposed_transfer_share"] * step / g["transfer_s"].where(g["transfer_s"] > 0)
+    rows = [
+        ("migration", stat(g["migration_share"]) + " of step time",
+         "charged: moved weights plus the optimizer state's share over the expert data-parallel ranks, at the "
+         "link rates, once per step"),
+        ("replica memory", stat(g["replica_memory_share"]) + " of parameter memory per GPU",
+         "reported: the layer-shared buffer's slots x expert weights and gradients"),
+        ("planner time", stat(g["plan_s"], 1.0, "{:.3f} s") + " per step, measured on this CPU (1 core)",
+         "charged: the modelled planner seconds beyond the post-rollout window (the card's "
+         "overheads.planner_window_forward_passes forward passes)" if g["planner_on_critical_path"].any() else
+         "not charged: planned after rollout, off the critical path (as the paper does)"),
+        ("transfers hidden behind attention", stat(hidden) + " of replica transfer time hidden",
+         "charged: the part of each push and pull longer than its layer's attention"),
+        ("replica GEMM fragmentation", of_step("fragmentation_s"),
+         "charged: every replica GEMM pays the fixed GEMM cost (gemm_half_tokens, swept in the tornado)"),
+        ("kernel launches per replica",
+         f"{g['replica_transfers'].mean() / max(1.0, float(g['micro_batches'].mean())):.0f} transfers per micro-batch, "
+         f"{stat(g['launch_s'] / step)} of step time if none overlapped",
+         "charged: one collective launch per push and pull at collective_latency_s (swept in the tornado), inside "
+         "the overlap window; the replica GEMMs run in the grouped GEMM's one launch"),
+        ("grouped GEMM per-call floor", of_step("gemm_floor_s"),
+         "charged: a GPU's grouped expert GEMM of one (micro-batch, layer) takes at least the measured per-call "
+         "floor (overheads.gemm_call_floor_s, data/device/expert_gemm.json)"),
+        ("replica copies contending with the all-to-all", of_step("copy_contention_s"),
+         "charged: the assumed share overheads.copy_a2a_contention of the copies' seconds adds to the all-to-all "
+         "(swept 0-1 in the tornado)"),
+        ("plan metadata broadcast", of_step("plan_broadcast_s", "{:.4f}%"),
+         "charged: each micro-batch's plan copied from the host and broadcast over the links before its first "
+         "layer (overheads.plan_metadata_charged)"),
+        ("pipeline bubble", of_step("bubble_s"),
+         "charged: the 1F1B schedule's time beyond the busiest stage's work (every policy; 0 without a pipeline)"),
+        ("optimizer step", of_step("optimizer_s"),
+         "charged: once per step after the pipeline's flush, each stage's GPUs at once; the offloaded share at the "
+         "host's CPU Adam rate (optimizer.host_adam_params_per_s, swept in the tornado) beside the GPU share and "
+         "the PCIe copies (every policy)"),
+        ("stage-to-stage sends", of_step("pipeline_send_s"),
+         "charged: each micro-batch's activation forward and gradient backward between pipeline stages, over "
+         "RDMA or NVLink by Megatron's rank order, holding the sending stage in plain 1F1B (0 without a pipeline)"),
+    ]
+    return pd.DataFrame([{"overhead": name, "paper": PAPER_OVERHEADS[name] or "not given", "kit": kit, "how": how}
+                         for name, kit, how in rows])
+
+
+# Notebook 07's per-policy view: these columns of the simulator's summary, then the ones _per_policy derives.
+POLICY_COLUMNS = ["model", "workload", "ep", "cluster", "policy", "step_s", "forward_s", "migration_share",
+                  "migration_gb", "replica_memory_share", "exposed_transfer_share", "planner_on_critical_path",
+                  "speedup_vs_megatron", "plan_s"]
+
+
+def _per_policy(s: pd.DataFrame) -> pd.DataFrame:
+    # The simulator's exposed replica seconds include the replica gradients' adds into their homes' gradients
+    # (compute charged beside the pulls); the transfers' exposed part is the rest. Each transfer's exposed part
+    # is at most the transfer (relibra.costs.overheads.overlapped_seconds), so the overlap lies in [0, 1] by
+    # construction: 0 for a policy that moves its replicas on the critical path (LLEP); NaN: no replica weights.
+    out = s[POLICY_COLUMNS].assign(planner_vs_forward=s["plan_s"] / s["forward_s"], transfer_s=s["transfer_s"],
+                                   replica_grad_add_s=s["replica_grad_add_s"],
+                                   transfers_on_critical_path=s["transfers_on_critical_path"] > 0.5,
+                                   exposed_transfer_s=s["exposed_transfer_s"] - s["replica_grad_add_s"])
+    overlap = 1.0 - out["exposed_transfer_s"] / out["transfer_s"].where(out["transfer_s"] > 0)
+    bad = (overlap < -1e-9) | (overlap > 1 + 1e-9)
+    if bad.any():
+        raise RelibraError(f"07_overheads: transfer overlap outside [0, 1] for {', '.join(out.loc[bad, 'policy'])} "
+                           f"({', '.join(f'{v:.4g}' for v in overlap[bad])}): the cost model's exposed and total "
+                           "replica seconds disagree")
+    return out.assign(transfer_overlap=overlap.clip(0.0, 1.0))  # rounding only (checked above)
+
+
 def gap_terms(costs: pd.DataFrame, setting: str = "card", variant: str = "relibra",
               reference: str = "balanced") -> pd.DataFrame:
     """The gap of `variant` to `reference` term by term: per step-time term (PlanCost.totals: the
@@ -234,7 +340,7 @@ def eplb_plus_table(costs: pd.DataFrame) -> pd.DataFrame:
                          for s, col in ((s, f"relibra_over_eplb_plus_{s}") for s in EPLB_PLUS_SLOTS)])
 
 
-def overhead_cases(setup: str = DEFAULT_CARD, models=OVERHEAD_MODELS, workload: str = "mixed", seeds=(0,),
+def overhead_cases(setup: str = DEFAULT_CARD, models=PAPER_MODELS, workload: str = "mixed", seeds=(0,),
                    ep: int = 32) -> list[Case]:
     """The table's cases: every model at full scale on the card, one workload, the given seeds (the policies
     are the table's variants, policy_variants)."""

@@ -1,14 +1,7 @@
-"""The headline: the paper's three claims against the kit's figures at full scale, over seeds.
-
-`headline_cases` and `run_cases` simulate every policy on every (model, workload, seed) of a set-up card at full scale
-(every MoE layer, every micro-batch the card's batch gives), one trace per case: `steps` steps, the
-last one simulated, the ones before history for EPLB. Cases run in worker processes, one per core.
-`claim_table` gives the paper's ratios per case of any such rows; `verdict_table` turns the grid into one
-row per paper claim: the kit's mean over cases and seeds, the range, the best case and seed behind every
-"up to", and the range over seeds of the best case. `budget_cases` and `budget_ratios` give ReLibra /
-Megatron and ReLibra / EPLB+ against the tokens per micro-batch for the token-budget family and the
-one-sequence-per-micro-batch family. `trace_cases` puts a recorded trace in
-the generator's place; a case's `topology` puts another cluster in the card's.
+"""The headline (notebook 02): every policy on every (model, workload, seed) of a set-up card at full scale,
+one trace per case (the last step simulated, the ones before history), in worker processes; the paper's
+claims per case (`claim_table`) and per claim over the grid (`verdict_table`); the token-budget sweep of both
+batch families, the other layouts and link rates, and a recorded trace or another cluster in the card's place.
 """
 
 from __future__ import annotations
@@ -88,16 +81,16 @@ _TOPOLOGY_FIELDS = {f.name for f in dataclasses.fields(Topology)}
 
 
 def overhead_extras(plan, cost, model, topology) -> dict:
-    """Overheads of one simulated step the summary does not carry, for the overheads table.
+    """OVERHEAD_EXTRAS of one simulated step (the summary does not carry them), for the overheads table.
 
-    transfer_s: replica pushes and pulls had none been hidden behind attention (their exposed part is
-    the summary's exposed_transfer_share); fragmentation_s: what splitting an expert's tokens over
-    replica GEMMs adds to the slowest GPU's routed-expert time (each copy pays the fixed GEMM cost,
-    relibra.costs.flops.gemm_seconds), forward and backward; replica_transfers: weight pushes and
-    gradient pulls per step (the layer-shared buffer pushes twice, pulls once), each one collective
-    launch; launch_s: those launches at the cluster's collective latency, had they not overlapped.
+    transfer_s: replica pushes and pulls had none been hidden behind attention; fragmentation_s: what
+    splitting an expert's tokens over replica GEMMs adds to the slowest GPU's routed-expert time, forward and
+    backward (each copy pays the fixed GEMM cost, relibra.costs.flops.gemm_seconds); replica_transfers: weight
+    pushes and gradient pulls per step (the layer-shared buffer pushes twice, pulls once), one collective
+    launch each; launch_s: those launches at the cluster's collective latency, had none overlapped.
     """
-    replicas = (plan.occupied_replica_tokens() > 0).sum(axis=3) if plan.replica_slots else np.zeros(cost.gpu_tokens.shape)
+    replicas = ((plan.occupied_replica_tokens() > 0).sum(axis=3) if plan.replica_slots else
+                np.zeros(cost.gpu_tokens.shape))
     fixed = model.expert_flops_per_token * topology.gemm_half_tokens * replicas / topology.matmul_flops_per_s
     expert = cost.expert_seconds_per_gpu
     fragmentation = 3.0 * float((expert.max(axis=2) - (expert - fixed).max(axis=2)).sum())  # forward + 2x backward
@@ -107,76 +100,6 @@ def overhead_extras(plan, cost, model, topology) -> dict:
             "replica_transfers": transfers, "launch_s": transfers * topology.collective_latency_s,
             **{k: float(own.get(k, 0.0)) for k in ("gemm_floor_s", "copy_contention_s", "plan_broadcast_s")},
             "bubble_s": float(cost.pipeline_seconds()[1])}
-
-
-# The paper's figures for ReLibra's overheads (from a second-hand summary of arXiv 2605.08639); None: not given.
-PAPER_OVERHEADS = {
-    "migration": "1.4-2.1% of the training-batch time",
-    "replica memory": "0.13-1.62% extra parameter memory",
-    "planner time": "hidden in the post-rollout phase",
-    "transfers hidden behind attention": "pushes and pulls overlapped with attention",
-    "replica GEMM fragmentation": None,
-    "kernel launches per replica": None,
-    "grouped GEMM per-call floor": None,
-    "replica copies contending with the all-to-all": None,
-    "plan metadata broadcast": None,
-    "pipeline bubble": None,
-    "optimizer step": None,
-    "stage-to-stage sends": None,
-}
-
-
-def overheads_table(grid: pd.DataFrame, policy: str = "relibra") -> pd.DataFrame:
-    """One row per ReLibra overhead: the paper's figure and the kit's (mean and range over the grid's
-    cases and seeds), with how the kit obtains it (charged in the simulated step, or reported)."""
-
-    def stat(series, scale=100.0, fmt="{:.2f}%"):
-        x = series.astype(float) * scale
-        return f"{fmt.format(x.mean())} (range {fmt.format(x.min())} - {fmt.format(x.max())})"
-
-    g = grid[grid["policy"] == policy].copy()
-    step = g["step_s"].astype(float)
-    hidden = 1.0 - g["exposed_transfer_share"] * step / g["transfer_s"].where(g["transfer_s"] > 0)
-    rows = [
-        ("migration", stat(g["migration_share"]) + " of step time",
-         "charged: moved weights plus the optimizer state's share over the expert data-parallel ranks, at the "
-         "link rates, once per step"),
-        ("replica memory", stat(g["replica_memory_share"]) + " of parameter memory per GPU",
-         "reported: the layer-shared buffer's slots x expert weights and gradients"),
-        ("planner time", stat(g["plan_s"], 1.0, "{:.3f} s") + " per step, measured on this CPU (1 core)",
-         "charged: the modelled planner seconds beyond the post-rollout window (the card's "
-         "overheads.planner_window_forward_passes forward passes)" if g["planner_on_critical_path"].any() else
-         "not charged: planned after rollout, off the critical path (as the paper does)"),
-        ("transfers hidden behind attention", stat(hidden) + " of replica transfer time hidden",
-         "charged: the part of each push and pull longer than its layer's attention"),
-        ("replica GEMM fragmentation", stat(g["fragmentation_s"] / step) + " of step time",
-         "charged: every replica GEMM pays the fixed GEMM cost (gemm_half_tokens, swept in the tornado)"),
-        ("kernel launches per replica", f"{g['replica_transfers'].mean() / max(1.0, float(g['micro_batches'].mean())):.0f} "
-         f"transfers per micro-batch, {stat(g['launch_s'] / step)} of step time if none overlapped",
-         "charged: one collective launch per push and pull at collective_latency_s (swept in the tornado), inside "
-         "the overlap window; the replica GEMMs run in the grouped GEMM's one launch"),
-        ("grouped GEMM per-call floor", stat(g["gemm_floor_s"] / step) + " of step time",
-         "charged: a GPU's grouped expert GEMM of one (micro-batch, layer) takes at least the measured per-call "
-         "floor (overheads.gemm_call_floor_s, data/device/expert_gemm.json)"),
-        ("replica copies contending with the all-to-all", stat(g["copy_contention_s"] / step) + " of step time",
-         "charged: the assumed share overheads.copy_a2a_contention of the copies' seconds adds to the all-to-all "
-         "(swept 0-1 in the tornado)"),
-        ("plan metadata broadcast", stat(g["plan_broadcast_s"] / step, fmt="{:.4f}%") + " of step time",
-         "charged: each micro-batch's plan copied from the host and broadcast over the links before its first "
-         "layer (overheads.plan_metadata_charged)"),
-        ("pipeline bubble", stat(g["bubble_s"] / step) + " of step time",
-         "charged: the 1F1B schedule's time beyond the busiest stage's work (every policy; 0 without a "
-         "pipeline)"),
-        ("optimizer step", stat(g["optimizer_s"] / step) + " of step time",
-         "charged: once per step after the pipeline's flush, each stage's GPUs at once; the offloaded share at the "
-         "host's CPU Adam rate (optimizer.host_adam_params_per_s, swept in the tornado) beside the GPU share and "
-         "the PCIe copies (every policy)"),
-        ("stage-to-stage sends", stat(g["pipeline_send_s"] / step) + " of step time",
-         "charged: each micro-batch's activation forward and gradient backward between pipeline stages, over "
-         "RDMA or NVLink by Megatron's rank order, holding the sending stage in plain 1F1B (0 without a pipeline)"),
-    ]
-    return pd.DataFrame([{"overhead": name, "paper": PAPER_OVERHEADS[name] or "not given", "kit": kit, "how": how}
-                         for name, kit, how in rows])
 
 
 def run_cases(cases: list[Case], workers: int | None = None, progress: bool = True, desc: str = "cases"

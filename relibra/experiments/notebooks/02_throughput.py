@@ -5,20 +5,20 @@ or on a routing trace file (`trace`) and on another cluster than the card's (`cl
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from relibra.experiments.base import (PATH, Fact, Params, Result, TryThis, integer, mean_of, objects, param, table,
-                                      value)
+from relibra.experiments.base import (PATH, Fact, Params, Result, TryThis, facts_frame, integer, mean_of, objects,
+                                      param, table, value)
 from relibra.cluster import PAPER_MODELS, Topology
 from relibra.errors import ConfigError
+from relibra.studies.overheads import overheads_table
 from relibra.studies.throughput import (alternative_cases, alternative_ratios, budget_cases, budget_ratios,
-                                          case_ratios, headline_cases, overheads_table, run_cases, trace_cases,
-                                          verdict_with_alternatives)
+                                        case_ratios, headline_cases, run_cases, trace_cases, verdict_with_alternatives)
 from relibra.experiments.profiles import per_profile
-from relibra.experiments.text import facts_table
+from relibra.experiments.text import fact_rows, facts_table
 from relibra.experiments.traces import CLUSTER, PROFILE, TRACE, trace_text, trace_workload
 from relibra.labels import CLAIMS
 from relibra.setups import DEFAULT_CARD, SetupCard, load_card
@@ -155,7 +155,8 @@ def compute(p: Params, g: Sizes, progress: bool = True, workers: int | None = No
                    f"{p.scale_note(g)}")
         # the sweep is one case at each budget: its caption names that case, not the grid
         sweep_caption = (f"simulated on the `{setup}` and `{g.alternative}` set-up cards{p.on_cluster()}, EP {g.ep}; "
-                         f"{g.sweep_model}, {g.sweep_workload}, seed 0, {len(g.sweep_tokens)} budgets; {p.scale_note(g)}")
+                         f"{g.sweep_model}, {g.sweep_workload}, seed 0, {len(g.sweep_tokens)} budgets; "
+                         f"{p.scale_note(g)}")
     else:
         caption = (f"simulated on the {card_text}{p.on_cluster()}, EP {g.ep}; model {g.models[0]}, "
                    f"{trace_text(p.trace)}; {p.scale_note(g)}")
@@ -164,80 +165,44 @@ def compute(p: Params, g: Sizes, progress: bool = True, workers: int | None = No
     scale = "the trace's" if p.trace is not None else "full scale" if g.full_scale else "CUT-DOWN"
     verdict = verdict_with_alternatives(grid, alternatives, scale)
     return Result(throughput=grid, case_ratios=case_ratios(grid), verdict=verdict, ratio_vs_budget=sweep,
-                  alternatives=alternatives, overheads=overheads_table(grid), setup=setup, caption=caption,
+                  alternatives=alternatives, overheads=overheads_table(grid, "headline"), setup=setup, caption=caption,
                   sweep_caption=sweep_caption)
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """One paper claim against the kit (the verdict table's row, its columns by name): the kit's mean and
-    range over cases and seeds, its best case, the range over the alternatives (NaN: not run), why they differ."""
-
-    id: str  # relibra.labels.CLAIMS id
-    claim: str
-    paper: str
-    kind: str  # "ratio" or "gap"
-    mean: float
-    low: float
-    high: float
-    cases: int
-    seeds: int
-    best: float
-    best_case: str
-    alternatives_low: float
-    alternatives_high: float
-    why: str
-
-    def show(self, v: float) -> str:
-        return CLAIMS[self.id].fmt(v)
-
-    def cells(self) -> dict:
-        """The row as text: REPORT.md's columns."""
-        return {"claim": self.claim, "paper": self.paper,
-                "kit (mean; range over cases x seeds)": f"{self.show(self.mean)}; {self.show(self.low)} - "
-                f"{self.show(self.high)} over {self.cases} cases ({self.seeds} seeds)",
-                "best case": f"{self.show(self.best)} ({self.best_case})",
-                "other layouts and link rates": "-" if pd.isna(self.alternatives_low) else
-                f"{self.show(self.alternatives_low)} - {self.show(self.alternatives_high)}",
-                "why they differ": self.why}
-
-
-@dataclass(frozen=True)
 class Summary:
-    verdicts: tuple[Verdict, ...]
+    verdicts: tuple  # the verdict table's rows (named tuples of its columns: id, claim, paper, mean, ..., why)
     setup: str
     caption: str
 
 
 def summarize(r: Result) -> Summary:
-    names = [f.name for f in fields(Verdict)]
-    return Summary(tuple(Verdict(**v) for v in r.verdict[names].to_dict("records")), r.setup, r.caption)
+    return Summary(tuple(r.verdict.itertuples(index=False, name="Verdict")), r.setup, r.caption)
+
+
+def _claim_facts(s: Summary, on: str) -> list[Fact]:
+    """Per claim of the verdict: the kit's mean and range over cases and seeds, its best case, the range over
+    the alternatives."""
+    return [Fact(v.id, value, CLAIMS[v.id].unit, stat, of, on=on, readme=v.claim) for v in s.verdicts
+            for stat, value, of in (("mean", v.mean, ""), ("low", v.low, ""), ("high", v.high, ""),
+                                    ("best", v.best, v.best_case),
+                                    ("other layouts and link rates low", v.alternatives_low, ""),
+                                    ("other layouts and link rates high", v.alternatives_high, ""))]
 
 
 def story(s: Summary) -> str:
-    """Each paper claim against the kit's figure, and why they differ."""
-    return "\n".join(f"- **{v.claim}**: paper {v.paper}; the kit {c['kit (mean; range over cases x seeds)']}, best "
-                     f"{c['best case']}, {c['other layouts and link rates']} under other layouts and link rates. Why: "
-                     f"{v.why}." for v, c in ((v, v.cells()) for v in s.verdicts))
+    """Each paper claim: the kit's figures (as its README row shows them), and why they differ from the paper's."""
+    rows = fact_rows(facts_frame(_claim_facts(s, "")))
+    return "\n".join(f"- **{row['what']}**: {row['figure']}. Why: {v.why}." for row, v in zip(rows, s.verdicts))
 
 
 def facts(r: Result, scale: str) -> list[Fact]:
-    """Per claim of the verdict: the kit's mean and range over cases and seeds, its best case, the range over
-    the alternatives; on the grid's caption and card."""
+    """_claim_facts on the grid's caption and card, naming the cases that do not fit in memory."""
     cases = r.case_ratios
     fit = ("" if "feasible" not in cases or cases["feasible"].all() else
            f"; {int(cases['feasible'].sum())} of {len(cases)} cases fit in memory and only they enter the figures "
            f"({', '.join(sorted(set(cases.loc[~cases['feasible'].astype(bool), 'model'])))} does not fit on some)")
-    on = f"{r.caption.removeprefix('simulated on ')}{fit} (relibra setup show {r.setup})"
-    out = []
-    for v in summarize(r).verdicts:
-        unit, show = CLAIMS[v.id].unit, dict(on=on, readme=v.claim)
-        out += [Fact(v.id, getattr(v, k), unit, stat, **show) for k, stat in
-                (("mean", "mean"), ("low", "low"), ("high", "high"))]
-        out.append(Fact(v.id, v.best, unit, "best", v.best_case, **show))
-        out += [Fact(v.id, getattr(v, f"alternatives_{k}"), unit, f"other layouts and link rates {k}", **show)
-                for k in ("low", "high")]
-    return out
+    return _claim_facts(summarize(r), f"{r.caption.removeprefix('simulated on ')}{fit} (relibra setup show {r.setup})")
 
 
 def section(x, table_md) -> str:
