@@ -72,10 +72,9 @@ def _texts(fig, renderer) -> list[tuple[Text, Bbox]]:
         if id(t) in seen or not t.get_visible() or not t.get_text().strip():
             continue
         seen.add(id(t))
-        if t.axes is not None and not t.axes.get_visible():
-            continue
-        if t.axes is not None and not t.axes.axison and t in (t.axes.xaxis.label, t.axes.yaxis.label):
-            continue
+        if t.axes is not None and (not t.axes.get_visible() or not t.axes.axison
+                                   and t in (t.axes.xaxis.label, t.axes.yaxis.label)):
+            continue  # in a hidden panel, or an axis label of one switched off
         box = t.get_window_extent(renderer)
         if box.width > 0 and box.height > 0:
             out.append((t, box))

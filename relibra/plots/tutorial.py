@@ -255,7 +255,7 @@ def phase_figure(case: dict, micro_batch: int = 0):
 
 def tutorial_grid_figure(grid: pd.DataFrame, scale_note: str = ""):
     """Rank skewness and slowest-GPU ms for each placement (x) and number of spare slots (hue); each
-    bar is labelled with the replica slots the planner filled per GPU at most. One legend above the
+    bar is labelled with the replica slots the planner filled per GPU at most. One legend under the
     panels, clear of the bars."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     d = grid.copy()
