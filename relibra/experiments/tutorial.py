@@ -190,9 +190,9 @@ def history_plan(policy, trace: RoutingTrace, step: int, topology: Topology):
     seen_tokens = seen[0, 0].sum(axis=1, dtype=np.int64)  # [L, E]
     share = np.zeros((trace.num_layers, e, ep))  # [L, E, ep] share of an expert's tokens its copy on a GPU takes
     rexp, rtok = guess.replica_expert[0], guess.occupied_replica_tokens()[0]  # [L, ep, slots]
-    for layer, g, r in zip(*np.nonzero(rexp >= 0)):
-        x = rexp[layer, g, r]
-        share[layer, x, g] += rtok[layer, g, r] / seen_tokens[layer, x]
+    layer, g, r = np.nonzero(rexp >= 0)
+    x = rexp[layer, g, r]
+    np.add.at(share, (layer, x, g), rtok[layer, g, r] / seen_tokens[layer, x])
     held = share > 0
     held[np.arange(trace.num_layers)[:, None], np.arange(e)[None, :], guess.home] = True
     actual = trace.loads[step].sum(axis=2, dtype=np.int64)  # [M, L, E]
