@@ -12,10 +12,8 @@ from relibra.trace import skewness
 
 def expert_load_table(trace, step: int = 0, layer: int = 0) -> pd.DataFrame:
     """Tokens per expert in every micro-batch of one (step, layer), and in every whole step of that layer.
-
-    Columns: scope ('micro-batch' or 'step'), step, micro_batch (-1 for whole steps), layer, expert,
-    tokens, share (of that micro-batch's or step's token-slots).
-    """
+    Columns: scope ('micro-batch' or 'step'), step, micro_batch (-1 for whole steps), layer, expert, tokens,
+    share (of that micro-batch's or step's token-slots)."""
     el = trace.expert_load()[:, :, layer]  # [S, M, E]
     s, m, e = el.shape
     parts = (("micro-batch", el[step], np.full(m, step), np.arange(m)),  # tokens [rows, E], step, micro_batch
@@ -42,24 +40,19 @@ SHIFT_COMPARISONS = {
 
 
 def shift_table(traces: dict[str, object], hot_frac: float = 0.1, history_window: int = 4) -> pd.DataFrame:
-    """How far hot experts move, per trace (e.g. per workload), as a tidy table.
-
-    traces: {label: RoutingTrace}. Columns: trace, comparison, metric, value (hot-expert overlap is
-    the share of the hottest `hot_frac` experts found again among the other's hottest; 1 = same).
-    """
+    """How far hot experts move in each trace of {label: RoutingTrace}: columns trace, comparison, metric, value
+    (hot-expert overlap: the share of the hottest `hot_frac` experts found again among the other's; 1 = same)."""
     rows = []
     for label, trace in traces.items():
         stats = shift_stats(trace.expert_load(), hot_frac=hot_frac, history_window=history_window)
-        for key, (comparison, metric) in SHIFT_COMPARISONS.items():
-            rows.append({"trace": label, "comparison": comparison, "metric": metric, "value": stats[key]})
+        rows += [{"trace": label, "comparison": comparison, "metric": metric, "value": stats[key]}
+                 for key, (comparison, metric) in SHIFT_COMPARISONS.items()]
     return pd.DataFrame(rows)
 
 
 def distribution_distance(actual: np.ndarray, predicted: np.ndarray) -> np.ndarray:
-    """Total-variation distance between load vectors normalized to shares, along the last axis.
-
-    = the share of token-slots that the prediction puts on the wrong experts (0 = exact, 1 = disjoint).
-    """
+    """Total-variation distance between load vectors normalized to shares, along the last axis: the share of
+    token-slots the prediction puts on the wrong experts (0 = exact, 1 = disjoint)."""
     a = actual / np.maximum(actual.sum(-1, keepdims=True), 1e-12)
     p = predicted / np.maximum(predicted.sum(-1, keepdims=True), 1e-12)
     return 0.5 * np.abs(a - p).sum(-1)
@@ -74,13 +67,10 @@ def _per_cell(values: np.ndarray, column: str, whole_step: bool, first_step: int
 
 
 def prediction_error_table(traces: dict[str, object], history_window: int = 4) -> pd.DataFrame:
-    """How wrong predicted expert loads are, per (trace, predictor, target, step, micro_batch, layer).
-
-    Predictors: 'history' (moving average of up to `history_window` previous whole steps, what
-    EPLB is fed), 'this step (oracle)' (the exact whole-step load, what EPLB+ is given). Targets:
-    'whole step' and 'micro-batch'. error = total-variation distance of the load shares (share of
-    token-slots predicted on the wrong experts). Steps from 1 on (step 0 has no history).
-    """
+    """How wrong predicted expert loads are (error: distribution_distance), per (trace, predictor, target, step,
+    micro_batch, layer), steps from 1 on (step 0 has no history). Predictors: 'history' (moving average of up to
+    `history_window` previous whole steps, EPLB's input) and 'this step (oracle)' (the exact whole-step load,
+    EPLB+'s input); targets: 'whole step' and 'micro-batch'."""
     frames = []
     for label, trace in traces.items():
         el = trace.expert_load().astype(np.float64)  # [S, M, L, E]

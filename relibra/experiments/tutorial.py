@@ -19,6 +19,7 @@ TUTORIAL_PLACEMENTS = ("static", "search", "lpt")
 TUTORIAL_EP_SIZES = (4, 8, 16)  # 16 experts over 2 nodes
 TUTORIAL_MAX_SPARE_SLOTS = 4
 TUTORIAL_SKEWS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)  # the skew slider's stops in the static rendering
+TUTORIAL_SHIFTS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)  # the micro-batch shifts the replay section compares
 # Phases of one micro-batch and layer in the cost model (relibra.costs PlanCost.forward), in order.
 TUTORIAL_PHASES = ("dense_compute", "dispatch", "expert_compute", "combine", "replica_push", "replica_grad")
 
@@ -32,13 +33,12 @@ def tutorial_topology(ep: int = 4) -> Topology:
 
 def tutorial_trace(skew: float = 1.2, shift: float = 0.5, seed: int = 0, micro_batches: int = 4,
                    tokens_per_rank: int = 4096, ep: int = 4):
-    """A one-layer, one-step routing trace of TUTORIAL_MODEL (16 experts, top-2) over `ep` ranks.
+    """A one-layer, one-step routing trace of TUTORIAL_MODEL: loads int32 [1, micro_batches, 1, ep, 16].
 
-    Expert popularity is Zipf: share of the expert ranked r is proportional to (r + 1) ** -skew. The
-    ranking starts as a random permutation; before each further micro-batch a share `shift` of the
-    ranking positions is reshuffled among themselves (0: hot experts never move; 1: new ranking).
-    Every src rank's `tokens_per_rank` tokens pick top-k distinct experts from that micro-batch's shares.
-    Returns a RoutingTrace with loads int32 [1, micro_batches, 1, ep, 16].
+    Expert popularity is Zipf: the expert ranked r gets a share proportional to (r + 1) ** -skew. The
+    ranking starts as a random permutation; before each further micro-batch a share `shift` of its
+    positions is reshuffled among themselves (0: hot experts never move; 1: new ranking). Each rank's
+    `tokens_per_rank` tokens pick top-k distinct experts from that micro-batch's shares.
     """
     if skew < 0 or not 0 <= shift <= 1:
         raise ConfigError(f"tutorial: skew must be >= 0 and shift in [0, 1], got skew={skew}, shift={shift}")
@@ -76,10 +76,19 @@ def tutorial_policy(placement: str, spare_slots: int) -> tuple[str, dict]:
     return name, {"spare_slots_per_gpu": spare_slots}
 
 
+def _priced(plan, topo: Topology):
+    """(tokens per GPU [M, ep], simulated forward expert seconds per GPU [M, ep], balanced seconds [M], the
+    PlanCost) of a one-layer plan. Balanced: every GPU computes the mean tokens, one GEMM per own expert."""
+    total = plan.gpu_tokens()[:, 0]
+    cost = cost_plan(plan, TUTORIAL_MODEL, topo)
+    per_gpu = TUTORIAL_MODEL.num_experts // total.shape[1]
+    balanced = per_gpu * gemm_seconds(total.mean(axis=1) / per_gpu, expert_flops_per_token(TUTORIAL_MODEL), topo)
+    return total, cost.expert_seconds_per_gpu[:, 0], balanced, cost
+
+
 def replica_table(plan) -> pd.DataFrame:
     """One row per occupied replica slot of a one-layer plan: micro_batch, gpu, slot, expert, home_gpu,
-    replica_tokens (tokens the copy computes), home_tokens (tokens left at the expert's home),
-    expert_tokens (all its tokens in that micro-batch)."""
+    replica_tokens (the copy's), home_tokens (left at the home), expert_tokens (all of that micro-batch)."""
     home_tokens = plan.home_flow().sum(axis=2)[:, 0]  # [M, E]
     expert_tokens = plan.loads.sum(axis=2)[:, 0]  # [M, E]
     mi, gi, ri = np.nonzero(plan.replica_expert[:, 0] >= 0)
@@ -105,14 +114,12 @@ def tutorial_case(placement: str = "static", spare_slots: int = 0, skew: float =
     name, params = tutorial_policy(placement, spare_slots)
     _, gpn = topo.ep_layout(trace.ep)
     plan = get_policy(name, **params).plan(trace, 0, topo, prev_home=None)
-    cost = cost_plan(plan, TUTORIAL_MODEL, topo)
+    total, seconds, balanced_s, cost = _priced(plan, topo)
     m, e = trace.num_microbatches, trace.num_experts
     mb_of_expert, expert = np.divmod(np.arange(m * e), e)
     expert_tokens = pd.DataFrame({"micro_batch": mb_of_expert, "expert": expert,
                                   "tokens": trace.expert_load()[0, :, 0].ravel(), "home_gpu": plan.home[0, expert]})
-    total = plan.gpu_tokens()[:, 0]  # [M, ep]
     replica = plan.occupied_replica_tokens()[:, 0].sum(axis=2)  # [M, ep]
-    seconds = cost.expert_seconds_per_gpu[:, 0]  # [M, ep]
     mb_of_gpu, gpu = np.divmod(np.arange(m * ep), ep)
     gpu_table = pd.DataFrame({
         "policy": name, "placement": placement, "spare_slots": int(spare_slots), "micro_batch": mb_of_gpu, "gpu": gpu,
@@ -123,15 +130,11 @@ def tutorial_case(placement: str = "static", spare_slots: int = 0, skew: float =
         {"micro_batch": mb, "direction": direction, "phase": phase, "seconds": float(parts[phase][mb, 0])}
         for direction, parts in (("forward", cost.forward), ("backward", cost.backward))
         for phase in TUTORIAL_PHASES for mb in range(m)])
-    # Balanced: every GPU computes the mean tokens, spread over its own experts (one GEMM each).
-    experts_per_gpu = e // ep
-    balanced_s = experts_per_gpu * gemm_seconds(total.mean(axis=1) / experts_per_gpu,
-                                                expert_flops_per_token(TUTORIAL_MODEL), topo)
     summary = pd.DataFrame({"micro_batch": np.arange(m), "policy": name, "skewness": skewness(total),
                             "slowest_gpu": total.argmax(axis=1), "slowest_gpu_ms": 1e3 * seconds.max(axis=1),
                             "balanced_ms": 1e3 * balanced_s,
                             "replicas_used": plan.num_replicas()[:, 0].sum(axis=1),
-                            "experts_moved_from_static": int((plan.home[0] != np.arange(e) // experts_per_gpu).sum())})
+                            "experts_moved_from_static": int((plan.home[0] != np.arange(e) // (e // ep)).sum())})
     return {"expert_tokens": expert_tokens, "gpu_table": gpu_table, "summary": summary, "phases": phases,
             "replicas": replica_table(plan), "policy": name, "placement": placement, "spare_slots": int(spare_slots),
             "micro_batch": int(micro_batch), "ep": ep, "gpus_per_node": gpn, "tokens_per_gpu": tokens_per_gpu,
@@ -139,14 +142,12 @@ def tutorial_case(placement: str = "static", spare_slots: int = 0, skew: float =
 
 
 def _means(summary: pd.DataFrame, columns=("skewness", "slowest_gpu_ms", "balanced_ms")) -> dict:
-    """{column: its mean over the micro-batches of a case's summary}."""
     return {c: float(summary[c].mean()) for c in columns}
 
 
 def tutorial_grid(spare_slots=(0, 1, 2), **toy) -> pd.DataFrame:
-    """Every placement x spare-slots choice on the same toy trace (toy: tutorial_case's skew, shift, seed,
-    ep, tokens_per_gpu, micro_batches): mean skewness, slowest-GPU ms, and the replica slots the planner
-    actually filled (max_replicas_per_gpu: the most any GPU held)."""
+    """Every placement x spare-slots choice on the same toy trace (toy: tutorial_case's other arguments but
+    placement): mean skewness, slowest-GPU ms, and max_replicas_per_gpu, the most slots any GPU filled."""
     rows = []
     for placement in TUTORIAL_PLACEMENTS:
         for slots in spare_slots:
@@ -159,9 +160,8 @@ def tutorial_grid(spare_slots=(0, 1, 2), **toy) -> pd.DataFrame:
 
 
 def tutorial_skew_sweep(placement: str = "search", spare_slots: int = 2, skews=TUTORIAL_SKEWS, **toy) -> pd.DataFrame:
-    """What the skew slider shows, as a table: for every skew of `skews`, static placement without
-    replicas and the chosen placement with `spare_slots` (toy: tutorial_case's other trace arguments),
-    the mean skewness and slowest-GPU ms."""
+    """What the skew slider shows: per skew, static placement without replicas and the chosen plan (toy:
+    tutorial_case's other trace arguments), mean skewness and slowest-GPU ms."""
     rows = []
     for skew in skews:
         for place, slots in dict.fromkeys((("static", 0), (placement, int(spare_slots)))):
@@ -171,26 +171,13 @@ def tutorial_skew_sweep(placement: str = "search", spare_slots: int = 2, skews=T
 
 
 # ---- routing replay: a plan from history beside a plan from the replayed exact loads ----------------
-TUTORIAL_SHIFTS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)  # the micro-batch shifts the replay section compares
-
-
-def tutorial_two_steps(skew: float = 1.2, shift: float = 0.5, seed: int = 0, micro_batches: int = 4,
-                       tokens_per_rank: int = 4096, ep: int = 4) -> RoutingTrace:
-    """Two consecutive steps of the toy routing: tutorial_trace's 2 x micro_batches micro-batches (the
-    ranking drifts by `shift` before each one, across the step boundary too) cut into steps.
-    Returns a RoutingTrace with loads int32 [2, micro_batches, 1, ep, 16]."""
-    one = tutorial_trace(skew, shift, seed, micro_batches=2 * micro_batches, tokens_per_rank=tokens_per_rank, ep=ep)
-    loads = one.loads.reshape(2, micro_batches, 1, ep, TUTORIAL_MODEL.num_experts)
-    return RoutingTrace(loads, TUTORIAL_MODEL, ep, one.tokens_per_microbatch, {**one.provenance, "steps": 2})
-
-
 def history_plan(policy, trace: RoutingTrace, step: int, topology: Topology):
-    """The plan a balancer makes for `step` when all it knows is the previous step's routing.
+    """The plan a balancer makes for `step` when all it knows is the previous step's routing: a StepPlan
+    over trace.loads[step], replicas fixed for the step.
 
-    The policy plans one micro-batch holding the whole previous step's loads (its homes, its replicas and
-    each replica's share of its expert's tokens); that plan then runs every micro-batch of `step` on the
-    tokens that really arrive: same homes, same copies, each copy taking the same share (rounded down) of
-    its expert's actual tokens. Returns a StepPlan over trace.loads[step] (replicas fixed for the step)."""
+    The policy plans one micro-batch holding the whole previous step's loads; every micro-batch of `step`
+    then keeps its homes and copies, each copy taking the same share (rounded down) of its expert's
+    actual tokens."""
     from relibra.policies.eplb import plan_from_copies
 
     if step < 1:
@@ -203,9 +190,9 @@ def history_plan(policy, trace: RoutingTrace, step: int, topology: Topology):
     seen_tokens = seen[0, 0].sum(axis=1, dtype=np.int64)  # [L, E]
     share = np.zeros((trace.num_layers, e, ep))  # [L, E, ep] share of an expert's tokens its copy on a GPU takes
     rexp, rtok = guess.replica_expert[0], guess.occupied_replica_tokens()[0]  # [L, ep, slots]
-    for layer, g, r in zip(*np.nonzero(rexp >= 0)):
-        x = rexp[layer, g, r]
-        share[layer, x, g] += rtok[layer, g, r] / seen_tokens[layer, x]
+    layer, g, r = np.nonzero(rexp >= 0)
+    x = rexp[layer, g, r]
+    np.add.at(share, (layer, x, g), rtok[layer, g, r] / seen_tokens[layer, x])
     held = share > 0
     held[np.arange(trace.num_layers)[:, None], np.arange(e)[None, :], guess.home] = True
     actual = trace.loads[step].sum(axis=2, dtype=np.int64)  # [M, L, E]
@@ -219,24 +206,22 @@ def history_plan(policy, trace: RoutingTrace, step: int, topology: Topology):
 
 def tutorial_replay(placement: str = "search", spare_slots: int = 2, shifts=TUTORIAL_SHIFTS, skew: float = 1.2,
                     seed: int = 0, ep: int = 4, tokens_per_gpu: int = 4096, micro_batches: int = 4) -> pd.DataFrame:
-    """Routing replay on the toy layer: for every micro-batch shift of `shifts`, the chosen placement x
-    spare-slots policy plans step 1 of tutorial_two_steps twice: from the previous step's loads
-    (plan "history", history_plan) and from step 1's exact loads, which routing replay makes known
-    before the step runs (plan "replay"). One row per shift and plan: mean over step 1's micro-batches
-    of the slowest GPU's simulated forward expert ms, rank skewness, and the balanced ms."""
+    """Routing replay on the toy layer. Per micro-batch shift, tutorial_trace's 2 x micro_batches
+    micro-batches are cut into two steps (the ranking drifts across the step boundary too), and the
+    chosen policy plans step 1 twice: from step 0's loads (plan "history", history_plan) and from step 1's
+    exact loads, which routing replay makes known before the step runs (plan "replay"). One row per shift
+    and plan: means over step 1's micro-batches of the slowest GPU's forward expert ms, skewness, balanced ms."""
     topo = tutorial_topology(ep)
     name, params = tutorial_policy(placement, spare_slots)
     policy = get_policy(name, **params)
-    flops = expert_flops_per_token(TUTORIAL_MODEL)
     rows = []
     for shift in shifts:
-        trace = tutorial_two_steps(skew, float(shift), seed, micro_batches, tokens_per_gpu, ep)
+        one = tutorial_trace(skew, float(shift), seed, 2 * micro_batches, tokens_per_gpu, ep)
+        trace = RoutingTrace(one.loads.reshape(2, micro_batches, 1, ep, TUTORIAL_MODEL.num_experts), TUTORIAL_MODEL,
+                             ep, one.tokens_per_microbatch, {**one.provenance, "steps": 2})
         for kind, plan in (("history", history_plan(policy, trace, 1, topo)), ("replay", policy.plan(trace, 1, topo))):
             plan.validate(trace.loads[1])
-            total = plan.gpu_tokens()[:, 0]  # [M, ep]
-            seconds = cost_plan(plan, TUTORIAL_MODEL, topo).expert_seconds_per_gpu[:, 0]  # [M, ep]
-            per_gpu = TUTORIAL_MODEL.num_experts // ep
-            balanced_s = per_gpu * gemm_seconds(total.mean(axis=1) / per_gpu, flops, topo)
+            total, seconds, balanced_s, _ = _priced(plan, topo)
             rows.append({"shift": float(shift), "plan": kind, "policy": name, "placement": placement,
                          "spare_slots": int(spare_slots), "slowest_gpu_ms": float(1e3 * seconds.max(axis=1).mean()),
                          "skewness": float(skewness(total).mean()), "balanced_ms": float(1e3 * balanced_s.mean())})
@@ -244,9 +229,8 @@ def tutorial_replay(placement: str = "search", spare_slots: int = 2, shifts=TUTO
 
 
 def tutorial_timescales(ep: int = 4) -> dict:
-    """Why ReLibra works at two timescales, from the toy cluster's link rates (tutorial_topology: the
-    `paper` preset of relibra.cluster, cut to 2 nodes): one expert's weights (bytes, bf16) and the
-    microseconds to push them once over NVLink (inside a node) and over RDMA (across nodes)."""
+    """Why ReLibra works at two timescales, from tutorial_topology's link rates: one expert's weights
+    (bytes, bf16) and the microseconds to push them once over NVLink (in a node) and RDMA (across nodes)."""
     topo = tutorial_topology(ep)
     bytes_ = TUTORIAL_MODEL.expert_bytes
     return {"nvlink_GBps": topo.nvlink_GBps, "rdma_GBps": topo.rdma_GBps, "expert_bytes": int(bytes_),

@@ -1,19 +1,9 @@
-"""Text a reader cannot read: every text artist of a drawn figure checked against every other one, against
-the legends and data markers drawn over it, and against the edge of the panel that clips it.
+"""Text a reader cannot read: `text_overlaps(fig)` draws the figure once and returns one line per problem.
 
-`text_overlaps(fig)` draws the figure once and returns one line per problem (empty when the figure is
-clean). Boxes are the artists' window extents in pixels at the figure's own size and dpi; two boxes
-"overlap" when they share more than `min_px` pixels in both directions, so texts that merely touch pass.
-Checked:
-
-- text against text: tick labels, axis labels, titles, the suptitle, legend entries, annotations and
-  data labels (bar labels, point labels), each pair once; a legend's own texts against each other are
-  its layout and are not compared;
-- a legend's frame against every text outside it (a legend printed over a subtitle or a label);
-- a legend's frame against data: a line's or an error bar's vertices, and scatter markers, inside it;
-- a marker drawn above a text (higher zorder) that covers part of that text's box;
-- a text clipped by its panel (clip on, and its box runs past the panel's edge), or a text written in a
-  panel (ax.text, annotate) that runs past its top or bottom edge, into the title or the tick labels.
+Boxes are window extents in pixels; two "overlap" when they share more than `min_px` pixels in both directions
+(texts that merely touch pass). Checked: every pair of drawn texts (a legend's own texts excepted); a legend's
+frame against texts outside it and against data (line vertices, error-bar ends, scatter markers); a marker drawn
+above a text; a text clipped by its panel, or written in a panel and running past its top or bottom edge.
 """
 
 from __future__ import annotations
@@ -82,10 +72,9 @@ def _texts(fig, renderer) -> list[tuple[Text, Bbox]]:
         if id(t) in seen or not t.get_visible() or not t.get_text().strip():
             continue
         seen.add(id(t))
-        if t.axes is not None and not t.axes.get_visible():
-            continue
-        if t.axes is not None and not t.axes.axison and t in (t.axes.xaxis.label, t.axes.yaxis.label):
-            continue
+        if t.axes is not None and (not t.axes.get_visible() or not t.axes.axison
+                                   and t in (t.axes.xaxis.label, t.axes.yaxis.label)):
+            continue  # in a hidden panel, or an axis label of one switched off
         box = t.get_window_extent(renderer)
         if box.width > 0 and box.height > 0:
             out.append((t, box))
@@ -97,13 +86,8 @@ def _name(t: Text) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
-def _shared(a: Bbox, b: Bbox) -> tuple[float, float]:
-    return min(a.x1, b.x1) - max(a.x0, b.x0), min(a.y1, b.y1) - max(a.y0, b.y0)
-
-
 def _overlap(a: Bbox, b: Bbox, min_px: float) -> bool:
-    w, h = _shared(a, b)
-    return w > min_px and h > min_px
+    return min(a.x1, b.x1) - max(a.x0, b.x0) > min_px and min(a.y1, b.y1) - max(a.y0, b.y0) > min_px
 
 
 def _legend_of(t: Text, legends: list[Legend]) -> Legend | None:
@@ -158,21 +142,17 @@ def text_overlaps(fig, min_px: float = MIN_PX) -> list[str]:
             problems.append(f"text {_name(a)} overlaps text {_name(b)}")
     for lg in legends:
         frame = lg.get_window_extent(renderer)
-        for t, box in texts:
-            if _legend_of(t, legends) is None and _overlap(frame, box, min_px):
-                problems.append(f"legend ({_name(lg.get_texts()[0]) if lg.get_texts() else 'empty'}...) covers "
-                                f"text {_name(t)}")
+        legend = f"legend ({_name(lg.get_texts()[0]) if lg.get_texts() else 'empty'}...) covers"
+        problems += [f"{legend} text {_name(t)}" for t, box in texts
+                     if _legend_of(t, legends) is None and _overlap(frame, box, min_px)]
         ax = lg.axes if lg.axes is not None and lg in lg.axes.get_children() else None
         for axes in ([ax] if ax is not None else fig.axes):
             inner = frame.padded(-min_px)
-            for artist, pts in _data_points(axes):
-                if artist.get_zorder() > lg.get_zorder():
-                    continue
-                if inner.count_contains(pts) > 0:
-                    problems.append(f"legend ({_name(lg.get_texts()[0]) if lg.get_texts() else 'empty'}...) covers "
-                                    f"data of {getattr(artist, 'get_label', lambda: '?')()!r} in "
-                                    f"{_name(axes.title) if axes.get_title() else 'a panel'}")
-                    break
+            covered = next((a for a, pts in _data_points(axes)
+                            if a.get_zorder() <= lg.get_zorder() and inner.count_contains(pts) > 0), None)
+            if covered is not None:
+                problems.append(f"{legend} data of {getattr(covered, 'get_label', lambda: '?')()!r} in "
+                                f"{_name(axes.title) if axes.get_title() else 'a panel'}")
     for ax in fig.axes:
         for c in ax.collections:
             if not isinstance(c, PathCollection) or not c.get_visible() or not len(c.get_offsets()):

@@ -12,19 +12,16 @@ _MEAN_MARKER = {"marker": "D", "markerfacecolor": "white", "markeredgecolor": "b
 
 
 def expert_load_heatmaps(table: pd.DataFrame, subtitle: str, max_experts: int = 128):
-    """Heatmaps of expert load share: micro-batches of one step (left) versus whole steps (right).
-
-    table: relibra.experiments.expert_load_table output.
-    """
-    mb = table[table["scope"] == "micro-batch"]
-    st = table[table["scope"] == "step"]
+    """Heatmaps of expert load share (`table`: relibra.experiments.dynamics.expert_load_table's): micro-batches of
+    one step (left) versus whole steps (right)."""
+    mb, st = (table[table["scope"] == scope] for scope in ("micro-batch", "step"))
     step, layer = int(mb["step"].iloc[0]), int(mb["layer"].iloc[0])
     grid_mb, grid_st = (t.pivot(index=rows, columns="expert", values="share").iloc[:, :max_experts] * 100
                         for t, rows in ((mb, "micro_batch"), (st, "step")))
     vmax = float(max(grid_mb.values.max(), grid_st.values.max()))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1, 1]})
     for ax, grid, ylabel, title in (
-        (axes[0], grid_mb, "micro-batch (within step %d)" % step, f"each micro-batch of step {step}"),
+        (axes[0], grid_mb, f"micro-batch (within step {step})", f"each micro-batch of step {step}"),
         (axes[1], grid_st, "training step", "each whole step (sum of its micro-batches)"),
     ):
         sns.heatmap(grid, ax=ax, cmap="rocket_r", vmin=0, vmax=vmax, cbar_kws={"label": "share of token-slots (%)"},

@@ -34,6 +34,23 @@ def _case_titled(fig, head: str, case: dict):
     return fig
 
 
+def _at(case: dict, table: str, micro_batch: int) -> pd.DataFrame:
+    """The rows of one of the case's tables for one micro-batch."""
+    t = case[table]
+    return t[t["micro_batch"] == micro_batch]
+
+
+def _legend_below(fig, ax, head: str, hardware: str, scale_note: str, bottom: float, **legend):
+    """`fig` titled `head` over its provenance, laid out above `bottom` (a share of its height), and `ax`'s legend
+    in one row under the panels, clear of the title and the data."""
+    handles, labels = ax.get_legend_handles_labels()
+    titled(fig, head, f"simulated ({hardware}); synthetic Zipf routing" + (f" | {scale_note}" if scale_note else ""))
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fig.legend(handles, labels, ncol=len(labels), loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
+               frameon=False, **legend)
+    return fig
+
+
 def _gpu_panel(ax, g: pd.DataFrame, ylabel: str, top: float, title: str) -> None:
     """Ticks (GPU and node), y label and limit, title and legend of a panel of one bar per GPU. Up to 4
     GPUs each tick names its node; beyond, ticks are GPU numbers, a dotted line parts the nodes and the
@@ -63,8 +80,7 @@ def _mark_slowest(ax, x, heights, label: str = "slowest") -> None:
 def tutorial_figure(case: dict, micro_batch: int = 0):
     """Left: tokens per GPU (home blue, replica orange) for one micro-batch; right: simulated forward
     expert ms per GPU. The slowest GPU carries a black outline in both panels."""
-    g = case["gpu_table"]
-    g = g[g["micro_batch"] == micro_batch]
+    g = _at(case, "gpu_table", micro_batch)
     s = case["summary"].set_index("micro_batch").loc[micro_batch]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     x = g["gpu"].to_numpy()
@@ -95,10 +111,8 @@ def plan_figure(case: dict, micro_batch: int = 0):
     band) and, if replicated, part of them to the replica's GPU (orange band, labelled).
     """
     plan, ep, gpn = case["plan"], case["ep"], case["gpus_per_node"]
-    et = case["expert_tokens"]
-    et = et[et["micro_batch"] == micro_batch].set_index("expert")["tokens"]
-    reps = case["replicas"]
-    reps = reps[reps["micro_batch"] == micro_batch]
+    et = _at(case, "expert_tokens", micro_batch).set_index("expert")["tokens"]
+    reps = _at(case, "replicas", micro_batch)
     home = plan.home[0]
     home_tokens = plan.home_flow().sum(axis=2)[micro_batch, 0]  # [E] tokens computed at home
     e = len(home)
@@ -139,11 +153,10 @@ def plan_figure(case: dict, micro_batch: int = 0):
                        fc=REPLICA_COLOR, ec="0.3", alpha=0.85)
             else:
                 square(cx, y0, "empty\nslot", color="0.4", fill=False, ec="0.5", ls="--")
-    width = per_row * (box_w + 0.4)
     for node in range(num_nodes):
         y0 = (num_nodes - 1 - node) * (node_h + 1.2)
         ax.text(-0.3, y0 + node_h / 2, f"node {node}", rotation=90, ha="right", va="center", fontsize=9)
-    ax.set_xlim(-0.8, width)
+    ax.set_xlim(-0.8, per_row * (box_w + 0.4))
     ax.set_ylim(-0.3, num_nodes * node_h + (num_nodes - 1) * 1.2 + 0.2)
     ax.set_aspect("equal")
     ax.axis("off")
@@ -152,8 +165,7 @@ def plan_figure(case: dict, micro_batch: int = 0):
     # -- right: flow diagram experts -> GPUs -------------------------------------------------------
     tokens, total = et.to_numpy(), float(et.sum())  # [E] in expert order
     ey = np.cumsum([0.0, *(tokens + 0.004 * total)])  # left column: experts stacked, height = tokens; [E + 1]
-    gpu_tok = case["gpu_table"]
-    gpu_tok = gpu_tok[gpu_tok["micro_batch"] == micro_batch].set_index("gpu")["tokens"]
+    gpu_tok = _at(case, "gpu_table", micro_batch).set_index("gpu")["tokens"]
     gy = np.cumsum([0.0, *(gpu_tok + (ey[-1] - float(gpu_tok.sum())) / max(ep - 1, 1))])  # right column; [ep + 1]
     efill, gfill = np.zeros(e), np.zeros(ep)
 
@@ -194,7 +206,7 @@ def plan_figure(case: dict, micro_batch: int = 0):
         fx.text(0.93, gy[g] + gpu_tok[g] / 2, f"GPU {g}: {int(gpu_tok[g])}" + (" (busiest)" if g == busiest else ""),
                 ha="left", va="center", fontsize=8, fontweight="bold" if g == busiest else "normal")
     fx.set_xlim(-0.12, 1.2)
-    fx.set_ylim(max(ey[-1], gy[-1]), 0)
+    fx.set_ylim(top, 0)
     fx.axis("off")
     fx.set_title("token split: expert (left, height = tokens) -> GPU that computes them (right)")
     fx.legend([Patch(color=HOME_COLOR, alpha=0.55), Patch(color=REPLICA_COLOR, alpha=0.55)],
@@ -218,8 +230,7 @@ def spread(ys: list[float], step: float, low: float, high: float) -> list[float]
 def phase_figure(case: dict, micro_batch: int = 0):
     """The simulator's time per phase of the layer for one micro-batch, forward and backward, as
     stacked horizontal bars (each phase: the slowest GPU's seconds; transfers only where exposed)."""
-    d = case["phases"]
-    d = d[d["micro_batch"] == micro_batch]
+    d = _at(case, "phases", micro_batch)
     fig, ax = plt.subplots(figsize=(11, 2.9))
     for yi, direction in enumerate(("forward", "backward")):
         left = 0.0
@@ -244,7 +255,7 @@ def phase_figure(case: dict, micro_batch: int = 0):
 
 def tutorial_grid_figure(grid: pd.DataFrame, scale_note: str = ""):
     """Rank skewness and slowest-GPU ms for each placement (x) and number of spare slots (hue); each
-    bar is labelled with the replica slots the planner filled per GPU at most. One legend above the
+    bar is labelled with the replica slots the planner filled per GPU at most. One legend under the
     panels, clear of the bars."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     d = grid.copy()
@@ -264,14 +275,9 @@ def tutorial_grid_figure(grid: pd.DataFrame, scale_note: str = ""):
         ax.get_legend().remove()
     axes[0].axhline(1.0, color="0.2", ls="--", lw=1)
     axes[1].axhline(float(d["balanced_ms"].mean()), color="0.2", ls="--", lw=1)
-    handles, labels = axes[0].get_legend_handles_labels()
-    titled(fig, "Toy layer: every placement x number of spare replica slots (bar label: most slots any GPU "
-           "actually filled; dashed: balanced)", f"simulated ({d['hardware'].iloc[0]}); synthetic Zipf routing"
-           + (f" | {scale_note}" if scale_note else ""))
-    fig.tight_layout(rect=(0, 0.07, 1, 1))  # the legend goes under the panels, clear of the title
-    fig.legend(handles, labels, title="spare slots per GPU", ncol=len(labels), loc="lower center",
-               bbox_to_anchor=(0.5, 0.0), fontsize=8, title_fontsize=8, frameon=False)
-    return fig
+    return _legend_below(fig, axes[0], "Toy layer: every placement x number of spare replica slots (bar label: most "
+                         "slots any GPU actually filled; dashed: balanced)", d["hardware"].iloc[0], scale_note, 0.07,
+                         title="spare slots per GPU", title_fontsize=8)
 
 
 def skew_sweep_figure(sweep: pd.DataFrame, scale_note: str = ""):
@@ -291,13 +297,8 @@ def skew_sweep_figure(sweep: pd.DataFrame, scale_note: str = ""):
     for ax in axes:
         ax.set_xlabel("skew (Zipf exponent of expert popularity)")
         ax.set_ylim(bottom=0)
-    handles, labels = axes[1].get_legend_handles_labels()
-    titled(fig, "What the skew slider shows: imbalance as expert popularity gets more peaked (dashed: balanced)",
-           "simulated (the paper's GPUs and links); synthetic Zipf routing" + (f" | {scale_note}" if scale_note else ""))
-    fig.tight_layout(rect=(0, 0.08, 1, 1))  # the legend goes under the panels, clear of the lines
-    fig.legend(handles, labels, ncol=len(labels), loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
-               frameon=False)
-    return fig
+    return _legend_below(fig, axes[1], "What the skew slider shows: imbalance as expert popularity gets more peaked "
+                         "(dashed: balanced)", "the paper's GPUs and links", scale_note, 0.08)
 
 
 def replay_figure(replay: pd.DataFrame, scale_note: str = ""):
@@ -320,12 +321,6 @@ def replay_figure(replay: pd.DataFrame, scale_note: str = ""):
         ax.set_xlabel("micro-batch shift (share of the popularity ranking reshuffled)")
         ax.set_ylim(bottom=0)
     policy = replay["policy"].iloc[0]
-    handles, labels = axes[0].get_legend_handles_labels()
-    titled(fig, f"Routing replay: `{policy}` ({POLICY_LABELS.get(policy, policy)}) planned from history vs from the "
-           "exact loads as the micro-batch shift grows (means over the step's micro-batches)",
-           "simulated (the paper's GPUs and links); synthetic Zipf routing"
-           + (f" | {scale_note}" if scale_note else ""))
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.legend(handles, labels, ncol=len(labels), loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
-               frameon=False)
-    return fig
+    return _legend_below(fig, axes[0], f"Routing replay: `{policy}` ({POLICY_LABELS.get(policy, policy)}) planned "
+                         "from history vs from the exact loads as the micro-batch shift grows (means over the step's "
+                         "micro-batches)", "the paper's GPUs and links", scale_note, 0.08)

@@ -46,7 +46,7 @@ class Params(Params):
                               f"{self.micro_batches}), got {self.micro_batch}")
 
     def case_args(self) -> dict:
-        """The keyword arguments of relibra.experiments.tutorial.tutorial_case."""
+        """tutorial_case's keyword arguments."""
         return {k: getattr(self, k) for k in ("ep", "seed", "micro_batches", "placement", "spare_slots", "skew",
                                               "shift", "micro_batch", "tokens_per_gpu")}
 
@@ -93,8 +93,8 @@ class Choice:
 
 @dataclass(frozen=True)
 class SkewSweep:
-    """Static placement's skewness over the skew slider: at its lowest skew, at its peak, at its highest
-    skew; the chosen plan's at the peak and where the gap to static is widest (None: no plan swept)."""
+    """Static placement's skewness at the slider's lowest skew, its peak and its highest skew; the chosen
+    plan's at the peak and where the gap to static is widest (None: no plan swept)."""
 
     low: float
     static_at_low: float
@@ -109,8 +109,8 @@ class SkewSweep:
 
 @dataclass(frozen=True)
 class Replay:
-    """Section 4: the slowest GPU's ms of the plan from history and of the plan from the replayed exact
-    loads, at the smallest shift, at this run's shift and at the largest shift; the balanced ms."""
+    """Section 4: the slowest GPU's ms planned from history and from the replayed exact loads, at the smallest
+    shift, this run's shift and the largest shift; the balanced ms."""
 
     policy: str
     low: float
@@ -137,7 +137,6 @@ def _choice(x) -> Choice:
 
 
 def _is_static(t: pd.DataFrame) -> pd.Series:
-    """The rows of static placement without replicas."""
     return (t["placement"] == "static") & (t["spare_slots"] == 0)
 
 
@@ -190,7 +189,6 @@ def story(s: Summary) -> str:
 
 
 def _at(case: dict, table: str, micro_batch: int) -> pd.DataFrame:
-    """The rows of one of the case's tables for one micro-batch."""
     t = case[table]
     return t[t["micro_batch"] == micro_batch]
 
@@ -239,8 +237,7 @@ def phase_story(case: dict, micro_batch: int = 0) -> str:
 
 
 def skew_story(s: Summary) -> str:
-    """What the skew slider shows: where static placement's skewness peaks, how far the chosen plan
-    holds it down, and whether the gap opens with skew."""
+    """Section 6: where static placement's skewness peaks and how far the chosen plan holds it down."""
     w = s.sweep
     text = (f"At skew {w.low:g} static placement's skewness is {w.static_at_low:.2f}: with uniform routing there is "
             f"little to fix. It peaks at {w.static_at_peak:.2f} at skew {w.peak:g}")
@@ -291,14 +288,9 @@ def timescale_story(s: Summary) -> str:
             "micro-batches.")
 
 
-def _history_ms(r: Result) -> float:
-    """The plan from history's slowest-GPU ms at this run's shift (section 4)."""
-    return mean_of(r.replay, "slowest_gpu_ms", plan="history", shift=r.replay_shift)
-
-
-def _history_excess_ms(r: Result) -> float:
-    """How much longer the plan from history's slowest GPU takes than the replay plan's, at this run's shift."""
-    return _history_ms(r) - mean_of(r.replay, "slowest_gpu_ms", plan="replay", shift=r.replay_shift)
+def _replay_ms(r: Result, plan: str) -> float:
+    """The slowest-GPU ms of the plan from "history" or "replay" at this run's shift (section 4)."""
+    return mean_of(r.replay, "slowest_gpu_ms", plan=plan, shift=r.replay_shift)
 
 
 def _static_skewness(r: Result) -> float:
@@ -314,11 +306,12 @@ TRIES = (
     TryThis(lambda p, s: {"ep": 16}, "static placement's rank skewness (the first figure, 0 spare slots)",
             _static_skewness, +1, "at EP 16 each GPU holds one expert, so a hot expert is a hot GPU"),
     TryThis(lambda p, s: {"shift": 1.0}, "the slowest GPU's expert time of the plan made from history (section 4, "
-            "at this run's shift)", _history_ms, +1,
+            "at this run's shift)", lambda r: _replay_ms(r, "history"), +1,
             "the previous step's hot experts are no longer this step's, so its homes and copies sit in the wrong "
             "places; the replay plan's, made from the exact loads, moves far less (section 4 shows both)"),
     TryThis(lambda p, s: {"shift": 0.0}, "how much longer the plan from history's slowest GPU takes than the replay "
-            "plan's (section 4, at this run's shift)", _history_excess_ms, -1,
+            "plan's (section 4, at this run's shift)", lambda r: _replay_ms(r, "history") - _replay_ms(r, "replay"),
+            -1,
             "when the hot experts never move, the previous step predicts this one and history is as good as replay"),
 )
 

@@ -30,8 +30,7 @@ class Result(Result):
 
 
 def compute(p: TraceParams, sizes: Scale) -> Result:
-    """{workload: trace} of the model at p.ep for every workload of the grid and the single one, and
-    their routing statistics."""
+    """The routing statistics of the model's traces at p.ep, for every workload of the grid and the single one."""
     card = load_card()
     names = list(dict.fromkeys(list(p.workloads(sizes)) + [p.the_workload(sizes)]))
     traces = {w: make_trace(p.model, w, p.ep, p.steps, p.seed, sizes, card) for w in names}

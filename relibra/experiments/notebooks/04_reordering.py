@@ -75,9 +75,9 @@ def story(s: Summary) -> str:
                  f"{b.node_skewness:.2f} and it sends {pct(a.cross_node_share)} vs {pct(b.cross_node_share)} of pairs "
                  "across nodes.")
     if b and none and abs(b.speedup / none.speedup - 1) < 0.005:
-        text += (f" Greedy LPT placement runs as fast as no reordering at all ({b.speedup:.3f}x vs {none.speedup:.3f}x) "
-                 f"although it moves homes (node skewness {b.node_skewness:.2f} vs {none.node_skewness:.2f}): what it "
-                 "changes, in-node replication already fixed.")
+        text += (f" Greedy LPT placement runs as fast as no reordering at all ({b.speedup:.3f}x vs "
+                 f"{none.speedup:.3f}x) although it moves homes (node skewness {b.node_skewness:.2f} vs "
+                 f"{none.node_skewness:.2f}): what it changes, in-node replication already fixed.")
     return text
 
 

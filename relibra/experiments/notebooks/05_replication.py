@@ -61,9 +61,8 @@ def spare_slot_sweep(p: Params, sizes: Scale, policy: str = "relibra") -> pd.Dat
         r = summary.set_index("policy").loc[policy]
         rows.append({"model": trace.model.name, "workload": workload, "ep": trace.ep, "cluster": p.cluster.name,
                      "policy": policy, "spare_slots_per_gpu": int(n), "default": int(n) == default,
-                     "speedup_vs_megatron": float(r["speedup_vs_megatron"]), "frac_of_balanced": float(r["frac_of_balanced"]),
-                     "tokens_per_s": float(r["tokens_per_s"]), "skewness": float(r["skewness"]),
-                     "replica_memory_share": float(r["replica_memory_share"]),
+                     **r[["speedup_vs_megatron", "frac_of_balanced", "tokens_per_s", "skewness",
+                          "replica_memory_share"]].astype(float),
                      "replica_memory_share_full_model": float(full_model_memory_share(
                          p.model, trace.ep, trace.num_layers, [r["replica_buffer_bytes"]], [False])[0])})
     return pd.DataFrame(rows)

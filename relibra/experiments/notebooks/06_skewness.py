@@ -87,7 +87,8 @@ def summarize(r: Result) -> Summary:
     shown = t[t["sweep"] == "ep"] if (t["sweep"] == "ep").any() else t
     return Summary(((int(lo), ep.loc[lo, "megatron"]), (int(hi), ep.loc[hi, "megatron"])) if has_ep else None,
                    (ep["relibra"].min(), ep["relibra"].max()) if has_ep and "relibra" in ep else None,
-                   None if w is None else (w, dom.loc[w, "megatron"]), tuple(sorted(int(e) for e in shown["ep"].unique())),
+                   None if w is None else (w, dom.loc[w, "megatron"]),
+                   tuple(sorted(int(e) for e in shown["ep"].unique())),
                    tuple((p, float(d["skewness"].min()), float(d["skewness"].max()))
                          for p, d in shown.groupby("policy", sort=False)),
                    unique(shown, "model"), unique(shown, "workload"))

@@ -109,7 +109,7 @@ def compute(p: Params, sizes: Sizes) -> Result:
                   sim_label=(f"simulated (cpu-gloo cluster preset, {topo.num_nodes} x {topo.gpus_per_node} ranks) on "
                              f"the real RL trace, EP {ep} | {p.rl_steps} GRPO steps, seed {p.seed}"),
                   rl={"trace": trace, "traces": traces, "config": rl_cfg.to_dict(), "seconds": run.seconds,
-                      "eval_before": run.eval_before, "eval_after": run.eval_after})
+                      "eval_before": run.eval_before, "eval_after": run.eval_after, "sim_policy_params": sim_params})
 
 
 def reward_trend(rewards: pd.DataFrame) -> tuple[float, float]:
