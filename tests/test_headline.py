@@ -78,3 +78,9 @@ def test_overheads_table_has_one_row_per_overhead():
     assert relibra["replica_transfers"] > 0 and relibra["replica_transfers"] % 3 == 0  # push, push again, pull
     static = grid[grid["policy"] == "megatron"].iloc[0]  # no replicas: no transfers, no fragmentation
     assert static["replica_transfers"] == 0 and static["fragmentation_s"] == 0 and static["launch_s"] == 0
+    # the hidden share counts transfers only: the exposed replica seconds less the gradient adds (compute), as
+    # notebook 07's per-policy overlap counts them
+    assert relibra["grad_add_s"] > 0  # the default card charges the adds
+    exposed = relibra["exposed_transfer_share"] * relibra["step_s"] - relibra["grad_add_s"]
+    hidden = table.loc[table["overhead"] == "transfers hidden behind attention", "kit"].item()
+    assert hidden.startswith(f"{100 * (1 - exposed / relibra['transfer_s']):.2f}% ")

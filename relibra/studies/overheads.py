@@ -244,7 +244,9 @@ def _headline(g: pd.DataFrame) -> pd.DataFrame:
     def of_step(col, fmt="{:.2f}%"):
         return stat(g[col] / step, fmt=fmt) + " of step time"
 
-    hidden = 1.0 - g["exposed_transfer_share"] * step / g["transfer_s"].where(g["transfer_s"] > 0)
+    # the exposed replica seconds include the replica gradients' adds into their homes (compute): not transfer
+    exposed = g["exposed_transfer_share"] * step - g["grad_add_s"]
+    hidden = 1.0 - exposed / g["transfer_s"].where(g["transfer_s"] > 0)
     rows = [
         ("migration", stat(g["migration_share"]) + " of step time",
          "charged: moved weights plus the optimizer state's share over the expert data-parallel ranks, at the "

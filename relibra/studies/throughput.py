@@ -76,7 +76,7 @@ def simulate_case(case: Case) -> pd.DataFrame:
 
 
 OVERHEAD_EXTRAS = ("transfer_s", "fragmentation_s", "replica_transfers", "launch_s", "gemm_floor_s",
-                   "copy_contention_s", "plan_broadcast_s", "bubble_s", "optimizer_s", "pipeline_send_s")
+                   "copy_contention_s", "plan_broadcast_s", "bubble_s", "optimizer_s", "pipeline_send_s", "grad_add_s")
 _TOPOLOGY_FIELDS = {f.name for f in dataclasses.fields(Topology)}
 
 
@@ -98,7 +98,8 @@ def overhead_extras(plan, cost, model, topology) -> dict:
     own = cost.info.get("overheads", {})
     return {"transfer_s": float(cost.replica_transfer_s), "fragmentation_s": fragmentation,
             "replica_transfers": transfers, "launch_s": transfers * topology.collective_latency_s,
-            **{k: float(own.get(k, 0.0)) for k in ("gemm_floor_s", "copy_contention_s", "plan_broadcast_s")},
+            **{k: float(own.get(k, 0.0)) for k in ("gemm_floor_s", "copy_contention_s", "plan_broadcast_s",
+                                                   "grad_add_s")},
             "bubble_s": float(cost.pipeline_seconds()[1])}
 
 
