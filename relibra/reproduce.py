@@ -407,10 +407,7 @@ def non_default_text(name: str, parameters: dict) -> str:
     seed=1"; "" when none), for REPORT.md where a run wrote no manifest."""
     from relibra.experiments import get_notebook
 
-    params = get_notebook(name).Params
-    defaults, settings = params.defaults(), params.settings()
-    return ", ".join(f"{k}={v}" for k, v in parameters.items() if k not in settings and k in defaults
-                     and v != defaults[k])
+    return ", ".join(f"{k}={v}" for k, v in get_notebook(name).Params.non_default(parameters).items())
 
 
 def run_parameters(name: str, profile: str, seed: int, measured_dir: str | None) -> dict:

@@ -2,9 +2,10 @@
 holds (docs/notebooks.md, "Adding a notebook"): QUESTION, one line; Params, whose fields the parameters cell of
 notebooks/NN_name.py assigns with the same defaults; SIZES {profile: sizes} (or `sizes_of(values)`); Result
 and compute(params, sizes); Summary and summarize(result), every number its text shows; story(summary), the
-markdown of what to notice; facts(result, scale) -> [base.Fact], those with a `readme` title the README's rows;
-optionally TRIES (its "Try this" lessons), section(loaded, md_table) (its section of REPORT.md) and
-SECTION_FIRST (that section and its README rows open theirs).
+markdown of what to notice; optionally facts(result, scale) -> [base.Fact] (by default its Summary's numbers,
+base.summary_facts), those with a `readme` title the README's rows, TRIES (its "Try this" lessons),
+section(loaded, md_table) (its section of REPORT.md) and SECTION_FIRST (that section and its README rows open
+theirs).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from types import ModuleType
 import pandas as pd
 
 from relibra.errors import ConfigError
-from relibra.experiments.base import load_facts
+from relibra.experiments.base import load_facts, summary_facts
 
 # What a module may leave out, and what stands for it.
 _OPTIONAL = {"TRIES": (), "section": None, "SECTION_FIRST": False}
@@ -41,6 +42,11 @@ class Notebook:
         """The notebook's sizes for the (partly parsed) parameter values: SIZES[profile] by default."""
         own = getattr(self.module, "sizes_of", None)
         return own(values) if own is not None else self.module.SIZES[values.profile]
+
+    def facts(self, result, scale: str) -> list:
+        """The module's facts(result, scale), or the numbers its Summary holds, one fact each."""
+        own = getattr(self.module, "facts", None)
+        return own(result, scale) if own is not None else summary_facts(self.module.summarize(result))
 
     def create(self, **raw):
         """(params, sizes) from raw parameter values, checked (Params.create)."""

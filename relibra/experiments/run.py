@@ -147,9 +147,7 @@ def start(notebook: str, namespace: dict | None = None, **params) -> Run:
             raise ConfigError(f"{notebook}: the parameters cell does not declare {', '.join(missing)}")
         params = {**{n: namespace[n] for n in names}, **params}
     values, sizes = nb.create(**params)
-    defaults, settings = nb.Params.defaults(), nb.Params.settings()
-    changed = {k: v for k, v in params.items() if k not in settings and v != defaults[k]}
     from relibra.plots import set_style
 
     set_style()
-    return Run(nb, values, sizes, non_default=changed)
+    return Run(nb, values, sizes, non_default=nb.Params.non_default(params))

@@ -7,7 +7,7 @@ import pandas as pd
 
 from relibra.cluster import get_model, resolve_topology
 from relibra.errors import RelibraError
-from relibra.labels import CLAIMS, fact_label, fact_text, verdict_line
+from relibra.labels import CLAIMS, IDEALS, fact_label, fact_text, short, verdict_line
 
 
 def show(text: str) -> None:
@@ -28,6 +28,20 @@ def ranked(table: pd.DataFrame, index, values: str, columns: str = "policy", asc
     """A pivot of `values` (mean) whose columns are sorted by their mean, best (highest by default) first."""
     wide = table.pivot_table(index=index, columns=columns, values=values)
     return wide[wide.mean().sort_values(ascending=ascending).index]
+
+
+def fastest_first(table: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """Per policy (the index; the ideal ones left out) the mean of speedup_vs_megatron and of `columns` over
+    `table`'s rows, fastest first."""
+    means = table.groupby("policy")[["speedup_vs_megatron", *columns]].mean()
+    means = means.sort_values("speedup_vs_megatron", ascending=False)
+    return means[~means.index.isin(IDEALS)]
+
+
+def speedup_list(head: str, policies, detail) -> str:
+    """'head:' over a bullet per policy (rows with `policy` and `speedup`): its speed-up over Megatron, then
+    detail(row)."""
+    return f"{head}:\n\n" + "\n".join(f"- {short(x.policy)}: {x.speedup:.2f}x Megatron, {detail(x)}" for x in policies)
 
 
 def pct(x: float) -> str:
@@ -129,6 +143,13 @@ def fact_rows(facts: pd.DataFrame) -> list[dict]:
         scopes = " and ".join(f"**{x}**" for x in dict.fromkeys(g["scope"]))
         out.append({"what": what, "figure": _figure(g), "how it was obtained": f"{scopes} on {on}"})
     return out
+
+
+def figure_link(loaded, name: str, alt: str) -> str:
+    """REPORT.md's image of figure `name` of a notebook's run (registry.Loaded): "\n![alt](<notebook>/<png>)\n",
+    or "" where its manifest lists no such figure."""
+    figure = next((f for f in loaded.manifest.get("figures", []) if f["name"] == name), None)
+    return f"\n![{alt}]({loaded.notebook.name}/{figure['png']})\n" if figure else ""
 
 
 def cluster_text(name) -> str:

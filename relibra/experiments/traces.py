@@ -26,6 +26,11 @@ POLICIES = names(POLICY_NAMES, "policy")
 CLUSTER = objects(resolve_topology, "cluster (a preset, a fitted .json or key=value items)", sep=";", single=True)
 
 
+def own_policies(default: str | None, doc: str = "policies compared (None: this notebook's)"):
+    """A notebook's `policies` field, whose None stands for `default` (comma-separated policy names)."""
+    return param(None, doc, POLICIES, none=default)
+
+
 def _load_trace(raw) -> RoutingTrace:
     trace = RoutingTrace.load(resolve_path(raw))  # relative to the repository root, as papermill's cwd
     return dataclasses.replace(trace, provenance={**trace.provenance, "file": str(raw)})
@@ -86,7 +91,7 @@ class SimParams(TraceParams):
     """A trace notebook that simulates (or plans) on a cluster, comparing `policies`."""
 
     cluster: Topology = param(None, "cluster preset or spec (None: the profile's)", CLUSTER, sizes="cluster")
-    policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES)
+    policies: tuple[str, ...] = own_policies(None)
 
     def check(self, notebook: str, sizes: Scale) -> None:
         for ep in dict.fromkeys(self.ep_sizes_used(sizes)):

@@ -195,11 +195,11 @@ def verdict_map_plot(nodes: pd.DataFrame, cards: pd.DataFrame, calibration: dict
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=min(3, len(handles)), fontsize=8,
                title="card markers: the card's mean over its feasible cases, in the facet nearest its step size"
                      + (f"; {grid_note}" if grid_note else ""), title_fontsize=8)
+    rows = (len(handles) + 2) // 3
     titled(fig, "The verdict as a map: where do the paper's claims (1.6x over Megatron, 1.2x over EPLB+, within "
            f"6-10% of Balanced) hold? Higher correlation = less micro-batch shift (an assumption, "
-           f"{shift_range[0]:g}-{shift_range[1]:g} with sensitivity beyond)", subtitle)
-    rows = (len(handles) + 2) // 3
-    fig.tight_layout(rect=(0, (0.35 + 0.25 * rows) / height, 1, 0.97))
+           f"{shift_range[0]:g}-{shift_range[1]:g} with sensitivity beyond)", subtitle,
+           rect=(0, (0.35 + 0.25 * rows) / height, 1, 0.97))
     for ax, cs, text, points in contour_labels:
         _clear_clabel(ax, cs, text, points, ylim)
     return fig

@@ -47,9 +47,8 @@ def headline_cases_plot(ratios: pd.DataFrame, subtitle: str):
     fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=min(3, len(labels)), frameon=False,
                title="model (dot: mean over seeds, bar: range over seeds)", title_fontsize=8,
                bbox_to_anchor=(0.5, -0.02))
-    titled(fig, "The headline: ReLibra's throughput over Megatron and over EPLB+ with oracle loads", subtitle)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    return fig
+    return titled(fig, "The headline: ReLibra's throughput over Megatron and over EPLB+ with oracle loads", subtitle,
+                  rect=(0, 0.12, 1, 1))
 
 
 def budget_plot(sweep: pd.DataFrame, subtitle: str):
@@ -62,7 +61,8 @@ def budget_plot(sweep: pd.DataFrame, subtitle: str):
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), squeeze=False)
     for ax, (col, label, paper, _) in zip(axes[0], RATIO_PANELS):
         if sweep.empty:
-            ax.text(0.5, 0.5, "no budget sweep (the subtitle says why)", ha="center", va="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, "no budget sweep (the subtitle says why)", ha="center", va="center",
+                    transform=ax.transAxes)
             ax.set_axis_off()
             ax.set_title(f"{label}; paper: {paper}", fontsize=10)
             continue
@@ -80,7 +80,5 @@ def budget_plot(sweep: pd.DataFrame, subtitle: str):
         ax.set_title(f"{label}; paper: {paper}", fontsize=10)
     if not sweep.empty:
         axes[0][0].legend(fontsize=8, loc="best")
-    titled(fig, "How the batch layout and its micro-batch size move the headline ratios (token-budget: the budget; "
-           "one sequence per micro-batch: sequences scaled to that mean)", subtitle)
-    fig.tight_layout(w_pad=3.0)
-    return fig
+    return titled(fig, "How the batch layout and its micro-batch size move the headline ratios (token-budget: the "
+                  "budget; one sequence per micro-batch: sequences scaled to that mean)", subtitle, w_pad=3.0)

@@ -31,10 +31,8 @@ def planner_time_plot(table: pd.DataFrame, subtitle: str):
               ["left bar (the policy's colour): planner, measured wall seconds per step",
                "right bar: one forward pass, simulated: the window it hides behind"],
               fontsize=8, loc="upper left", ncol=1)
-    titled(fig, "Planner time per step vs the forward pass it hides behind",
-           f"planner: measured ({d['planner_hardware'].iloc[0]}) | window: {subtitle}")
-    fig.tight_layout()
-    return fig
+    return titled(fig, "Planner time per step vs the forward pass it hides behind",
+                  f"planner: measured ({d['planner_hardware'].iloc[0]}) | window: {subtitle}")
 
 
 def overhead_bars(table: pd.DataFrame, subtitle: str):
@@ -66,9 +64,7 @@ def overhead_bars(table: pd.DataFrame, subtitle: str):
         notes.append("a policy that fetches replica weights on the critical path (" + ", ".join(
             POLICY_LABELS.get(p, p) for p in d.loc[crit, "policy"]) + ") hides none of them, and autograd keeps "
             "every layer's fetched copies until backward, hence its replica memory")
-    titled(fig, "Overheads per policy" + (f" ({'; '.join(notes)})" if notes else ""), subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, "Overheads per policy" + (f" ({'; '.join(notes)})" if notes else ""), subtitle)
 
 
 def policy_summary_plot(summary: pd.DataFrame, subtitle: str, title: str, components: pd.DataFrame):
@@ -94,6 +90,4 @@ def policy_summary_plot(summary: pd.DataFrame, subtitle: str, title: str, compon
         ax.axhline(1.0, color="0.2", ls="--", lw=1)
         ax.set_xticks(np.arange(len(d)), [POLICY_LABELS.get(p, p) for p in d["policy"]], rotation=25, ha="right")
         ax.set_ylabel(ylabel)
-    titled(fig, f"{title}: throughput and rank skewness per policy", subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, f"{title}: throughput and rank skewness per policy", subtitle)

@@ -29,9 +29,7 @@ def expert_load_heatmaps(table: pd.DataFrame, subtitle: str, max_experts: int = 
         ax.set_xlabel("expert id")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
-    titled(fig, f"Expert load of MoE layer {layer}: per micro-batch (left) vs per whole step (right)", subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, f"Expert load of MoE layer {layer}: per micro-batch (left) vs per whole step (right)", subtitle)
 
 
 def trace_palette(traces) -> dict:
@@ -66,10 +64,8 @@ def shift_bars(table: pd.DataFrame, subtitle: str):
         ax.get_legend().remove()
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, title="trace", loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-    titled(fig, "How far hot experts shift: between micro-batches, between steps, and against a history prediction "
-           "(bars: mean over steps and layers)", subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, "How far hot experts shift: between micro-batches, between steps, and against a history "
+                  "prediction (bars: mean over steps and layers)", subtitle)
 
 
 def prediction_error_plot(table: pd.DataFrame, subtitle: str):
@@ -83,10 +79,8 @@ def prediction_error_plot(table: pd.DataFrame, subtitle: str):
     ax.set_xlabel("predictor -> what it must predict")
     ax.set_ylabel("% of token-slots on wrong experts")
     ax.legend(title="workload", fontsize=7, title_fontsize=8)
-    titled(fig, "How wrong load predictions are: history (EPLB) and the exact step total (EPLB+) vs each micro-batch "
-           "(box: quartiles over steps, micro-batches and layers; diamond: mean)", subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, "How wrong load predictions are: history (EPLB) and the exact step total (EPLB+) vs each "
+                  "micro-batch (box: quartiles over steps, micro-batches and layers; diamond: mean)", subtitle)
 
 
 def static_skewness_plot(table: pd.DataFrame, subtitle: str):
@@ -98,7 +92,5 @@ def static_skewness_plot(table: pd.DataFrame, subtitle: str):
     ax.set_xlabel("workload")
     ax.set_ylabel("rank skewness (max / mean per GPU)")
     ax.legend(title="load summed over", fontsize=8)
-    titled(fig, "Static expert placement: rank skewness per micro-batch and per whole step (box: quartiles over "
-           "micro-batches and layers; diamond: mean)", subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, "Static expert placement: rank skewness per micro-batch and per whole step (box: quartiles over "
+                  "micro-batches and layers; diamond: mean)", subtitle)

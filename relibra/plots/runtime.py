@@ -9,7 +9,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.patches import Patch
 
-from relibra.plots.style import POLICY_COLORS, POLICY_LABELS, policy_hue, policy_order, titled
+from relibra.plots.style import POLICY_COLORS, POLICY_LABELS, legend_below, policy_hue, policy_order, titled
 
 
 # ---- 09 RL workload ------------------------------------------------------------------------------
@@ -35,9 +35,7 @@ def reward_plot(rewards: pd.DataFrame, subtitle: str):
     for ax in axes:
         ax.set_xlabel("GRPO step")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    titled(fig, "The real RL run: reward over GRPO steps", subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, "The real RL run: reward over GRPO steps", subtitle)
 
 
 # ---- 08 runtime --------------------------------------------------------------------------------
@@ -81,9 +79,8 @@ def runtime_step_segments_plot(segments: pd.DataFrame, subtitle: str, waiting: s
                 f"{waiting}: measured at a barrier before each all-to-all and transfer; the simulator has no such "
                 "segment (it charges the slowest GPU's work instead)"],
                loc="lower center", bbox_to_anchor=(0.5, -0.02), ncol=1, fontsize=8)
-    titled(fig, "Where a training step goes, measured beside simulated, per policy", subtitle)
-    fig.tight_layout(rect=(0, 0.09, 1, 1))
-    return fig
+    return titled(fig, "Where a training step goes, measured beside simulated, per policy", subtitle,
+                  rect=(0, 0.09, 1, 1))
 
 
 def runtime_speedup_plot(results: pd.DataFrame, subtitle: str, recorded: pd.DataFrame | None = None):
@@ -109,13 +106,9 @@ def runtime_speedup_plot(results: pd.DataFrame, subtitle: str, recorded: pd.Data
                   fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("Megatron's median step / the policy's (x)")
-    handles, labels = ax.get_legend_handles_labels()
-    titled(fig, "Speed-up over Megatron: measured with its 95% interval, and simulated", subtitle)
     # the legend under the panel, where it can cover no row's interval
-    fig.tight_layout(rect=(0, 0.6 / fig.get_figheight(), 1, 1))
-    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=len(labels), frameon=False,
-               bbox_to_anchor=(0.5, 0.0))
-    return fig
+    return legend_below(fig, ax, "Speed-up over Megatron: measured with its 95% interval, and simulated", subtitle,
+                        0.6 / fig.get_figheight())
 
 
 def runtime_rank_plot(measured: pd.DataFrame, subtitle: str):
@@ -131,6 +124,4 @@ def runtime_rank_plot(measured: pd.DataFrame, subtitle: str):
     ax.legend(handles, [f"{POLICY_LABELS.get(p, p)}, measured" for p in labels], fontsize=7, loc="lower right")
     ax.set_xlabel("EP rank")
     ax.set_ylabel("expert compute (ms per step)")
-    titled(fig, "Expert-compute time per rank, measured (whiskers: min-max over repeats and steps)", subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, "Expert-compute time per rank, measured (whiskers: min-max over repeats and steps)", subtitle)

@@ -69,10 +69,8 @@ def ep_sweep_plot(table: pd.DataFrame, subtitle: str):
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=8, bbox_to_anchor=(0.5, 0.0))
     eps = sorted(set(table["ep"]))
-    titled(fig, f"Beyond the paper's scale: throughput over Megatron from EP{eps[0]} to EP{eps[-1]} (dashed: "
-           "balanced-compute, the ceiling)", subtitle)
-    fig.tight_layout(rect=(0, 0.45 / (3.2 * len(models)), 1, 1))
-    return fig
+    return titled(fig, f"Beyond the paper's scale: throughput over Megatron from EP{eps[0]} to EP{eps[-1]} (dashed: "
+                  "balanced-compute, the ceiling)", subtitle, rect=(0, 0.45 / (3.2 * len(models)), 1, 1))
 
 
 def scale_planner_plot(table: pd.DataFrame, subtitle: str, policies=("relibra", "relibra-h", "eplb+", "llep")):
@@ -95,10 +93,8 @@ def scale_planner_plot(table: pd.DataFrame, subtitle: str, policies=("relibra", 
         ax.set_xlabel("EP size")
     axes[0][0].set_ylabel("planner CPU seconds per step")
     axes[0][0].legend(fontsize=7)
-    titled(fig, f"Planner time per training step on {cluster_label(cluster)} (measured, one core of this machine)",
-           subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, f"Planner time per training step on {cluster_label(cluster)} (measured, one core of this "
+                  "machine)", subtitle)
 
 
 def ratio_pivot(table: pd.DataFrame, value: str = "speedup_vs_megatron") -> pd.DataFrame:

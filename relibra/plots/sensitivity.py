@@ -60,7 +60,5 @@ def tornado_plot(table: pd.DataFrame, subtitle: str):
     labels += ["default set-up", "ratio 1.0 (parity)"]
     fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=4, fontsize=8,
                title="ratio at the knob value named at each bar's end", title_fontsize=8)
-    titled(fig, "Sensitivity of the headline ratios: one knob at a time around the default (same % scale in every "
-           "panel)", subtitle)
-    fig.tight_layout(rect=(0, 0.85 / height, 1, 1))
-    return fig
+    return titled(fig, "Sensitivity of the headline ratios: one knob at a time around the default (same % scale in "
+                  "every panel)", subtitle, rect=(0, 0.85 / height, 1, 1))

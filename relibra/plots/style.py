@@ -52,12 +52,26 @@ def policy_palette(policies) -> dict:
     return {p: _labels.colour(p) for p in policies}
 
 
-def titled(fig, title: str, subtitle: str) -> None:
-    """Title on the first line, provenance (simulated / measured, scale) below, wrapped to the width."""
+def titled(fig, title: str, subtitle: str, **layout):
+    """`fig`, its title on the first line and its provenance (simulated / measured, scale) below, wrapped to the
+    width, laid out by fig.tight_layout(**layout)."""
     width = max(40, int(fig.get_figwidth() * 12))
     lines = textwrap.wrap(title, width) + textwrap.wrap(subtitle, int(width * 1.1))
     # at the figure's top edge, so that tight_layout makes room under it (and nothing above it)
     fig.suptitle("\n".join(lines), fontsize=11, y=0.995, va="top")
+    fig.tight_layout(**layout)
+    return fig
+
+
+def legend_below(fig, ax, title: str, subtitle: str, bottom: float, /, **legend):
+    """`fig` titled and laid out above `bottom` (a share of its height), `ax`'s legend in one row under the panels,
+    clear of the title and the data; `legend`: more fig.legend options (its own title too; fontsize 8 unless
+    given)."""
+    handles, labels = ax.get_legend_handles_labels()
+    titled(fig, title, subtitle, rect=(0, bottom, 1, 1))
+    fig.legend(handles, labels, ncol=len(labels), loc="lower center", bbox_to_anchor=(0.5, 0.0), frameon=False,
+               **{"fontsize": 8, **legend})
+    return fig
 
 
 def save_figure(fig, stem: str | Path) -> tuple[Path, Path]:

@@ -7,7 +7,8 @@ import pandas as pd
 import seaborn as sns
 
 from relibra.labels import colour
-from relibra.plots.style import POLICY_COLORS, POLICY_LABELS, figure_policy_legend, model_label, policy_hue, titled
+from relibra.plots.style import (POLICY_COLORS, POLICY_LABELS, figure_policy_legend, legend_below, model_label,
+                                 policy_hue, titled)
 
 # ---- 02 throughput / 03 ablation ----------------------------------------------------------------
 MODEL_MARKERS = ("o", "s", "^", "D", "v", "P")
@@ -47,10 +48,8 @@ def throughput_bars(table: pd.DataFrame, subtitle: str):
         ax.axvline(1.0, color="0.2", lw=1)
         ax.set_title(model_label(model).replace(" (", "\n(", 1), fontsize=9)
         ax.set_xlabel("throughput / Megatron's (tokens/s ratio)")
-    titled(fig, "Training throughput over Megatron's, per policy (large marker: mean over workloads; dots: one "
-           "workload each; policies sorted by mean)", subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, "Training throughput over Megatron's, per policy (large marker: mean over workloads; dots: one "
+                  "workload each; policies sorted by mean)", subtitle)
 
 
 def fraction_of_balanced(table: pd.DataFrame, subtitle: str):
@@ -68,10 +67,8 @@ def fraction_of_balanced(table: pd.DataFrame, subtitle: str):
     handles = [plt.Line2D([], [], ls="", marker=markers[m], color="0.35", label=model_label(m)) for m in models]
     fig.legend(handles=handles, title="dots: one workload of model", fontsize=7, title_fontsize=8, loc="upper center",
                bbox_to_anchor=(0.5, 0.0), ncol=min(3, len(models)), frameon=False)
-    titled(fig, "How close each policy gets to the balanced ideal (large marker: mean over models and workloads; "
-           "policies sorted by mean)", subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, "How close each policy gets to the balanced ideal (large marker: mean over models and "
+                  "workloads; policies sorted by mean)", subtitle)
 
 
 ABLATION_STAGES = {"megatron": "Megatron\n(static)", "relibra-reorder": "+ reordering",
@@ -100,10 +97,8 @@ def ablation_plot(table: pd.DataFrame, subtitle: str):
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, [model_label(m) for m in labels], title="model", fontsize=8, title_fontsize=8,
                loc="upper center", bbox_to_anchor=(0.5, 0.02), ncol=min(3, len(labels)))
-    titled(fig, "Ablation: what reordering and replication each add (bars: mean over workloads; whiskers: range)",
-           subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, "Ablation: what reordering and replication each add (bars: mean over workloads; whiskers: "
+                  "range)", subtitle)
 
 
 # ---- 04 reordering / 05 replication ---------------------------------------------------------------
@@ -128,9 +123,7 @@ def _workload_panels(table: pd.DataFrame, panels, grid: tuple[int, int], figsize
     axes[0].axhline(1.0, color="0.2", lw=1)
     axes[1].axhline(1.0, color="0.2", ls="--", lw=1)
     figure_policy_legend(fig, axes[0])
-    titled(fig, heading, subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, heading, subtitle)
 
 
 def reorder_plot(table: pd.DataFrame, subtitle: str):
@@ -177,13 +170,10 @@ def spare_slot_plot(sweep: pd.DataFrame, subtitle: str):
         ax.set_xlabel("spare replica slots per GPU")
         ax.set_ylabel(ylabel)
         ax.set_xticks(list(x))
-    handles, labels = axes[0].get_legend_handles_labels()
-    titled(fig, "ReLibra vs the number of spare replica slots per GPU (mean over the workload's steps; replica "
-           "buffer counted against the whole model's parameters)", subtitle)
-    fig.tight_layout(rect=(0, 0.35 / fig.get_figheight(), 1, 1))  # one legend under the panels, off the lines
-    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=len(labels), frameon=False,
-               bbox_to_anchor=(0.5, 0.0))
-    return fig
+    # one legend under the panels, off the lines
+    return legend_below(fig, axes[0], "ReLibra vs the number of spare replica slots per GPU (mean over the workload's "
+                        "steps; replica buffer counted against the whole model's parameters)", subtitle,
+                        0.35 / fig.get_figheight(), fontsize=7)
 
 
 # ---- 06 skewness --------------------------------------------------------------------------------
@@ -208,6 +198,5 @@ def skewness_plot(table: pd.DataFrame, subtitle: str):
         ax.get_legend().remove()
     axes[0].set_ylim(bottom=0)
     figure_policy_legend(fig, axes[0])
-    titled(fig, "Rank skewness per policy (mean over micro-batches and layers; 1.0 = perfectly balanced)", subtitle)
-    fig.tight_layout()
-    return fig
+    return titled(fig, "Rank skewness per policy (mean over micro-batches and layers; 1.0 = perfectly balanced)",
+                  subtitle)

@@ -9,7 +9,7 @@ import seaborn as sns
 from matplotlib.patches import FancyBboxPatch, Patch, PathPatch, Rectangle
 from matplotlib.path import Path as MPath
 
-from relibra.plots.style import _TAB, POLICY_LABELS, titled
+from relibra.plots.style import _TAB, POLICY_LABELS, legend_below, titled
 
 # ---- 00 tutorial -------------------------------------------------------------------------------
 # One meaning per colour in the tutorial: blue = tokens at an expert's home, orange = tokens a replica
@@ -27,11 +27,10 @@ def _case_titled(fig, head: str, case: dict):
     """`fig` titled `head` (ending in its separator) then the case's policy and choices, over the simulated
     hardware; laid out."""
     policy = case["policy"]
-    titled(fig, f"{head}policy `{policy}` ({POLICY_LABELS.get(policy, policy)}): placement {case['placement']}, "
-           f"{case['spare_slots']} spare slot(s) per GPU", f"simulated ({case['hardware']}); synthetic Zipf routing, "
-           f"{case['tokens_per_gpu']} tokens per GPU, top-2 of 16 experts")
-    fig.tight_layout()
-    return fig
+    return titled(fig, f"{head}policy `{policy}` ({POLICY_LABELS.get(policy, policy)}): placement "
+                  f"{case['placement']}, {case['spare_slots']} spare slot(s) per GPU",
+                  f"simulated ({case['hardware']}); synthetic Zipf routing, {case['tokens_per_gpu']} tokens per GPU, "
+                  "top-2 of 16 experts")
 
 
 def _at(case: dict, table: str, micro_batch: int) -> pd.DataFrame:
@@ -41,14 +40,9 @@ def _at(case: dict, table: str, micro_batch: int) -> pd.DataFrame:
 
 
 def _legend_below(fig, ax, head: str, hardware: str, scale_note: str, bottom: float, **legend):
-    """`fig` titled `head` over its provenance, laid out above `bottom` (a share of its height), and `ax`'s legend
-    in one row under the panels, clear of the title and the data."""
-    handles, labels = ax.get_legend_handles_labels()
-    titled(fig, head, f"simulated ({hardware}); synthetic Zipf routing" + (f" | {scale_note}" if scale_note else ""))
-    fig.tight_layout(rect=(0, bottom, 1, 1))
-    fig.legend(handles, labels, ncol=len(labels), loc="lower center", bbox_to_anchor=(0.5, 0.0), fontsize=8,
-               frameon=False, **legend)
-    return fig
+    """style.legend_below with the provenance of a toy-layer figure."""
+    return legend_below(fig, ax, head, f"simulated ({hardware}); synthetic Zipf routing"
+                        + (f" | {scale_note}" if scale_note else ""), bottom, **legend)
 
 
 def _gpu_panel(ax, g: pd.DataFrame, ylabel: str, top: float, title: str) -> None:

@@ -233,6 +233,13 @@ class Params:
         return tuple(f.name for f in fields(cls) if not f.metadata["affects"])
 
     @classmethod
+    def non_default(cls, raw: dict) -> dict:
+        """The items of `raw` (raw values by name) that set a parameter, other than a setting, away from its
+        default."""
+        defaults, settings = cls.defaults(), cls.settings()
+        return {k: v for k, v in raw.items() if k in defaults and k not in settings and v != defaults[k]}
+
+    @classmethod
     def check_names(cls, notebook: str, names) -> None:
         """A ConfigError naming every one of `names` that is no parameter of this notebook."""
         unknown = [n for n in names if n not in cls.names()]

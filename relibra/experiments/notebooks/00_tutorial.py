@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from relibra.errors import ConfigError
-from relibra.experiments.base import (FLAG, PATH, Fact, Params, Result, TryThis, choice, integer, live, mean_of, number,
-                                      param, summary_facts, table, value)
+from relibra.experiments.base import (FLAG, PATH, Params, Result, TryThis, choice, integer, live, mean_of, number,
+                                      param, table, value)
 from relibra.experiments.text import pct
 from relibra.experiments.tutorial import (TUTORIAL_EP_SIZES, TUTORIAL_MAX_SPARE_SLOTS, TUTORIAL_PLACEMENTS,
                                           TUTORIAL_SHIFTS, tutorial_case, tutorial_grid, tutorial_replay,
@@ -314,8 +314,3 @@ TRIES = (
             -1,
             "when the hot experts never move, the previous step predicts this one and history is as good as replay"),
 )
-
-
-def facts(r: Result, scale: str) -> list[Fact]:
-    """The numbers its story tells (its Summary's), one fact each."""
-    return summary_facts(summarize(r))

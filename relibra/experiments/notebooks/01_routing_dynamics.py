@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from relibra.experiments.base import Fact, summary_facts, Result, TryThis, live, mean_of, table
+from relibra.experiments.base import Result, TryThis, live, mean_of, table
 from relibra.experiments.dynamics import expert_load_table, prediction_error_table, shift_table, static_skewness_table
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.experiments.text import pct
@@ -86,8 +86,3 @@ TRIES = (
             lambda r: mean_of(r.static_skewness, "skewness", scope="micro-batch"), +1,
             "with fewer experts per GPU one hot expert weighs more"),
 )
-
-
-def facts(r: Result, scale: str) -> list[Fact]:
-    """The numbers its story tells (its Summary's), one fact each."""
-    return summary_facts(summarize(r))

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 from relibra.cluster import ModelShape
-from relibra.experiments.base import Fact, summary_facts, Result, TryThis, mean_of, param, table
+from relibra.experiments.base import Result, TryThis, mean_of, param, table
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.studies.simulation import simulate_trace
 from relibra.experiments.text import pct
-from relibra.experiments.traces import MODELS, POLICIES, SimParams, make_trace
+from relibra.experiments.traces import MODELS, SimParams, make_trace, own_policies
 from relibra.labels import short as label
 from relibra.progress import progress as tqdm
 from relibra.setups import load_card
@@ -25,8 +25,7 @@ STAGES = ("relibra-reorder", "relibra-replicate", "relibra")
 class Params(SimParams):
     model: tuple[ModelShape, ...] = param(None, "model presets, e.g. 'qwen3-30b-a3b,qwen3-235b-a22b' (None: the "
                                           "profile's)", MODELS, sizes="models")
-    policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES,
-                                      none="megatron,relibra-reorder,relibra-replicate,relibra,balanced")
+    policies: tuple[str, ...] = own_policies("megatron,relibra-reorder,relibra-replicate,relibra,balanced")
 
 
 @dataclass(kw_only=True)
@@ -91,8 +90,3 @@ TRIES = (
             "reordering places homes once per step and cannot follow a micro-batch's hot experts, which weigh "
             "more on fewer experts per GPU"),
 )
-
-
-def facts(r: Result, scale: str) -> list[Fact]:
-    """The numbers its story tells (its Summary's), one fact each."""
-    return summary_facts(summarize(r))

@@ -6,12 +6,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from relibra.experiments.base import Fact, summary_facts, Result, TryThis, mean_of, param, table
+from relibra.experiments.base import Result, TryThis, mean_of, table
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.studies.simulation import simulate_workloads
-from relibra.experiments.text import pct
-from relibra.experiments.traces import POLICIES, TracedParams, traced_sizes
-from relibra.labels import IDEALS, short as label
+from relibra.experiments.text import fastest_first, pct, speedup_list
+from relibra.experiments.traces import TracedParams, own_policies, traced_sizes
 from relibra.setups import load_card
 
 QUESTION = "Does annealing search place homes better than greedy LPT or no reordering?"
@@ -21,8 +20,7 @@ sizes_of = traced_sizes(SIZES)
 
 @dataclass(frozen=True)
 class Params(TracedParams):
-    policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES,
-                                      none="relibra-replicate,relibra-lpt,relibra,megatron")
+    policies: tuple[str, ...] = own_policies("relibra-replicate,relibra-lpt,relibra,megatron")
 
 
 @dataclass(kw_only=True)
@@ -58,16 +56,14 @@ class Summary:
 
 
 def summarize(r: Result) -> Summary:
-    s = r.reordering.groupby("policy")[["speedup_vs_megatron", "node_skewness", "cross_node_share",
-                                        "migration_gb"]].mean().sort_values("speedup_vs_megatron", ascending=False)
-    return Summary(tuple(Reordered(p, *x) for p, x in s.iterrows() if p not in IDEALS))
+    means = fastest_first(r.reordering, ["node_skewness", "cross_node_share", "migration_gb"])
+    return Summary(tuple(Reordered(p, *x) for p, x in means.iterrows()))
 
 
 def story(s: Summary) -> str:
-    text = "Mean over workloads and steps:\n\n" + "\n".join(
-        f"- {label(x.policy)}: {x.speedup:.2f}x Megatron, node skewness {x.node_skewness:.2f}, "
-        f"{pct(x.cross_node_share)} of token-expert pairs cross nodes, {x.migration_gb:.2f} GB migrated per step"
-        for x in s.policies)
+    text = speedup_list("Mean over workloads and steps", s.policies, lambda x: (
+        f"node skewness {x.node_skewness:.2f}, {pct(x.cross_node_share)} of token-expert pairs cross nodes, "
+        f"{x.migration_gb:.2f} GB migrated per step"))
     a, b, none = s.get("relibra"), s.get("relibra-lpt"), s.get("relibra-replicate")
     if a and b:
         text += (f"\n\nThe annealing search is {'faster' if a.speedup >= b.speedup else 'slower'} than greedy LPT here "
@@ -87,8 +83,3 @@ TRIES = (
             "in one 72-GPU NVLink domain every GPU shares the home's node, so in-node replication alone can level "
             "them and reordering has little left to do"),
 )
-
-
-def facts(r: Result, scale: str) -> list[Fact]:
-    """The numbers its story tells (its Summary's), one fact each."""
-    return summary_facts(summarize(r))

@@ -8,12 +8,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 from relibra.errors import ConfigError
-from relibra.experiments.base import Fact, summary_facts, Result, TryThis, integers, mean_of, param, table
+from relibra.experiments.base import Result, TryThis, integers, mean_of, param, table
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.studies.simulation import full_model_memory_share, simulate_trace, simulate_workloads
-from relibra.experiments.text import pct
-from relibra.experiments.traces import POLICIES, TracedParams, traced_sizes
-from relibra.labels import IDEALS, short as label
+from relibra.experiments.text import fastest_first, pct, speedup_list
+from relibra.experiments.traces import TracedParams, own_policies, traced_sizes
 from relibra.policies import get_policy
 from relibra.setups import load_card
 
@@ -25,8 +24,7 @@ sizes_of = traced_sizes(SIZES)
 
 @dataclass(frozen=True)
 class Params(TracedParams):
-    policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES,
-                                      none="relibra-reorder,relibra-split,relibra,megatron")
+    policies: tuple[str, ...] = own_policies("relibra-reorder,relibra-split,relibra,megatron")
     spare_slot_counts: tuple[int, ...] = param("1,2,3,4", "spare replica slots per GPU swept in section 2",
                                                integers(0, 16))
 
@@ -105,19 +103,17 @@ def _slots(x) -> SlotCount:
 
 
 def summarize(r: Result) -> Summary:
-    s = r.replication.groupby("policy")[["speedup_vs_megatron", "gpu_skewness", "replicas_per_gpu"]].mean()
+    means = fastest_first(r.replication, ["gpu_skewness", "replicas_per_gpu"])
     sp = r.spare_slots.sort_values("spare_slots_per_gpu")
     lo = sp.iloc[0]
-    return Summary(tuple(Replicated(p, *x) for p, x in s.sort_values("speedup_vs_megatron", ascending=False).iterrows()
-                         if p not in IDEALS), _slots(lo), _slots(sp.iloc[-1]),
+    return Summary(tuple(Replicated(p, *x) for p, x in means.iterrows()), _slots(lo), _slots(sp.iloc[-1]),
                    float(sp["speedup_vs_megatron"].max() - sp["speedup_vs_megatron"].min()) / lo["speedup_vs_megatron"])
 
 
 def story(s: Summary) -> str:
     lo, hi = s.fewest, s.most
-    text = "Mean over workloads:\n\n" + "\n".join(
-        f"- {label(x.policy)}: {x.speedup:.2f}x Megatron, GPU skewness {x.gpu_skewness:.2f}, {x.replicas_per_gpu:.2f} "
-        "replicas per GPU" for x in s.policies)
+    text = speedup_list("Mean over workloads", s.policies, lambda x: (
+        f"GPU skewness {x.gpu_skewness:.2f}, {x.replicas_per_gpu:.2f} replicas per GPU"))
     text += (f"\n\nFrom {lo.spare_slots} to {hi.spare_slots} spare slots per GPU, ReLibra's throughput moves from "
              f"{lo.speedup:.3f}x to {hi.speedup:.3f}x (spread {pct(s.spread)}) and its skewness from {lo.skewness:.3f} "
              f"to {hi.skewness:.3f}, while the replica buffer grows from {pct(lo.replica_memory_share)} to "
@@ -132,8 +128,3 @@ TRIES = (
             lambda r: mean_of(r.replication, "gpu_skewness", policy="relibra"), -1,
             "a copy may then go to any of the 72 GPUs of one NVLink domain, not only to the GPUs of its home's node"),
 )
-
-
-def facts(r: Result, scale: str) -> list[Fact]:
-    """The numbers its story tells (its Summary's), one fact each."""
-    return summary_facts(summarize(r))

@@ -11,7 +11,7 @@ from relibra.experiments.base import Fact, Result, TryThis, integers, param, tab
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.studies.simulation import history_steps
 from relibra.experiments.text import cluster_text, unique
-from relibra.experiments.traces import POLICIES, TracedParams, traced_sizes
+from relibra.experiments.traces import TracedParams, own_policies, traced_sizes
 from relibra.labels import short
 from relibra.policies import get_policy
 from relibra.progress import progress as tqdm
@@ -24,8 +24,7 @@ sizes_of = traced_sizes(SIZES)
 
 @dataclass(frozen=True)
 class Params(TracedParams):
-    policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES,
-                                      none="megatron,eplb,eplb+,lplb+,eplb+lp,llep,relibra")
+    policies: tuple[str, ...] = own_policies("megatron,eplb,eplb+,lplb+,eplb+lp,llep,relibra")
     ep_sizes: tuple[int, ...] = param(None, "EP sizes of the sweep, e.g. '8,16,32,64' (None: the profile's)",
                                       integers(1, 1024), sizes="ep_sizes")
 

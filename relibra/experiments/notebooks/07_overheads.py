@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from relibra.experiments.base import Fact, Result, TryThis, mean_of, param, table
+from relibra.experiments.base import Fact, Result, TryThis, mean_of, table
 from relibra.machine import this_machine
 from relibra.experiments.profiles import SCALES, Scale
 from relibra.studies.overheads import overheads_table
 from relibra.studies.simulation import full_model_memory_share, simulate_with_plans
 from relibra.experiments.text import cluster_text, pct, unique
-from relibra.experiments.traces import POLICIES, SimParams, make_trace
+from relibra.experiments.traces import SimParams, make_trace, own_policies
 from relibra.labels import IDEALS, short
 from relibra.policies import get_policy
 from relibra.setups import load_card
@@ -25,8 +25,7 @@ SIZES = SCALES
 
 @dataclass(frozen=True)
 class Params(SimParams):
-    policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES,
-                                      none="eplb,eplb+,lplb+,eplb+lp,llep,relibra")
+    policies: tuple[str, ...] = own_policies("eplb,eplb+,lplb+,eplb+lp,llep,relibra")
 
 
 @dataclass(kw_only=True)

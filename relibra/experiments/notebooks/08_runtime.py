@@ -18,7 +18,7 @@ from relibra.runtime.measure import (WAITING, DataOptions, PolicySummary, Runtim
                                          prepare, recorded_runtime, runtime_agreement, runtime_segments_story,
                                          runtime_topology, segment_frame, summarise, summary_frame)
 from relibra.experiments.text import unique
-from relibra.experiments.traces import POLICIES, PROFILE
+from relibra.experiments.traces import PROFILE, own_policies
 from relibra.labels import short
 from relibra.metrics import frame
 from relibra.progress import progress as tqdm
@@ -56,8 +56,8 @@ SIZES = {"tiny": Sizes(steps=1, tokens_per_rank=64, micro_batches=1, repeats=1, 
 @dataclass(frozen=True)
 class Params(Params):
     profile: str = param("laptop", "the runtime's model, steps and launches", PROFILE, affects=False)
-    policies: tuple[str, ...] = param(None, "policies, alternating step by step (None: megatron,relibra)",
-                                      POLICIES, none="megatron,relibra")
+    policies: tuple[str, ...] = own_policies("megatron,relibra",
+                                                "policies, alternating step by step (None: megatron,relibra)")
     seed: int = param(0, "same seed, same trace and plans (measured times still vary)", integer(0))
     out_dir: str | None = param(None, "where results go (None: results/interactive/08_runtime)", PATH,
                                 affects=False)

@@ -16,7 +16,7 @@ from relibra.machine import this_machine
 from relibra.experiments.profiles import SCALES
 from relibra.studies.simulation import simulate_trace
 from relibra.experiments.text import step_differences
-from relibra.experiments.traces import POLICIES, PROFILE
+from relibra.experiments.traces import PROFILE, own_policies
 from relibra.labels import IDEALS, short as label
 from relibra.setups import load_card
 from relibra.workloads import generate_trace
@@ -47,8 +47,8 @@ SIZES = {
 @dataclass(frozen=True)
 class Params(Params):
     profile: str = param("laptop", "RL run sizes", PROFILE, affects=False)
-    policies: tuple[str, ...] = param(None, "policies simulated on the real trace (None: this notebook's)", POLICIES,
-                                      none="megatron,eplb,eplb+,relibra,balanced")
+    policies: tuple[str, ...] = own_policies("megatron,eplb,eplb+,relibra,balanced",
+                                                "policies simulated on the real trace (None: this notebook's)")
     rl_steps: int = param(None, "GRPO steps of the RL run (None: the profile's)", integer(1, 10000),
                           sizes="steps")
     seed: int = param(0, "same seed, same run", integer(0))

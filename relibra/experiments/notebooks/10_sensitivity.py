@@ -11,7 +11,7 @@ from relibra.errors import ConfigError
 from relibra.experiments.base import Fact, Result, TryThis, mean_of, objects, param, table, value
 from relibra.experiments.profiles import SCALES, Scale, per_profile
 from relibra.studies.sensitivity import RATIOS, KnobParams, knob_values, sensitivity, tornado_table
-from relibra.experiments.text import facts_table, pct
+from relibra.experiments.text import facts_table, figure_link, pct
 from relibra.experiments.traces import TraceParams
 from relibra.labels import RATIO_LABELS, knob_value
 from relibra.setups import DEFAULT_CARD, SetupCard, load_card
@@ -189,13 +189,12 @@ def section(x, table_md) -> str:
     f, man, c = x.facts, x.manifest, x.result.case
     f = f[f["stat"] != "default"].assign(of=f["of"].str.split(" = ").str[0])
     defaults = "; ".join(f"{RATIO_LABELS[q]} {v:.3f}" for q, v in x.summary.default.items() if q in RATIOS)
-    figure = next((g for g in man.get("figures", []) if g["name"] == "tornado"), None)
     return (f"## How far the headline moves: sensitivity\n\nFrom notebook 10 (simulated, `{c['model']}`, "
             f"{c['workload']}, EP {c['ep']} on the `{c['setup']}` set-up card ({c['nodes_x_gpus']} GPUs), "
             f"{man['scale_note']}): one knob moved at a time around the default set-up, whose ratios are {defaults}. "
             "Per knob, the lowest and highest ratio over its values, sorted by the swing of ReLibra / Megatron "
             f"([tornado.csv](10_sensitivity/tornado.csv)):\n\n{table_md(facts_table(f, 'of', 'name', 'knob'))}\n"
-            + (f"\n![tornado](10_sensitivity/{figure['png']})\n" if figure else ""))
+            + figure_link(x, "tornado", "tornado"))
 
 
 TRIES = (

@@ -12,7 +12,7 @@ from relibra.experiments.base import PATH, Fact, Params, Result, TryThis, intege
 from relibra.experiments.profiles import SCALES
 from relibra.studies.scale import SCALE_POLICIES, ScaleSweep, best_other, scale_sweep
 from relibra.experiments.text import pct
-from relibra.experiments.traces import POLICIES, PROFILE, WORKLOAD
+from relibra.experiments.traces import PROFILE, WORKLOAD, own_policies
 from relibra.labels import short as label
 
 QUESTION = "Where does in-node replication run out of room between EP16 and EP256?"
@@ -35,8 +35,7 @@ class Params(Params):
     eps: tuple[int, ...] = param(None, "comma-separated EP sizes (None: the profile's)", integers(1, 4096),
                                  sizes="ep_sizes")
     workload: tuple[str, ...] | None = param(None, "the workload (None: the profile's)", WORKLOAD)
-    policies: tuple[str, ...] = param(None, "policies compared (None: this notebook's)", POLICIES,
-                                      none=",".join(SCALE_POLICIES))
+    policies: tuple[str, ...] = own_policies(",".join(SCALE_POLICIES))
     seed: int = param(0, "same seed, same numbers", integer(0))
     out_dir: str | None = param(None, "where results go (None: results/interactive/11_scale)", PATH,
                                 affects=False)

@@ -8,7 +8,7 @@ import pandas as pd
 
 from relibra.experiments.base import PATH, Fact, Result, TryThis, mean_of, param, table, value
 from relibra.experiments.profiles import per_profile
-from relibra.experiments.text import facts_table
+from relibra.experiments.text import facts_table, figure_link
 from relibra.experiments.traces import PROFILE
 from relibra.studies.claim_map import (GridSpec, MapAxes, ShiftAxis, card_hits, card_points, claim_contours,
                                        claim_regions, contour_table, default_grid, merge_coincident, node_fields,
@@ -202,7 +202,6 @@ def section(x, table_md) -> str:
     """REPORT.md's opening: the answer, one line per paper claim, then the cards' points (one column per card,
     coincident cards merged under both names), then per card why its figure differs, then the map."""
     s, man, f = x.summary, x.manifest, x.facts
-    figure = next((f for f in man.get("figures", []) if f["name"] == "verdict_map"), None)
     why = "".join(f"- `{c['setup']}`: {s.why(c)}.\n" for _, c in s.cards.iterrows())
     answer = "\n".join(f"- **{line.split(': ', 1)[0]}**: {line.split(': ', 1)[1]}." for line in s.verdict)
     cards = f[(f["of"] != GRID) & (f["stat"] != "reached by the card")]
@@ -211,7 +210,7 @@ def section(x, table_md) -> str:
             "inputs (`relibra setup show CARD`).\n\n### Per set-up card\n\n"
             f"{table_md(facts_table(cards, 'name', 'of')) if len(s.cards) else 'No card was simulated.'}\n\n"
             f"Why each card's figure differs from the paper's:\n\n{why}"
-            + (f"\n![verdict map](12_verdict_map/{figure['png']})\n" if figure else ""))
+            + figure_link(x, "verdict_map", "verdict map"))
 
 
 TRIES = (
