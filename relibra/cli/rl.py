@@ -56,7 +56,8 @@ def register(subparsers) -> None:
                    help="torch: the plain-torch policy in this process (default); megatron: the policy as a "
                         "megatron-core GPTModel under megatron DDP and optimizer on --nproc gloo ranks (EP = "
                         "every rank), ReLibra planning between rollout and training (docs/rl.md)")
-    p.add_argument("--nproc", type=integer(1).arg("--nproc"), default=None, help="--trainer megatron: gloo ranks = EP size (default 2)")
+    p.add_argument("--nproc", type=integer(1).arg("--nproc"), default=None,
+                   help="--trainer megatron: gloo ranks = EP size (default 2)")
     add_flag(p, RLOptions, "policies", default="megatron,relibra; --trainer megatron only, each policy run from "
                                                  "the same seed")
     p.add_argument("--replica-slots", type=integer(0).arg("--replica-slots"), default=None,
