@@ -113,9 +113,9 @@ class Summary:
                          f"EPLB+ is {eplb.fmt(over_eplb)}: what EPLB+'s placement for the step's total leaves "
                          f"unbalanced is paid in each of its {mbs} (and again in a pipelined card's 1F1B bubble)")
         else:
-            parts.append(f"its micro-batches correlate with their step at {x['mb_vs_step_corr']:.2f}: "
-                         + ("a once-per-step EPLB+ already balances most of each micro-batch's load"
-                            if x["mb_vs_step_corr"] >= 0.85 else "per-micro-batch balancing has most to gain"))
+            parts.append(f"its micro-batches correlate with their step at {x['mb_vs_step_corr']:.2f}"
+                         + (", so EPLB+'s placement for the step's total serves each of them largely"
+                            if x["mb_vs_step_corr"] >= 0.85 else "") + f": ReLibra / EPLB+ is {eplb.fmt(over_eplb)}")
         if not eplb.holds(x["relibra_over_eplb_plus_best"]):
             parts.append(f"{eplb.level:g}x over EPLB+ is reached {'only elsewhere' if eplb.holds(best) else 'nowhere'}"
                          f" on the grid (best {eplb.fmt(best)} at the assumed shift {shift:g}, correlation {corr:.2f})")
