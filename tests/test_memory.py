@@ -159,6 +159,9 @@ def test_setup_show_prints_the_budget(capsys):
 
     memory = json.loads(capsys.readouterr().out)["memory"]
     assert memory[0]["fits"] is True and memory[0]["total_GB"] == pytest.approx(35.0, abs=0.1)
+    # the JSON holds the printed sweep too (docs/cost-model.md's card-memory table is rendered from it)
+    assert memory[0]["sweep"] == load_card("slime-qwen3-235b").memory_sweep("qwen3-235b-a22b")
+    assert memory[0]["mean_rows"] > 0
 
 
 # ---- migration of offloaded optimizer state over PCIe -------------------------------------------------------

@@ -261,6 +261,36 @@ def layouts(records: dict) -> str:
                    "skewness: Megatron", "EPLB+", "ReLibra"], body)
 
 
+MEMORY_TERMS = (("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer"),
+                ("activations", "activations"), ("expert_activations", "expert activations"),
+                ("cuda_context_nccl", "context and NCCL"))
+
+
+def card_memory(records: dict) -> str:
+    """Per shipped card and model it is budgeted for (`relibra setup show --json`): the busiest GPU's HBM by
+    term, the verdict against the card's HBM, and the ends of swept entries that turn the verdict."""
+    body = []
+    for run in records["card-memory"]["runs"]:
+        card = run["output"]
+        e = {r["key"]: r["value"] for r in card["entries"]}
+        grid = ", ".join(f"{k} {e[f'batch.{v}']}" for k, v in (("EP", "expert_parallel"), ("TP", "tensor_parallel"),
+                                                                  ("PP", "pipeline_parallel"),
+                                                                  ("CP", "context_parallel")))
+        for m in card["memory"]:
+            terms = ", ".join(f"{m[f'{t}_GB']:.1f} {label}" for t, label in MEMORY_TERMS)
+            rows = f"{m['expert_rows']:,.0f} routed rows a layer" + (
+                f", {m['expert_rows'] / m['mean_rows']:.1f}x the mean" if m["mean_rows"] else "")
+            spare = m["hbm_GB"] - m["total_GB"]
+            verdict = (f"fits, {spare:.1f} GB to spare" if m["fits"] else f"does not fit, {-spare:.1f} GB over")
+            turns = "; ".join(f"{s['key']} = {s['value']}: {s['total_GB']:.1f} GB" for s in m["sweep"]
+                              if s["fits"] != m["fits"])
+            body.append([f"`{card['name']}`", grid, m["model"], f"{m['total_GB']:.1f} (stage {m['stage']})",
+                         f"{terms} ({rows})", f"{m['optimizer_host_GB']:.1f}", f"{verdict} of {m['hbm_GB']:.0f} GB",
+                         turns or "none"])
+    return _table(["card", "grid", "model", "busiest GPU, GB", "of it, GB", "optimizer in host memory, GB",
+                   "verdict", "swept ends that turn the verdict (the busiest GPU there)"], body)
+
+
 def _span(values: list[float], fmt: str) -> str:
     """mean (min-max) of values in fmt; the mean alone when they agree to fmt's precision."""
     mean, lo, hi = sum(values) / len(values), min(values), max(values)
@@ -452,6 +482,7 @@ TABLES: dict[str, DocTable] = {
     "calibrate-workloads": DocTable(("calibrate-workloads",),
                                     lambda records: calibration(records, "calibrate-workloads")),
     "trace-stats": DocTable(("trace-stats",), trace_stats),
+    "card-memory": DocTable(("card-memory",), card_memory),
     "runtime-measured": DocTable((), runtime_measured, files=("runtime-measured",)),
     "runtime-ranks": DocTable((), runtime_ranks, files=("runtime-measured",)),
     **{f"params-{nb.replace('_', '-')}": DocTable((), lambda records, nb=nb: params_table(nb))

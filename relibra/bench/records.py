@@ -29,6 +29,7 @@ from pathlib import Path
 from relibra.cluster import PAPER_MODELS
 from relibra.errors import ConfigError
 from relibra.paths import write_text
+from relibra.setups import card_names
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "data" / "bench"
 
@@ -162,6 +163,10 @@ RECORDS: tuple[RecordSpec, ...] = (
                "the same per single-domain workload on the one-sequence card (qwen3-30b-a3b, 4 steps)",
                (_calibrate("--models", "qwen3-30b-a3b", "--workloads", "math,science,instruct,code", "--setup",
                            "one-sequence", "--steps", "4"),), kind="computed"),
+    RecordSpec("card-memory",
+               "the busiest GPU's memory on every shipped set-up card, per model it is budgeted for, and the verdict "
+               "at each end of every swept entry (relibra setup show)",
+               tuple(("setup", "show", card, "--json") for card in card_names()), kind="computed"),
     RecordSpec("trace-stats",
                "`relibra trace stats` of the shipped traces",
                tuple(("trace", "stats", f, "--json") for f in ("data/qwen3-30b-a3b_mixed_ep16.npz", RL_TRACE)),

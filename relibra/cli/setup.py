@@ -99,7 +99,8 @@ def _show(args) -> int:
     budgets = [card.memory_budget(m) for m in card.memory_models()]
     if args.json:
         print(json.dumps({"name": card.name, "description": card.description, "path": card.path, "entries": rows,
-                          "memory": [b.to_dict() for b in budgets]}, indent=2))
+                          "memory": [{**b.to_dict(), "mean_rows": b.mean_rows, "sweep": card.memory_sweep(b.model)}
+                                     for b in budgets]}, indent=2))
         return 0
     print(f"set-up card {card.name} ({card.path})\n{card.description}\n")
     for row in rows:
