@@ -101,3 +101,30 @@ def megatron_single_rank():
         parallel_state.destroy_model_parallel()
         if owned:
             dist.destroy_process_group()
+
+
+def megatron_equivalence(world: int, ep: int, setups: list[dict], *worker_args, timeout_s: float = 400) -> dict:
+    """relibra.runtime.verify.megatron_equivalence_worker on `world` gloo ranks (worker_args follow the
+    setups: preset, steps, ...); asserts every check the worker made passed; its output (checks, diffs)."""
+    from relibra.runtime.launch import launch
+    from relibra.runtime.verify import megatron_equivalence_worker
+
+    out = launch(megatron_equivalence_worker, world, ep, setups, *worker_args, timeout_s=timeout_s)
+    failed = [k for k, v in out["checks"].items() if v is False]
+    assert not failed, failed
+    return out
+
+
+def assert_logical_equivalence(diffs: dict, lr: float, steps: int) -> None:
+    """Every setup's diffs against static placement: float64 to rounding (loss 1e-12; weights, the logical
+    state dict and the checkpoint's expert tensors 1e-10); the others' loss within 1e-5 (float32) or 1e-2
+    (bf16), master, dense and logical weights within 2 x lr x steps."""
+    for name, d in diffs.items():
+        print(name, {k: f"{v:.3g}" for k, v in d.items() if not isinstance(v, list)})
+        if name.startswith("float64"):
+            assert d["loss"] <= 1e-12 and d["param"] <= 1e-10 and d["dense"] <= 1e-10, (name, d)
+            assert d["logical_state_dict"] <= 1e-10 and d["sharded_experts"] <= 1e-10, (name, d)
+        else:
+            assert d["loss"] <= (1e-5 if name.startswith("float32") else 1e-2), (name, d)
+            assert d["master"] <= 2 * lr * steps and d["dense"] <= 2 * lr * steps, (name, d)
+            assert d["logical_state_dict"] <= 2 * lr * steps, (name, d)

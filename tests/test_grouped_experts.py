@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import megatron_single_rank
+from conftest import assert_logical_equivalence, megatron_equivalence, megatron_single_rank
 
 pytest.importorskip("megatron.core")
 
@@ -174,13 +174,7 @@ def test_legacy_grouped_mlp_and_grouped_biases_are_refused(single_rank):
 
 
 def _equivalence(world: int, ep: int, setups: list[dict]) -> dict:
-    from relibra.runtime.launch import launch
-    from relibra.runtime.verify import megatron_equivalence_worker
-
-    out = launch(megatron_equivalence_worker, world, ep, setups, "tiny", STEPS, timeout_s=400)
-    failed = [k for k, v in out["checks"].items() if v is False]
-    assert not failed, failed
-    return out["diffs"]
+    return megatron_equivalence(world, ep, setups, "tiny", STEPS)["diffs"]
 
 
 def test_grouped_experts_and_grad_accum_fusion_equivalence_2_ranks():
@@ -195,15 +189,7 @@ def test_grouped_experts_and_grad_accum_fusion_equivalence_2_ranks():
                    gradient_accumulation_fusion=True),
               dict(dtype="float32", gradient_accumulation_fusion=True)]
     diffs = _equivalence(2, 2, setups)
-    for name, d in diffs.items():
-        print(name, {k: f"{v:.3g}" for k, v in d.items() if not isinstance(v, list)})
-        if name.startswith("float64"):
-            assert d["loss"] <= 1e-12 and d["param"] <= 1e-10 and d["dense"] <= 1e-10, (name, d)
-            assert d["logical_state_dict"] <= 1e-10 and d["sharded_experts"] <= 1e-10, (name, d)
-        else:
-            assert d["loss"] <= (1e-5 if name.startswith("float32") else 1e-2), (name, d)
-            assert d["master"] <= 2 * LR * STEPS and d["dense"] <= 2 * LR * STEPS, (name, d)
-            assert d["logical_state_dict"] <= 2 * LR * STEPS, (name, d)
+    assert_logical_equivalence(diffs, LR, STEPS)
     assert len(diffs) == 4
 
 
@@ -277,19 +263,8 @@ def test_tp2_sp_x_ep2_equivalence_4_ranks():
     static placement on the same grid. The grad norm is not compared: megatron-core 0.16.1 filters expert
     gradients by the dense TP rank (optimizer/__init__.py sets tp_group = pg_collection.tp on the expert
     optimizer too), so its reported norm depends on which experts sit on TP rank 0."""
-    from relibra.runtime.launch import launch
-    from relibra.runtime.verify import megatron_equivalence_worker
-
     setups = [dict(dtype="float64"), dict(dtype="float32", grouped_gemm=True, gradient_accumulation_fusion=True)]
     # ep 2, the tiny preset, STEPS steps, 2 micro-batches of 16 tokens per source, 2 replica slots, seed 0, tp 2
-    out = launch(megatron_equivalence_worker, 4, 2, setups, "tiny", STEPS, 2, 16, 2, 0, 2, timeout_s=560)
-    failed = [k for k, v in out["checks"].items() if v is False]
-    assert not failed, failed
+    out = megatron_equivalence(4, 2, setups, "tiny", STEPS, 2, 16, 2, 0, 2, timeout_s=560)
     assert out["checks"]["grid"] == "EP 2 x DP 2"
-    for name, d in out["diffs"].items():
-        print(name, {k: f"{v:.3g}" for k, v in d.items() if not isinstance(v, list)})
-        if name.startswith("float64"):
-            assert d["loss"] <= 1e-12 and d["param"] <= 1e-10 and d["dense"] <= 1e-10, (name, d)
-            assert d["logical_state_dict"] <= 1e-10 and d["sharded_experts"] <= 1e-10, (name, d)
-        else:
-            assert d["loss"] <= 1e-5 and d["master"] <= 2 * LR * STEPS and d["dense"] <= 2 * LR * STEPS, (name, d)
+    assert_logical_equivalence(out["diffs"], LR, STEPS)

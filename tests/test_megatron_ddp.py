@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import megatron_equivalence
 from relibra.errors import ConfigError
 
 LR = 1e-2
@@ -26,13 +27,7 @@ STEPS = 2
 
 
 def _equivalence(world: int, ep: int, setups: list[dict]) -> dict:
-    from relibra.runtime.launch import launch
-    from relibra.runtime.verify import megatron_equivalence_worker
-
-    out = launch(megatron_equivalence_worker, world, ep, setups, "tiny", STEPS, timeout_s=300)
-    failed = [k for k, v in out["checks"].items() if v is False]
-    assert not failed, failed
-    return out["diffs"]
+    return megatron_equivalence(world, ep, setups, "tiny", STEPS, timeout_s=300)["diffs"]
 
 
 def _assert_within(diffs: dict) -> None:
