@@ -127,6 +127,8 @@ FAMILIES = [
     (["trace", "generate", "--model", "tiny", "--workload", "math", "--ep", "4", "--steps", "1000000000", "--out",
       "x.npz"], "error: --steps must be an integer 1..10000; got '1000000000'"),
     (["run", "--steps", "1000000000"], "error: --steps must be an integer 1..1000"),
+    (["simulate", "--model", "tiny", "--workload", "math", "--ep", "4", "--seq-len", "99999999999999999999"],
+     "error: --seq-len must be an integer 1..1048576; got '99999999999999999999'"),
     (["sensitivity", "--model", "tiny", "--ep", "4", "--layers", "1000"], "error: --layers 1000: tiny has 4 MoE "
                                                                          "layers"),
     # lists: empty, repeated

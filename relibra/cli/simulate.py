@@ -110,7 +110,8 @@ def register(sub) -> None:
     add_flag(p, shared, "seed")
     add_flag(p, shared, "micro_batches", default="the card's; token-budget derives them from the budget")
     add_flag(p, shared, "tokens_per_rank", default="the generator's")
-    p.add_argument("--seq-len", type=integer(1).arg("--seq-len"), default=4096,
+    # at most 2^20 tokens: the card schema's bound on a sequence's lengths (setup_schema.LENGTH_FIELDS)
+    p.add_argument("--seq-len", type=integer(1, 1 << 20).arg("--seq-len"), default=4096,
                    help="sequence length for attention's cost (default 4096)")
     p.add_argument("--replica-buffer", default=None, choices=["layer-shared", "per-layer"],
                    help="replica buffer of the overlapped policies (default: the card's, layer-shared)")
